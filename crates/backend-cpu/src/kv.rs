@@ -1,0 +1,86 @@
+//! `CpuKv`: paged K/V storage, per layer `[n_blocks * block_size slots][n_kv_head][head_dim]`.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use quarrel_core::{CoreError, ForwardBatch, KvSpec, KvType, Result};
+
+pub(crate) enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Store {
+    fn new(ty: KvType, n: usize) -> Store {
+        match ty {
+            KvType::F32 => Store::F32(vec![0.0; n]),
+            KvType::F16 => Store::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
+        }
+    }
+
+    /// Read `dst.len()` values at `at` as f32.
+    #[inline]
+    pub(crate) fn read(&self, at: usize, dst: &mut [f32]) {
+        match self {
+            Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
+            Store::F16(v) => v[at..at + dst.len()].convert_to_f32_slice(dst),
+        }
+    }
+}
+
+pub struct CpuKv {
+    pub spec: KvSpec,
+    pub(crate) k: Vec<Store>,
+    pub(crate) v: Vec<Store>,
+}
+
+impl CpuKv {
+    pub fn new(spec: &KvSpec) -> Result<CpuKv> {
+        let per_layer = spec
+            .n_blocks
+            .checked_mul(spec.block_size)
+            .and_then(|n| n.checked_mul(spec.n_kv_head * spec.head_dim))
+            .ok_or_else(|| CoreError::OutOfMemory("KV cache size overflows".into()))?;
+        let k = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect();
+        let v = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect();
+        Ok(CpuKv { spec: spec.clone(), k, v })
+    }
+
+    /// Element offset of a sequence position in a layer store.
+    #[inline]
+    pub(crate) fn slot_offset(&self, block_table: &[u32], pos: usize) -> usize {
+        let bs = self.spec.block_size;
+        let slot = block_table[pos / bs] as usize * bs + pos % bs;
+        slot * self.spec.n_kv_head * self.spec.head_dim
+    }
+
+    pub(crate) fn store(&mut self, layer: usize, k: &[f32], v: &[f32], batch: &ForwardBatch) -> Result<()> {
+        let row = self.spec.n_kv_head * self.spec.head_dim;
+        if layer >= self.spec.n_layer {
+            return Err(CoreError::Shape(format!("kv_store: layer {layer} of {}", self.spec.n_layer)));
+        }
+        if k.len() != batch.n_tokens() * row || v.len() != k.len() {
+            return Err(CoreError::Shape(format!("kv_store: k/v have {}/{} values, expected {}", k.len(), v.len(), batch.n_tokens() * row)));
+        }
+        for s in &batch.seqs {
+            for t in s.start..s.start + s.len {
+                let pos = batch.positions[t] as usize;
+                if pos / self.spec.block_size >= s.block_table.len()
+                    || s.block_table[pos / self.spec.block_size] as usize >= self.spec.n_blocks
+                {
+                    return Err(CoreError::Shape(format!("kv_store: position {pos} has no valid block")));
+                }
+                let at = self.slot_offset(&s.block_table, pos);
+                self.k[layer].write(at, &k[t * row..(t + 1) * row]);
+                self.v[layer].write(at, &v[t * row..(t + 1) * row]);
+            }
+        }
+        Ok(())
+    }
+}

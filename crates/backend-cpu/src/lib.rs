@@ -1,0 +1,166 @@
+//! # quarrel-cpu: the CPU backend
+//!
+//! ```text
+//!  x (n_tok, n_in) f32 ──quantize rows to W's vec_dot_type──► xq
+//!  W (mmapped GGUF rows) ─┬─ per row-chunk, on the thread pool ──► dot(W_row, xq_t) ──► out
+//!                         └─ SIMD kernel (AVX2) where one exists, else quant's reference twin
+//! ```
+//!
+//! | module      | responsibility |
+//! |-------------|----------------|
+//! | `weight`    | `CpuWeight`: zero-copy views into the mmap; small vectors as f32 |
+//! | `matmul`    | quantize activations once per row, row-parallel GEMV/GEMM over tokens |
+//! | `simd`      | run-time dispatched dot-product kernels (x86 AVX2), tested against `quarrel-quant` |
+//! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
+//! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
+//! | `kv`        | `CpuKv`: per-layer paged K/V storage |
+
+mod attention;
+mod kv;
+mod matmul;
+mod ops;
+pub mod simd;
+mod weight;
+
+pub use kv::CpuKv;
+pub use weight::CpuWeight;
+
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, WeightSource};
+
+/// The CPU backend: a thread pool and run-time selected kernels.
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    n_threads: usize,
+}
+
+impl CpuBackend {
+    /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
+    pub fn new(n_threads: usize) -> Result<CpuBackend> {
+        let n = if n_threads == 0 { default_threads() } else { n_threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("quarrel-cpu-{i}"))
+            .build()
+            .map_err(|e| CoreError::Backend(format!("thread pool: {e}")))?;
+        Ok(CpuBackend { pool, n_threads: n })
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
+    }
+}
+
+/// Available parallelism, the default thread count.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(CoreError::Shape(format!("{what}: buffer has {got} elements, expected {want}")));
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Weight = CpuWeight;
+    type Kv = CpuKv;
+
+    fn name(&self) -> String {
+        format!("cpu ({}, {} threads)", simd::features_string(), self.n_threads)
+    }
+
+    fn load_weight(&self, src: WeightSource<'_>) -> Result<CpuWeight> {
+        CpuWeight::load(src)
+    }
+
+    fn weight_dims(&self, w: &CpuWeight) -> (usize, usize) {
+        (w.n_in, w.n_out)
+    }
+
+    fn weight_type(&self, w: &CpuWeight) -> QuantType {
+        w.ty
+    }
+
+    fn alloc(&self, n: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; n])
+    }
+
+    fn upload(&self, src: &[f32]) -> Result<Vec<f32>> {
+        Ok(src.to_vec())
+    }
+
+    fn download(&self, src: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(src.clone())
+    }
+
+    fn buf_len(&self, b: &Vec<f32>) -> usize {
+        b.len()
+    }
+
+    fn alloc_kv(&self, spec: &KvSpec) -> Result<CpuKv> {
+        CpuKv::new(spec)
+    }
+
+    fn embed(&self, table: &CpuWeight, tokens: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        ops::embed(table, tokens, out)
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, n_tok: usize, out: &mut Vec<f32>) -> Result<()> {
+        check_len("matmul input", x.len(), n_tok * w.n_in)?;
+        check_len("matmul output", out.len(), n_tok * w.n_out)?;
+        matmul::matmul(self, w, x, n_tok, out)
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<()> {
+        check_len("rms_norm output", out.len(), x.len())?;
+        ops::rms_norm(self, x, w, eps, out)
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
+        check_len("rope input", x.len(), positions.len() * n_head * head_dim)?;
+        ops::rope(self, x, positions, n_head, head_dim, p)
+    }
+
+    fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        check_len("swiglu up", up.len(), gate.len())?;
+        check_len("swiglu output", out.len(), gate.len())?;
+        ops::swiglu(self, gate, up, out);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
+        check_len("add", y.len(), x.len())?;
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32) -> Result<()> {
+        x.iter_mut().for_each(|a| *a *= s);
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &Vec<f32>, dim: usize, rows: &[usize], out: &mut Vec<f32>) -> Result<()> {
+        check_len("gather output", out.len(), rows.len() * dim)?;
+        for (i, &r) in rows.iter().enumerate() {
+            let src = x.get(r * dim..(r + 1) * dim).ok_or_else(|| CoreError::Shape(format!("gather row {r} out of range")))?;
+            out[i * dim..(i + 1) * dim].copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, batch: &ForwardBatch) -> Result<()> {
+        kv.store(layer, k, v, batch)
+    }
+
+    fn attention(&self, q: &Vec<f32>, kv: &CpuKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut Vec<f32>) -> Result<()> {
+        check_len("attention q", q.len(), batch.n_tokens() * p.n_head * p.head_dim)?;
+        check_len("attention output", out.len(), q.len())?;
+        attention::attention(self, q, kv, layer, batch, p, out)
+    }
+}

@@ -1,0 +1,109 @@
+//! Element-wise and row-wise ops: embedding, RMSNorm, RoPE, SwiGLU.
+
+use crate::{CpuBackend, CpuWeight};
+use quarrel_core::{CoreError, Result, RopeParams, RopeStyle};
+use rayon::prelude::*;
+
+pub(crate) fn embed(table: &CpuWeight, tokens: &[u32], out: &mut [f32]) -> Result<()> {
+    let d = table.n_in;
+    if out.len() != tokens.len() * d {
+        return Err(CoreError::Shape(format!("embed output {} != {} x {d}", out.len(), tokens.len())));
+    }
+    for (i, &t) in tokens.iter().enumerate() {
+        if t as usize >= table.n_out {
+            return Err(CoreError::Model(format!("token id {t} is outside the vocabulary of {}", table.n_out)));
+        }
+        quarrel_quant::dequantize(table.ty, table.row(t as usize), &mut out[i * d..(i + 1) * d])?;
+    }
+    Ok(())
+}
+
+/// ggml's rms_norm (sum of squares in f64), then multiplied by the weight.
+pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
+    let g = w.as_f32()?;
+    let d = g.len();
+    if x.len() % d != 0 {
+        return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len())));
+    }
+    let body = |(xr, or): (&[f32], &mut [f32])| {
+        let ss: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let mean = (ss / d as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &gw) in or.iter_mut().zip(xr).zip(g) {
+            *o = (v * scale) * gw;
+        }
+    };
+    if x.len() / d >= 8 {
+        be.pool().install(|| x.par_chunks(d).zip(out.par_chunks_mut(d)).for_each(body));
+    } else {
+        x.chunks(d).zip(out.chunks_mut(d)).for_each(body);
+    }
+    Ok(())
+}
+
+/// Rotation angles for one position, computed as ggml does (theta multiplied step by step).
+fn rope_cache(pos: u32, p: &RopeParams, cache: &mut [(f32, f32)]) {
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+    let mut theta = pos as f32;
+    for (i, c) in cache.iter_mut().enumerate() {
+        let ff = p.freq_factors.as_ref().map_or(1.0, |f| f[i]);
+        let t = p.freq_scale * (theta / ff);
+        *c = (t.cos(), t.sin());
+        theta *= theta_scale;
+    }
+}
+
+pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: usize, hd: usize, p: &RopeParams) -> Result<()> {
+    if p.n_rot > hd || p.n_rot % 2 != 0 {
+        return Err(CoreError::Shape(format!("rope: n_rot {} vs head_dim {hd}", p.n_rot)));
+    }
+    if let Some(f) = &p.freq_factors {
+        if f.len() < p.n_rot / 2 {
+            return Err(CoreError::Shape(format!("rope: {} freq factors for n_rot {}", f.len(), p.n_rot)));
+        }
+    }
+    let row = n_head * hd;
+    let body = |(t, xr): (usize, &mut [f32])| {
+        let mut cache = vec![(0f32, 0f32); p.n_rot / 2];
+        rope_cache(positions[t], p, &mut cache);
+        for h in xr.chunks_mut(hd) {
+            match p.style {
+                RopeStyle::Normal => {
+                    for (i, &(c, s)) in cache.iter().enumerate() {
+                        let (a, b) = (h[2 * i], h[2 * i + 1]);
+                        h[2 * i] = a * c - b * s;
+                        h[2 * i + 1] = a * s + b * c;
+                    }
+                }
+                RopeStyle::Neox => {
+                    let half = p.n_rot / 2;
+                    for (i, &(c, s)) in cache.iter().enumerate() {
+                        let (a, b) = (h[i], h[i + half]);
+                        h[i] = a * c - b * s;
+                        h[i + half] = a * s + b * c;
+                    }
+                }
+            }
+        }
+    };
+    if positions.len() >= 8 {
+        be.pool().install(|| x.par_chunks_mut(row).enumerate().for_each(body));
+    } else {
+        x.chunks_mut(row).enumerate().for_each(body);
+    }
+    Ok(())
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub(crate) fn swiglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let body = |((o, &g), &u): ((&mut f32, &f32), &f32)| *o = silu(g) * u;
+    if out.len() >= 1 << 16 {
+        be.pool().install(|| out.par_iter_mut().zip(gate.par_iter()).zip(up.par_iter()).for_each(body));
+    } else {
+        out.iter_mut().zip(gate).zip(up).for_each(body);
+    }
+}

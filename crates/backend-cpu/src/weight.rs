@@ -1,0 +1,61 @@
+//! `CpuWeight`: a zero-copy view of a GGUF tensor.
+
+use quarrel_core::{CoreError, QuantType, Result, WeightSource};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+pub struct CpuWeight {
+    pub ty: QuantType,
+    /// Row length (input features).
+    pub n_in: usize,
+    /// Number of rows (output features; product of the outer dims).
+    pub n_out: usize,
+    gguf: Arc<Gguf>,
+    index: usize,
+    /// f32 copy for 1-D weights (norms, biases): tiny and used on every token.
+    f32_data: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    pub fn load(src: WeightSource<'_>) -> Result<CpuWeight> {
+        let g = src.gguf;
+        let index = g
+            .tensors()
+            .iter()
+            .position(|t| t.name == src.name)
+            .ok_or_else(|| CoreError::Gguf(quarrel_gguf::GgufError::MissingTensor(src.name.to_string())))?;
+        let info = &g.tensors()[index];
+        let n_in = info.dims[0] as usize;
+        let n_out = (info.n_elements() / info.dims[0].max(1)) as usize;
+        let f32_data = if info.dims.len() == 1 {
+            let mut v = vec![0f32; n_in];
+            quarrel_quant::dequantize(info.ty, g.tensor_bytes(info), &mut v)?;
+            Some(v)
+        } else {
+            None
+        };
+        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, f32_data })
+    }
+
+    /// The raw bytes of the whole tensor (borrowed from the mmap).
+    pub fn bytes(&self) -> &[u8] {
+        self.gguf.tensor_bytes(&self.gguf.tensors()[self.index])
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.n_in).expect("validated at load")
+    }
+
+    /// One row's bytes.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes()[r * rb..(r + 1) * rb]
+    }
+
+    /// The f32 values of a 1-D weight.
+    pub fn as_f32(&self) -> Result<&[f32]> {
+        self.f32_data
+            .as_deref()
+            .ok_or_else(|| CoreError::Shape(format!("weight of shape ({}, {}) used as a vector", self.n_in, self.n_out)))
+    }
+}

@@ -1,0 +1,9 @@
+//! One module per subcommand.
+
+pub mod chat;
+pub mod inspect;
+pub mod perplexity;
+pub mod pull;
+pub mod run;
+pub mod synth;
+pub mod tokenize;

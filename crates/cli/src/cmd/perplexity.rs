@@ -1,0 +1,40 @@
+//! `quarrel perplexity`: llama.cpp's perplexity protocol over a text file.
+
+use crate::common::ModelArgs;
+use anyhow::{Context, Result};
+use std::io::Write;
+
+/// Perplexity of a model on a text file, with llama-perplexity's protocol: chunks of -c
+/// tokens, each scored on its second half. Prints running values and `PPL = <value>`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text file to score.
+    #[arg(short = 'f', long = "file")]
+    pub file: std::path::PathBuf,
+}
+
+pub fn main(mut a: Args) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let n_ctx = if a.model.ctx == 0 { 512 } else { a.model.ctx };
+    a.model.ctx = n_ctx;
+    a.model.batch = a.model.batch.max(n_ctx);
+    let mut engine = a.model.engine()?;
+    let t0 = std::time::Instant::now();
+    let r = engine.perplexity(&text, n_ctx, &mut |c| {
+        eprint!("[{}]{:.4},", c.index + 1, c.running_ppl);
+        let _ = std::io::stderr().flush();
+    })?;
+    eprintln!();
+    eprintln!(
+        "{} tokens, {} chunks of {n_ctx}, {} scored, {:.1} s ({:.1} t/s)",
+        r.n_tokens,
+        r.n_chunks,
+        r.n_scored,
+        t0.elapsed().as_secs_f64(),
+        (r.n_chunks * n_ctx) as f64 / t0.elapsed().as_secs_f64()
+    );
+    println!("PPL = {:.4}", r.ppl);
+    Ok(())
+}

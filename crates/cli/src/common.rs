@@ -1,0 +1,129 @@
+//! Options shared by the commands that load a model, and engine set-up.
+
+use crate::resolve::resolve_model;
+use anyhow::{bail, Context, Result};
+use quarrel_core::KvType;
+use quarrel_cpu::CpuBackend;
+use quarrel_engine::{Engine, EngineOptions};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model: a .gguf path, or a name from Quarrel's cache, a Hugging Face cache
+    /// (org/repo[:file]) or an ollama store (name[:tag]). Default: SmolLM2-135M-Instruct Q4_1,
+    /// fetched on first use.
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// Worker threads (default: all available cores).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    pub threads: usize,
+    /// Context length in tokens (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx", default_value_t = 0)]
+    pub ctx: usize,
+    /// KV cache element type: f16 (default, as llama.cpp) or f32.
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: String,
+    /// Tokens per forward pass while processing the prompt.
+    #[arg(short = 'b', long = "batch", default_value_t = 512)]
+    pub batch: usize,
+    /// Compute device: cpu or auto (CUDA is not in this build).
+    #[arg(long = "device", default_value = "auto")]
+    pub device: String,
+}
+
+impl ModelArgs {
+    pub fn model_path(&self) -> Result<PathBuf> {
+        resolve_model(self.model.as_deref(), true)
+    }
+
+    pub fn engine(&self) -> Result<Engine<CpuBackend>> {
+        let path = self.model_path()?;
+        match self.device.as_str() {
+            "auto" | "cpu" => {}
+            d if d.starts_with("cuda") => bail!("device {d:?}: this build has no CUDA backend; use --device cpu"),
+            d => bail!("unknown device {d:?} (expected auto, cpu or cuda[:N])"),
+        }
+        let kv_type = KvType::parse(&self.kv_type).with_context(|| format!("unknown --kv-type {:?} (f16 or f32)", self.kv_type))?;
+        let be = CpuBackend::new(self.threads)?;
+        let t0 = Instant::now();
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(format!("loading {}", path.display()));
+        spinner.enable_steady_tick(std::time::Duration::from_millis(100));
+        let opts = EngineOptions { n_ctx: self.ctx, n_batch: self.batch, kv_type, ..Default::default() };
+        let engine = Engine::load(be, &path, opts).with_context(|| format!("loading {}", path.display()));
+        spinner.finish_and_clear();
+        let engine = engine?;
+        let info = engine.model.info();
+        eprintln!(
+            "loaded {} ({}, {:.1}M params, {:.0} MiB) on {} in {:.0} ms, ctx {}",
+            path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
+            info.arch,
+            info.n_params as f64 / 1e6,
+            engine.gguf.file_size() as f64 / (1 << 20) as f64,
+            quarrel_core::Backend::name(&engine.backend),
+            t0.elapsed().as_secs_f64() * 1e3,
+            engine.n_ctx()
+        );
+        Ok(engine)
+    }
+}
+
+/// Sampling options shared by `run` and `chat`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SampleArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Presence penalty.
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Frequency penalty.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (same seed, same output).
+    #[arg(long = "seed", default_value_t = 0xC0FFEE)]
+    pub seed: u64,
+    /// Stop when this text is generated (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+}
+
+impl SampleArgs {
+    pub fn params(&self, max_tokens: usize) -> quarrel_engine::GenerateParams {
+        quarrel_engine::GenerateParams {
+            sampling: quarrel_engine::SamplingParams {
+                temperature: self.temp,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                penalty_last_n: self.repeat_last_n,
+                seed: self.seed,
+            },
+            max_tokens,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+        }
+    }
+}

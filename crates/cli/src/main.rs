@@ -1,0 +1,68 @@
+//! # quarrel: the command-line binary
+//!
+//! Argument parsing and wiring only: every command resolves a model, builds a backend and
+//! an engine, and calls into the library crates.
+//!
+//! | module          | responsibility |
+//! |-----------------|----------------|
+//! | `cmd::run`      | `quarrel run`: one streamed completion |
+//! | `cmd::chat`     | `quarrel chat`: interactive chat with history |
+//! | `cmd::tokenize` | `quarrel tokenize` |
+//! | `cmd::perplexity` | `quarrel perplexity` (llama.cpp protocol) |
+//! | `cmd::inspect`  | `quarrel inspect`: metadata and tensor table |
+//! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
+//! | `cmd::pull`     | `quarrel pull` and the default model |
+//! | `resolve`       | `-m` resolution: path, Quarrel cache, HF cache, ollama store |
+//! | `common`        | shared options (threads, context, device) and engine set-up |
+
+mod cmd;
+mod common;
+mod resolve;
+
+use clap::{Parser, Subcommand};
+
+/// Quarrel runs GGUF language models on your CPU: chat, complete, score and inspect.
+///
+/// Models are given with -m as a path to a .gguf file or a name (see `quarrel pull --help`).
+/// Without -m the default model, SmolLM2-135M-Instruct (Q4_1), is used and fetched on first use.
+#[derive(Parser)]
+#[command(name = "quarrel", version, about, long_about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Complete a prompt and stream the generated text to stdout.
+    Run(cmd::run::Args),
+    /// Chat interactively with a model, using its chat template.
+    Chat(cmd::chat::Args),
+    /// Print the token ids (or pieces) of a text.
+    Tokenize(cmd::tokenize::Args),
+    /// Measure perplexity on a text file (llama.cpp's protocol).
+    Perplexity(cmd::perplexity::Args),
+    /// Show a model's metadata and tensor table.
+    Inspect(cmd::inspect::Args),
+    /// Write a random-weights model with a real model's shapes.
+    Synth(cmd::synth::Args),
+    /// Download a model into Quarrel's cache (default: SmolLM2-135M-Instruct Q4_1).
+    Pull(cmd::pull::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Command::Run(a) => cmd::run::main(a),
+        Command::Chat(a) => cmd::chat::main(a),
+        Command::Tokenize(a) => cmd::tokenize::main(a),
+        Command::Perplexity(a) => cmd::perplexity::main(a),
+        Command::Inspect(a) => cmd::inspect::main(a),
+        Command::Synth(a) => cmd::synth::main(a),
+        Command::Pull(a) => cmd::pull::main(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

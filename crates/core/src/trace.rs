@@ -1,0 +1,26 @@
+//! Named intermediates: `trace("attn_norm", layer, &values)` records a tensor summary when
+//! `QUARREL_TRACE` is set (to a layer-name filter or `all`), so a golden diff can name the
+//! first layer that diverges. A cheap no-op otherwise.
+
+use std::sync::OnceLock;
+
+fn filter() -> Option<&'static str> {
+    static F: OnceLock<Option<String>> = OnceLock::new();
+    F.get_or_init(|| std::env::var("QUARREL_TRACE").ok()).as_deref()
+}
+
+pub fn enabled() -> bool {
+    filter().is_some()
+}
+
+/// Print name, layer, length, sum, sum of squares and the first values to stderr.
+pub fn trace(name: &str, layer: usize, values: &[f32]) {
+    let Some(f) = filter() else { return };
+    if f != "all" && !f.split(',').any(|x| x == name) {
+        return;
+    }
+    let sum: f64 = values.iter().map(|&v| v as f64).sum();
+    let sq: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let head: Vec<String> = values.iter().take(4).map(|v| format!("{v:.6}")).collect();
+    eprintln!("trace {name:>14} L{layer:<3} n={:<8} sum={sum:.6e} sq={sq:.6e} [{}]", values.len(), head.join(", "));
+}

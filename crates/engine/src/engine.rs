@@ -1,0 +1,182 @@
+//! `Engine`: a loaded model with its tokenizer, KV cache and block pool.
+
+use crate::blocks::{BlockPool, OutOfBlocks};
+use quarrel_core::{Backend, CoreError, ForwardBatch, KvSpec, KvType, SeqBatch};
+use quarrel_gguf::Gguf;
+use quarrel_models::Model;
+use quarrel_tokenizer::Tokenizer;
+use std::path::Path;
+use std::sync::Arc;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    #[error(transparent)]
+    Gguf(#[from] quarrel_gguf::GgufError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error(transparent)]
+    OutOfBlocks(#[from] OutOfBlocks),
+    #[error("prompt of {prompt} tokens does not fit the context of {ctx} tokens")]
+    PromptTooLong { prompt: usize, ctx: usize },
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Context length per sequence (0 = the model's training context, capped at 4096).
+    pub n_ctx: usize,
+    /// Tokens per forward pass during prompt processing.
+    pub n_batch: usize,
+    /// Number of sequences the KV cache holds at full context.
+    pub n_seq: usize,
+    pub kv_type: KvType,
+    pub block_size: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16 }
+    }
+}
+
+pub struct Engine<B: Backend> {
+    pub backend: B,
+    pub gguf: Arc<Gguf>,
+    pub model: Box<dyn Model<B>>,
+    pub tokenizer: Tokenizer,
+    pub(crate) kv: B::Kv,
+    pub(crate) pool: BlockPool,
+    pub opts: EngineOptions,
+}
+
+impl<B: Backend> Engine<B> {
+    /// Open a GGUF file and load model and tokenizer on `backend`.
+    pub fn load(backend: B, path: &Path, opts: EngineOptions) -> Result<Engine<B>, EngineError> {
+        let gguf = Arc::new(Gguf::open(path)?);
+        Self::from_gguf(backend, gguf, opts)
+    }
+
+    pub fn from_gguf(backend: B, gguf: Arc<Gguf>, mut opts: EngineOptions) -> Result<Engine<B>, EngineError> {
+        let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let model = quarrel_models::load(&backend, &gguf)?;
+        let info = model.info().clone();
+        if opts.n_ctx == 0 {
+            opts.n_ctx = info.n_ctx_train.clamp(1, 4096);
+        }
+        if opts.block_size == 0 || opts.n_batch == 0 || opts.n_seq == 0 {
+            return Err(EngineError::InvalidRequest("block size, batch size and sequence count must be positive".into()));
+        }
+        let n_blocks = opts.n_seq * opts.n_ctx.div_ceil(opts.block_size);
+        let spec = KvSpec {
+            n_layer: info.n_layer,
+            n_kv_head: info.n_kv_head,
+            head_dim: info.head_dim,
+            block_size: opts.block_size,
+            n_blocks,
+            ty: opts.kv_type,
+        };
+        let kv = backend.alloc_kv(&spec)?;
+        let pool = BlockPool::new(n_blocks, opts.block_size);
+        Ok(Engine { backend, gguf, model, tokenizer, kv, pool, opts })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.opts.n_ctx
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.model.info().n_vocab
+    }
+
+    /// Tokenize with the model's BOS/EOS rules; special tokens in `text` are parsed.
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Vec<u32> {
+        self.tokenizer.encode(text, add_special, true)
+    }
+
+    /// Tokenize a rendered chat template: BOS is added per metadata unless the template
+    /// already wrote the BOS text itself (no double BOS).
+    pub fn tokenize_templated(&self, text: &str) -> Vec<u32> {
+        let ids = self.tokenizer.encode(text, true, true);
+        match (self.tokenizer.bos_id(), ids.as_slice()) {
+            (Some(b), [x, y, ..]) if *x == b && *y == b && self.tokenizer.add_bos() => ids[1..].to_vec(),
+            _ => ids,
+        }
+    }
+
+    /// Run `tokens` (positions `start_pos..`) of one sequence through the model in chunks of
+    /// `n_batch`, growing `table` as needed; logits are returned for positions in `want`
+    /// (indices into `tokens`), in order.
+    pub(crate) fn run_sequence(
+        &mut self,
+        table: &mut Vec<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+        want: &[usize],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let n_vocab = self.n_vocab();
+        let mut out = Vec::with_capacity(want.len());
+        let mut w = 0;
+        for (ci, chunk) in tokens.chunks(self.opts.n_batch).enumerate() {
+            let c0 = ci * self.opts.n_batch;
+            self.pool.reserve(table, start_pos + c0 + chunk.len())?;
+            let mut rows = vec![];
+            while w < want.len() && want[w] < c0 + chunk.len() {
+                rows.push(want[w] - c0);
+                w += 1;
+            }
+            let batch = ForwardBatch {
+                tokens: chunk.to_vec(),
+                positions: (0..chunk.len()).map(|i| (start_pos + c0 + i) as u32).collect(),
+                seqs: vec![SeqBatch { start: 0, len: chunk.len(), block_table: table.clone() }],
+                logits_rows: rows.clone(),
+            };
+            let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+            out.extend(logits.chunks(n_vocab).map(|r| r.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Run several sequences in ONE forward pass (each from position 0), returning the logits
+    /// of every token of every sequence. Used to check that batching changes nothing.
+    pub fn forward_batch(&mut self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        let n_vocab = self.n_vocab();
+        let mut tables: Vec<Vec<u32>> = vec![vec![]; seqs.len()];
+        let mut batch = ForwardBatch::default();
+        let result = (|| {
+            for (s, toks) in seqs.iter().enumerate() {
+                if toks.len() > self.opts.n_ctx {
+                    return Err(EngineError::PromptTooLong { prompt: toks.len(), ctx: self.opts.n_ctx });
+                }
+                self.pool.reserve(&mut tables[s], toks.len())?;
+                let start = batch.tokens.len();
+                batch.tokens.extend_from_slice(toks);
+                batch.positions.extend((0..toks.len()).map(|p| p as u32));
+                batch.seqs.push(SeqBatch { start, len: toks.len(), block_table: tables[s].clone() });
+            }
+            batch.logits_rows = (0..batch.tokens.len()).collect();
+            Ok(self.model.forward(&self.backend, &batch, &mut self.kv)?)
+        })();
+        for t in &mut tables {
+            self.pool.release(t);
+        }
+        let logits = result?;
+        let mut rows = logits.chunks(n_vocab);
+        Ok(seqs.iter().map(|s| (0..s.len()).map(|_| rows.next().unwrap_or(&[]).to_vec()).collect()).collect())
+    }
+
+    /// Logits at every position of one sequence, processed in chunks of `n_batch`.
+    pub fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        if tokens.len() > self.opts.n_ctx {
+            return Err(EngineError::PromptTooLong { prompt: tokens.len(), ctx: self.opts.n_ctx });
+        }
+        let mut table = vec![];
+        let want: Vec<usize> = (0..tokens.len()).collect();
+        let r = self.run_sequence(&mut table, tokens, 0, &want);
+        self.pool.release(&mut table);
+        r
+    }
+}

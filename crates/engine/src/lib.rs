@@ -1,0 +1,33 @@
+//! # quarrel-engine: model + tokenizer + caches, driven step by step
+//!
+//! ```text
+//!  text ─tokenize─► prompt ids ─┐
+//!                               ▼
+//!   Engine: BlockPool ─► ForwardBatch (chunks of n_batch) ─► Model::forward(kv) ─► logits
+//!                               ▲                                                  │
+//!                               └──────── next token ◄── Sampler ◄─────────────────┘
+//!                                            │
+//!                        Detokenizer ─► StopMatcher ─► events (text pieces, finish)
+//! ```
+//!
+//! | module       | responsibility |
+//! |--------------|----------------|
+//! | `engine`     | `Engine`: loads a model, owns the KV cache and block pool, runs sequences |
+//! | `generate`   | one completion: prefill, decode loop, streaming events, finish reasons |
+//! | `perplexity` | llama.cpp's perplexity protocol |
+//! | `sampler`    | sampling chain (penalties, top-k/p, min-p, temperature, seed) |
+//! | `stop`       | stop strings over streamed text |
+//! | `blocks`     | KV block pool |
+
+mod blocks;
+mod engine;
+mod generate;
+mod perplexity;
+pub mod sampler;
+pub mod stop;
+
+pub use blocks::{BlockPool, OutOfBlocks};
+pub use engine::{Engine, EngineError, EngineOptions};
+pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};
+pub use perplexity::{PerplexityChunk, PerplexityResult};
+pub use sampler::{Sampler, SamplingParams};

@@ -1,0 +1,245 @@
+//! Token sampling: penalties, top-k, top-p, min-p, temperature, seeded draws; greedy at T = 0.
+//!
+//! The chain follows llama.cpp's default order: penalties -> top-k -> top-p -> min-p ->
+//! temperature -> draw.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 (or below) = greedy.
+    pub temperature: f32,
+    /// 0 = disabled.
+    pub top_k: usize,
+    /// 1.0 = disabled.
+    pub top_p: f32,
+    /// 0.0 = disabled.
+    pub min_p: f32,
+    /// 1.0 = disabled. Divides positive logits / multiplies negative ones of recent tokens.
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every token seen in the window.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the window.
+    pub frequency_penalty: f32,
+    /// Number of recent tokens the penalties look at (0 = none, usize::MAX = all).
+    pub penalty_last_n: usize,
+    /// Same seed, same output.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0xC0FFEE,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Default::default() }
+    }
+
+    /// Check ranges, with a message a user can act on.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+        }
+        if !(0.0..=1.0).contains(&self.top_p) || self.top_p.is_nan() {
+            return Err(format!("top_p must be in [0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) || self.min_p.is_nan() {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repeat_penalty > 0.0) || !self.repeat_penalty.is_finite() {
+            return Err(format!("repeat_penalty must be > 0, got {}", self.repeat_penalty));
+        }
+        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
+            return Err("presence/frequency penalties must be finite".into());
+        }
+        Ok(())
+    }
+}
+
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: ChaCha8Rng,
+}
+
+/// Index of the largest value (first on ties, like llama.cpp's greedy sampler).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Sampler {
+        let rng = ChaCha8Rng::seed_from_u64(params.seed);
+        Sampler { params, rng }
+    }
+
+    /// Pick the next token from `logits` given the tokens so far (`history`, prompt included).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let mut logits = logits.to_vec();
+        self.apply_penalties(&mut logits, history);
+        let p = self.params.clone();
+        if p.temperature <= 0.0 {
+            return argmax(&logits);
+        }
+        // candidates sorted by logit, descending
+        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            cand.truncate(k);
+        }
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let probs = softmax(&cand.iter().map(|c| c.1).collect::<Vec<_>>());
+        // top-p: smallest prefix with cumulative probability >= top_p
+        let mut keep = cand.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, &pr) in probs.iter().enumerate() {
+                cum += pr;
+                if cum >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        // min-p: drop tokens below min_p * p(max)
+        if p.min_p > 0.0 {
+            let thr = p.min_p * probs[0];
+            keep = keep.min(probs.iter().take_while(|&&pr| pr >= thr).count().max(1));
+        }
+        cand.truncate(keep.max(1));
+        let scaled: Vec<f32> = cand.iter().map(|c| c.1 / p.temperature).collect();
+        let probs = softmax(&scaled);
+        let r: f32 = self.rng.gen();
+        let mut cum = 0.0;
+        for (i, &pr) in probs.iter().enumerate() {
+            cum += pr;
+            if r < cum {
+                return cand[i].0;
+            }
+        }
+        cand[cand.len() - 1].0
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        if p.penalty_last_n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0) {
+            return;
+        }
+        let window = &history[history.len().saturating_sub(p.penalty_last_n)..];
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in window {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&t, &n) in &counts {
+            let Some(l) = logits.get_mut(t as usize) else { continue };
+            if *l > 0.0 {
+                *l /= p.repeat_penalty;
+            } else {
+                *l *= p.repeat_penalty;
+            }
+            *l -= n as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+}
+
+/// Numerically stable softmax.
+pub fn softmax(x: &[f32]) -> Vec<f32> {
+    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = x.iter().map(|&v| (v - m).exp()).collect();
+    let s: f32 = e.iter().sum();
+    e.into_iter().map(|v| v / s).collect()
+}
+
+/// Log-softmax of one row, in f64 (perplexity).
+pub fn log_softmax_at(x: &[f32], idx: usize) -> f64 {
+    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = x.iter().map(|&v| (v as f64 - m).exp()).sum();
+    x[idx] as f64 - m - s.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn greedy_picks_max_first_on_ties() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        assert_eq!(s.sample(&[1.0, 3.0, 3.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn repeat_penalty_changes_greedy_choice() {
+        let mut p = SamplingParams::greedy();
+        p.repeat_penalty = 2.0;
+        let mut s = Sampler::new(p);
+        assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
+        let mut p = SamplingParams::greedy();
+        p.presence_penalty = 1.0;
+        let mut s = Sampler::new(p);
+        assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut p = SamplingParams::default();
+        p.top_k = 1;
+        p.temperature = 5.0;
+        let mut s = Sampler::new(p);
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[0.1, 0.3, 0.2], &[]), 1);
+        }
+    }
+
+    #[test]
+    fn min_p_excludes_unlikely_tokens() {
+        let mut p = SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.5, temperature: 1.0, ..Default::default() };
+        p.seed = 3;
+        let mut s = Sampler::new(p);
+        for _ in 0..200 {
+            assert_ne!(s.sample(&[5.0, 0.0, 5.0], &[]), 1);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn same_seed_same_tokens(seed in any::<u64>(), logits in proptest::collection::vec(-10f32..10.0, 2..50)) {
+            let p = SamplingParams { seed, temperature: 1.0, ..Default::default() };
+            let (mut a, mut b) = (Sampler::new(p.clone()), Sampler::new(p));
+            for _ in 0..10 {
+                let (x, y) = (a.sample(&logits, &[]), b.sample(&logits, &[]));
+                prop_assert_eq!(x, y);
+                prop_assert!((x as usize) < logits.len());
+            }
+        }
+
+        #[test]
+        fn top_p_keeps_only_nucleus(logits in proptest::collection::vec(-5f32..5.0, 2..30), seed in any::<u64>()) {
+            let p = SamplingParams { seed, temperature: 1.0, top_k: 0, top_p: 0.0, min_p: 0.0, ..Default::default() };
+            let mut s = Sampler::new(p);
+            // top_p = 0 keeps one token: the argmax
+            prop_assert_eq!(s.sample(&logits, &[]), argmax(&logits));
+        }
+    }
+}

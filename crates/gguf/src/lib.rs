@@ -1,0 +1,36 @@
+//! # quarrel-gguf: GGUF files, read zero-copy and written for tests and `quarrel synth`
+//!
+//! ```text
+//!  file on disk ──mmap──► parse::parse_header ──► Gguf { metadata, tensors, data: &[u8] }
+//!                                                        │ tensor_data(name) -> &[u8] (no copy)
+//!  GgufWriter { kv, tensor infos } ──► header ──► tensor bytes in order, padded ──► file
+//! ```
+//!
+//! | module   | responsibility |
+//! |----------|----------------|
+//! | `value`  | metadata value types (every GGUF type incl. nested arrays) and typed getters |
+//! | `parse`  | bounds-checked header / metadata / tensor-info parser with clear errors |
+//! | `file`   | `Gguf`: owns the mmap (or a buffer), looks up metadata and tensor views |
+//! | `writer` | `GgufWriter`: writes v3 files llama.cpp loads, streaming tensor data |
+//! | `error`  | `GgufError`: every way a file can be malformed, each naming what is wrong |
+//!
+//! Library code never panics on input: a malformed file is a `GgufError`.
+
+mod error;
+mod file;
+mod parse;
+mod value;
+mod writer;
+
+pub use error::GgufError;
+pub use file::{Gguf, TensorInfo};
+pub use quarrel_quant::QuantType;
+pub use value::{Value, ValueType};
+pub use writer::{GgufWriter, TensorSink};
+
+/// The file magic: "GGUF" in little-endian byte order.
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// Alignment of the data section and of every tensor when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// ggml's limit on tensor rank.
+pub const MAX_DIMS: usize = 4;

@@ -1,0 +1,168 @@
+//! Corrupt files are clear errors, never panics or huge allocations.
+//! Corruptions are generated from a written file and, when present, the real default model.
+
+mod roundtrip_common {
+    include!("roundtrip.rs");
+}
+use proptest::prelude::*;
+use quarrel_gguf::{Gguf, GgufError};
+use roundtrip_common::sample_file;
+
+fn err(bytes: Vec<u8>) -> GgufError {
+    match Gguf::from_bytes(bytes) {
+        Ok(_) => panic!("corrupt file was accepted"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn bad_magic() {
+    let mut b = sample_file();
+    b[0] = b'X';
+    assert!(matches!(err(b), GgufError::BadMagic(_)));
+}
+
+#[test]
+fn bad_version() {
+    let mut b = sample_file();
+    b[4..8].copy_from_slice(&1u32.to_le_bytes());
+    assert!(matches!(err(b), GgufError::BadVersion(1)));
+}
+
+#[test]
+fn absurd_counts() {
+    let mut b = sample_file();
+    b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    let e = err(b);
+    assert!(matches!(e, GgufError::AbsurdCount { .. }), "{e}");
+    let mut b = sample_file();
+    b[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    assert!(matches!(err(b), GgufError::AbsurdCount { .. }));
+}
+
+#[test]
+fn absurd_string_length() {
+    let mut b = sample_file();
+    // first key length lives right after the 24-byte header
+    b[24..32].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    let e = err(b);
+    assert!(e.to_string().contains("string length"), "{e}");
+}
+
+#[test]
+fn truncation_at_every_length_is_an_error() {
+    let b = sample_file();
+    for n in 0..b.len() {
+        let e = err(b[..n].to_vec());
+        let msg = e.to_string();
+        assert!(!msg.is_empty());
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len()).position(|w| w == needle).unwrap()
+}
+
+/// Byte position of the fields after a tensor's name in the tensor-info table.
+fn tensor_info_pos(b: &[u8], name: &str) -> usize {
+    // tensor infos come after all metadata; search from the end of the metadata for the name
+    // preceded by its u64 length
+    let mut pat = (name.len() as u64).to_le_bytes().to_vec();
+    pat.extend_from_slice(name.as_bytes());
+    pat.extend_from_slice(&[1, 0, 0, 0]); // for rank-1 "c"
+    find(b, &pat) + pat.len() - 4
+}
+
+#[test]
+fn unknown_type_id_names_the_tensor() {
+    let mut b = sample_file();
+    let p = tensor_info_pos(&b, "c"); // rank u32, dim u64, type u32, offset u64
+    b[p + 12..p + 16].copy_from_slice(&77u32.to_le_bytes());
+    let e = err(b);
+    assert!(matches!(&e, GgufError::UnknownType { name, id: 77 } if name == "c"), "{e}");
+}
+
+#[test]
+fn data_out_of_bounds_and_overlap() {
+    let b0 = sample_file();
+    let p = tensor_info_pos(&b0, "c");
+    let mut b = b0.clone();
+    b[p + 16..p + 24].copy_from_slice(&(1u64 << 30).to_le_bytes());
+    let e = err(b);
+    assert!(e.to_string().contains("outside the data section"), "{e}");
+    let mut b = b0.clone();
+    b[p + 16..p + 24].copy_from_slice(&0u64.to_le_bytes()); // same offset as "a"
+    assert!(matches!(err(b), GgufError::Overlap { .. }));
+    let mut b = b0.clone();
+    b[p + 16..p + 24].copy_from_slice(&3u64.to_le_bytes()); // misaligned
+    assert!(err(b).to_string().contains("alignment"));
+}
+
+#[test]
+fn mismatched_dims() {
+    let b0 = sample_file();
+    let p = tensor_info_pos(&b0, "c");
+    let mut b = b0.clone();
+    b[p + 4..p + 12].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    assert!(matches!(err(b), GgufError::BadTensor { .. }));
+    let mut b = b0.clone();
+    b[p..p + 4].copy_from_slice(&9u32.to_le_bytes()); // rank 9
+    assert!(err(b).to_string().contains("rank"));
+}
+
+/// A real model: every single-byte corruption in the header region either parses or errors.
+#[test]
+fn corruptions_of_real_model_header() {
+    let Some(path) = std::env::var_os("QUARREL_TEST_MODEL") else {
+        eprintln!("QUARREL_TEST_MODEL not set: using the written sample only");
+        return;
+    };
+    let mut full = std::fs::read(path).unwrap();
+    let g = Gguf::from_bytes(full.clone()).unwrap();
+    let header_len = g.data_offset();
+    drop(g);
+    let mut rng = 0x2545F4914F6CDD1Du64;
+    let (mut ok, mut bad) = (0, 0);
+    for _ in 0..2000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let i = (rng as usize) % header_len;
+        let old = full[i];
+        full[i] = old.wrapping_add(1 + ((rng >> 32) as u8) % 255);
+        match Gguf::validate(&full) {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                bad += 1
+            }
+        }
+        full[i] = old;
+    }
+    // most corruptions of counts, lengths and type ids must be caught
+    eprintln!("real-model corruptions: {ok} still valid (string/value bytes), {bad} rejected");
+    assert!(bad > 0);
+    // truncations anywhere are errors
+    for cut in [10, 100, header_len / 2, header_len, full.len() - 1] {
+        assert!(Gguf::validate(&full[..cut]).is_err(), "truncated at {cut} was accepted");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    #[test]
+    fn random_corruptions_never_panic(edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+                                      cut in any::<prop::sample::Index>()) {
+        let mut b = sample_file();
+        for (i, v) in edits { let i = i.index(b.len()); b[i] = v; }
+        let n = cut.index(b.len() + 1);
+        b.truncate(n.max(b.len() * 3 / 4));
+        let _ = Gguf::from_bytes(b);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(mut b in proptest::collection::vec(any::<u8>(), 0..512)) {
+        if b.len() >= 8 { b[..4].copy_from_slice(b"GGUF"); b[4..8].copy_from_slice(&3u32.to_le_bytes()); }
+        let _ = Gguf::from_bytes(b);
+    }
+}

@@ -1,0 +1,177 @@
+//! `llama`: Llama 1/2/3, Mistral, TinyLlama, SmolLM2. GQA, RoPE (normal style), RMSNorm,
+//! SwiGLU, optional tied embeddings, optional sliding window and rope frequency factors.
+
+use crate::hparams::Hparams;
+use crate::layers::attention::SelfAttention;
+use crate::layers::mlp::SwiGluMlp;
+use crate::layers::{opt_weight, weight};
+use crate::{Model, ModelInfo};
+use quarrel_core::trace::trace;
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rope_freq_base: f32,
+    pub rope_freq_scale: f32,
+    pub rms_eps: f32,
+    pub sliding_window: Option<usize>,
+}
+
+impl Config {
+    pub fn from_gguf(g: &Gguf) -> Result<Config> {
+        let h = Hparams::new(g)?;
+        let n_embd = h.positive("embedding_length")?;
+        let n_head = h.positive("attention.head_count")?;
+        let n_head_kv = h.usize_or("attention.head_count_kv", n_head)?;
+        let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
+        }
+        let rope_freq_scale = match h.opt_str("rope.scaling.type")? {
+            None | Some("none") => 1.0,
+            Some("linear") => 1.0 / h.f32_or("rope.scaling.factor", 1.0)?,
+            Some(other) => {
+                // llama3 scaling is carried by rope_freqs.weight; yarn is not implemented
+                if other == "llama3" {
+                    1.0
+                } else {
+                    return Err(CoreError::Unsupported(format!("rope scaling type {other:?}")));
+                }
+            }
+        };
+        let n_rot = h.usize_or("rope.dimension_count", head_dim)?;
+        Ok(Config {
+            n_embd,
+            n_layer: h.positive("block_count")?,
+            n_ff: h.positive("feed_forward_length")?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot,
+            n_vocab: h.n_vocab()?,
+            n_ctx_train: h.usize_or("context_length", 2048)?,
+            rope_freq_base: h.f32_or("rope.freq_base", 10000.0)?,
+            rope_freq_scale,
+            rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
+            sliding_window: h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
+        })
+    }
+}
+
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub attn: SelfAttention<B>,
+    pub ffn_norm: B::Weight,
+    pub ffn: SwiGluMlp<B>,
+}
+
+pub struct Llama<B: Backend> {
+    pub cfg: Config,
+    info: ModelInfo,
+    token_embd: B::Weight,
+    output_norm: B::Weight,
+    /// `output.weight`, or None when tied to `token_embd`.
+    output: Option<B::Weight>,
+    layers: Vec<Layer<B>>,
+}
+
+pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
+    if g.tensor_info("blk.0.ffn_gate_exps.weight").is_some() {
+        return Err(CoreError::Unsupported("llama with experts (Mixtral-style MoE) is not supported yet".into()));
+    }
+    let cfg = Config::from_gguf(g)?;
+    let c = &cfg;
+    let token_embd = weight(be, g, "token_embd.weight", c.n_embd, c.n_vocab)?;
+    let output_norm = weight(be, g, "output_norm.weight", c.n_embd, 1)?;
+    let output = opt_weight(be, g, "output.weight", c.n_embd, c.n_vocab)?;
+    let freq_factors = match g.tensor_info("rope_freqs.weight") {
+        None => None,
+        Some(info) => {
+            if info.n_elements() as usize != c.n_rot / 2 {
+                return Err(CoreError::Model(format!("rope_freqs.weight has {} values, expected {}", info.n_elements(), c.n_rot / 2)));
+            }
+            let mut v = vec![0f32; c.n_rot / 2];
+            quarrel_quant::dequantize(info.ty, g.tensor_bytes(info), &mut v)?;
+            Some(v)
+        }
+    };
+    let rope = RopeParams {
+        style: RopeStyle::Normal,
+        n_rot: c.n_rot,
+        freq_base: c.rope_freq_base,
+        freq_scale: c.rope_freq_scale,
+        freq_factors,
+    };
+    let attn = AttnParams {
+        n_head: c.n_head,
+        n_kv_head: c.n_head_kv,
+        head_dim: c.head_dim,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+        sliding_window: c.sliding_window,
+        softcap: None,
+    };
+    let mut layers = Vec::with_capacity(c.n_layer);
+    for il in 0..c.n_layer {
+        layers.push(Layer {
+            attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
+            attn: SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?,
+            ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
+            ffn: SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?,
+        });
+    }
+    let info = ModelInfo {
+        arch: "llama".into(),
+        n_vocab: c.n_vocab,
+        n_embd: c.n_embd,
+        n_layer: c.n_layer,
+        n_ctx_train: c.n_ctx_train,
+        n_kv_head: c.n_head_kv,
+        head_dim: c.head_dim,
+        n_params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+    };
+    Ok(Box::new(Llama { cfg, info, token_embd, output_norm, output, layers }))
+}
+
+impl<B: Backend> Model<B> for Llama<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let n = batch.n_tokens();
+        let mut x = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        be.embed(&self.token_embd, &batch.tokens, &mut x)?;
+        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        for (il, l) in self.layers.iter().enumerate() {
+            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
+            let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
+            be.add(&mut x, &a)?;
+            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
+            let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            be.add(&mut x, &f)?;
+            if quarrel_core::trace::enabled() {
+                trace("l_out", il, &be.download(&x)?);
+            }
+        }
+        let rows = batch.logits_rows.len();
+        let mut sel = be.alloc(rows * c.n_embd)?; // (rows, n_embd)
+        be.gather_rows(&x, c.n_embd, &batch.logits_rows, &mut sel)?;
+        let mut normed = be.alloc(rows * c.n_embd)?;
+        be.rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed)?;
+        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
+        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
+        be.download(&logits)
+    }
+}

@@ -1,0 +1,3 @@
+//! One file per GGUF `general.architecture`.
+
+pub mod llama;

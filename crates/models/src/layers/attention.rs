@@ -1,0 +1,51 @@
+//! Self-attention with GQA and RoPE over the engine's paged KV cache.
+
+use super::weight;
+use quarrel_core::{AttnParams, Backend, ForwardBatch, Result, RopeParams};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+pub struct SelfAttention<B: Backend> {
+    pub attn_q: B::Weight,
+    pub attn_k: B::Weight,
+    pub attn_v: B::Weight,
+    pub attn_output: B::Weight,
+    pub params: AttnParams,
+    pub rope: RopeParams,
+}
+
+impl<B: Backend> SelfAttention<B> {
+    /// Load `blk.{il}.attn_{q,k,v,output}.weight`.
+    pub fn load(be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize, params: AttnParams, rope: RopeParams) -> Result<Self> {
+        let (nh, nkv, hd) = (params.n_head, params.n_kv_head, params.head_dim);
+        let name = |s: &str| format!("blk.{il}.{s}.weight");
+        Ok(SelfAttention {
+            attn_q: weight(be, g, &name("attn_q"), n_embd, nh * hd)?,
+            attn_k: weight(be, g, &name("attn_k"), n_embd, nkv * hd)?,
+            attn_v: weight(be, g, &name("attn_v"), n_embd, nkv * hd)?,
+            attn_output: weight(be, g, &name("attn_output"), nh * hd, n_embd)?,
+            params,
+            rope,
+        })
+    }
+
+    /// `x (n_tok, n_embd)` normalized input -> attention output `(n_tok, n_embd)`.
+    pub fn forward(&self, be: &B, layer: usize, x: &B::Buf, batch: &ForwardBatch, kv: &mut B::Kv, n_embd: usize) -> Result<B::Buf> {
+        let n = batch.n_tokens();
+        let p = &self.params;
+        let mut q = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
+        let mut k = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
+        let mut v = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
+        be.matmul(&self.attn_q, x, n, &mut q)?;
+        be.matmul(&self.attn_k, x, n, &mut k)?;
+        be.matmul(&self.attn_v, x, n, &mut v)?;
+        be.rope(&mut q, &batch.positions, p.n_head, p.head_dim, &self.rope)?;
+        be.rope(&mut k, &batch.positions, p.n_kv_head, p.head_dim, &self.rope)?;
+        be.kv_store(kv, layer, &k, &v, batch)?;
+        let mut o = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
+        be.attention(&q, kv, layer, batch, p, &mut o)?;
+        let mut out = be.alloc(n * n_embd)?; // (n_tok, n_embd)
+        be.matmul(&self.attn_output, &o, n, &mut out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,38 @@
+//! Gated feed-forward: `down(silu(gate(x)) * up(x))`.
+
+use super::weight;
+use quarrel_core::{Backend, Result};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+pub struct SwiGluMlp<B: Backend> {
+    pub ffn_gate: B::Weight,
+    pub ffn_up: B::Weight,
+    pub ffn_down: B::Weight,
+    pub n_ff: usize,
+}
+
+impl<B: Backend> SwiGluMlp<B> {
+    pub fn load(be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize, n_ff: usize) -> Result<Self> {
+        let name = |s: &str| format!("blk.{il}.{s}.weight");
+        Ok(SwiGluMlp {
+            ffn_gate: weight(be, g, &name("ffn_gate"), n_embd, n_ff)?,
+            ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
+            ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
+            n_ff,
+        })
+    }
+
+    /// `x (n_tok, n_embd)` -> `(n_tok, n_embd)`.
+    pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
+        let mut g = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
+        let mut u = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
+        be.matmul(&self.ffn_gate, x, n_tok, &mut g)?;
+        be.matmul(&self.ffn_up, x, n_tok, &mut u)?;
+        let mut h = be.alloc(n_tok * self.n_ff)?;
+        be.swiglu(&g, &u, &mut h)?;
+        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
+        be.matmul(&self.ffn_down, &h, n_tok, &mut out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,26 @@
+//! # quarrel-models: architectures as GGUF describes them
+//!
+//! ```text
+//!  Gguf ──registry::load──► arch/<general.architecture>.rs: Config::from_gguf ─► Weights::load
+//!                                                           └─► forward(batch, kv) ─► logits
+//!                     shared building blocks: layers/{attention, mlp}.rs over the Backend trait
+//! ```
+//!
+//! | module     | responsibility |
+//! |------------|----------------|
+//! | `model`    | the `Model` trait every architecture implements; `ModelInfo` |
+//! | `hparams`  | typed reading of `{arch}.*` metadata keys |
+//! | `layers`   | attention (paged, GQA, RoPE), SwiGLU MLP |
+//! | `arch`     | one file per GGUF architecture name |
+//! | `registry` | architecture name -> loader, one line each |
+//!
+//! Models own no state: the KV cache is the engine's, passed into `forward`.
+
+pub mod arch;
+pub mod hparams;
+pub mod layers;
+mod model;
+pub mod registry;
+
+pub use model::{Model, ModelInfo};
+pub use registry::{load, supported_architectures};

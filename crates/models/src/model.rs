@@ -1,0 +1,26 @@
+//! The `Model` trait.
+
+use quarrel_core::{Backend, ForwardBatch, Result};
+
+/// What the engine needs to know to allocate caches and drive a model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    /// Training context length (`{arch}.context_length`).
+    pub n_ctx_train: usize,
+    /// Attention layers' KV shape (all attention layers share it).
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Parameters (elements of all tensors), for display.
+    pub n_params: u64,
+}
+
+/// One architecture, loaded on one backend.
+pub trait Model<B: Backend>: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+    /// Run a flat batch; returns logits `(batch.logits_rows.len(), n_vocab)` row-major.
+    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>>;
+}

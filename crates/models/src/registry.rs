@@ -1,0 +1,36 @@
+//! Architecture name -> loader. Registering an architecture is one line in `registry!` below.
+
+use crate::{arch, Model};
+use quarrel_core::{Backend, CoreError, Result};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+macro_rules! registry {
+    ($($name:literal => $loader:path),* $(,)?) => {
+        /// Names of the architectures this build runs (GGUF `general.architecture`).
+        pub const ARCHITECTURES: &[&str] = &[$($name),*];
+
+        fn dispatch<B: Backend>(arch: &str, be: &B, g: &Arc<Gguf>) -> Option<Result<Box<dyn Model<B>>>> {
+            match arch {
+                $($name => Some($loader(be, g)),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+registry! {
+    "llama" => arch::llama::load,
+}
+
+pub fn supported_architectures() -> &'static [&'static str] {
+    ARCHITECTURES
+}
+
+/// Load the model in `g` on backend `be`, dispatching on `general.architecture`.
+pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
+    let arch = g.architecture()?;
+    dispatch(arch, be, g).unwrap_or_else(|| {
+        Err(CoreError::Unsupported(format!("architecture {arch:?} (supported: {})", ARCHITECTURES.join(", "))))
+    })
+}

@@ -1,0 +1,118 @@
+//! Q5_K: `{ f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }`.
+//! Like Q4_K with a 5th bit: element `l` of sub-block `j` takes bit `j` of `qh[l]`.
+
+use super::q4_k::{finish_scales_and_requantize, k_block_dot};
+use super::{get_scale_min_k4, make_qkx2_quants, rms_plus_abs_weights, Qkx2Params};
+use crate::layout::*;
+
+/// Elements per block.
+pub const QK: usize = QK_K;
+/// Bytes per block.
+pub const BLOCK_BYTES: usize = BLOCK_Q5_K_SIZE;
+
+/// `dequantize_row_q5_K`.
+pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+    assert_geometry("q5_K", QK, BLOCK_BYTES, dst.len(), src.len());
+    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+        let d = read_f16(b, Q5_K_D_OFF);
+        let min = read_f16(b, Q5_K_DMIN_OFF);
+        let scales = &b[Q5_K_SCALES_OFF..Q5_K_SCALES_OFF + K_SCALE_SIZE];
+        let qh = &b[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8];
+        for (i, y64) in y.chunks_exact_mut(64).enumerate() {
+            let ql = &b[Q5_K_QS_OFF + 32 * i..Q5_K_QS_OFF + 32 * i + 32];
+            let u1 = 1u8 << (2 * i);
+            let u2 = 2u8 << (2 * i);
+            let (sc1, m1) = get_scale_min_k4(2 * i, scales);
+            let (sc2, m2) = get_scale_min_k4(2 * i + 1, scales);
+            let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
+            let (d2, m2) = (d * sc2 as f32, min * m2 as f32);
+            for l in 0..32 {
+                let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+                let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+                y64[l] = d1 * ((ql[l] & 0xF) + h1) as f32 - m1;
+                y64[l + 32] = d2 * ((ql[l] >> 4) + h2) as f32 - m2;
+            }
+        }
+    }
+}
+
+/// `quantize_row_q5_K_ref`.
+pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
+    assert_geometry("q5_K", QK, BLOCK_BYTES, src.len(), dst.len());
+    let params = Qkx2Params { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
+    let mut l = [0u8; QK_K];
+    let mut laux = [0u8; 32];
+    let mut weights = [0f32; 32];
+    let mut mins = [0f32; 8];
+    let mut scales = [0f32; 8];
+    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+        for j in 0..8 {
+            let xs = &x[32 * j..32 * j + 32];
+            rms_plus_abs_weights(xs, &mut weights);
+            let (s, m) = make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
+            scales[j] = s;
+            mins[j] = m;
+        }
+        finish_scales_and_requantize(x, &scales, &mins, 31, &mut l, y);
+
+        y[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8].fill(0);
+        let mut m1 = 1u8;
+        let mut m2 = 2u8;
+        for (i, n) in (0..QK_K).step_by(64).enumerate() {
+            for j in 0..32 {
+                let mut l1 = l[n + j];
+                if l1 > 15 {
+                    l1 -= 16;
+                    y[Q5_K_QH_OFF + j] |= m1;
+                }
+                let mut l2 = l[n + j + 32];
+                if l2 > 15 {
+                    l2 -= 16;
+                    y[Q5_K_QH_OFF + j] |= m2;
+                }
+                y[Q5_K_QS_OFF + 32 * i + j] = l1 | (l2 << 4);
+            }
+            m1 = m1.wrapping_shl(2);
+            m2 = m2.wrapping_shl(2);
+        }
+    }
+}
+
+/// `ggml_vec_dot_q5_K_q8_K_generic`: `w` is Q5_K, `a` is Q8_K (uses `bsums`).
+pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert_geometry("q5_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
+    assert_geometry("q5_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
+    let mut sums = [0f32; 8];
+    let mut sumf = 0.0f32;
+    let mut aux8 = [0i32; QK_K];
+    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+        let q4 = &x[Q5_K_QS_OFF..Q5_K_QS_OFF + QK_K / 2];
+        let hm = &x[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8];
+        for j in 0..QK_K / 64 {
+            let (ma, mb) = (1u8 << (2 * j), 2u8 << (2 * j));
+            for l in 0..32 {
+                let ha = if hm[l] & ma != 0 { 16 } else { 0 };
+                let hb = if hm[l] & mb != 0 { 16 } else { 0 };
+                aux8[64 * j + l] = (q4[32 * j + l] & 0xF) as i32 + ha;
+                aux8[64 * j + 32 + l] = (q4[32 * j + l] >> 4) as i32 + hb;
+            }
+        }
+        let (aux32, sumi) = k_block_dot(
+            &aux8,
+            &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K],
+            &y[Q8_K_BSUMS_OFF..],
+            &x[Q5_K_SCALES_OFF..Q5_K_SCALES_OFF + K_SCALE_SIZE],
+        );
+        let yd = read_f32(y, Q8_K_D_OFF);
+        let d = read_f16(x, Q5_K_D_OFF) * yd;
+        for (s, &v) in sums.iter_mut().zip(&aux32) {
+            *s += d * v as f32;
+        }
+        let dmin = read_f16(x, Q5_K_DMIN_OFF) * yd;
+        sumf -= dmin * sumi as f32;
+    }
+    for s in sums {
+        sumf += s;
+    }
+    sumf
+}

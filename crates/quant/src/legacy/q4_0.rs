@@ -1,0 +1,71 @@
+//! Q4_0: `{ f16 d; u8 qs[16] }`, value = `d * (nibble - 8)`.
+//! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
+
+use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
+
+/// Elements per block.
+pub const QK: usize = QK4_0;
+/// Bytes per block.
+pub const BLOCK_BYTES: usize = BLOCK_Q4_0_SIZE;
+
+/// `dequantize_row_q4_0`. Panics unless `src` holds exactly `dst.len()` elements.
+pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+    assert_geometry("q4_0", QK, BLOCK_BYTES, dst.len(), src.len());
+    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+        let d = read_f16(b, 0);
+        let qs = &b[2..];
+        for j in 0..QK / 2 {
+            let x0 = (qs[j] & 0x0F) as i32 - 8;
+            let x1 = (qs[j] >> 4) as i32 - 8;
+            y[j] = x0 as f32 * d;
+            y[j + QK / 2] = x1 as f32 * d;
+        }
+    }
+}
+
+/// `quantize_row_q4_0_ref`: `d = max / -8` where `max` is the signed value of
+/// largest magnitude; `q = min(15, trunc(x/d + 8.5))`.
+pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
+    assert_geometry("q4_0", QK, BLOCK_BYTES, src.len(), dst.len());
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        write_f16(b, 0, d);
+        for j in 0..QK / 2 {
+            let x0 = x[j] * id;
+            let x1 = x[QK / 2 + j] * id;
+            let xi0 = ((x0 + 8.5) as i8).min(15) as u8;
+            let xi1 = ((x1 + 8.5) as i8).min(15) as u8;
+            b[2 + j] = xi0 | (xi1 << 4);
+        }
+    }
+}
+
+/// `ggml_vec_dot_q4_0_q8_0_generic`: `w` is Q4_0, `a` is Q8_0, `n` elements.
+pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert_geometry("q4_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
+    assert_geometry("q4_0 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
+    let mut sumf = 0.0f32;
+    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_0_SIZE)) {
+        let (xq, yq) = (&x[2..], &y[2..]);
+        let mut sumi0 = 0i32;
+        let mut sumi1 = 0i32;
+        for j in 0..QK / 2 {
+            let v0 = (xq[j] & 0x0F) as i32 - 8;
+            let v1 = (xq[j] >> 4) as i32 - 8;
+            sumi0 += v0 * yq[j] as i8 as i32;
+            sumi1 += v1 * yq[j + QK / 2] as i8 as i32;
+        }
+        let sumi = sumi0 + sumi1;
+        sumf += sumi as f32 * read_f16(x, 0) * read_f16(y, 0);
+    }
+    sumf
+}

@@ -1,0 +1,53 @@
+//! Q8_0: `{ f16 d; i8 qs[32] }`, value = `d * q`. Used for weights, for the
+//! activations of Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4 dot products, and for KV caches.
+
+use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_Q8_0_SIZE, QK8_0};
+
+/// Elements per block.
+pub const QK: usize = QK8_0;
+/// Bytes per block.
+pub const BLOCK_BYTES: usize = BLOCK_Q8_0_SIZE;
+
+/// `dequantize_row_q8_0`.
+pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+    assert_geometry("q8_0", QK, BLOCK_BYTES, dst.len(), src.len());
+    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+        let d = read_f16(b, 0);
+        for (o, &q) in y.iter_mut().zip(&b[2..]) {
+            *o = q as i8 as f32 * d;
+        }
+    }
+}
+
+/// `quantize_row_q8_0_ref`: `d = amax / 127`, `q = roundf(x / d)` (half away from zero).
+pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
+    assert_geometry("q8_0", QK, BLOCK_BYTES, src.len(), dst.len());
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+        let mut amax = 0.0f32;
+        for &v in x {
+            // ggml's MAX(a, b) = a > b ? a : b (NaN propagates like in C)
+            amax = if amax > v.abs() { amax } else { v.abs() };
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        write_f16(b, 0, d);
+        for (o, &v) in b[2..].iter_mut().zip(x) {
+            *o = (v * id).round() as i8 as u8;
+        }
+    }
+}
+
+/// `ggml_vec_dot_q8_0_q8_0_generic`: both operands Q8_0.
+pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert_geometry("q8_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
+    assert_geometry("q8_0 vec_dot a (q8_0)", QK, BLOCK_BYTES, n, a.len());
+    let mut sumf = 0.0f32;
+    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_BYTES)) {
+        let mut sumi = 0i32;
+        for (&p, &q) in x[2..].iter().zip(&y[2..]) {
+            sumi += p as i8 as i32 * q as i8 as i32;
+        }
+        sumf += sumi as f32 * (read_f16(x, 0) * read_f16(y, 0));
+    }
+    sumf
+}

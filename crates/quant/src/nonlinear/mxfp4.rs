@@ -1,0 +1,80 @@
+//! MXFP4: `{ u8 e; u8 qs[16] }`, value = `e8m0_half(e) * KVALUES_MXFP4[nibble]`.
+
+use super::{e8m0_to_fp32_half, KVALUES_MXFP4};
+use crate::layout::{assert_geometry, read_f16, BLOCK_MXFP4_SIZE, BLOCK_Q8_0_SIZE, QK8_0, QK_MXFP4};
+
+/// Elements per block.
+pub const QK: usize = QK_MXFP4;
+/// Bytes per block.
+pub const BLOCK_BYTES: usize = BLOCK_MXFP4_SIZE;
+
+/// `dequantize_row_mxfp4`.
+pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+    assert_geometry("mxfp4", QK, BLOCK_BYTES, dst.len(), src.len());
+    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+        let d = e8m0_to_fp32_half(b[0]);
+        let qs = &b[1..];
+        for j in 0..QK / 2 {
+            y[j] = KVALUES_MXFP4[(qs[j] & 0xF) as usize] as f32 * d;
+            y[j + QK / 2] = KVALUES_MXFP4[(qs[j] >> 4) as usize] as f32 * d;
+        }
+    }
+}
+
+/// ggml's `best_index_mxfp4`: first index minimising `|k[i] * e - x|`.
+#[inline]
+fn best_index_mxfp4(x: f32, e: f32) -> u8 {
+    let mut best_index = 0u8;
+    let mut best_err = (KVALUES_MXFP4[0] as f32 * e - x).abs();
+    for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+        let err = (k as f32 * e - x).abs();
+        if err < best_err {
+            best_index = i as u8;
+            best_err = err;
+        }
+    }
+    best_index
+}
+
+/// `quantize_row_mxfp4_ref`: `e = floor(log2(amax)) - 2 + 127` (so the largest
+/// magnitude lands in the top E2M1 binade), then nearest codebook entry.
+pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
+    assert_geometry("mxfp4", QK, BLOCK_BYTES, src.len(), dst.len());
+    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+        let mut amax = 0.0f32;
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+            }
+        }
+        // C: (uint8_t)(floorf(log2f(amax)) - 2 + 127); the float->int->u8 path
+        // wraps like x86 does for the (in C undefined) out-of-range case.
+        let e = if amax > 0.0 { ((amax.log2().floor() - 2.0 + 127.0) as i32) as u8 } else { 0 };
+        let d = e8m0_to_fp32_half(e);
+        y[0] = e;
+        for j in 0..QK / 2 {
+            let x0 = best_index_mxfp4(x[j], d);
+            let x1 = best_index_mxfp4(x[QK / 2 + j], d);
+            y[1 + j] = x0 | (x1 << 4);
+        }
+    }
+}
+
+/// `ggml_vec_dot_mxfp4_q8_0_generic`: `w` is MXFP4, `a` is Q8_0.
+pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    assert_geometry("mxfp4 vec_dot w", QK, BLOCK_BYTES, n, w.len());
+    assert_geometry("mxfp4 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
+    let mut sumf = 0.0f32;
+    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_0_SIZE)) {
+        let d = read_f16(y, 0) * e8m0_to_fp32_half(x[0]);
+        let (xq, yq) = (&x[1..], &y[2..]);
+        let mut sumi1 = 0i32;
+        let mut sumi2 = 0i32;
+        for j in 0..QK / 2 {
+            sumi1 += yq[j] as i8 as i32 * KVALUES_MXFP4[(xq[j] & 0xF) as usize] as i32;
+            sumi2 += yq[j + QK / 2] as i8 as i32 * KVALUES_MXFP4[(xq[j] >> 4) as usize] as i32;
+        }
+        sumf += d * (sumi1 + sumi2) as f32;
+    }
+    sumf
+}
