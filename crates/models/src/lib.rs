@@ -21,6 +21,7 @@ pub mod hparams;
 pub mod layers;
 mod model;
 pub mod registry;
+pub mod synth;
 
 pub use model::{Model, ModelInfo};
 pub use registry::{load, supported_architectures};

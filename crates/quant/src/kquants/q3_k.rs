@@ -138,8 +138,8 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let scales = unpack_scales(&x[Q3_K_SCALES_OFF..Q3_K_SCALES_OFF + 12]);
         let mut aux32 = [0i32; 8];
-        for j in 0..QK_K / 16 {
-            let s = scales[j] as i32 - 32;
+        for (j, &sj) in scales.iter().enumerate() {
+            let s = sj as i32 - 32;
             for k in 0..16 {
                 let idx = 16 * j + k;
                 aux32[k % 8] += s * (q8[idx] as i8 as i32 * quant(x, idx));

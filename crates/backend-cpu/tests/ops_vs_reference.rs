@@ -1,0 +1,119 @@
+//! Backend ops against plain reference computations: matmul (vs dequantized f32 math),
+//! attention (vs a naive softmax over the cache), paged layout independence.
+
+use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, SeqBatch, WeightSource};
+use quarrel_cpu::CpuBackend;
+use quarrel_gguf::{Gguf, GgufWriter};
+use std::sync::Arc;
+
+fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+fn weight_file(ty: QuantType, n_in: usize, n_out: usize, w: &[f32]) -> Arc<Gguf> {
+    let mut g = GgufWriter::new();
+    g.add_tensor("w", &[n_in as u64, n_out as u64], ty).unwrap();
+    let mut bytes = vec![0u8; ty.row_bytes(n_in).unwrap() * n_out];
+    quarrel_quant::quantize(ty, w, &mut bytes).unwrap();
+    Arc::new(Gguf::from_bytes(g.to_bytes(&[&bytes]).unwrap()).unwrap())
+}
+
+#[test]
+fn matmul_matches_dequantized_reference_for_every_type() {
+    let be = CpuBackend::new(3).unwrap();
+    for &ty in QuantType::ALL {
+        if ty == QuantType::Q8_1 || ty == QuantType::Q8_K {
+            continue; // activation-only formats
+        }
+        let (n_in, n_out, n_tok) = (512, 37, 5);
+        let w = rnd(ty.ggml_id() as u64 + 3, n_in * n_out, 1.0);
+        let g = weight_file(ty, n_in, n_out, &w);
+        let Ok(wt) = be.load_weight(WeightSource { gguf: &g, name: "w" }) else { continue };
+        let (_, bytes) = g.tensor("w").unwrap();
+        let mut wd = vec![0f32; n_in * n_out];
+        quarrel_quant::dequantize(ty, bytes, &mut wd).unwrap();
+        let x = rnd(99, n_in * n_tok, 2.0);
+        let mut out = vec![0f32; n_tok * n_out];
+        be.matmul(&wt, &x, n_tok, &mut out).unwrap();
+        let mut want = vec![0f32; n_tok * n_out];
+        for t in 0..n_tok {
+            for r in 0..n_out {
+                want[t * n_out + r] = (0..n_in).map(|i| wd[r * n_in + i] * x[t * n_in + i]).sum();
+            }
+        }
+        let e = nmse(&want, &out);
+        // activations are quantized to 8 bits: a small, bounded error
+        assert!(e < 1e-3, "{}: nmse {e}", ty.name());
+    }
+}
+
+#[test]
+fn paged_attention_matches_naive_softmax() {
+    let be = CpuBackend::new(2).unwrap();
+    let (nh, nkv, hd, bs) = (4, 2, 16, 4);
+    let spec = KvSpec { n_layer: 1, n_kv_head: nkv, head_dim: hd, block_size: bs, n_blocks: 8, ty: KvType::F32 };
+    let mut kv = be.alloc_kv(&spec).unwrap();
+    let n = 11;
+    // scattered, non-contiguous blocks
+    let table = vec![5, 2, 7];
+    let batch = ForwardBatch {
+        tokens: vec![0; n],
+        positions: (0..n as u32).collect(),
+        seqs: vec![SeqBatch { start: 0, len: n, block_table: table }],
+        logits_rows: vec![],
+    };
+    let k = rnd(1, n * nkv * hd, 2.0);
+    let v = rnd(2, n * nkv * hd, 2.0);
+    let q = rnd(3, n * nh * hd, 2.0);
+    be.kv_store(&mut kv, 0, &k, &v, &batch).unwrap();
+    for window in [None, Some(3)] {
+        let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.25, sliding_window: window, softcap: None };
+        let mut out = vec![0f32; q.len()];
+        be.attention(&q, &kv, 0, &batch, &p, &mut out).unwrap();
+        let mut want = vec![0f32; q.len()];
+        for t in 0..n {
+            for h in 0..nh {
+                let kh = h / (nh / nkv);
+                let lo = window.map_or(0, |w: usize| (t + 1).saturating_sub(w));
+                let scores: Vec<f32> = (lo..=t)
+                    .map(|j| (0..hd).map(|d| q[(t * nh + h) * hd + d] * k[(j * nkv + kh) * hd + d]).sum::<f32>() * 0.25)
+                    .collect();
+                let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                for d in 0..hd {
+                    want[(t * nh + h) * hd + d] = (lo..=t).map(|j| e[j - lo] / z * v[(j * nkv + kh) * hd + d]).sum();
+                }
+            }
+        }
+        let err = nmse(&want, &out);
+        assert!(err < 1e-10, "window {window:?}: nmse {err}");
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors_not_panics() {
+    let be = CpuBackend::new(1).unwrap();
+    let g = weight_file(QuantType::F32, 32, 2, &rnd(1, 64, 1.0));
+    let w = be.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+    let mut out = vec![0f32; 2];
+    assert!(be.matmul(&w, &vec![0.0; 31], 1, &mut out).is_err());
+    assert!(be.load_weight(WeightSource { gguf: &g, name: "missing" }).is_err());
+    let mut e = vec![0f32; 32];
+    // embedding of an out-of-vocabulary id
+    assert!(be.embed(&w, &[5], &mut e).is_err());
+}

