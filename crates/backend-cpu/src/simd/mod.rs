@@ -50,7 +50,10 @@ pub fn dot_fn(ty: QuantType) -> Option<DotFn> {
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
             return x86::dot_fn_avx2(ty);
         }
     }

@@ -13,9 +13,11 @@ pub(super) fn dot_fn_avx2(ty: QuantType) -> Option<DotFn> {
     })
 }
 
-#[inline(always)]
-fn f16(b: &[u8], off: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn f16(b: &[u8], off: usize) -> f32 {
+    let h = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
 #[inline]
@@ -59,7 +61,7 @@ unsafe fn mul_sum_u8_i8(x: __m256i, y: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(dot32)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = n / 32;
     assert!(w.len() >= nb * 18 && a.len() >= nb * 34);
@@ -75,7 +77,7 @@ unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     hsum(acc)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = n / 32;
     assert!(w.len() >= nb * 20 && a.len() >= nb * 36);
@@ -93,7 +95,7 @@ unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     hsum(acc) + summs
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = n / 32;
     assert!(w.len() >= nb * 34 && a.len() >= nb * 34);
