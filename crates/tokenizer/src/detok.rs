@@ -303,6 +303,9 @@ mod tests {
     fn clean_up() {
         let mut t = b"Hello , world ! it 's a ' quote ' we 've I 'll".to_vec();
         clean_up_spaces(&mut t);
-        assert_eq!(String::from_utf8(t).unwrap(), "Hello, world! it's a'quote' we've I 'll");
+        assert_eq!(String::from_utf8(t).unwrap(), "Hello, world! it's a'quote'we've I 'll");
+        let mut t = b"x ' ' y".to_vec();
+        clean_up_spaces(&mut t);
+        assert_eq!(String::from_utf8(t).unwrap(), "x'' y");
     }
 }
