@@ -8,12 +8,12 @@
 //! kernels elsewhere test against these.
 //!
 //! ```text
-//!  GGUF weight bytes ──dequantize──▶ f32 ◀──dequantize── activation bytes
-//!        │                                                    ▲
-//!        │            f32 activations ──quantize(vec_dot_type)┘
-//!        │                                      │
-//!        └────────────── vec_dot(w_type, w, a, n) ◀────────────┘ ──▶ f32
-//!  model synthesizer: f32 ──quantize(w_type)──▶ bytes llama.cpp can load
+//!  weight bytes (type W, from GGUF) ───────────────────┐
+//!                                                      ▼
+//!  f32 activations ──quantize(W.vec_dot_type())──▶ vec_dot(W, w, a, n) ──▶ f32
+//!
+//!  bytes of any type ──dequantize──▶ f32             (loading norms, tests, fallback)
+//!  f32 ──quantize(W)──▶ bytes llama.cpp can load     (model synthesizer, KV cache)
 //! ```
 //!
 //! | module        | responsibility                                                     |
@@ -43,8 +43,8 @@ pub use kquants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
 pub use layout::{QK4_0, QK4_1, QK4_NL, QK5_0, QK5_1, QK8_0, QK8_1, QK_K, QK_MXFP4};
 pub use legacy::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1};
 pub use nonlinear::{
-    e8m0_to_fp32, e8m0_to_fp32_half, iq4_nl, mxfp4, E8M0_TO_FP32_BITS, E8M0_TO_FP32_HALF_BITS, KVALUES_IQ4NL,
-    KVALUES_MXFP4,
+    e8m0_to_fp32, e8m0_to_fp32_half, iq4_nl, mxfp4, E8M0_TO_FP32_BITS, E8M0_TO_FP32_HALF_BITS,
+    KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 pub use table::{QuantType, TypeInfo, TYPE_TABLE};
 
@@ -53,10 +53,20 @@ pub use table::{QuantType, TypeInfo, TYPE_TABLE};
 pub enum QuantError {
     /// The element count is not a whole number of blocks.
     #[error("{ty}: {n} elements is not a multiple of the block size {block_size}")]
-    NotBlockMultiple { ty: QuantType, n: usize, block_size: usize },
+    NotBlockMultiple {
+        ty: QuantType,
+        n: usize,
+        block_size: usize,
+    },
     /// A byte buffer has the wrong length for the element count.
     #[error("{ty}: {what} buffer is {got} bytes, but {n} elements need {expected} bytes")]
-    BufferSize { ty: QuantType, what: &'static str, n: usize, expected: usize, got: usize },
+    BufferSize {
+        ty: QuantType,
+        what: &'static str,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
     /// The byte size of the requested element count does not fit in `usize`.
     #[error("{ty}: byte size of {n} elements overflows usize")]
     Overflow { ty: QuantType, n: usize },
@@ -85,29 +95,91 @@ pub struct Kernels {
 /// The reference kernels for `ty`.
 pub fn kernels(ty: QuantType) -> Kernels {
     use QuantType::*;
-    let k = |dequantize_row: DequantizeRowFn, quantize_row: QuantizeRowFn, vec_dot: Option<VecDotFn>| Kernels {
+    let k = |dequantize_row: DequantizeRowFn,
+             quantize_row: QuantizeRowFn,
+             vec_dot: Option<VecDotFn>| Kernels {
         dequantize_row,
         quantize_row,
         vec_dot,
     };
     match ty {
-        F32 => k(float::dequantize_row_f32, float::quantize_row_f32, Some(float::vec_dot_f32)),
-        F16 => k(float::dequantize_row_f16, float::quantize_row_f16, Some(float::vec_dot_f16)),
-        BF16 => k(float::dequantize_row_bf16, float::quantize_row_bf16, Some(float::vec_dot_bf16)),
-        Q4_0 => k(q4_0::dequantize_row, q4_0::quantize_row, Some(q4_0::vec_dot_q8_0)),
-        Q4_1 => k(q4_1::dequantize_row, q4_1::quantize_row, Some(q4_1::vec_dot_q8_1)),
-        Q5_0 => k(q5_0::dequantize_row, q5_0::quantize_row, Some(q5_0::vec_dot_q8_0)),
-        Q5_1 => k(q5_1::dequantize_row, q5_1::quantize_row, Some(q5_1::vec_dot_q8_1)),
-        Q8_0 => k(q8_0::dequantize_row, q8_0::quantize_row, Some(q8_0::vec_dot_q8_0)),
+        F32 => k(
+            float::dequantize_row_f32,
+            float::quantize_row_f32,
+            Some(float::vec_dot_f32),
+        ),
+        F16 => k(
+            float::dequantize_row_f16,
+            float::quantize_row_f16,
+            Some(float::vec_dot_f16),
+        ),
+        BF16 => k(
+            float::dequantize_row_bf16,
+            float::quantize_row_bf16,
+            Some(float::vec_dot_bf16),
+        ),
+        Q4_0 => k(
+            q4_0::dequantize_row,
+            q4_0::quantize_row,
+            Some(q4_0::vec_dot_q8_0),
+        ),
+        Q4_1 => k(
+            q4_1::dequantize_row,
+            q4_1::quantize_row,
+            Some(q4_1::vec_dot_q8_1),
+        ),
+        Q5_0 => k(
+            q5_0::dequantize_row,
+            q5_0::quantize_row,
+            Some(q5_0::vec_dot_q8_0),
+        ),
+        Q5_1 => k(
+            q5_1::dequantize_row,
+            q5_1::quantize_row,
+            Some(q5_1::vec_dot_q8_1),
+        ),
+        Q8_0 => k(
+            q8_0::dequantize_row,
+            q8_0::quantize_row,
+            Some(q8_0::vec_dot_q8_0),
+        ),
         Q8_1 => k(q8_1::dequantize_row, q8_1::quantize_row, None),
-        Q2_K => k(q2_k::dequantize_row, q2_k::quantize_row, Some(q2_k::vec_dot_q8_k)),
-        Q3_K => k(q3_k::dequantize_row, q3_k::quantize_row, Some(q3_k::vec_dot_q8_k)),
-        Q4_K => k(q4_k::dequantize_row, q4_k::quantize_row, Some(q4_k::vec_dot_q8_k)),
-        Q5_K => k(q5_k::dequantize_row, q5_k::quantize_row, Some(q5_k::vec_dot_q8_k)),
-        Q6_K => k(q6_k::dequantize_row, q6_k::quantize_row, Some(q6_k::vec_dot_q8_k)),
+        Q2_K => k(
+            q2_k::dequantize_row,
+            q2_k::quantize_row,
+            Some(q2_k::vec_dot_q8_k),
+        ),
+        Q3_K => k(
+            q3_k::dequantize_row,
+            q3_k::quantize_row,
+            Some(q3_k::vec_dot_q8_k),
+        ),
+        Q4_K => k(
+            q4_k::dequantize_row,
+            q4_k::quantize_row,
+            Some(q4_k::vec_dot_q8_k),
+        ),
+        Q5_K => k(
+            q5_k::dequantize_row,
+            q5_k::quantize_row,
+            Some(q5_k::vec_dot_q8_k),
+        ),
+        Q6_K => k(
+            q6_k::dequantize_row,
+            q6_k::quantize_row,
+            Some(q6_k::vec_dot_q8_k),
+        ),
         Q8_K => k(q8_k::dequantize_row, q8_k::quantize_row, None),
-        IQ4_NL => k(iq4_nl::dequantize_row, iq4_nl::quantize_row, Some(iq4_nl::vec_dot_q8_0)),
-        MXFP4 => k(mxfp4::dequantize_row, mxfp4::quantize_row, Some(mxfp4::vec_dot_q8_0)),
+        IQ4_NL => k(
+            iq4_nl::dequantize_row,
+            iq4_nl::quantize_row,
+            Some(iq4_nl::vec_dot_q8_0),
+        ),
+        MXFP4 => k(
+            mxfp4::dequantize_row,
+            mxfp4::quantize_row,
+            Some(mxfp4::vec_dot_q8_0),
+        ),
     }
 }
 
@@ -123,7 +195,13 @@ pub fn checked_row_bytes(ty: QuantType, n: usize) -> Result<usize, QuantError> {
 fn check_bytes(ty: QuantType, what: &'static str, n: usize, got: usize) -> Result<(), QuantError> {
     let expected = checked_row_bytes(ty, n)?;
     if got != expected {
-        return Err(QuantError::BufferSize { ty, what, n, expected, got });
+        return Err(QuantError::BufferSize {
+            ty,
+            what,
+            n,
+            expected,
+            got,
+        });
     }
     Ok(())
 }
@@ -147,7 +225,10 @@ pub fn quantize(ty: QuantType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantE
 
 /// Dot product of `n` elements: `w` in type `wty`, `a` in `wty.vec_dot_type()`.
 pub fn vec_dot(wty: QuantType, w: &[u8], a: &[u8], n: usize) -> Result<f32, QuantError> {
-    let dot = kernels(wty).vec_dot.ok_or(QuantError::Unsupported { ty: wty, op: "vec_dot" })?;
+    let dot = kernels(wty).vec_dot.ok_or(QuantError::Unsupported {
+        ty: wty,
+        op: "vec_dot",
+    })?;
     check_bytes(wty, "weight", n, w.len())?;
     check_bytes(wty.vec_dot_type(), "activation", n, a.len())?;
     Ok(dot(n, w, a))
@@ -175,11 +256,29 @@ mod tests {
     #[test]
     fn errors_are_reported() {
         let mut out = [0f32; 31];
-        assert!(matches!(dequantize(QuantType::Q4_0, &[0; 18], &mut out), Err(QuantError::NotBlockMultiple { .. })));
+        assert!(matches!(
+            dequantize(QuantType::Q4_0, &[0; 18], &mut out),
+            Err(QuantError::NotBlockMultiple { .. })
+        ));
         let mut out = [0f32; 32];
         let e = dequantize(QuantType::Q4_0, &[0; 17], &mut out).unwrap_err();
-        assert_eq!(e, QuantError::BufferSize { ty: QuantType::Q4_0, what: "source", n: 32, expected: 18, got: 17 });
-        assert_eq!(e.to_string(), "q4_0: source buffer is 17 bytes, but 32 elements need 18 bytes");
-        assert!(matches!(vec_dot(QuantType::Q8_K, &[], &[], 0), Err(QuantError::Unsupported { .. })));
+        assert_eq!(
+            e,
+            QuantError::BufferSize {
+                ty: QuantType::Q4_0,
+                what: "source",
+                n: 32,
+                expected: 18,
+                got: 17
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "q4_0: source buffer is 17 bytes, but 32 elements need 18 bytes"
+        );
+        assert!(matches!(
+            vec_dot(QuantType::Q8_K, &[], &[], 0),
+            Err(QuantError::Unsupported { .. })
+        ));
     }
 }

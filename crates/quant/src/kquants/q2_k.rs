@@ -42,7 +42,13 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q2_K", QK, BLOCK_BYTES, src.len(), dst.len());
     const Q4SCALE: f32 = 15.0;
-    let params = Qkx2Params { nmax: 3, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
+    let params = Qkx2Params {
+        nmax: 3,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: true,
+    };
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 16];
     let mut weights = [0f32; 16];
@@ -58,7 +64,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
             for (w, &v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            let (s, m) = make_qkx2_quants(xs, &weights, &mut l[16 * j..16 * j + 16], &mut laux, params);
+            let (s, m) =
+                make_qkx2_quants(xs, &weights, &mut l[16 * j..16 * j + 16], &mut laux, params);
             scales[j] = s;
             mins[j] = m;
             if s > max_scale {
@@ -110,7 +117,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let qs = &mut y[Q2_K_QS_OFF..Q2_K_QS_OFF + QK_K / 4];
         for j in (0..QK_K).step_by(128) {
             for i in 0..32 {
-                qs[j / 4 + i] = l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
+                qs[j / 4 + i] =
+                    l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
             }
         }
     }
@@ -121,7 +129,10 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q2_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q2_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
+    {
         let sc = &x[Q2_K_SCALES_OFF..Q2_K_SCALES_OFF + 16];
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let yd = read_f32(y, Q8_K_D_OFF);

@@ -60,7 +60,12 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let mut max_scale = 0.0f32;
         let mut amax = 0.0f32;
         for j in 0..QK_K / 16 {
-            scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16], true);
+            scales[j] = make_q3_quants(
+                4,
+                &x[16 * j..16 * j + 16],
+                &mut l[16 * j..16 * j + 16],
+                true,
+            );
             let scale = scales[j].abs();
             if scale > amax {
                 amax = scale;
@@ -134,7 +139,10 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q3_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q3_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
     let mut sums = [0f32; 8];
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
+    {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let scales = unpack_scales(&x[Q3_K_SCALES_OFF..Q3_K_SCALES_OFF + 12]);
         let mut aux32 = [0i32; 8];

@@ -3,7 +3,10 @@
 //! [`super::get_scale_min_k4`]). Sub-blocks `2i` / `2i+1` are the low / high
 //! nibbles of `qs[32i..32i+32]`.
 
-use super::{get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights, Qkx2Params};
+use super::{
+    get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights,
+    Qkx2Params,
+};
 use crate::layout::*;
 
 /// Elements per block.
@@ -54,7 +57,11 @@ pub(crate) fn finish_scales_and_requantize(
             max_min = mins[j];
         }
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
@@ -87,7 +94,13 @@ pub(crate) fn finish_scales_and_requantize(
 /// `quantize_row_q4_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q4_K", QK, BLOCK_BYTES, src.len(), dst.len());
-    let params = Qkx2Params { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
+    let params = Qkx2Params {
+        nmax: 15,
+        rmin: -1.0,
+        rdelta: 0.1,
+        nstep: 20,
+        use_mad: false,
+    };
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 32];
     let mut weights = [0f32; 32];
@@ -97,7 +110,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         for j in 0..8 {
             let xs = &x[32 * j..32 * j + 32];
             rms_plus_abs_weights(xs, &mut weights);
-            let (s, m) = make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
+            let (s, m) =
+                make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
             scales[j] = s;
             mins[j] = m;
         }
@@ -127,7 +141,12 @@ pub(crate) fn scales_and_mins(s: &[u8]) -> ([i32; 8], [i32; 8]) {
 /// Common body of the Q4_K / Q5_K dot products once the unsigned quants of
 /// one block are expanded into `aux8`: returns `(aux32 lanes, sumi of mins)`.
 #[inline]
-pub(crate) fn k_block_dot(aux8: &[i32; QK_K], q8: &[u8], bsums_block: &[u8], scales: &[u8]) -> ([i32; 8], i32) {
+pub(crate) fn k_block_dot(
+    aux8: &[i32; QK_K],
+    q8: &[u8],
+    bsums_block: &[u8],
+    scales: &[u8],
+) -> ([i32; 8], i32) {
     let (sc, mn) = scales_and_mins(scales);
     let mut sumi = 0i32;
     for j in 0..QK_K / 16 {
@@ -147,7 +166,10 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sums = [0f32; 8];
     let mut sumf = 0.0f32;
     let mut aux8 = [0i32; QK_K];
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
+    {
         let q4 = &x[Q4_K_QS_OFF..Q4_K_QS_OFF + QK_K / 2];
         for j in 0..QK_K / 64 {
             for l in 0..32 {

@@ -39,7 +39,13 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q5_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q5_K", QK, BLOCK_BYTES, src.len(), dst.len());
-    let params = Qkx2Params { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
+    let params = Qkx2Params {
+        nmax: 31,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: false,
+    };
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 32];
     let mut weights = [0f32; 32];
@@ -49,7 +55,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         for j in 0..8 {
             let xs = &x[32 * j..32 * j + 32];
             rms_plus_abs_weights(xs, &mut weights);
-            let (s, m) = make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
+            let (s, m) =
+                make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
             scales[j] = s;
             mins[j] = m;
         }
@@ -85,7 +92,10 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sums = [0f32; 8];
     let mut sumf = 0.0f32;
     let mut aux8 = [0i32; QK_K];
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
+    {
         let q4 = &x[Q5_K_QS_OFF..Q5_K_QS_OFF + QK_K / 2];
         let hm = &x[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8];
         for j in 0..QK_K / 64 {

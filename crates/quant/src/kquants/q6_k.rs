@@ -45,7 +45,12 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
         for ib in 0..QK_K / 16 {
-            let scale = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16], 1);
+            let scale = make_qx_quants(
+                32,
+                &x[16 * ib..16 * ib + 16],
+                &mut l[16 * ib..16 * ib + 16],
+                1,
+            );
             scales[ib] = scale;
             let abs_scale = scale.abs();
             if abs_scale > max_abs_scale {
@@ -96,7 +101,10 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q6_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q6_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
     let mut sums = [0f32; 8];
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
+    {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let mut aux32 = [0i32; 8];
         for idx in 0..QK_K {

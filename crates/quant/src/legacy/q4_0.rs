@@ -1,7 +1,9 @@
 //! Q4_0: `{ f16 d; u8 qs[16] }`, value = `d * (nibble - 8)`.
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
-use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
+use crate::layout::{
+    assert_geometry, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0,
+};
 
 /// Elements per block.
 pub const QK: usize = QK4_0;
@@ -54,7 +56,10 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q4_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q4_0 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_0_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
+    {
         let (xq, yq) = (&x[2..], &y[2..]);
         let mut sumi0 = 0i32;
         let mut sumi1 = 0i32;

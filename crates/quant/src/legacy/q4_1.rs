@@ -1,6 +1,8 @@
 //! Q4_1: `{ f16 d; f16 m; u8 qs[16] }`, value = `d * nibble + m`.
 
-use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1};
+use crate::layout::{
+    assert_geometry, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1,
+};
 
 /// Elements per block.
 pub const QK: usize = QK4_1;
@@ -57,7 +59,10 @@ pub fn vec_dot_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q4_1 vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q4_1 vec_dot a (q8_1)", QK8_1, BLOCK_Q8_1_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_1_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_1_SIZE))
+    {
         let (xq, yq) = (&x[4..], &y[4..]);
         let mut sumi0 = 0i32;
         let mut sumi1 = 0i32;

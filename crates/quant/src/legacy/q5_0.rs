@@ -2,7 +2,9 @@
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
 use super::q5_high_bits;
-use crate::layout::{assert_geometry, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0};
+use crate::layout::{
+    assert_geometry, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0,
+};
 
 /// Elements per block.
 pub const QK: usize = QK5_0;
@@ -60,7 +62,10 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q5_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q5_0 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_0_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
+    {
         let qh = read_u32(x, 2);
         let (xq, yq) = (&x[6..], &y[2..]);
         let mut sumi0 = 0i32;

@@ -1,7 +1,9 @@
 //! Q5_1: `{ f16 d; f16 m; u8 qh[4]; u8 qs[16] }`, value = `d * q + m`.
 
 use super::q5_high_bits;
-use crate::layout::{assert_geometry, read_f16, read_u32, write_f16, BLOCK_Q5_1_SIZE, BLOCK_Q8_1_SIZE, QK5_1, QK8_1};
+use crate::layout::{
+    assert_geometry, read_f16, read_u32, write_f16, BLOCK_Q5_1_SIZE, BLOCK_Q8_1_SIZE, QK5_1, QK8_1,
+};
 
 /// Elements per block.
 pub const QK: usize = QK5_1;
@@ -65,7 +67,10 @@ pub fn vec_dot_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q5_1 vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q5_1 vec_dot a (q8_1)", QK8_1, BLOCK_Q8_1_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_1_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_1_SIZE))
+    {
         let qh = read_u32(x, 4);
         let (xq, yq) = (&x[8..], &y[4..]);
         let mut sumi0 = 0i32;

@@ -2,7 +2,9 @@
 
 use super::{best_index_int8, KVALUES_IQ4NL};
 use crate::kquants::GROUP_MAX_EPS;
-use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0};
+use crate::layout::{
+    assert_geometry, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0,
+};
 
 /// Elements per block.
 pub const QK: usize = QK4_NL;
@@ -111,9 +113,18 @@ pub fn quantize_row_ntry(src: &[f32], dst: &mut [u8], ntry: i32) {
 /// `ggml_vec_dot_iq4_nl_q8_0_generic`: `w` is IQ4_NL, `a` is Q8_0.
 pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("iq4_nl vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("iq4_nl vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
+    assert_geometry(
+        "iq4_nl vec_dot a (q8_0)",
+        QK8_0,
+        BLOCK_Q8_0_SIZE,
+        n,
+        a.len(),
+    );
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_0_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
+    {
         let d = read_f16(y, 0) * read_f16(x, 0);
         let (xq, yq) = (&x[2..], &y[2..]);
         let mut sumi1 = 0i32;

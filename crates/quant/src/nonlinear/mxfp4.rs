@@ -1,7 +1,9 @@
 //! MXFP4: `{ u8 e; u8 qs[16] }`, value = `e8m0_half(e) * KVALUES_MXFP4[nibble]`.
 
 use super::{e8m0_to_fp32_half, KVALUES_MXFP4};
-use crate::layout::{assert_geometry, read_f16, BLOCK_MXFP4_SIZE, BLOCK_Q8_0_SIZE, QK8_0, QK_MXFP4};
+use crate::layout::{
+    assert_geometry, read_f16, BLOCK_MXFP4_SIZE, BLOCK_Q8_0_SIZE, QK8_0, QK_MXFP4,
+};
 
 /// Elements per block.
 pub const QK: usize = QK_MXFP4;
@@ -49,7 +51,11 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         }
         // C: (uint8_t)(floorf(log2f(amax)) - 2 + 127); the float->int->u8 path
         // wraps like x86 does for the (in C undefined) out-of-range case.
-        let e = if amax > 0.0 { ((amax.log2().floor() - 2.0 + 127.0) as i32) as u8 } else { 0 };
+        let e = if amax > 0.0 {
+            ((amax.log2().floor() - 2.0 + 127.0) as i32) as u8
+        } else {
+            0
+        };
         let d = e8m0_to_fp32_half(e);
         y[0] = e;
         for j in 0..QK / 2 {
@@ -65,7 +71,10 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("mxfp4 vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("mxfp4 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_Q8_0_SIZE)) {
+    for (x, y) in w
+        .chunks_exact(BLOCK_BYTES)
+        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
+    {
         let d = read_f16(y, 0) * e8m0_to_fp32_half(x[0]);
         let (xq, yq) = (&x[1..], &y[2..]);
         let mut sumi1 = 0i32;
