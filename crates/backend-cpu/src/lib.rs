@@ -9,13 +9,17 @@
 //! | module      | responsibility |
 //! |-------------|----------------|
 //! | `weight`    | `CpuWeight`: zero-copy views into the mmap; small vectors as f32 |
+//! | `actquant`  | activation quantization bit-compatible with ggml's x86 build |
+//! | `ggml_math` | SiLU/exp bit-compatible with ggml's AVX-512 build (with scalar twins) |
 //! | `matmul`    | quantize activations once per row, row-parallel GEMV/GEMM over tokens |
 //! | `simd`      | run-time dispatched dot-product kernels (x86 AVX2), tested against `quarrel-quant` |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
 
+pub mod actquant;
 mod attention;
+pub mod ggml_math;
 mod kv;
 mod matmul;
 mod ops;

@@ -31,7 +31,7 @@ pub(crate) fn quantize_rows(ty: quarrel_core::QuantType, x: &[f32], n_in: usize,
         .ok_or_else(|| quarrel_core::CoreError::Shape(format!("row of {n_in} is not a multiple of the {} block", ty.name())))?;
     let mut out = vec![0u8; rb * n_tok];
     for t in 0..n_tok {
-        quarrel_quant::quantize(ty, &x[t * n_in..(t + 1) * n_in], &mut out[t * rb..(t + 1) * rb])?;
+        crate::actquant::quantize_row(ty, &x[t * n_in..(t + 1) * n_in], &mut out[t * rb..(t + 1) * rb])?;
     }
     Ok(out)
 }

@@ -26,7 +26,8 @@ pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out:
         return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len())));
     }
     let body = |(xr, or): (&[f32], &mut [f32])| {
-        let ss: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        // ggml: float products, summed in double
+        let ss: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
         let mean = (ss / d as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
         for ((o, &v), &gw) in or.iter_mut().zip(xr).zip(g) {
@@ -94,16 +95,16 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
     Ok(())
 }
 
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 pub(crate) fn swiglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    let body = |((o, &g), &u): ((&mut f32, &f32), &f32)| *o = silu(g) * u;
-    if out.len() >= 1 << 16 {
-        be.pool().install(|| out.par_iter_mut().zip(gate.par_iter()).zip(up.par_iter()).for_each(body));
+    const CHUNK: usize = 1 << 14;
+    if out.len() >= 4 * CHUNK {
+        be.pool().install(|| {
+            out.par_chunks_mut(CHUNK)
+                .zip(gate.par_chunks(CHUNK))
+                .zip(up.par_chunks(CHUNK))
+                .for_each(|((o, g), u)| crate::ggml_math::swiglu(g, u, o))
+        });
     } else {
-        out.iter_mut().zip(gate).zip(up).for_each(body);
+        crate::ggml_math::swiglu(gate, up, out);
     }
 }

@@ -134,7 +134,7 @@ impl<B: Backend> Engine<B> {
             }
             tokens.push(tok);
             history.push(tok);
-            let piece = detok.push(tok);
+            let piece = detok.push(&self.tokenizer, tok).unwrap_or_default();
             let emit = match stops.push(&piece) {
                 StopOutcome::Continue(s) => s,
                 StopOutcome::Stop(s) => {

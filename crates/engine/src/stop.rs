@@ -66,7 +66,7 @@ mod tests {
     fn false_alarm_is_released() {
         let mut m = StopMatcher::new(&["END".to_string()]);
         assert_eq!(m.push("the EN"), StopOutcome::Continue("the ".into()));
-        assert_eq!(m.push("D? no, ENTER"), StopOutcome::Stop("EN".into()));
+        assert_eq!(m.push("D? no, ENTER"), StopOutcome::Stop("".into()));
         let mut m = StopMatcher::new(&["END".to_string()]);
         assert_eq!(m.push("EN"), StopOutcome::Continue("".into()));
         assert_eq!(m.push("TER"), StopOutcome::Continue("ENTER".into()));

@@ -15,7 +15,7 @@ use quarrel_gguf::Gguf;
 use crate::error::TokenizerError;
 use crate::pretokenize::PreTokenizer;
 use crate::unicode::BYTE_TO_CHAR;
-use crate::vocab::Vocab;
+use crate::vocab::{FastHash, Vocab};
 
 const NONE: u32 = u32::MAX;
 const K_MERGES: &str = "tokenizer.ggml.merges";
@@ -23,7 +23,7 @@ const K_MERGES: &str = "tokenizer.ggml.merges";
 pub(crate) struct BpeModel {
     pub(crate) pre: PreTokenizer,
     /// (left, right) -> (rank, merged), all interned ids.
-    merges: HashMap<(u32, u32), (u32, u32)>,
+    merges: HashMap<(u32, u32), (u32, u32), FastHash>,
     /// Interned id of each byte's GPT-2 character, or NONE.
     byte_ids: [u32; 256],
     n_vocab: u32,
@@ -53,7 +53,9 @@ type Bigram = Reverse<(u32, u32, u32, u32, u32)>; // (rank, left, right, size, m
 
 impl BpeModel {
     pub(crate) fn from_gguf(g: &Gguf, vocab: &Vocab) -> Result<BpeModel, TokenizerError> {
-        let merges_raw = g.get_array(K_MERGES)?.ok_or_else(|| TokenizerError::MissingKey(K_MERGES.into()))?;
+        let merges_raw = g
+            .get_array(K_MERGES)?
+            .ok_or_else(|| TokenizerError::MissingKey(K_MERGES.into()))?;
         let mut merges_str = Vec::with_capacity(merges_raw.len());
         for (i, v) in merges_raw.iter().enumerate() {
             merges_str.push(v.as_str().ok_or_else(|| TokenizerError::InvalidMetadata {
@@ -61,14 +63,17 @@ impl BpeModel {
                 msg: format!("element {i} is {}, not a string", v.type_name()),
             })?);
         }
-        let kind = vocab.pre.map(|p| p.kind).unwrap_or(crate::pretok_table::PreKind::Default);
+        let kind = vocab
+            .pre
+            .map(|p| p.kind)
+            .unwrap_or(crate::pretok_table::PreKind::Default);
         let pre = PreTokenizer::new(kind)?;
         Ok(Self::build(vocab, &merges_str, pre))
     }
 
     pub(crate) fn build(vocab: &Vocab, merges_str: &[&str], pre: PreTokenizer) -> BpeModel {
         let n_vocab = vocab.n_tokens() as u32;
-        let mut extra: HashMap<String, u32> = HashMap::new();
+        let mut extra: HashMap<String, u32, FastHash> = HashMap::default();
         let mut intern = |s: &str| -> u32 {
             if let Some(&id) = vocab.token_to_id.get(s) {
                 return id;
@@ -80,7 +85,7 @@ impl BpeModel {
             extra.insert(s.to_string(), id);
             id
         };
-        let mut merges = HashMap::with_capacity(merges_str.len());
+        let mut merges = HashMap::with_capacity_and_hasher(merges_str.len(), FastHash::default());
         let mut joined = String::new();
         for (rank, m) in merges_str.iter().enumerate() {
             // split at the first space after the first byte, like llama.cpp
@@ -99,9 +104,20 @@ impl BpeModel {
         let mut buf = [0u8; 4];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
             let s: &str = BYTE_TO_CHAR[b].encode_utf8(&mut buf);
-            *slot = vocab.token_to_id.get(s).copied().or_else(|| extra.get(s).copied()).unwrap_or(NONE);
+            *slot = vocab
+                .token_to_id
+                .get(s)
+                .copied()
+                .or_else(|| extra.get(s).copied())
+                .unwrap_or(NONE);
         }
-        BpeModel { pre, merges, byte_ids, n_vocab, ignore_merges: vocab.ignore_merges }
+        BpeModel {
+            pre,
+            merges,
+            byte_ids,
+            n_vocab,
+            ignore_merges: vocab.ignore_merges,
+        }
     }
 
     /// Tokenizes one raw-text fragment (no special tokens inside) and appends the ids.
@@ -122,7 +138,13 @@ impl BpeModel {
         }
     }
 
-    fn encode_word(&self, word: &[u8], syms: &mut Vec<Sym>, queue: &mut BinaryHeap<Bigram>, out: &mut Vec<u32>) {
+    fn encode_word(
+        &self,
+        word: &[u8],
+        syms: &mut Vec<Sym>,
+        queue: &mut BinaryHeap<Bigram>,
+        out: &mut Vec<u32>,
+    ) {
         syms.clear();
         queue.clear();
         let n = word.len();
@@ -147,8 +169,9 @@ impl BpeModel {
             syms[l].id = merged;
             syms[r].len = 0;
             syms[l].next = syms[r].next;
-            if syms[r].next >= 0 {
-                syms[syms[r].next as usize].prev = left as i32;
+            let nx = syms[r].next;
+            if nx >= 0 {
+                syms[nx as usize].prev = left as i32;
             }
             let (prev, next) = (syms[l].prev, syms[l].next);
             self.push_bigram(syms, queue, prev, left as i32);
@@ -179,7 +202,13 @@ impl BpeModel {
             return;
         }
         if let Some(&(rank, merged)) = self.merges.get(&(l.id, r.id)) {
-            queue.push(Reverse((rank, left as u32, right as u32, l.len + r.len, merged)));
+            queue.push(Reverse((
+                rank,
+                left as u32,
+                right as u32,
+                l.len + r.len,
+                merged,
+            )));
         }
     }
 }

@@ -55,7 +55,12 @@ impl SpecialMatcher {
     }
 
     /// Splits `text` into fragments.
-    pub(crate) fn partition(&self, vocab: &Vocab, text: &str, parse_special: bool) -> Vec<Fragment> {
+    pub(crate) fn partition(
+        &self,
+        vocab: &Vocab,
+        text: &str,
+        parse_special: bool,
+    ) -> Vec<Fragment> {
         let mut frags = Vec::new();
         if text.is_empty() {
             return frags;

@@ -88,7 +88,13 @@ pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usi
     let mut out = Vec::with_capacity(offsets.len());
     let mut start = 0;
     for &offset in offsets {
-        let mut s = Seg { cpts, flags, ini: start, end: start + offset, prev_end: start };
+        let mut s = Seg {
+            cpts,
+            flags,
+            ini: start,
+            end: start + offset,
+            prev_end: start,
+        };
         start += offset;
         let mut pos = s.ini;
         while pos < s.end {
@@ -166,7 +172,13 @@ fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) ->
     let mut out = Vec::with_capacity(offsets.len());
     let mut start = 0;
     for &offset in offsets {
-        let mut s = Seg { cpts, flags, ini: start, end: start + offset, prev_end: start };
+        let mut s = Seg {
+            cpts,
+            flags,
+            ini: start,
+            end: start + offset,
+            prev_end: start,
+        };
         start += offset;
         let mut pos = s.ini;
         while pos < s.end {
@@ -205,7 +217,9 @@ fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) ->
             // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (llama.cpp tests the first codepoint's flags
             // for "inside the piece", not those of the one after the space)
             let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
-            let other = |g: Flags| !(g.is_whitespace() || g.is_letter() || g.is_number() || (marks && g.is_mark()));
+            let other = |g: Flags| {
+                !(g.is_whitespace() || g.is_letter() || g.is_number() || (marks && g.is_mark()))
+            };
             if other(f2) && f.any() {
                 pos += (cpt == SP) as usize;
                 while other(f2) && f2.any() {
@@ -291,7 +305,9 @@ mod tests {
     use super::*;
     use crate::unicode::flags;
 
-    fn run(f: fn(&[char], &[Flags], &[usize]) -> Vec<usize>, text: &str) -> Vec<String> {
+    type SplitFn = fn(&[char], &[Flags], &[usize]) -> Vec<usize>;
+
+    fn run(f: SplitFn, text: &str) -> Vec<String> {
         let cpts: Vec<char> = text.chars().collect();
         let fl: Vec<Flags> = cpts.iter().map(|&c| flags(c)).collect();
         let lens = f(&cpts, &fl, &[cpts.len()]);
@@ -306,14 +322,20 @@ mod tests {
 
     #[test]
     fn gpt2_basic() {
-        assert_eq!(run(gpt2, "Hello world's  end"), vec!["Hello", " world", "'s", " ", " end"]);
+        assert_eq!(
+            run(gpt2, "Hello world's  end"),
+            vec!["Hello", " world", "'s", " ", " end"]
+        );
         assert_eq!(run(gpt2, "a   "), vec!["a", "   "]);
         assert_eq!(run(gpt2, "x!? 12"), vec!["x", "!?", " 12"]);
     }
 
     #[test]
     fn llama3_basic() {
-        assert_eq!(run(llama3, "I'M 12345 ok\n\n  x"), vec!["I", "'M", " ", "123", "45", " ok", "\n\n", " ", " x"]);
+        assert_eq!(
+            run(llama3, "I'M 12345 ok\n\n  x"),
+            vec!["I", "'M", " ", "123", "45", " ok", "\n\n", " ", " x"]
+        );
         assert_eq!(run(qwen2, "ab12"), vec!["ab", "1", "2"]);
     }
 }

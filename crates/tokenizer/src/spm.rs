@@ -87,8 +87,9 @@ pub(crate) fn encode_escaped(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
         syms[l].len += syms[r].len;
         syms[r].len = 0;
         syms[l].next = syms[r].next;
-        if syms[r].next >= 0 {
-            syms[syms[r].next as usize].prev = bg.left as i32;
+        let nx = syms[r].next;
+        if nx >= 0 {
+            syms[nx as usize].prev = bg.left as i32;
         }
         let (prev, next) = (syms[l].prev, syms[l].next);
         try_add_bigram(vocab, text, &syms, &mut queue, prev, bg.left as i32);
@@ -112,7 +113,14 @@ pub(crate) fn encode_escaped(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
 }
 
 #[inline]
-fn try_add_bigram(vocab: &Vocab, text: &str, syms: &[Sym], queue: &mut BinaryHeap<Bigram>, left: i32, right: i32) {
+fn try_add_bigram(
+    vocab: &Vocab,
+    text: &str,
+    syms: &[Sym],
+    queue: &mut BinaryHeap<Bigram>,
+    left: i32,
+    right: i32,
+) {
     if left < 0 || right < 0 {
         return;
     }
@@ -120,6 +128,11 @@ fn try_add_bigram(vocab: &Vocab, text: &str, syms: &[Sym], queue: &mut BinaryHea
     let piece = &text[l.start as usize..(l.start + l.len + r.len) as usize];
     if let Some(&id) = vocab.token_to_id.get(piece) {
         let score = vocab.scores.get(id as usize).copied().unwrap_or(0.0);
-        queue.push(Bigram { left: left as u32, right: right as u32, score, size: l.len + r.len });
+        queue.push(Bigram {
+            left: left as u32,
+            right: right as u32,
+            score,
+            size: l.len + r.len,
+        });
     }
 }

@@ -57,18 +57,53 @@ impl Flags {
 
 /// Codepoints assigned in Unicode 16.0 (inclusive ranges): undefined in llama.cpp's 15.1 tables.
 const NEW_IN_UNICODE_16: &[(u32, u32)] = &[
-    (0x00897, 0x00897), (0x01B4E, 0x01B4F), (0x01B7F, 0x01B7F), (0x01C89, 0x01C8A),
-    (0x02427, 0x02429), (0x031E4, 0x031E5), (0x0A7CB, 0x0A7CD), (0x0A7DA, 0x0A7DC),
-    (0x105C0, 0x105F3), (0x10D40, 0x10D65), (0x10D69, 0x10D85), (0x10D8E, 0x10D8F),
-    (0x10EC2, 0x10EC4), (0x10EFC, 0x10EFC), (0x11380, 0x11389), (0x1138B, 0x1138B),
-    (0x1138E, 0x1138E), (0x11390, 0x113B5), (0x113B7, 0x113C0), (0x113C2, 0x113C2),
-    (0x113C5, 0x113C5), (0x113C7, 0x113CA), (0x113CC, 0x113D5), (0x113D7, 0x113D8),
-    (0x113E1, 0x113E2), (0x116D0, 0x116E3), (0x11BC0, 0x11BE1), (0x11BF0, 0x11BF9),
-    (0x11F5A, 0x11F5A), (0x13460, 0x143FA), (0x16100, 0x16139), (0x16D40, 0x16D79),
-    (0x18CFF, 0x18CFF), (0x1CC00, 0x1CCF9), (0x1CD00, 0x1CEB3), (0x1E5D0, 0x1E5FA),
-    (0x1E5FF, 0x1E5FF), (0x1F8B2, 0x1F8BB), (0x1F8C0, 0x1F8C1), (0x1FA89, 0x1FA89),
-    (0x1FA8F, 0x1FA8F), (0x1FABE, 0x1FABE), (0x1FAC6, 0x1FAC6), (0x1FADC, 0x1FADC),
-    (0x1FADF, 0x1FADF), (0x1FAE9, 0x1FAE9), (0x1FBCB, 0x1FBEF),
+    (0x00897, 0x00897),
+    (0x01B4E, 0x01B4F),
+    (0x01B7F, 0x01B7F),
+    (0x01C89, 0x01C8A),
+    (0x02427, 0x02429),
+    (0x031E4, 0x031E5),
+    (0x0A7CB, 0x0A7CD),
+    (0x0A7DA, 0x0A7DC),
+    (0x105C0, 0x105F3),
+    (0x10D40, 0x10D65),
+    (0x10D69, 0x10D85),
+    (0x10D8E, 0x10D8F),
+    (0x10EC2, 0x10EC4),
+    (0x10EFC, 0x10EFC),
+    (0x11380, 0x11389),
+    (0x1138B, 0x1138B),
+    (0x1138E, 0x1138E),
+    (0x11390, 0x113B5),
+    (0x113B7, 0x113C0),
+    (0x113C2, 0x113C2),
+    (0x113C5, 0x113C5),
+    (0x113C7, 0x113CA),
+    (0x113CC, 0x113D5),
+    (0x113D7, 0x113D8),
+    (0x113E1, 0x113E2),
+    (0x116D0, 0x116E3),
+    (0x11BC0, 0x11BE1),
+    (0x11BF0, 0x11BF9),
+    (0x11F5A, 0x11F5A),
+    (0x13460, 0x143FA),
+    (0x16100, 0x16139),
+    (0x16D40, 0x16D79),
+    (0x18CFF, 0x18CFF),
+    (0x1CC00, 0x1CCF9),
+    (0x1CD00, 0x1CEB3),
+    (0x1E5D0, 0x1E5FA),
+    (0x1E5FF, 0x1E5FF),
+    (0x1F8B2, 0x1F8BB),
+    (0x1F8C0, 0x1F8C1),
+    (0x1FA89, 0x1FA89),
+    (0x1FA8F, 0x1FA8F),
+    (0x1FABE, 0x1FABE),
+    (0x1FAC6, 0x1FAC6),
+    (0x1FADC, 0x1FADC),
+    (0x1FADF, 0x1FADF),
+    (0x1FAE9, 0x1FAE9),
+    (0x1FBCB, 0x1FBEF),
 ];
 
 /// llama.cpp's whitespace set (the Unicode White_Space property).
@@ -87,9 +122,11 @@ fn category_flag(c: char) -> u16 {
     }
     match get_general_category(c) {
         G::Control | G::Format | G::PrivateUse | G::Surrogate => Flags::CONTROL,
-        G::LowercaseLetter | G::ModifierLetter | G::OtherLetter | G::TitlecaseLetter | G::UppercaseLetter => {
-            Flags::LETTER
-        }
+        G::LowercaseLetter
+        | G::ModifierLetter
+        | G::OtherLetter
+        | G::TitlecaseLetter
+        | G::UppercaseLetter => Flags::LETTER,
         G::SpacingMark | G::EnclosingMark | G::NonspacingMark => Flags::MARK,
         G::DecimalNumber | G::LetterNumber | G::OtherNumber => Flags::NUMBER,
         G::ConnectorPunctuation
@@ -108,7 +145,11 @@ fn category_flag(c: char) -> u16 {
 /// The flags llama.cpp assigns to a codepoint (category + whitespace bit).
 #[inline]
 pub(crate) fn flags(c: char) -> Flags {
-    let ws = if is_whitespace(c as u32) { Flags::WHITESPACE } else { 0 };
+    let ws = if is_whitespace(c as u32) {
+        Flags::WHITESPACE
+    } else {
+        0
+    };
     Flags(category_flag(c) | ws)
 }
 
@@ -201,14 +242,20 @@ mod tests {
             eprintln!("skipping: {path} not found");
             return;
         };
-        let (Some(a), Some(b)) = (src.find("unicode_ranges_flags"), src.find("unicode_set_whitespace")) else {
+        let (Some(a), Some(b)) = (
+            src.find("unicode_ranges_flags"),
+            src.find("unicode_set_whitespace"),
+        ) else {
             return;
         };
         let mut ranges = vec![];
         for line in src[a..b].lines() {
             if let Some(l) = line.strip_prefix("{0x") {
                 let parts: Vec<&str> = l.trim_end_matches("},").split(", 0x").collect();
-                ranges.push((u32::from_str_radix(parts[0], 16).unwrap(), u16::from_str_radix(parts[1], 16).unwrap()));
+                ranges.push((
+                    u32::from_str_radix(parts[0], 16).unwrap(),
+                    u16::from_str_radix(parts[1], 16).unwrap(),
+                ));
             }
         }
         for w in ranges.windows(2) {

@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use quarrel_gguf::{Gguf, Value};
 
 use crate::error::TokenizerError;
+pub(crate) use crate::hash::FastHash;
 use crate::pretok_table::{pre_config, PreConfig};
 
 /// Per-token attributes, llama.cpp's `llama_token_attr` bits.
@@ -101,7 +102,7 @@ pub(crate) struct Vocab {
     pub tokens: Vec<String>,
     pub scores: Vec<f32>,
     pub attrs: Vec<TokenAttr>,
-    pub token_to_id: HashMap<String, u32>,
+    pub token_to_id: HashMap<String, u32, FastHash>,
     pub ids: SpecialIds,
     pub add_bos: bool,
     pub add_eos: bool,
@@ -113,6 +114,9 @@ pub(crate) struct Vocab {
     pub special_tokens: Vec<u32>,
 }
 
+/// Accessor for one field of [`SpecialIds`].
+type SlotFn = fn(&mut SpecialIds) -> &mut Option<u32>;
+
 const K_MODEL: &str = "tokenizer.ggml.model";
 const K_PRE: &str = "tokenizer.ggml.pre";
 const K_TOKENS: &str = "tokenizer.ggml.tokens";
@@ -121,31 +125,89 @@ const K_TYPES: &str = "tokenizer.ggml.token_type";
 
 /// Candidate texts, in priority order, for the ids llama.cpp detects by text.
 const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
-    "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 const FIM_PRE_TEXTS: &[&str] = &[
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
 ];
 const FIM_SUF_TEXTS: &[&str] = &[
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
 ];
 const FIM_MID_TEXTS: &[&str] = &[
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 ];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 /// Texts that always end generation.
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
 fn invalid(key: &str, msg: impl Into<String>) -> TokenizerError {
-    TokenizerError::InvalidMetadata { key: key.to_string(), msg: msg.into() }
+    TokenizerError::InvalidMetadata {
+        key: key.to_string(),
+        msg: msg.into(),
+    }
 }
 
 fn array<'g>(g: &'g Gguf, key: &str) -> Result<Option<&'g [Value]>, TokenizerError> {
@@ -154,7 +216,10 @@ fn array<'g>(g: &'g Gguf, key: &str) -> Result<Option<&'g [Value]>, TokenizerErr
 
 impl Vocab {
     pub(crate) fn from_gguf(g: &Gguf) -> Result<Vocab, TokenizerError> {
-        let model = g.get_str(K_MODEL)?.ok_or_else(|| TokenizerError::MissingKey(K_MODEL.into()))?.to_string();
+        let model = g
+            .get_str(K_MODEL)?
+            .ok_or_else(|| TokenizerError::MissingKey(K_MODEL.into()))?
+            .to_string();
         let pre_name = g.get_str(K_PRE)?.unwrap_or("").to_string();
         let kind = match model.as_str() {
             "gpt2" => VocabKind::Bpe,
@@ -167,36 +232,57 @@ impl Vocab {
         };
 
         // tokens, scores, types
-        let toks = array(g, K_TOKENS)?.ok_or_else(|| TokenizerError::MissingKey(K_TOKENS.into()))?;
+        let toks =
+            array(g, K_TOKENS)?.ok_or_else(|| TokenizerError::MissingKey(K_TOKENS.into()))?;
         if toks.len() > u32::MAX as usize / 2 {
             return Err(invalid(K_TOKENS, "too many tokens"));
         }
         let n = toks.len();
         let mut tokens = Vec::with_capacity(n);
         for (i, v) in toks.iter().enumerate() {
-            let s = v.as_str().ok_or_else(|| invalid(K_TOKENS, format!("element {i} is {}, not a string", v.type_name())))?;
-            tokens.push(if s.is_empty() { format!("[EMPTY_{i}]") } else { s.to_string() });
+            let s = v.as_str().ok_or_else(|| {
+                invalid(
+                    K_TOKENS,
+                    format!("element {i} is {}, not a string", v.type_name()),
+                )
+            })?;
+            tokens.push(if s.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                s.to_string()
+            });
         }
         let mut scores = vec![0.0f32; n];
         if let Some(arr) = array(g, K_SCORES)? {
             if arr.len() < n {
-                return Err(invalid(K_SCORES, format!("{} scores for {n} tokens", arr.len())));
+                return Err(invalid(
+                    K_SCORES,
+                    format!("{} scores for {n} tokens", arr.len()),
+                ));
             }
             for (i, v) in arr.iter().take(n).enumerate() {
-                scores[i] = v.as_f64().ok_or_else(|| invalid(K_SCORES, "scores must be numbers"))? as f32;
+                scores[i] = v
+                    .as_f64()
+                    .ok_or_else(|| invalid(K_SCORES, "scores must be numbers"))?
+                    as f32;
             }
         }
         let mut attrs = vec![TokenAttr(TokenAttr::NORMAL); n];
         if let Some(arr) = array(g, K_TYPES)? {
             if arr.len() < n {
-                return Err(invalid(K_TYPES, format!("{} token types for {n} tokens", arr.len())));
+                return Err(invalid(
+                    K_TYPES,
+                    format!("{} token types for {n} tokens", arr.len()),
+                ));
             }
             for (i, v) in arr.iter().take(n).enumerate() {
-                let t = v.as_i64().ok_or_else(|| invalid(K_TYPES, "token types must be integers"))?;
+                let t = v
+                    .as_i64()
+                    .ok_or_else(|| invalid(K_TYPES, "token types must be integers"))?;
                 attrs[i] = TokenAttr::from_token_type(t);
             }
         }
-        let mut token_to_id = HashMap::with_capacity(n);
+        let mut token_to_id = HashMap::with_capacity_and_hasher(n, FastHash::default());
         for (i, t) in tokens.iter().enumerate() {
             token_to_id.insert(t.clone(), i as u32); // a later duplicate wins, as in llama.cpp
         }
@@ -216,8 +302,9 @@ impl Vocab {
                 ignore_merges = false;
             }
             VocabKind::Bpe => {
-                let cfg = pre_config(&pre_name)
-                    .ok_or_else(|| TokenizerError::Unsupported(format!("unknown pre-tokenizer type {pre_name:?}")))?;
+                let cfg = pre_config(&pre_name).ok_or_else(|| {
+                    TokenizerError::Unsupported(format!("unknown pre-tokenizer type {pre_name:?}"))
+                })?;
                 ids.bos = if cfg.bos_null { None } else { Some(11) };
                 ids.eos = Some(11);
                 add_bos = cfg.add_bos;
@@ -234,26 +321,27 @@ impl Vocab {
 
         // special ids from metadata
         {
-            let slots: [(&str, &mut Option<u32>); 17] = [
-                ("tokenizer.ggml.bos_token_id", &mut ids.bos),
-                ("tokenizer.ggml.eos_token_id", &mut ids.eos),
-                ("tokenizer.ggml.eot_token_id", &mut ids.eot),
-                ("tokenizer.ggml.eom_token_id", &mut ids.eom),
-                ("tokenizer.ggml.unknown_token_id", &mut ids.unk),
-                ("tokenizer.ggml.seperator_token_id", &mut ids.sep),
-                ("tokenizer.ggml.padding_token_id", &mut ids.pad),
-                ("tokenizer.ggml.mask_token_id", &mut ids.mask),
-                ("tokenizer.ggml.fim_pre_token_id", &mut ids.fim_pre),
-                ("tokenizer.ggml.fim_suf_token_id", &mut ids.fim_suf),
-                ("tokenizer.ggml.fim_mid_token_id", &mut ids.fim_mid),
-                ("tokenizer.ggml.fim_pad_token_id", &mut ids.fim_pad),
-                ("tokenizer.ggml.fim_rep_token_id", &mut ids.fim_rep),
-                ("tokenizer.ggml.fim_sep_token_id", &mut ids.fim_sep),
-                ("tokenizer.ggml.prefix_token_id", &mut ids.fim_pre),
-                ("tokenizer.ggml.suffix_token_id", &mut ids.fim_suf),
-                ("tokenizer.ggml.middle_token_id", &mut ids.fim_mid),
+            let slots: [(&str, SlotFn); 17] = [
+                ("tokenizer.ggml.bos_token_id", |s| &mut s.bos),
+                ("tokenizer.ggml.eos_token_id", |s| &mut s.eos),
+                ("tokenizer.ggml.eot_token_id", |s| &mut s.eot),
+                ("tokenizer.ggml.eom_token_id", |s| &mut s.eom),
+                ("tokenizer.ggml.unknown_token_id", |s| &mut s.unk),
+                ("tokenizer.ggml.seperator_token_id", |s| &mut s.sep),
+                ("tokenizer.ggml.padding_token_id", |s| &mut s.pad),
+                ("tokenizer.ggml.mask_token_id", |s| &mut s.mask),
+                ("tokenizer.ggml.fim_pre_token_id", |s| &mut s.fim_pre),
+                ("tokenizer.ggml.fim_suf_token_id", |s| &mut s.fim_suf),
+                ("tokenizer.ggml.fim_mid_token_id", |s| &mut s.fim_mid),
+                ("tokenizer.ggml.fim_pad_token_id", |s| &mut s.fim_pad),
+                ("tokenizer.ggml.fim_rep_token_id", |s| &mut s.fim_rep),
+                ("tokenizer.ggml.fim_sep_token_id", |s| &mut s.fim_sep),
+                ("tokenizer.ggml.prefix_token_id", |s| &mut s.fim_pre),
+                ("tokenizer.ggml.suffix_token_id", |s| &mut s.fim_suf),
+                ("tokenizer.ggml.middle_token_id", |s| &mut s.fim_mid),
             ];
             for (key, slot) in slots {
+                let slot = slot(&mut ids);
                 if slot.is_some_and(|id| id as usize >= n) {
                     *slot = None; // default out of range: disabled
                 }
@@ -302,8 +390,19 @@ impl Vocab {
         v.mark_unused();
         v.build_eog();
         v.special_tokens = v.special_cache();
-        let name = g.get_str("general.name").ok().flatten().unwrap_or("").to_lowercase();
-        v.apply_model_attrs(&name, g.get_str("general.architecture").ok().flatten().unwrap_or(""));
+        let name = g
+            .get_str("general.name")
+            .ok()
+            .flatten()
+            .unwrap_or("")
+            .to_lowercase();
+        v.apply_model_attrs(
+            &name,
+            g.get_str("general.architecture")
+                .ok()
+                .flatten()
+                .unwrap_or(""),
+        );
         Ok(v)
     }
 
@@ -330,7 +429,7 @@ impl Vocab {
     /// found token is forced to CONTROL. (llama.cpp scans a hash map, so with several
     /// candidates its pick is arbitrary; we take the first in its candidate list.)
     fn detect_special_by_text(&mut self) {
-        let lists: [(&[&str], fn(&mut SpecialIds) -> &mut Option<u32>); 8] = [
+        let lists: [(&[&str], SlotFn); 8] = [
             (EOT_TEXTS, |s| &mut s.eot),
             (EOM_TEXTS, |s| &mut s.eom),
             (FIM_PRE_TEXTS, |s| &mut s.fim_pre),
@@ -361,7 +460,10 @@ impl Vocab {
 
     fn build_eog(&mut self) {
         let mut eog = BTreeSet::new();
-        for id in [self.ids.fim_pad, self.ids.fim_rep, self.ids.fim_sep].into_iter().flatten() {
+        for id in [self.ids.fim_pad, self.ids.fim_rep, self.ids.fim_sep]
+            .into_iter()
+            .flatten()
+        {
             eog.insert(id);
         }
         for t in EOG_TEXTS {
@@ -376,10 +478,18 @@ impl Vocab {
                 self.attrs[id as usize] = TokenAttr(TokenAttr::USER_DEFINED);
             }
         }
-        for id in [self.ids.eos, self.ids.eot, self.ids.eom].into_iter().flatten() {
+        for id in [self.ids.eos, self.ids.eot, self.ids.eom]
+            .into_iter()
+            .flatten()
+        {
             eog.insert(id);
         }
-        let text = |id: u32| self.tokens.get(id as usize).map(String::as_str).unwrap_or("");
+        let text = |id: u32| {
+            self.tokens
+                .get(id as usize)
+                .map(String::as_str)
+                .unwrap_or("")
+        };
         // o200k_harmony / solar-open: "<|end|>" is not EOG when the return/call tokens exist
         let has = |set: &BTreeSet<u32>, t: &str| set.iter().any(|&id| text(id) == t);
         let end_id = eog.iter().copied().find(|&id| text(id) == "<|end|>");
@@ -387,7 +497,7 @@ impl Vocab {
             let ret = has(&eog, "<|return|>");
             let call = has(&eog, "<|call|>") || has(&eog, "<|calls|>");
             let flush = has(&eog, "<|flush|>");
-            if (ret && call) || (call && flush) {
+            if call && (ret || flush) {
                 eog.remove(&end_id);
                 self.attrs[end_id as usize] = TokenAttr(TokenAttr::USER_DEFINED);
             }
@@ -405,8 +515,14 @@ impl Vocab {
 
     fn special_cache(&self) -> Vec<u32> {
         let mask = TokenAttr::CONTROL | TokenAttr::USER_DEFINED | TokenAttr::UNKNOWN;
-        let mut ids: Vec<u32> = (0..self.attrs.len() as u32).filter(|&i| self.attrs[i as usize].has(mask)).collect();
-        ids.sort_by(|&a, &b| self.tokens[b as usize].len().cmp(&self.tokens[a as usize].len()));
+        let mut ids: Vec<u32> = (0..self.attrs.len() as u32)
+            .filter(|&i| self.attrs[i as usize].has(mask))
+            .collect();
+        ids.sort_by(|&a, &b| {
+            self.tokens[b as usize]
+                .len()
+                .cmp(&self.tokens[a as usize].len())
+        });
         ids
     }
 
@@ -419,8 +535,12 @@ impl Vocab {
             }
         };
         let pre = self.pre_name.clone();
-        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"].iter().any(|p| pre.contains(p))
-            || ["nomic-bert-moe", "jina-bert-v3"].iter().any(|p| arch.contains(p))
+        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"]
+            .iter()
+            .any(|p| pre.contains(p))
+            || ["nomic-bert-moe", "jina-bert-v3"]
+                .iter()
+                .any(|p| arch.contains(p))
         {
             set(self, "<mask>", TokenAttr::LSTRIP, true);
         } else if name_lower.contains("phi-3") || name_lower.contains("phi3") {
@@ -439,7 +559,14 @@ impl Vocab {
     /// llama.cpp's `byte_to_token` for SPM: `<0xXX>`, else the byte itself as a token.
     pub(crate) fn spm_byte_token(&self, b: u8) -> Option<u32> {
         const HEX: &[u8; 16] = b"0123456789ABCDEF";
-        let name = [b'<', b'0', b'x', HEX[(b >> 4) as usize], HEX[(b & 15) as usize], b'>'];
+        let name = [
+            b'<',
+            b'0',
+            b'x',
+            HEX[(b >> 4) as usize],
+            HEX[(b & 15) as usize],
+            b'>',
+        ];
         // name is ASCII
         let name = std::str::from_utf8(&name).unwrap_or("");
         if let Some(&id) = self.token_to_id.get(name) {

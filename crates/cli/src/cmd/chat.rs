@@ -48,10 +48,10 @@ pub fn main(a: Args) -> Result<()> {
             _ => {}
         }
         history.push(ChatMessage::new("user", msg));
-        let text = if engine.tokenizer.has_chat_template() {
+        let text = if engine.tokenizer.chat_template().is_some() {
             engine.tokenizer.apply_chat_template(&history, true)?
         } else {
-            engine.tokenizer.fallback_chatml(&history, true)
+            quarrel_tokenizer::Tokenizer::fallback_chatml(&history, true)
         };
         let ids = engine.tokenize_templated(&text);
         if ids.len() + 1 >= engine.n_ctx() {

@@ -39,7 +39,7 @@ pub fn main(a: Args) -> Result<()> {
         }
     };
     let mut engine = a.model.engine()?;
-    let templated = !a.raw && engine.tokenizer.has_chat_template();
+    let templated = !a.raw && engine.tokenizer.chat_template().is_some();
     let ids = if templated {
         let mut msgs = vec![];
         if let Some(s) = &a.system {

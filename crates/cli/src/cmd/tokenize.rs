@@ -45,7 +45,7 @@ pub fn main(a: Args) -> Result<()> {
         println!("{}", serde_json::to_string(&ids)?);
     } else {
         for id in ids {
-            let piece = String::from_utf8_lossy(&tok.token_to_piece(id)).into_owned();
+            let piece = String::from_utf8_lossy(&tok.token_to_piece(id, true)).into_owned();
             println!("{id:6} -> '{piece}'");
         }
     }

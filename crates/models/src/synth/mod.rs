@@ -25,7 +25,7 @@
 //! the two projections that write into the residual stream (`attn_output`, `ffn_down`) are
 //! further scaled by 1/sqrt(2 n_layer), and norm weights are 1 + N(0, 0.02).
 //!
-//! Tensor data are streamed in chunks of rows (at most [`CHUNK_BYTES`] at a time), so a
+//! Tensor data are streamed in chunks of rows (at most [`CHUNK_BYTES`] at a time), so an
 //! 8B model needs tens of megabytes of memory, not gigabytes.
 
 pub mod mix;

@@ -1,0 +1,54 @@
+//! Shared helpers: locating the real models (env vars) and the repository's fixtures.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use quarrel_tokenizer::Tokenizer;
+
+/// `QUARREL_SMOLLM2`: path to SmolLM2-135M-Instruct (any quantization) GGUF.
+pub const SMOLLM2: &str = "QUARREL_SMOLLM2";
+/// `QUARREL_GEMMA3`: path to gemma-3-270m GGUF.
+pub const GEMMA3: &str = "QUARREL_GEMMA3";
+
+/// Loads the tokenizer of the model named by `env`, or explains the skip and returns None.
+pub fn load(env: &str) -> Option<Tokenizer> {
+    let Ok(path) = std::env::var(env) else {
+        eprintln!("skipping: set {env} to the model's GGUF path to run this test");
+        return None;
+    };
+    let g = quarrel_gguf::Gguf::open(&path).unwrap_or_else(|e| panic!("{env}={path}: {e}"));
+    Some(Tokenizer::from_gguf(&g).unwrap_or_else(|e| panic!("{env}={path}: {e}")))
+}
+
+/// `<repo>/tests/fixtures/<rel>`.
+pub fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
+}
+
+pub fn read_json(rel: &str) -> serde_json::Value {
+    let p = fixture(rel);
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The (text, ids) cases of a fixture file of the form {"cases": [{"text", "ids"}]}.
+pub fn cases(rel: &str) -> Vec<(String, Vec<u32>)> {
+    let v = read_json(rel);
+    v["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            let text = c["text"].as_str().expect("text").to_string();
+            let ids = c["ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|x| x.as_u64().expect("id") as u32)
+                .collect();
+            (text, ids)
+        })
+        .collect()
+}
