@@ -72,16 +72,17 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
                 RopeStyle::Normal => {
                     for (i, &(c, s)) in cache.iter().enumerate() {
                         let (a, b) = (h[2 * i], h[2 * i + 1]);
-                        h[2 * i] = a * c - b * s;
-                        h[2 * i + 1] = a * s + b * c;
+                        // ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos`, FMA-contracted by its compiler
+                        h[2 * i] = a.mul_add(c, -(b * s));
+                        h[2 * i + 1] = a.mul_add(s, b * c);
                     }
                 }
                 RopeStyle::Neox => {
                     let half = p.n_rot / 2;
                     for (i, &(c, s)) in cache.iter().enumerate() {
                         let (a, b) = (h[i], h[i + half]);
-                        h[i] = a * c - b * s;
-                        h[i + half] = a * s + b * c;
+                        h[i] = a.mul_add(c, -(b * s));
+                        h[i + half] = a.mul_add(s, b * c);
                     }
                 }
             }
