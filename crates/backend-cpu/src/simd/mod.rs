@@ -1,64 +1,237 @@
-//! Run-time dispatched SIMD dot products of a weight row with a quantized activation row.
+//! Run-time dispatched SIMD dot products of a weight row with a quantized activation row,
+//! and SIMD quantizers for the activation types.
 //!
-//! Every kernel here has a reference twin in `quarrel-quant` (`quarrel_quant::vec_dot`), and
-//! `tests/simd_vs_reference.rs` compares them on random data.
+//! Every kernel here has a reference twin in `quarrel-quant` (`quarrel_quant::vec_dot`,
+//! `quarrel_quant::quantize`), and `tests/simd_*.rs` compare them on random data at every
+//! [`Level`] the CPU supports.
+//!
+//! ```text
+//!  Level::Avx2        AVX2+FMA+F16C       every weight type (dot + dot4 for 32-blocks),
+//!                                         Q8_0/Q8_1/Q8_K quantizers (both flavours)
+//!  Level::Avx512      + AVX512F/BW/VL     512-bit kernels for every weight type
+//!  Level::Avx512Vnni  + AVX512-VNNI       vpdpbusd (32-element blocks), vpdpwssd (K-quants)
+//! ```
+//!
+//! A level without its own kernel for a type falls back to the next lower level's kernel.
+//! `QUARREL_SIMD=scalar|avx2|avx512|avx512vnni` caps the level picked by [`dot_fn`],
+//! [`dot4_fn`] and the quantizers (read once); `QUARREL_NO_SIMD` (any value) means `scalar`.
+//! On other architectures everything compiles to "no kernel" (callers use the reference).
+//!
+//! Results: integer block sums are exact; only the float accumulation order differs from
+//! the reference (float types: f32 FMA accumulation instead of the reference's f64).
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use quarrel_core::QuantType;
+use std::sync::OnceLock;
 
 /// `dot(n, w_row, a_row)`: `a_row` is `n` activations in `w`'s vec_dot_type.
 pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 
-/// CPU features the kernels use, as a short string for logs.
+/// `dot4(n, [w_row; 4], a_row) -> [f32; 4]`: four weight rows of the same type against one
+/// activation row (shares the activation loads and scale conversions between the rows).
+pub type Dot4Fn = fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4];
+
+/// `quantize(src, dst)`: `src.len()` f32 to `dst` bytes of an activation type
+/// (`dst.len() == ty.row_bytes(src.len())`, else it panics).
+pub type QuantizeRowFn = fn(&[f32], &mut [u8]);
+
+/// An instruction-set level with its own kernel set. Ordered: a higher level implies the
+/// features of the lower ones (on the same architecture).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Level {
+    /// No SIMD kernels (the `quarrel-quant` reference is used).
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 level plus AVX512F + AVX512BW + AVX512VL.
+    Avx512,
+    /// AVX512 level plus AVX512-VNNI.
+    Avx512Vnni,
+}
+
+impl Level {
+    /// Every level, lowest first.
+    pub const ALL: &'static [Level] = &[Level::Scalar, Level::Avx2, Level::Avx512, Level::Avx512Vnni];
+
+    /// Short lowercase name (the `QUARREL_SIMD` spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+            Level::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Parse a `QUARREL_SIMD` value.
+    pub fn from_name(s: &str) -> Option<Level> {
+        Level::ALL.iter().copied().find(|l| l.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Whether this CPU can run the kernels of this level.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Level::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => x86::has_avx2() && x86::has_avx512(),
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512Vnni => x86::has_avx2() && x86::has_avx512() && x86::has_avx512vnni(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// Every level this CPU supports, lowest first (always starts with `Scalar`).
+pub fn available_levels() -> Vec<Level> {
+    Level::ALL.iter().copied().filter(|l| l.is_supported()).collect()
+}
+
+/// The best level this CPU supports, capped by `QUARREL_SIMD` / `QUARREL_NO_SIMD`
+/// (environment read once per process).
+pub fn detected_level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let best = available_levels().last().copied().unwrap_or(Level::Scalar);
+        if std::env::var_os("QUARREL_NO_SIMD").is_some() {
+            return Level::Scalar;
+        }
+        match std::env::var("QUARREL_SIMD").ok().and_then(|s| Level::from_name(&s)) {
+            Some(cap) => cap.min(best),
+            None => best,
+        }
+    })
+}
+
+/// CPU features the kernels use, as a short string for logs (ends with the selected level).
 pub fn features_string() -> String {
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut f = vec![];
-        if std::arch::is_x86_feature_detected!("avx2") {
-            f.push("avx2");
-        }
-        if std::arch::is_x86_feature_detected!("fma") {
-            f.push("fma");
-        }
-        if std::arch::is_x86_feature_detected!("f16c") {
-            f.push("f16c");
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            f.push("avx512f");
-        }
-        if std::arch::is_x86_feature_detected!("avx512vnni") {
-            f.push("avx512vnni");
-        }
-        if f.is_empty() {
-            "scalar".into()
-        } else {
-            f.join("+")
-        }
-    }
+    let f = x86::feature_names();
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        "scalar".into()
-    }
+    let f: Vec<&str> = vec![];
+    let base = if f.is_empty() { "scalar".to_string() } else { f.join("+") };
+    format!("{base}; kernels: {}", detected_level().name())
 }
 
 /// The fastest kernel for this weight type on this CPU, or None (use the reference).
 pub fn dot_fn(ty: QuantType) -> Option<DotFn> {
-    if std::env::var_os("QUARREL_NO_SIMD").is_some() {
+    #[cfg(target_arch = "x86_64")]
+    if matmul_level(ty) == Level::Avx2 && Level::Avx2.is_supported() {
+        if let Some(f) = x86::ggml_order::dot_fn(ty) {
+            return Some(f);
+        }
+    }
+    dot_fn_for(ty, matmul_level(ty))
+}
+
+/// The level the matmul uses for `ty`. llama.cpp's x86 build runs the legacy 32-element types
+/// through its AVX2 kernels even on AVX-512 machines; our AVX2 kernels accumulate in the same
+/// float order, so their results are bit-identical to llama.cpp's (and greedy texts agree).
+/// The wider kernels reorder the float sums, so they are used only where that parity is not
+/// at stake. `QUARREL_SIMD` still caps the level.
+pub fn matmul_level(ty: QuantType) -> Level {
+    let detected = detected_level();
+    let legacy = matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0);
+    if legacy && detected > Level::Avx2 {
+        Level::Avx2
+    } else {
+        detected
+    }
+}
+
+/// The kernel of `level` for `ty` (falling back to a lower level's kernel where `level` has
+/// none of its own), or None if the CPU lacks `level` or no SIMD kernel exists for `ty`.
+pub fn dot_fn_for(ty: QuantType, level: Level) -> Option<DotFn> {
+    if level == Level::Scalar || !level.is_supported() {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            return x86::dot_fn_avx2(ty);
-        }
+        x86::dot_fn(ty, level)
     }
-    let _ = ty;
-    None
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
+/// Four-row kernel for `ty` at the detected level, or None (call the one-row kernel 4 times).
+pub fn dot4_fn(ty: QuantType) -> Option<Dot4Fn> {
+    // the llama.cpp-order kernels have no four-row form
+    #[cfg(target_arch = "x86_64")]
+    if matmul_level(ty) == Level::Avx2 && x86::ggml_order::dot_fn(ty).is_some() {
+        return None;
+    }
+    dot4_fn_for(ty, matmul_level(ty))
+}
+
+/// Four-row kernel of `level` for `ty` (see [`dot_fn_for`]).
+pub fn dot4_fn_for(ty: QuantType, level: Level) -> Option<Dot4Fn> {
+    if level == Level::Scalar || !level.is_supported() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::dot4_fn(ty, level)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
+/// SIMD quantizer for an activation type (`Q8_0`, `Q8_1`, `Q8_K`) at the detected level,
+/// or None (use `quarrel_quant::quantize`). Output bytes are identical to the reference
+/// (`quarrel_quant::quantize`: `id = 1 / d`, `roundf`) for finite inputs.
+pub fn quantize_row_fn(ty: QuantType) -> Option<QuantizeRowFn> {
+    quantize_row_fn_for(ty, detected_level())
+}
+
+/// The quantizer of `level` for `ty` (see [`dot_fn_for`]).
+pub fn quantize_row_fn_for(ty: QuantType, level: Level) -> Option<QuantizeRowFn> {
+    if level == Level::Scalar || !level.is_supported() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::quantize_row_fn(ty, level, false)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
+/// SIMD quantizer with the rounding of ggml's x86 build for `Q8_0` / `Q8_1`
+/// (`id = 127 / amax`, round half to even: the bytes of [`crate::actquant::quantize_row`]);
+/// `Q8_K` as [`quantize_row_fn`] (ggml's x86 build uses the reference for it). None: use
+/// `actquant::quantize_row`.
+pub fn quantize_row_fn_ggml_x86(ty: QuantType) -> Option<QuantizeRowFn> {
+    quantize_row_fn_ggml_x86_for(ty, detected_level())
+}
+
+/// [`quantize_row_fn_ggml_x86`] at `level` (see [`dot_fn_for`]).
+pub fn quantize_row_fn_ggml_x86_for(ty: QuantType, level: Level) -> Option<QuantizeRowFn> {
+    if level == Level::Scalar || !level.is_supported() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::quantize_row_fn(ty, level, true)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
 }
 
 /// Reference dot through `quarrel-quant` (the twin of every SIMD kernel).

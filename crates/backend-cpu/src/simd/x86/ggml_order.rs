@@ -1,10 +1,14 @@
-//! AVX2 + FMA kernels for the legacy quant types paired with Q8_0 / Q8_1 activations.
+//! Kernels that accumulate in exactly the float order of llama.cpp's x86 build
+//! (`ggml_vec_dot_{q4_0_q8_0,q4_1_q8_1,q8_0_q8_0}` AVX2 paths, which its AVX-512 builds run
+//! too): one 8-lane accumulator, `acc = fma(d_w * d_a, block_sum, acc)` per block,
+//! `hsum_float_8`, and Q4_1's `summs` updated with an FMA as ggml's compiler contracts it.
+//! Integer block sums are exact, so results are bit-identical to llama.cpp's.
 
-use super::DotFn;
+use crate::simd::DotFn;
 use quarrel_core::QuantType;
 use std::arch::x86_64::*;
 
-pub(super) fn dot_fn_avx2(ty: QuantType) -> Option<DotFn> {
+pub(crate) fn dot_fn(ty: QuantType) -> Option<DotFn> {
     Some(match ty {
         QuantType::Q4_0 => |n, w, a| unsafe { dot_q4_0_q8_0(n, w, a) },
         QuantType::Q4_1 => |n, w, a| unsafe { dot_q4_1_q8_1(n, w, a) },
@@ -86,7 +90,7 @@ unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for i in 0..nb {
         let wb = &w[i * 20..];
         let ab = &a[i * 36..];
-        summs += f16(wb, 2) * f16(ab, 2);
+        summs = f16(wb, 2).mul_add(f16(ab, 2), summs);
         let d = _mm256_set1_ps(f16(wb, 0) * f16(ab, 0));
         let q = unpack_nibbles(wb.as_ptr().add(4));
         let y = _mm256_loadu_si256(ab.as_ptr().add(4) as *const __m256i);
