@@ -2,115 +2,138 @@
 //! (`ggml_vec_dot_{q4_0_q8_0,q4_1_q8_1,q8_0_q8_0}` AVX2 paths, which its AVX-512 builds run
 //! too): one 8-lane accumulator, `acc = fma(d_w * d_a, block_sum, acc)` per block,
 //! `hsum_float_8`, and Q4_1's `summs` updated with an FMA as ggml's compiler contracts it.
-//! Integer block sums are exact, so results are bit-identical to llama.cpp's.
+//! Integer block sums are exact (`vpmaddubsw`+`vpmaddwd`, or `vpdpbusd` where AVX-512 VNNI is
+//! present, as ggml does), so results are bit-identical to llama.cpp's.
 
 use crate::simd::DotFn;
 use quarrel_core::QuantType;
 use std::arch::x86_64::*;
 
 pub(crate) fn dot_fn(ty: QuantType) -> Option<DotFn> {
-    Some(match ty {
-        QuantType::Q4_0 => |n, w, a| unsafe { dot_q4_0_q8_0(n, w, a) },
-        QuantType::Q4_1 => |n, w, a| unsafe { dot_q4_1_q8_1(n, w, a) },
-        QuantType::Q8_0 => |n, w, a| unsafe { dot_q8_0_q8_0(n, w, a) },
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl");
+    // SAFETY (all arms): callers reach this only on CPUs with AVX2+FMA+F16C (checked by the
+    // dispatcher), and VNNI variants only when detected above; the kernels check lengths.
+    Some(match (ty, vnni) {
+        (QuantType::Q4_0, false) => |n, w, a| unsafe { avx2::dot_q4_0(n, w, a) },
+        (QuantType::Q4_1, false) => |n, w, a| unsafe { avx2::dot_q4_1(n, w, a) },
+        (QuantType::Q8_0, false) => |n, w, a| unsafe { avx2::dot_q8_0(n, w, a) },
+        (QuantType::Q4_0, true) => |n, w, a| unsafe { vnni::dot_q4_0(n, w, a) },
+        (QuantType::Q4_1, true) => |n, w, a| unsafe { vnni::dot_q4_1(n, w, a) },
+        (QuantType::Q8_0, true) => |n, w, a| unsafe { vnni::dot_q8_0(n, w, a) },
         _ => return None,
     })
 }
 
-#[inline]
-#[target_feature(enable = "f16c")]
-unsafe fn f16(b: &[u8], off: usize) -> f32 {
-    let h = u16::from_le_bytes([b[off], b[off + 1]]);
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let h = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma")]
+/// ggml's `hsum_float_8`.
+#[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps(v, 1);
-    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
 }
 
 /// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
     let t = _mm_loadu_si128(p as *const __m128i);
-    let hi = _mm_srli_epi16(t, 4);
-    let v = _mm256_set_m128i(hi, t);
+    let v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
     _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
 }
 
-/// Sum of products of signed bytes `x` and `y` as 8 i32 lanes converted to f32.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
-    let ax = _mm256_sign_epi8(x, x);
-    let sy = _mm256_sign_epi8(y, x);
-    let dot16 = _mm256_maddubs_epi16(ax, sy);
-    let dot32 = _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
-    _mm256_cvtepi32_ps(dot32)
+macro_rules! kernels {
+    ($feat:literal, $us:ident) => {
+        /// unsigned x signed byte products summed to 8 f32 lanes
+        #[inline(always)]
+        unsafe fn mul_sum_us(x: __m256i, y: __m256i) -> __m256 {
+            _mm256_cvtepi32_ps($us(x, y))
+        }
+
+        /// signed x signed byte products summed to 8 f32 lanes (ggml's sign trick)
+        #[inline(always)]
+        unsafe fn mul_sum_ss(x: __m256i, y: __m256i) -> __m256 {
+            mul_sum_us(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+        }
+
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let nb = n / 32;
+            assert!(w.len() >= nb * 18 && a.len() >= nb * 34);
+            let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
+            let mut acc = _mm256_setzero_ps();
+            for _ in 0..nb {
+                let d = _mm256_set1_ps(f16_at(wp) * f16_at(ap));
+                let q = _mm256_sub_epi8(unpack_nibbles(wp.add(2)), _mm256_set1_epi8(8));
+                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+                acc = _mm256_fmadd_ps(d, mul_sum_ss(q, y), acc);
+                wp = wp.add(18);
+                ap = ap.add(34);
+            }
+            hsum(acc)
+        }
+
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let nb = n / 32;
+            assert!(w.len() >= nb * 20 && a.len() >= nb * 36);
+            let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0.0f32;
+            for _ in 0..nb {
+                summs = f16_at(wp.add(2)).mul_add(f16_at(ap.add(2)), summs);
+                let d = _mm256_set1_ps(f16_at(wp) * f16_at(ap));
+                let q = unpack_nibbles(wp.add(4));
+                let y = _mm256_loadu_si256(ap.add(4) as *const __m256i);
+                acc = _mm256_fmadd_ps(d, mul_sum_us(q, y), acc);
+                wp = wp.add(20);
+                ap = ap.add(36);
+            }
+            hsum(acc) + summs
+        }
+
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let nb = n / 32;
+            assert!(w.len() >= nb * 34 && a.len() >= nb * 34);
+            let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
+            let mut acc = _mm256_setzero_ps();
+            for _ in 0..nb {
+                let d = _mm256_set1_ps(f16_at(wp) * f16_at(ap));
+                let x = _mm256_loadu_si256(wp.add(2) as *const __m256i);
+                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+                acc = _mm256_fmadd_ps(d, mul_sum_ss(x, y), acc);
+                wp = wp.add(34);
+                ap = ap.add(34);
+            }
+            hsum(acc)
+        }
+    };
 }
 
-/// Unsigned bytes `x` times signed bytes `y`, summed to 8 f32 lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn mul_sum_u8_i8(x: __m256i, y: __m256i) -> __m256 {
-    let dot16 = _mm256_maddubs_epi16(x, y);
-    let dot32 = _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
-    _mm256_cvtepi32_ps(dot32)
-}
+mod avx2 {
+    use super::*;
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / 32;
-    assert!(w.len() >= nb * 18 && a.len() >= nb * 34);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let wb = &w[i * 18..];
-        let ab = &a[i * 34..];
-        let d = _mm256_set1_ps(f16(wb, 0) * f16(ab, 0));
-        let q = _mm256_sub_epi8(unpack_nibbles(wb.as_ptr().add(2)), _mm256_set1_epi8(8));
-        let y = _mm256_loadu_si256(ab.as_ptr().add(2) as *const __m256i);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(q, y), acc);
+    #[inline(always)]
+    unsafe fn maddubs_sum(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
     }
-    hsum(acc)
+
+    kernels!("avx2,fma,f16c", maddubs_sum);
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / 32;
-    assert!(w.len() >= nb * 20 && a.len() >= nb * 36);
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0.0f32;
-    for i in 0..nb {
-        let wb = &w[i * 20..];
-        let ab = &a[i * 36..];
-        summs = f16(wb, 2).mul_add(f16(ab, 2), summs);
-        let d = _mm256_set1_ps(f16(wb, 0) * f16(ab, 0));
-        let q = unpack_nibbles(wb.as_ptr().add(4));
-        let y = _mm256_loadu_si256(ab.as_ptr().add(4) as *const __m256i);
-        acc = _mm256_fmadd_ps(d, mul_sum_u8_i8(q, y), acc);
-    }
-    hsum(acc) + summs
-}
+mod vnni {
+    use super::*;
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / 32;
-    assert!(w.len() >= nb * 34 && a.len() >= nb * 34);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let wb = &w[i * 34..];
-        let ab = &a[i * 34..];
-        let d = _mm256_set1_ps(f16(wb, 0) * f16(ab, 0));
-        let x = _mm256_loadu_si256(wb.as_ptr().add(2) as *const __m256i);
-        let y = _mm256_loadu_si256(ab.as_ptr().add(2) as *const __m256i);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(x, y), acc);
+    #[inline(always)]
+    unsafe fn dpbusd_sum(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
     }
-    hsum(acc)
+
+    kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", dpbusd_sum);
 }
