@@ -25,7 +25,8 @@ pub fn expf_ggml(x: f32) -> f32 {
         .mul_add(u, f32::from_bits(0x3E2A_AF33).mul_add(b, f32::from_bits(0x3EFF_FEDB))) // 0x1.555e66p-3, 0x1.fffdb6p-2
         .mul_add(u, f32::from_bits(0x3F7F_FFF6).mul_add(b, 1.0)); // 0x1.ffffecp-1
     if n.abs() > 192.0 {
-        return if n <= 0.0 { f32::INFINITY } else { 0.0 };
+        // _mm512_mask_blend_ps(n <= 0, inf, 0): 0 for large negative, inf for large positive
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
     scalef(j, n)
 }
