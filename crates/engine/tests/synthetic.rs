@@ -1,0 +1,73 @@
+//! Architecture-level checks on synthetic models (random weights, real layouts) written by
+//! `quarrel synth`: they need no download, so they run everywhere.
+
+mod common;
+use common::*;
+use quarrel_engine::{EngineOptions, GenerateParams, SamplingParams};
+use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+
+fn synth(ftype: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join(format!("tiny-{ftype}.gguf"));
+    let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::from_name(ftype).unwrap()).seed(7);
+    write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+    path
+}
+
+#[test]
+fn prefill_equals_decode_and_batch_equals_singles_on_synthetic_models() {
+    let dir = tempfile::tempdir().unwrap();
+    for ftype in ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k_m", "q6_k"] {
+        let path = synth(ftype, dir.path());
+        let mut whole = engine(&path, EngineOptions { n_ctx: 96, n_batch: 512, n_seq: 4, ..Default::default() });
+        let mut single = engine(&path, EngineOptions { n_ctx: 96, n_batch: 1, ..Default::default() });
+        let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 500).collect();
+        let a = whole.eval_all(&ids).unwrap();
+        let b = single.eval_all(&ids).unwrap();
+        for (p, (x, y)) in a.iter().zip(&b).enumerate() {
+            let e = nmse(x, y);
+            assert!(e < 1e-10, "{ftype}: position {p}: prefill vs decode nmse {e}");
+            assert!(x.iter().all(|v| v.is_finite()));
+        }
+        let seqs: Vec<Vec<u32>> = vec![ids[..10].to_vec(), ids[3..20].to_vec(), ids[7..12].to_vec()];
+        let batched = whole.forward_batch(&seqs).unwrap();
+        for (s, toks) in seqs.iter().enumerate() {
+            let alone = whole.eval_all(toks).unwrap();
+            for (p, (x, y)) in batched[s].iter().zip(&alone).enumerate() {
+                let e = nmse(x, y);
+                assert!(e < 1e-10, "{ftype}: sequence {s} position {p}: batched vs single nmse {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn generation_streams_and_finishes_on_synthetic_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth("q4_0", dir.path());
+    let mut e = engine(&path, EngineOptions { n_ctx: 64, ..Default::default() });
+    let ids = e.tokenize("hello world", true);
+    let p = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: 10, ignore_eos: true, ..Default::default() };
+    let mut n_events = 0;
+    let c = e.generate(&ids, &p, &mut |_| {
+        n_events += 1;
+        true
+    })
+    .unwrap();
+    assert_eq!(c.tokens.len(), 10);
+    assert_eq!(c.finish_reason, quarrel_engine::FinishReason::Length);
+    assert!(n_events >= 10);
+    // context exhaustion ends the generation cleanly
+    let p = GenerateParams { max_tokens: 1000, ..p };
+    let c = e.generate(&ids, &p, &mut |_| true).unwrap();
+    assert_eq!(c.finish_reason, quarrel_engine::FinishReason::ContextFull);
+    assert_eq!(ids.len() + c.tokens.len(), 64);
+    // cancel after 3 tokens
+    let mut k = 0;
+    let c = e
+        .generate(&ids, &p, &mut |_| {
+            k += 1;
+            k < 3
+        })
+        .unwrap();
+    assert_eq!(c.finish_reason, quarrel_engine::FinishReason::Cancelled);
+}
