@@ -45,6 +45,9 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Worker threads for generating and quantizing weights (default: all cores).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    pub threads: usize,
 }
 
 fn list() {
@@ -70,6 +73,10 @@ pub fn main(a: Args) -> Result<()> {
         return Ok(());
     }
     let Some(out) = a.out else { bail!("an output path is required") };
+    if a.threads > 0 {
+        // the synthesizer runs on rayon's global pool
+        rayon::ThreadPoolBuilder::new().num_threads(a.threads).build_global().ok();
+    }
     if a.arch != "llama" {
         bail!("architecture {:?} is not supported by synth (supported: llama)", a.arch);
     }
