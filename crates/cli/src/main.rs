@@ -48,6 +48,8 @@ enum Command {
     Synth(cmd::synth::Args),
     /// Download a model into Quarrel's cache (default: SmolLM2-135M-Instruct Q4_1).
     Pull(cmd::pull::Args),
+    // no doc comment here: `quarrel bench --help` shows the long help of `cmd::bench::Args`
+    Bench(cmd::bench::Args),
 }
 
 fn main() {
@@ -60,6 +62,7 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::main(a),
         Command::Synth(a) => cmd::synth::main(a),
         Command::Pull(a) => cmd::pull::main(a),
+        Command::Bench(a) => cmd::bench::main(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

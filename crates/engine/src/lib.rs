@@ -19,6 +19,7 @@
 //! | `stop`       | stop strings over streamed text |
 //! | `blocks`     | KV block pool |
 
+mod bench;
 mod blocks;
 mod engine;
 mod generate;
@@ -26,6 +27,7 @@ mod perplexity;
 pub mod sampler;
 pub mod stop;
 
+pub use bench::{mean_stddev, OpKind, OpStat, ProfiledBackend, QuantTypeKey};
 pub use blocks::{BlockPool, OutOfBlocks};
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};

@@ -1,0 +1,320 @@
+//! Benchmark primitives with llama-bench's protocol, and an op-kind profiler.
+//!
+//! | test | what is timed (llama-bench's `test_prompt` / `test_gen`) |
+//! |------|-----------------------------------------------------------|
+//! | pp*n* | one prompt of *n* random token ids (BOS first when the model adds one) from an empty sequence, in forward passes of `n_batch` tokens, logits of the last token |
+//! | tg*n* | *n* single-token forward passes from an empty sequence (positions `0..n`), BOS first, then random ids, logits every step |
+//! | pp*n*+tg*m* | both, the decode continuing after the prompt |
+//!
+//! Every run starts from an empty sequence and releases its KV blocks afterwards, so runs are
+//! independent repetitions. Token ids are drawn before the clock starts, from a fixed seed.
+//!
+//! [`ProfiledBackend`] wraps any backend and times every trait call by op kind (matmuls
+//! by weight type and shape), for "where does a decode step go" tables. The timings are
+//! exact for synchronous backends such as the CPU one.
+
+use crate::engine::{Engine, EngineError};
+use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, QuantType, Result as CoreResult, RopeParams, WeightSource};
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Seed of the random token ids of the benchmark runs.
+const BENCH_SEED: u64 = 0x5EED_BE4C;
+
+impl<B: Backend> Engine<B> {
+    /// Time prompt processing of `n_prompt` random tokens (see the module docs).
+    pub fn bench_pp(&mut self, n_prompt: usize) -> Result<Duration, EngineError> {
+        self.bench_pg(n_prompt, 0)
+    }
+
+    /// Time `n_gen` single-token decode steps from an empty sequence (see the module docs).
+    pub fn bench_tg(&mut self, n_gen: usize) -> Result<Duration, EngineError> {
+        self.bench_pg(0, n_gen)
+    }
+
+    /// Time a prompt of `n_prompt` random tokens followed by `n_gen` decode steps
+    /// (llama-bench's `-pg`); either may be 0, not both.
+    pub fn bench_pg(&mut self, n_prompt: usize, n_gen: usize) -> Result<Duration, EngineError> {
+        if n_prompt + n_gen == 0 {
+            return Err(EngineError::InvalidRequest("a benchmark run needs at least one token".into()));
+        }
+        if n_prompt + n_gen > self.opts.n_ctx {
+            return Err(EngineError::PromptTooLong { prompt: n_prompt + n_gen, ctx: self.opts.n_ctx });
+        }
+        let tokens = self.bench_tokens(n_prompt + n_gen, n_prompt as u64 ^ ((n_gen as u64) << 32));
+        let (prompt, gen) = tokens.split_at(n_prompt);
+        // logits of the prompt's last token only, as llama-bench (one llama_decode of up to
+        // n_batch = 2048 tokens without explicit outputs)
+        let want = [n_prompt.saturating_sub(1)];
+        let mut table = vec![];
+        let t0 = Instant::now();
+        let r = (|| {
+            if !prompt.is_empty() {
+                self.run_sequence(&mut table, prompt, 0, &want)?;
+            }
+            for (i, &tok) in gen.iter().enumerate() {
+                self.run_sequence(&mut table, &[tok], n_prompt + i, &[0])?;
+            }
+            Ok(())
+        })();
+        let dt = t0.elapsed();
+        self.pool.release(&mut table);
+        r.map(|()| dt)
+    }
+
+    /// `n` token ids: BOS first when the model adds one, then uniform random ids.
+    fn bench_tokens(&self, n: usize, salt: u64) -> Vec<u32> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(BENCH_SEED ^ salt);
+        let n_vocab = self.n_vocab().max(1) as u32;
+        let bos = if self.tokenizer.add_bos() { self.tokenizer.bos_id() } else { None };
+        (0..n).map(|i| if i == 0 { bos } else { None }.unwrap_or_else(|| rng.gen_range(0..n_vocab))).collect()
+    }
+}
+
+/// What a [`ProfiledBackend`] groups its timings by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    Embed,
+    /// A matmul with a weight of this type and `(n_in, n_out)` shape.
+    Matmul(QuantTypeKey, usize, usize),
+    RmsNorm,
+    Rope,
+    Swiglu,
+    Add,
+    Scale,
+    GatherRows,
+    KvStore,
+    Attention,
+    /// alloc, upload, download.
+    Memory,
+}
+
+/// A `QuantType` that sorts (by its name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantTypeKey(pub QuantType);
+
+impl PartialOrd for QuantTypeKey {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for QuantTypeKey {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.name().cmp(o.0.name())
+    }
+}
+
+impl std::fmt::Display for OpKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpKind::Embed => f.write_str("embed"),
+            OpKind::Matmul(t, i, o) => write!(f, "matmul {} {i}x{o}", t.0.name()),
+            OpKind::RmsNorm => f.write_str("rms_norm"),
+            OpKind::Rope => f.write_str("rope"),
+            OpKind::Swiglu => f.write_str("swiglu"),
+            OpKind::Add => f.write_str("add"),
+            OpKind::Scale => f.write_str("scale"),
+            OpKind::GatherRows => f.write_str("gather_rows"),
+            OpKind::KvStore => f.write_str("kv_store"),
+            OpKind::Attention => f.write_str("attention"),
+            OpKind::Memory => f.write_str("alloc/upload/download"),
+        }
+    }
+}
+
+/// Calls and total time of one op kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpStat {
+    pub calls: u64,
+    pub time: Duration,
+}
+
+/// A backend that forwards every call to `inner` and times it by [`OpKind`].
+pub struct ProfiledBackend<B: Backend> {
+    pub inner: B,
+    stats: Mutex<HashMap<OpKind, OpStat>>,
+}
+
+impl<B: Backend> ProfiledBackend<B> {
+    pub fn new(inner: B) -> Self {
+        ProfiledBackend { inner, stats: Mutex::new(HashMap::new()) }
+    }
+
+    /// Forget what was recorded so far.
+    pub fn reset(&self) {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// What was recorded, most time first.
+    pub fn stats(&self) -> Vec<(OpKind, OpStat)> {
+        let mut v: Vec<_> = self.stats.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, s)| (*k, *s)).collect();
+        v.sort_by(|a, b| b.1.time.cmp(&a.1.time).then(a.0.cmp(&b.0)));
+        v
+    }
+
+    fn timed<T>(&self, kind: OpKind, f: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let r = f();
+        let dt = t0.elapsed();
+        let mut m = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let s = m.entry(kind).or_default();
+        s.calls += 1;
+        s.time += dt;
+        r
+    }
+}
+
+impl<B: Backend> Backend for ProfiledBackend<B> {
+    type Buf = B::Buf;
+    type Weight = B::Weight;
+    type Kv = B::Kv;
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn load_weight(&self, src: WeightSource<'_>) -> CoreResult<Self::Weight> {
+        self.inner.load_weight(src)
+    }
+    fn weight_dims(&self, w: &Self::Weight) -> (usize, usize) {
+        self.inner.weight_dims(w)
+    }
+    fn weight_type(&self, w: &Self::Weight) -> QuantType {
+        self.inner.weight_type(w)
+    }
+    fn alloc(&self, n: usize) -> CoreResult<Self::Buf> {
+        self.timed(OpKind::Memory, || self.inner.alloc(n))
+    }
+    fn upload(&self, src: &[f32]) -> CoreResult<Self::Buf> {
+        self.timed(OpKind::Memory, || self.inner.upload(src))
+    }
+    fn download(&self, src: &Self::Buf) -> CoreResult<Vec<f32>> {
+        self.timed(OpKind::Memory, || self.inner.download(src))
+    }
+    fn buf_len(&self, b: &Self::Buf) -> usize {
+        self.inner.buf_len(b)
+    }
+    fn alloc_kv(&self, spec: &KvSpec) -> CoreResult<Self::Kv> {
+        self.inner.alloc_kv(spec)
+    }
+    fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::Embed, || self.inner.embed(table, tokens, out))
+    }
+    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, n_tok: usize, out: &mut Self::Buf) -> CoreResult<()> {
+        let (i, o) = self.inner.weight_dims(w);
+        let kind = OpKind::Matmul(QuantTypeKey(self.inner.weight_type(w)), i, o);
+        self.timed(kind, || self.inner.matmul(w, x, n_tok, out))
+    }
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::RmsNorm, || self.inner.rms_norm(x, w, eps, out))
+    }
+    fn rope(&self, x: &mut Self::Buf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> CoreResult<()> {
+        self.timed(OpKind::Rope, || self.inner.rope(x, positions, n_head, head_dim, p))
+    }
+    fn swiglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::Swiglu, || self.inner.swiglu(gate, up, out))
+    }
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::Add, || self.inner.add(x, y))
+    }
+    fn scale(&self, x: &mut Self::Buf, s: f32) -> CoreResult<()> {
+        self.timed(OpKind::Scale, || self.inner.scale(x, s))
+    }
+    fn gather_rows(&self, x: &Self::Buf, dim: usize, rows: &[usize], out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::GatherRows, || self.inner.gather_rows(x, dim, rows, out))
+    }
+    fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, batch: &ForwardBatch) -> CoreResult<()> {
+        self.timed(OpKind::KvStore, || self.inner.kv_store(kv, layer, k, v, batch))
+    }
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        layer: usize,
+        batch: &ForwardBatch,
+        p: &AttnParams,
+        out: &mut Self::Buf,
+    ) -> CoreResult<()> {
+        self.timed(OpKind::Attention, || self.inner.attention(q, kv, layer, batch, p, out))
+    }
+}
+
+/// Mean, and the sample standard deviation (n − 1; 0 for fewer than 2 values), as llama-bench.
+pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineOptions;
+    use quarrel_cpu::CpuBackend;
+    use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+
+    fn tiny(dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("tiny-q4_0.gguf");
+        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name("q4_0").unwrap()).seed(3);
+        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        path
+    }
+
+    #[test]
+    fn bench_runs_release_their_blocks_and_check_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = EngineOptions { n_ctx: 64, n_batch: 8, ..Default::default() };
+        let mut e = Engine::load(CpuBackend::new(1).unwrap(), &tiny(dir.path()), opts).unwrap();
+        let all = e.pool.n_blocks();
+        assert!(e.bench_pp(20).unwrap() > Duration::ZERO); // 3 passes of n_batch 8
+        assert_eq!(e.pool.n_free(), all);
+        assert!(e.bench_tg(5).unwrap() > Duration::ZERO);
+        assert_eq!(e.pool.n_free(), all);
+        assert!(e.bench_pg(30, 34).unwrap() > Duration::ZERO);
+        assert_eq!(e.pool.n_free(), all);
+        assert!(matches!(e.bench_pg(40, 25), Err(EngineError::PromptTooLong { prompt: 65, ctx: 64 })));
+        assert!(matches!(e.bench_tg(0), Err(EngineError::InvalidRequest(_))));
+        assert_eq!(e.pool.n_free(), all);
+        let t = e.bench_tokens(50, 1);
+        assert_eq!(t, e.bench_tokens(50, 1), "seeded");
+        assert!(t.iter().all(|&x| (x as usize) < e.n_vocab()));
+    }
+
+    #[test]
+    fn profiled_backend_changes_nothing_and_counts_ops() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = tiny(dir.path());
+        let opts = EngineOptions { n_ctx: 32, ..Default::default() };
+        let mut plain = Engine::load(CpuBackend::new(1).unwrap(), &path, opts.clone()).unwrap();
+        let mut prof = Engine::load(ProfiledBackend::new(CpuBackend::new(1).unwrap()), &path, opts).unwrap();
+        let ids: Vec<u32> = (0..12).map(|i| (i * 41 + 3) % 500).collect();
+        assert_eq!(plain.eval_all(&ids).unwrap(), prof.eval_all(&ids).unwrap());
+        prof.backend.reset();
+        prof.bench_tg(4).unwrap();
+        let stats = prof.backend.stats();
+        let calls = |k: OpKind| stats.iter().find(|(x, _)| *x == k).map(|(_, s)| s.calls);
+        assert_eq!(calls(OpKind::Embed), Some(4));
+        let n_layer = prof.model.info().n_layer as u64;
+        assert_eq!(calls(OpKind::Attention), Some(4 * n_layer));
+        assert!(stats.iter().any(|(k, _)| matches!(k, OpKind::Matmul(..))));
+        assert!(stats.windows(2).all(|w| w[0].1.time >= w[1].1.time), "sorted by time");
+    }
+
+    #[test]
+    fn mean_and_sample_stddev() {
+        assert_eq!(mean_stddev(&[]), (0.0, 0.0));
+        assert_eq!(mean_stddev(&[3.0]), (3.0, 0.0));
+        let (m, s) = mean_stddev(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m, 2.5);
+        assert!((s - 1.2909944487358056).abs() < 1e-12);
+    }
+}
