@@ -33,22 +33,15 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+/// Each command's help is the doc comment of its `Args` (a doc comment here would replace it).
 enum Command {
-    /// Complete a prompt and stream the generated text to stdout.
     Run(cmd::run::Args),
-    /// Chat interactively with a model, using its chat template.
     Chat(cmd::chat::Args),
-    /// Print the token ids (or pieces) of a text.
     Tokenize(cmd::tokenize::Args),
-    /// Measure perplexity on a text file (llama.cpp's protocol).
     Perplexity(cmd::perplexity::Args),
-    /// Show a model's metadata and tensor table.
     Inspect(cmd::inspect::Args),
-    /// Write a random-weights model with a real model's shapes.
     Synth(cmd::synth::Args),
-    /// Download a model into Quarrel's cache (default: SmolLM2-135M-Instruct Q4_1).
     Pull(cmd::pull::Args),
-    // no doc comment here: `quarrel bench --help` shows the long help of `cmd::bench::Args`
     Bench(cmd::bench::Args),
 }
 

@@ -5,8 +5,10 @@ use anyhow::{Context, Result};
 use quarrel_tokenizer::ChatMessage;
 use std::io::{BufRead, Write};
 
-/// Chat with a model. Type a message and press Enter; /reset clears the history, /exit quits
-/// (or Ctrl-D). The conversation so far is sent with every turn.
+/// Chat interactively with a model, using its chat template.
+///
+/// Type a message and press Enter; /reset clears the history, /exit quits (or Ctrl-D).
+/// The conversation so far is sent with every turn.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]

@@ -4,8 +4,10 @@ use crate::common::ModelArgs;
 use anyhow::{Context, Result};
 use std::io::Write;
 
-/// Perplexity of a model on a text file, with llama-perplexity's protocol: chunks of -c
-/// tokens, each scored on its second half. Prints running values and `PPL = <value>`.
+/// Measure perplexity on a text file (llama.cpp's protocol).
+///
+/// Chunks of -c tokens (default 512), each scored on its second half, as llama-perplexity
+/// does. Prints running values on stderr and `PPL = <value>` on stdout.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]

@@ -4,8 +4,10 @@ use crate::common::ModelArgs;
 use anyhow::{bail, Context, Result};
 use std::io::Read;
 
-/// Tokenize a text with a model's tokenizer (BOS per the model's metadata; special tokens
-/// such as <|im_start|> in the text are recognized).
+/// Print the token ids of a text.
+///
+/// BOS/EOS are added per the model's metadata; special tokens such as <|im_start|> in the
+/// text are recognized. Example: quarrel tokenize -m MODEL --ids "Hello world"
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
