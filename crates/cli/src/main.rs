@@ -46,6 +46,12 @@ enum Command {
 }
 
 fn main() {
+    // Behave like other Unix tools when the reader goes away (`quarrel inspect M | head`).
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let r = match cli.cmd {
         Command::Run(a) => cmd::run::main(a),
