@@ -11,7 +11,6 @@ use crate::matmul::SyncPtr;
 use crate::CpuBackend;
 use quarrel_core::{AttnParams, CoreError, ForwardBatch, Result};
 use half::f16;
-use rayon::prelude::*;
 
 /// ggml's GGML_FA_TILE_Q: below this many query rows it uses the f16 vector kernel.
 const VEC_PATH_MAX_TOKENS: usize = 64;
@@ -48,10 +47,12 @@ pub(crate) fn attention(
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let f16_vec_path = kv.spec.ty == quarrel_core::KvType::F16 && batch.n_tokens() < VEC_PATH_MAX_TOKENS;
     let n_tasks = batch.n_tokens() * p.n_head;
-    be.pool().install(|| {
-        (0..n_tasks).into_par_iter().for_each_init(
-            || (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]),
-            |(kbuf, vbuf, acc, q16), task| {
+    // tasks are chunks of (token, head) pairs, each with its own scratch
+    let per_chunk = n_tasks.div_ceil(be.n_threads() * 4).max(1);
+    let n_chunks = n_tasks.div_ceil(per_chunk);
+    be.for_each_task(n_chunks, &|chunk| {
+        let (kbuf, vbuf, acc, q16) = (&mut vec![0f32; hd], &mut vec![0f32; hd], &mut vec![0f32; hd], &mut vec![0f32; hd]);
+        for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
                 let (t, h) = (task / p.n_head, task % p.n_head);
                 let seq = &batch.seqs[seq_of[t]];
                 let pos = batch.positions[t] as usize;
@@ -106,8 +107,7 @@ pub(crate) fn attention(
                     // SAFETY: each task owns the disjoint range base..base+hd.
                     unsafe { out_ptr.write(base + d, a * inv) };
                 }
-            },
-        )
+            }
     });
     Ok(())
 }

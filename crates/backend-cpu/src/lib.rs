@@ -14,6 +14,7 @@
 //! | `matmul`    | quantize activations once per row, row-parallel GEMV/GEMM over tokens |
 //! | `simd`      | run-time dispatched dot-product kernels (x86 AVX2), tested against `quarrel-quant` |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
+//! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
 
@@ -23,6 +24,7 @@ pub mod ggml_math;
 mod kv;
 mod matmul;
 mod ops;
+pub mod pool;
 pub mod simd;
 mod weight;
 
@@ -34,6 +36,7 @@ use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantTy
 /// The CPU backend: a thread pool and run-time selected kernels.
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
+    spin: pool::SpinPool,
     n_threads: usize,
 }
 
@@ -46,7 +49,7 @@ impl CpuBackend {
             .thread_name(|i| format!("quarrel-cpu-{i}"))
             .build()
             .map_err(|e| CoreError::Backend(format!("thread pool: {e}")))?;
-        Ok(CpuBackend { pool, n_threads: n })
+        Ok(CpuBackend { pool, spin: pool::SpinPool::new(n), n_threads: n })
     }
 
     pub fn n_threads(&self) -> usize {
@@ -55,6 +58,25 @@ impl CpuBackend {
 
     pub(crate) fn pool(&self) -> &rayon::ThreadPool {
         &self.pool
+    }
+
+    /// `f(i, chunk_i)` over the `chunk`-sized pieces of `data`, in parallel on the spin pool.
+    pub(crate) fn par_chunks_mut<T: Send>(&self, data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+        let chunk = chunk.max(1);
+        let n = data.len().div_ceil(chunk);
+        let (ptr, len) = (data.as_mut_ptr() as usize, data.len());
+        self.for_each_task(n, &|i| {
+            let start = i * chunk;
+            let end = (start + chunk).min(len);
+            // SAFETY: tasks get disjoint [start, end) ranges of `data`, which outlives the call.
+            let piece = unsafe { std::slice::from_raw_parts_mut((ptr as *mut T).add(start), end - start) };
+            f(i, piece)
+        });
+    }
+
+    /// Run `f(0..n_tasks)` on the spin pool (the caller takes part).
+    pub(crate) fn for_each_task(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.spin.run(n_tasks, f)
     }
 }
 

@@ -1,8 +1,14 @@
 //! Quantized matrix multiplication: activations quantized once per row to the weight's
 //! vec_dot_type, then row chunks of W run in parallel, each over all tokens (so a chunk of
 //! weight rows is read from memory once per call, not once per token).
+//!
+//! Several tokens with a GEMM kernel for the type ([`simd::gemm_fn`]): activations are
+//! repacked into panels of [`GEMM_TOKENS`] tokens, each task repacks its rows into panels of
+//! [`GEMM_ROWS`] rows and runs tiles over them (token panels outer, so a panel stays in
+//! cache while the task's rows go by). Tasks split rows, and tokens too where there are few
+//! row chunks. Every output has the bits the one-row kernel gives it.
 
-use crate::simd::{self, Dot4Fn, DotFn};
+use crate::simd::{self, Dot4Fn, DotFn, Gemm, GEMM_ROWS, GEMM_TOKENS};
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::Result;
 use rayon::prelude::*;
@@ -21,6 +27,12 @@ impl SyncPtr {
     #[inline]
     pub unsafe fn write(self, i: usize, v: f32) {
         *self.0.add(i) = v;
+    }
+
+    /// SAFETY: callers write disjoint ranges `i..i + src.len()` within the allocation.
+    #[inline]
+    pub unsafe fn write_slice(self, i: usize, src: &[f32]) {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(i), src.len());
     }
 }
 
@@ -53,13 +65,21 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
     let act_ty = w.ty.vec_dot_type();
     let xq = quantize_rows(be, act_ty, x, w.n_in, n_tok)?;
     let arb = act_ty.row_bytes(w.n_in).unwrap_or(0);
+    if n_tok >= 2 {
+        if let Some(g) = simd::gemm_fn(w.ty) {
+            gemm(be, g, w, &xq, arb, n_tok, out);
+            return Ok(());
+        }
+    }
     let dot: Option<DotFn> = simd::dot_fn(w.ty);
     let dot4: Option<Dot4Fn> = simd::dot4_fn(w.ty);
     let (n_in, n_out, ty) = (w.n_in, w.n_out, w.ty);
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
-    be.pool().install(|| {
-        (0..n_tasks).into_par_iter().for_each(|task| {
+    let (wb, rb) = (w.bytes(), w.row_bytes());
+    let row = |r: usize| &wb[r * rb..(r + 1) * rb];
+    be.for_each_task(n_tasks, &|task| {
+        {
             let r0 = task * ROWS_PER_TASK;
             let r1 = (r0 + ROWS_PER_TASK).min(n_out);
             for t in 0..n_tok {
@@ -67,7 +87,7 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
                 let mut r = r0;
                 if let Some(f4) = dot4 {
                     while r + 4 <= r1 {
-                        let v = f4(n_in, [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)], a);
+                        let v = f4(n_in, [row(r), row(r + 1), row(r + 2), row(r + 3)], a);
                         for (k, &vk) in v.iter().enumerate() {
                             // SAFETY: (t, r) pairs are disjoint across tasks; index < n_tok * n_out.
                             unsafe { out_ptr.write(t * n_out + r + k, vk) };
@@ -76,7 +96,7 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
                     }
                 }
                 for r in r..r1 {
-                    let wr = w.row(r);
+                    let wr = row(r);
                     let v = match dot {
                         Some(f) => f(n_in, wr, a),
                         None => simd::reference_dot(ty, n_in, wr, a),
@@ -85,7 +105,103 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
                     unsafe { out_ptr.write(t * n_out + r, v) };
                 }
             }
-        })
+        }
     });
     Ok(())
+}
+
+/// 64 bytes, 64-byte aligned: panel storage.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Zeroed, 64-byte aligned storage of at least `n` bytes.
+fn lines(n: usize) -> Vec<Line> {
+    vec![Line([0; 64]); n.div_ceil(64)]
+}
+
+fn as_bytes(v: &[Line]) -> &[u8] {
+    // SAFETY: `Line` is 64 plain bytes without padding; the slice covers exactly `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
+}
+
+fn as_bytes_mut(v: &mut [Line]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`, borrowed mutably.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) }
+}
+
+/// Most row panels (of `GEMM_ROWS` rows) one task repacks and runs.
+const MAX_PANELS_PER_TASK: usize = 16;
+/// Fewest row panels per task (unless the matrix has fewer): below this the activation
+/// panels would be read from memory too often per weight byte.
+const MIN_PANELS_PER_TASK: usize = 8;
+/// Tasks wanted per thread (rayon balances them).
+const TASKS_PER_THREAD: usize = 8;
+
+/// `out[t * n_out + r]` for all tokens through the GEMM tiles (`xq`: quantized activations,
+/// `arb` bytes per token).
+fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let (apb, wpb) = (g.act_panel_bytes(n_in), g.weight_panel_bytes(n_in));
+    let n_groups = n_tok.div_ceil(GEMM_TOKENS);
+    let mut act = lines(n_groups * apb);
+    let pack = |(gi, panel): (usize, &mut [u8])| {
+        let t1 = (gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
+        let rows: Vec<&[u8]> = (gi * GEMM_TOKENS..t1).map(|t| &xq[t * arb..(t + 1) * arb]).collect();
+        g.pack_act(n_in, &rows, panel);
+    };
+    if n_groups >= 4 {
+        be.pool().install(|| as_bytes_mut(&mut act).par_chunks_mut(apb).enumerate().for_each(pack));
+    } else {
+        as_bytes_mut(&mut act).chunks_mut(apb).enumerate().for_each(pack);
+    }
+    let act = as_bytes(&act);
+
+    let wbytes = w.bytes();
+    let wrb = w.row_bytes();
+    let n_panels = n_out.div_ceil(GEMM_ROWS);
+    let want_tasks = TASKS_PER_THREAD * be.n_threads().max(1);
+    let ppt = n_panels.div_ceil(want_tasks).clamp(MIN_PANELS_PER_TASK.min(n_panels), MAX_PANELS_PER_TASK);
+    let row_tasks = n_panels.div_ceil(ppt);
+    let gpt = n_groups.div_ceil(want_tasks.div_ceil(row_tasks).min(n_groups));
+    let tok_tasks = n_groups.div_ceil(gpt);
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    be.pool().install(|| {
+        (0..row_tasks * tok_tasks).into_par_iter().for_each(|task| {
+            let (p0, g0) = (task / tok_tasks * ppt, task % tok_tasks * gpt);
+            let (p1, g1) = ((p0 + ppt).min(n_panels), (g0 + gpt).min(n_groups));
+            let mut wp = lines((p1 - p0) * wpb);
+            for (p, panel) in (p0..p1).zip(as_bytes_mut(&mut wp).chunks_mut(wpb)) {
+                let r1 = (p * GEMM_ROWS + GEMM_ROWS).min(n_out);
+                let rows: Vec<&[u8]> = (p * GEMM_ROWS..r1).map(|r| &wbytes[r * wrb..(r + 1) * wrb]).collect();
+                g.pack_weights(n_in, &rows, panel);
+            }
+            let wp = as_bytes(&wp);
+            // the task's outputs of one token group, token-major, copied out row by row
+            let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
+            let width = (p1 - p0) * GEMM_ROWS;
+            let mut stage = vec![0f32; GEMM_TOKENS * width];
+            for gi in g0..g1 {
+                let t0 = gi * GEMM_TOKENS;
+                let nt = GEMM_TOKENS.min(n_tok - t0);
+                let ap = &act[gi * apb..(gi + 1) * apb];
+                for p in p0..p1 {
+                    let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+                    g.tile(n_in, &wp[(p - p0) * wpb..(p - p0 + 1) * wpb], ap, nt, &mut tile);
+                    let c = (p - p0) * GEMM_ROWS;
+                    for (r, row) in tile.iter().enumerate() {
+                        for (t, &v) in row.iter().enumerate() {
+                            stage[t * width + c + r] = v;
+                        }
+                    }
+                }
+                for t in 0..nt {
+                    let src = &stage[t * width..t * width + (rb - ra)];
+                    // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task alone;
+                    // (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
+                    unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
+                }
+            }
+        })
+    });
 }

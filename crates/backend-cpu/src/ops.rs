@@ -2,7 +2,6 @@
 
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::{CoreError, Result, RopeParams, RopeStyle};
-use rayon::prelude::*;
 
 pub(crate) fn embed(table: &CpuWeight, tokens: &[u32], out: &mut [f32]) -> Result<()> {
     let d = table.n_in;
@@ -35,7 +34,7 @@ pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out:
         }
     };
     if x.len() / d >= 8 {
-        be.pool().install(|| x.par_chunks(d).zip(out.par_chunks_mut(d)).for_each(body));
+        be.par_chunks_mut(out, d, &|i, or| body((&x[i * d..(i + 1) * d], or)));
     } else {
         x.chunks(d).zip(out.chunks_mut(d)).for_each(body);
     }
@@ -89,7 +88,7 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
         }
     };
     if positions.len() >= 8 {
-        be.pool().install(|| x.par_chunks_mut(row).enumerate().for_each(body));
+        be.par_chunks_mut(x, row, &|i, xr| body((i, xr)));
     } else {
         x.chunks_mut(row).enumerate().for_each(body);
     }
@@ -99,11 +98,9 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
 pub(crate) fn swiglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32]) {
     const CHUNK: usize = 1 << 14;
     if out.len() >= 4 * CHUNK {
-        be.pool().install(|| {
-            out.par_chunks_mut(CHUNK)
-                .zip(gate.par_chunks(CHUNK))
-                .zip(up.par_chunks(CHUNK))
-                .for_each(|((o, g), u)| crate::ggml_math::swiglu(g, u, o))
+        be.par_chunks_mut(out, CHUNK, &|i, o| {
+            let r = i * CHUNK..i * CHUNK + o.len();
+            crate::ggml_math::swiglu(&gate[r.clone()], &up[r], o)
         });
     } else {
         crate::ggml_math::swiglu(gate, up, out);

@@ -238,3 +238,99 @@ pub fn quantize_row_fn_ggml_x86_for(ty: QuantType, level: Level) -> Option<Quant
 pub fn reference_dot(ty: QuantType, n: usize, w: &[u8], a: &[u8]) -> f32 {
     quarrel_quant::vec_dot(ty, w, a, n).unwrap_or(f32::NAN)
 }
+
+/// Weight rows of one [`Gemm::tile`].
+pub const GEMM_ROWS: usize = 4;
+/// Tokens of one [`Gemm::tile`] (and of one activation panel).
+pub const GEMM_TOKENS: usize = 8;
+
+/// GEMM micro-kernels for one weight type (prompt processing): a tile of [`GEMM_ROWS`]
+/// weight rows x [`GEMM_TOKENS`] tokens whose every output has exactly the bits of the
+/// one-row kernel [`dot_fn`] picks for that type (it only shares loads and unpacking work
+/// between outputs). Both operands are repacked into panels first ([`Gemm::pack_act`],
+/// [`Gemm::pack_weights`]); panels should be 64-byte aligned (any alignment is correct).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    #[cfg(target_arch = "x86_64")]
+    kind: x86::gemm::Kind,
+    #[cfg(not(target_arch = "x86_64"))]
+    never: std::convert::Infallible,
+}
+
+/// The GEMM kernels matching [`dot_fn`]`(ty)`, or None (use [`dot_fn`] per output). There
+/// are kernels for Q4_0, Q4_1, Q8_0 (llama.cpp-order one-row kernels) and Q5_0, Q5_1 (AVX2
+/// one-row kernels) where the detected level (after the `QUARREL_SIMD` cap) is
+/// `Avx512Vnni`, and for Q4_K, Q5_K and Q6_K where [`matmul_level`] is `Avx512` or above. `QUARREL_NO_GEMM` (any value, read
+/// once) turns them all off.
+pub fn gemm_fn(ty: QuantType) -> Option<Gemm> {
+    static NO_GEMM: OnceLock<bool> = OnceLock::new();
+    if *NO_GEMM.get_or_init(|| std::env::var_os("QUARREL_NO_GEMM").is_some()) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let level = matmul_level(ty);
+        let ggml_order = level == Level::Avx2 && Level::Avx2.is_supported() && x86::ggml_order::dot_fn(ty).is_some();
+        // the legacy types' kernels (AVX2 level) get 512-bit VNNI tiles: only where the cap
+        // allows those instructions
+        if level == Level::Avx2 && detected_level() < Level::Avx512Vnni {
+            return None;
+        }
+        x86::gemm::Kind::for_level(ty, level, ggml_order).map(|kind| Gemm { kind })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Gemm {
+    /// Bytes of an activation panel ([`GEMM_TOKENS`] rows of `n_in` values; a multiple of 64).
+    pub fn act_panel_bytes(&self, n_in: usize) -> usize {
+        self.kind.act_panel_bytes(n_in)
+    }
+
+    /// Bytes of a weight panel ([`GEMM_ROWS`] rows of `n_in` values; a multiple of 64).
+    pub fn weight_panel_bytes(&self, n_in: usize) -> usize {
+        self.kind.weight_panel_bytes(n_in)
+    }
+
+    /// Repack up to [`GEMM_TOKENS`] activation rows (quantized to the weight type's
+    /// vec_dot_type) into `panel` (missing rows become zeros). Panics on short buffers.
+    pub fn pack_act(&self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        self.kind.pack_act(n_in, rows, panel)
+    }
+
+    /// Repack up to [`GEMM_ROWS`] weight rows into `panel` (missing rows become zeros).
+    /// Panics on short buffers.
+    pub fn pack_weights(&self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        self.kind.pack_weights(n_in, rows, panel)
+    }
+
+    /// `out[r][t]` = the one-row kernel's dot of the panels' weight row `r` and token `t`,
+    /// for `t < n_tok` (1..=[`GEMM_TOKENS`]); other entries are left as they are.
+    pub fn tile(&self, n_in: usize, w_panel: &[u8], a_panel: &[u8], n_tok: usize, out: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
+        self.kind.tile(n_in, w_panel, a_panel, n_tok, out)
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl Gemm {
+    pub fn act_panel_bytes(&self, _: usize) -> usize {
+        match self.never {}
+    }
+    pub fn weight_panel_bytes(&self, _: usize) -> usize {
+        match self.never {}
+    }
+    pub fn pack_act(&self, _: usize, _: &[&[u8]], _: &mut [u8]) {
+        match self.never {}
+    }
+    pub fn pack_weights(&self, _: usize, _: &[&[u8]], _: &mut [u8]) {
+        match self.never {}
+    }
+    pub fn tile(&self, _: usize, _: &[u8], _: &[u8], _: usize, _: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
+        match self.never {}
+    }
+}

@@ -46,41 +46,41 @@ const fn make_shuffles(first: [usize; 4], second: [usize; 4]) -> [[u8; 64]; 2] {
 
 /// `vpshufb` controls over 8 broadcast i16 scales: `SUB16[0]` puts scale `L` in 128-bit
 /// lane `L`, `SUB16[1]` scale `4 + L` (sub-blocks of 16 elements, 64 elements a vector).
-static SUB16: [[u8; 64]; 2] = make_shuffles([0, 1, 2, 3], [4, 5, 6, 7]);
+pub(super) static SUB16: [[u8; 64]; 2] = make_shuffles([0, 1, 2, 3], [4, 5, 6, 7]);
 
 /// `vpshufb` controls for sub-blocks of 32: chunk `j` (64 elements) takes scale `2j` in
 /// lanes 0-1 and `2j + 1` in lanes 2-3.
-static SUB32: [[[u8; 64]; 2]; 2] = [make_shuffles([0, 0, 1, 1], [2, 2, 3, 3]), make_shuffles([4, 4, 5, 5], [6, 6, 7, 7])];
+pub(super) static SUB32: [[[u8; 64]; 2]; 2] = [make_shuffles([0, 0, 1, 1], [2, 2, 3, 3]), make_shuffles([4, 4, 5, 5], [6, 6, 7, 7])];
 
 /// `[b, b >> S]` (16-bit lane shifts) as one vector.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn pair_shifted<const S: i32>(b: __m256i) -> __m512i {
+pub(super) fn pair_shifted<const S: i32>(b: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(b), _mm256_srli_epi16::<S>(b))
 }
 
 /// SAFETY: `p..p+64` readable.
 #[inline(always)]
-unsafe fn load64(p: *const u8) -> __m512i {
+pub(super) unsafe fn load64(p: *const u8) -> __m512i {
     _mm512_loadu_si512(p as *const _)
 }
 
 /// SAFETY: `p..p+32` readable.
 #[inline(always)]
-unsafe fn load32(p: *const u8) -> __m256i {
+pub(super) unsafe fn load32(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
 /// SAFETY: `p..p+16` readable.
 #[inline(always)]
-unsafe fn load16(p: *const u8) -> __m128i {
+pub(super) unsafe fn load16(p: *const u8) -> __m128i {
     _mm_loadu_si128(p as *const __m128i)
 }
 
 /// The 8 i16 scales in `s` broadcast, then shuffled by control `ctl`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn scale_vec(s: __m512i, ctl: &[u8; 64]) -> __m512i {
+pub(super) fn scale_vec(s: __m512i, ctl: &[u8; 64]) -> __m512i {
     // SAFETY: `ctl` is 64 readable bytes.
     _mm512_shuffle_epi8(s, unsafe { load64(ctl.as_ptr()) })
 }

@@ -8,6 +8,11 @@
 //! | `quantize.rs`      | AVX2: Q8_0, Q8_1, Q8_K activation quantizers                     |
 //! | `avx512_legacy.rs` | AVX-512 (+VNNI): the 32-element block types, 1 and R rows        |
 //! | `avx512_kquants.rs`| AVX-512 (+VNNI): the K-quants                                    |
+//! | `ggml_order.rs`    | Q4_0, Q4_1, Q8_0 in llama.cpp's float order (what matmul uses)   |
+//! | `gemm.rs`          | GEMM tiles (prompt processing): dispatch over the files below    |
+//! | `gemm_ggml.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `ggml_order.rs`         |
+//! | `gemm_kquants.rs`  | AVX-512 GEMM tiles bit-identical to `avx512_kquants.rs`          |
+//! | `gemm_rows.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `legacy.rs` (Q5_0, Q5_1) |
 //!
 //! No `vpgatherdd`: with the gather-data-sampling microcode fix (Skylake .. Ice Lake /
 //! Tiger Lake) a gather costs ~20 ns, so block scales are loaded with scalar loads. The
@@ -22,6 +27,10 @@
 mod avx512_kquants;
 mod avx512_legacy;
 mod float;
+pub(crate) mod gemm;
+mod gemm_ggml;
+mod gemm_kquants;
+mod gemm_rows;
 pub(crate) mod ggml_order;
 mod kquants;
 mod legacy;

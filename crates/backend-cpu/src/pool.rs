@@ -1,0 +1,203 @@
+//! `SpinPool`: a persistent worker pool for the per-op parallel loops of a decode step.
+//!
+//! A decode step runs a few hundred short parallel ops; waking sleeping threads for each one
+//! costs more than the op. Here the calling thread takes part in the work, workers spin on a
+//! generation counter for about a millisecond after each op (so back-to-back ops start at
+//! once), then sleep on a condvar (so an idle engine burns no CPU).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex};
+
+type Job = *const (dyn Fn(usize) + Sync);
+
+struct Shared {
+    generation: AtomicU64,
+    job: Mutex<Option<SendJob>>,
+    next: AtomicUsize,
+    n_tasks: AtomicUsize,
+    /// Workers still busy with the current generation.
+    busy: AtomicUsize,
+    sleeping: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+    stop: AtomicBool,
+}
+
+#[derive(Clone, Copy)]
+struct SendJob(Job);
+// SAFETY: the job is only dereferenced while `run` (which owns the borrow) waits for it.
+unsafe impl Send for SendJob {}
+
+pub struct SpinPool {
+    shared: Arc<Shared>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    /// Serializes `run` calls from different threads.
+    running: Mutex<()>,
+}
+
+/// Wait iterations (spins, then yields) before a worker goes to sleep.
+const SPINS: u32 = 1 << 12;
+
+impl SpinPool {
+    /// A pool of `n_threads` including the caller (so `n_threads - 1` workers).
+    pub fn new(n_threads: usize) -> SpinPool {
+        let shared = Arc::new(Shared {
+            generation: AtomicU64::new(0),
+            job: Mutex::new(None),
+            next: AtomicUsize::new(0),
+            n_tasks: AtomicUsize::new(0),
+            busy: AtomicUsize::new(0),
+            sleeping: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let workers = (1..n_threads.max(1))
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("quarrel-spin-{i}"))
+                    .spawn(move || worker(&s))
+                    .expect("spawning a worker thread")
+            })
+            .collect();
+        SpinPool { shared, workers, running: Mutex::new(()) }
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Run `f(0..n_tasks)` on the caller and the workers; returns when all tasks are done.
+    pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() || n_tasks <= 1 {
+            (0..n_tasks).for_each(f);
+            return;
+        }
+        let _guard = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &self.shared;
+        // SAFETY: the lifetime is erased only for the duration of this call: we wait below
+        // until every worker has finished with this generation before `f` goes out of scope.
+        let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(SendJob(job));
+        s.next.store(0, SeqCst);
+        s.n_tasks.store(n_tasks, SeqCst);
+        s.busy.store(self.workers.len(), SeqCst);
+        s.generation.fetch_add(1, SeqCst);
+        if s.sleeping.load(SeqCst) > 0 {
+            let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        drain(s, f);
+        let mut spins = 0u32;
+        while s.busy.load(SeqCst) != 0 {
+            backoff(&mut spins);
+        }
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Spin briefly, then yield the core: on an oversubscribed machine a waiting thread must not
+/// keep the thread it waits for off the CPU.
+#[inline]
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 256 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+fn drain(s: &Shared, f: &(dyn Fn(usize) + Sync)) {
+    let n = s.n_tasks.load(SeqCst);
+    loop {
+        let i = s.next.fetch_add(1, SeqCst);
+        if i >= n {
+            break;
+        }
+        f(i);
+    }
+}
+
+fn worker(s: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        // wait for a new generation: spin, then sleep
+        let mut spins = 0;
+        loop {
+            if s.stop.load(SeqCst) {
+                return;
+            }
+            let g = s.generation.load(SeqCst);
+            if g != seen {
+                seen = g;
+                break;
+            }
+            if spins < SPINS {
+                backoff(&mut spins);
+                continue;
+            }
+            let l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.sleeping.fetch_add(1, SeqCst);
+            if s.generation.load(SeqCst) == seen && !s.stop.load(SeqCst) {
+                drop(s.wake.wait(l).unwrap_or_else(|e| e.into_inner()));
+            }
+            s.sleeping.fetch_sub(1, SeqCst);
+            spins = 0;
+        }
+        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(SendJob(j)) = job {
+            // SAFETY: `run` keeps the closure alive until `busy` reaches zero.
+            drain(s, unsafe { &*j });
+        }
+        s.busy.fetch_sub(1, SeqCst);
+    }
+}
+
+impl Drop for SpinPool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, SeqCst);
+        {
+            let _l = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn every_task_runs_exactly_once() {
+        for threads in 1..4 {
+            let p = SpinPool::new(threads);
+            for n in [0usize, 1, 2, 7, 100, 1000] {
+                let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+                p.run(n, &|i| {
+                    hits[i].fetch_add(1, SeqCst);
+                });
+                assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "threads {threads}, n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn works_after_workers_fell_asleep() {
+        let p = SpinPool::new(2);
+        let c = AtomicU32::new(0);
+        p.run(10, &|_| {
+            c.fetch_add(1, SeqCst);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        p.run(10, &|_| {
+            c.fetch_add(1, SeqCst);
+        });
+        assert_eq!(c.load(SeqCst), 20);
+    }
+}

@@ -1,0 +1,89 @@
+//! The GEMM kernel families behind `simd::Gemm`: `gemm_ggml` (Q4_0, Q4_1, Q8_0 in
+//! llama.cpp's order, AVX-512 VNNI), `gemm_rows` (Q5_0, Q5_1 in the order of the AVX2
+//! one-row kernels, AVX-512 VNNI) and `gemm_kquants` (Q4_K, Q5_K, Q6_K in the order of the
+//! AVX-512 one-row kernels).
+
+use super::{gemm_ggml, gemm_kquants, gemm_rows};
+use crate::simd::{Level, GEMM_ROWS, GEMM_TOKENS};
+use quarrel_core::QuantType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Ggml(gemm_ggml::Ty),
+    Rows(gemm_rows::Ty),
+    /// `bool`: the `vpdpwssd` flavour.
+    KQuant(gemm_kquants::Ty, bool),
+}
+
+impl Kind {
+    /// The kernels matching the one-row kernel of `level` for `ty` (as `x86::dot_fn` picks
+    /// it, or `ggml_order` for the llama.cpp-order types at `Level::Avx2`), if the CPU has
+    /// what they need. `ggml_order`: whether the one-row kernel is the `ggml_order` one.
+    pub(crate) fn for_level(ty: QuantType, level: Level, ggml_order: bool) -> Option<Kind> {
+        if !super::has_avx2() || !super::has_avx512() {
+            return None;
+        }
+        let vnni = super::has_avx512vnni();
+        let k = match (ty, ggml_order) {
+            (QuantType::Q4_0, true) => Kind::Ggml(gemm_ggml::Ty::Q4_0),
+            (QuantType::Q4_1, true) => Kind::Ggml(gemm_ggml::Ty::Q4_1),
+            (QuantType::Q8_0, true) => Kind::Ggml(gemm_ggml::Ty::Q8_0),
+            (QuantType::Q5_0, false) => Kind::Rows(gemm_rows::Ty::Q5_0),
+            (QuantType::Q5_1, false) => Kind::Rows(gemm_rows::Ty::Q5_1),
+            (QuantType::Q4_K, false) => Kind::KQuant(gemm_kquants::Ty::Q4K, false),
+            (QuantType::Q5_K, false) => Kind::KQuant(gemm_kquants::Ty::Q5K, false),
+            (QuantType::Q6_K, false) => Kind::KQuant(gemm_kquants::Ty::Q6K, false),
+            _ => return None,
+        };
+        match k {
+            Kind::Ggml(_) => (vnni && gemm_ggml::supported()).then_some(k),
+            // the legacy types run the AVX2 kernels whatever the level
+            Kind::Rows(_) => (level == Level::Avx2 && gemm_rows::supported()).then_some(k),
+            // the one-row kernels of both AVX-512 levels accumulate alike; use VNNI where
+            // the level allows it
+            Kind::KQuant(t, _) if level >= Level::Avx512 => Some(Kind::KQuant(t, vnni && level >= Level::Avx512Vnni)),
+            Kind::KQuant(..) => None,
+        }
+    }
+
+    pub(crate) fn act_panel_bytes(self, n_in: usize) -> usize {
+        match self {
+            Kind::Ggml(t) => t.act_panel_bytes(n_in),
+            Kind::Rows(t) => t.act_panel_bytes(n_in),
+            Kind::KQuant(t, _) => t.act_panel_bytes(n_in),
+        }
+    }
+
+    pub(crate) fn weight_panel_bytes(self, n_in: usize) -> usize {
+        match self {
+            Kind::Ggml(t) => t.weight_panel_bytes(n_in),
+            Kind::Rows(t) => t.weight_panel_bytes(n_in),
+            Kind::KQuant(t, _) => t.weight_panel_bytes(n_in),
+        }
+    }
+
+    pub(crate) fn pack_act(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        match self {
+            Kind::Ggml(t) => t.pack_act(n_in, rows, panel),
+            Kind::Rows(t) => t.pack_act(n_in, rows, panel),
+            Kind::KQuant(t, _) => t.pack_act(n_in, rows, panel),
+        }
+    }
+
+    pub(crate) fn pack_weights(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        match self {
+            Kind::Ggml(t) => t.pack_weights(n_in, rows, panel),
+            Kind::Rows(t) => t.pack_weights(n_in, rows, panel),
+            Kind::KQuant(t, _) => t.pack_weights(n_in, rows, panel),
+        }
+    }
+
+    /// `out[r][t]` for `t < n_tok`; other entries of `out` are left as they are.
+    pub(crate) fn tile(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
+        match self {
+            Kind::Ggml(t) => t.tile(n_in, w, a, n_tok, out),
+            Kind::Rows(t) => t.tile(n_in, w, a, n_tok, out),
+            Kind::KQuant(t, vnni) => t.tile(vnni, n_in, w, a, n_tok, out),
+        }
+    }
+}

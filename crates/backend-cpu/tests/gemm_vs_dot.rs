@@ -1,0 +1,200 @@
+//! The GEMM path of the matmul (several tokens) against the one-row kernels: every output
+//! must have the same bits as `simd::dot_fn(ty)` of its (weight row, quantized token), for
+//! random shapes (ragged row and token tails), weight types and thread counts.
+
+use proptest::prelude::*;
+use quarrel_core::{Backend, QuantType, WeightSource};
+use quarrel_cpu::simd::{self, GEMM_ROWS, GEMM_TOKENS};
+use quarrel_cpu::CpuBackend;
+use quarrel_gguf::{Gguf, GgufWriter};
+use std::sync::Arc;
+
+/// The types with GEMM kernels, then a couple without (their matmul must stay as it was).
+const TYPES: &[QuantType] = &[
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q8_0,
+    QuantType::Q4_K,
+    QuantType::Q5_K,
+    QuantType::Q6_K,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q2_K,
+    QuantType::IQ4_NL,
+];
+/// How many of `TYPES` (from the front) have GEMM kernels.
+const N_GEMM: usize = 8;
+
+fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+/// Weight bytes: quantized random values, or (`raw`) random codes with finite random
+/// scales (Q8_0 then has -128 codes too).
+fn weight_bytes(ty: QuantType, n_in: usize, n_out: usize, seed: u64, raw: bool) -> Vec<u8> {
+    let mut bytes = vec![0u8; ty.row_bytes(n_in).unwrap() * n_out];
+    if raw && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q5_0 | QuantType::Q5_1) {
+        let bs = ty.type_size();
+        let noise = rnd(seed, bytes.len(), 512.0);
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (noise[i] as i32 & 0xff) as u8;
+        }
+        let scales = rnd(seed + 1, bytes.len() / bs * 2, 0.1);
+        for (k, blk) in bytes.chunks_exact_mut(bs).enumerate() {
+            blk[0..2].copy_from_slice(&half::f16::from_f32(scales[2 * k]).to_bits().to_le_bytes());
+            if matches!(ty, QuantType::Q4_1 | QuantType::Q5_1) {
+                blk[2..4].copy_from_slice(&half::f16::from_f32(scales[2 * k + 1]).to_bits().to_le_bytes());
+            }
+        }
+    } else {
+        let w = rnd(seed, n_in * n_out, 1.0);
+        quarrel_quant::quantize(ty, &w, &mut bytes).unwrap();
+    }
+    bytes
+}
+
+fn weight_file(ty: QuantType, n_in: usize, n_out: usize, bytes: &[u8]) -> Arc<Gguf> {
+    let mut g = GgufWriter::new();
+    g.add_tensor("w", &[n_in as u64, n_out as u64], ty).unwrap();
+    Arc::new(Gguf::from_bytes(g.to_bytes(&[bytes]).unwrap()).unwrap())
+}
+
+/// What the matmul computed before the GEMM path: the activation quantizer of ggml's x86
+/// build, then the one-row kernel per (row, token).
+fn per_output(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_tok: usize) -> Vec<f32> {
+    let act = ty.vec_dot_type();
+    let arb = act.row_bytes(n_in).unwrap();
+    let mut xq = vec![0u8; arb * n_tok];
+    for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
+        match simd::quantize_row_fn_ggml_x86(act) {
+            Some(f) => f(xr, qr),
+            None => quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap(),
+        }
+    }
+    let wrb = ty.row_bytes(n_in).unwrap();
+    let mut out = vec![0f32; n_tok * n_out];
+    for t in 0..n_tok {
+        for r in 0..n_out {
+            let (wr, a) = (&w[r * wrb..(r + 1) * wrb], &xq[t * arb..(t + 1) * arb]);
+            out[t * n_out + r] = match simd::dot_fn(ty) {
+                Some(f) => f(n_in, wr, a),
+                None => simd::reference_dot(ty, n_in, wr, a),
+            };
+        }
+    }
+    out
+}
+
+fn check(ty: QuantType, n_blocks: usize, n_out: usize, n_tok: usize, threads: usize, seed: u64, raw: bool) -> Result<(), TestCaseError> {
+    let n_in = n_blocks * ty.block_size();
+    let w = weight_bytes(ty, n_in, n_out, seed, raw);
+    let g = weight_file(ty, n_in, n_out, &w);
+    let be = CpuBackend::new(threads).unwrap();
+    let wt = be.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+    // a few large activations per row make the quantization scales differ between tokens
+    let mut x = rnd(seed ^ 0x55, n_in * n_tok, 2.0);
+    for (t, row) in x.chunks_mut(n_in).enumerate() {
+        row[(t * 7) % n_in] *= 1.0 + t as f32;
+    }
+    let mut got = vec![0f32; n_tok * n_out];
+    be.matmul(&wt, &x, n_tok, &mut got).unwrap();
+    let want = per_output(ty, n_in, n_out, &w, &x, n_tok);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        prop_assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{} n_in {} n_out {} n_tok {} threads {}: token {} row {}: gemm {} vs dot {}",
+            ty.name(),
+            n_in,
+            n_out,
+            n_tok,
+            threads,
+            i / n_out,
+            i % n_out,
+            g,
+            w
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn gemm_matmul_is_bit_identical_to_per_output_kernels(
+        ti in 0..TYPES.len(),
+        n_blocks in 1usize..21,
+        n_out in 1usize..41,
+        n_tok in 1usize..71,
+        threads in 1usize..4,
+        seed in any::<u64>(),
+        raw in any::<bool>(),
+    ) {
+        let ty = TYPES[ti];
+        // K-quants have 256-element blocks: keep their rows short
+        let n_blocks = if ty.block_size() > 32 { (n_blocks - 1) % 3 + 1 } else { n_blocks };
+        check(ty, n_blocks, n_out, n_tok, threads, seed, raw)?;
+    }
+}
+
+/// Many row panels and token groups (the task split over rows and tokens), every type.
+#[test]
+fn gemm_matmul_large_shapes() {
+    for &ty in &TYPES[..N_GEMM] {
+        for (n_blocks, n_out, n_tok, threads) in [(24, 301, 67, 3), (18, 1000, 9, 2), (48, 20, 130, 2), (2, 4 * 33, 16, 1)] {
+            // the same row length in elements where the blocks are larger
+            let n_blocks = (n_blocks * 32 / ty.block_size()).max(1);
+            check(ty, n_blocks, n_out, n_tok, threads, 7 + n_out as u64, false).unwrap();
+        }
+    }
+}
+
+/// The tile kernel directly, against the one-row kernel, with all tile sizes.
+#[test]
+fn gemm_tiles_match_dot() {
+    for &ty in &TYPES[..N_GEMM] {
+        let Some(g) = simd::gemm_fn(ty) else {
+            eprintln!("no GEMM kernel for {} on this CPU / level: skipped", ty.name());
+            continue;
+        };
+        let n_in = ty.block_size() * if ty.block_size() > 32 { 3 } else { 11 };
+        let w = weight_bytes(ty, n_in, GEMM_ROWS, 3, true);
+        let x = rnd(4, n_in * GEMM_TOKENS, 3.0);
+        let want = per_output(ty, n_in, GEMM_ROWS, &w, &x, GEMM_TOKENS);
+        let act = ty.vec_dot_type();
+        let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
+        let mut xq = vec![0u8; arb * GEMM_TOKENS];
+        for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
+            quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
+        }
+        let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
+        let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
+        g.pack_weights(n_in, &wrows, &mut wp);
+        for nt in 1..=GEMM_TOKENS {
+            let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
+            // deliberately unaligned panel
+            let mut ap = vec![0u8; g.act_panel_bytes(n_in) + 1];
+            g.pack_act(n_in, &arows, &mut ap[1..]);
+            let mut out = [[f32::NAN; GEMM_TOKENS]; GEMM_ROWS];
+            g.tile(n_in, &wp, &ap[1..], nt, &mut out);
+            for (r, row) in out.iter().enumerate() {
+                for (t, v) in row.iter().enumerate() {
+                    if t < nt {
+                        assert_eq!(v.to_bits(), want[t * GEMM_ROWS + r].to_bits(), "{} nt {nt} row {r} token {t}", ty.name());
+                    } else {
+                        assert!(v.is_nan(), "entry past n_tok written");
+                    }
+                }
+            }
+        }
+    }
+}
