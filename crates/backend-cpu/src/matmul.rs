@@ -12,6 +12,7 @@ use crate::simd::{self, Dot4Fn, DotFn, Gemm, GEMM_ROWS, GEMM_TOKENS};
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::Result;
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// Rows of W handed to one task.
 const ROWS_PER_TASK: usize = 16;
@@ -65,11 +66,9 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
     let act_ty = w.ty.vec_dot_type();
     let xq = quantize_rows(be, act_ty, x, w.n_in, n_tok)?;
     let arb = act_ty.row_bytes(w.n_in).unwrap_or(0);
-    if n_tok >= 2 {
-        if let Some(g) = simd::gemm_fn(w.ty) {
-            gemm(be, g, w, &xq, arb, n_tok, out);
-            return Ok(());
-        }
+    if let Some(g) = simd::gemm_fn(w.ty).filter(|g| n_tok >= g.min_tokens()) {
+        gemm(be, g, w, &xq, arb, n_tok, out);
+        return Ok(());
     }
     let dot: Option<DotFn> = simd::dot_fn(w.ty);
     let dot4: Option<Dot4Fn> = simd::dot4_fn(w.ty);
@@ -115,19 +114,28 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// Zeroed, 64-byte aligned storage of at least `n` bytes.
-fn lines(n: usize) -> Vec<Line> {
-    vec![Line([0; 64]); n.div_ceil(64)]
+thread_local! {
+    /// This thread's panel storage, kept between calls (grown as needed).
+    static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
-fn as_bytes(v: &[Line]) -> &[u8] {
-    // SAFETY: `Line` is 64 plain bytes without padding; the slice covers exactly `v`.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
-}
-
-fn as_bytes_mut(v: &mut [Line]) -> &mut [u8] {
-    // SAFETY: as in `as_bytes`, borrowed mutably.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) }
+/// `f` on at least `n` bytes of 64-byte aligned scratch of this thread (contents left from
+/// earlier use; a fresh buffer if this thread's is in use).
+fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let lines = n.div_ceil(64);
+    let bytes = |v: &mut [Line]| {
+        // SAFETY: `Line` is 64 plain bytes without padding; the slice covers exactly `v`.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) }
+    };
+    SCRATCH.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < lines {
+                *v = vec![Line([0; 64]); lines];
+            }
+            f(bytes(&mut v[..lines]))
+        }
+        Err(_) => f(bytes(&mut vec![Line([0; 64]); lines])),
+    })
 }
 
 /// Most row panels (of `GEMM_ROWS` rows) one task repacks and runs.
@@ -141,24 +149,41 @@ const TASKS_PER_THREAD: usize = 8;
 /// `out[t * n_out + r]` for all tokens through the GEMM tiles (`xq`: quantized activations,
 /// `arb` bytes per token).
 fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
-    let (n_in, n_out) = (w.n_in, w.n_out);
-    let (apb, wpb) = (g.act_panel_bytes(n_in), g.weight_panel_bytes(n_in));
+    let (n_in, apb) = (w.n_in, g.act_panel_bytes(w.n_in));
+    // raw panels: runs of rows as they are (activation groups always; weight panels unless
+    // the last one is short)
+    let raw = g.raw_panels();
     let n_groups = n_tok.div_ceil(GEMM_TOKENS);
-    let mut act = lines(n_groups * apb);
-    let pack = |(gi, panel): (usize, &mut [u8])| {
-        let t1 = (gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
-        let rows: Vec<&[u8]> = (gi * GEMM_TOKENS..t1).map(|t| &xq[t * arb..(t + 1) * arb]).collect();
-        g.pack_act(n_in, &rows, panel);
-    };
-    if n_groups >= 4 {
-        be.pool().install(|| as_bytes_mut(&mut act).par_chunks_mut(apb).enumerate().for_each(pack));
-    } else {
-        as_bytes_mut(&mut act).chunks_mut(apb).enumerate().for_each(pack);
-    }
-    let act = as_bytes(&act);
+    let tokens = |gi: usize| gi * GEMM_TOKENS..(gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
+    with_scratch(if raw { 0 } else { n_groups * apb }, |act| {
+        if !raw {
+            let pack = |(gi, panel): (usize, &mut [u8])| {
+                let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
+                let ts = tokens(gi);
+                for (k, t) in ts.clone().enumerate() {
+                    rows[k] = &xq[t * arb..(t + 1) * arb];
+                }
+                g.pack_act(n_in, &rows[..ts.len()], panel);
+            };
+            let act = &mut act[..n_groups * apb];
+            if n_groups >= 4 {
+                be.pool().install(|| act.par_chunks_mut(apb).enumerate().for_each(pack));
+            } else {
+                act.chunks_mut(apb).enumerate().for_each(pack);
+            }
+        }
+        let act: &[u8] = act;
+        let act_panel = |gi: usize| if raw { &xq[tokens(gi).start * arb..tokens(gi).end * arb] } else { &act[gi * apb..(gi + 1) * apb] };
+        run_tasks(be, g, w, n_tok, &act_panel, out);
+    });
+}
 
-    let wbytes = w.bytes();
-    let wrb = w.row_bytes();
+/// The tasks of [`gemm`]: row panels x token groups, each repacking its weight rows.
+fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let (wbytes, wrb, wpb) = (w.bytes(), w.row_bytes(), g.weight_panel_bytes(n_in));
+    let raw = g.raw_panels();
+    let n_groups = n_tok.div_ceil(GEMM_TOKENS);
     let n_panels = n_out.div_ceil(GEMM_ROWS);
     let want_tasks = TASKS_PER_THREAD * be.n_threads().max(1);
     let ppt = n_panels.div_ceil(want_tasks).clamp(MIN_PANELS_PER_TASK.min(n_panels), MAX_PANELS_PER_TASK);
@@ -166,42 +191,63 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
     let gpt = n_groups.div_ceil(want_tasks.div_ceil(row_tasks).min(n_groups));
     let tok_tasks = n_groups.div_ceil(gpt);
     let out_ptr = SyncPtr(out.as_mut_ptr());
+    let pack = |p: usize, panel: &mut [u8]| {
+        let mut rows: [&[u8]; GEMM_ROWS] = [&[]; GEMM_ROWS];
+        let r1 = (p * GEMM_ROWS + GEMM_ROWS).min(n_out);
+        for (k, r) in (p * GEMM_ROWS..r1).enumerate() {
+            rows[k] = &wbytes[r * wrb..(r + 1) * wrb];
+        }
+        g.pack_weights(n_in, &rows[..r1 - p * GEMM_ROWS], panel);
+    };
     be.pool().install(|| {
         (0..row_tasks * tok_tasks).into_par_iter().for_each(|task| {
             let (p0, g0) = (task / tok_tasks * ppt, task % tok_tasks * gpt);
             let (p1, g1) = ((p0 + ppt).min(n_panels), (g0 + gpt).min(n_groups));
-            let mut wp = lines((p1 - p0) * wpb);
-            for (p, panel) in (p0..p1).zip(as_bytes_mut(&mut wp).chunks_mut(wpb)) {
-                let r1 = (p * GEMM_ROWS + GEMM_ROWS).min(n_out);
-                let rows: Vec<&[u8]> = (p * GEMM_ROWS..r1).map(|r| &wbytes[r * wrb..(r + 1) * wrb]).collect();
-                g.pack_weights(n_in, &rows, panel);
-            }
-            let wp = as_bytes(&wp);
-            // the task's outputs of one token group, token-major, copied out row by row
-            let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
-            let width = (p1 - p0) * GEMM_ROWS;
-            let mut stage = vec![0f32; GEMM_TOKENS * width];
-            for gi in g0..g1 {
-                let t0 = gi * GEMM_TOKENS;
-                let nt = GEMM_TOKENS.min(n_tok - t0);
-                let ap = &act[gi * apb..(gi + 1) * apb];
-                for p in p0..p1 {
-                    let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
-                    g.tile(n_in, &wp[(p - p0) * wpb..(p - p0 + 1) * wpb], ap, nt, &mut tile);
-                    let c = (p - p0) * GEMM_ROWS;
-                    for (r, row) in tile.iter().enumerate() {
-                        for (t, &v) in row.iter().enumerate() {
-                            stage[t * width + c + r] = v;
-                        }
+            // raw: only a short last panel is packed (into the scratch's first panel)
+            let short = raw && p1 == n_panels && n_out % GEMM_ROWS != 0;
+            let packed = if raw { usize::from(short) } else { p1 - p0 };
+            with_scratch(packed * wpb, |wp| {
+                if raw {
+                    if short {
+                        pack(p1 - 1, &mut wp[..wpb]);
+                    }
+                } else {
+                    for p in p0..p1 {
+                        pack(p, &mut wp[(p - p0) * wpb..(p - p0 + 1) * wpb]);
                     }
                 }
-                for t in 0..nt {
-                    let src = &stage[t * width..t * width + (rb - ra)];
-                    // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task alone;
-                    // (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
-                    unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
+                let wp: &[u8] = wp;
+                let w_panel = |p: usize| match (raw, (p + 1) * GEMM_ROWS <= n_out) {
+                    (true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
+                    (true, false) => &wp[..wpb],
+                    (false, _) => &wp[(p - p0) * wpb..(p - p0 + 1) * wpb],
+                };
+                // the task's outputs of one token group, token-major, copied out row by row
+                let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
+                let width = (p1 - p0) * GEMM_ROWS;
+                let mut stage = vec![0f32; GEMM_TOKENS * width];
+                for gi in g0..g1 {
+                    let t0 = gi * GEMM_TOKENS;
+                    let nt = GEMM_TOKENS.min(n_tok - t0);
+                    let ap = act_panel(gi);
+                    for p in p0..p1 {
+                        let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+                        g.tile(n_in, w_panel(p), ap, nt, &mut tile);
+                        let c = (p - p0) * GEMM_ROWS;
+                        for (r, row) in tile.iter().enumerate() {
+                            for (t, &v) in row.iter().enumerate() {
+                                stage[t * width + c + r] = v;
+                            }
+                        }
+                    }
+                    for t in 0..nt {
+                        let src = &stage[t * width..t * width + (rb - ra)];
+                        // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task
+                        // alone; (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
+                        unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
+                    }
                 }
-            }
+            })
         })
     });
 }

@@ -163,10 +163,10 @@ pub fn dot_fn_for(ty: QuantType, level: Level) -> Option<DotFn> {
 
 /// Four-row kernel for `ty` at the detected level, or None (call the one-row kernel 4 times).
 pub fn dot4_fn(ty: QuantType) -> Option<Dot4Fn> {
-    // the llama.cpp-order kernels have no four-row form
+    // the llama.cpp-order kernels have their own four-row form (bit-identical per row)
     #[cfg(target_arch = "x86_64")]
-    if matmul_level(ty) == Level::Avx2 && x86::ggml_order::dot_fn(ty).is_some() {
-        return None;
+    if matmul_level(ty) == Level::Avx2 && Level::Avx2.is_supported() && x86::ggml_order::dot_fn(ty).is_some() {
+        return x86::ggml_order::dot4_fn(ty);
     }
     dot4_fn_for(ty, matmul_level(ty))
 }
@@ -287,6 +287,19 @@ pub fn gemm_fn(ty: QuantType) -> Option<Gemm> {
 
 #[cfg(target_arch = "x86_64")]
 impl Gemm {
+    /// Fewest tokens for which the tiles beat the one-row kernels (measured; the panels'
+    /// repacking costs about one pass over the weights).
+    pub fn min_tokens(&self) -> usize {
+        self.kind.min_tokens()
+    }
+
+    /// Whether panels are the rows' own bytes one after another: then [`GEMM_ROWS`]
+    /// consecutive weight rows of a tensor, or the `n_tok` consecutive activation rows of a
+    /// tile, can be passed to [`Gemm::tile`] without packing (packing copies them).
+    pub fn raw_panels(&self) -> bool {
+        self.kind.raw_panels()
+    }
+
     /// Bytes of an activation panel ([`GEMM_TOKENS`] rows of `n_in` values; a multiple of 64).
     pub fn act_panel_bytes(&self, n_in: usize) -> usize {
         self.kind.act_panel_bytes(n_in)
@@ -318,6 +331,12 @@ impl Gemm {
 
 #[cfg(not(target_arch = "x86_64"))]
 impl Gemm {
+    pub fn min_tokens(&self) -> usize {
+        match self.never {}
+    }
+    pub fn raw_panels(&self) -> bool {
+        match self.never {}
+    }
     pub fn act_panel_bytes(&self, _: usize) -> usize {
         match self.never {}
     }

@@ -46,6 +46,18 @@ impl Kind {
         }
     }
 
+    pub(crate) fn min_tokens(self) -> usize {
+        match self {
+            Kind::Ggml(_) => 2,
+            Kind::Rows(_) => 4,
+            Kind::KQuant(..) => 2,
+        }
+    }
+
+    pub(crate) fn raw_panels(self) -> bool {
+        matches!(self, Kind::KQuant(..))
+    }
+
     pub(crate) fn act_panel_bytes(self, n_in: usize) -> usize {
         match self {
             Kind::Ggml(t) => t.act_panel_bytes(n_in),

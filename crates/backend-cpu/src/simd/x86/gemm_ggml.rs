@@ -130,35 +130,15 @@ impl Ty {
     /// rows are zeros.
     pub(crate) fn pack_weights(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         let (nb, wb) = (n_in / QK, self.wb());
-        assert!(n_in % QK == 0 && rows.len() <= ROWS && panel.len() >= nb * W_BLOCK);
-        panel[..nb * W_BLOCK].fill(0);
+        assert!(supported() && n_in % QK == 0 && rows.len() <= ROWS && panel.len() >= nb * W_BLOCK);
+        if rows.len() < ROWS {
+            panel[..nb * W_BLOCK].fill(0);
+        }
         for (r, row) in rows.iter().enumerate() {
             assert!(row.len() >= nb * wb);
-            for b in 0..nb {
-                let src = &row[b * wb..(b + 1) * wb];
-                let dst = &mut panel[b * W_BLOCK..(b + 1) * W_BLOCK];
-                let u = &mut dst[r * 32..r * 32 + 32];
-                match self {
-                    Ty::Q4_0 | Ty::Q4_1 => {
-                        let q = &src[wb - 16..];
-                        for k in 0..16 {
-                            u[k] = q[k] & 0x0f;
-                            u[k + 16] = q[k] >> 4;
-                        }
-                    }
-                    Ty::Q8_0 => {
-                        for (o, &x) in u.iter_mut().zip(&src[2..]) {
-                            *o = x ^ 0x80;
-                        }
-                    }
-                }
-                let o = ROWS * 32 + 4 * r;
-                dst[o..o + 4].copy_from_slice(&f16(src, 0).to_le_bytes());
-                if self == Ty::Q4_1 {
-                    let o = ROWS * 32 + ROWS * 4 + 4 * r;
-                    dst[o..o + 4].copy_from_slice(&f16(src, 2).to_le_bytes());
-                }
-            }
+            // SAFETY: the CPU has AVX2+F16C (`supported()`); `row` holds `nb` blocks and the
+            // panel `nb` panel blocks (asserted), `r < ROWS`.
+            unsafe { pack_row(self, nb, row.as_ptr(), panel.as_mut_ptr(), r) };
         }
     }
 
@@ -188,6 +168,36 @@ impl Ty {
             _ => go!(true, false),
         }
     }
+}
+
+/// Row `r` of a weight panel from the `nb` GGUF blocks at `src`.
+///
+/// SAFETY: AVX2+FMA+F16C; `src` readable for `nb` blocks, `dst` writable for `nb` panel
+/// blocks; `r < ROWS`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_row(ty: Ty, nb: usize, src: *const u8, dst: *mut u8, r: usize) {
+    let wb = ty.wb();
+    for b in 0..nb {
+        let (s, d) = (src.add(b * wb), dst.add(b * W_BLOCK));
+        let u = match ty {
+            Ty::Q4_0 | Ty::Q4_1 => unpack_nibbles(s.add(wb - 16)),
+            Ty::Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(s.add(2) as *const __m256i), _mm256_set1_epi8(-128)),
+        };
+        _mm256_storeu_si256(d.add(32 * r) as *mut __m256i, u);
+        (d.add(ROWS * 32 + 4 * r) as *mut f32).write_unaligned(super::f16_at(s));
+        if ty == Ty::Q4_1 {
+            (d.add(ROWS * 36 + 4 * r) as *mut f32).write_unaligned(super::f16_at(s.add(2)));
+        }
+    }
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
+/// SAFETY: `p..p+16` readable; AVX2.
+#[inline(always)]
+unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p as *const __m128i);
+    let v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
 }
 
 /// Little-endian f16 at `src[o..o + 2]` widened to f32 (exact, as `vcvtph2ps`).

@@ -8,7 +8,8 @@
 //!
 //! One row against up to 8 tokens: a super-block's unpacked codes and scale vectors (8
 //! registers) are built once and used for every token; the activations are read in place.
-//! Panels are plain copies of the rows (`ROWS` weight rows, `TOKENS` activation rows).
+//! Panels are the rows one after another (`ROWS` weight rows, up to `TOKENS` activation
+//! rows): the matmul passes runs of rows in place.
 
 use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB16, SUB32};
 use super::kquants::{k4_scales_mins, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
@@ -53,7 +54,7 @@ impl Ty {
     pub(crate) fn tile(self, vnni: bool, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
         let (nb, wrb, arb) = (n_in / QK_K, n_in / QK_K * self.block_bytes(), n_in / QK_K * Q8K_BYTES);
         assert!(super::has_avx2() && super::has_avx512() && (!vnni || super::has_avx512vnni()));
-        assert!(n_in % QK_K == 0 && w.len() >= ROWS * wrb && a.len() >= TOKENS * arb && (1..=TOKENS).contains(&n_tok));
+        assert!(n_in % QK_K == 0 && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= n_tok * arb);
         for (r, o) in out.iter_mut().enumerate() {
             let wr = w[r * wrb..].as_ptr();
             let mut t0 = 0;
@@ -78,8 +79,12 @@ impl Ty {
                     }
                     match n_tok - t0 {
                         8.. => run!(8),
-                        4..=7 => run!(4),
-                        2..=3 => run!(2),
+                        7 => run!(7),
+                        6 => run!(6),
+                        5 => run!(5),
+                        4 => run!(4),
+                        3 => run!(3),
+                        2 => run!(2),
                         _ => run!(1),
                     }
                 };

@@ -19,7 +19,7 @@
 //!                then L blocks of [y: PAIRS x 64 | d_a: 8 copies per token | off (i32 x 8) or s_a]
 //! ```
 
-use super::{f32_at, hsum_ps};
+use super::{bytes_from_bits_32, f16_at, f32_at, hsum_ps, nibbles_32};
 use crate::simd::{GEMM_ROWS as ROWS, GEMM_TOKENS as TOKENS};
 use std::arch::x86_64::*;
 
@@ -123,36 +123,16 @@ impl Ty {
 
     pub(crate) fn pack_weights(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         let nb = n_in / QK;
-        let g = nb / 8;
-        let (wb, qh, qs) = self.wlayout();
-        assert!(n_in % QK == 0 && rows.len() <= ROWS && panel.len() >= self.weight_panel_bytes(n_in));
-        panel[..self.weight_panel_bytes(n_in)].fill(0);
+        let bytes = self.weight_panel_bytes(n_in);
+        assert!(supported() && n_in % QK == 0 && rows.len() <= ROWS && panel.len() >= bytes);
+        if rows.len() < ROWS {
+            panel[..bytes].fill(0);
+        }
         for (r, row) in rows.iter().enumerate() {
-            assert!(row.len() >= nb * wb);
-            for b in 0..nb {
-                let src = &row[b * wb..(b + 1) * wb];
-                let hb = u32::from_le_bytes(src[qh..qh + 4].try_into().unwrap());
-                let code = |e: usize| {
-                    let nib = if e < 16 { src[qs + e] & 0x0f } else { src[qs + e - 16] >> 4 };
-                    nib | (((hb >> e) & 1) as u8) << 4
-                };
-                let (d, m) = (f16(src, 0).to_le_bytes(), if self.has_m() { f16(src, 2) } else { 0.0 }.to_le_bytes());
-                if b < 8 * g {
-                    let (base, k) = (b / 8 * WG, b % 8);
-                    for e in 0..QK {
-                        panel[base + r * 256 + (e / 4) * 32 + 4 * k + e % 4] = code(e);
-                    }
-                    panel[base + WG_D + r * 32 + 4 * k..][..4].copy_from_slice(&d);
-                    panel[base + WG_M + r * 32 + 4 * k..][..4].copy_from_slice(&m);
-                } else {
-                    let base = g * WG + (b - 8 * g) * WT;
-                    for e in 0..QK {
-                        panel[base + r * 32 + e] = code(e);
-                    }
-                    panel[base + ROWS * 32 + 4 * r..][..4].copy_from_slice(&d);
-                    panel[base + ROWS * 36 + 4 * r..][..4].copy_from_slice(&m);
-                }
-            }
+            assert!(row.len() >= nb * self.wlayout().0);
+            // SAFETY: the CPU has AVX2+F16C (`supported()`); `row` holds `nb` blocks and the
+            // panel is `weight_panel_bytes` long (asserted); `r < ROWS`.
+            unsafe { pack_row(self, nb, row.as_ptr(), panel.as_mut_ptr(), r) };
         }
     }
 
@@ -181,6 +161,61 @@ impl Ty {
         } else {
             go!(false)
         }
+    }
+}
+
+/// Row `r` of a weight panel from the `nb` GGUF blocks at `src`: groups of 8 blocks as
+/// columns (an 8 x 8 transpose of the blocks' 4-byte groups), then the leftover blocks.
+///
+/// SAFETY: AVX2+FMA+F16C; `src` readable for `nb` blocks, `dst` writable for the panel of
+/// `nb` blocks; `r < ROWS`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_row(ty: Ty, nb: usize, src: *const u8, dst: *mut u8, r: usize) {
+    let (wb, qh, qs) = ty.wlayout();
+    let codes = |b: usize| {
+        let s = src.add(b * wb);
+        _mm256_or_si256(nibbles_32(s.add(qs)), _mm256_and_si256(bytes_from_bits_32(s.add(qh)), _mm256_set1_epi8(0x10)))
+    };
+    let put = |p: *mut u8, v: f32| (p as *mut f32).write_unaligned(v);
+    let g = nb / 8;
+    for gi in 0..g {
+        let base = dst.add(gi * WG);
+        let c: [__m256i; 8] = std::array::from_fn(|k| codes(8 * gi + k));
+        let t: [__m256i; 8] = std::array::from_fn(|k| {
+            let (x, y) = (c[k / 2 * 2], c[k / 2 * 2 + 1]);
+            if k % 2 == 0 {
+                _mm256_unpacklo_epi32(x, y)
+            } else {
+                _mm256_unpackhi_epi32(x, y)
+            }
+        });
+        // s[4h + i]: dword i (and 4 + i) of blocks 4h..4h+4
+        let s: [__m256i; 8] = std::array::from_fn(|k| {
+            let (h, i) = (k / 4, k % 4);
+            let (x, y) = (t[4 * h + i / 2], t[4 * h + 2 + i / 2]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi64(x, y)
+            } else {
+                _mm256_unpackhi_epi64(x, y)
+            }
+        });
+        for j in 0..4 {
+            let (lo, hi) = (s[j], s[4 + j]);
+            _mm256_storeu_si256(base.add(r * 256 + j * 32) as *mut __m256i, _mm256_permute2x128_si256::<0x20>(lo, hi));
+            _mm256_storeu_si256(base.add(r * 256 + (4 + j) * 32) as *mut __m256i, _mm256_permute2x128_si256::<0x31>(lo, hi));
+        }
+        for k in 0..8 {
+            let b = src.add((8 * gi + k) * wb);
+            put(base.add(WG_D + r * 32 + 4 * k), f16_at(b));
+            put(base.add(WG_M + r * 32 + 4 * k), if ty.has_m() { f16_at(b.add(2)) } else { 0.0 });
+        }
+    }
+    for b in 8 * g..nb {
+        let base = dst.add(g * WG + (b - 8 * g) * WT);
+        _mm256_storeu_si256(base.add(r * 32) as *mut __m256i, codes(b));
+        let s = src.add(b * wb);
+        put(base.add(ROWS * 32 + 4 * r), f16_at(s));
+        put(base.add(ROWS * 36 + 4 * r), if ty.has_m() { f16_at(s.add(2)) } else { 0.0 });
     }
 }
 

@@ -5,7 +5,7 @@
 //! Integer block sums are exact (`vpmaddubsw`+`vpmaddwd`, or `vpdpbusd` where AVX-512 VNNI is
 //! present, as ggml does), so results are bit-identical to llama.cpp's.
 
-use crate::simd::DotFn;
+use crate::simd::{Dot4Fn, DotFn};
 use quarrel_core::QuantType;
 use std::arch::x86_64::*;
 
@@ -20,6 +20,21 @@ pub(crate) fn dot_fn(ty: QuantType) -> Option<DotFn> {
         (QuantType::Q4_0, true) => |n, w, a| unsafe { vnni::dot_q4_0(n, w, a) },
         (QuantType::Q4_1, true) => |n, w, a| unsafe { vnni::dot_q4_1(n, w, a) },
         (QuantType::Q8_0, true) => |n, w, a| unsafe { vnni::dot_q8_0(n, w, a) },
+        _ => return None,
+    })
+}
+
+/// Four-row twins of [`dot_fn`]'s kernels (each row bit-identical to the one-row kernel).
+pub(crate) fn dot4_fn(ty: QuantType) -> Option<Dot4Fn> {
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl");
+    // SAFETY: as in `dot_fn`.
+    Some(match (ty, vnni) {
+        (QuantType::Q4_0, false) => |n, w, a| unsafe { avx2::dot4_q4_0(n, w, a) },
+        (QuantType::Q4_1, false) => |n, w, a| unsafe { avx2::dot4_q4_1(n, w, a) },
+        (QuantType::Q8_0, false) => |n, w, a| unsafe { avx2::dot4_q8_0(n, w, a) },
+        (QuantType::Q4_0, true) => |n, w, a| unsafe { vnni::dot4_q4_0(n, w, a) },
+        (QuantType::Q4_1, true) => |n, w, a| unsafe { vnni::dot4_q4_1(n, w, a) },
+        (QuantType::Q8_0, true) => |n, w, a| unsafe { vnni::dot4_q8_0(n, w, a) },
         _ => return None,
     })
 }
@@ -97,6 +112,80 @@ macro_rules! kernels {
             hsum(acc) + summs
         }
 
+        /// Four rows against one activation row: each row keeps its own accumulator chain, in
+        /// the same order as `dot_q4_1`, so every result is bit-identical to it; the four
+        /// independent streams hide memory latency and share the activation loads.
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn dot4_q4_1(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            let nb = n / 32;
+            assert!(w.iter().all(|r| r.len() >= nb * 20) && a.len() >= nb * 36);
+            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
+            let mut ap = a.as_ptr();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = [0.0f32; 4];
+            for _ in 0..nb {
+                let da = f16_at(ap);
+                let sa = f16_at(ap.add(2));
+                let y = _mm256_loadu_si256(ap.add(4) as *const __m256i);
+                for r in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(wp[r].add(640) as *const i8);
+                    summs[r] = f16_at(wp[r].add(2)).mul_add(sa, summs[r]);
+                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
+                    let q = unpack_nibbles(wp[r].add(4));
+                    acc[r] = _mm256_fmadd_ps(d, mul_sum_us(q, y), acc[r]);
+                    wp[r] = wp[r].add(20);
+                }
+                ap = ap.add(36);
+            }
+            [hsum(acc[0]) + summs[0], hsum(acc[1]) + summs[1], hsum(acc[2]) + summs[2], hsum(acc[3]) + summs[3]]
+        }
+
+        /// Four-row Q4_0 (bit-identical per row to `dot_q4_0`).
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn dot4_q4_0(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            let nb = n / 32;
+            assert!(w.iter().all(|r| r.len() >= nb * 18) && a.len() >= nb * 34);
+            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
+            let mut ap = a.as_ptr();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for _ in 0..nb {
+                let da = f16_at(ap);
+                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+                for r in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(wp[r].add(576) as *const i8);
+                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
+                    let q = _mm256_sub_epi8(unpack_nibbles(wp[r].add(2)), _mm256_set1_epi8(8));
+                    acc[r] = _mm256_fmadd_ps(d, mul_sum_ss(q, y), acc[r]);
+                    wp[r] = wp[r].add(18);
+                }
+                ap = ap.add(34);
+            }
+            [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+        }
+
+        /// Four-row Q8_0 (bit-identical per row to `dot_q8_0`).
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn dot4_q8_0(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            let nb = n / 32;
+            assert!(w.iter().all(|r| r.len() >= nb * 34) && a.len() >= nb * 34);
+            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
+            let mut ap = a.as_ptr();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for _ in 0..nb {
+                let da = f16_at(ap);
+                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+                for r in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(wp[r].add(1088) as *const i8);
+                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
+                    let x = _mm256_loadu_si256(wp[r].add(2) as *const __m256i);
+                    acc[r] = _mm256_fmadd_ps(d, mul_sum_ss(x, y), acc[r]);
+                    wp[r] = wp[r].add(34);
+                }
+                ap = ap.add(34);
+            }
+            [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+        }
+
         #[target_feature(enable = $feat)]
         pub(super) unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let nb = n / 32;
@@ -136,4 +225,41 @@ mod vnni {
     }
 
     kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", dpbusd_sum);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_row_kernels_are_bit_identical_to_one_row() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        let mut seed = 12345u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+            for nb in [1usize, 2, 18, 48] {
+                let n = nb * 32;
+                let rows: Vec<Vec<u8>> = (0..4)
+                    .map(|_| {
+                        let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                        quarrel_quant::quantize_to_vec(ty, &x).unwrap()
+                    })
+                    .collect();
+                let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let a = quarrel_quant::quantize_to_vec(ty.vec_dot_type(), &x).unwrap();
+                let (f1, f4) = (dot_fn(ty).unwrap(), dot4_fn(ty).unwrap());
+                let four = f4(n, [&rows[0], &rows[1], &rows[2], &rows[3]], &a);
+                for r in 0..4 {
+                    assert_eq!(four[r].to_bits(), f1(n, &rows[r], &a).to_bits(), "{} nb {nb} row {r}", ty.name());
+                }
+            }
+        }
+    }
 }
