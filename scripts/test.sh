@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 export QUARREL_HOME="${QUARREL_HOME:-$HOME/.cache/quarrel}"
 cargo build --release --bin quarrel
 Q="$PWD/target/release/quarrel"
-QUARREL_SMOLLM2="$("$Q" pull smollm2)"
-QUARREL_GEMMA3="$("$Q" pull gemma3)"
+QUARREL_SMOLLM2="$("$Q" pull smollm2 | tail -n 1)"
+QUARREL_GEMMA3="$("$Q" pull gemma3 | tail -n 1)"
+[ -f "$QUARREL_SMOLLM2" ] && [ -f "$QUARREL_GEMMA3" ] || { echo "model pull failed" >&2; exit 1; }
 export QUARREL_SMOLLM2 QUARREL_GEMMA3
 export QUARREL_TEST_MODEL="$QUARREL_SMOLLM2"
 export QUARREL_BIN="$Q"

