@@ -46,6 +46,10 @@ fn main() {
         ("down", ty, ffn, dim, n_tok),
         ("lm head (q8_0)", QuantType::Q8_0, dim, vocab, n_tok / 2),
     ];
+    if args.iter().any(|a| a == "--kernel") {
+        kernel_only(ty, arg(&args, "--n-in", 1536));
+        return;
+    }
     let mut total = 0.0;
     for (name, ty, n_in, n_out, n_tok) in shapes {
         let name = format!("{name} {n_in}x{n_out}");
@@ -69,4 +73,38 @@ fn main() {
         println!("{name:<24} {:>9.2} ms {gmac:>7.1} GMAC/s", best * 1e3);
     }
     println!("sum {:.2} ms", total * 1e3);
+}
+
+/// One tile computed over and over on cache-resident panels (single thread): the kernel's
+/// own speed.
+fn kernel_only(ty: QuantType, n_in: usize) {
+    use quarrel_cpu::simd::{self, GEMM_ROWS, GEMM_TOKENS};
+    let Some(g) = simd::gemm_fn(ty) else {
+        println!("no GEMM kernel for {}", ty.name());
+        return;
+    };
+    let act = ty.vec_dot_type();
+    let (wrb, arb) = (ty.row_bytes(n_in).unwrap(), act.row_bytes(n_in).unwrap());
+    let mut w = vec![0u8; wrb * GEMM_ROWS];
+    quarrel_quant::quantize(ty, &rnd(3, n_in * GEMM_ROWS, 1.0), &mut w).unwrap();
+    let mut a = vec![0u8; arb * GEMM_TOKENS];
+    quarrel_quant::quantize(act, &rnd(4, n_in * GEMM_TOKENS, 1.0), &mut a).unwrap();
+    let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
+    let arows: Vec<&[u8]> = a.chunks(arb).collect();
+    let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
+    let mut ap = vec![0u8; g.act_panel_bytes(n_in)];
+    g.pack_weights(n_in, &wrows, &mut wp);
+    g.pack_act(n_in, &arows, &mut ap);
+    let mut out = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+    let iters = 20_000;
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..iters {
+            g.tile(n_in, std::hint::black_box(&wp), &ap, GEMM_TOKENS, &mut out);
+        }
+        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+    }
+    let macs = (n_in * GEMM_ROWS * GEMM_TOKENS) as f64;
+    println!("{}: tile {}x{} over {n_in}: {:.0} ns, {:.1} GMAC/s", ty.name(), GEMM_ROWS, GEMM_TOKENS, best * 1e9, macs / best / 1e9);
 }

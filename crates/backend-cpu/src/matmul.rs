@@ -11,7 +11,6 @@
 use crate::simd::{self, Dot4Fn, DotFn, Gemm, GEMM_ROWS, GEMM_TOKENS};
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::Result;
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Rows of W handed to one task.
@@ -45,7 +44,7 @@ pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f
         .ok_or_else(|| quarrel_core::CoreError::Shape(format!("row of {n_in} is not a multiple of the {} block", ty.name())))?;
     let mut out = vec![0u8; rb * n_tok];
     let fast = simd::quantize_row_fn_ggml_x86(ty);
-    let one = |(xr, or): (&[f32], &mut [u8])| -> Result<()> {
+    let one = |xr: &[f32], or: &mut [u8]| -> Result<()> {
         match fast {
             Some(f) => {
                 f(xr, or);
@@ -55,9 +54,17 @@ pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f
         }
     };
     if n_tok >= 8 {
-        be.pool().install(|| x.par_chunks(n_in).zip(out.par_chunks_mut(rb)).try_for_each(one))?;
+        let err = std::sync::Mutex::new(None);
+        be.par_chunks_mut(&mut out, rb, &|t, or| {
+            if let Err(e) = one(&x[t * n_in..(t + 1) * n_in], or) {
+                *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            }
+        });
+        if let Some(e) = err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
     } else {
-        x.chunks(n_in).zip(out.chunks_mut(rb)).try_for_each(one)?;
+        x.chunks(n_in).zip(out.chunks_mut(rb)).try_for_each(|(xr, or)| one(xr, or))?;
     }
     Ok(out)
 }
@@ -114,20 +121,28 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
+/// Which per-thread scratch buffer (the caller runs tasks too, while it holds the
+/// activation panels).
+#[derive(Clone, Copy)]
+enum Scratch {
+    Act,
+    Weights,
+}
+
 thread_local! {
     /// This thread's panel storage, kept between calls (grown as needed).
-    static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: [RefCell<Vec<Line>>; 2] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
 }
 
 /// `f` on at least `n` bytes of 64-byte aligned scratch of this thread (contents left from
 /// earlier use; a fresh buffer if this thread's is in use).
-fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+fn with_scratch<R>(which: Scratch, n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     let lines = n.div_ceil(64);
     let bytes = |v: &mut [Line]| {
         // SAFETY: `Line` is 64 plain bytes without padding; the slice covers exactly `v`.
         unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) }
     };
-    SCRATCH.with(|c| match c.try_borrow_mut() {
+    SCRATCH.with(|c| match c[which as usize].try_borrow_mut() {
         Ok(mut v) => {
             if v.len() < lines {
                 *v = vec![Line([0; 64]); lines];
@@ -143,7 +158,7 @@ const MAX_PANELS_PER_TASK: usize = 16;
 /// Fewest row panels per task (unless the matrix has fewer): below this the activation
 /// panels would be read from memory too often per weight byte.
 const MIN_PANELS_PER_TASK: usize = 8;
-/// Tasks wanted per thread (rayon balances them).
+/// Tasks wanted per thread (the pool hands them out one at a time).
 const TASKS_PER_THREAD: usize = 8;
 
 /// `out[t * n_out + r]` for all tokens through the GEMM tiles (`xq`: quantized activations,
@@ -155,9 +170,9 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
     let raw = g.raw_panels();
     let n_groups = n_tok.div_ceil(GEMM_TOKENS);
     let tokens = |gi: usize| gi * GEMM_TOKENS..(gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
-    with_scratch(if raw { 0 } else { n_groups * apb }, |act| {
+    with_scratch(Scratch::Act, if raw { 0 } else { n_groups * apb }, |act| {
         if !raw {
-            let pack = |(gi, panel): (usize, &mut [u8])| {
+            let pack = |gi: usize, panel: &mut [u8]| {
                 let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
                 let ts = tokens(gi);
                 for (k, t) in ts.clone().enumerate() {
@@ -167,9 +182,9 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
             };
             let act = &mut act[..n_groups * apb];
             if n_groups >= 4 {
-                be.pool().install(|| act.par_chunks_mut(apb).enumerate().for_each(pack));
+                be.par_chunks_mut(act, apb, &pack);
             } else {
-                act.chunks_mut(apb).enumerate().for_each(pack);
+                act.chunks_mut(apb).enumerate().for_each(|(gi, panel)| pack(gi, panel));
             }
         }
         let act: &[u8] = act;
@@ -199,14 +214,14 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
         }
         g.pack_weights(n_in, &rows[..r1 - p * GEMM_ROWS], panel);
     };
-    be.pool().install(|| {
-        (0..row_tasks * tok_tasks).into_par_iter().for_each(|task| {
+    be.for_each_task(row_tasks * tok_tasks, &|task| {
+        {
             let (p0, g0) = (task / tok_tasks * ppt, task % tok_tasks * gpt);
             let (p1, g1) = ((p0 + ppt).min(n_panels), (g0 + gpt).min(n_groups));
             // raw: only a short last panel is packed (into the scratch's first panel)
             let short = raw && p1 == n_panels && n_out % GEMM_ROWS != 0;
             let packed = if raw { usize::from(short) } else { p1 - p0 };
-            with_scratch(packed * wpb, |wp| {
+            with_scratch(Scratch::Weights, packed * wpb, |wp| {
                 if raw {
                     if short {
                         pack(p1 - 1, &mut wp[..wpb]);
@@ -248,6 +263,6 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
                     }
                 }
             })
-        })
+        }
     });
 }

@@ -127,7 +127,7 @@ fn check(ty: QuantType, n_blocks: usize, n_out: usize, n_tok: usize, threads: us
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(160))]
 
     #[test]
     fn gemm_matmul_is_bit_identical_to_per_output_kernels(

@@ -13,6 +13,11 @@
 //! ```
 //!
 //! A level without its own kernel for a type falls back to the next lower level's kernel.
+//!
+//! [`Gemm`] ([`gemm_fn`]): prompt-processing tiles of [`GEMM_ROWS`] weight rows x
+//! [`GEMM_TOKENS`] tokens whose every output has the bits of [`dot_fn`]'s kernel for the
+//! type (AVX-512: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 with VNNI; Q4_K, Q5_K, Q6_K);
+//! `tests/gemm_vs_dot.rs` checks that bit for bit.
 //! `QUARREL_SIMD=scalar|avx2|avx512|avx512vnni` caps the level picked by [`dot_fn`],
 //! [`dot4_fn`] and the quantizers (read once); `QUARREL_NO_SIMD` (any value) means `scalar`.
 //! On other architectures everything compiles to "no kernel" (callers use the reference).

@@ -50,7 +50,7 @@ impl Kind {
         match self {
             Kind::Ggml(_) => 2,
             Kind::Rows(_) => 4,
-            Kind::KQuant(..) => 2,
+            Kind::KQuant(..) => 3,
         }
     }
 

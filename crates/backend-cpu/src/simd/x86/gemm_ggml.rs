@@ -22,6 +22,8 @@
 //! `vpdpbusd` start value). The one-row kernels' sign trick gives the same sums for
 //! activations in -127..=127 (all the activation quantizers produce).
 
+#![allow(clippy::needless_range_loop)] // index loops over the tile's registers
+
 use super::f32_at;
 use std::arch::x86_64::*;
 
@@ -92,7 +94,7 @@ impl Ty {
     /// values each) into an activation panel; missing tokens are zeros.
     pub(crate) fn pack_act(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         let (nb, ab, pb) = (n_in / QK, self.ab(), self.a_block());
-        assert!(n_in % QK == 0 && rows.len() <= TOKENS && panel.len() >= nb * pb);
+        assert!(n_in.is_multiple_of(QK) && rows.len() <= TOKENS && panel.len() >= nb * pb);
         let qo = ab - QK;
         panel[..nb * pb].fill(0);
         for (t, row) in rows.iter().enumerate() {
@@ -130,7 +132,7 @@ impl Ty {
     /// rows are zeros.
     pub(crate) fn pack_weights(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         let (nb, wb) = (n_in / QK, self.wb());
-        assert!(supported() && n_in % QK == 0 && rows.len() <= ROWS && panel.len() >= nb * W_BLOCK);
+        assert!(supported() && n_in.is_multiple_of(QK) && rows.len() <= ROWS && panel.len() >= nb * W_BLOCK);
         if rows.len() < ROWS {
             panel[..nb * W_BLOCK].fill(0);
         }

@@ -54,7 +54,7 @@ impl Ty {
     pub(crate) fn tile(self, vnni: bool, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
         let (nb, wrb, arb) = (n_in / QK_K, n_in / QK_K * self.block_bytes(), n_in / QK_K * Q8K_BYTES);
         assert!(super::has_avx2() && super::has_avx512() && (!vnni || super::has_avx512vnni()));
-        assert!(n_in % QK_K == 0 && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= n_tok * arb);
+        assert!(n_in.is_multiple_of(QK_K) && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= n_tok * arb);
         for (r, o) in out.iter_mut().enumerate() {
             let wr = w[r * wrb..].as_ptr();
             let mut t0 = 0;
@@ -114,6 +114,7 @@ macro_rules! kquant_tiles {
         }
 
         /// Q4_K's `acc_m` step and the code/scale dot of one token (4 chunks of 64).
+        #[allow(clippy::too_many_arguments)]
         #[inline(always)]
         unsafe fn k4_token(y: *const u8, dw: f32, dmw: f32, mins: __m128i, sc: &[__m512i; 4], q: &[__m512i; 4], acc: &mut __m512, acc_m: &mut __m128) {
             let yd = f32_at(y);

@@ -19,6 +19,8 @@
 //!                then L blocks of [y: PAIRS x 64 | d_a: 8 copies per token | off (i32 x 8) or s_a]
 //! ```
 
+#![allow(clippy::needless_range_loop)] // index loops over the tile's registers
+
 use super::{bytes_from_bits_32, f16_at, f32_at, hsum_ps, nibbles_32};
 use crate::simd::{GEMM_ROWS as ROWS, GEMM_TOKENS as TOKENS};
 use std::arch::x86_64::*;
@@ -86,7 +88,7 @@ impl Ty {
     pub(crate) fn pack_act(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         let (nb, ab) = (n_in / QK, self.ab());
         let (g, qo) = (nb / 8, ab - QK);
-        assert!(n_in % QK == 0 && rows.len() <= TOKENS && panel.len() >= self.act_panel_bytes(n_in));
+        assert!(n_in.is_multiple_of(QK) && rows.len() <= TOKENS && panel.len() >= self.act_panel_bytes(n_in));
         panel[..self.act_panel_bytes(n_in)].fill(0);
         let mut put = |o: usize, v: [u8; 4]| panel[o..o + 4].copy_from_slice(&v);
         for (t, row) in rows.iter().enumerate() {
@@ -124,7 +126,7 @@ impl Ty {
     pub(crate) fn pack_weights(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         let nb = n_in / QK;
         let bytes = self.weight_panel_bytes(n_in);
-        assert!(supported() && n_in % QK == 0 && rows.len() <= ROWS && panel.len() >= bytes);
+        assert!(supported() && n_in.is_multiple_of(QK) && rows.len() <= ROWS && panel.len() >= bytes);
         if rows.len() < ROWS {
             panel[..bytes].fill(0);
         }
