@@ -35,7 +35,6 @@ use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantTy
 
 /// The CPU backend: a thread pool and run-time selected kernels.
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
     spin: pool::SpinPool,
     n_threads: usize,
 }
@@ -44,20 +43,11 @@ impl CpuBackend {
     /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("quarrel-cpu-{i}"))
-            .build()
-            .map_err(|e| CoreError::Backend(format!("thread pool: {e}")))?;
-        Ok(CpuBackend { pool, spin: pool::SpinPool::new(n), n_threads: n })
+        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n })
     }
 
     pub fn n_threads(&self) -> usize {
         self.n_threads
-    }
-
-    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
-        &self.pool
     }
 
     /// `f(i, chunk_i)` over the `chunk`-sized pieces of `data`, in parallel on the spin pool.
