@@ -1,10 +1,12 @@
 //! Paged causal attention on the CPU: one task per (token, head), streaming over the cached
 //! positions with an online softmax (no n_ctx-sized scratch per head).
 //!
-//! Precision follows llama.cpp's CPU flash attention so that greedy texts agree: batches of
-//! fewer than `VEC_PATH_MAX_TOKENS` query tokens over an f16 cache take ggml's "vector" path
-//! (Q rounded to f16, the V accumulator kept in f16 and rounded after every update); larger
-//! batches take its tiled path (everything in f32).
+//! Precision follows llama.cpp's CPU flash attention so that greedy texts agree: a sequence
+//! with fewer than `VEC_PATH_MAX_TOKENS` query tokens in the batch over an f16 cache takes
+//! ggml's "vector" path (Q rounded to f16, the V accumulator kept in f16 and rounded after
+//! every update); more take its tiled path (everything in f32). llama.cpp decides by the whole
+//! batch; deciding per sequence gives the same results for one sequence and makes a
+//! sequence's numerics independent of what else shares its batch (continuous batching).
 
 use crate::kv::CpuKv;
 use crate::matmul::SyncPtr;
@@ -45,7 +47,7 @@ pub(crate) fn attention(
     let group = p.n_head / p.n_kv_head;
     let (ks, vs) = (&kv.k[layer], &kv.v[layer]);
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    let f16_vec_path = kv.spec.ty == quarrel_core::KvType::F16 && batch.n_tokens() < VEC_PATH_MAX_TOKENS;
+    let f16_cache = kv.spec.ty == quarrel_core::KvType::F16;
     let n_tasks = batch.n_tokens() * p.n_head;
     // tasks are chunks of (token, head) pairs, each with its own scratch
     let per_chunk = n_tasks.div_ceil(be.n_threads() * 4).max(1);
@@ -55,6 +57,7 @@ pub(crate) fn attention(
         for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
                 let (t, h) = (task / p.n_head, task % p.n_head);
                 let seq = &batch.seqs[seq_of[t]];
+                let f16_vec_path = f16_cache && seq.len < VEC_PATH_MAX_TOKENS;
                 let pos = batch.positions[t] as usize;
                 let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let mut qh = &q[(t * p.n_head + h) * hd..][..hd];

@@ -47,7 +47,9 @@ pub struct Engine<B: Backend> {
     pub backend: B,
     pub gguf: Arc<Gguf>,
     pub model: Box<dyn Model<B>>,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Arc<Tokenizer>,
+    /// The file the model came from, when loaded from one.
+    pub path: Option<std::path::PathBuf>,
     pub(crate) kv: B::Kv,
     pub(crate) pool: BlockPool,
     pub opts: EngineOptions,
@@ -57,11 +59,13 @@ impl<B: Backend> Engine<B> {
     /// Open a GGUF file and load model and tokenizer on `backend`.
     pub fn load(backend: B, path: &Path, opts: EngineOptions) -> Result<Engine<B>, EngineError> {
         let gguf = Arc::new(Gguf::open(path)?);
-        Self::from_gguf(backend, gguf, opts)
+        let mut e = Self::from_gguf(backend, gguf, opts)?;
+        e.path = Some(path.to_path_buf());
+        Ok(e)
     }
 
     pub fn from_gguf(backend: B, gguf: Arc<Gguf>, mut opts: EngineOptions) -> Result<Engine<B>, EngineError> {
-        let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(|e| EngineError::Tokenizer(e.to_string()))?);
         let model = quarrel_models::load(&backend, &gguf)?;
         let info = model.info().clone();
         if opts.n_ctx == 0 {
@@ -81,7 +85,7 @@ impl<B: Backend> Engine<B> {
         };
         let kv = backend.alloc_kv(&spec)?;
         let pool = BlockPool::new(n_blocks, opts.block_size);
-        Ok(Engine { backend, gguf, model, tokenizer, kv, pool, opts })
+        Ok(Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts })
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -100,10 +104,49 @@ impl<B: Backend> Engine<B> {
     /// Tokenize a rendered chat template: BOS is added per metadata unless the template
     /// already wrote the BOS text itself (no double BOS).
     pub fn tokenize_templated(&self, text: &str) -> Vec<u32> {
-        let ids = self.tokenizer.encode(text, true, true);
-        match (self.tokenizer.bos_id(), ids.as_slice()) {
-            (Some(b), [x, y, ..]) if *x == b && *y == b && self.tokenizer.add_bos() => ids[1..].to_vec(),
-            _ => ids,
+        tokenize_templated(&self.tokenizer, text)
+    }
+
+    /// What a client may want to know about the model (name, shape, quantization, size).
+    pub fn summary(&self) -> crate::service::ModelSummary {
+        use crate::service::{ModelSummary, Pooling};
+        let info = self.model.info();
+        let g = &self.gguf;
+        let name = g.get_str("general.name").ok().flatten().map(str::to_string).or_else(|| {
+            self.path.as_ref().and_then(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned())
+        });
+        let arch = info.arch.clone();
+        let n_head = g.get_u64(&format!("{arch}.attention.head_count")).ok().flatten().unwrap_or(0) as usize;
+        let pooling = match g.get_u64(&format!("{arch}.pooling_type")).ok().flatten() {
+            Some(2) => Pooling::Cls,
+            Some(3) => Pooling::Last,
+            _ => Pooling::Mean,
+        };
+        let file_type = g
+            .get_u64("general.file_type")
+            .ok()
+            .flatten()
+            .and_then(|id| quarrel_models::synth::Ftype::ALL.iter().find(|f| f.llama_ftype() as u64 == id))
+            .map(|f| f.name().to_uppercase())
+            .unwrap_or_else(|| "unknown".into());
+        ModelSummary {
+            name: name.unwrap_or_else(|| arch.clone()),
+            path: self.path.clone(),
+            arch: arch.clone(),
+            n_ctx: self.opts.n_ctx,
+            n_ctx_train: info.n_ctx_train,
+            n_vocab: info.n_vocab,
+            n_embd: info.n_embd,
+            n_layer: info.n_layer,
+            n_head,
+            n_kv_head: info.n_kv_head,
+            n_params: info.n_params,
+            file_type,
+            size_bytes: self.path.as_ref().and_then(|p| std::fs::metadata(p).ok()).map_or(0, |m| m.len()),
+            chat_template: self.tokenizer.chat_template().map(str::to_string),
+            pooling,
+            kv_type: format!("{:?}", self.opts.kv_type).to_lowercase(),
+            backend: self.backend.name(),
         }
     }
 
@@ -178,5 +221,15 @@ impl<B: Backend> Engine<B> {
         let r = self.run_sequence(&mut table, tokens, 0, &want);
         self.pool.release(&mut table);
         r
+    }
+}
+
+/// Tokenize a rendered chat template: BOS is added per metadata unless the template already
+/// wrote the BOS text itself (no double BOS).
+pub fn tokenize_templated(tok: &Tokenizer, text: &str) -> Vec<u32> {
+    let ids = tok.encode(text, true, true);
+    match (tok.bos_id(), ids.as_slice()) {
+        (Some(b), [x, y, ..]) if *x == b && *y == b && tok.add_bos() => ids[1..].to_vec(),
+        _ => ids,
     }
 }

@@ -17,19 +17,25 @@
 //! | `perplexity` | llama.cpp's perplexity protocol |
 //! | `sampler`    | sampling chain (penalties, top-k/p, min-p, temperature, seed) |
 //! | `stop`       | stop strings over streamed text |
-//! | `blocks`     | KV block pool |
+//! | `blocks`     | KV block pool (synchronous paths) |
+//! | `service`    | continuous batching: step loop thread, scheduler, prefix cache, async API |
 
 mod bench;
 mod blocks;
 mod engine;
 mod generate;
 mod perplexity;
+pub mod service;
 pub mod sampler;
 pub mod stop;
 
 pub use bench::{mean_stddev, OpKind, OpStat, ProfiledBackend, QuantTypeKey};
 pub use blocks::{BlockPool, OutOfBlocks};
-pub use engine::{Engine, EngineError, EngineOptions};
+pub use engine::{tokenize_templated, Engine, EngineError, EngineOptions};
 pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};
 pub use perplexity::{PerplexityChunk, PerplexityResult};
 pub use sampler::{Sampler, SamplingParams};
+pub use service::{
+    EngineHandle, EngineMetrics, ModelSummary, Pooling, Priority, Prompt, Request, RequestId, RequestStream, RequestTimings,
+    ServiceError, ServiceOptions, StreamEvent, TokenLogprob, Usage,
+};

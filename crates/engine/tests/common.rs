@@ -20,8 +20,11 @@ pub fn smollm2() -> Option<PathBuf> {
     }
 }
 
+/// An engine on the CPU backend; `QUARREL_TEST_THREADS` overrides the thread count (all
+/// cores by default).
 pub fn engine(path: &std::path::Path, opts: EngineOptions) -> Engine<CpuBackend> {
-    Engine::load(CpuBackend::new(0).unwrap(), path, opts).unwrap()
+    let t = std::env::var("QUARREL_TEST_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    Engine::load(CpuBackend::new(t).unwrap(), path, opts).unwrap()
 }
 
 /// Normalized mean squared error Σ(a-b)² / Σa².

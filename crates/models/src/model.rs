@@ -23,4 +23,9 @@ pub trait Model<B: Backend>: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// Run a flat batch; returns logits `(batch.logits_rows.len(), n_vocab)` row-major.
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>>;
+    /// Like `forward`, but returns the final normalized hidden states `(rows, n_embd)` of the
+    /// `logits_rows` instead of logits (what embeddings are pooled from).
+    fn hidden(&self, _be: &B, _batch: &ForwardBatch, _kv: &mut B::Kv) -> Result<Vec<f32>> {
+        Err(quarrel_core::CoreError::Unsupported(format!("{}: hidden-state output", self.info().arch)))
+    }
 }

@@ -150,6 +150,23 @@ impl<B: Backend> Model<B> for Llama<B> {
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
         let c = &self.cfg;
+        let rows = batch.logits_rows.len();
+        let normed = self.final_hidden(be, batch, kv)?;
+        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
+        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
+        be.download(&logits)
+    }
+
+    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.download(&normed)
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// The layers, then the output norm of the `logits_rows`: `(rows, n_embd)`.
+    fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
+        let c = &self.cfg;
         let n = batch.n_tokens();
         let mut x = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
         be.embed(&self.token_embd, &batch.tokens, &mut x)?;
@@ -170,8 +187,6 @@ impl<B: Backend> Model<B> for Llama<B> {
         be.gather_rows(&x, c.n_embd, &batch.logits_rows, &mut sel)?;
         let mut normed = be.alloc(rows * c.n_embd)?;
         be.rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed)?;
-        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
-        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
-        be.download(&logits)
+        Ok(normed)
     }
 }

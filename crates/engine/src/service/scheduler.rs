@@ -1,0 +1,438 @@
+//! The step loop's brain: each step builds one batch under a token budget from running
+//! decodes, running prompt chunks and newly admitted requests; runs it; samples; streams;
+//! retires finished requests. Memory comes from the `BlockManager`; when a running decode
+//! needs a block and none is free, the newest, lowest-priority request is preempted (its
+//! blocks released, recomputed later), so no request fails for memory another will free.
+
+use super::blocks::BlockManager;
+use super::seq::Seq;
+use super::types::{EngineMetrics, Pooling, RequestId, ServiceError, ServiceOptions, StreamEvent};
+use crate::generate::FinishReason;
+use quarrel_core::{ForwardBatch, SeqBatch};
+use quarrel_tokenizer::Tokenizer;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Generated tokens re-fed after a preemption go in pieces below the attention kernels'
+/// batch threshold (64), so they are computed exactly like the decode steps that made them.
+const REFEED_CHUNK: usize = 32;
+
+/// What the scheduler needs from a model: a batched forward over the paged cache.
+pub trait StepModel {
+    fn n_vocab(&self) -> usize;
+    /// Logits `(batch.logits_rows.len(), n_vocab)`.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+    /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
+    fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+}
+
+pub struct Scheduler<M: StepModel> {
+    pub model: M,
+    tok: Arc<Tokenizer>,
+    blocks: BlockManager,
+    opts: ServiceOptions,
+    n_ctx: usize,
+    waiting: Vec<Seq>,
+    running: Vec<Seq>,
+    /// Requests accepted but not yet admitted (shared with the handle for back-pressure).
+    queued: Arc<AtomicUsize>,
+    pub metrics: EngineMetrics,
+}
+
+impl<M: StepModel> Scheduler<M> {
+    pub fn new(
+        model: M,
+        tok: Arc<Tokenizer>,
+        n_blocks: usize,
+        block_size: usize,
+        n_ctx: usize,
+        opts: ServiceOptions,
+        queued: Arc<AtomicUsize>,
+    ) -> Scheduler<M> {
+        let blocks = BlockManager::new(n_blocks, block_size, opts.prefix_cache);
+        debug_assert!(opts.prompt_chunk > 0 && opts.max_batch_tokens > 0, "ServiceOptions::resolved first");
+        let mut s = Scheduler { model, tok, blocks, opts, n_ctx, waiting: vec![], running: vec![], queued, metrics: EngineMetrics::default() };
+        s.refresh_metrics(0);
+        s
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub(crate) fn add(&mut self, seq: Seq) {
+        self.waiting.push(seq);
+        self.metrics.queue_depth = self.waiting.len();
+    }
+
+    /// Cancel a request wherever it is; its pages are freed now.
+    pub fn abort(&mut self, id: RequestId) {
+        let found = if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            Some(self.waiting.remove(i))
+        } else {
+            self.running.iter().position(|s| s.id == id).map(|i| self.running.remove(i))
+        };
+        if let Some(mut s) = found {
+            self.retire(&mut s, FinishReason::Cancelled);
+        }
+        self.refresh_metrics(self.metrics.last_batch_tokens);
+    }
+
+    /// Fail every request (shutdown).
+    pub fn fail_all(&mut self, err: ServiceError) {
+        for mut s in self.waiting.drain(..).chain(self.running.drain(..)).collect::<Vec<_>>() {
+            self.release(&mut s);
+            s.send(StreamEvent::Error(err.clone()));
+        }
+        self.refresh_metrics(0);
+    }
+
+    fn release(&mut self, s: &mut Seq) {
+        self.blocks.release(&mut s.table);
+        if !s.admitted {
+            s.admitted = true;
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn retire(&mut self, s: &mut Seq, reason: FinishReason) {
+        self.release(s);
+        self.metrics.requests_finished_total += 1;
+        s.send(StreamEvent::Done { finish_reason: reason, usage: s.usage(), timings: s.timings() });
+    }
+
+    /// Drop requests whose client went away or whose time is up.
+    fn reap(&mut self, now: Instant) {
+        for from_running in [false, true] {
+            let list = if from_running { &mut self.running } else { &mut self.waiting };
+            let mut gone = vec![];
+            let mut i = 0;
+            while i < list.len() {
+                let s = &list[i];
+                if s.tx.is_closed() || s.deadline.is_some_and(|d| now >= d) {
+                    gone.push(list.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            for mut s in gone {
+                self.release(&mut s);
+                self.metrics.requests_finished_total += 1;
+                if !s.tx.is_closed() {
+                    s.send(StreamEvent::Error(ServiceError::Timeout));
+                }
+            }
+        }
+    }
+
+    /// Tokens `s` should run this step: the rest of its current prompt chunk (chunks aligned
+    /// to multiples of `prompt_chunk`, as when running alone), re-fed generated tokens in
+    /// pieces small enough to take the decode path, or its one decode token. A chunk larger
+    /// than the budget waits, unless the step is still empty (`full`): then it is cut.
+    fn chunk_len(&self, s: &Seq, budget: usize, full: bool) -> Option<usize> {
+        let pc = self.opts.prompt_chunk;
+        let want = if s.n_computed < s.prompt_len {
+            ((s.n_computed / pc + 1) * pc).min(s.prompt_len) - s.n_computed
+        } else {
+            s.remaining().min(REFEED_CHUNK)
+        };
+        match want {
+            0 => None,
+            w if w <= budget => Some(w),
+            _ if full => Some(budget),
+            _ => None,
+        }
+    }
+
+    fn preempt(&mut self, idx: usize) {
+        let s = &mut self.running[idx];
+        self.blocks.release(&mut s.table);
+        s.reset_kv();
+        self.metrics.preemptions_total += 1;
+    }
+
+    /// One schedule -> execute -> update round. Returns the tokens processed.
+    pub fn step(&mut self) -> usize {
+        self.reap(Instant::now());
+        let bs = self.blocks.block_size();
+        let mut budget = self.opts.max_batch_tokens;
+        for s in &mut self.running {
+            s.sched = 0;
+        }
+        // 1. running requests: decodes first, then prompt chunks; older and interactive first
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| {
+            let s = &self.running[i];
+            (s.remaining() > 1, s.priority, s.order)
+        });
+        let mut victims = order.clone();
+        victims.sort_by_key(|&i| {
+            let s = &self.running[i];
+            (std::cmp::Reverse(s.priority), std::cmp::Reverse(s.order))
+        });
+        let mut preempted = vec![false; self.running.len()];
+        for &i in &order {
+            if budget == 0 {
+                break;
+            }
+            if preempted[i] {
+                continue;
+            }
+            let full = budget == self.opts.max_batch_tokens;
+            let Some(mut n) = self.chunk_len(&self.running[i], budget, full) else { continue };
+            let (have, done) = (self.running[i].table.len(), self.running[i].n_computed);
+            if self.blocks.blocks_needed(have, done + n) > self.blocks.n_available() {
+                if n == 1 {
+                    // a decode must not stall: take memory from the newest unscheduled request
+                    for &v in &victims {
+                        if self.blocks.blocks_needed(have, done + 1) <= self.blocks.n_available() {
+                            break;
+                        }
+                        if v != i && !preempted[v] && self.running[v].sched == 0 && !self.running[v].table.is_empty() {
+                            self.preempt(v);
+                            preempted[v] = true;
+                        }
+                    }
+                    if self.blocks.blocks_needed(have, done + 1) > self.blocks.n_available() {
+                        self.preempt(i);
+                        preempted[i] = true;
+                        continue;
+                    }
+                } else {
+                    // a prompt chunk waits for memory, or shrinks to what fits when alone
+                    let fit = ((have + self.blocks.n_available()) * bs).saturating_sub(done);
+                    if !full || fit == 0 {
+                        continue;
+                    }
+                    n = n.min(fit);
+                }
+            }
+            let s = &mut self.running[i];
+            let ok = self.blocks.reserve(&mut s.table, s.n_computed + n);
+            debug_assert!(ok);
+            s.sched = n;
+            budget -= n;
+        }
+        // preempted requests go back to the queue, keeping their place by arrival
+        let mut i = 0;
+        while i < self.running.len() {
+            if preempted[i] {
+                preempted.remove(i);
+                let s = self.running.remove(i);
+                self.waiting.push(s);
+            } else {
+                i += 1;
+            }
+        }
+        // 2. admissions, in (priority, arrival) order, while memory and budget allow
+        self.waiting.sort_by_key(|s| (s.priority, s.order));
+        while budget > 0 && self.running.len() < self.opts.max_running && !self.waiting.is_empty() {
+            let mut s = self.waiting.remove(0);
+            if s.n_computed == 0 && s.table.is_empty() {
+                let chain = s.cacheable_chain(bs);
+                let hits = self.blocks.lookup(&chain);
+                s.hashes = chain[..hits.len()].iter().map(|c| c.0).collect();
+                s.n_computed = hits.len() * bs;
+                if !s.admitted {
+                    s.cached_tokens = s.n_computed;
+                    self.metrics.prefix_hit_tokens_total += s.n_computed as u64;
+                }
+                s.table = hits;
+            }
+            let full = budget == self.opts.max_batch_tokens;
+            let mut n = self.chunk_len(&s, budget, full).unwrap_or(0);
+            let avail = self.blocks.n_available();
+            if n > 0 && self.blocks.blocks_needed(s.table.len(), s.n_computed + n) > avail {
+                let fit = ((s.table.len() + avail) * bs).saturating_sub(s.n_computed);
+                // a partial chunk only when nothing else runs (otherwise wait for memory)
+                n = if self.running.is_empty() { n.min(fit) } else { 0 };
+            }
+            if n == 0 {
+                self.blocks.release(&mut s.table);
+                s.reset_kv();
+                self.waiting.insert(0, s);
+                break;
+            }
+            let ok = self.blocks.reserve(&mut s.table, s.n_computed + n);
+            debug_assert!(ok);
+            if !s.admitted {
+                s.admitted = true;
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+            s.first_scheduled.get_or_insert_with(Instant::now);
+            s.sched = n;
+            budget -= n;
+            self.running.push(s);
+        }
+        // 3. execute
+        let n_tokens = self.opts.max_batch_tokens - budget;
+        if n_tokens > 0 {
+            self.execute();
+        } else if self.running.len() > 1 {
+            // prompt chunks of several requests hold all memory and none can grow: free the newest
+            let newest = (0..self.running.len()).max_by_key(|&i| (self.running[i].priority, self.running[i].order));
+            if let Some(v) = newest {
+                self.preempt(v);
+                let s = self.running.remove(v);
+                self.waiting.push(s);
+            }
+        }
+        self.metrics.steps_total += u64::from(n_tokens > 0);
+        self.refresh_metrics(n_tokens);
+        n_tokens
+    }
+
+    fn execute(&mut self) {
+        let mut batch = ForwardBatch::default();
+        let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
+        for (i, s) in self.running.iter().enumerate() {
+            if s.sched == 0 {
+                continue;
+            }
+            let start = batch.tokens.len();
+            batch.tokens.extend_from_slice(&s.tokens[s.n_computed..s.n_computed + s.sched]);
+            batch.positions.extend((s.n_computed..s.n_computed + s.sched).map(|p| p as u32));
+            batch.seqs.push(SeqBatch { start, len: s.sched, block_table: s.table.clone() });
+            if s.n_computed + s.sched == s.tokens.len() {
+                row_of[i] = Some(batch.logits_rows.len());
+                batch.logits_rows.push(start + s.sched - 1);
+            }
+        }
+        let n_vocab = self.model.n_vocab();
+        let logits = match self.model.forward(&batch) {
+            Ok(l) => l,
+            Err(e) => {
+                // fail the requests of this batch; the others keep going
+                let mut i = 0;
+                while i < self.running.len() {
+                    if self.running[i].sched > 0 {
+                        let mut s = self.running.remove(i);
+                        self.release(&mut s);
+                        s.send(StreamEvent::Error(ServiceError::Inference(e.clone())));
+                    } else {
+                        i += 1;
+                    }
+                }
+                return;
+            }
+        };
+        let bs = self.blocks.block_size();
+        let mut finished = vec![];
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if s.sched == 0 {
+                continue;
+            }
+            s.n_computed += s.sched;
+            if s.n_computed <= s.prompt_len {
+                self.metrics.prompt_tokens_total += s.sched as u64;
+            }
+            // newly completed full blocks join the prefix cache
+            while s.hashes.len() < s.n_computed / bs {
+                let b = s.hashes.len();
+                let parent = s.hashes.last().copied().unwrap_or(0);
+                let toks = &s.tokens[b * bs..(b + 1) * bs];
+                let h = super::blocks::block_hash(parent, toks);
+                self.blocks.register(s.table[b], parent, h, toks);
+                s.hashes.push(h);
+            }
+            if let Some(r) = row_of[i] {
+                let row = &logits[r * n_vocab..(r + 1) * n_vocab];
+                let before = s.generated;
+                let fin = s.accept(row, &self.tok, self.n_ctx);
+                self.metrics.generated_tokens_total += (s.generated - before) as u64;
+                if let Some(reason) = fin {
+                    finished.push((s.id, reason));
+                }
+            }
+        }
+        for (id, reason) in finished {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let mut s = self.running.remove(i);
+                self.retire(&mut s, reason);
+            }
+        }
+    }
+
+    /// Embed token sequences (run between steps; each uses temporary blocks).
+    pub fn embed(&mut self, inputs: &[Vec<u32>], pooling: Pooling, normalize: bool) -> Result<Vec<Vec<f32>>, ServiceError> {
+        let mut out = Vec::with_capacity(inputs.len());
+        for toks in inputs {
+            if toks.is_empty() {
+                return Err(ServiceError::InvalidRequest("empty input".into()));
+            }
+            if toks.len() > self.n_ctx {
+                return Err(ServiceError::PromptTooLong { prompt: toks.len(), ctx: self.n_ctx });
+            }
+            let mut table = vec![];
+            if !self.blocks.reserve(&mut table, toks.len()) {
+                return Err(ServiceError::Overloaded { queued: self.waiting.len() });
+            }
+            let r = self.embed_one(toks, &table, pooling);
+            self.blocks.release(&mut table);
+            let mut v = r?;
+            if normalize {
+                let norm = v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt();
+                if norm > 0.0 {
+                    v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+                }
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+
+    fn embed_one(&mut self, toks: &[u32], table: &[u32], pooling: Pooling) -> Result<Vec<f32>, ServiceError> {
+        let chunk = self.opts.prompt_chunk.max(1);
+        let mut sum: Vec<f64> = vec![];
+        let mut last: Vec<f32> = vec![];
+        for (ci, c) in toks.chunks(chunk).enumerate() {
+            let p0 = ci * chunk;
+            let want: Vec<usize> = match pooling {
+                Pooling::Mean => (0..c.len()).collect(),
+                Pooling::Cls if ci == 0 => vec![0],
+                Pooling::Last if p0 + c.len() == toks.len() => vec![c.len() - 1],
+                _ => vec![],
+            };
+            let batch = ForwardBatch {
+                tokens: c.to_vec(),
+                positions: (p0..p0 + c.len()).map(|p| p as u32).collect(),
+                seqs: vec![SeqBatch { start: 0, len: c.len(), block_table: table.to_vec() }],
+                logits_rows: want.clone(),
+            };
+            let h = self.model.hidden(&batch).map_err(ServiceError::Inference)?;
+            if want.is_empty() {
+                continue;
+            }
+            let d = h.len() / want.len();
+            if sum.is_empty() {
+                sum = vec![0.0; d];
+            }
+            for row in h.chunks(d) {
+                sum.iter_mut().zip(row).for_each(|(a, &b)| *a += b as f64);
+                last = row.to_vec();
+            }
+        }
+        Ok(match pooling {
+            Pooling::Mean => sum.iter().map(|&s| (s / toks.len() as f64) as f32).collect(),
+            Pooling::Cls | Pooling::Last => last,
+        })
+    }
+
+    fn refresh_metrics(&mut self, batch_tokens: usize) {
+        let m = &mut self.metrics;
+        m.queue_depth = self.waiting.len();
+        m.running = self.running.len();
+        m.last_batch_tokens = batch_tokens;
+        m.kv_blocks_total = self.blocks.n_blocks();
+        m.kv_blocks_used = self.blocks.n_used();
+        m.kv_blocks_free = self.blocks.n_available();
+        m.kv_blocks_cached = self.blocks.n_cached();
+        m.kv_block_size = self.blocks.block_size();
+    }
+
+    /// Drop cached prefixes (e.g. after the model's KV was reused for something else).
+    pub fn clear_prefix_cache(&mut self) {
+        self.blocks.clear_cache();
+    }
+}

@@ -1,0 +1,298 @@
+//! Property tests of the scheduler against a fake model whose logits depend on exactly the
+//! tokens stored in the KV slots its block table points at: wrong tables, wrong prefix
+//! sharing or a lost recompute after preemption all change its outputs.
+
+use super::scheduler::{Scheduler, StepModel};
+use super::seq::Seq;
+use super::types::*;
+use crate::generate::{FinishReason, GenerateParams};
+use crate::sampler::SamplingParams;
+use proptest::prelude::*;
+use quarrel_core::ForwardBatch;
+use quarrel_tokenizer::Tokenizer;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+const BS: usize = 4;
+const N_VOCAB: usize = 96;
+
+struct FakeModel {
+    slots: Vec<Option<u32>>,
+    max_batch: usize,
+    /// Largest batch seen (the budget check).
+    pub peak_batch: usize,
+    eog: u32,
+}
+
+impl StepModel for FakeModel {
+    fn n_vocab(&self) -> usize {
+        N_VOCAB
+    }
+
+    fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, String> {
+        assert!(b.n_tokens() <= self.max_batch, "batch of {} over the budget {}", b.n_tokens(), self.max_batch);
+        self.peak_batch = self.peak_batch.max(b.n_tokens());
+        let slot = |table: &[u32], p: usize| table[p / BS] as usize * BS + p % BS;
+        for s in &b.seqs {
+            for t in s.start..s.start + s.len {
+                self.slots[slot(&s.block_table, b.positions[t] as usize)] = Some(b.tokens[t]);
+            }
+        }
+        let mut out = vec![];
+        for &r in &b.logits_rows {
+            let s = b.seqs.iter().find(|s| (s.start..s.start + s.len).contains(&r)).unwrap();
+            let mut h: u64 = 1469598103934665603;
+            for p in 0..=b.positions[r] as usize {
+                let t = self.slots[slot(&s.block_table, p)].expect("reading a KV slot never written");
+                h = (h ^ t as u64).wrapping_mul(1099511628211);
+            }
+            let mut logits = vec![0f32; N_VOCAB];
+            // mostly ordinary tokens, sometimes end-of-generation
+            let top = if h % 23 == 0 { self.eog as usize } else { (h % 90) as usize + 3 };
+            logits[top] = 5.0;
+            logits[(h >> 20) as usize % N_VOCAB] += 2.0;
+            out.extend(logits);
+        }
+        Ok(out)
+    }
+
+    fn hidden(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, String> {
+        Ok(b.logits_rows.iter().flat_map(|&r| vec![b.tokens[r] as f32, 1.0]).collect())
+    }
+}
+
+fn tokenizer() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::F32).seed(1);
+        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        let g = quarrel_gguf::Gguf::open(&path).unwrap();
+        Arc::new(Tokenizer::from_gguf(&g).unwrap())
+    })
+    .clone()
+}
+
+fn sched(n_blocks: usize, n_ctx: usize, opts: ServiceOptions) -> Scheduler<FakeModel> {
+    let opts = opts.resolved(5);
+    let tok = tokenizer();
+    let eog = tok.eog_ids()[0];
+    let model = FakeModel { slots: vec![None; n_blocks * BS], max_batch: opts.max_batch_tokens, peak_batch: 0, eog };
+    Scheduler::new(model, tok, n_blocks, BS, n_ctx, opts, Arc::new(AtomicUsize::new(0)))
+}
+
+#[derive(Clone, Debug)]
+struct Req {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    seed: Option<u64>,
+    arrive: usize,
+    cancel_after: Option<usize>,
+    batch: bool,
+}
+
+fn params(r: &Req) -> GenerateParams {
+    let sampling = match r.seed {
+        None => SamplingParams::greedy(),
+        Some(seed) => SamplingParams { temperature: 1.0, seed, ..Default::default() },
+    };
+    GenerateParams { sampling, max_tokens: r.max_tokens, ..Default::default() }
+}
+
+fn seq(id: u64, r: &Req) -> (Seq, UnboundedReceiver<StreamEvent>) {
+    let (tx, rx) = unbounded_channel();
+    let prio = if r.batch { Priority::Batch } else { Priority::Interactive };
+    let s = Seq::new(id, id, r.prompt.clone(), params(r), prio, None, None, tokenizer().detokenizer(), tx);
+    (s, rx)
+}
+
+/// Tokens and finish reason from draining a request's events.
+fn collect(rx: &mut UnboundedReceiver<StreamEvent>) -> (Vec<u32>, Option<FinishReason>) {
+    let (mut toks, mut fin) = (vec![], None);
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            StreamEvent::Token { id: Some(t), .. } => toks.push(t),
+            StreamEvent::Done { finish_reason, .. } => fin = Some(finish_reason),
+            StreamEvent::Error(e) => panic!("unexpected error {e}"),
+            _ => {}
+        }
+    }
+    (toks, fin)
+}
+
+fn solo(r: &Req, n_ctx: usize) -> Vec<u32> {
+    let mut s = sched(n_ctx.div_ceil(BS), n_ctx, ServiceOptions { max_batch_tokens: 7, prompt_chunk: 5, ..Default::default() });
+    let (q, mut rx) = seq(1, r);
+    s.add(q);
+    while !s.is_idle() {
+        s.step();
+    }
+    collect(&mut rx).0
+}
+
+fn arb_req() -> impl Strategy<Value = Req> {
+    (
+        1usize..30,
+        0u32..3,
+        1usize..20,
+        proptest::option::weighted(0.3, any::<u64>()),
+        0usize..25,
+        proptest::option::weighted(0.2, 0usize..15),
+        any::<bool>(),
+    )
+        .prop_map(|(len, prefix_kind, max_tokens, seed, arrive, cancel_after, batch)| {
+            // a few shared prefixes so that the prefix cache gets hits
+            let prompt = (0..len as u32).map(|i| if i < 9 { i + prefix_kind * 10 + 3 } else { (i * 7 + len as u32) % 90 + 3 }).collect();
+            Req { prompt, max_tokens, seed, arrive, cancel_after, batch }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn traces_keep_budget_never_leak_and_match_solo_runs(
+        reqs in proptest::collection::vec(arb_req(), 1..12),
+        n_blocks in 13usize..40,
+        max_batch_tokens in 1usize..24,
+        prompt_chunk in 1usize..9,
+        max_running in 1usize..8,
+        prefix_cache in any::<bool>(),
+    ) {
+        let n_ctx = 52;
+        let opts = ServiceOptions { max_batch_tokens, prompt_chunk, max_running, prefix_cache, ..Default::default() };
+        let mut s = sched(n_blocks, n_ctx, opts);
+        let mut rxs: Vec<Option<UnboundedReceiver<StreamEvent>>> = (0..reqs.len()).map(|_| None).collect();
+        let mut results: Vec<Option<(Vec<u32>, Option<FinishReason>)>> = vec![None; reqs.len()];
+        let mut got: Vec<Vec<u32>> = vec![vec![]; reqs.len()];
+        let mut step = 0;
+        loop {
+            for (i, r) in reqs.iter().enumerate() {
+                if r.arrive == step {
+                    let (q, rx) = seq(i as u64 + 1, r);
+                    s.add(q);
+                    rxs[i] = Some(rx);
+                }
+            }
+            // drain events; cancel by dropping the receiver
+            for (i, r) in reqs.iter().enumerate() {
+                if let Some(rx) = rxs[i].as_mut() {
+                    let (t, fin) = collect(rx);
+                    got[i].extend(t);
+                    if fin.is_some() {
+                        results[i] = Some((got[i].clone(), fin));
+                        rxs[i] = None;
+                    } else if r.cancel_after.is_some_and(|c| got[i].len() >= c) {
+                        rxs[i] = None;
+                        results[i] = Some((got[i].clone(), Some(FinishReason::Cancelled)));
+                    }
+                }
+            }
+            let arrivals_left = reqs.iter().any(|r| r.arrive > step);
+            if s.is_idle() && !arrivals_left {
+                break;
+            }
+            let n = s.step();
+            prop_assert!(n <= max_batch_tokens);
+            step += 1;
+            prop_assert!(step < 10_000, "no progress");
+        }
+        // pool whole again: every block free (cached blocks count as free)
+        prop_assert_eq!(s.metrics.kv_blocks_free, n_blocks);
+        prop_assert_eq!(s.metrics.kv_blocks_used, 0);
+        prop_assert!(s.model.peak_batch <= max_batch_tokens);
+        for (i, r) in reqs.iter().enumerate() {
+            let (toks, fin) = results[i].clone().expect("every request finished");
+            let alone = solo(r, n_ctx);
+            if fin == Some(FinishReason::Cancelled) {
+                prop_assert_eq!(&toks[..], &alone[..toks.len()], "request {} (cancelled) diverged", i);
+            } else {
+                prop_assert_eq!(&toks, &alone, "request {} diverged from its solo run", i);
+            }
+        }
+    }
+}
+
+#[test]
+fn interactive_requests_go_first() {
+    let mut s = sched(64, 52, ServiceOptions { max_batch_tokens: 64, max_running: 1, ..Default::default() });
+    let batch = Req { prompt: vec![5, 6, 7], max_tokens: 3, seed: None, arrive: 0, cancel_after: None, batch: true };
+    let inter = Req { batch: false, ..batch.clone() };
+    let (a, mut ra) = seq(1, &batch);
+    let (b, mut rb) = seq(2, &inter);
+    s.add(a);
+    s.add(b);
+    s.step();
+    assert!(!collect(&mut rb).0.is_empty(), "the interactive request ran first");
+    assert!(collect(&mut ra).0.is_empty());
+}
+
+#[test]
+fn prefix_cache_skips_shared_blocks() {
+    let mut s = sched(64, 200, ServiceOptions { max_batch_tokens: 256, ..Default::default() });
+    let prompt: Vec<u32> = (0..101).map(|i| i % 90 + 3).collect();
+    let r = Req { prompt, max_tokens: 2, seed: None, arrive: 0, cancel_after: None, batch: false };
+    let (a, _ra) = seq(1, &r);
+    s.add(a);
+    while !s.is_idle() {
+        s.step();
+    }
+    let computed_before = s.metrics.prompt_tokens_total;
+    let (b, _rb) = seq(2, &r);
+    s.add(b);
+    while !s.is_idle() {
+        s.step();
+    }
+    // 100 of 101 prompt tokens are in full blocks before the last token: 25 blocks of 4
+    assert_eq!(s.metrics.prefix_hit_tokens_total, 100);
+    assert_eq!(s.metrics.prompt_tokens_total - computed_before, 1);
+}
+
+#[test]
+fn embeddings_pool_and_normalize() {
+    let mut s = sched(16, 52, ServiceOptions { max_batch_tokens: 3, ..Default::default() });
+    let v = s.embed(&[vec![3, 5, 7, 9]], Pooling::Mean, false).unwrap();
+    assert_eq!(v[0], vec![6.0, 1.0]);
+    let v = s.embed(&[vec![3, 5, 7, 9]], Pooling::Last, true).unwrap();
+    let n = (81f32 + 1.0).sqrt();
+    assert!((v[0][0] - 9.0 / n).abs() < 1e-6 && (v[0][1] - 1.0 / n).abs() < 1e-6, "{:?}", v[0]);
+    assert_eq!(s.embed(&[vec![3, 5]], Pooling::Cls, false).unwrap()[0], vec![3.0, 1.0]);
+    assert_eq!(s.metrics.kv_blocks_used, 0);
+}
+
+#[test]
+fn memory_pressure_preempts_and_still_matches_solo_runs() {
+    let n_ctx = 52;
+    let mut s = sched(14, n_ctx, ServiceOptions { max_batch_tokens: 16, max_running: 8, ..Default::default() });
+    let reqs: Vec<Req> = (0..8)
+        .map(|i| Req {
+            prompt: (0..(10 + i * 3) as u32).map(|t| (t * 5 + i as u32) % 90 + 3).collect(),
+            max_tokens: 19,
+            seed: (i % 2 == 0).then_some(i as u64),
+            arrive: 0,
+            cancel_after: None,
+            batch: i % 3 == 0,
+        })
+        .collect();
+    let mut rxs = vec![];
+    for (i, r) in reqs.iter().enumerate() {
+        let (q, rx) = seq(i as u64 + 1, r);
+        s.add(q);
+        rxs.push(rx);
+    }
+    let mut got = vec![vec![]; reqs.len()];
+    while !s.is_idle() {
+        s.step();
+        for (i, rx) in rxs.iter_mut().enumerate() {
+            got[i].extend(collect(rx).0);
+        }
+    }
+    assert!(s.metrics.preemptions_total > 0, "the trace was meant to run out of blocks");
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(got[i], solo(r, n_ctx), "request {i}");
+    }
+    assert_eq!(s.metrics.kv_blocks_free, 14);
+}

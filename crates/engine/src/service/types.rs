@@ -1,0 +1,214 @@
+//! The service's public vocabulary: requests, streamed events, errors, options, metrics.
+
+use crate::generate::{FinishReason, GenerateParams};
+use quarrel_tokenizer::ChatMessage;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub type RequestId = u64;
+
+/// What to complete.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Tokenized with the model's BOS rule; special tokens in the text are parsed.
+    Text(String),
+    Tokens(Vec<u32>),
+    /// Rendered with the model's chat template (ChatML when it has none) plus the
+    /// generation prompt.
+    Chat(Vec<ChatMessage>),
+}
+
+/// Interactive requests are scheduled before batch requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    #[default]
+    Interactive,
+    Batch,
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub params: GenerateParams,
+    pub priority: Priority,
+    /// `Some(n)`: report the chosen token's log-probability and the `n` most likely tokens.
+    pub logprobs: Option<usize>,
+    /// Wall-clock limit from submission; `None` = the service default.
+    pub timeout: Option<Duration>,
+}
+
+impl Request {
+    pub fn new(prompt: Prompt, params: GenerateParams) -> Request {
+        Request { prompt, params, priority: Priority::Interactive, logprobs: None, timeout: None }
+    }
+}
+
+/// Log-probabilities (natural log, of the model's distribution before sampling filters).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub text: String,
+    pub logprob: f32,
+    /// The most likely tokens, most likely first: (id, text, logprob).
+    pub top: Vec<(u32, String, f32)>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct RequestTimings {
+    /// Submission to first scheduled step.
+    pub queued: Duration,
+    /// Submission to first generated token.
+    pub ttft: Duration,
+    /// First scheduled step to first token (prompt processing).
+    pub prompt: Duration,
+    /// First token to last token.
+    pub gen: Duration,
+}
+
+impl RequestTimings {
+    /// Decode speed over the tokens after the first.
+    pub fn gen_tokens_per_sec(&self, n_generated: usize) -> f64 {
+        let s = self.gen.as_secs_f64();
+        if n_generated < 2 || s <= 0.0 {
+            return 0.0;
+        }
+        (n_generated - 1) as f64 / s
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum StreamEvent {
+    /// One sampled token and the text it completes (may be empty while a multi-byte character
+    /// or a possible stop string is held back). `id: None` flushes held-back text at the end.
+    Token { id: Option<u32>, text: String, logprob: Option<TokenLogprob> },
+    Done { finish_reason: FinishReason, usage: Usage, timings: RequestTimings },
+    Error(ServiceError),
+}
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ServiceError {
+    #[error("server overloaded: {queued} requests waiting")]
+    Overloaded { queued: usize },
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("prompt of {prompt} tokens does not fit the context of {ctx} tokens")]
+    PromptTooLong { prompt: usize, ctx: usize },
+    #[error("request timed out")]
+    Timeout,
+    #[error("inference failed: {0}")]
+    Inference(String),
+    #[error("the engine is shut down")]
+    ShutDown,
+}
+
+/// How hidden states become one embedding vector.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    #[default]
+    Mean,
+    Last,
+    Cls,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServiceOptions {
+    /// Most tokens in one step (decodes + prompt chunks); 0 = `prompt_chunk + max_running`.
+    pub max_batch_tokens: usize,
+    /// Prompts are processed in chunks aligned to multiples of this (0 = the engine's
+    /// `n_batch`), exactly as a request running alone would be, so that results do not
+    /// depend on what else is in the batch.
+    pub prompt_chunk: usize,
+    /// Most sequences running at once.
+    pub max_running: usize,
+    /// Most requests waiting; beyond it `submit` answers `Overloaded`.
+    pub max_queue: usize,
+    pub prefix_cache: bool,
+    pub default_timeout: Option<Duration>,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        ServiceOptions {
+            max_batch_tokens: 0,
+            prompt_chunk: 0,
+            max_running: 64,
+            max_queue: 256,
+            prefix_cache: true,
+            default_timeout: Some(Duration::from_secs(300)),
+        }
+    }
+}
+
+impl ServiceOptions {
+    pub fn validate(&self) -> Result<(), ServiceError> {
+        if self.max_running == 0 {
+            return Err(ServiceError::InvalidRequest("max_running must be positive".into()));
+        }
+        Ok(())
+    }
+
+    /// Fill in the automatic values given the engine's batch size.
+    pub fn resolved(mut self, n_batch: usize) -> ServiceOptions {
+        if self.prompt_chunk == 0 {
+            self.prompt_chunk = n_batch.max(1);
+        }
+        if self.max_batch_tokens == 0 {
+            self.max_batch_tokens = self.prompt_chunk + self.max_running;
+        }
+        self
+    }
+}
+
+/// What a client may want to know about the loaded model.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelSummary {
+    pub name: String,
+    pub path: Option<PathBuf>,
+    pub arch: String,
+    pub n_ctx: usize,
+    pub n_ctx_train: usize,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub n_params: u64,
+    /// `general.file_type` as llama.cpp names it ("Q4_1", "Q4_K_M", ...).
+    pub file_type: String,
+    pub size_bytes: u64,
+    pub chat_template: Option<String>,
+    pub pooling: Pooling,
+    /// KV cache element type ("f16", "q8_0", ...).
+    pub kv_type: String,
+    pub backend: String,
+}
+
+/// A snapshot of the step loop's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EngineMetrics {
+    pub queue_depth: usize,
+    pub running: usize,
+    pub last_batch_tokens: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_free: usize,
+    /// Unreferenced blocks kept for prefix reuse (counted in `free` too: they are evictable).
+    pub kv_blocks_cached: usize,
+    pub kv_block_size: usize,
+    pub prefix_hit_tokens_total: u64,
+    pub preemptions_total: u64,
+    pub steps_total: u64,
+    pub prompt_tokens_total: u64,
+    pub generated_tokens_total: u64,
+    pub requests_finished_total: u64,
+}
