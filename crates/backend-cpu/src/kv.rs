@@ -2,6 +2,7 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use crate::simd::attn::KvRows;
 use quarrel_core::{CoreError, ForwardBatch, KvSpec, KvType, Result};
 
 pub(crate) enum Store {
@@ -24,12 +25,11 @@ impl Store {
         }
     }
 
-    /// Read `dst.len()` values at `at` as f32.
-    #[inline]
-    pub(crate) fn read(&self, at: usize, dst: &mut [f32]) {
+    /// The stored values.
+    pub(crate) fn rows(&self) -> KvRows<'_> {
         match self {
-            Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
-            Store::F16(v) => v[at..at + dst.len()].convert_to_f32_slice(dst),
+            Store::F32(v) => KvRows::F32(v),
+            Store::F16(v) => KvRows::F16(v),
         }
     }
 }

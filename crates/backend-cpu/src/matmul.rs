@@ -36,13 +36,14 @@ impl SyncPtr {
     }
 }
 
-/// Quantize `n_tok` rows of `x` to `ty` (in parallel for many rows), bit-compatible with
-/// ggml's x86 activation quantizers (`actquant`), using the SIMD twin where there is one.
-pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f32], n_in: usize, n_tok: usize) -> Result<Vec<u8>> {
+/// Quantize `n_tok` rows of `x` to `ty` into `out` (`ty.row_bytes(n_in) * n_tok` bytes; in
+/// parallel for many rows), bit-compatible with ggml's x86 activation quantizers (`actquant`),
+/// using the SIMD twin where there is one.
+pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f32], n_in: usize, n_tok: usize, out: &mut [u8]) -> Result<()> {
     let rb = ty
         .row_bytes(n_in)
         .ok_or_else(|| quarrel_core::CoreError::Shape(format!("row of {n_in} is not a multiple of the {} block", ty.name())))?;
-    let mut out = vec![0u8; rb * n_tok];
+    let out = &mut out[..rb * n_tok];
     let fast = simd::quantize_row_fn_ggml_x86(ty);
     let one = |xr: &[f32], or: &mut [u8]| -> Result<()> {
         match fast {
@@ -55,7 +56,7 @@ pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f
     };
     if n_tok >= 8 {
         let err = std::sync::Mutex::new(None);
-        be.par_chunks_mut(&mut out, rb, &|t, or| {
+        be.par_chunks_mut(out, rb, &|t, or| {
             if let Err(e) = one(&x[t * n_in..(t + 1) * n_in], or) {
                 *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
             }
@@ -66,16 +67,25 @@ pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f
     } else {
         x.chunks(n_in).zip(out.chunks_mut(rb)).try_for_each(|(xr, or)| one(xr, or))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<()> {
     let act_ty = w.ty.vec_dot_type();
-    let xq = quantize_rows(be, act_ty, x, w.n_in, n_tok)?;
     let arb = act_ty.row_bytes(w.n_in).unwrap_or(0);
+    // the quantized activations live in this thread's scratch (no allocation per call)
+    with_scratch(Scratch::Quant, arb * n_tok, |xq| -> Result<()> {
+        quantize_rows(be, act_ty, x, w.n_in, n_tok, xq)?;
+        matmul_quantized(be, w, &xq[..arb * n_tok], arb, n_tok, out);
+        Ok(())
+    })
+}
+
+/// `out = x W^T` from the quantized activations `xq` (`arb` bytes per token).
+fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
     if let Some(g) = simd::gemm_fn(w.ty).filter(|g| n_tok >= g.min_tokens()) {
-        gemm(be, g, w, &xq, arb, n_tok, out);
-        return Ok(());
+        gemm(be, g, w, xq, arb, n_tok, out);
+        return;
     }
     let dot: Option<DotFn> = simd::dot_fn(w.ty);
     let dot4: Option<Dot4Fn> = simd::dot4_fn(w.ty);
@@ -113,7 +123,6 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
             }
         }
     });
-    Ok(())
 }
 
 /// 64 bytes, 64-byte aligned: panel storage.
@@ -122,16 +131,17 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
 struct Line([u8; 64]);
 
 /// Which per-thread scratch buffer (the caller runs tasks too, while it holds the
-/// activation panels).
+/// quantized activations and the activation panels).
 #[derive(Clone, Copy)]
 enum Scratch {
+    Quant,
     Act,
     Weights,
 }
 
 thread_local! {
     /// This thread's panel storage, kept between calls (grown as needed).
-    static SCRATCH: [RefCell<Vec<Line>>; 2] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
+    static SCRATCH: [RefCell<Vec<Line>>; 3] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
 }
 
 /// `f` on at least `n` bytes of 64-byte aligned scratch of this thread (contents left from
@@ -240,7 +250,8 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
                 // the task's outputs of one token group, token-major, copied out row by row
                 let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
                 let width = (p1 - p0) * GEMM_ROWS;
-                let mut stage = vec![0f32; GEMM_TOKENS * width];
+                // width <= MAX_PANELS_PER_TASK * GEMM_ROWS (ppt is clamped to it)
+                let mut stage = [0f32; GEMM_TOKENS * MAX_PANELS_PER_TASK * GEMM_ROWS];
                 for gi in g0..g1 {
                     let t0 = gi * GEMM_TOKENS;
                     let nt = GEMM_TOKENS.min(n_tok - t0);

@@ -53,8 +53,11 @@ fn rope_cache(pos: u32, p: &RopeParams, cache: &mut [(f32, f32)]) {
     }
 }
 
+/// Most rotated dimensions per head (the angle cache lives on the stack).
+const MAX_ROT: usize = 1024;
+
 pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: usize, hd: usize, p: &RopeParams) -> Result<()> {
-    if p.n_rot > hd || p.n_rot % 2 != 0 {
+    if p.n_rot > hd || p.n_rot % 2 != 0 || p.n_rot > MAX_ROT {
         return Err(CoreError::Shape(format!("rope: n_rot {} vs head_dim {hd}", p.n_rot)));
     }
     if let Some(f) = &p.freq_factors {
@@ -64,8 +67,9 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
     }
     let row = n_head * hd;
     let body = |(t, xr): (usize, &mut [f32])| {
-        let mut cache = vec![(0f32, 0f32); p.n_rot / 2];
-        rope_cache(positions[t], p, &mut cache);
+        let mut cache = [(0f32, 0f32); MAX_ROT / 2];
+        let cache = &mut cache[..p.n_rot / 2];
+        rope_cache(positions[t], p, cache);
         for h in xr.chunks_mut(hd) {
             match p.style {
                 RopeStyle::Normal => {

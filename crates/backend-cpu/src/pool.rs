@@ -4,15 +4,22 @@
 //! costs more than the op. Here the calling thread takes part in the work, workers spin on a
 //! generation counter for about a millisecond after each op (so back-to-back ops start at
 //! once), then sleep on a condvar (so an idle engine burns no CPU).
+//!
+//! Per op, `run` publishes the job and bumps the generation (release); workers see the new
+//! generation (acquire), take tasks from one shared counter, and count themselves out. No
+//! lock is taken unless a worker sleeps.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, SeqCst}};
 use std::sync::{Arc, Condvar, Mutex};
 
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
     generation: AtomicU64,
-    job: Mutex<Option<SendJob>>,
+    /// The current job: written by `run` only while no worker is in a generation (all
+    /// counted out of the last one), read by workers after they see the new generation.
+    job: UnsafeCell<Option<SendJob>>,
     next: AtomicUsize,
     n_tasks: AtomicUsize,
     /// Workers still busy with the current generation.
@@ -27,6 +34,9 @@ struct Shared {
 struct SendJob(Job);
 // SAFETY: the job is only dereferenced while `run` (which owns the borrow) waits for it.
 unsafe impl Send for SendJob {}
+// SAFETY: `job` is written only between generations (see its doc); everything else is atomic
+// or locked.
+unsafe impl Sync for Shared {}
 
 pub struct SpinPool {
     shared: Arc<Shared>,
@@ -43,7 +53,7 @@ impl SpinPool {
     pub fn new(n_threads: usize) -> SpinPool {
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
-            job: Mutex::new(None),
+            job: UnsafeCell::new(None),
             next: AtomicUsize::new(0),
             n_tasks: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
@@ -79,10 +89,14 @@ impl SpinPool {
         // SAFETY: the lifetime is erased only for the duration of this call: we wait below
         // until every worker has finished with this generation before `f` goes out of scope.
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(SendJob(job));
-        s.next.store(0, SeqCst);
-        s.n_tasks.store(n_tasks, SeqCst);
-        s.busy.store(self.workers.len(), SeqCst);
+        // SAFETY: every worker counted itself out of the last generation (busy == 0, acquired
+        // below), so none reads `job` until the release of the generation bump.
+        unsafe { *s.job.get() = Some(SendJob(job)) };
+        s.next.store(0, Relaxed);
+        s.n_tasks.store(n_tasks, Relaxed);
+        s.busy.store(self.workers.len(), Relaxed);
+        // SeqCst: ordered before the `sleeping` load (a worker going to sleep increments
+        // `sleeping`, then re-checks the generation under the lock)
         s.generation.fetch_add(1, SeqCst);
         if s.sleeping.load(SeqCst) > 0 {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -90,10 +104,11 @@ impl SpinPool {
         }
         drain(s, f);
         let mut spins = 0u32;
-        while s.busy.load(SeqCst) != 0 {
+        while s.busy.load(Acquire) != 0 {
             backoff(&mut spins);
         }
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // SAFETY: as above (all workers are out of this generation).
+        unsafe { *s.job.get() = None };
     }
 }
 
@@ -110,9 +125,9 @@ fn backoff(spins: &mut u32) {
 }
 
 fn drain(s: &Shared, f: &(dyn Fn(usize) + Sync)) {
-    let n = s.n_tasks.load(SeqCst);
+    let n = s.n_tasks.load(Relaxed);
     loop {
-        let i = s.next.fetch_add(1, SeqCst);
+        let i = s.next.fetch_add(1, Relaxed);
         if i >= n {
             break;
         }
@@ -126,10 +141,10 @@ fn worker(s: &Shared) {
         // wait for a new generation: spin, then sleep
         let mut spins = 0;
         loop {
-            if s.stop.load(SeqCst) {
+            if s.stop.load(Relaxed) {
                 return;
             }
-            let g = s.generation.load(SeqCst);
+            let g = s.generation.load(Acquire);
             if g != seen {
                 seen = g;
                 break;
@@ -146,12 +161,14 @@ fn worker(s: &Shared) {
             s.sleeping.fetch_sub(1, SeqCst);
             spins = 0;
         }
-        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `run` wrote `job` before the generation bump we acquired, and does not write
+        // it again until we count ourselves out below.
+        let job = unsafe { *s.job.get() };
         if let Some(SendJob(j)) = job {
             // SAFETY: `run` keeps the closure alive until `busy` reaches zero.
             drain(s, unsafe { &*j });
         }
-        s.busy.fetch_sub(1, SeqCst);
+        s.busy.fetch_sub(1, AcqRel);
     }
 }
 

@@ -25,6 +25,7 @@
 //! Results: integer block sums are exact; only the float accumulation order differs from
 //! the reference (float types: f32 FMA accumulation instead of the reference's f64).
 
+pub mod attn;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

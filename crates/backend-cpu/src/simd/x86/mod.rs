@@ -13,6 +13,7 @@
 //! | `gemm_ggml.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `ggml_order.rs`         |
 //! | `gemm_kquants.rs`  | AVX-512 GEMM tiles bit-identical to `avx512_kquants.rs`          |
 //! | `gemm_rows.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `legacy.rs` (Q5_0, Q5_1) |
+//! | `attn.rs`          | AVX2: attention runs bit-identical to `simd::attn`'s twins       |
 //!
 //! No `vpgatherdd`: with the gather-data-sampling microcode fix (Skylake .. Ice Lake /
 //! Tiger Lake) a gather costs ~20 ns, so block scales are loaded with scalar loads. The
@@ -24,6 +25,7 @@
 //! the features it was compiled for. Kernels check buffer lengths up front (a hard
 //! `assert!`), so the raw-pointer loads inside stay within the slices.
 
+pub(crate) mod attn;
 mod avx512_kquants;
 mod avx512_legacy;
 mod float;

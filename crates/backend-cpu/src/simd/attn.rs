@@ -1,0 +1,231 @@
+//! Attention inner loops: one query head over a run of cached positions, folded into an
+//! online softmax. Each kernel has a plain reference twin here (`*_ref`), and the SIMD kernels
+//! (x86 AVX2+FMA+F16C) give the same bits (`tests/attn_vs_reference.rs`).
+//!
+//! ```text
+//!  q (head_dim)   K/V rows k[start + j*stride ..][..head_dim], j in 0..len
+//!    score_j = q·k_j * scale (softcap)  ──►  m, s, acc  (running max, sum, weighted V)
+//! ```
+//!
+//! Two numeric flavours, after llama.cpp's CPU flash attention:
+//! - [`vec_f16_run`]: its "vector" path (decode over an f16 cache): q already rounded to f16,
+//!   scores by `ggml_vec_dot_f16`'s AVX-512 order, the V accumulator rounded to f16 after every
+//!   update (`ggml_vec_scale_f16` / `ggml_vec_mad_f16`: f32 FMA, f16 storage).
+//! - [`f32_run`]: all f32 (prompt batches): 8-lane dot, plain mul/add updates.
+
+use half::f16;
+
+/// Running state of one head's online softmax (the accumulator lives beside it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Online {
+    /// Largest score so far.
+    pub m: f32,
+    /// Sum of `exp(score - m)`.
+    pub s: f32,
+}
+
+impl Online {
+    pub const START: Online = Online { m: f32::NEG_INFINITY, s: 0.0 };
+}
+
+/// Cached K or V values of one layer.
+#[derive(Clone, Copy)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl KvRows<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            KvRows::F32(v) => v.len(),
+            KvRows::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[inline]
+    fn at(&self, i: usize) -> f32 {
+        match self {
+            KvRows::F32(v) => v[i],
+            KvRows::F16(v) => v[i].to_f32(),
+        }
+    }
+}
+
+/// A run of `len` cached positions: position `j`'s row starts at element `start + j * stride`.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    pub start: usize,
+    pub stride: usize,
+    pub len: usize,
+}
+
+/// Score scaling: `score = softcap(q·k * scale)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Scoring {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+impl Scoring {
+    #[inline]
+    pub(crate) fn apply(&self, dot: f32) -> f32 {
+        let score = dot * self.scale;
+        match self.softcap {
+            Some(c) => c * (score / c).tanh(),
+            None => score,
+        }
+    }
+}
+
+/// Panic unless every row of `run` (of `hd` elements) lies within `n` elements.
+#[track_caller]
+pub(crate) fn check_run(run: &Run, hd: usize, n: usize) {
+    if run.len > 0 {
+        let end = (run.len - 1).checked_mul(run.stride).and_then(|x| x.checked_add(run.start)).and_then(|x| x.checked_add(hd));
+        assert!(end.is_some_and(|e| e <= n), "attention run {run:?} of {hd} past {n} cached values");
+    }
+}
+
+#[inline]
+fn r16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// `acc, st` updated over `run` by llama.cpp's vector path. `q16`: the query, already rounded
+/// to f16 values; `acc`: f16 values (as f32) of the unnormalized output.
+pub fn vec_f16_run(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if q16.len() % 8 == 0 && super::Level::Avx2 <= super::detected_level() {
+        // SAFETY: AVX2+FMA+F16C are present (the detected level implies them); the kernel
+        // checks every length it reads.
+        unsafe { super::x86::attn::vec_f16_run(q16, k, v, run, sc, st, acc) };
+        return;
+    }
+    vec_f16_run_ref(q16, k, v, run, sc, st, acc)
+}
+
+/// Reference twin of [`vec_f16_run`].
+pub fn vec_f16_run_ref(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
+    let hd = q16.len();
+    assert_eq!(acc.len(), hd);
+    check_run(&run, hd, k.len());
+    check_run(&run, hd, v.len());
+    for j in 0..run.len {
+        let at = run.start + j * run.stride;
+        let score = sc.apply(dot_f16_ggml(q16, &k[at..at + hd]));
+        let vr = &v[at..at + hd];
+        // ggml_vec_scale_f16 / ggml_vec_mad_f16: f32 math, f16 storage
+        let (ms, w) = if score > st.m {
+            let ms = (st.m - score).exp();
+            st.m = score;
+            acc.iter_mut().for_each(|a| *a = r16(*a * ms));
+            (ms, 1.0)
+        } else {
+            (1.0, (score - st.m).exp())
+        };
+        acc.iter_mut().zip(vr).for_each(|(a, &v)| *a = r16(v.to_f32().mul_add(w, *a)));
+        // S = S*ms + vs, contracted to an FMA by ggml's compiler
+        st.s = st.s.mul_add(ms, w);
+    }
+}
+
+/// `ggml_vec_dot_f16` as ggml's AVX-512 build computes it: four 16-lane FMA accumulators
+/// over 64-element steps, the accumulators folded pairwise (0+=2, 1+=3, 0+=1), then
+/// `_mm512_reduce_add_ps`'s tree (8, 4, then 2+2 lanes), and the leftover elements added in
+/// f64. The same bits as llama.cpp's decode attention scores.
+fn dot_f16_ggml(a: &[f32], b: &[f16]) -> f32 {
+    let n = a.len();
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, al) in accj.iter_mut().enumerate() {
+                let k = i + j * 16 + l;
+                *al = a[k].mul_add(b[k].to_f32(), *al);
+            }
+        }
+    }
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        let s0 = acc[0][l] + acc[2][l];
+        let s1 = acc[1][l] + acc[3][l];
+        x[l] = s0 + s1;
+    }
+    let mut t8 = [0f32; 8];
+    for i in 0..8 {
+        t8[i] = x[i] + x[i + 8];
+    }
+    let mut t4 = [0f32; 4];
+    for i in 0..4 {
+        t4[i] = t8[i] + t8[i + 4];
+    }
+    let c0 = t4[0] + t4[2];
+    let c1 = t4[1] + t4[3];
+    let mut sum = (c0 + c1) as f64;
+    for k in np..n {
+        sum += (a[k] * b[k].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// `acc, st` updated over `run` in f32 (prompt batches, or an f32 cache).
+pub fn f32_run(q: &[f32], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if q.len() % 8 == 0 && super::Level::Avx2 <= super::detected_level() {
+        // SAFETY: as in `vec_f16_run`.
+        unsafe {
+            match (k, v) {
+                (KvRows::F16(k), KvRows::F16(v)) => super::x86::attn::f32_run(q, k, v, run, sc, st, acc),
+                (KvRows::F32(k), KvRows::F32(v)) => super::x86::attn::f32_run(q, k, v, run, sc, st, acc),
+                _ => f32_run_ref(q, k, v, run, sc, st, acc),
+            }
+        }
+        return;
+    }
+    f32_run_ref(q, k, v, run, sc, st, acc)
+}
+
+/// Reference twin of [`f32_run`].
+pub fn f32_run_ref(q: &[f32], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
+    let hd = q.len();
+    assert_eq!(acc.len(), hd);
+    check_run(&run, hd, k.len());
+    check_run(&run, hd, v.len());
+    for j in 0..run.len {
+        let at = run.start + j * run.stride;
+        let score = sc.apply(dot8(q, |i| k.at(at + i)));
+        if score > st.m {
+            let ms = (st.m - score).exp();
+            acc.iter_mut().enumerate().for_each(|(d, a)| *a = *a * ms + v.at(at + d));
+            st.s = st.s * ms + 1.0;
+            st.m = score;
+        } else {
+            let w = (score - st.m).exp();
+            acc.iter_mut().enumerate().for_each(|(d, a)| *a += v.at(at + d) * w);
+            st.s += w;
+        }
+    }
+}
+
+/// `q·k` with 8 lane accumulators (mul, then add) over 8-element steps, the lanes summed in
+/// order, then the leftover elements.
+#[inline]
+fn dot8(a: &[f32], b: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0f32; 8];
+    let n8 = a.len() & !7;
+    for i in (0..n8).step_by(8) {
+        for l in 0..8 {
+            acc[l] += a[i + l] * b(i + l);
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (i, x) in a.iter().enumerate().skip(n8) {
+        s += x * b(i);
+    }
+    s
+}

@@ -1,0 +1,151 @@
+//! Attention runs (`simd::attn`): the dispatched kernels against their reference twins, bit
+//! for bit, on random head sizes (with tails past the 64-element steps), strides, run lengths,
+//! softcaps and run splits; and a whole decode over an f16 cache on an odd thread count
+//! against a naive softmax.
+
+use half::f16;
+use proptest::prelude::*;
+use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
+use quarrel_cpu::simd::attn::{self, KvRows, Online, Run, Scoring};
+use quarrel_cpu::CpuBackend;
+
+fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+struct Case {
+    hd: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    run: Run,
+    sc: Scoring,
+    split: usize,
+}
+
+fn case(hd8: usize, len: usize, pad: usize, offset: usize, cap: bool, split: usize, seed: u64) -> Case {
+    let hd = hd8 * 8;
+    let stride = hd + pad;
+    let n = offset + len * stride + hd;
+    // large values now and then so the running max moves often
+    let scale = if seed % 3 == 0 { 12.0 } else { 3.0 };
+    Case {
+        hd,
+        q: rnd(seed, hd, scale),
+        k: rnd(seed ^ 1, n, 2.0),
+        v: rnd(seed ^ 2, n, 2.0),
+        run: Run { start: offset, stride, len },
+        sc: Scoring { scale: 1.0 / (hd as f32).sqrt(), softcap: cap.then_some(5.0) },
+        split: split.min(len),
+    }
+}
+
+type RunFn<'a> = &'a dyn Fn(Run, &mut Online, &mut [f32]);
+
+/// `f` over the case's run split in two at `split` (the state carries across), from a fresh
+/// state: the final (m, s) and accumulator bits.
+fn drive(c: &Case, f: RunFn<'_>) -> (u32, u32, Vec<u32>) {
+    let mut st = Online::START;
+    let mut acc = vec![0f32; c.hd];
+    let a = Run { len: c.split, ..c.run };
+    let b = Run { start: c.run.start + c.split * c.run.stride, len: c.run.len - c.split, ..c.run };
+    f(a, &mut st, &mut acc);
+    f(b, &mut st, &mut acc);
+    (st.m.to_bits(), st.s.to_bits(), bits(&acc))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn vec_f16_run_matches_reference(hd8 in 1usize..34, len in 0usize..40, pad in 0usize..20, offset in 0usize..50,
+                                     cap in any::<bool>(), split in 0usize..40, seed in any::<u64>()) {
+        let c = case(hd8, len, pad, offset, cap, split, seed);
+        let q16: Vec<f32> = c.q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+        let k: Vec<f16> = c.k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v: Vec<f16> = c.v.iter().map(|&x| f16::from_f32(x)).collect();
+        let fast = drive(&c, &|r, st, acc| attn::vec_f16_run(&q16, &k, &v, r, c.sc, st, acc));
+        let slow = drive(&c, &|r, st, acc| attn::vec_f16_run_ref(&q16, &k, &v, r, c.sc, st, acc));
+        prop_assert_eq!(fast, slow);
+    }
+
+    #[test]
+    fn f32_run_matches_reference(hd8 in 1usize..34, len in 0usize..40, pad in 0usize..20, offset in 0usize..50,
+                                 cap in any::<bool>(), split in 0usize..40, seed in any::<u64>()) {
+        let c = case(hd8, len, pad, offset, cap, split, seed);
+        let k16: Vec<f16> = c.k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v16: Vec<f16> = c.v.iter().map(|&x| f16::from_f32(x)).collect();
+        for (k, v) in [(KvRows::F32(&c.k), KvRows::F32(&c.v)), (KvRows::F16(&k16), KvRows::F16(&v16))] {
+            let fast = drive(&c, &|r, st, acc| attn::f32_run(&c.q, k, v, r, c.sc, st, acc));
+            let slow = drive(&c, &|r, st, acc| attn::f32_run_ref(&c.q, k, v, r, c.sc, st, acc));
+            prop_assert_eq!(fast, slow);
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "attention run")]
+fn a_run_past_the_cache_panics() {
+    let (q, k) = (vec![0f32; 8], vec![f16::ZERO; 20]);
+    let (mut acc, mut st) = (vec![0f32; 8], Online::START);
+    attn::vec_f16_run(&q, &k, &k, Run { start: 0, stride: 8, len: 3 }, Scoring { scale: 1.0, softcap: None }, &mut st, &mut acc);
+}
+
+/// Decode steps (the f16 vector path) over scattered cache blocks, 3 threads, GQA, a sliding
+/// window: close to a naive f64 softmax over the f16-rounded cache.
+#[test]
+fn f16_decode_attention_matches_naive_softmax() {
+    let be = CpuBackend::new(3).unwrap();
+    let (nh, nkv, hd, bs) = (6, 2, 72, 4);
+    let spec = KvSpec { n_layer: 1, n_kv_head: nkv, head_dim: hd, block_size: bs, n_blocks: 8, ty: KvType::F16 };
+    let mut kv = be.alloc_kv(&spec).unwrap();
+    let n = 23;
+    let table = vec![5, 2, 7, 0, 3, 6];
+    let k = rnd(1, n * nkv * hd, 2.0);
+    let v = rnd(2, n * nkv * hd, 2.0);
+    let r16 = |x: f32| f16::from_f32(x).to_f32() as f64;
+    for t in 0..n {
+        let batch = ForwardBatch {
+            tokens: vec![0],
+            positions: vec![t as u32],
+            seqs: vec![SeqBatch { start: 0, len: 1, block_table: table.clone() }],
+            logits_rows: vec![],
+        };
+        let row = nkv * hd;
+        be.kv_store(&mut kv, 0, &k[t * row..(t + 1) * row].to_vec(), &v[t * row..(t + 1) * row].to_vec(), &batch).unwrap();
+        let q = rnd(100 + t as u64, nh * hd, 2.0);
+        for window in [None, Some(5)] {
+            let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: window, softcap: None };
+            let mut out = vec![0f32; q.len()];
+            be.attention(&q, &kv, 0, &batch, &p, &mut out).unwrap();
+            for h in 0..nh {
+                let kh = h / (nh / nkv);
+                let lo = window.map_or(0, |w: usize| (t + 1).saturating_sub(w));
+                let scores: Vec<f64> = (lo..=t)
+                    .map(|j| (0..hd).map(|d| r16(q[h * hd + d]) * r16(k[(j * nkv + kh) * hd + d])).sum::<f64>() * 0.125)
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    let want: f64 = (lo..=t).map(|j| e[j - lo] / z * r16(v[(j * nkv + kh) * hd + d])).sum();
+                    let got = out[h * hd + d] as f64;
+                    // the accumulator is rounded to f16 after every update
+                    assert!((got - want).abs() < 4e-3 * (1.0 + want.abs()) * (t - lo + 1) as f64, "t {t} h {h} d {d}: {got} vs {want}");
+                }
+            }
+        }
+    }
+}
