@@ -38,6 +38,11 @@ impl ModelArgs {
     }
 
     pub fn engine(&self) -> Result<Engine<CpuBackend>> {
+        self.engine_with(|_| {})
+    }
+
+    /// `engine` with the options adjusted by `f` (sequence count, block size, ...).
+    pub fn engine_with(&self, f: impl FnOnce(&mut EngineOptions)) -> Result<Engine<CpuBackend>> {
         let path = self.model_path()?;
         match self.device.as_str() {
             "auto" | "cpu" => {}
@@ -50,7 +55,8 @@ impl ModelArgs {
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(100));
-        let opts = EngineOptions { n_ctx: self.ctx, n_batch: self.batch, kv_type, ..Default::default() };
+        let mut opts = EngineOptions { n_ctx: self.ctx, n_batch: self.batch, kv_type, ..Default::default() };
+        f(&mut opts);
         let engine = Engine::load(be, &path, opts).with_context(|| format!("loading {}", path.display()));
         spinner.finish_and_clear();
         let engine = engine?;

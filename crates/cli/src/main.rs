@@ -11,6 +11,7 @@
 //! | `cmd::perplexity` | `quarrel perplexity` (llama.cpp protocol) |
 //! | `cmd::inspect`  | `quarrel inspect`: metadata and tensor table |
 //! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
+//! | `cmd::batched_bench` | `quarrel batched-bench`: N parallel sequences (llama-batched-bench) |
 //! | `cmd::pull`     | `quarrel pull` and the default model |
 //! | `resolve`       | `-m` resolution: path, Quarrel cache, HF cache, ollama store |
 //! | `common`        | shared options (threads, context, device) and engine set-up |
@@ -43,6 +44,7 @@ enum Command {
     Synth(cmd::synth::Args),
     Pull(cmd::pull::Args),
     Bench(cmd::bench::Args),
+    BatchedBench(cmd::batched_bench::Args),
 }
 
 fn main() {
@@ -52,7 +54,7 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_style_args(std::env::args()));
     let r = match cli.cmd {
         Command::Run(a) => cmd::run::main(a),
         Command::Chat(a) => cmd::chat::main(a),
@@ -62,9 +64,19 @@ fn main() {
         Command::Synth(a) => cmd::synth::main(a),
         Command::Pull(a) => cmd::pull::main(a),
         Command::Bench(a) => cmd::bench::main(a),
+        Command::BatchedBench(a) => cmd::batched_bench::main(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// llama.cpp spells some multi-letter flags with one dash (`-npp 128`); accept those too.
+fn llama_style_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| match a.as_str() {
+        "-npp" | "-ntg" | "-npl" => format!("-{a}"),
+        _ => a,
+    })
+    .collect()
 }

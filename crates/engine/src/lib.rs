@@ -14,12 +14,14 @@
 //! |--------------|----------------|
 //! | `engine`     | `Engine`: loads a model, owns the KV cache and block pool, runs sequences |
 //! | `generate`   | one completion: prefill, decode loop, streaming events, finish reasons |
+//! | `batched_bench` | llama-batched-bench's protocol over N parallel sequences |
 //! | `perplexity` | llama.cpp's perplexity protocol |
 //! | `sampler`    | sampling chain (penalties, top-k/p, min-p, temperature, seed) |
 //! | `stop`       | stop strings over streamed text |
 //! | `blocks`     | KV block pool (synchronous paths) |
 //! | `service`    | continuous batching: step loop thread, scheduler, prefix cache, async API |
 
+mod batched_bench;
 mod bench;
 mod blocks;
 mod engine;
@@ -29,6 +31,7 @@ pub mod service;
 pub mod sampler;
 pub mod stop;
 
+pub use batched_bench::BatchedRun;
 pub use bench::{mean_stddev, OpKind, OpStat, ProfiledBackend, QuantTypeKey};
 pub use blocks::{BlockPool, OutOfBlocks};
 pub use engine::{tokenize_templated, Engine, EngineError, EngineOptions};
