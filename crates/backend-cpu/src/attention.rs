@@ -22,6 +22,10 @@ const VEC_PATH_MAX_TOKENS: usize = 64;
 /// Largest head_dim (per-task scratch lives on the stack).
 const MAX_HEAD_DIM: usize = 1024;
 
+/// Quantized caches: positions dequantized at a time, and the largest head_dim supported.
+const QUANT_RUN: usize = 16;
+const QUANT_MAX_HEAD_DIM: usize = 256;
+
 pub(crate) fn attention(
     be: &CpuBackend,
     q: &[f32],
@@ -41,9 +45,15 @@ pub(crate) fn attention(
     if hd > MAX_HEAD_DIM {
         return Err(CoreError::Shape(format!("attention: head_dim {hd} above {MAX_HEAD_DIM}")));
     }
+    if kv.k[layer].rows().is_none() && hd > QUANT_MAX_HEAD_DIM {
+        return Err(CoreError::Unsupported(format!("quantized KV cache with head_dim {hd} above {QUANT_MAX_HEAD_DIM}")));
+    }
     batch.validate(kv.spec.block_size).map_err(CoreError::Shape)?;
     let group = p.n_head / p.n_kv_head;
-    let (ks, vs) = (kv.k[layer].rows(), kv.v[layer].rows());
+    let (kst, vst) = (&kv.k[layer], &kv.v[layer]);
+    // f32/f16 caches are read in place; quantized ones (Q8_0/Q4_0) are dequantized a block
+    // run at a time into per-task scratch and go through the f32 path
+    let rows = kst.rows().zip(vst.rows());
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let f16_cache = kv.spec.ty == quarrel_core::KvType::F16;
     let sc = Scoring { scale: p.scale, softcap: p.softcap };
@@ -55,6 +65,7 @@ pub(crate) fn attention(
     let n_chunks = n_tasks.div_ceil(per_chunk);
     be.for_each_task(n_chunks, &|chunk| {
         let (mut q16, mut acc) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
+        let (mut kq, mut vq) = ([0f32; QUANT_RUN * QUANT_MAX_HEAD_DIM], [0f32; QUANT_RUN * QUANT_MAX_HEAD_DIM]);
         let (q16, acc) = (&mut q16[..hd], &mut acc[..hd]);
         for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
             let (t, h) = (task / p.n_head, task % p.n_head);
@@ -71,6 +82,19 @@ pub(crate) fn attention(
             let mut j = lo;
             while j <= pos {
                 let j_end = ((j / bs + 1) * bs).min(pos + 1);
+                let Some((ks, vs)) = rows else {
+                    let j_end = j_end.min(j + QUANT_RUN);
+                    for (r, jj) in (j..j_end).enumerate() {
+                        let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
+                        kst.dequantize(at, &mut kq[r * hd..(r + 1) * hd]);
+                        vst.dequantize(at, &mut vq[r * hd..(r + 1) * hd]);
+                    }
+                    let run = Run { start: 0, stride: hd, len: j_end - j };
+                    let n = run.len * hd;
+                    attn::f32_run(qh, KvRows::F32(&kq[..n]), KvRows::F32(&vq[..n]), run, sc, &mut st, acc);
+                    j = j_end;
+                    continue;
+                };
                 let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
                 match (f16_vec_path, ks, vs) {
                     (true, KvRows::F16(k), KvRows::F16(v)) => {

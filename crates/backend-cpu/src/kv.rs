@@ -3,33 +3,63 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use crate::simd::attn::KvRows;
-use quarrel_core::{CoreError, ForwardBatch, KvSpec, KvType, Result};
+use quarrel_core::{CoreError, ForwardBatch, KvSpec, KvType, QuantType, Result};
 
 pub(crate) enum Store {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    /// Q8_0 / Q4_0 blocks of 32 values; element offset `e` (a multiple of 32) starts at byte
+    /// `e / 32 * type_size`.
+    Quant(QuantType, Vec<u8>),
 }
 
 impl Store {
-    fn new(ty: KvType, n: usize) -> Store {
-        match ty {
+    fn new(ty: KvType, n: usize) -> Result<Store> {
+        Ok(match ty {
             KvType::F32 => Store::F32(vec![0.0; n]),
             KvType::F16 => Store::F16(vec![f16::ZERO; n]),
-        }
+            KvType::Q8_0 | KvType::Q4_0 => {
+                let qt = ty.quant_type();
+                let bytes = qt.row_bytes(n).ok_or_else(|| CoreError::Shape(format!("{} KV cache of {n} values", ty.name())))?;
+                Store::Quant(qt, vec![0; bytes])
+            }
+        })
     }
 
-    fn write(&mut self, at: usize, src: &[f32]) {
+    fn write(&mut self, at: usize, src: &[f32]) -> Result<()> {
         match self {
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
             Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
+            Store::Quant(qt, bytes) => {
+                let (bs, ts) = (qt.block_size(), qt.type_size());
+                let dst = &mut bytes[at / bs * ts..(at + src.len()) / bs * ts];
+                quarrel_quant::quantize(*qt, src, dst)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The stored values when they are f32 or f16 (`None` for quantized stores, which
+    /// attention reads through `dequantize`).
+    pub(crate) fn rows(&self) -> Option<KvRows<'_>> {
+        match self {
+            Store::F32(v) => Some(KvRows::F32(v)),
+            Store::F16(v) => Some(KvRows::F16(v)),
+            Store::Quant(..) => None,
         }
     }
 
-    /// The stored values.
-    pub(crate) fn rows(&self) -> KvRows<'_> {
+    /// Values `at..at + dst.len()` as f32 (`at` and the length multiples of the block).
+    pub(crate) fn dequantize(&self, at: usize, dst: &mut [f32]) {
         match self {
-            Store::F32(v) => KvRows::F32(v),
-            Store::F16(v) => KvRows::F16(v),
+            Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
+            Store::F16(v) => v[at..at + dst.len()].convert_to_f32_slice(dst),
+            Store::Quant(qt, bytes) => {
+                let (bs, ts) = (qt.block_size(), qt.type_size());
+                let src = &bytes[at / bs * ts..(at + dst.len()) / bs * ts];
+                // sizes are multiples of the block by construction
+                let _ = quarrel_quant::dequantize(*qt, src, dst);
+            }
         }
     }
 }
@@ -47,8 +77,15 @@ impl CpuKv {
             .checked_mul(spec.block_size)
             .and_then(|n| n.checked_mul(spec.n_kv_head * spec.head_dim))
             .ok_or_else(|| CoreError::OutOfMemory("KV cache size overflows".into()))?;
-        let k = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect();
-        let v = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect();
+        if matches!(spec.ty, KvType::Q8_0 | KvType::Q4_0) && spec.head_dim % 32 != 0 {
+            return Err(CoreError::Unsupported(format!(
+                "{} KV cache needs a head dimension that is a multiple of 32, not {}",
+                spec.ty.name(),
+                spec.head_dim
+            )));
+        }
+        let k = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect::<Result<_>>()?;
+        let v = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect::<Result<_>>()?;
         Ok(CpuKv { spec: spec.clone(), k, v })
     }
 
@@ -77,8 +114,8 @@ impl CpuKv {
                     return Err(CoreError::Shape(format!("kv_store: position {pos} has no valid block")));
                 }
                 let at = self.slot_offset(&s.block_table, pos);
-                self.k[layer].write(at, &k[t * row..(t + 1) * row]);
-                self.v[layer].write(at, &v[t * row..(t + 1) * row]);
+                self.k[layer].write(at, &k[t * row..(t + 1) * row])?;
+                self.v[layer].write(at, &v[t * row..(t + 1) * row])?;
             }
         }
         Ok(())

@@ -21,7 +21,8 @@ pub struct ModelArgs {
     /// Context length in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx", default_value_t = 0)]
     pub ctx: usize,
-    /// KV cache element type: f16 (default, as llama.cpp) or f32.
+    /// KV cache element type: f16 (default, as llama.cpp), f32, or quantized q8_0 / q4_0
+    /// (less memory, slightly higher perplexity).
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: String,
     /// Tokens per forward pass while processing the prompt.
@@ -49,7 +50,7 @@ impl ModelArgs {
             d if d.starts_with("cuda") => bail!("device {d:?}: this build has no CUDA backend; use --device cpu"),
             d => bail!("unknown device {d:?} (expected auto, cpu or cuda[:N])"),
         }
-        let kv_type = KvType::parse(&self.kv_type).with_context(|| format!("unknown --kv-type {:?} (f16 or f32)", self.kv_type))?;
+        let kv_type = KvType::parse(&self.kv_type).with_context(|| format!("unknown --kv-type {:?} (f16, f32, q8_0 or q4_0)", self.kv_type))?;
         let be = CpuBackend::new(self.threads)?;
         let t0 = Instant::now();
         let spinner = indicatif::ProgressBar::new_spinner();

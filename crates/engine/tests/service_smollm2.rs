@@ -82,7 +82,12 @@ fn dropping_a_stream_frees_its_blocks_and_others_continue() {
             break;
         }
     }
-    assert!(h.metrics().kv_blocks_used > 0);
+    // the metrics snapshot is published after the step that sent the token: wait for it
+    let t0 = Instant::now();
+    while h.metrics().kv_blocks_used == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "a running request holds no blocks: {:?}", h.metrics());
+        std::thread::sleep(Duration::from_millis(1));
+    }
     drop(long);
     let (toks, _, fin) = drain(&mut short);
     assert!(!toks.is_empty() && fin.is_some());

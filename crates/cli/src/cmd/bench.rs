@@ -258,7 +258,7 @@ pub fn main(a: Args) -> Result<()> {
     if a.batch == 0 {
         bail!("-b: the batch size must be at least 1");
     }
-    let kv_type = KvType::parse(&a.kv_type).with_context(|| format!("unknown --kv-type {:?} (f16 or f32)", a.kv_type))?;
+    let kv_type = KvType::parse(&a.kv_type).with_context(|| format!("unknown --kv-type {:?} (f16, f32, q8_0 or q4_0)", a.kv_type))?;
     let mut model_names: Vec<Option<String>> = vec![];
     for m in &a.model {
         if std::path::Path::new(m).is_file() {

@@ -1,0 +1,70 @@
+//! Quantized KV caches (Q8_0, Q4_0): attention over a quantized cache equals attention over
+//! an f32 cache holding the same values rounded through that quantization, for random
+//! shapes, block sizes, scattered block tables and thread counts.
+
+use proptest::prelude::*;
+use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
+use quarrel_cpu::CpuBackend;
+
+fn rnd(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        })
+        .collect()
+}
+
+fn roundtrip(ty: KvType, x: &[f32], hd: usize) -> Vec<f32> {
+    x.chunks(hd)
+        .flat_map(|h| quarrel_quant::dequantize_to_vec(ty.quant_type(), &quarrel_quant::quantize_to_vec(ty.quant_type(), h).unwrap(), hd).unwrap())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn quantized_cache_equals_f32_cache_of_rounded_values(
+        seed in any::<u64>(), n in 1usize..40, hd_blocks in 1usize..4, nkv in 1usize..3, group in 1usize..3,
+        bs in 1usize..9, threads in 1usize..4, q4 in any::<bool>(),
+    ) {
+        let ty = if q4 { KvType::Q4_0 } else { KvType::Q8_0 };
+        let hd = 32 * hd_blocks;
+        let nh = nkv * group;
+        let be = CpuBackend::new(threads).unwrap();
+        let n_blocks = n.div_ceil(bs) * 2 + 1;
+        // a scattered block table
+        let table: Vec<u32> = (0..n.div_ceil(bs) as u32).map(|i| (i * 2 + 1) % n_blocks as u32).collect();
+        let batch = ForwardBatch {
+            tokens: vec![0; n],
+            positions: (0..n as u32).collect(),
+            seqs: vec![SeqBatch { start: 0, len: n, block_table: table }],
+            logits_rows: vec![],
+        };
+        let (k, v, q) = (rnd(seed, n * nkv * hd), rnd(seed ^ 1, n * nkv * hd), rnd(seed ^ 2, n * nh * hd));
+        let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: None, softcap: None };
+        let run = |ty: KvType, k: &[f32], v: &[f32]| {
+            let spec = KvSpec { n_layer: 1, n_kv_head: nkv, head_dim: hd, block_size: bs, n_blocks, ty };
+            let mut kv = be.alloc_kv(&spec).unwrap();
+            be.kv_store(&mut kv, 0, &k.to_vec(), &v.to_vec(), &batch).unwrap();
+            let mut out = vec![0f32; q.len()];
+            be.attention(&q, &kv, 0, &batch, &p, &mut out).unwrap();
+            out
+        };
+        let got = run(ty, &k, &v);
+        let want = run(KvType::F32, &roundtrip(ty, &k, hd), &roundtrip(ty, &v, hd));
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            prop_assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{}: element {} {} vs {}", ty.name(), i, a, b);
+        }
+    }
+}
+
+#[test]
+fn quantized_cache_needs_head_dim_multiple_of_32() {
+    let be = CpuBackend::new(1).unwrap();
+    let spec = KvSpec { n_layer: 1, n_kv_head: 1, head_dim: 48, block_size: 4, n_blocks: 2, ty: KvType::Q8_0 };
+    assert!(be.alloc_kv(&spec).is_err());
+}
