@@ -28,6 +28,10 @@ pub struct ModelArgs {
     /// Tokens per forward pass while processing the prompt.
     #[arg(short = 'b', long = "batch", default_value_t = 512)]
     pub batch: usize,
+    /// KV cache memory budget (e.g. 512M, 2G, 1.5GiB, or bytes): the block pool holds as many
+    /// blocks as fit, shared by all sequences (default: one full context).
+    #[arg(long = "kv-mem", value_parser = parse_bytes)]
+    pub kv_mem: Option<usize>,
     /// Compute device: cpu or auto (CUDA is not in this build).
     #[arg(long = "device", default_value = "auto")]
     pub device: String,
@@ -56,7 +60,7 @@ impl ModelArgs {
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(100));
-        let mut opts = EngineOptions { n_ctx: self.ctx, n_batch: self.batch, kv_type, ..Default::default() };
+        let mut opts = EngineOptions { n_ctx: self.ctx, n_batch: self.batch, kv_type, kv_mem: self.kv_mem, ..Default::default() };
         f(&mut opts);
         let engine = Engine::load(be, &path, opts).with_context(|| format!("loading {}", path.display()));
         spinner.finish_and_clear();
@@ -73,6 +77,44 @@ impl ModelArgs {
             engine.n_ctx()
         );
         Ok(engine)
+    }
+}
+
+/// A byte count with an optional unit: `4096`, `512K`, `512M`, `2G`, `1.5GiB` (powers of 1024).
+pub fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a size (examples: 512M, 2G, 1048576)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        u => return Err(format!("unknown size unit {u:?} in {s:?} (use K, M, G or T)")),
+    };
+    let bytes = v * mult;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
+        return Err(format!("size {s:?} out of range"));
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_units_and_bad_ones_are_errors() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("512K"), Ok(512 << 10));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("12X").is_err());
+        assert!(parse_bytes("0").is_err());
     }
 }
 

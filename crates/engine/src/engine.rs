@@ -35,11 +35,14 @@ pub struct EngineOptions {
     pub n_seq: usize,
     pub kv_type: KvType,
     pub block_size: usize,
+    /// KV memory budget in bytes: when set, the block pool holds as many blocks as fit in it
+    /// (at least one full context), instead of `n_seq` full contexts.
+    pub kv_mem: Option<usize>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16 }
+        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16, kv_mem: None }
     }
 }
 
@@ -74,15 +77,18 @@ impl<B: Backend> Engine<B> {
         if opts.block_size == 0 || opts.n_batch == 0 || opts.n_seq == 0 {
             return Err(EngineError::InvalidRequest("block size, batch size and sequence count must be positive".into()));
         }
-        let n_blocks = opts.n_seq * opts.n_ctx.div_ceil(opts.block_size);
-        let spec = KvSpec {
+        let mut spec = KvSpec {
             n_layer: info.n_layer,
             n_kv_head: info.n_kv_head,
             head_dim: info.head_dim,
             block_size: opts.block_size,
-            n_blocks,
+            n_blocks: opts.n_seq * opts.n_ctx.div_ceil(opts.block_size),
             ty: opts.kv_type,
         };
+        if let Some(budget) = opts.kv_mem {
+            spec.n_blocks = kv_blocks_for_budget(&spec, budget, opts.n_ctx)?;
+        }
+        let n_blocks = spec.n_blocks;
         let kv = backend.alloc_kv(&spec)?;
         let pool = BlockPool::new(n_blocks, opts.block_size);
         Ok(Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts })
@@ -226,10 +232,49 @@ impl<B: Backend> Engine<B> {
 
 /// Tokenize a rendered chat template: BOS is added per metadata unless the template already
 /// wrote the BOS text itself (no double BOS).
+/// Blocks of `spec` that fit in `budget` bytes; an error when not even one full context fits.
+pub fn kv_blocks_for_budget(spec: &KvSpec, budget: usize, n_ctx: usize) -> Result<usize, EngineError> {
+    let block_bytes = spec.bytes_per_token() * spec.block_size;
+    let need = n_ctx.div_ceil(spec.block_size);
+    let n = if block_bytes == 0 { 0 } else { budget / block_bytes };
+    if n < need {
+        return Err(EngineError::InvalidRequest(format!(
+            "KV memory budget of {:.1} MiB holds {n} blocks of {} tokens; one context of {n_ctx} tokens needs {need} ({:.1} MiB)",
+            budget as f64 / (1 << 20) as f64,
+            spec.block_size,
+            (need * block_bytes) as f64 / (1 << 20) as f64
+        )));
+    }
+    Ok(n)
+}
+
 pub fn tokenize_templated(tok: &Tokenizer, text: &str) -> Vec<u32> {
     let ids = tok.encode(text, true, true);
     match (tok.bos_id(), ids.as_slice()) {
         (Some(b), [x, y, ..]) if *x == b && *y == b && tok.add_bos() => ids[1..].to_vec(),
         _ => ids,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(ty: KvType) -> KvSpec {
+        KvSpec { n_layer: 2, n_kv_head: 2, head_dim: 64, block_size: 16, n_blocks: 0, ty }
+    }
+
+    #[test]
+    fn kv_budget_gives_whole_blocks_and_refuses_less_than_one_context() {
+        // f16: 2 (K,V) * 2 layers * 2 heads * 64 * 2 bytes = 1024 bytes a token, 16 KiB a block
+        let s = spec(KvType::F16);
+        assert_eq!(s.bytes_per_token(), 1024);
+        assert_eq!(kv_blocks_for_budget(&s, 1 << 20, 256).unwrap(), 64);
+        assert_eq!(kv_blocks_for_budget(&s, (1 << 20) + 16383, 256).unwrap(), 64);
+        assert!(kv_blocks_for_budget(&s, 16 * 1024 * 15, 256).is_err());
+        // q8_0 stores 34 bytes per 32 values: more blocks in the same budget
+        let q = spec(KvType::Q8_0);
+        assert_eq!(q.bytes_per_token(), 2 * 2 * 2 * 68);
+        assert_eq!(kv_blocks_for_budget(&q, 1 << 20, 256).unwrap(), (1 << 20) / (544 * 16));
     }
 }
