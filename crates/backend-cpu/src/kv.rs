@@ -4,24 +4,29 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use crate::simd::attn::KvRows;
 use quarrel_core::{CoreError, ForwardBatch, KvSpec, KvType, QuantType, Result};
+use quarrel_quant::rotate::{hadamard, hadamard_blocks, rotation_size, ROT_MAX};
 
 pub(crate) enum Store {
     F32(Vec<f32>),
     F16(Vec<f16>),
-    /// Q8_0 / Q4_0 blocks of 32 values; element offset `e` (a multiple of 32) starts at byte
-    /// `e / 32 * type_size`.
-    Quant(QuantType, Vec<u8>),
+    /// Q8_0 / Q4_0 blocks of 32 values, each Hadamard-rotated before quantization (outlier
+    /// channels would otherwise eat a 4-bit block's scale); element offset `e` (a multiple of
+    /// 32) starts at byte `e / 32 * type_size`.
+    /// The third field is the rotation size (the largest power of two dividing head_dim).
+    Quant(QuantType, Vec<u8>, usize),
 }
 
 impl Store {
-    fn new(ty: KvType, n: usize) -> Result<Store> {
+    fn new(ty: KvType, n: usize, head_dim: usize) -> Result<Store> {
         Ok(match ty {
             KvType::F32 => Store::F32(vec![0.0; n]),
             KvType::F16 => Store::F16(vec![f16::ZERO; n]),
             KvType::Q8_0 | KvType::Q4_0 => {
                 let qt = ty.quant_type();
                 let bytes = qt.row_bytes(n).ok_or_else(|| CoreError::Shape(format!("{} KV cache of {n} values", ty.name())))?;
-                Store::Quant(qt, vec![0; bytes])
+                let r = rotation_size(head_dim)
+                    .ok_or_else(|| CoreError::Unsupported(format!("{} KV cache with head_dim {head_dim}", ty.name())))?;
+                Store::Quant(qt, vec![0; bytes], r)
             }
         })
     }
@@ -30,10 +35,23 @@ impl Store {
         match self {
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
             Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
-            Store::Quant(qt, bytes) => {
-                let (bs, ts) = (qt.block_size(), qt.type_size());
+            Store::Quant(qt, bytes, r) => {
+                // each head's values are stored Hadamard-rotated in blocks of r (see
+                // quarrel_quant::rotate); `at` and the length are multiples of head_dim
+                let (bs, ts, r) = (qt.block_size(), qt.type_size(), *r);
                 let dst = &mut bytes[at / bs * ts..(at + src.len()) / bs * ts];
-                quarrel_quant::quantize(*qt, src, dst)?;
+                let mut b = [0f32; ROT_MAX];
+                for (x, d) in src.chunks_exact(r).zip(dst.chunks_exact_mut(r / bs * ts)) {
+                    let b = &mut b[..r];
+                    b.copy_from_slice(x);
+                    hadamard(b);
+                    if *qt == QuantType::Q4_0 {
+                        // 4 bits: pick each block's scale for the least error
+                        quarrel_quant::q4_0::quantize_row_mse(b, d);
+                    } else {
+                        quarrel_quant::quantize(*qt, b, d)?;
+                    }
+                }
             }
         }
         Ok(())
@@ -54,11 +72,12 @@ impl Store {
         match self {
             Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
             Store::F16(v) => v[at..at + dst.len()].convert_to_f32_slice(dst),
-            Store::Quant(qt, bytes) => {
+            Store::Quant(qt, bytes, r) => {
                 let (bs, ts) = (qt.block_size(), qt.type_size());
                 let src = &bytes[at / bs * ts..(at + dst.len()) / bs * ts];
                 // sizes are multiples of the block by construction
                 let _ = quarrel_quant::dequantize(*qt, src, dst);
+                hadamard_blocks(dst, *r);
             }
         }
     }
@@ -84,8 +103,8 @@ impl CpuKv {
                 spec.head_dim
             )));
         }
-        let k = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect::<Result<_>>()?;
-        let v = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer)).collect::<Result<_>>()?;
+        let k = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer, spec.head_dim)).collect::<Result<_>>()?;
+        let v = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer, spec.head_dim)).collect::<Result<_>>()?;
         Ok(CpuKv { spec: spec.clone(), k, v })
     }
 

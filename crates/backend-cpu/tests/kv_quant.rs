@@ -1,5 +1,6 @@
 //! Quantized KV caches (Q8_0, Q4_0): attention over a quantized cache equals attention over
-//! an f32 cache holding the same values rounded through that quantization, for random
+//! an f32 cache holding the same values rounded through that quantization (Hadamard-rotated
+//! per head in power-of-two blocks, as the cache stores them), for random
 //! shapes, block sizes, scattered block tables and thread counts.
 
 use proptest::prelude::*;
@@ -18,9 +19,26 @@ fn rnd(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// What the cache should hold: each 32-block rotated, quantized, dequantized, rotated back.
 fn roundtrip(ty: KvType, x: &[f32], hd: usize) -> Vec<f32> {
+    use quarrel_quant::rotate::{hadamard_blocks, rotation_size};
+    let rot = rotation_size(hd).unwrap();
     x.chunks(hd)
-        .flat_map(|h| quarrel_quant::dequantize_to_vec(ty.quant_type(), &quarrel_quant::quantize_to_vec(ty.quant_type(), h).unwrap(), hd).unwrap())
+        .flat_map(|h| {
+            let mut r = h.to_vec();
+            hadamard_blocks(&mut r, rot);
+            let q = match ty {
+                KvType::Q4_0 => {
+                    let mut q = vec![0u8; ty.row_bytes(hd).unwrap()];
+                    quarrel_quant::q4_0::quantize_row_mse(&r, &mut q);
+                    q
+                }
+                _ => quarrel_quant::quantize_to_vec(ty.quant_type(), &r).unwrap(),
+            };
+            let mut d = quarrel_quant::dequantize_to_vec(ty.quant_type(), &q, hd).unwrap();
+            hadamard_blocks(&mut d, rot);
+            d
+        })
         .collect()
 }
 

@@ -24,6 +24,7 @@
 //! | `legacy`      | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 (32-element blocks)             |
 //! | `kquants`     | Q2_K..Q6_K, Q8_K (256-element super-blocks) + shared scale search  |
 //! | `nonlinear`   | IQ4_NL, MXFP4 codebooks, E8M0 scales                               |
+//! | `rotate`      | 32-point Walsh–Hadamard rotation (outlier spreading for quantized KV) |
 //! | `lib` (here)  | `QuantError`, size validation, `dequantize`/`quantize`/`vec_dot` dispatch |
 //!
 //! Per-type kernels live in public modules re-exported at the root
@@ -36,6 +37,7 @@ pub mod kquants;
 pub mod layout;
 pub mod legacy;
 pub mod nonlinear;
+pub mod rotate;
 mod table;
 
 pub use float::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};

@@ -51,6 +51,53 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// Q4_0 blocks with the scale chosen for the least squared error (same format as
+/// [`quantize_row`], which maps the largest magnitude to -8 and so can waste a level):
+/// candidate scales map the largest magnitude to ±4 .. ±10 levels (clamping beyond), the
+/// scale is rounded to f16 as stored, and the block with the smallest error is kept. For
+/// values Quarrel quantizes itself (the KV cache), where llama.cpp parity is not at stake.
+pub fn quantize_row_mse(src: &[f32], dst: &mut [u8]) {
+    assert_geometry("q4_0", QK, BLOCK_BYTES, src.len(), dst.len());
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+        let mut max = 0.0f32;
+        for &v in x {
+            if max.abs() < v.abs() {
+                max = v;
+            }
+        }
+        let (mut best_d, mut best_err) = (0.0f32, f32::INFINITY);
+        if max != 0.0 {
+            for sign in [-1.0f32, 1.0] {
+                for step in 0..=24 {
+                    let levels = 4.0 + step as f32 * 0.25;
+                    let d = half::f16::from_f32(max / (sign * levels)).to_f32();
+                    if d == 0.0 || !d.is_finite() {
+                        continue;
+                    }
+                    let id = 1.0 / d;
+                    let err: f32 = x
+                        .iter()
+                        .map(|&v| {
+                            let q = (v * id).round().clamp(-8.0, 7.0);
+                            let e = v - q * d;
+                            e * e
+                        })
+                        .sum();
+                    if err < best_err {
+                        (best_d, best_err) = (d, err);
+                    }
+                }
+            }
+        }
+        let id = if best_d != 0.0 { 1.0 / best_d } else { 0.0 };
+        write_f16(b, 0, best_d);
+        let q = |v: f32| ((v * id).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
+        for j in 0..QK / 2 {
+            b[2 + j] = q(x[j]) | (q(x[QK / 2 + j]) << 4);
+        }
+    }
+}
+
 /// `ggml_vec_dot_q4_0_q8_0_generic`: `w` is Q4_0, `a` is Q8_0, `n` elements.
 pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q4_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
@@ -73,4 +120,49 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         sumf += sumi as f32 * read_f16(x, 0) * read_f16(y, 0);
     }
     sumf
+}
+
+#[cfg(test)]
+mod mse_tests {
+    use super::*;
+
+    fn sse(x: &[f32], b: &[u8]) -> f32 {
+        let mut y = vec![0f32; x.len()];
+        dequantize_row(b, &mut y);
+        x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum()
+    }
+
+    #[test]
+    fn least_squares_scale_never_loses_to_the_reference_and_usually_wins() {
+        let mut s = 0x1234_5678u32;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let (mut total_ref, mut total_mse) = (0f32, 0f32);
+        for blk in 0..500 {
+            // Gaussian-ish values, some blocks with an outlier, one all-zero block
+            let mut x: Vec<f32> = (0..QK).map(|_| (0..4).map(|_| rnd()).sum::<f32>()).collect();
+            if blk % 7 == 0 {
+                x[blk % QK] *= 20.0;
+            }
+            if blk == 3 {
+                x.iter_mut().for_each(|v| *v = 0.0);
+            }
+            let (mut a, mut b) = ([0u8; BLOCK_BYTES], [0u8; BLOCK_BYTES]);
+            quantize_row(&x, &mut a);
+            quantize_row_mse(&x, &mut b);
+            let (ea, eb) = (sse(&x, &a), sse(&x, &b));
+            assert!(eb <= ea * (1.0 + 1e-5) + 1e-12, "block {blk}: {eb} > {ea}");
+            if blk % 7 != 0 {
+                total_ref += ea;
+                total_mse += eb;
+            }
+        }
+        // on blocks without an outlier the search finds clearly better scales
+        eprintln!("no-outlier blocks: mse {total_mse} ref {total_ref}");
+        assert!(total_mse < 0.95 * total_ref, "mse {total_mse} vs ref {total_ref}");
+    }
 }
