@@ -1,0 +1,323 @@
+//! The device: context, stream, kernels (NVRTC, cached on disk), raw memory and a buffer pool.
+
+use crate::error::{drv, CudaError};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Kernel sources, embedded in the binary; compiled together as one module.
+const SOURCES: [(&str, &str); 4] = [
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("ops.cu", include_str!("../kernels/ops.cu")),
+    ("matmul.cu", include_str!("../kernels/matmul.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+];
+
+/// Whether a CUDA driver library can be loaded and reports at least one device.
+pub fn device_count() -> usize {
+    // SAFETY: only probes for the shared library.
+    if !unsafe { sys::is_culib_present() } {
+        return 0;
+    }
+    if result::init().is_err() {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+}
+
+/// A raw device allocation, freed on drop.
+pub struct DevMem {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DevMem {
+    pub fn alloc(dev: &Device, bytes: usize) -> Result<DevMem, CudaError> {
+        dev.bind()?;
+        // SAFETY: plain cuMemAlloc of a positive size.
+        let ptr = unsafe { result::malloc_sync(bytes.max(256)) }.map_err(|e| oom_or(e, bytes, dev))?;
+        Ok(DevMem { ptr, bytes })
+    }
+
+    /// Allocate and copy `src` (synchronously: used at load time).
+    pub fn upload<T: Copy>(dev: &Device, src: &[T]) -> Result<DevMem, CudaError> {
+        let m = DevMem::alloc(dev, std::mem::size_of_val(src))?;
+        if !src.is_empty() {
+            // SAFETY: the allocation holds size_of_val(src) bytes.
+            unsafe { result::memcpy_htod_sync(m.ptr, src) }.map_err(drv("upload"))?;
+        }
+        Ok(m)
+    }
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from cuMemAlloc; freeing synchronizes with pending work.
+        unsafe {
+            let _ = result::free_sync(self.ptr);
+        }
+    }
+}
+
+fn oom_or(e: result::DriverError, bytes: usize, dev: &Device) -> CudaError {
+    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        let (free, total) = dev.ctx.mem_get_info().unwrap_or((0, 0));
+        CudaError::OutOfMemory(format!(
+            "allocating {:.1} MiB on {} ({:.0} of {:.0} MiB free)",
+            bytes as f64 / 1048576.0,
+            dev.name,
+            free as f64 / 1048576.0,
+            total as f64 / 1048576.0
+        ))
+    } else {
+        CudaError::Driver(format!("allocating {bytes} bytes: {e:?}"))
+    }
+}
+
+/// Reuses device allocations by size: model code allocates its intermediates every step.
+#[derive(Default)]
+pub struct Pool {
+    free: Mutex<HashMap<usize, Vec<DevMem>>>,
+}
+
+impl Pool {
+    fn class(bytes: usize) -> usize {
+        bytes.max(1).div_ceil(512) * 512
+    }
+
+    pub fn take(&self, dev: &Device, bytes: usize) -> Result<DevMem, CudaError> {
+        let c = Self::class(bytes);
+        if let Some(m) = self.free.lock().map_err(|_| CudaError::Driver("pool lock poisoned".into()))?.get_mut(&c).and_then(|v| v.pop()) {
+            return Ok(m);
+        }
+        match DevMem::alloc(dev, c) {
+            Ok(m) => Ok(m),
+            Err(CudaError::OutOfMemory(_)) => {
+                // give cached buffers back to the driver and try once more
+                self.free.lock().map_err(|_| CudaError::Driver("pool lock poisoned".into()))?.clear();
+                DevMem::alloc(dev, c)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn put(&self, m: DevMem) {
+        if let Ok(mut f) = self.free.lock() {
+            f.entry(m.bytes).or_default().push(m);
+        }
+    }
+}
+
+/// A pooled allocation that returns to its pool on drop.
+pub struct PoolMem {
+    mem: Option<DevMem>,
+    pool: Arc<Pool>,
+}
+
+impl PoolMem {
+    pub fn ptr(&self) -> u64 {
+        self.mem.as_ref().map_or(0, |m| m.ptr)
+    }
+}
+
+impl Drop for PoolMem {
+    fn drop(&mut self) {
+        if let Some(m) = self.mem.take() {
+            self.pool.put(m);
+        }
+    }
+}
+
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub cc: (i32, i32),
+    pub pool: Arc<Pool>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+}
+
+impl Device {
+    pub fn new(ordinal: usize) -> Result<Device, CudaError> {
+        let n = device_count();
+        if n == 0 {
+            return Err(CudaError::NoDevice("no CUDA driver (libcuda.so) or no CUDA device found".into()));
+        }
+        if ordinal >= n {
+            return Err(CudaError::NoDevice(format!("CUDA device {ordinal} requested, {n} present")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("creating the CUDA context"))?;
+        // SAFETY: this backend uses one stream and raw pointers, no CudaSlice.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let cc = ctx.compute_capability().map_err(drv("compute capability"))?;
+        let ptx = compile(cc)?;
+        let module = ctx.load_module(ptx).map_err(drv("loading the kernel module"))?;
+        let mut funcs = HashMap::new();
+        for name in kernel_names() {
+            let f = module.load_function(&name).map_err(drv("kernel lookup"))?;
+            funcs.insert(name, f);
+        }
+        Ok(Device { ctx, stream, name, cc, pool: Arc::new(Pool::default()), _module: module, funcs })
+    }
+
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("binding the context"))
+    }
+
+    pub fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.funcs.get(name).ok_or_else(|| CudaError::Driver(format!("kernel {name} missing from the module")))
+    }
+
+    /// A pooled buffer of at least `bytes` (contents undefined).
+    pub fn scratch(&self, bytes: usize) -> Result<PoolMem, CudaError> {
+        Ok(PoolMem { mem: Some(self.pool.take(self, bytes)?), pool: Arc::clone(&self.pool) })
+    }
+
+    /// Upload `src` into a pooled buffer, stream-ordered (the host copy is staged at once).
+    pub fn upload_async<T: Copy>(&self, src: &[T]) -> Result<PoolMem, CudaError> {
+        let m = self.scratch(std::mem::size_of_val(src))?;
+        if !src.is_empty() {
+            // SAFETY: the buffer holds at least size_of_val(src) bytes; pageable sources are
+            // staged before the call returns.
+            unsafe { result::memcpy_htod_async(m.ptr(), src, self.stream.cu_stream()) }.map_err(drv("upload"))?;
+        }
+        Ok(m)
+    }
+
+    pub fn memset0(&self, ptr: u64, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: callers pass a live allocation of at least `bytes`.
+        unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }.map_err(drv("memset"))
+    }
+
+    pub fn download<T: Copy + Default>(&self, ptr: u64, n: usize) -> Result<Vec<T>, CudaError> {
+        let mut v = vec![T::default(); n];
+        if n > 0 {
+            // SAFETY: ptr holds at least n values of T; the stream is synchronized before return.
+            unsafe { result::memcpy_dtoh_async(&mut v, ptr, self.stream.cu_stream()) }.map_err(drv("download"))?;
+        }
+        self.stream.synchronize().map_err(drv("synchronizing after a download"))?;
+        Ok(v)
+    }
+
+    /// Launch `name` on the stream; `args` in the kernel's parameter order.
+    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<(), CudaError> {
+        let f = self.func(name)?;
+        if smem > 48 * 1024 {
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(drv("shared memory attribute"))?;
+        }
+        // every parameter is at most 8 bytes: one little-endian slot each
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::P(v) | Arg::U64(v) => v,
+                Arg::I(v) => v as u32 as u64,
+                Arg::U(v) => v as u64,
+                Arg::F(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let mut ptrs: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut std::ffi::c_void).collect();
+        // SAFETY: parameter lists are matched to the kernels by the callers (ops.rs, matmul.rs).
+        unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut ptrs) }
+            .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
+    }
+
+    /// One thread per element, 256 to a block.
+    pub fn launch_1d(&self, name: &str, n: u64, args: &[Arg]) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let blocks = n.div_ceil(256);
+        if blocks > u32::MAX as u64 {
+            return Err(CudaError::Shape(format!("{name}: {n} elements is too many for one launch")));
+        }
+        self.launch(name, (blocks as u32, 1, 1), 256, 0, args)
+    }
+}
+
+/// A kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// device pointer
+    P(u64),
+    I(i32),
+    U(u32),
+    U64(u64),
+    F(f32),
+}
+
+fn full_source() -> String {
+    SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect()
+}
+
+/// FNV-1a, stable across builds (the cache key).
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("QUARREL_CUDA_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(h) = std::env::var_os("QUARREL_HOME") {
+        return PathBuf::from(h).join("cuda");
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/quarrel/cuda")).unwrap_or_else(|| std::env::temp_dir().join("quarrel-cuda"))
+}
+
+/// PTX for `cc`: from the disk cache (keyed by source hash and arch) or compiled by NVRTC.
+fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
+    let src = full_source();
+    let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
+    let file = cache_dir().join(format!("{:016x}-{arch}.ptx", fnv(&src)));
+    if let Ok(ptx) = std::fs::read_to_string(&file) {
+        return Ok(Ptx::from_src(ptx));
+    }
+    // SAFETY: only probes for the shared library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::NoDevice("NVRTC (libnvrtc.so) not found: install the CUDA toolkit's runtime compiler or add it to LD_LIBRARY_PATH".into()));
+    }
+    let opts = CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Compile(format!("{e}")))?;
+    if std::fs::create_dir_all(cache_dir()).is_ok() {
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+            let _ = std::fs::rename(&tmp, &file);
+        }
+    }
+    Ok(ptx)
+}
+
+/// Every kernel the module exports (looked up once at start-up).
+pub fn kernel_names() -> Vec<String> {
+    let mut v: Vec<String> = ["quantize_q8", "rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("gemv_{q}_{nt}"));
+        }
+        v.push(format!("dequant_{q}"));
+        v.push(format!("embed_{q}"));
+    }
+    for f in ["f32", "f16", "bf16"] {
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("gemv_{f}_{nt}"));
+        }
+        v.push(format!("embed_{f}"));
+        v.push(format!("tof16_{f}"));
+    }
+    for k in ["f32", "f16", "q8_0", "q4_0"] {
+        v.push(format!("kv_store_{k}"));
+        for dpl in [2, 4, 8] {
+            v.push(format!("attn_{k}_{dpl}"));
+        }
+    }
+    v
+}

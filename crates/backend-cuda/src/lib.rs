@@ -1,0 +1,414 @@
+//! # quarrel-cuda: the CUDA backend
+//!
+//! ```text
+//!  GGUF tensor ──repack (16-byte planes)──► device weight (uploaded once)
+//!  model ops ──► kernels (.cu in kernels/, embedded, NVRTC-compiled for the device's arch on
+//!                first use, PTX cached on disk by source hash + arch) ──► one CUDA stream
+//!  activations: pooled device buffers; only `download` (the logits rows) synchronizes
+//! ```
+//!
+//! The driver API, NVRTC and cuBLAS are loaded at run time (cudarc), so this crate builds and
+//! links on machines without CUDA; `device_count()` says whether a GPU can be used.
+//!
+//! | module    | responsibility |
+//! |-----------|----------------|
+//! | `device`  | context, stream, kernel module (NVRTC + disk cache), raw memory, buffer pool, launches |
+//! | `weight`  | `CudaWeight`: per-type repacking and upload |
+//! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
+//! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
+//! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
+//! | `error`   | `CudaError` -> `CoreError` |
+//!
+//! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
+//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K).
+
+mod batch;
+pub mod device;
+mod error;
+mod kv;
+mod matmul;
+mod weight;
+
+pub use device::device_count;
+pub use error::CudaError;
+pub use kv::CudaKv;
+pub use weight::{CudaWeight, DevType};
+
+use batch::DevBatch;
+use cudarc::cublas::CudaBlas;
+use device::{Arg, Device, PoolMem};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, RopeStyle, WeightSource};
+use std::sync::Mutex;
+
+/// f32 activations in a pooled device buffer.
+pub struct CudaBuf {
+    mem: PoolMem,
+    len: usize,
+}
+
+impl CudaBuf {
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr()
+    }
+}
+
+pub struct CudaBackend {
+    dev: Device,
+    blas: CudaBlas,
+    ordinal: usize,
+    /// The last batch's index arrays (reused by every layer of a forward).
+    batch: Mutex<Option<DevBatch>>,
+    /// RoPE frequency factors on the device, by content.
+    freq_factors: Mutex<Vec<(Vec<f32>, PoolMem)>>,
+}
+
+impl CudaBackend {
+    /// The backend on GPU `ordinal`: kernels are compiled (or read from the cache) here.
+    pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
+        let dev = Device::new(ordinal)?;
+        // SAFETY: only probes for the shared library.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));
+        }
+        let blas = CudaBlas::new(dev.stream.clone()).map_err(|e| CudaError::Blas(format!("creating a handle: {e:?}")))?;
+        Ok(CudaBackend { dev, blas, ordinal, batch: Mutex::new(None), freq_factors: Mutex::new(Vec::new()) })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Wait for all queued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.dev.stream.synchronize().map_err(|e| CoreError::Backend(format!("synchronize: {e:?}")))
+    }
+
+    /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
+    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
+        use cudarc::driver::result as r;
+        self.dev.bind()?;
+        let a = device::DevMem::alloc(&self.dev, bytes)?;
+        let b = device::DevMem::alloc(&self.dev, bytes)?;
+        let s = self.dev.stream.cu_stream();
+        // SAFETY: two live allocations of `bytes`.
+        let copy = || unsafe { r::memcpy_dtod_async(b.ptr, a.ptr, bytes, s) };
+        copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
+        self.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
+        }
+        self.synchronize()?;
+        Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64())
+    }
+
+    fn buf(&self, n: usize) -> Result<CudaBuf> {
+        Ok(CudaBuf { mem: self.dev.scratch(4 * n.max(1))?, len: n })
+    }
+
+    fn with_batch<T>(&self, b: &ForwardBatch, kv: &CudaKv, window: Option<usize>, f: impl FnOnce(&DevBatch) -> Result<T>) -> Result<T> {
+        let mut g = self.batch.lock().map_err(|_| CoreError::Backend("batch lock poisoned".into()))?;
+        let fresh = match g.as_ref() {
+            // kv_store (no window) can use arrays built for a windowed attention: slots agree
+            Some(d) => !(d.matches(b, kv.spec.block_size, window) || (window.is_none() && d.matches_positions(&b.positions) && d.matches(b, kv.spec.block_size, d.window()))),
+            None => true,
+        };
+        if fresh {
+            *g = Some(DevBatch::new(&self.dev, b, kv.spec.block_size, kv.spec.n_blocks, window)?);
+        }
+        f(g.as_ref().expect("set above"))
+    }
+
+    fn positions_ptr(&self, positions: &[u32]) -> Result<(u64, Option<PoolMem>)> {
+        if let Ok(g) = self.batch.lock() {
+            if let Some(d) = g.as_ref() {
+                if d.n_tok == positions.len() && d.matches_positions(positions) {
+                    return Ok((d.pos(), None));
+                }
+            }
+        }
+        let m = self.dev.upload_async(positions)?;
+        Ok((m.ptr(), Some(m)))
+    }
+
+    fn freq_factors_ptr(&self, ff: &Option<Vec<f32>>) -> Result<u64> {
+        let Some(ff) = ff else { return Ok(0) };
+        let mut g = self.freq_factors.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
+        if let Some((_, m)) = g.iter().find(|(v, _)| v == ff) {
+            return Ok(m.ptr());
+        }
+        let m = self.dev.upload_async(ff)?;
+        let p = m.ptr();
+        g.push((ff.clone(), m));
+        Ok(p)
+    }
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(CoreError::Shape(format!("{what}: buffer has {got} elements, expected {want}")));
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Weight = CudaWeight;
+    type Kv = CudaKv;
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({}, sm_{}{})", self.ordinal, self.dev.name, self.dev.cc.0, self.dev.cc.1)
+    }
+
+    fn load_weight(&self, src: WeightSource<'_>) -> Result<CudaWeight> {
+        self.dev.bind()?;
+        Ok(CudaWeight::load(&self.dev, src)?)
+    }
+
+    fn weight_dims(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.n_in, w.n_out)
+    }
+
+    fn weight_type(&self, w: &CudaWeight) -> QuantType {
+        w.ty
+    }
+
+    fn alloc(&self, n: usize) -> Result<CudaBuf> {
+        self.dev.bind()?;
+        let b = self.buf(n)?;
+        self.dev.memset0(b.ptr(), 4 * n)?;
+        Ok(b)
+    }
+
+    fn upload(&self, src: &[f32]) -> Result<CudaBuf> {
+        self.dev.bind()?;
+        Ok(CudaBuf { mem: self.dev.upload_async(src)?, len: src.len() })
+    }
+
+    fn download(&self, src: &CudaBuf) -> Result<Vec<f32>> {
+        self.dev.bind()?;
+        Ok(self.dev.download(src.ptr(), src.len)?)
+    }
+
+    fn buf_len(&self, b: &CudaBuf) -> usize {
+        b.len
+    }
+
+    fn alloc_kv(&self, spec: &KvSpec) -> Result<CudaKv> {
+        self.dev.bind()?;
+        Ok(CudaKv::new(&self.dev, spec)?)
+    }
+
+    fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let d = table.n_in;
+        check_len("embed output", out.len, tokens.len() * d)?;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.n_out) {
+            return Err(CoreError::Model(format!("token id {t} is outside the vocabulary of {}", table.n_out)));
+        }
+        let tok = self.dev.upload_async(tokens)?;
+        let n = tokens.len() as i32;
+        match table.dev_ty {
+            DevType::Quant(name) => {
+                let units = (tokens.len() * d / 32) as u64;
+                self.dev.launch_1d(
+                    &format!("embed_{name}"),
+                    units,
+                    &[Arg::P(table.p.ptr), Arg::P(table.m_ptr()), Arg::P(tok.ptr()), Arg::P(out.ptr()), Arg::I((d / 32) as i32), Arg::I(n)],
+                )?
+            }
+            t => self.dev.launch_1d(
+                &format!("embed_{}", t.name()),
+                (tokens.len() * d) as u64,
+                &[Arg::P(table.p.ptr), Arg::P(tok.ptr()), Arg::P(out.ptr()), Arg::I(d as i32), Arg::I(n)],
+            )?,
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("matmul input", x.len, n_tok * w.n_in)?;
+        check_len("matmul output", out.len, n_tok * w.n_out)?;
+        Ok(matmul::matmul(&self.dev, &self.blas, w, x.ptr(), n_tok, out.ptr())?)
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("rms_norm output", out.len, x.len)?;
+        let d = w.n_in;
+        if w.n_out != 1 || w.dev_ty != DevType::F32 {
+            return Err(CoreError::Shape(format!("weight of shape ({}, {}) used as a vector", w.n_in, w.n_out)));
+        }
+        if x.len % d != 0 {
+            return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len)));
+        }
+        let rows = (x.len / d) as u32;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.dev.launch("rms_norm", (rows, 1, 1), 256, 0, &[Arg::P(x.ptr()), Arg::P(w.p.ptr), Arg::P(out.ptr()), Arg::I(d as i32), Arg::F(eps)])?;
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut CudaBuf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
+        self.dev.bind()?;
+        check_len("rope input", x.len, positions.len() * n_head * head_dim)?;
+        if p.n_rot > head_dim || p.n_rot % 2 != 0 || p.n_rot == 0 {
+            return Err(CoreError::Shape(format!("rope: n_rot {} vs head_dim {head_dim}", p.n_rot)));
+        }
+        if let Some(f) = &p.freq_factors {
+            if f.len() < p.n_rot / 2 {
+                return Err(CoreError::Shape(format!("rope: {} freq factors for n_rot {}", f.len(), p.n_rot)));
+            }
+        }
+        let (pos, _keep) = self.positions_ptr(positions)?;
+        let ff = self.freq_factors_ptr(&p.freq_factors)?;
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let n = (positions.len() * n_head * p.n_rot / 2) as u64;
+        self.dev.launch_1d(
+            "rope",
+            n,
+            &[
+                Arg::P(x.ptr()),
+                Arg::P(pos),
+                Arg::P(ff),
+                Arg::I(positions.len() as i32),
+                Arg::I(n_head as i32),
+                Arg::I(head_dim as i32),
+                Arg::I(p.n_rot as i32),
+                Arg::F(theta_scale),
+                Arg::F(p.freq_scale),
+                Arg::I((p.style == RopeStyle::Neox) as i32),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("swiglu up", up.len, gate.len)?;
+        check_len("swiglu output", out.len, gate.len)?;
+        let n = gate.len as u64;
+        self.dev.launch_1d("swiglu", n, &[Arg::P(gate.ptr()), Arg::P(up.ptr()), Arg::P(out.ptr()), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("add", y.len, x.len)?;
+        let n = x.len as u64;
+        self.dev.launch_1d("add", n, &[Arg::P(x.ptr()), Arg::P(y.ptr()), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut CudaBuf, s: f32) -> Result<()> {
+        self.dev.bind()?;
+        let n = x.len as u64;
+        self.dev.launch_1d("scale", n, &[Arg::P(x.ptr()), Arg::F(s), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &CudaBuf, dim: usize, rows: &[usize], out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("gather output", out.len, rows.len() * dim)?;
+        if let Some(&r) = rows.iter().find(|&&r| (r + 1) * dim > x.len) {
+            return Err(CoreError::Shape(format!("gather row {r} out of range")));
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = self.dev.upload_async(&idx)?;
+        let n = (rows.len() * dim) as u64;
+        self.dev.launch_1d("gather_rows", n, &[Arg::P(x.ptr()), Arg::P(idx.ptr()), Arg::P(out.ptr()), Arg::I(dim as i32), Arg::I(rows.len() as i32)])?;
+        Ok(())
+    }
+
+    fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, batch: &ForwardBatch) -> Result<()> {
+        self.dev.bind()?;
+        let row = kv.spec.n_kv_head * kv.spec.head_dim;
+        if layer >= kv.spec.n_layer {
+            return Err(CoreError::Shape(format!("kv_store: layer {layer} of {}", kv.spec.n_layer)));
+        }
+        if k.len != batch.n_tokens() * row || v.len != k.len {
+            return Err(CoreError::Shape(format!("kv_store: k/v have {}/{} values, expected {}", k.len, v.len, batch.n_tokens() * row)));
+        }
+        let name = format!("kv_store_{}", kv::kv_name(kv.spec.ty));
+        let n = batch.n_tokens();
+        let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
+        self.with_batch(batch, kv, None, |db| {
+            for (dst, src) in [(kp, k.ptr()), (vp, v.ptr())] {
+                self.dev.launch_1d(&name, (n * row) as u64, &[Arg::P(dst), Arg::P(src), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32)])?;
+            }
+            Ok(())
+        })
+    }
+
+    fn attention(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let hd = p.head_dim;
+        check_len("attention q", q.len, batch.n_tokens() * p.n_head * hd)?;
+        check_len("attention output", out.len, q.len)?;
+        if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || p.n_head % p.n_kv_head != 0 {
+            return Err(CoreError::Shape(format!(
+                "attention: {} heads / {} kv heads of {hd} vs cache {} x {}",
+                p.n_head, p.n_kv_head, kv.spec.n_kv_head, kv.spec.head_dim
+            )));
+        }
+        if layer >= kv.spec.n_layer {
+            return Err(CoreError::Shape(format!("attention: layer {layer} of {}", kv.spec.n_layer)));
+        }
+        let dpl = match hd {
+            0 => return Err(CoreError::Shape("attention: head_dim 0".into())),
+            1..=64 => 2,
+            65..=128 => 4,
+            129..=256 => 8,
+            _ => return Err(CoreError::Unsupported(format!("attention with head_dim {hd} (the GPU kernel takes up to 256)"))),
+        };
+        if batch.n_tokens() == 0 {
+            return Ok(());
+        }
+        let name = format!("attn_{}_{dpl}", kv::kv_name(kv.spec.ty));
+        let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
+        self.with_batch(batch, kv, p.sliding_window, |db| {
+            // split the positions so that the grid fills the GPU (split-K), 64 positions at least
+            let blocks = db.n_tiles * p.n_head;
+            let max_splits = db.max_span.div_ceil(64).max(1);
+            let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits);
+            let split_len = db.max_span.div_ceil(n_split).div_ceil(32) * 32;
+            let n_split = db.max_span.div_ceil(split_len);
+            let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
+            let smem = (4 * (batch::ATT_QT * hd + 32 * (hd + 1) + 32 * hd)) as u32;
+            self.dev.launch(
+                &name,
+                (db.n_tiles as u32, p.n_head as u32, n_split as u32),
+                32,
+                smem,
+                &[
+                    Arg::P(q.ptr()),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(part.ptr()),
+                    Arg::P(db.tiles()),
+                    Arg::P(db.pos()),
+                    Arg::P(db.bt_off()),
+                    Arg::P(db.bt()),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_kv_head as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(kv.spec.block_size as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                    Arg::I(split_len as i32),
+                ],
+            )?;
+            self.dev.launch(
+                "attn_combine",
+                ((batch.n_tokens() * p.n_head) as u32, 1, 1),
+                hd.min(256) as u32,
+                0,
+                &[Arg::P(part.ptr()), Arg::P(out.ptr()), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32)],
+            )?;
+            Ok(())
+        })
+    }
+}
