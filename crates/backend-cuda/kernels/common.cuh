@@ -93,13 +93,19 @@ __device__ __forceinline__ u32 hbits(u32 qh, int i) {
     return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
 }
 
-__device__ __forceinline__ void k_scale_min(int j, const u8* s, int* sc, int* m) {
+// byte i (0..11) of the 12 scale bytes held in words a, b, c
+__device__ __forceinline__ int sbyte(u32 a, u32 b, u32 c, int i) {
+    u32 w = i < 4 ? a : (i < 8 ? b : c);
+    return (int)((w >> (8 * (i % 4))) & 0xffu);
+}
+
+__device__ __forceinline__ void k_scale_min(int j, u32 a, u32 b, u32 c, int* sc, int* m) {
     if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
+        *sc = sbyte(a, b, c, j) & 63;
+        *m = sbyte(a, b, c, j + 4) & 63;
     } else {
-        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        *sc = (sbyte(a, b, c, j + 4) & 0xF) | ((sbyte(a, b, c, j - 4) >> 6) << 4);
+        *m = (sbyte(a, b, c, j + 4) >> 4) | ((sbyte(a, b, c, j) >> 6) << 4);
     }
 }
 
@@ -147,10 +153,9 @@ __device__ __forceinline__ Unit load_unit(const u8* __restrict__ P, const u8* __
         const u8* b = P + (row * (u64)(U / 8) + k / 8) * SB;
         int j = k % 8;
         uint4 hdr = *(const uint4*)b;
-        const u8* sc8 = ((const u8*)&hdr) + 4;
         float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
         int sc, m;
-        k_scale_min(j, sc8, &sc, &m);
+        k_scale_min(j, hdr.y, hdr.z, hdr.w, &sc, &m);
         const int QS = QT == QT_Q4_K ? 16 : 48;
         const uint4* qs = (const uint4*)(b + QS + 32 * (j / 2));
         uint4 a = qs[0], c = qs[1];
