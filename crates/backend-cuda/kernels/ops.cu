@@ -125,9 +125,12 @@ __device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __rest
     }
 }
 
-#define KV_STORE(NAME, KT)                                                                                     \
-    extern "C" __global__ void kv_store_##NAME(u8* dst, const float* src, const u32* slots, int row, int n_tok) { \
-        kv_put<KT>(dst, src, slots, row, n_tok);                                                               \
+// blockIdx.y: 0 stores K, 1 stores V
+#define KV_STORE(NAME, KT)                                                                                 \
+    extern "C" __global__ void kv_store_##NAME(u8* kd, const float* ks, u8* vd, const float* vs, const u32* slots, \
+                                               int row, int n_tok) {                                       \
+        if (blockIdx.y == 0) kv_put<KT>(kd, ks, slots, row, n_tok);                                        \
+        else kv_put<KT>(vd, vs, slots, row, n_tok);                                                        \
     }
 KV_STORE(f32, KV_F32)
 KV_STORE(f16, KV_F16)

@@ -38,12 +38,17 @@ use batch::DevBatch;
 use cudarc::cublas::CudaBlas;
 use device::{Arg, Device, PoolMem};
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, RopeStyle, WeightSource};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// f32 activations in a pooled device buffer.
+///
+/// `alloc` promises zeros; the memset is deferred until something reads the buffer before
+/// an op has overwritten all of it (most buffers are outputs, so most memsets never run).
 pub struct CudaBuf {
     mem: PoolMem,
     len: usize,
+    zero_pending: AtomicBool,
 }
 
 impl CudaBuf {
@@ -60,6 +65,8 @@ pub struct CudaBackend {
     batch: Mutex<Option<DevBatch>>,
     /// RoPE frequency factors on the device, by content.
     freq_factors: Mutex<Vec<(Vec<f32>, PoolMem)>>,
+    /// The last activations quantized to Q8 (q, k and v share their input; so do gate and up).
+    qcache: Mutex<Option<matmul::QCache>>,
 }
 
 impl CudaBackend {
@@ -71,7 +78,7 @@ impl CudaBackend {
             return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));
         }
         let blas = CudaBlas::new(dev.stream.clone()).map_err(|e| CudaError::Blas(format!("creating a handle: {e:?}")))?;
-        Ok(CudaBackend { dev, blas, ordinal, batch: Mutex::new(None), freq_factors: Mutex::new(Vec::new()) })
+        Ok(CudaBackend { dev, blas, ordinal, batch: Mutex::new(None), freq_factors: Mutex::new(Vec::new()), qcache: Mutex::new(None) })
     }
 
     pub fn device(&self) -> &Device {
@@ -103,7 +110,39 @@ impl CudaBackend {
     }
 
     fn buf(&self, n: usize) -> Result<CudaBuf> {
-        Ok(CudaBuf { mem: self.dev.scratch(4 * n.max(1))?, len: n })
+        Ok(CudaBuf { mem: self.dev.scratch(4 * n.max(1))?, len: n, zero_pending: AtomicBool::new(false) })
+    }
+
+    /// A write to `ptr` makes the cached quantized activations stale if they came from it.
+    fn written(&self, ptr: u64) {
+        if let Ok(mut g) = self.qcache.lock() {
+            if g.as_ref().is_some_and(|c| c.x == ptr) {
+                *g = None;
+            }
+        }
+    }
+
+    /// The pointer of a buffer an op reads (running its deferred zeroing first).
+    fn rd(&self, b: &CudaBuf) -> Result<u64> {
+        if b.zero_pending.swap(false, Ordering::AcqRel) {
+            self.dev.memset0(b.ptr(), 4 * b.len)?;
+            self.written(b.ptr());
+        }
+        Ok(b.ptr())
+    }
+
+    /// The pointer of a buffer an op reads and updates in place.
+    fn rw(&self, b: &mut CudaBuf) -> Result<u64> {
+        let p = self.rd(b)?;
+        self.written(p);
+        Ok(p)
+    }
+
+    /// The pointer of a buffer an op overwrites completely.
+    fn wr(&self, b: &mut CudaBuf) -> u64 {
+        b.zero_pending.store(false, Ordering::Release);
+        self.written(b.ptr());
+        b.ptr()
     }
 
     fn with_batch<T>(&self, b: &ForwardBatch, kv: &CudaKv, window: Option<usize>, f: impl FnOnce(&DevBatch) -> Result<T>) -> Result<T> {
@@ -176,17 +215,22 @@ impl Backend for CudaBackend {
     fn alloc(&self, n: usize) -> Result<CudaBuf> {
         self.dev.bind()?;
         let b = self.buf(n)?;
-        self.dev.memset0(b.ptr(), 4 * n)?;
+        b.zero_pending.store(true, Ordering::Release);
         Ok(b)
     }
 
     fn upload(&self, src: &[f32]) -> Result<CudaBuf> {
         self.dev.bind()?;
-        Ok(CudaBuf { mem: self.dev.upload_async(src)?, len: src.len() })
+        let mem = self.dev.upload_async(src)?;
+        self.written(mem.ptr());
+        Ok(CudaBuf { mem, len: src.len(), zero_pending: AtomicBool::new(false) })
     }
 
     fn download(&self, src: &CudaBuf) -> Result<Vec<f32>> {
         self.dev.bind()?;
+        if src.zero_pending.load(Ordering::Acquire) {
+            return Ok(vec![0.0; src.len]);
+        }
         Ok(self.dev.download(src.ptr(), src.len)?)
     }
 
@@ -208,19 +252,20 @@ impl Backend for CudaBackend {
         }
         let tok = self.dev.upload_async(tokens)?;
         let n = tokens.len() as i32;
+        let o = self.wr(out);
         match table.dev_ty {
             DevType::Quant(name) => {
                 let units = (tokens.len() * d / 32) as u64;
                 self.dev.launch_1d(
                     &format!("embed_{name}"),
                     units,
-                    &[Arg::P(table.p.ptr), Arg::P(table.m_ptr()), Arg::P(tok.ptr()), Arg::P(out.ptr()), Arg::I((d / 32) as i32), Arg::I(n)],
+                    &[Arg::P(table.p.ptr), Arg::P(table.m_ptr()), Arg::P(tok.ptr()), Arg::P(o), Arg::I((d / 32) as i32), Arg::I(n)],
                 )?
             }
             t => self.dev.launch_1d(
                 &format!("embed_{}", t.name()),
                 (tokens.len() * d) as u64,
-                &[Arg::P(table.p.ptr), Arg::P(tok.ptr()), Arg::P(out.ptr()), Arg::I(d as i32), Arg::I(n)],
+                &[Arg::P(table.p.ptr), Arg::P(tok.ptr()), Arg::P(o), Arg::I(d as i32), Arg::I(n)],
             )?,
         }
         Ok(())
@@ -230,7 +275,9 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         check_len("matmul input", x.len, n_tok * w.n_in)?;
         check_len("matmul output", out.len, n_tok * w.n_out)?;
-        Ok(matmul::matmul(&self.dev, &self.blas, w, x.ptr(), n_tok, out.ptr())?)
+        let xp = self.rd(x)?;
+        let op = self.wr(out);
+        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {
@@ -247,7 +294,8 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        self.dev.launch("rms_norm", (rows, 1, 1), 256, 0, &[Arg::P(x.ptr()), Arg::P(w.p.ptr), Arg::P(out.ptr()), Arg::I(d as i32), Arg::F(eps)])?;
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        self.dev.launch("rms_norm", (rows, 1, 1), 256, 0, &[Arg::P(xp), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps)])?;
         Ok(())
     }
 
@@ -262,6 +310,7 @@ impl Backend for CudaBackend {
                 return Err(CoreError::Shape(format!("rope: {} freq factors for n_rot {}", f.len(), p.n_rot)));
             }
         }
+        let xp = self.rw(x)?;
         let (pos, _keep) = self.positions_ptr(positions)?;
         let ff = self.freq_factors_ptr(&p.freq_factors)?;
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
@@ -270,7 +319,7 @@ impl Backend for CudaBackend {
             "rope",
             n,
             &[
-                Arg::P(x.ptr()),
+                Arg::P(xp),
                 Arg::P(pos),
                 Arg::P(ff),
                 Arg::I(positions.len() as i32),
@@ -290,7 +339,8 @@ impl Backend for CudaBackend {
         check_len("swiglu up", up.len, gate.len)?;
         check_len("swiglu output", out.len, gate.len)?;
         let n = gate.len as u64;
-        self.dev.launch_1d("swiglu", n, &[Arg::P(gate.ptr()), Arg::P(up.ptr()), Arg::P(out.ptr()), Arg::U64(n)])?;
+        let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
+        self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n)])?;
         Ok(())
     }
 
@@ -298,14 +348,16 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         check_len("add", y.len, x.len)?;
         let n = x.len as u64;
-        self.dev.launch_1d("add", n, &[Arg::P(x.ptr()), Arg::P(y.ptr()), Arg::U64(n)])?;
+        let (xp, yp) = (self.rw(x)?, self.rd(y)?);
+        self.dev.launch_1d("add", n, &[Arg::P(xp), Arg::P(yp), Arg::U64(n)])?;
         Ok(())
     }
 
     fn scale(&self, x: &mut CudaBuf, s: f32) -> Result<()> {
         self.dev.bind()?;
         let n = x.len as u64;
-        self.dev.launch_1d("scale", n, &[Arg::P(x.ptr()), Arg::F(s), Arg::U64(n)])?;
+        let xp = self.rw(x)?;
+        self.dev.launch_1d("scale", n, &[Arg::P(xp), Arg::F(s), Arg::U64(n)])?;
         Ok(())
     }
 
@@ -318,7 +370,8 @@ impl Backend for CudaBackend {
         let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let idx = self.dev.upload_async(&idx)?;
         let n = (rows.len() * dim) as u64;
-        self.dev.launch_1d("gather_rows", n, &[Arg::P(x.ptr()), Arg::P(idx.ptr()), Arg::P(out.ptr()), Arg::I(dim as i32), Arg::I(rows.len() as i32)])?;
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        self.dev.launch_1d("gather_rows", n, &[Arg::P(xp), Arg::P(idx.ptr()), Arg::P(op), Arg::I(dim as i32), Arg::I(rows.len() as i32)])?;
         Ok(())
     }
 
@@ -334,10 +387,10 @@ impl Backend for CudaBackend {
         let name = format!("kv_store_{}", kv::kv_name(kv.spec.ty));
         let n = batch.n_tokens();
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
+        let (ks, vs) = (self.rd(k)?, self.rd(v)?);
         self.with_batch(batch, kv, None, |db| {
-            for (dst, src) in [(kp, k.ptr()), (vp, v.ptr())] {
-                self.dev.launch_1d(&name, (n * row) as u64, &[Arg::P(dst), Arg::P(src), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32)])?;
-            }
+            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32)];
+            self.dev.launch(&name, (((n * row) as u64).div_ceil(256) as u32, 2, 1), 256, 0, &args)?;
             Ok(())
         })
     }
@@ -368,6 +421,7 @@ impl Backend for CudaBackend {
         }
         let name = format!("attn_{}_{dpl}", kv::kv_name(kv.spec.ty));
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
+        let (qp, op) = (self.rd(q)?, self.wr(out));
         self.with_batch(batch, kv, p.sliding_window, |db| {
             // split the positions so that the grid fills the GPU (split-K), 64 positions at least
             let blocks = db.n_tiles * p.n_head;
@@ -383,7 +437,7 @@ impl Backend for CudaBackend {
                 32,
                 smem,
                 &[
-                    Arg::P(q.ptr()),
+                    Arg::P(qp),
                     Arg::P(kp),
                     Arg::P(vp),
                     Arg::P(part.ptr()),
@@ -406,7 +460,7 @@ impl Backend for CudaBackend {
                 ((batch.n_tokens() * p.n_head) as u32, 1, 1),
                 hd.min(256) as u32,
                 0,
-                &[Arg::P(part.ptr()), Arg::P(out.ptr()), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32)],
+                &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32)],
             )?;
             Ok(())
         })

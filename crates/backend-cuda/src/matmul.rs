@@ -7,7 +7,17 @@
 //!                            x ──tof16_f32──► x16                ├─ cuBLAS GemmEx (f16 in, f32 accumulate) ──► out
 //! ```
 
-use crate::device::{Arg, Device};
+use crate::device::{Arg, Device, PoolMem};
+use std::sync::Mutex;
+
+/// Activations already quantized to Q8: `x` (device pointer) as (xq, xm).
+pub(crate) struct QCache {
+    pub x: u64,
+    n_tok: usize,
+    n_in: usize,
+    xq: PoolMem,
+    xm: PoolMem,
+}
 use crate::error::CudaError;
 use crate::weight::{CudaWeight, DevType};
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
@@ -17,28 +27,41 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 
 const ROWS_PER_BLOCK: usize = 8; // GEMV_WARPS * GEMV_ROWS in matmul.cu
 
-pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     if n_tok == 0 {
         return Ok(());
     }
+    if let Ok(mut g) = qc.lock() {
+        // the output may reuse the cached input's memory
+        if g.as_ref().is_some_and(|c| c.x == out) {
+            *g = None;
+        }
+    }
     if n_tok <= GEMV_MAX_TOKENS || std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some() {
-        gemv(dev, w, x, n_tok, out)
+        gemv(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
     }
 }
 
-fn gemv(dev: &Device, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let grid = (n_out.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1);
     let name = w.dev_ty.name();
     match w.dev_ty {
         DevType::Quant(_) => {
             let units = n_in / 32;
-            let xq = dev.scratch(n_tok * n_in)?;
-            let xm = dev.scratch(n_tok * units * 8)?;
-            let nb = (n_tok * units) as u32;
-            dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+            let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
+            let hit = g.as_ref().is_some_and(|c| c.x == x && c.n_tok == n_tok && c.n_in == n_in) && x != out;
+            if !hit {
+                let xq = dev.scratch(n_tok * n_in)?;
+                let xm = dev.scratch(n_tok * units * 8)?;
+                let nb = (n_tok * units) as u32;
+                dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+                *g = Some(QCache { x, n_tok, n_in, xq, xm });
+            }
+            let c = g.as_ref().expect("set above");
+            let (xq, xm) = (&c.xq, &c.xm);
             let mut t0 = 0;
             while t0 < n_tok {
                 let nt = chunk(n_tok - t0);

@@ -89,8 +89,13 @@ fn smollm2() -> Option<PathBuf> {
     }
 }
 
+/// `tests/fixtures/<rel>`; `QUARREL_FIXTURES` overrides the folder (prebuilt test binaries
+/// run from another checkout).
 fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+    match std::env::var_os("QUARREL_FIXTURES") {
+        Some(d) => PathBuf::from(d).join(rel),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel),
+    }
 }
 
 #[test]
