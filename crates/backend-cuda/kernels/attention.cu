@@ -28,7 +28,7 @@ template <int KT, int DPL>
 __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                          int hd, int bs, float scale, float softcap, int window, int split_len) {
+                                          int hd, int bs, float scale, float softcap, int window) {
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
@@ -44,6 +44,8 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
         lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
     }
     for (u32 i = lane; i < nq * hd; i += 32) Qs[i] = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+    // this split's share of the tile's positions, in whole runs of 32
+    const int split_len = ((hi + 1 - lo + n_split - 1) / n_split + 31) / 32 * 32;
     const int p_begin = lo + split * split_len;
     const int p_end = min(hi + 1, p_begin + split_len);
     float m[ATT_QT], l[ATT_QT], acc[ATT_QT][DPL];
@@ -129,8 +131,8 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #define ATTN(NAME, KT, DPL)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(                                           \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int split_len) { \
-        attn_part<KT, DPL>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, split_len); \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window) {     \
+        attn_part<KT, DPL>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window);     \
     }
 #define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
 ATTN_ALL(f32, KV_F32)

@@ -55,6 +55,11 @@ extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __re
     out[i] = __fmul_rn(__fdiv_rn(v, 1.0f + expf(-v)), u[i]);
 }
 
+extern "C" __global__ void zero_fill(u32* __restrict__ x, u64 n) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = 0u;
+}
+
 extern "C" __global__ void add(float* __restrict__ x, const float* __restrict__ y, u64 n) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];

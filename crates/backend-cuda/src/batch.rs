@@ -16,8 +16,6 @@ pub struct DevBatch {
     mem: PoolMem,
     pub n_tok: usize,
     pub n_tiles: usize,
-    /// Largest span of positions one tile attends to.
-    pub max_span: usize,
     off_slots: usize,
     off_tiles: usize,
     off_btoff: usize,
@@ -68,7 +66,6 @@ impl DevBatch {
         let mut tiles = Vec::new();
         let mut bt_off = Vec::with_capacity(b.seqs.len());
         let mut bt = Vec::new();
-        let mut max_span = 1;
         for (si, s) in b.seqs.iter().enumerate() {
             check_table(s, n_blocks)?;
             bt_off.push(bt.len() as u32);
@@ -80,10 +77,6 @@ impl DevBatch {
             let mut t0 = s.start;
             while t0 < s.start + s.len {
                 let nq = ATT_QT.min(s.start + s.len - t0);
-                let ps = &b.positions[t0..t0 + nq];
-                let hi = *ps.iter().max().unwrap_or(&0) as usize;
-                let lo = ps.iter().map(|&p| window.map_or(0, |w| (p as usize + 1).saturating_sub(w))).min().unwrap_or(0);
-                max_span = max_span.max(hi + 1 - lo.min(hi));
                 tiles.extend_from_slice(&[t0 as u32, nq as u32, si as u32]);
                 t0 += nq;
             }
@@ -108,7 +101,6 @@ impl DevBatch {
             mem,
             n_tok: n,
             n_tiles,
-            max_span,
             off_slots,
             off_tiles,
             off_btoff,

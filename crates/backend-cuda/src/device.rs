@@ -3,7 +3,7 @@
 use crate::error::{drv, CudaError};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{CompileOptions, Ptx};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -77,9 +77,15 @@ fn oom_or(e: result::DriverError, bytes: usize, dev: &Device) -> CudaError {
 }
 
 /// Reuses device allocations by size: model code allocates its intermediates every step.
+///
+/// Buffers dropped while launches are queued (see `Device::flush`) are held back until the
+/// queue has been submitted, and a size class hands out its lowest address first: the same
+/// sequence of allocations gets the same pointers every step, which lets a recorded step
+/// (a CUDA graph) be replayed.
 #[derive(Default)]
 pub struct Pool {
-    free: Mutex<HashMap<usize, Vec<DevMem>>>,
+    free: Mutex<HashMap<usize, BTreeMap<u64, DevMem>>>,
+    garbage: Mutex<Vec<DevMem>>,
 }
 
 impl Pool {
@@ -87,25 +93,36 @@ impl Pool {
         bytes.max(1).div_ceil(512) * 512
     }
 
-    pub fn take(&self, dev: &Device, bytes: usize) -> Result<DevMem, CudaError> {
+    fn take(&self, dev: &Device, bytes: usize) -> Result<DevMem, CudaError> {
         let c = Self::class(bytes);
-        if let Some(m) = self.free.lock().map_err(|_| CudaError::Driver("pool lock poisoned".into()))?.get_mut(&c).and_then(|v| v.pop()) {
+        let hit = self.free.lock().map_err(|_| CudaError::Driver("pool lock poisoned".into()))?.get_mut(&c).and_then(|m| m.pop_first());
+        if let Some((_, m)) = hit {
             return Ok(m);
         }
-        match DevMem::alloc(dev, c) {
-            Ok(m) => Ok(m),
-            Err(CudaError::OutOfMemory(_)) => {
-                // give cached buffers back to the driver and try once more
-                self.free.lock().map_err(|_| CudaError::Driver("pool lock poisoned".into()))?.clear();
-                DevMem::alloc(dev, c)
-            }
-            Err(e) => Err(e),
+        DevMem::alloc(dev, c)
+    }
+
+    fn put(&self, m: DevMem) {
+        if let Ok(mut g) = self.garbage.lock() {
+            g.push(m);
         }
     }
 
-    pub fn put(&self, m: DevMem) {
+    /// Make the buffers dropped since the last call available again (all their uses are
+    /// submitted to the stream by now).
+    fn release(&self) {
+        let g = self.garbage.lock().map(|mut g| std::mem::take(&mut *g)).unwrap_or_default();
         if let Ok(mut f) = self.free.lock() {
-            f.entry(m.bytes).or_default().push(m);
+            for m in g {
+                f.entry(m.bytes).or_default().insert(m.ptr, m);
+            }
+        }
+    }
+
+    /// Give every cached buffer back to the driver.
+    fn clear(&self) {
+        if let Ok(mut f) = self.free.lock() {
+            f.clear();
         }
     }
 }
@@ -138,6 +155,7 @@ pub struct Device {
     pub pool: Arc<Pool>,
     _module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
+    queue: Mutex<crate::graph::Queue>,
 }
 
 impl Device {
@@ -162,7 +180,7 @@ impl Device {
             let f = module.load_function(&name).map_err(drv("kernel lookup"))?;
             funcs.insert(name, f);
         }
-        Ok(Device { ctx, stream, name, cc, pool: Arc::new(Pool::default()), _module: module, funcs })
+        Ok(Device { ctx, stream, name, cc, pool: Arc::new(Pool::default()), _module: module, funcs, queue: Mutex::new(Default::default()) })
     }
 
     pub fn bind(&self) -> Result<(), CudaError> {
@@ -175,7 +193,33 @@ impl Device {
 
     /// A pooled buffer of at least `bytes` (contents undefined).
     pub fn scratch(&self, bytes: usize) -> Result<PoolMem, CudaError> {
-        Ok(PoolMem { mem: Some(self.pool.take(self, bytes)?), pool: Arc::clone(&self.pool) })
+        let m = match self.pool.take(self, bytes) {
+            Err(CudaError::OutOfMemory(_)) => {
+                // submit what is queued, give cached buffers back to the driver, try again
+                self.flush()?;
+                self.pool.clear();
+                self.pool.take(self, bytes)?
+            }
+            r => r?,
+        };
+        Ok(PoolMem { mem: Some(m), pool: Arc::clone(&self.pool) })
+    }
+
+    /// Submit the queued launches (replaying a recorded graph where the step repeats) and
+    /// recycle the buffers dropped meanwhile.
+    pub fn flush(&self) -> Result<(), CudaError> {
+        let mut q = self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?;
+        let r = q.submit(&self.stream);
+        drop(q);
+        self.pool.release();
+        r
+    }
+
+    /// The next queued step cannot become a graph (it calls a library, e.g. cuBLAS).
+    pub fn not_graphable(&self) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.graphable = false;
+        }
     }
 
     /// Upload `src` into a pooled buffer, stream-ordered (the host copy is staged at once).
@@ -189,12 +233,19 @@ impl Device {
         Ok(m)
     }
 
+    /// Zero `bytes` (a multiple of 4) at `ptr`, in queue order.
+    pub fn zero(&self, ptr: u64, bytes: usize) -> Result<(), CudaError> {
+        let n = (bytes / 4) as u64;
+        self.launch_1d("zero_fill", n, &[Arg::P(ptr), Arg::U64(n)])
+    }
+
     pub fn memset0(&self, ptr: u64, bytes: usize) -> Result<(), CudaError> {
         // SAFETY: callers pass a live allocation of at least `bytes`.
         unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }.map_err(drv("memset"))
     }
 
     pub fn download<T: Copy + Default>(&self, ptr: u64, n: usize) -> Result<Vec<T>, CudaError> {
+        self.flush()?;
         let mut v = vec![T::default(); n];
         if n > 0 {
             // SAFETY: ptr holds at least n values of T; the stream is synchronized before return.
@@ -212,7 +263,7 @@ impl Device {
                 .map_err(drv("shared memory attribute"))?;
         }
         // every parameter is at most 8 bytes: one little-endian slot each
-        let mut slots: Vec<u64> = args
+        let args: Vec<u64> = args
             .iter()
             .map(|a| match *a {
                 Arg::P(v) | Arg::U64(v) => v,
@@ -221,10 +272,9 @@ impl Device {
                 Arg::F(v) => v.to_bits() as u64,
             })
             .collect();
-        let mut ptrs: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut std::ffi::c_void).collect();
-        // SAFETY: parameter lists are matched to the kernels by the callers (ops.rs, matmul.rs).
-        unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut ptrs) }
-            .map_err(|e| CudaError::Driver(format!("launching {name}: {e:?}")))
+        let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args };
+        self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?.push(rec);
+        Ok(())
     }
 
     /// One thread per element, 256 to a block.
@@ -295,7 +345,7 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
 
 /// Every kernel the module exports (looked up once at start-up).
 pub fn kernel_names() -> Vec<String> {
-    let mut v: Vec<String> = ["quantize_q8", "rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+    let mut v: Vec<String> = ["quantize_q8", "zero_fill", "rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
         .map(|s| s.to_string())
         .collect();

@@ -25,6 +25,7 @@
 mod batch;
 pub mod device;
 mod error;
+mod graph;
 mod kv;
 mod matmul;
 mod weight;
@@ -87,6 +88,7 @@ impl CudaBackend {
 
     /// Wait for all queued work (for timing).
     pub fn synchronize(&self) -> Result<()> {
+        self.dev.flush()?;
         self.dev.stream.synchronize().map_err(|e| CoreError::Backend(format!("synchronize: {e:?}")))
     }
 
@@ -94,6 +96,7 @@ impl CudaBackend {
     pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
         use cudarc::driver::result as r;
         self.dev.bind()?;
+        self.dev.flush()?;
         let a = device::DevMem::alloc(&self.dev, bytes)?;
         let b = device::DevMem::alloc(&self.dev, bytes)?;
         let s = self.dev.stream.cu_stream();
@@ -125,7 +128,7 @@ impl CudaBackend {
     /// The pointer of a buffer an op reads (running its deferred zeroing first).
     fn rd(&self, b: &CudaBuf) -> Result<u64> {
         if b.zero_pending.swap(false, Ordering::AcqRel) {
-            self.dev.memset0(b.ptr(), 4 * b.len)?;
+            self.dev.zero(b.ptr(), 4 * b.len)?;
             self.written(b.ptr());
         }
         Ok(b.ptr())
@@ -231,7 +234,17 @@ impl Backend for CudaBackend {
         if src.zero_pending.load(Ordering::Acquire) {
             return Ok(vec![0.0; src.len]);
         }
-        Ok(self.dev.download(src.ptr(), src.len)?)
+        let v = self.dev.download(src.ptr(), src.len)?;
+        // a download ends a step: drop the step's cached arrays so that the next step
+        // allocates from the same pool state (same pointers: its graph can be replayed)
+        if let Ok(mut g) = self.batch.lock() {
+            *g = None;
+        }
+        if let Ok(mut g) = self.qcache.lock() {
+            *g = None;
+        }
+        self.dev.flush()?;
+        Ok(v)
     }
 
     fn buf_len(&self, b: &CudaBuf) -> usize {
@@ -423,12 +436,12 @@ impl Backend for CudaBackend {
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
         self.with_batch(batch, kv, p.sliding_window, |db| {
-            // split the positions so that the grid fills the GPU (split-K), 64 positions at least
+            // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
+            // (each block sizes its share from the positions on the device), so decode steps
+            // repeat exactly and replay as a graph
             let blocks = db.n_tiles * p.n_head;
-            let max_splits = db.max_span.div_ceil(64).max(1);
-            let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits);
-            let split_len = db.max_span.div_ceil(n_split).div_ceil(32) * 32;
-            let n_split = db.max_span.div_ceil(split_len);
+            let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
+            let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
             let smem = (4 * (batch::ATT_QT * hd + 32 * (hd + 1) + 32 * hd)) as u32;
             self.dev.launch(
@@ -452,7 +465,6 @@ impl Backend for CudaBackend {
                     Arg::F(p.scale),
                     Arg::F(p.softcap.unwrap_or(0.0)),
                     Arg::I(p.sliding_window.unwrap_or(0) as i32),
-                    Arg::I(split_len as i32),
                 ],
             )?;
             self.dev.launch(

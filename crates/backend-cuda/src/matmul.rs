@@ -140,6 +140,9 @@ fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out
     let x16 = dev.scratch(2 * n_x as usize)?;
     dev.launch_1d("tof16_f32", n_x, &[Arg::P(x), Arg::P(x16.ptr()), Arg::U64(n_x)])?;
     let (alpha, beta) = (1.0f32, 0.0f32);
+    // cuBLAS enqueues on the stream itself: submit the queued kernels first
+    dev.flush()?;
+    dev.not_graphable();
     // column-major view: C (n_out x n_tok) = W16ᵀ (n_out x n_in) · x16 (n_in x n_tok)
     // SAFETY: pointers are live device buffers of the sizes given; the handle is on our stream.
     unsafe {
@@ -169,8 +172,10 @@ fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out
 }
 
 #[allow(clippy::too_many_arguments)]
-fn sgemm(_dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usize, n_tok: usize, out: u64) -> Result<(), CudaError> {
+fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usize, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (alpha, beta) = (1.0f32, 0.0f32);
+    dev.flush()?;
+    dev.not_graphable();
     // SAFETY: as in `gemm`.
     unsafe {
         blas::gemm_ex(

@@ -9,8 +9,11 @@ use quarrel_engine::{Engine, EngineOptions, GenerateParams, SamplingParams};
 use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
 use std::path::{Path, PathBuf};
 
-/// Logits NMSE bound, GPU vs CPU, per whole model (all layers' differences accumulated).
-const LOGITS_NMSE: f64 = 1e-3;
+/// Logits NMSE bound, GPU vs CPU, per whole model. Float-weight models agree to ~1e-6; with
+/// quantized weights both sides quantize activations to Q8 per layer, and rounding-order
+/// differences of 1e-7 flip single Q8 steps that random-weight models amplify to ~1e-3
+/// (a kernel bug gives O(1)).
+const LOGITS_NMSE: f64 = 5e-3;
 
 fn has_gpu() -> bool {
     let n = quarrel_cuda::device_count();

@@ -20,6 +20,8 @@ mod tol {
     pub const GEMM: f64 = 2e-4;
     /// element-wise ops and gathers (same formulas; libm vs CUDA's expf/cosf)
     pub const ELEMENTWISE: f64 = 1e-10;
+    /// embedding rows of types without a GPU kernel (kept as f16 on the device)
+    pub const EMBED_F16_COPY: f64 = 1e-6;
     /// attention: GPU in f32 throughout vs the CPU's f16 vector path on f16 caches
     pub const ATTENTION: f64 = 1e-5;
 }
@@ -173,9 +175,10 @@ fn elementwise_ops_match_cpu() {
     let b = elementwise(&gpu, &g, &types);
     for ((name, x), (_, y)) in a.iter().zip(&b) {
         let e = nmse(x, y);
-        let bound = if name.starts_with("embed") && name.contains("f16") { 0.0 } else { tol::ELEMENTWISE };
+        let f16_copy = ["q2_K", "q3_K", "iq4_nl"].iter().any(|t| name.ends_with(t));
+        let bound = if f16_copy { tol::EMBED_F16_COPY } else { tol::ELEMENTWISE };
         eprintln!("{name}: nmse {e:.3e}");
-        assert!(e <= bound.max(tol::ELEMENTWISE), "{name}: nmse {e:.3e}");
+        assert!(e <= bound, "{name}: nmse {e:.3e} > {bound:.0e}");
     }
 }
 
