@@ -141,7 +141,9 @@ ATTN_ALL(q8_0, KV_Q8_0)
 ATTN_ALL(q4_0, KV_Q4_0)
 
 // One block per (token, head): merge the splits' partials into out (n_tok, n_head, hd).
-extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int hd, int n_split) {
+// xq/xm non-null (blockDim == hd, a multiple of 32): the output is also written as Q8.
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int hd, int n_split,
+                                        i8* __restrict__ xq, float2* __restrict__ xm) {
     u64 th = blockIdx.x;
     const float* p = part + th * n_split * (hd + 2);
     float M = -INF;
@@ -155,6 +157,8 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
             L += ps[1] * w;
             O += ps[2 + d] * w;
         }
-        out[th * hd + d] = L > 0.f ? O / L : 0.f;
+        float o = L > 0.f ? O / L : 0.f;
+        out[th * hd + d] = o;
+        if (xq) q8_store(o, xq, xm, (th * hd + d) / 32);
     }
 }

@@ -53,6 +53,19 @@ __device__ __forceinline__ int warp_sum_i(int v) {
     return v;
 }
 
+// One warp's 32 consecutive values v (lane i holds value i of Q8 block b) written as Q8:
+// xq[b * 32 + lane], xm[b] = {d, d * sum(q)} rounded through f16 (ggml's block_q8_0 / q8_1).
+__device__ __forceinline__ void q8_store(float v, i8* __restrict__ xq, float2* __restrict__ xm, u64 b) {
+    int lane = threadIdx.x % 32;
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int q = (int)rintf(v * id);
+    xq[b * 32 + lane] = (i8)q;
+    int sum = warp_sum_i(q);
+    if (lane == 0) xm[b] = make_float2(h2f(f2h(d)), h2f(f2h(d * (float)sum)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Quantized weights on the device (see src/weight.rs for the host-side repacking).
 // A weight of n_out rows of n_in values is read in units of 32 values; unit g = row * U + k.

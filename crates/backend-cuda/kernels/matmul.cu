@@ -6,16 +6,8 @@
 // d and the sum rounded through f16 as ggml's block_q8_0 / block_q8_1 store them.
 extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float2* __restrict__ xm, int n_blocks) {
     int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
     if (b >= n_blocks) return;
-    float v = x[(u64)b * 32 + lane];
-    float amax = warp_max(fabsf(v));
-    float d = amax / 127.0f;
-    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int q = (int)rintf(v * id);
-    xq[(u64)b * 32 + lane] = (i8)q;
-    int sum = warp_sum_i(q);
-    if (lane == 0) xm[b] = make_float2(h2f(f2h(d)), h2f(f2h(d * (float)sum)));
+    q8_store(x[(u64)b * 32 + threadIdx.x % 32], xq, xm, (u64)b);
 }
 
 #define GEMV_WARPS 4
@@ -33,6 +25,7 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ P, const u8* __res
     for (int r = 0; r < GEMV_ROWS; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+#pragma unroll 2
     for (int k = lane; k < U; k += 32) {
         int4 xa[NT], xb[NT];
         float2 xs[NT];
@@ -105,6 +98,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
     int C = n_in / 8;
+#pragma unroll 2
     for (int c = lane; c < C; c += 32) {
         float xv[NT][8];
 #pragma unroll

@@ -2,7 +2,9 @@
 // RoPE angles multiplied up step by step, SiLU as x / (1 + e^-x).
 
 // One block per row: out = x * rsqrt(mean(x^2) + eps) * w.
-extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int d, float eps) {
+// xq/xm non-null (d a multiple of 32): the output is also written as Q8 for the next matmul.
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int d, float eps,
+                                    i8* __restrict__ xq, float2* __restrict__ xm) {
     __shared__ double part[32];
     const float* xr = x + (u64)blockIdx.x * d;
     float* orow = out + (u64)blockIdx.x * d;
@@ -24,7 +26,11 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     __syncthreads();
     float mean = (float)(part[0] / (double)d);
     float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float o = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        orow[i] = o;
+        if (xq) q8_store(o, xq, xm, ((u64)blockIdx.x * d + i) / 32);
+    }
 }
 
 // x (n_tok, n_head, hd) rotated in place; one thread per (token, head, pair).
@@ -48,11 +54,15 @@ extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ p
     h[i1] = fmaf(x0, s, __fmul_rn(x1, c));
 }
 
-extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, u64 n) {
+// xq/xm non-null (n a multiple of 32): the output is also written as Q8.
+extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, u64 n,
+                                  i8* __restrict__ xq, float2* __restrict__ xm) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = g[i];
-    out[i] = __fmul_rn(__fdiv_rn(v, 1.0f + expf(-v)), u[i]);
+    float o = __fmul_rn(__fdiv_rn(v, 1.0f + expf(-v)), u[i]);
+    out[i] = o;
+    if (xq) q8_store(o, xq, xm, i / 32);
 }
 
 extern "C" __global__ void zero_fill(u32* __restrict__ x, u64 n) {

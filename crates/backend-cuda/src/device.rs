@@ -301,6 +301,28 @@ pub enum Arg {
     F(f32),
 }
 
+impl Drop for Device {
+    fn drop(&mut self) {
+        let prof = self.queue.lock().ok().and_then(|mut q| q.profile.take());
+        if let Some(prof) = prof {
+            let mut rows: Vec<(String, f64, u64)> = prof
+                .iter()
+                .map(|(f, &(ms, n))| {
+                    let name = self.funcs.iter().find(|(_, func)| func.cu_function() as usize == *f).map_or("?".to_string(), |(k, _)| k.clone());
+                    (name, ms, n)
+                })
+                .collect();
+            rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let total: f64 = rows.iter().map(|r| r.1).sum();
+            eprintln!("\nCUDA kernel profile (QUARREL_CUDA_PROFILE): {total:.1} ms GPU time");
+            eprintln!("| kernel | ms | launches | us/launch | % |\n|---|---:|---:|---:|---:|");
+            for (name, ms, n) in rows.iter().take(25) {
+                eprintln!("| {name} | {ms:.2} | {n} | {:.1} | {:.1} |", 1e3 * ms / *n as f64, 100.0 * ms / total.max(1e-9));
+            }
+        }
+    }
+}
+
 fn full_source() -> String {
     SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect()
 }

@@ -36,11 +36,15 @@ pub struct Queue {
     seen: Vec<Vec<Rec>>,
     graphs: Vec<(Vec<Rec>, Graph)>,
     disabled: bool,
+    /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
+    pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
 }
 
 impl Default for Queue {
     fn default() -> Self {
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled: std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() }
+        let profile = std::env::var_os("QUARREL_CUDA_PROFILE").map(|_| Default::default());
+        let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled, profile }
     }
 }
 
@@ -60,6 +64,30 @@ impl Queue {
         Ok(())
     }
 
+    fn launch_timed(recs: &[Rec], stream: &Arc<CudaStream>, prof: &mut std::collections::HashMap<usize, (f64, u64)>) -> Result<(), CudaError> {
+        let ctx = stream.context();
+        let mut evs = Vec::with_capacity(recs.len() + 1);
+        let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("event"));
+        let first = ev()?;
+        first.record(stream).map_err(drv("event"))?;
+        for r in recs {
+            Self::launch_direct(std::slice::from_ref(r), stream)?;
+            let e = ev()?;
+            e.record(stream).map_err(drv("event"))?;
+            evs.push(e);
+        }
+        stream.synchronize().map_err(drv("synchronize"))?;
+        let mut prev = &first;
+        for (r, e) in recs.iter().zip(&evs) {
+            let ms = prev.elapsed_ms(e).map_err(drv("event"))? as f64;
+            let slot = prof.entry(r.func).or_default();
+            slot.0 += ms;
+            slot.1 += 1;
+            prev = e;
+        }
+        Ok(())
+    }
+
     fn capture(recs: &[Rec], stream: &Arc<CudaStream>) -> Result<Option<CudaGraph>, CudaError> {
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(drv("begin capture"))?;
         let launched = Self::launch_direct(recs, stream);
@@ -74,6 +102,9 @@ impl Queue {
         let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES;
         if recs.is_empty() {
             return Ok(());
+        }
+        if let Some(prof) = self.profile.as_mut() {
+            return Self::launch_timed(&recs, stream, prof);
         }
         if !graphable {
             return Self::launch_direct(&recs, stream);

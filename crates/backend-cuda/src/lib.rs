@@ -125,6 +125,18 @@ impl CudaBackend {
         }
     }
 
+    /// Q8 scratch for an op that writes `n` values at `out` and their Q8 form in one go
+    /// (`None`: kernel arguments 0, the op writes f32 only).
+    fn q8_out(&self, out: u64, n: usize) -> Result<(u64, u64)> {
+        if n % 32 != 0 || std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some() {
+            return Ok((0, 0));
+        }
+        let c = matmul::QCache::new(&self.dev, out, n)?;
+        let ptrs = (c.xq.ptr(), c.xm.ptr());
+        *self.qcache.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))? = Some(c);
+        Ok(ptrs)
+    }
+
     /// The pointer of a buffer an op reads (running its deferred zeroing first).
     fn rd(&self, b: &CudaBuf) -> Result<u64> {
         if b.zero_pending.swap(false, Ordering::AcqRel) {
@@ -308,7 +320,14 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let (xp, op) = (self.rd(x)?, self.wr(out));
-        self.dev.launch("rms_norm", (rows, 1, 1), 256, 0, &[Arg::P(xp), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps)])?;
+        let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
+        self.dev.launch(
+            "rms_norm",
+            (rows, 1, 1),
+            256,
+            0,
+            &[Arg::P(xp), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)],
+        )?;
         Ok(())
     }
 
@@ -353,7 +372,8 @@ impl Backend for CudaBackend {
         check_len("swiglu output", out.len, gate.len)?;
         let n = gate.len as u64;
         let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
-        self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n)])?;
+        let (xq, xm) = self.q8_out(o, gate.len)?;
+        self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
         Ok(())
     }
 
@@ -467,12 +487,13 @@ impl Backend for CudaBackend {
                     Arg::I(p.sliding_window.unwrap_or(0) as i32),
                 ],
             )?;
+            let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
             self.dev.launch(
                 "attn_combine",
                 ((batch.n_tokens() * p.n_head) as u32, 1, 1),
-                hd.min(256) as u32,
+                if hd % 32 == 0 { hd as u32 } else { 256 },
                 0,
-                &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32)],
+                &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
             )?;
             Ok(())
         })

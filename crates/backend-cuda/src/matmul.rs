@@ -7,16 +7,23 @@
 //!                            x ──tof16_f32──► x16                ├─ cuBLAS GemmEx (f16 in, f32 accumulate) ──► out
 //! ```
 
-use crate::device::{Arg, Device, PoolMem};
+use crate::device::{Arg, DevMem, Device, PoolMem};
 use std::sync::Mutex;
 
 /// Activations already quantized to Q8: `x` (device pointer) as (xq, xm).
 pub(crate) struct QCache {
     pub x: u64,
-    n_tok: usize,
-    n_in: usize,
-    xq: PoolMem,
-    xm: PoolMem,
+    /// values (n_tok * n_in)
+    pub n: usize,
+    pub xq: PoolMem,
+    pub xm: PoolMem,
+}
+
+impl QCache {
+    /// Scratch for the Q8 form of `n` values at `x` (filled by the kernel that writes `x`).
+    pub fn new(dev: &Device, x: u64, n: usize) -> Result<QCache, CudaError> {
+        Ok(QCache { x, n, xq: dev.scratch(n)?, xm: dev.scratch(n / 32 * 8)? })
+    }
 }
 use crate::error::CudaError;
 use crate::weight::{CudaWeight, DevType};
@@ -52,13 +59,12 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
         DevType::Quant(_) => {
             let units = n_in / 32;
             let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
-            let hit = g.as_ref().is_some_and(|c| c.x == x && c.n_tok == n_tok && c.n_in == n_in) && x != out;
+            let hit = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in) && x != out;
             if !hit {
-                let xq = dev.scratch(n_tok * n_in)?;
-                let xm = dev.scratch(n_tok * units * 8)?;
+                let c = QCache::new(dev, x, n_tok * n_in)?;
                 let nb = (n_tok * units) as u32;
-                dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
-                *g = Some(QCache { x, n_tok, n_in, xq, xm });
+                dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(c.xq.ptr()), Arg::P(c.xm.ptr()), Arg::I(nb as i32)])?;
+                *g = Some(c);
             }
             let c = g.as_ref().expect("set above");
             let (xq, xm) = (&c.xq, &c.xm);
@@ -115,27 +121,33 @@ fn chunk(left: usize) -> usize {
 fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let n_w = (n_in * n_out) as u64;
-    // the weight as f16 (in place for F16 weights)
+    // the weight as f16: in place for F16 weights; else a cached f16 copy (made once while
+    // free memory allows, QUARREL_CUDA_F16_CACHE=0 turns it off) or a scratch dequantized per call
     let w16_scratch;
+    let mut cached = w.f16.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
     let w16 = match w.dev_ty {
         DevType::F16 => w.p.ptr,
-        DevType::F32 => return sgemm(dev, blas, w.p.ptr, x, n_in, n_out, n_tok, out),
-        DevType::BF16 => {
-            w16_scratch = dev.scratch(2 * n_w as usize)?;
-            dev.launch_1d("tof16_bf16", n_w, &[Arg::P(w.p.ptr), Arg::P(w16_scratch.ptr()), Arg::U64(n_w)])?;
-            w16_scratch.ptr()
+        DevType::F32 => {
+            drop(cached);
+            return sgemm(dev, blas, w.p.ptr, x, n_in, n_out, n_tok, out);
         }
-        DevType::Quant(name) => {
-            w16_scratch = dev.scratch(2 * n_w as usize)?;
-            let units = n_w / 32;
-            dev.launch_1d(
-                &format!("dequant_{name}"),
-                units,
-                &[Arg::P(w.p.ptr), Arg::P(w.m_ptr()), Arg::P(w16_scratch.ptr()), Arg::I((n_in / 32) as i32), Arg::U64(units)],
-            )?;
-            w16_scratch.ptr()
+        _ => {
+            if cached.is_none() && f16_cache_fits(dev, 2 * n_w as usize) {
+                let m = DevMem::alloc(dev, 2 * n_w as usize)?;
+                to_f16(dev, w, m.ptr, n_w)?;
+                *cached = Some(m);
+            }
+            match cached.as_ref() {
+                Some(m) => m.ptr,
+                None => {
+                    w16_scratch = dev.scratch(2 * n_w as usize)?;
+                    to_f16(dev, w, w16_scratch.ptr(), n_w)?;
+                    w16_scratch.ptr()
+                }
+            }
         }
     };
+    drop(cached);
     let n_x = (n_tok * n_in) as u64;
     let x16 = dev.scratch(2 * n_x as usize)?;
     dev.launch_1d("tof16_f32", n_x, &[Arg::P(x), Arg::P(x16.ptr()), Arg::U64(n_x)])?;
@@ -169,6 +181,26 @@ fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out
         )
     }
     .map_err(|e| CudaError::Blas(format!("GemmEx {n_out}x{n_tok}x{n_in}: {e:?}")))
+}
+
+/// Whether an f16 copy of `bytes` fits, leaving a fifth of the device free.
+fn f16_cache_fits(dev: &Device, bytes: usize) -> bool {
+    if std::env::var("QUARREL_CUDA_F16_CACHE").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    let (free, total) = dev.ctx.mem_get_info().unwrap_or((0, 0));
+    free > bytes + total / 5
+}
+
+/// Dequantize (or convert) `w` into `n_w` f16 values at `dst`.
+fn to_f16(dev: &Device, w: &CudaWeight, dst: u64, n_w: u64) -> Result<(), CudaError> {
+    match w.dev_ty {
+        DevType::Quant(name) => {
+            let units = n_w / 32;
+            dev.launch_1d(&format!("dequant_{name}"), units, &[Arg::P(w.p.ptr), Arg::P(w.m_ptr()), Arg::P(dst), Arg::I((w.n_in / 32) as i32), Arg::U64(units)])
+        }
+        t => dev.launch_1d(&format!("tof16_{}", t.name()), n_w, &[Arg::P(w.p.ptr), Arg::P(dst), Arg::U64(n_w)]),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

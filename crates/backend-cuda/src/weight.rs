@@ -44,6 +44,8 @@ pub struct CudaWeight {
     pub(crate) m: Option<DevMem>,
     /// Weight bytes on the device (for bandwidth figures).
     pub bytes: usize,
+    /// An f16 copy for the prefill GEMM, made on first use when memory allows.
+    pub(crate) f16: std::sync::Mutex<Option<DevMem>>,
 }
 
 impl CudaWeight {
@@ -111,11 +113,12 @@ impl CudaWeight {
             p: DevMem::upload(dev, &p)?,
             m: m.map(|m| DevMem::upload(dev, &m)).transpose()?,
             bytes: total,
+            f16: Default::default(),
         })
     }
 
     fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T]) -> Result<CudaWeight, CudaError> {
-        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v) })
+        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default() })
     }
 }
 
