@@ -22,6 +22,59 @@ __device__ __forceinline__ float kv_load(const u8* __restrict__ p, u64 e) {
     return h2f(*(const u16*)blk) * (float)(q - 8);
 }
 
+// Rows base..base+nr-1 of one KV head as f32 into Ks / Vs ([32][hd + 1]): lane r loads row r.
+// f16 / f32 caches with hd a multiple of 8 / 4 take 16-byte loads, all in flight together.
+template <int KT>
+__device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __restrict__ V, float* Ks, float* Vs, const u32* __restrict__ table,
+                                          int bs, u64 row, int kvh, int hd, int base, int nr, int lane) {
+    if (KT == KV_F16 && hd % 8 == 0) {
+        if (lane < nr) {
+            int p = base + lane;
+            u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
+            const uint4* kr = (const uint4*)(K + e0 * 2);
+            const uint4* vr = (const uint4*)(V + e0 * 2);
+            float* ko = Ks + lane * (hd + 1);
+            float* vo = Vs + lane * (hd + 1);
+#pragma unroll 4
+            for (int j = 0; j < hd / 8; j++) {
+                uint4 a = kr[j], b = vr[j];
+                u32 aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    ko[8 * j + 2 * i] = h2f((u16)(aw[i] & 0xffff));
+                    ko[8 * j + 2 * i + 1] = h2f((u16)(aw[i] >> 16));
+                    vo[8 * j + 2 * i] = h2f((u16)(bw[i] & 0xffff));
+                    vo[8 * j + 2 * i + 1] = h2f((u16)(bw[i] >> 16));
+                }
+            }
+        }
+    } else if (KT == KV_F32 && hd % 4 == 0) {
+        if (lane < nr) {
+            int p = base + lane;
+            u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
+            const float4* kr = (const float4*)(K + e0 * 4);
+            const float4* vr = (const float4*)(V + e0 * 4);
+            float* ko = Ks + lane * (hd + 1);
+            float* vo = Vs + lane * (hd + 1);
+#pragma unroll 4
+            for (int j = 0; j < hd / 4; j++) {
+                float4 a = kr[j], b = vr[j];
+                ko[4 * j] = a.x; ko[4 * j + 1] = a.y; ko[4 * j + 2] = a.z; ko[4 * j + 3] = a.w;
+                vo[4 * j] = b.x; vo[4 * j + 1] = b.y; vo[4 * j + 2] = b.z; vo[4 * j + 3] = b.w;
+            }
+        }
+    } else {
+        for (int r = 0; r < nr; r++) {
+            int p = base + r;
+            u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
+            for (int d = lane; d < hd; d += 32) {
+                Ks[r * (hd + 1) + d] = kv_load<KT>(K, e0 + d);
+                Vs[r * (hd + 1) + d] = kv_load<KT>(V, e0 + d);
+            }
+        }
+    }
+}
+
 // meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
 // part: per (token, head, split): [m, l, acc[hd]].
 template <int KT, int DPL>
@@ -36,7 +89,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     const int kvh = h / (n_head / n_kv_head);
     float* Qs = sm;                    // [ATT_QT][hd]
     float* Ks = Qs + ATT_QT * hd;      // [32][hd + 1]
-    float* Vs = Ks + 32 * (hd + 1);    // [32][hd]
+    float* Vs = Ks + 32 * (hd + 1);    // [32][hd + 1]
     int hi = 0, lo = 0x7fffffff;
     for (u32 i = 0; i < nq; i++) {
         int p = (int)pos[t0 + i];
@@ -61,15 +114,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     __syncwarp();
     for (int base = p_begin; base < p_end; base += 32) {
         int nr = min(32, p_end - base);
-        for (int r = 0; r < nr; r++) {
-            int p = base + r;
-            u64 slot = (u64)table[p / bs] * bs + p % bs;
-            u64 e0 = slot * row + (u64)kvh * hd;
-            for (int d = lane; d < hd; d += 32) {
-                Ks[r * (hd + 1) + d] = kv_load<KT>(K, e0 + d);
-                Vs[r * hd + d] = kv_load<KT>(V, e0 + d);
-            }
-        }
+        load_rows<KT>(K, V, Ks, Vs, table, bs, row, kvh, hd, base, nr, lane);
         __syncwarp();
         const int p = base + lane;
         float s[ATT_QT];
@@ -105,7 +150,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
                 for (int d = 0; d < DPL; d++) {
                     int dd = lane + 32 * d;
-                    if (dd < hd) acc[i][d] += pb * Vs[j * hd + dd];
+                    if (dd < hd) acc[i][d] += pb * Vs[j * (hd + 1) + dd];
                 }
             }
             m[i] = mn;

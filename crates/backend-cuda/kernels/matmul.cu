@@ -13,54 +13,75 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 #define GEMV_WARPS 4
 #define GEMV_ROWS 2
 
+// Sum the warps' partial dot products of each row group and write the rows.
+template <int NT>
+__device__ __forceinline__ void gemv_reduce(float (&acc)[GEMV_ROWS][NT], float (*red)[GEMV_ROWS * NT], float* __restrict__ out, int row0,
+                                            int n_out, int wpr) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r * NT + t] = v;
+        }
+    __syncthreads();
+    if (warp % wpr == 0) {
+        for (int l = lane; l < GEMV_ROWS * NT; l += 32) {
+            int r = l / NT, t = l % NT;
+            float s = 0.f;
+            for (int i = 0; i < wpr; i++) s += red[warp + i][l];
+            if (row0 + r < n_out) out[(u64)t * n_out + row0 + r] = s;
+        }
+    }
+}
+
 // out[t * n_out + row] = sum_k W[row] . x[t], t < NT; x given as Q8 units (xq, xm), U units per row.
+// A block's 4 warps cover 4 / wpr groups of GEMV_ROWS rows; the wpr warps of a group split the
+// row's units (wpr > 1 for matrices with few rows, so that the grid fills the GPU).
 template <int QT, int NT>
 __device__ __forceinline__ void gemv_q(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
-                                       const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
-    if (row0 >= n_out) return;
+                                       const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr) {
+    __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp / wpr, sub = warp % wpr;
+    const int row0 = (blockIdx.x * (GEMV_WARPS / wpr) + group) * GEMV_ROWS;
     float acc[GEMV_ROWS][NT];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+    if (row0 < n_out) {
 #pragma unroll 2
-    for (int k = lane; k < U; k += 32) {
-        int4 xa[NT], xb[NT];
-        float2 xs[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const int4* xp = (const int4*)(xq + ((u64)t * U + k) * 32);
-            xa[t] = xp[0];
-            xb[t] = xp[1];
-            xs[t] = xm[(u64)t * U + k];
-        }
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            int row = row0 + r;
-            if (row >= n_out) break;
-            Unit u = load_unit<QT>(P, M, (u64)row, k, U);
+        for (int k = lane + 32 * sub; k < U; k += 32 * wpr) {
+            int4 xa[NT], xb[NT];
+            float2 xs[NT];
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                int s0 = dp4a(u.q[3], xa[t].w, dp4a(u.q[2], xa[t].z, dp4a(u.q[1], xa[t].y, dp4a(u.q[0], xa[t].x, 0))));
-                int s1 = dp4a(u.q[7], xb[t].w, dp4a(u.q[6], xb[t].z, dp4a(u.q[5], xb[t].y, dp4a(u.q[4], xb[t].x, 0))));
-                if (QT == QT_Q6_K) {
-                    acc[r][t] += xs[t].x * (u.s0 * (float)s0 + u.s1 * (float)s1);
-                } else {
-                    acc[r][t] += (float)(s0 + s1) * (u.s0 * xs[t].x) + u.o * xs[t].y;
+                const int4* xp = (const int4*)(xq + ((u64)t * U + k) * 32);
+                xa[t] = xp[0];
+                xb[t] = xp[1];
+                xs[t] = xm[(u64)t * U + k];
+            }
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                // rows past the end re-read the last row (results dropped)
+                int row = min(row0 + r, n_out - 1);
+                Unit u = load_unit<QT>(P, M, (u64)row, k, U);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    int s0 = dp4a(u.q[3], xa[t].w, dp4a(u.q[2], xa[t].z, dp4a(u.q[1], xa[t].y, dp4a(u.q[0], xa[t].x, 0))));
+                    int s1 = dp4a(u.q[7], xb[t].w, dp4a(u.q[6], xb[t].z, dp4a(u.q[5], xb[t].y, dp4a(u.q[4], xb[t].x, 0))));
+                    if (QT == QT_Q6_K) {
+                        acc[r][t] += xs[t].x * (u.s0 * (float)s0 + u.s1 * (float)s1);
+                    } else {
+                        acc[r][t] += (float)(s0 + s1) * (u.s0 * xs[t].x) + u.o * xs[t].y;
+                    }
                 }
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) out[(u64)t * n_out + row0 + r] = v;
-        }
-    }
+    gemv_reduce<NT>(acc, red, out, row0, n_out, wpr);
 }
 
 #define WT_F32 0
@@ -86,54 +107,49 @@ __device__ __forceinline__ void load8(const u8* __restrict__ W, u64 e, float* w)
     }
 }
 
-// Float weights, f32 activations; n_in a multiple of 8.
+// Float weights, f32 activations; n_in a multiple of 8. Row groups and warps as in gemv_q.
 template <int WT, int NT>
-__device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ out, int n_in, int n_out) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
-    if (row0 >= n_out) return;
+__device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ out, int n_in, int n_out, int wpr) {
+    __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp / wpr, sub = warp % wpr;
+    const int row0 = (blockIdx.x * (GEMV_WARPS / wpr) + group) * GEMV_ROWS;
     float acc[GEMV_ROWS][NT];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
-    int C = n_in / 8;
+    const int C = n_in / 8;
+    if (row0 < n_out) {
 #pragma unroll 2
-    for (int c = lane; c < C; c += 32) {
-        float xv[NT][8];
+        for (int c = lane + 32 * sub; c < C; c += 32 * wpr) {
+            float xv[NT][8];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float4* xp = (const float4*)(x + (u64)t * n_in + c * 8);
-            float4 a = xp[0], b = xp[1];
-            xv[t][0] = a.x; xv[t][1] = a.y; xv[t][2] = a.z; xv[t][3] = a.w;
-            xv[t][4] = b.x; xv[t][5] = b.y; xv[t][6] = b.z; xv[t][7] = b.w;
-        }
+            for (int t = 0; t < NT; t++) {
+                const float4* xp = (const float4*)(x + (u64)t * n_in + c * 8);
+                float4 a = xp[0], b = xp[1];
+                xv[t][0] = a.x; xv[t][1] = a.y; xv[t][2] = a.z; xv[t][3] = a.w;
+                xv[t][4] = b.x; xv[t][5] = b.y; xv[t][6] = b.z; xv[t][7] = b.w;
+            }
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            int row = row0 + r;
-            if (row >= n_out) break;
-            float w[8];
-            load8<WT>(W, (u64)row * n_in + c * 8, w);
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                int row = min(row0 + r, n_out - 1);
+                float w[8];
+                load8<WT>(W, (u64)row * n_in + c * 8, w);
 #pragma unroll
-            for (int t = 0; t < NT; t++)
+                for (int t = 0; t < NT; t++)
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[r][t] += w[i] * xv[t][i];
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) out[(u64)t * n_out + row0 + r] = v;
+                    for (int i = 0; i < 8; i++) acc[r][t] += w[i] * xv[t][i];
+            }
         }
     }
+    gemv_reduce<NT>(acc, red, out, row0, n_out, wpr);
 }
 
 #define GEMV_Q(NAME, QT, NT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
-                                                                         const float2* xm, float* out, int U, int n_out) { \
-        gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out);                                                             \
+                                                                         const float2* xm, float* out, int U, int n_out, int wpr) { \
+        gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr);                                                        \
     }
 #define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
 GEMV_Q_ALL(q4_0, QT_Q4_0)
@@ -147,8 +163,8 @@ GEMV_Q_ALL(q6_K, QT_Q6_K)
 
 #define GEMV_F(NAME, WT, NT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* W, const float* x, float* out, int n_in, \
-                                                                         int n_out) {                                \
-        gemv_f<WT, NT>(W, x, out, n_in, n_out);                                                                       \
+                                                                         int n_out, int wpr) {                       \
+        gemv_f<WT, NT>(W, x, out, n_in, n_out, wpr);                                                                  \
     }
 #define GEMV_F_ALL(NAME, WT) GEMV_F(NAME, WT, 1) GEMV_F(NAME, WT, 2) GEMV_F(NAME, WT, 4) GEMV_F(NAME, WT, 8)
 GEMV_F_ALL(f32, WT_F32)

@@ -321,10 +321,12 @@ impl Backend for CudaBackend {
         }
         let (xp, op) = (self.rd(x)?, self.wr(out));
         let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
+        // a decode step normalizes one row: more threads per row shorten the block
+        let threads = (d / 4).div_ceil(32).clamp(4, 32) as u32 * 32;
         self.dev.launch(
             "rms_norm",
             (rows, 1, 1),
-            256,
+            threads,
             0,
             &[Arg::P(xp), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)],
         )?;
@@ -463,7 +465,7 @@ impl Backend for CudaBackend {
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
             let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            let smem = (4 * (batch::ATT_QT * hd + 32 * (hd + 1) + 32 * hd)) as u32;
+            let smem = (4 * (batch::ATT_QT * hd + 2 * 32 * (hd + 1))) as u32;
             self.dev.launch(
                 &name,
                 (db.n_tiles as u32, p.n_head as u32, n_split as u32),

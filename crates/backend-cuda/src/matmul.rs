@@ -32,7 +32,24 @@ use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
 /// Up to this many tokens the GEMV kernels run (weights read once per 8 tokens); above, the GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;
 
-const ROWS_PER_BLOCK: usize = 8; // GEMV_WARPS * GEMV_ROWS in matmul.cu
+/// GEMV_WARPS and GEMV_ROWS in matmul.cu.
+const GEMV_WARPS: usize = 4;
+const GEMV_ROWS: usize = 2;
+
+/// Warps per row (1, 2 or 4) and the grid: matrices with few rows split each row's dot
+/// product over several warps so that at least ~1000 blocks run.
+fn gemv_shape(n_out: usize) -> (usize, (u32, u32, u32)) {
+    let blocks1 = n_out.div_ceil(GEMV_WARPS * GEMV_ROWS);
+    let wpr = if blocks1 >= 1024 {
+        1
+    } else if blocks1 >= 512 {
+        2
+    } else {
+        4
+    };
+    let rows_per_block = GEMV_ROWS * GEMV_WARPS / wpr;
+    (wpr, (n_out.div_ceil(rows_per_block) as u32, 1, 1))
+}
 
 pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     if n_tok == 0 {
@@ -53,7 +70,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
 
 fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
-    let grid = (n_out.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1);
+    let (wpr, grid) = gemv_shape(n_out);
     let name = w.dev_ty.name();
     match w.dev_ty {
         DevType::Quant(_) => {
@@ -84,6 +101,7 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
                         Arg::P(out + 4 * (t0 * n_out) as u64),
                         Arg::I(units as i32),
                         Arg::I(n_out as i32),
+                        Arg::I(wpr as i32),
                     ],
                 )?;
                 t0 += nt;
@@ -104,6 +122,7 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
                         Arg::P(out + 4 * (t0 * n_out) as u64),
                         Arg::I(n_in as i32),
                         Arg::I(n_out as i32),
+                        Arg::I(wpr as i32),
                     ],
                 )?;
                 t0 += nt;

@@ -130,6 +130,43 @@ fn matmul_every_type_gemv_and_gemm() {
     }
 }
 
+/// Tall matrices take the GEMV path with one or two warps per row (the 70-row ones take four).
+#[test]
+fn matmul_row_splits() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    for (n_in, n_out) in [(256usize, 8200usize), (512, 4100)] {
+        let mut w = GgufWriter::new();
+        let mut data = Vec::new();
+        let types = [QuantType::Q4_0, QuantType::Q6_K, QuantType::F16];
+        for (i, &ty) in types.iter().enumerate() {
+            let v: Vec<f32> = rnd(n_in * n_out, 300 + i as u64);
+            w.add_tensor(&format!("w.{}", ty.name()), &[n_in as u64, n_out as u64], ty).unwrap();
+            data.push(quarrel_quant::quantize_to_vec(ty, &v).unwrap());
+        }
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
+        for ty in types {
+            for n_tok in [1, 3] {
+                let a = mm(&cpu, &g, ty, n_in, n_out, n_tok);
+                let b = mm(&gpu, &g, ty, n_in, n_out, n_tok);
+                let e = nmse(&a, &b);
+                let bound = if ty == QuantType::Q6_K { tol::GEMV_K } else if ty == QuantType::F16 { tol::GEMV_FLOAT } else { tol::GEMV_LEGACY };
+                eprintln!("matmul {ty} {n_in}x{n_out} n_tok {n_tok}: nmse {e:.3e}");
+                assert!(e <= bound, "matmul {ty} {n_in}x{n_out} n_tok {n_tok}: nmse {e:.3e}");
+            }
+        }
+    }
+}
+
+fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, n_in: usize, n_out: usize, n_tok: usize) -> Vec<f32> {
+    let w = load(be, g, &format!("w.{}", ty.name()));
+    let x = be.upload(&rnd(n_tok * n_in, 7 + n_tok as u64)).unwrap();
+    let mut out = be.alloc(n_tok * n_out).unwrap();
+    be.matmul(&w, &x, n_tok, &mut out).unwrap();
+    be.download(&out).unwrap()
+}
+
 /// Embedding, RMSNorm, RoPE (both styles, with frequency factors), SwiGLU, add, scale, gather.
 fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(String, Vec<f32>)> {
     let mut outs = Vec::new();
