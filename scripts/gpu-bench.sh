@@ -10,7 +10,8 @@
 # Environment: QUARREL (the quarrel binary; default target/release/quarrel), LLAMA_TGZ (llama.cpp
 # source .tgz; default .carry/llama/llama-trim.tgz), BIN_DIR (prebuilt test binaries, see
 # gpu-test.sh), WORK (scratch folder for models and the build; default /tmp/qbench),
-# OUT (where logs go; default $WORK/out), REPS (repetitions, default 3), MODELS (subset).
+# OUT (where logs go; default $WORK/out), REPS (repetitions, default 3), MODELS (subset),
+# DEVICE (quarrel's --device, default cuda; cpu for a dry run of the script).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 Q="${QUARREL:-$ROOT/target/release/quarrel}"
@@ -19,6 +20,7 @@ WORK="${WORK:-/tmp/qbench}"
 OUT="${OUT:-$WORK/out}"
 REPS="${REPS:-3}"
 MODELS="${MODELS:-mistral-7b:q4_0 mistral-7b:q4_k_m tinyllama-1.1b:q4_0}"
+DEVICE="${DEVICE:-cuda}"
 mkdir -p "$WORK/models" "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
@@ -28,18 +30,18 @@ NPROC=$(nproc)
 (
     set -e
     mkdir -p "$WORK/llama" && tar -xzf "$TGZ" -C "$WORK/llama"
-    src=$(dirname "$(find "$WORK/llama" -maxdepth 3 -name CMakeLists.txt -path '*llama*' | head -1)")
+    src=$(dirname "$(find "$WORK/llama" -mindepth 2 -maxdepth 2 -name CMakeLists.txt | head -1)")
     cmake -S "$src" -B "$WORK/llama/b" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF \
         -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/llama-cmake.log" 2>&1
-    cmake --build "$WORK/llama/b" -j"$NPROC" --target llama-bench llama-batched-bench >"$OUT/llama-build.log" 2>&1
+    cmake --build "$WORK/llama/b" -j"$NPROC" --target llama-bench >"$OUT/llama-build.log" 2>&1
 ) &
 BUILD=$!
 
 # 2. models (two writers at a time, leaving cores to the build)
 for m in $MODELS; do
     p=${m%%:*}; q=${m#*:}; f="$WORK/models/$p-$q.gguf"
-    [ -s "$f" ] || "$Q" synth -p "$p" -q "$q" -t $((NPROC / 2)) "$f" >"$OUT/synth-$p-$q.log" 2>&1 || echo "synth $p $q failed"
+    [ -s "$f" ] || "$Q" synth -p "$p" -q "$q" -t $((NPROC / 4 + 1)) "$f" >"$OUT/synth-$p-$q.log" 2>&1 || echo "synth $p $q failed"
 done
 
 # 3. GPU tests and copy bandwidth
@@ -53,7 +55,7 @@ COPY=$(grep -oE '[0-9.]+ GB/s' "$OUT/gpu.txt" | head -1 | cut -d' ' -f1)
 # 4. benchmarks: ours, then llama.cpp's once built
 for m in $MODELS; do
     p=${m%%:*}; q=${m#*:}; f="$WORK/models/$p-$q.gguf"
-    "$Q" bench --device cuda -m "$f" -p 512 -n 128 -r "$REPS" -o json >"$OUT/q-$p-$q.json" 2>"$OUT/q-$p-$q.err" || echo "quarrel bench $p $q failed: $(tail -2 "$OUT/q-$p-$q.err")"
+    "$Q" bench --device "$DEVICE" -m "$f" -p 512 -n 128 -r "$REPS" -o json >"$OUT/q-$p-$q.json" 2>"$OUT/q-$p-$q.err" || echo "quarrel bench $p $q failed: $(tail -2 "$OUT/q-$p-$q.err")"
 done
 wait $BUILD || { echo "llama.cpp build failed"; tail -20 "$OUT/llama-build.log"; }
 LB="$WORK/llama/b/bin/llama-bench"
