@@ -463,7 +463,7 @@ impl Backend for CudaBackend {
             // repeat exactly and replay as a graph
             let blocks = db.n_tiles * p.n_head;
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
-            let n_split = 2048usize.div_ceil(blocks).clamp(1, max_splits.min(32));
+            let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
             let smem = (4 * (batch::ATT_QT * hd + 2 * 32 * (hd + 1))) as u32;
             self.dev.launch(
