@@ -17,6 +17,8 @@
 //! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
 //! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
 //! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
+//! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
+//! | `unit`    | reference twin of the kernels' weight decoding (property-tested without a GPU) |
 //! | `error`   | `CudaError` -> `CoreError` |
 //!
 //! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
@@ -28,12 +30,13 @@ mod error;
 mod graph;
 mod kv;
 mod matmul;
+pub mod unit;
 mod weight;
 
 pub use device::device_count;
 pub use error::CudaError;
 pub use kv::CudaKv;
-pub use weight::{CudaWeight, DevType};
+pub use weight::{repack, CudaWeight, DevType};
 
 use batch::DevBatch;
 use cudarc::cublas::CudaBlas;

@@ -66,44 +66,16 @@ impl CudaWeight {
             let v = dequant(ty, bytes, n_in, src.name)?;
             return Ok(Self::plain(dev, ty, DevType::F32, n_in, n_out, &v)?);
         }
-        let bs = ty.block_size();
-        let ts = ty.type_size();
-        let nblk = bytes.len() / ts;
-        let (planes, dev_ty): ((Vec<u8>, Option<Vec<u8>>), DevType) = match ty {
-            QuantType::Q4_0 => (split(bytes, ts, &[(2, 16)], &[(0, 2)], 16, 2), DevType::Quant("q4_0")),
-            QuantType::Q4_1 => (split(bytes, ts, &[(4, 16)], &[(0, 4)], 16, 4), DevType::Quant("q4_1")),
-            QuantType::Q5_0 => (split(bytes, ts, &[(6, 16)], &[(0, 2), (2, 4)], 16, 8), DevType::Quant("q5_0")),
-            QuantType::Q5_1 => (split(bytes, ts, &[(8, 16)], &[(0, 4), (4, 4)], 16, 8), DevType::Quant("q5_1")),
-            QuantType::Q8_0 => (split(bytes, ts, &[(2, 32)], &[(0, 2)], 32, 2), DevType::Quant("q8_0")),
-            QuantType::Q4_K => ((bytes.to_vec(), None), DevType::Quant("q4_K")),
-            QuantType::Q5_K => ((bytes.to_vec(), None), DevType::Quant("q5_K")),
-            QuantType::Q6_K => {
-                let mut p = vec![0u8; nblk * 224];
-                for (b, o) in bytes.chunks_exact(ts).zip(p.chunks_exact_mut(224)) {
-                    o[..ts].copy_from_slice(b);
-                }
-                ((p, None), DevType::Quant("q6_K"))
+        let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && n_in % 8 != 0 { None } else { repack(ty, bytes) };
+        let Some((dev_ty, p, m)) = repacked else {
+            if n_in % 8 != 0 {
+                return Err(CudaError::Unsupported(format!("{}: rows of {n_in} values (the GPU kernels need a multiple of 8)", src.name)));
             }
-            QuantType::F32 | QuantType::F16 | QuantType::BF16 if n_in % 8 == 0 => {
-                let dt = match ty {
-                    QuantType::F32 => DevType::F32,
-                    QuantType::F16 => DevType::F16,
-                    _ => DevType::BF16,
-                };
-                ((bytes.to_vec(), None), dt)
-            }
-            _ => {
-                if n_in % 8 != 0 {
-                    return Err(CudaError::Unsupported(format!("{}: rows of {n_in} values (the GPU kernels need a multiple of 8)", src.name)));
-                }
-                // no kernel for this type: f16 copy
-                let v = dequant(ty, bytes, n_in * n_out, src.name)?;
-                let h: Vec<u16> = v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
-                return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h);
-            }
+            // no kernel for this type: f16 copy
+            let v = dequant(ty, bytes, n_in * n_out, src.name)?;
+            let h: Vec<u16> = v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+            return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h);
         };
-        debug_assert!(bs == 1 || n_in % bs == 0);
-        let (p, m) = planes;
         let total = p.len() + m.as_ref().map_or(0, |m| m.len());
         Ok(CudaWeight {
             ty,
@@ -120,6 +92,36 @@ impl CudaWeight {
     fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T]) -> Result<CudaWeight, CudaError> {
         Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default() })
     }
+}
+
+/// The device layout of a tensor's bytes (see the module table): kind, payload plane, meta
+/// plane. `None` for types without a kernel.
+pub fn repack(ty: QuantType, bytes: &[u8]) -> Option<(DevType, Vec<u8>, Option<Vec<u8>>)> {
+    let ts = ty.type_size();
+    Some(match ty {
+        QuantType::Q4_0 => with(DevType::Quant("q4_0"), split(bytes, ts, &[(2, 16)], &[(0, 2)], 16, 2)),
+        QuantType::Q4_1 => with(DevType::Quant("q4_1"), split(bytes, ts, &[(4, 16)], &[(0, 4)], 16, 4)),
+        QuantType::Q5_0 => with(DevType::Quant("q5_0"), split(bytes, ts, &[(6, 16)], &[(0, 2), (2, 4)], 16, 8)),
+        QuantType::Q5_1 => with(DevType::Quant("q5_1"), split(bytes, ts, &[(8, 16)], &[(0, 4), (4, 4)], 16, 8)),
+        QuantType::Q8_0 => with(DevType::Quant("q8_0"), split(bytes, ts, &[(2, 32)], &[(0, 2)], 32, 2)),
+        QuantType::Q4_K => (DevType::Quant("q4_K"), bytes.to_vec(), None),
+        QuantType::Q5_K => (DevType::Quant("q5_K"), bytes.to_vec(), None),
+        QuantType::Q6_K => {
+            let mut p = vec![0u8; bytes.len() / ts * 224];
+            for (b, o) in bytes.chunks_exact(ts).zip(p.chunks_exact_mut(224)) {
+                o[..ts].copy_from_slice(b);
+            }
+            (DevType::Quant("q6_K"), p, None)
+        }
+        QuantType::F32 => (DevType::F32, bytes.to_vec(), None),
+        QuantType::F16 => (DevType::F16, bytes.to_vec(), None),
+        QuantType::BF16 => (DevType::BF16, bytes.to_vec(), None),
+        _ => return None,
+    })
+}
+
+fn with(t: DevType, (p, m): (Vec<u8>, Option<Vec<u8>>)) -> (DevType, Vec<u8>, Option<Vec<u8>>) {
+    (t, p, m)
 }
 
 fn dequant(ty: QuantType, bytes: &[u8], n: usize, name: &str) -> Result<Vec<f32>, CudaError> {
