@@ -27,6 +27,12 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
 }
 
+/// Whether the CUDA backend can start here: a driver with a GPU, NVRTC and cuBLAS.
+pub fn available() -> bool {
+    // SAFETY: only probe for the shared libraries.
+    device_count() > 0 && unsafe { cudarc::nvrtc::sys::is_culib_present() && cudarc::cublas::sys::is_culib_present() }
+}
+
 /// A raw device allocation, freed on drop.
 pub struct DevMem {
     pub ptr: u64,

@@ -33,7 +33,7 @@ mod matmul;
 pub mod unit;
 mod weight;
 
-pub use device::device_count;
+pub use device::{available, device_count};
 pub use error::CudaError;
 pub use kv::CudaKv;
 pub use weight::{repack, CudaWeight, DevType};

@@ -64,7 +64,7 @@ impl CudaWeight {
         let ty = info.ty;
         if info.dims.len() == 1 {
             let v = dequant(ty, bytes, n_in, src.name)?;
-            return Ok(Self::plain(dev, ty, DevType::F32, n_in, n_out, &v)?);
+            return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v);
         }
         let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && n_in % 8 != 0 { None } else { repack(ty, bytes) };
         let Some((dev_ty, p, m)) = repacked else {

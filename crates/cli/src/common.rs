@@ -85,12 +85,13 @@ pub enum DeviceSel {
 }
 
 impl DeviceSel {
-    /// `auto` (CUDA when a driver and a GPU are present, else CPU), `cpu`, `cuda`, `cuda:N`.
+    /// `auto` (CUDA when a driver, a GPU, NVRTC and cuBLAS are present, else CPU), `cpu`,
+    /// `cuda`, `cuda:N`.
     pub fn parse(s: &str) -> Result<DeviceSel> {
         Ok(match s {
             "cpu" => DeviceSel::Cpu,
             "auto" => {
-                if quarrel_cuda::device_count() > 0 {
+                if quarrel_cuda::available() {
                     DeviceSel::Cuda(0)
                 } else {
                     DeviceSel::Cpu
@@ -115,6 +116,7 @@ impl std::fmt::Display for DeviceSel {
 }
 
 /// An engine on either backend; `with_engine!` runs generic code on the one inside.
+#[allow(clippy::large_enum_variant)] // one per process
 pub enum AnyEngine {
     Cpu(Engine<CpuBackend>),
     Cuda(Engine<CudaBackend>),
