@@ -3,8 +3,11 @@
 use crate::resolve::resolve_model;
 use anyhow::{bail, Context, Result};
 use quarrel_core::KvType;
+use quarrel_core::Backend;
 use quarrel_cpu::CpuBackend;
+use quarrel_cuda::CudaBackend;
 use quarrel_engine::{Engine, EngineOptions};
+use std::path::Path;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -32,7 +35,8 @@ pub struct ModelArgs {
     /// blocks as fit, shared by all sequences (default: one full context).
     #[arg(long = "kv-mem", value_parser = parse_bytes)]
     pub kv_mem: Option<usize>,
-    /// Compute device: cpu or auto (CUDA is not in this build).
+    /// Compute device: auto (the first CUDA GPU when a driver and a GPU are present, else the
+    /// CPU), cpu, or cuda[:N].
     #[arg(long = "device", default_value = "auto")]
     pub device: String,
 }
@@ -42,42 +46,119 @@ impl ModelArgs {
         resolve_model(self.model.as_deref(), true)
     }
 
-    pub fn engine(&self) -> Result<Engine<CpuBackend>> {
+    pub fn engine(&self) -> Result<AnyEngine> {
         self.engine_with(|_| {})
     }
 
     /// `engine` with the options adjusted by `f` (sequence count, block size, ...).
-    pub fn engine_with(&self, f: impl FnOnce(&mut EngineOptions)) -> Result<Engine<CpuBackend>> {
+    pub fn engine_with(&self, f: impl FnOnce(&mut EngineOptions)) -> Result<AnyEngine> {
         let path = self.model_path()?;
-        match self.device.as_str() {
-            "auto" | "cpu" => {}
-            d if d.starts_with("cuda") => bail!("device {d:?}: this build has no CUDA backend; use --device cpu"),
-            d => bail!("unknown device {d:?} (expected auto, cpu or cuda[:N])"),
-        }
+        let device = DeviceSel::parse(&self.device)?;
         let kv_type = KvType::parse(&self.kv_type).with_context(|| format!("unknown --kv-type {:?} (f16, f32, q8_0 or q4_0)", self.kv_type))?;
-        let be = CpuBackend::new(self.threads)?;
-        let t0 = Instant::now();
-        let spinner = indicatif::ProgressBar::new_spinner();
-        spinner.set_message(format!("loading {}", path.display()));
-        spinner.enable_steady_tick(std::time::Duration::from_millis(100));
         let mut opts = EngineOptions { n_ctx: self.ctx, n_batch: self.batch, kv_type, kv_mem: self.kv_mem, ..Default::default() };
         f(&mut opts);
-        let engine = Engine::load(be, &path, opts).with_context(|| format!("loading {}", path.display()));
+        let t0 = Instant::now();
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(format!("loading {} on {device}", path.display()));
+        spinner.enable_steady_tick(std::time::Duration::from_millis(100));
+        let engine = load_engine(device, self.threads, &path, opts);
         spinner.finish_and_clear();
         let engine = engine?;
-        let info = engine.model.info();
-        eprintln!(
-            "loaded {} ({}, {:.1}M params, {:.0} MiB) on {} in {:.0} ms, ctx {}",
-            path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
-            info.arch,
-            info.n_params as f64 / 1e6,
-            engine.gguf.file_size() as f64 / (1 << 20) as f64,
-            quarrel_core::Backend::name(&engine.backend),
-            t0.elapsed().as_secs_f64() * 1e3,
-            engine.n_ctx()
-        );
+        with_engine!(ref &engine, e => {
+            let info = e.model.info();
+            eprintln!(
+                "loaded {} ({}, {:.1}M params, {:.0} MiB) on {} in {:.0} ms, ctx {}",
+                path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default(),
+                info.arch,
+                info.n_params as f64 / 1e6,
+                e.gguf.file_size() as f64 / (1 << 20) as f64,
+                e.backend.name(),
+                t0.elapsed().as_secs_f64() * 1e3,
+                e.n_ctx()
+            );
+        });
         Ok(engine)
     }
+}
+
+/// Where a model runs (`--device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSel {
+    Cpu,
+    Cuda(usize),
+}
+
+impl DeviceSel {
+    /// `auto` (CUDA when a driver, a GPU, NVRTC and cuBLAS are present, else CPU), `cpu`,
+    /// `cuda`, `cuda:N`.
+    pub fn parse(s: &str) -> Result<DeviceSel> {
+        Ok(match s {
+            "cpu" => DeviceSel::Cpu,
+            "auto" => {
+                if quarrel_cuda::available() {
+                    DeviceSel::Cuda(0)
+                } else {
+                    DeviceSel::Cpu
+                }
+            }
+            "cuda" => DeviceSel::Cuda(0),
+            d if d.starts_with("cuda:") => {
+                DeviceSel::Cuda(d[5..].parse().with_context(|| format!("device {d:?}: expected cuda:N with N a GPU index"))?)
+            }
+            d => bail!("unknown device {d:?} (expected auto, cpu or cuda[:N])"),
+        })
+    }
+}
+
+impl std::fmt::Display for DeviceSel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSel::Cpu => write!(f, "cpu"),
+            DeviceSel::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// An engine on either backend; `with_engine!` runs generic code on the one inside.
+#[allow(clippy::large_enum_variant)] // one per process
+pub enum AnyEngine {
+    Cpu(Engine<CpuBackend>),
+    Cuda(Engine<CudaBackend>),
+}
+
+/// `with_engine!(any, e => { ... })`: the block, with `e` bound to the concrete `Engine<B>`
+/// (the block is compiled once per backend).
+macro_rules! with_engine {
+    (ref $any:expr, $e:ident => $body:block) => {
+        match $any {
+            $crate::common::AnyEngine::Cpu($e) => $body,
+            $crate::common::AnyEngine::Cuda($e) => $body,
+        }
+    };
+    ($any:expr, $e:ident => $body:block) => {
+        match $any {
+            #[allow(unused_mut)]
+            $crate::common::AnyEngine::Cpu(mut $e) => $body,
+            #[allow(unused_mut)]
+            $crate::common::AnyEngine::Cuda(mut $e) => $body,
+        }
+    };
+}
+pub(crate) use with_engine;
+
+/// Load `path` on `device` (`threads` for the CPU backend).
+pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineOptions) -> Result<AnyEngine> {
+    Ok(match device {
+        DeviceSel::Cpu => AnyEngine::Cpu(load_on(CpuBackend::new(threads)?, path, opts)?),
+        DeviceSel::Cuda(n) => {
+            let be = CudaBackend::new(n).with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
+            AnyEngine::Cuda(load_on(be, path, opts)?)
+        }
+    })
+}
+
+fn load_on<B: Backend>(be: B, path: &Path, opts: EngineOptions) -> Result<Engine<B>> {
+    Engine::load(be, path, opts).with_context(|| format!("loading {}", path.display()))
 }
 
 /// A byte count with an optional unit: `4096`, `512K`, `512M`, `2G`, `1.5GiB` (powers of 1024).

@@ -13,6 +13,7 @@
 //! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
 //! | `cmd::batched_bench` | `quarrel batched-bench`: N parallel sequences (llama-batched-bench) |
 //! | `cmd::pull`     | `quarrel pull` and the default model |
+//! | `cmd::gpu`      | `quarrel gpu`: CUDA devices and their copy bandwidth |
 //! | `resolve`       | `-m` resolution: path, Quarrel cache, HF cache, ollama store |
 //! | `common`        | shared options (threads, context, device) and engine set-up |
 
@@ -45,6 +46,7 @@ enum Command {
     Pull(cmd::pull::Args),
     Bench(cmd::bench::Args),
     BatchedBench(cmd::batched_bench::Args),
+    Gpu(cmd::gpu::Args),
 }
 
 fn main() {
@@ -65,6 +67,7 @@ fn main() {
         Command::Pull(a) => cmd::pull::main(a),
         Command::Bench(a) => cmd::bench::main(a),
         Command::BatchedBench(a) => cmd::batched_bench::main(a),
+        Command::Gpu(a) => cmd::gpu::main(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

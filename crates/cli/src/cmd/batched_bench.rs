@@ -51,7 +51,7 @@ pub fn main(a: Args) -> Result<()> {
     let mut margs = a.model.clone();
     margs.ctx = max_len.max(16);
     let engine = margs.engine_with(|o: &mut EngineOptions| o.n_seq = max_pl)?;
-    run(engine, &a, &npp, &ntg, &npl)
+    crate::common::with_engine!(engine, engine => { run(engine, &a, &npp, &ntg, &npl) })
 }
 
 fn run<B: Backend>(mut e: Engine<B>, a: &Args, npp: &[usize], ntg: &[usize], npl: &[usize]) -> Result<()> {

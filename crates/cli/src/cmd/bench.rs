@@ -73,6 +73,9 @@ pub struct Args {
     /// KV cache element type: f16 (as llama-bench's default) or f32.
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: String,
+    /// Compute device: auto (CUDA GPU when present, else CPU), cpu, or cuda[:N].
+    #[arg(long = "device", default_value = "auto")]
+    pub device: String,
     /// Skip the warm-up run before each test.
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
@@ -290,59 +293,63 @@ pub fn main(a: Args) -> Result<()> {
     for path in &paths {
         for &t in &threads {
             let t0 = Instant::now();
-            let be = CpuBackend::new(t)?;
-            let mut engine = Engine::load(be, path, opts.clone()).with_context(|| format!("loading {}", path.display()))?;
-            let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let info = engine.model.info().clone();
-            let model_size: u64 = engine.gguf.tensors().iter().map(|x| x.n_bytes).sum();
-            let mtype = model_type(&engine.gguf, &info.arch, info.n_params);
-            let backend = engine.backend.name();
-            progress(format_args!("bench: loaded {} ({mtype}) on {backend} in {load_ms:.0} ms\n", path.display()));
-            for &(p, g) in &tests {
-                run_i += 1;
-                let name = test_name(p, g);
-                progress(format_args!("bench: {run_i}/{n_runs} {name}, {t} threads:"));
-                if !a.no_warmup {
-                    progress(format_args!(" warm-up"));
-                    if p > 0 {
-                        engine.bench_pp(p).with_context(|| format!("{name} warm-up"))?;
-                    }
-                    if g > 0 {
-                        engine.bench_tg(1).with_context(|| format!("{name} warm-up"))?;
-                    }
-                }
-                let test_time = utc_now();
-                let mut samples_ns = vec![];
-                for _ in 0..a.reps {
-                    let dt = engine.bench_pg(p, g).with_context(|| format!("running {name}"))?;
-                    let ns = dt.as_nanos().max(1) as u64;
-                    samples_ns.push(ns);
-                    progress(format_args!(" {:.2}", (p + g) as f64 * 1e9 / ns as f64));
-                }
-                progress(format_args!(" t/s\n"));
-                rows.push(Row {
-                    model_filename: path.display().to_string(),
-                    model_type: mtype.clone(),
-                    model_size,
-                    model_n_params: info.n_params,
-                    backend: backend.clone(),
-                    n_threads: t,
-                    n_batch: a.batch,
-                    kv_type: a.kv_type.to_ascii_lowercase(),
-                    n_prompt: p,
-                    n_gen: g,
-                    load_ms,
-                    test_time,
-                    samples_ns,
-                });
+            let device = crate::common::DeviceSel::parse(&a.device)?;
+            if a.profile && device != crate::common::DeviceSel::Cpu {
+                bail!("--profile times ops on the CPU backend only (use --device cpu)");
             }
-            if a.profile {
-                let gguf = engine.gguf.clone();
-                drop(engine);
-                let n = tests.iter().map(|&(_, g)| g).max().filter(|&g| g > 0).unwrap_or(32).min(n_ctx);
-                progress(format_args!("bench: profiling tg{n}, {t} threads\n"));
-                profiles.push(profile(gguf, t, opts.clone(), n, &mtype)?);
-            }
+            crate::common::with_engine!(crate::common::load_engine(device, t, path, opts.clone())?, engine => {
+                let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+                let info = engine.model.info().clone();
+                let model_size: u64 = engine.gguf.tensors().iter().map(|x| x.n_bytes).sum();
+                let mtype = model_type(&engine.gguf, &info.arch, info.n_params);
+                let backend = engine.backend.name();
+                progress(format_args!("bench: loaded {} ({mtype}) on {backend} in {load_ms:.0} ms\n", path.display()));
+                for &(p, g) in &tests {
+                    run_i += 1;
+                    let name = test_name(p, g);
+                    progress(format_args!("bench: {run_i}/{n_runs} {name}, {t} threads:"));
+                    if !a.no_warmup {
+                        progress(format_args!(" warm-up"));
+                        if p > 0 {
+                            engine.bench_pp(p).with_context(|| format!("{name} warm-up"))?;
+                        }
+                        if g > 0 {
+                            engine.bench_tg(1).with_context(|| format!("{name} warm-up"))?;
+                        }
+                    }
+                    let test_time = utc_now();
+                    let mut samples_ns = vec![];
+                    for _ in 0..a.reps {
+                        let dt = engine.bench_pg(p, g).with_context(|| format!("running {name}"))?;
+                        let ns = dt.as_nanos().max(1) as u64;
+                        samples_ns.push(ns);
+                        progress(format_args!(" {:.2}", (p + g) as f64 * 1e9 / ns as f64));
+                    }
+                    progress(format_args!(" t/s\n"));
+                    rows.push(Row {
+                        model_filename: path.display().to_string(),
+                        model_type: mtype.clone(),
+                        model_size,
+                        model_n_params: info.n_params,
+                        backend: backend.clone(),
+                        n_threads: t,
+                        n_batch: a.batch,
+                        kv_type: a.kv_type.to_ascii_lowercase(),
+                        n_prompt: p,
+                        n_gen: g,
+                        load_ms,
+                        test_time,
+                        samples_ns,
+                    });
+                }
+                if a.profile {
+                    let gguf = engine.gguf.clone();
+                    drop(engine);
+                    let n = tests.iter().map(|&(_, g)| g).max().filter(|&g| g > 0).unwrap_or(32).min(n_ctx);
+                    progress(format_args!("bench: profiling tg{n}, {t} threads\n"));
+                    profiles.push(profile(gguf, t, opts.clone(), n, &mtype)?);
+                }
+            });
         }
     }
 

@@ -1,6 +1,7 @@
 //! `quarrel chat`: an interactive conversation using the model's chat template.
 
 use crate::common::{ModelArgs, SampleArgs};
+use crate::common::with_engine;
 use anyhow::{Context, Result};
 use quarrel_tokenizer::ChatMessage;
 use std::io::{BufRead, Write};
@@ -24,52 +25,53 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> Result<()> {
-    let mut engine = a.model.engine()?;
-    let mut history: Vec<ChatMessage> = vec![];
-    if let Some(s) = &a.system {
-        history.push(ChatMessage::new("system", s));
-    }
-    let params = a.sample.params(a.n_predict);
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    eprintln!("chat ready: /reset clears the history, /exit or Ctrl-D quits");
-    loop {
-        eprint!("> ");
-        let _ = std::io::stderr().flush();
-        let Some(line) = lines.next() else { break };
-        let line = line.context("reading stdin")?;
-        let msg = line.trim();
-        match msg {
-            "" => continue,
-            "/exit" | "/quit" => break,
-            "/reset" => {
-                history.retain(|m| m.role == "system");
-                eprintln!("(history cleared)");
+    with_engine!(a.model.engine()?, engine => {
+        let mut history: Vec<ChatMessage> = vec![];
+        if let Some(s) = &a.system {
+            history.push(ChatMessage::new("system", s));
+        }
+        let params = a.sample.params(a.n_predict);
+        let stdin = std::io::stdin();
+        let mut lines = stdin.lock().lines();
+        eprintln!("chat ready: /reset clears the history, /exit or Ctrl-D quits");
+        loop {
+            eprint!("> ");
+            let _ = std::io::stderr().flush();
+            let Some(line) = lines.next() else { break };
+            let line = line.context("reading stdin")?;
+            let msg = line.trim();
+            match msg {
+                "" => continue,
+                "/exit" | "/quit" => break,
+                "/reset" => {
+                    history.retain(|m| m.role == "system");
+                    eprintln!("(history cleared)");
+                    continue;
+                }
+                _ => {}
+            }
+            history.push(ChatMessage::new("user", msg));
+            let text = if engine.tokenizer.chat_template().is_some() {
+                engine.tokenizer.apply_chat_template(&history, true)?
+            } else {
+                quarrel_tokenizer::Tokenizer::fallback_chatml(&history, true)
+            };
+            let ids = engine.tokenize_templated(&text);
+            if ids.len() + 1 >= engine.n_ctx() {
+                eprintln!("(the conversation no longer fits the context of {} tokens: use /reset)", engine.n_ctx());
+                history.pop();
                 continue;
             }
-            _ => {}
+            let mut out = std::io::stdout().lock();
+            let c = engine.generate(&ids, &params, &mut |ev| {
+                let _ = out.write_all(ev.text.as_bytes());
+                let _ = out.flush();
+                true
+            })?;
+            let _ = writeln!(out);
+            eprintln!("({} tokens, {:.1} t/s)", c.timings.gen_tokens, c.timings.gen_tps());
+            history.push(ChatMessage::new("assistant", c.text.trim()));
         }
-        history.push(ChatMessage::new("user", msg));
-        let text = if engine.tokenizer.chat_template().is_some() {
-            engine.tokenizer.apply_chat_template(&history, true)?
-        } else {
-            quarrel_tokenizer::Tokenizer::fallback_chatml(&history, true)
-        };
-        let ids = engine.tokenize_templated(&text);
-        if ids.len() + 1 >= engine.n_ctx() {
-            eprintln!("(the conversation no longer fits the context of {} tokens: use /reset)", engine.n_ctx());
-            history.pop();
-            continue;
-        }
-        let mut out = std::io::stdout().lock();
-        let c = engine.generate(&ids, &params, &mut |ev| {
-            let _ = out.write_all(ev.text.as_bytes());
-            let _ = out.flush();
-            true
-        })?;
-        let _ = writeln!(out);
-        eprintln!("({} tokens, {:.1} t/s)", c.timings.gen_tokens, c.timings.gen_tps());
-        history.push(ChatMessage::new("assistant", c.text.trim()));
-    }
-    Ok(())
+        Ok(())
+    })
 }

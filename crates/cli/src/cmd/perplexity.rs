@@ -1,6 +1,7 @@
 //! `quarrel perplexity`: llama.cpp's perplexity protocol over a text file.
 
 use crate::common::ModelArgs;
+use crate::common::with_engine;
 use anyhow::{Context, Result};
 use std::io::Write;
 
@@ -22,21 +23,22 @@ pub fn main(mut a: Args) -> Result<()> {
     let n_ctx = if a.model.ctx == 0 { 512 } else { a.model.ctx };
     a.model.ctx = n_ctx;
     a.model.batch = a.model.batch.max(n_ctx);
-    let mut engine = a.model.engine()?;
-    let t0 = std::time::Instant::now();
-    let r = engine.perplexity(&text, n_ctx, &mut |c| {
-        eprint!("[{}]{:.4},", c.index + 1, c.running_ppl);
-        let _ = std::io::stderr().flush();
-    })?;
-    eprintln!();
-    eprintln!(
-        "{} tokens, {} chunks of {n_ctx}, {} scored, {:.1} s ({:.1} t/s)",
-        r.n_tokens,
-        r.n_chunks,
-        r.n_scored,
-        t0.elapsed().as_secs_f64(),
-        (r.n_chunks * n_ctx) as f64 / t0.elapsed().as_secs_f64()
-    );
-    println!("PPL = {:.4}", r.ppl);
-    Ok(())
+    with_engine!(a.model.engine()?, engine => {
+        let t0 = std::time::Instant::now();
+        let r = engine.perplexity(&text, n_ctx, &mut |c| {
+            eprint!("[{}]{:.4},", c.index + 1, c.running_ppl);
+            let _ = std::io::stderr().flush();
+        })?;
+        eprintln!();
+        eprintln!(
+            "{} tokens, {} chunks of {n_ctx}, {} scored, {:.1} s ({:.1} t/s)",
+            r.n_tokens,
+            r.n_chunks,
+            r.n_scored,
+            t0.elapsed().as_secs_f64(),
+            (r.n_chunks * n_ctx) as f64 / t0.elapsed().as_secs_f64()
+        );
+        println!("PPL = {:.4}", r.ppl);
+        Ok(())
+    })
 }

@@ -1,6 +1,7 @@
 //! `quarrel run`: one completion streamed to stdout; timings on stderr.
 
 use crate::common::{ModelArgs, SampleArgs};
+use crate::common::with_engine;
 use anyhow::{Context, Result};
 use quarrel_tokenizer::ChatMessage;
 use std::io::{Read, Write};
@@ -38,38 +39,39 @@ pub fn main(a: Args) -> Result<()> {
             s
         }
     };
-    let mut engine = a.model.engine()?;
-    let templated = !a.raw && engine.tokenizer.chat_template().is_some();
-    let ids = if templated {
-        let mut msgs = vec![];
-        if let Some(s) = &a.system {
-            msgs.push(ChatMessage::new("system", s));
-        }
-        msgs.push(ChatMessage::new("user", &prompt));
-        let text = engine.tokenizer.apply_chat_template(&msgs, true).context("applying the chat template")?;
-        engine.tokenize_templated(&text)
-    } else {
-        engine.tokenize(&prompt, true)
-    };
-    let params = a.sample.params(a.n_predict);
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let c = engine.generate(&ids, &params, &mut |ev| {
-        let _ = out.write_all(ev.text.as_bytes());
-        let _ = out.flush();
-        true
-    })?;
-    let _ = writeln!(out);
-    let t = &c.timings;
-    eprintln!(
-        "\nprompt: {} tokens in {:.1} ms ({:.1} t/s) | generated: {} tokens, {:.1} t/s | first token after {:.1} ms | finish: {}",
-        t.prompt_tokens,
-        t.prompt_time.as_secs_f64() * 1e3,
-        t.prompt_tps(),
-        t.gen_tokens,
-        t.gen_tps(),
-        t.time_to_first_token.as_secs_f64() * 1e3,
-        c.finish_reason.as_str()
-    );
-    Ok(())
+    with_engine!(a.model.engine()?, engine => {
+        let templated = !a.raw && engine.tokenizer.chat_template().is_some();
+        let ids = if templated {
+            let mut msgs = vec![];
+            if let Some(s) = &a.system {
+                msgs.push(ChatMessage::new("system", s));
+            }
+            msgs.push(ChatMessage::new("user", &prompt));
+            let text = engine.tokenizer.apply_chat_template(&msgs, true).context("applying the chat template")?;
+            engine.tokenize_templated(&text)
+        } else {
+            engine.tokenize(&prompt, true)
+        };
+        let params = a.sample.params(a.n_predict);
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        let c = engine.generate(&ids, &params, &mut |ev| {
+            let _ = out.write_all(ev.text.as_bytes());
+            let _ = out.flush();
+            true
+        })?;
+        let _ = writeln!(out);
+        let t = &c.timings;
+        eprintln!(
+            "\nprompt: {} tokens in {:.1} ms ({:.1} t/s) | generated: {} tokens, {:.1} t/s | first token after {:.1} ms | finish: {}",
+            t.prompt_tokens,
+            t.prompt_time.as_secs_f64() * 1e3,
+            t.prompt_tps(),
+            t.gen_tokens,
+            t.gen_tps(),
+            t.time_to_first_token.as_secs_f64() * 1e3,
+            c.finish_reason.as_str()
+        );
+        Ok(())
+    })
 }

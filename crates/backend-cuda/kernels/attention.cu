@@ -1,0 +1,209 @@
+// Paged causal attention, flash style: one warp per (query tile, head, position split).
+// A tile holds up to ATT_QT consecutive tokens of one sequence; the warp walks its split's
+// positions 32 at a time (K/V rows gathered through the block table into shared memory as
+// f32), keeps an online softmax per query, and writes a partial (m, l, acc). `attn_combine`
+// merges the splits (split-K over long contexts).
+
+#define ATT_QT 8
+
+template <int KT>
+__device__ __forceinline__ float kv_load(const u8* __restrict__ p, u64 e) {
+    if (KT == KV_F32) return ((const float*)p)[e];
+    if (KT == KV_F16) return h2f(((const u16*)p)[e]);
+    u64 b = e / 32;
+    int i = (int)(e % 32);
+    if (KT == KV_Q8_0) {
+        const u8* blk = p + b * 34;
+        return h2f(*(const u16*)blk) * (float)(i8)blk[2 + i];
+    }
+    const u8* blk = p + b * 18;
+    u8 byte = blk[2 + (i % 16)];
+    int q = i < 16 ? (byte & 0xF) : (byte >> 4);
+    return h2f(*(const u16*)blk) * (float)(q - 8);
+}
+
+// Rows base..base+nr-1 of one KV head as f32 into Ks / Vs ([32][hd + 1]): lane r loads row r.
+// f16 / f32 caches with hd a multiple of 8 / 4 take 16-byte loads, all in flight together.
+template <int KT>
+__device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __restrict__ V, float* Ks, float* Vs, const u32* __restrict__ table,
+                                          int bs, u64 row, int kvh, int hd, int base, int nr, int lane) {
+    if (KT == KV_F16 && hd % 8 == 0) {
+        if (lane < nr) {
+            int p = base + lane;
+            u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
+            const uint4* kr = (const uint4*)(K + e0 * 2);
+            const uint4* vr = (const uint4*)(V + e0 * 2);
+            float* ko = Ks + lane * (hd + 1);
+            float* vo = Vs + lane * (hd + 1);
+#pragma unroll 4
+            for (int j = 0; j < hd / 8; j++) {
+                uint4 a = kr[j], b = vr[j];
+                u32 aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    ko[8 * j + 2 * i] = h2f((u16)(aw[i] & 0xffff));
+                    ko[8 * j + 2 * i + 1] = h2f((u16)(aw[i] >> 16));
+                    vo[8 * j + 2 * i] = h2f((u16)(bw[i] & 0xffff));
+                    vo[8 * j + 2 * i + 1] = h2f((u16)(bw[i] >> 16));
+                }
+            }
+        }
+    } else if (KT == KV_F32 && hd % 4 == 0) {
+        if (lane < nr) {
+            int p = base + lane;
+            u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
+            const float4* kr = (const float4*)(K + e0 * 4);
+            const float4* vr = (const float4*)(V + e0 * 4);
+            float* ko = Ks + lane * (hd + 1);
+            float* vo = Vs + lane * (hd + 1);
+#pragma unroll 4
+            for (int j = 0; j < hd / 4; j++) {
+                float4 a = kr[j], b = vr[j];
+                ko[4 * j] = a.x; ko[4 * j + 1] = a.y; ko[4 * j + 2] = a.z; ko[4 * j + 3] = a.w;
+                vo[4 * j] = b.x; vo[4 * j + 1] = b.y; vo[4 * j + 2] = b.z; vo[4 * j + 3] = b.w;
+            }
+        }
+    } else {
+        for (int r = 0; r < nr; r++) {
+            int p = base + r;
+            u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
+            for (int d = lane; d < hd; d += 32) {
+                Ks[r * (hd + 1) + d] = kv_load<KT>(K, e0 + d);
+                Vs[r * (hd + 1) + d] = kv_load<KT>(V, e0 + d);
+            }
+        }
+    }
+}
+
+// meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
+// part: per (token, head, split): [m, l, acc[hd]].
+template <int KT, int DPL>
+__device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
+                                          float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
+                                          const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
+                                          int hd, int bs, float scale, float softcap, int window) {
+    extern __shared__ float sm[];
+    const int lane = threadIdx.x;
+    const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
+    const u32 t0 = tiles[3 * tile], nq = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
+    const int kvh = h / (n_head / n_kv_head);
+    float* Qs = sm;                    // [ATT_QT][hd]
+    float* Ks = Qs + ATT_QT * hd;      // [32][hd + 1]
+    float* Vs = Ks + 32 * (hd + 1);    // [32][hd + 1]
+    int hi = 0, lo = 0x7fffffff;
+    for (u32 i = 0; i < nq; i++) {
+        int p = (int)pos[t0 + i];
+        hi = max(hi, p);
+        lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
+    }
+    for (u32 i = lane; i < nq * hd; i += 32) Qs[i] = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+    // this split's share of the tile's positions, in whole runs of 32
+    const int split_len = ((hi + 1 - lo + n_split - 1) / n_split + 31) / 32 * 32;
+    const int p_begin = lo + split * split_len;
+    const int p_end = min(hi + 1, p_begin + split_len);
+    float m[ATT_QT], l[ATT_QT], acc[ATT_QT][DPL];
+#pragma unroll
+    for (int i = 0; i < ATT_QT; i++) {
+        m[i] = -INF;
+        l[i] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[i][d] = 0.f;
+    }
+    const u64 row = (u64)n_kv_head * hd;
+    const u32* table = bt + bt_off[seq];
+    __syncwarp();
+    for (int base = p_begin; base < p_end; base += 32) {
+        int nr = min(32, p_end - base);
+        load_rows<KT>(K, V, Ks, Vs, table, bs, row, kvh, hd, base, nr, lane);
+        __syncwarp();
+        const int p = base + lane;
+        float s[ATT_QT];
+#pragma unroll
+        for (int i = 0; i < ATT_QT; i++) s[i] = 0.f;
+        if (lane < nr) {
+            for (int d = 0; d < hd; d++) {
+                float k = Ks[lane * (hd + 1) + d];
+#pragma unroll
+                for (int i = 0; i < ATT_QT; i++)
+                    if (i < nq) s[i] += Qs[i * hd + d] * k;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_QT; i++) {
+            if (i >= nq) break;
+            int pq = (int)pos[t0 + i];
+            int lq = window > 0 ? max(0, pq + 1 - window) : 0;
+            bool valid = lane < nr && p <= pq && p >= lq;
+            float sc = s[i] * scale;
+            if (softcap > 0.f) sc = softcap * tanhf(sc / softcap);
+            sc = valid ? sc : -INF;
+            float tmax = warp_max(sc);
+            if (tmax == -INF) continue;
+            float mn = fmaxf(m[i], tmax);
+            float pj = valid ? expf(sc - mn) : 0.f;
+            float corr = expf(m[i] - mn);
+            l[i] = l[i] * corr + warp_sum(pj);
+#pragma unroll
+            for (int d = 0; d < DPL; d++) acc[i][d] *= corr;
+            for (int j = 0; j < nr; j++) {
+                float pb = __shfl_sync(0xffffffffu, pj, j);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) {
+                    int dd = lane + 32 * d;
+                    if (dd < hd) acc[i][d] += pb * Vs[j * (hd + 1) + dd];
+                }
+            }
+            m[i] = mn;
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_QT; i++) {
+        if (i >= nq) break;
+        float* o = part + (((u64)(t0 + i) * n_head + h) * n_split + split) * (hd + 2);
+        if (lane == 0) {
+            o[0] = m[i];
+            o[1] = l[i];
+        }
+#pragma unroll
+        for (int d = 0; d < DPL; d++) {
+            int dd = lane + 32 * d;
+            if (dd < hd) o[2 + dd] = acc[i][d];
+        }
+    }
+}
+
+#define ATTN(NAME, KT, DPL)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(                                           \
+        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window) {     \
+        attn_part<KT, DPL>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window);     \
+    }
+#define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
+ATTN_ALL(f32, KV_F32)
+ATTN_ALL(f16, KV_F16)
+ATTN_ALL(q8_0, KV_Q8_0)
+ATTN_ALL(q4_0, KV_Q4_0)
+
+// One block per (token, head): merge the splits' partials into out (n_tok, n_head, hd).
+// xq/xm non-null (blockDim == hd, a multiple of 32): the output is also written as Q8.
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int hd, int n_split,
+                                        i8* __restrict__ xq, float2* __restrict__ xm) {
+    u64 th = blockIdx.x;
+    const float* p = part + th * n_split * (hd + 2);
+    float M = -INF;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, p[s * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float L = 0.f, O = 0.f;
+        for (int s = 0; s < n_split; s++) {
+            const float* ps = p + s * (hd + 2);
+            if (ps[0] == -INF) continue;
+            float w = expf(ps[0] - M);
+            L += ps[1] * w;
+            O += ps[2 + d] * w;
+        }
+        float o = L > 0.f ? O / L : 0.f;
+        out[th * hd + d] = o;
+        if (xq) q8_store(o, xq, xm, (th * hd + d) / 32);
+    }
+}

@@ -1,0 +1,117 @@
+//! A `ForwardBatch`'s index arrays on the device, uploaded once per batch and shared by
+//! `rope`, `kv_store` and `attention` of every layer (one upload per forward, no sync).
+
+use crate::device::{Device, PoolMem};
+use crate::error::CudaError;
+use quarrel_core::{ForwardBatch, SeqBatch};
+
+/// Query tokens per attention tile (ATT_QT in attention.cu).
+pub const ATT_QT: usize = 8;
+
+pub struct DevBatch {
+    positions: Vec<u32>,
+    seqs: Vec<(usize, usize, Vec<u32>)>,
+    block_size: usize,
+    window: Option<usize>,
+    mem: PoolMem,
+    pub n_tok: usize,
+    pub n_tiles: usize,
+    off_slots: usize,
+    off_tiles: usize,
+    off_btoff: usize,
+    off_bt: usize,
+}
+
+impl DevBatch {
+    pub fn matches(&self, b: &ForwardBatch, block_size: usize, window: Option<usize>) -> bool {
+        self.block_size == block_size
+            && self.window == window
+            && self.positions == b.positions
+            && self.seqs.len() == b.seqs.len()
+            && self.seqs.iter().zip(&b.seqs).all(|(a, s)| a.0 == s.start && a.1 == s.len && a.2 == s.block_table)
+    }
+
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    pub fn matches_positions(&self, p: &[u32]) -> bool {
+        self.positions == p
+    }
+
+    fn at(&self, off: usize) -> u64 {
+        self.mem.ptr() + 4 * off as u64
+    }
+    pub fn pos(&self) -> u64 {
+        self.at(0)
+    }
+    pub fn slots(&self) -> u64 {
+        self.at(self.off_slots)
+    }
+    pub fn tiles(&self) -> u64 {
+        self.at(self.off_tiles)
+    }
+    pub fn bt_off(&self) -> u64 {
+        self.at(self.off_btoff)
+    }
+    pub fn bt(&self) -> u64 {
+        self.at(self.off_bt)
+    }
+
+    /// Validate `b` against a cache of `n_blocks` blocks of `block_size` and upload its arrays.
+    pub fn new(dev: &Device, b: &ForwardBatch, block_size: usize, n_blocks: usize, window: Option<usize>) -> Result<DevBatch, CudaError> {
+        b.validate(block_size).map_err(CudaError::Shape)?;
+        let n = b.n_tokens();
+        let mut slots = vec![0u32; n];
+        let mut tiles = Vec::new();
+        let mut bt_off = Vec::with_capacity(b.seqs.len());
+        let mut bt = Vec::new();
+        for (si, s) in b.seqs.iter().enumerate() {
+            check_table(s, n_blocks)?;
+            bt_off.push(bt.len() as u32);
+            bt.extend_from_slice(&s.block_table);
+            for t in s.start..s.start + s.len {
+                let p = b.positions[t] as usize;
+                slots[t] = (s.block_table[p / block_size] as usize * block_size + p % block_size) as u32;
+            }
+            let mut t0 = s.start;
+            while t0 < s.start + s.len {
+                let nq = ATT_QT.min(s.start + s.len - t0);
+                tiles.extend_from_slice(&[t0 as u32, nq as u32, si as u32]);
+                t0 += nq;
+            }
+        }
+        let n_tiles = tiles.len() / 3;
+        let mut all = Vec::with_capacity(2 * n + tiles.len() + bt_off.len() + bt.len());
+        all.extend_from_slice(&b.positions);
+        let off_slots = all.len();
+        all.extend_from_slice(&slots);
+        let off_tiles = all.len();
+        all.extend_from_slice(&tiles);
+        let off_btoff = all.len();
+        all.extend_from_slice(&bt_off);
+        let off_bt = all.len();
+        all.extend_from_slice(&bt);
+        let mem = dev.upload_async(&all)?;
+        Ok(DevBatch {
+            positions: b.positions.clone(),
+            seqs: b.seqs.iter().map(|s| (s.start, s.len, s.block_table.clone())).collect(),
+            block_size,
+            window,
+            mem,
+            n_tok: n,
+            n_tiles,
+            off_slots,
+            off_tiles,
+            off_btoff,
+            off_bt,
+        })
+    }
+}
+
+fn check_table(s: &SeqBatch, n_blocks: usize) -> Result<(), CudaError> {
+    if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= n_blocks) {
+        return Err(CudaError::Shape(format!("block table names block {b} of a cache of {n_blocks}")));
+    }
+    Ok(())
+}

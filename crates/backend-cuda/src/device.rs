@@ -1,0 +1,401 @@
+//! The device: context, stream, kernels (NVRTC, cached on disk), raw memory and a buffer pool.
+
+use crate::error::{drv, CudaError};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Kernel sources, embedded in the binary; compiled together as one module.
+const SOURCES: [(&str, &str); 4] = [
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("ops.cu", include_str!("../kernels/ops.cu")),
+    ("matmul.cu", include_str!("../kernels/matmul.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+];
+
+/// Whether a CUDA driver library can be loaded and reports at least one device.
+pub fn device_count() -> usize {
+    // SAFETY: only probes for the shared library.
+    if !unsafe { sys::is_culib_present() } {
+        return 0;
+    }
+    if result::init().is_err() {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+}
+
+/// Whether the CUDA backend can start here: a driver with a GPU, NVRTC and cuBLAS.
+pub fn available() -> bool {
+    // SAFETY: only probe for the shared libraries.
+    device_count() > 0 && unsafe { cudarc::nvrtc::sys::is_culib_present() && cudarc::cublas::sys::is_culib_present() }
+}
+
+/// A raw device allocation, freed on drop.
+pub struct DevMem {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DevMem {
+    pub fn alloc(dev: &Device, bytes: usize) -> Result<DevMem, CudaError> {
+        dev.bind()?;
+        // SAFETY: plain cuMemAlloc of a positive size.
+        let ptr = unsafe { result::malloc_sync(bytes.max(256)) }.map_err(|e| oom_or(e, bytes, dev))?;
+        Ok(DevMem { ptr, bytes })
+    }
+
+    /// Allocate and copy `src` (synchronously: used at load time).
+    pub fn upload<T: Copy>(dev: &Device, src: &[T]) -> Result<DevMem, CudaError> {
+        let m = DevMem::alloc(dev, std::mem::size_of_val(src))?;
+        if !src.is_empty() {
+            // SAFETY: the allocation holds size_of_val(src) bytes.
+            unsafe { result::memcpy_htod_sync(m.ptr, src) }.map_err(drv("upload"))?;
+        }
+        Ok(m)
+    }
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from cuMemAlloc; freeing synchronizes with pending work.
+        unsafe {
+            let _ = result::free_sync(self.ptr);
+        }
+    }
+}
+
+fn oom_or(e: result::DriverError, bytes: usize, dev: &Device) -> CudaError {
+    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        let (free, total) = dev.ctx.mem_get_info().unwrap_or((0, 0));
+        CudaError::OutOfMemory(format!(
+            "allocating {:.1} MiB on {} ({:.0} of {:.0} MiB free)",
+            bytes as f64 / 1048576.0,
+            dev.name,
+            free as f64 / 1048576.0,
+            total as f64 / 1048576.0
+        ))
+    } else {
+        CudaError::Driver(format!("allocating {bytes} bytes: {e:?}"))
+    }
+}
+
+/// Reuses device allocations by size: model code allocates its intermediates every step.
+///
+/// Buffers dropped while launches are queued (see `Device::flush`) are held back until the
+/// queue has been submitted, and a size class hands out its lowest address first: the same
+/// sequence of allocations gets the same pointers every step, which lets a recorded step
+/// (a CUDA graph) be replayed.
+#[derive(Default)]
+pub struct Pool {
+    free: Mutex<HashMap<usize, BTreeMap<u64, DevMem>>>,
+    garbage: Mutex<Vec<DevMem>>,
+}
+
+impl Pool {
+    fn class(bytes: usize) -> usize {
+        bytes.max(1).div_ceil(512) * 512
+    }
+
+    fn take(&self, dev: &Device, bytes: usize) -> Result<DevMem, CudaError> {
+        let c = Self::class(bytes);
+        let hit = self.free.lock().map_err(|_| CudaError::Driver("pool lock poisoned".into()))?.get_mut(&c).and_then(|m| m.pop_first());
+        if let Some((_, m)) = hit {
+            return Ok(m);
+        }
+        DevMem::alloc(dev, c)
+    }
+
+    fn put(&self, m: DevMem) {
+        if let Ok(mut g) = self.garbage.lock() {
+            g.push(m);
+        }
+    }
+
+    /// Make the buffers dropped since the last call available again (all their uses are
+    /// submitted to the stream by now).
+    fn release(&self) {
+        let g = self.garbage.lock().map(|mut g| std::mem::take(&mut *g)).unwrap_or_default();
+        if let Ok(mut f) = self.free.lock() {
+            for m in g {
+                f.entry(m.bytes).or_default().insert(m.ptr, m);
+            }
+        }
+    }
+
+    /// Give every cached buffer back to the driver.
+    fn clear(&self) {
+        if let Ok(mut f) = self.free.lock() {
+            f.clear();
+        }
+    }
+}
+
+/// A pooled allocation that returns to its pool on drop.
+pub struct PoolMem {
+    mem: Option<DevMem>,
+    pool: Arc<Pool>,
+}
+
+impl PoolMem {
+    pub fn ptr(&self) -> u64 {
+        self.mem.as_ref().map_or(0, |m| m.ptr)
+    }
+}
+
+impl Drop for PoolMem {
+    fn drop(&mut self) {
+        if let Some(m) = self.mem.take() {
+            self.pool.put(m);
+        }
+    }
+}
+
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub cc: (i32, i32),
+    pub pool: Arc<Pool>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    queue: Mutex<crate::graph::Queue>,
+}
+
+impl Device {
+    pub fn new(ordinal: usize) -> Result<Device, CudaError> {
+        let n = device_count();
+        if n == 0 {
+            return Err(CudaError::NoDevice("no CUDA driver (libcuda.so) or no CUDA device found".into()));
+        }
+        if ordinal >= n {
+            return Err(CudaError::NoDevice(format!("CUDA device {ordinal} requested, {n} present")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("creating the CUDA context"))?;
+        // SAFETY: this backend uses one stream and raw pointers, no CudaSlice.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let cc = ctx.compute_capability().map_err(drv("compute capability"))?;
+        let ptx = compile(cc)?;
+        let module = ctx.load_module(ptx).map_err(drv("loading the kernel module"))?;
+        let mut funcs = HashMap::new();
+        for name in kernel_names() {
+            let f = module.load_function(&name).map_err(drv("kernel lookup"))?;
+            funcs.insert(name, f);
+        }
+        Ok(Device { ctx, stream, name, cc, pool: Arc::new(Pool::default()), _module: module, funcs, queue: Mutex::new(Default::default()) })
+    }
+
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("binding the context"))
+    }
+
+    pub fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.funcs.get(name).ok_or_else(|| CudaError::Driver(format!("kernel {name} missing from the module")))
+    }
+
+    /// A pooled buffer of at least `bytes` (contents undefined).
+    pub fn scratch(&self, bytes: usize) -> Result<PoolMem, CudaError> {
+        let m = match self.pool.take(self, bytes) {
+            Err(CudaError::OutOfMemory(_)) => {
+                // submit what is queued, give cached buffers back to the driver, try again
+                self.flush()?;
+                self.pool.clear();
+                self.pool.take(self, bytes)?
+            }
+            r => r?,
+        };
+        Ok(PoolMem { mem: Some(m), pool: Arc::clone(&self.pool) })
+    }
+
+    /// Submit the queued launches (replaying a recorded graph where the step repeats) and
+    /// recycle the buffers dropped meanwhile.
+    pub fn flush(&self) -> Result<(), CudaError> {
+        let mut q = self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?;
+        let r = q.submit(&self.stream);
+        drop(q);
+        self.pool.release();
+        r
+    }
+
+    /// The next queued step cannot become a graph (it calls a library, e.g. cuBLAS).
+    pub fn not_graphable(&self) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.graphable = false;
+        }
+    }
+
+    /// Upload `src` into a pooled buffer, stream-ordered (the host copy is staged at once).
+    pub fn upload_async<T: Copy>(&self, src: &[T]) -> Result<PoolMem, CudaError> {
+        let m = self.scratch(std::mem::size_of_val(src))?;
+        if !src.is_empty() {
+            // SAFETY: the buffer holds at least size_of_val(src) bytes; pageable sources are
+            // staged before the call returns.
+            unsafe { result::memcpy_htod_async(m.ptr(), src, self.stream.cu_stream()) }.map_err(drv("upload"))?;
+        }
+        Ok(m)
+    }
+
+    /// Zero `bytes` (a multiple of 4) at `ptr`, in queue order.
+    pub fn zero(&self, ptr: u64, bytes: usize) -> Result<(), CudaError> {
+        let n = (bytes / 4) as u64;
+        self.launch_1d("zero_fill", n, &[Arg::P(ptr), Arg::U64(n)])
+    }
+
+    pub fn memset0(&self, ptr: u64, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: callers pass a live allocation of at least `bytes`.
+        unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }.map_err(drv("memset"))
+    }
+
+    pub fn download<T: Copy + Default>(&self, ptr: u64, n: usize) -> Result<Vec<T>, CudaError> {
+        self.flush()?;
+        let mut v = vec![T::default(); n];
+        if n > 0 {
+            // SAFETY: ptr holds at least n values of T; the stream is synchronized before return.
+            unsafe { result::memcpy_dtoh_async(&mut v, ptr, self.stream.cu_stream()) }.map_err(drv("download"))?;
+        }
+        self.stream.synchronize().map_err(drv("synchronizing after a download"))?;
+        Ok(v)
+    }
+
+    /// Launch `name` on the stream; `args` in the kernel's parameter order.
+    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<(), CudaError> {
+        let f = self.func(name)?;
+        if smem > 48 * 1024 {
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(drv("shared memory attribute"))?;
+        }
+        // every parameter is at most 8 bytes: one little-endian slot each
+        let args: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::P(v) | Arg::U64(v) => v,
+                Arg::I(v) => v as u32 as u64,
+                Arg::U(v) => v as u64,
+                Arg::F(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args };
+        self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?.push(rec);
+        Ok(())
+    }
+
+    /// One thread per element, 256 to a block.
+    pub fn launch_1d(&self, name: &str, n: u64, args: &[Arg]) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let blocks = n.div_ceil(256);
+        if blocks > u32::MAX as u64 {
+            return Err(CudaError::Shape(format!("{name}: {n} elements is too many for one launch")));
+        }
+        self.launch(name, (blocks as u32, 1, 1), 256, 0, args)
+    }
+}
+
+/// A kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// device pointer
+    P(u64),
+    I(i32),
+    U(u32),
+    U64(u64),
+    F(f32),
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let prof = self.queue.lock().ok().and_then(|mut q| q.profile.take());
+        if let Some(prof) = prof {
+            let mut rows: Vec<(String, f64, u64)> = prof
+                .iter()
+                .map(|(f, &(ms, n))| {
+                    let name = self.funcs.iter().find(|(_, func)| func.cu_function() as usize == *f).map_or("?".to_string(), |(k, _)| k.clone());
+                    (name, ms, n)
+                })
+                .collect();
+            rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let total: f64 = rows.iter().map(|r| r.1).sum();
+            eprintln!("\nCUDA kernel profile (QUARREL_CUDA_PROFILE): {total:.1} ms GPU time");
+            eprintln!("| kernel | ms | launches | us/launch | % |\n|---|---:|---:|---:|---:|");
+            for (name, ms, n) in rows.iter().take(25) {
+                eprintln!("| {name} | {ms:.2} | {n} | {:.1} | {:.1} |", 1e3 * ms / *n as f64, 100.0 * ms / total.max(1e-9));
+            }
+        }
+    }
+}
+
+fn full_source() -> String {
+    SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect()
+}
+
+/// FNV-1a, stable across builds (the cache key).
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("QUARREL_CUDA_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(h) = std::env::var_os("QUARREL_HOME") {
+        return PathBuf::from(h).join("cuda");
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/quarrel/cuda")).unwrap_or_else(|| std::env::temp_dir().join("quarrel-cuda"))
+}
+
+/// PTX for `cc`: from the disk cache (keyed by source hash and arch) or compiled by NVRTC.
+fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
+    let src = full_source();
+    let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
+    let file = cache_dir().join(format!("{:016x}-{arch}.ptx", fnv(&src)));
+    if let Ok(ptx) = std::fs::read_to_string(&file) {
+        return Ok(Ptx::from_src(ptx));
+    }
+    // SAFETY: only probes for the shared library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::NoDevice("NVRTC (libnvrtc.so) not found: install the CUDA toolkit's runtime compiler or add it to LD_LIBRARY_PATH".into()));
+    }
+    let opts = CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Compile(format!("{e}")))?;
+    if std::fs::create_dir_all(cache_dir()).is_ok() {
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+            let _ = std::fs::rename(&tmp, &file);
+        }
+    }
+    Ok(ptx)
+}
+
+/// Every kernel the module exports (looked up once at start-up).
+pub fn kernel_names() -> Vec<String> {
+    let mut v: Vec<String> = ["quantize_q8", "zero_fill", "rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("gemv_{q}_{nt}"));
+        }
+        v.push(format!("dequant_{q}"));
+        v.push(format!("embed_{q}"));
+    }
+    for f in ["f32", "f16", "bf16"] {
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("gemv_{f}_{nt}"));
+        }
+        v.push(format!("embed_{f}"));
+        v.push(format!("tof16_{f}"));
+    }
+    for k in ["f32", "f16", "q8_0", "q4_0"] {
+        v.push(format!("kv_store_{k}"));
+        for dpl in [2, 4, 8] {
+            v.push(format!("attn_{k}_{dpl}"));
+        }
+    }
+    v
+}

@@ -1,0 +1,139 @@
+//! The launch queue: kernels are recorded as the model calls ops and submitted at the next
+//! synchronization point (a download). A step that repeats exactly (same kernels, grids and
+//! arguments: decode steps do, thanks to the pool's deterministic addresses and the device-side
+//! batch arrays) is captured once as a CUDA graph and replayed with one launch afterwards.
+
+use crate::error::{drv, CudaError};
+use cudarc::driver::{result, sys, CudaGraph, CudaStream};
+use std::sync::Arc;
+
+/// One recorded kernel launch.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Rec {
+    pub func: usize,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+    pub args: Vec<u64>,
+}
+
+/// Graphs kept (a few step shapes alternate: e.g. batch sizes of the service).
+const MAX_GRAPHS: usize = 8;
+/// Shorter queues are launched directly.
+const MIN_GRAPH_LAUNCHES: usize = 16;
+
+/// A graph owned by the queue.
+struct Graph(CudaGraph);
+// SAFETY: graph handles may be launched and destroyed from any thread of the context; the
+// queue is only touched under the device's mutex.
+unsafe impl Send for Graph {}
+
+pub struct Queue {
+    recs: Vec<Rec>,
+    /// Whether the queued step may become a graph.
+    pub graphable: bool,
+    /// A step seen once (captured when it comes again).
+    seen: Vec<Vec<Rec>>,
+    graphs: Vec<(Vec<Rec>, Graph)>,
+    disabled: bool,
+    /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
+    pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        let profile = std::env::var_os("QUARREL_CUDA_PROFILE").map(|_| Default::default());
+        let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled, profile }
+    }
+}
+
+impl Queue {
+    pub fn push(&mut self, r: Rec) {
+        self.recs.push(r);
+    }
+
+    fn launch_direct(recs: &[Rec], stream: &CudaStream) -> Result<(), CudaError> {
+        for r in recs {
+            let mut slots = r.args.clone();
+            let mut ptrs: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut std::ffi::c_void).collect();
+            // SAFETY: the record holds a function of the loaded module and its arguments.
+            unsafe { result::launch_kernel(r.func as sys::CUfunction, r.grid, (r.block, 1, 1), r.smem, stream.cu_stream(), &mut ptrs) }
+                .map_err(|e| CudaError::Driver(format!("kernel launch: {e:?}")))?;
+        }
+        Ok(())
+    }
+
+    fn launch_timed(recs: &[Rec], stream: &Arc<CudaStream>, prof: &mut std::collections::HashMap<usize, (f64, u64)>) -> Result<(), CudaError> {
+        let ctx = stream.context();
+        let mut evs = Vec::with_capacity(recs.len() + 1);
+        let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("event"));
+        let first = ev()?;
+        first.record(stream).map_err(drv("event"))?;
+        for r in recs {
+            Self::launch_direct(std::slice::from_ref(r), stream)?;
+            let e = ev()?;
+            e.record(stream).map_err(drv("event"))?;
+            evs.push(e);
+        }
+        stream.synchronize().map_err(drv("synchronize"))?;
+        let mut prev = &first;
+        for (r, e) in recs.iter().zip(&evs) {
+            let ms = prev.elapsed_ms(e).map_err(drv("event"))? as f64;
+            let slot = prof.entry(r.func).or_default();
+            slot.0 += ms;
+            slot.1 += 1;
+            prev = e;
+        }
+        Ok(())
+    }
+
+    fn capture(recs: &[Rec], stream: &Arc<CudaStream>) -> Result<Option<CudaGraph>, CudaError> {
+        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(drv("begin capture"))?;
+        let launched = Self::launch_direct(recs, stream);
+        let g = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).map_err(drv("end capture"))?;
+        launched?;
+        Ok(g)
+    }
+
+    /// Submit the queued launches to `stream`.
+    pub fn submit(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        let recs = std::mem::take(&mut self.recs);
+        let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES;
+        if recs.is_empty() {
+            return Ok(());
+        }
+        if let Some(prof) = self.profile.as_mut() {
+            return Self::launch_timed(&recs, stream, prof);
+        }
+        if !graphable {
+            return Self::launch_direct(&recs, stream);
+        }
+        if let Some(i) = self.graphs.iter().position(|(k, _)| *k == recs) {
+            let entry = self.graphs.remove(i);
+            entry.1 .0.launch().map_err(drv("graph launch"))?;
+            self.graphs.insert(0, entry);
+            return Ok(());
+        }
+        if let Some(i) = self.seen.iter().position(|k| *k == recs) {
+            self.seen.remove(i);
+            match Self::capture(&recs, stream) {
+                Ok(Some(g)) => {
+                    g.launch().map_err(drv("graph launch"))?;
+                    self.graphs.insert(0, (recs, Graph(g)));
+                    self.graphs.truncate(MAX_GRAPHS);
+                    return Ok(());
+                }
+                // capture not possible here: stop trying
+                _ => {
+                    self.disabled = true;
+                    return Self::launch_direct(&recs, stream);
+                }
+            }
+        }
+        Self::launch_direct(&recs, stream)?;
+        self.seen.insert(0, recs);
+        self.seen.truncate(MAX_GRAPHS);
+        Ok(())
+    }
+}

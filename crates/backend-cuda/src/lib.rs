@@ -1,0 +1,506 @@
+//! # quarrel-cuda: the CUDA backend
+//!
+//! ```text
+//!  GGUF tensor ──repack (16-byte planes)──► device weight (uploaded once)
+//!  model ops ──► kernels (.cu in kernels/, embedded, NVRTC-compiled for the device's arch on
+//!                first use, PTX cached on disk by source hash + arch) ──► one CUDA stream
+//!  activations: pooled device buffers; only `download` (the logits rows) synchronizes
+//! ```
+//!
+//! The driver API, NVRTC and cuBLAS are loaded at run time (cudarc), so this crate builds and
+//! links on machines without CUDA; `device_count()` says whether a GPU can be used.
+//!
+//! | module    | responsibility |
+//! |-----------|----------------|
+//! | `device`  | context, stream, kernel module (NVRTC + disk cache), raw memory, buffer pool, launches |
+//! | `weight`  | `CudaWeight`: per-type repacking and upload |
+//! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
+//! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
+//! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
+//! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
+//! | `unit`    | reference twin of the kernels' weight decoding (property-tested without a GPU) |
+//! | `error`   | `CudaError` -> `CoreError` |
+//!
+//! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
+//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K).
+
+mod batch;
+pub mod device;
+mod error;
+mod graph;
+mod kv;
+mod matmul;
+pub mod unit;
+mod weight;
+
+pub use device::{available, device_count};
+pub use error::CudaError;
+pub use kv::CudaKv;
+pub use weight::{repack, CudaWeight, DevType};
+
+use batch::DevBatch;
+use cudarc::cublas::CudaBlas;
+use device::{Arg, Device, PoolMem};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, RopeStyle, WeightSource};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// f32 activations in a pooled device buffer.
+///
+/// `alloc` promises zeros; the memset is deferred until something reads the buffer before
+/// an op has overwritten all of it (most buffers are outputs, so most memsets never run).
+pub struct CudaBuf {
+    mem: PoolMem,
+    len: usize,
+    zero_pending: AtomicBool,
+}
+
+impl CudaBuf {
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr()
+    }
+}
+
+pub struct CudaBackend {
+    dev: Device,
+    blas: CudaBlas,
+    ordinal: usize,
+    /// The last batch's index arrays (reused by every layer of a forward).
+    batch: Mutex<Option<DevBatch>>,
+    /// RoPE frequency factors on the device, by content.
+    freq_factors: Mutex<Vec<(Vec<f32>, PoolMem)>>,
+    /// The last activations quantized to Q8 (q, k and v share their input; so do gate and up).
+    qcache: Mutex<Option<matmul::QCache>>,
+}
+
+impl CudaBackend {
+    /// The backend on GPU `ordinal`: kernels are compiled (or read from the cache) here.
+    pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
+        let dev = Device::new(ordinal)?;
+        // SAFETY: only probes for the shared library.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));
+        }
+        let blas = CudaBlas::new(dev.stream.clone()).map_err(|e| CudaError::Blas(format!("creating a handle: {e:?}")))?;
+        Ok(CudaBackend { dev, blas, ordinal, batch: Mutex::new(None), freq_factors: Mutex::new(Vec::new()), qcache: Mutex::new(None) })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Wait for all queued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.dev.flush()?;
+        self.dev.stream.synchronize().map_err(|e| CoreError::Backend(format!("synchronize: {e:?}")))
+    }
+
+    /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
+    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
+        use cudarc::driver::result as r;
+        self.dev.bind()?;
+        self.dev.flush()?;
+        let a = device::DevMem::alloc(&self.dev, bytes)?;
+        let b = device::DevMem::alloc(&self.dev, bytes)?;
+        let s = self.dev.stream.cu_stream();
+        // SAFETY: two live allocations of `bytes`.
+        let copy = || unsafe { r::memcpy_dtod_async(b.ptr, a.ptr, bytes, s) };
+        copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
+        self.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
+        }
+        self.synchronize()?;
+        Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64())
+    }
+
+    fn buf(&self, n: usize) -> Result<CudaBuf> {
+        Ok(CudaBuf { mem: self.dev.scratch(4 * n.max(1))?, len: n, zero_pending: AtomicBool::new(false) })
+    }
+
+    /// A write to `ptr` makes the cached quantized activations stale if they came from it.
+    fn written(&self, ptr: u64) {
+        if let Ok(mut g) = self.qcache.lock() {
+            if g.as_ref().is_some_and(|c| c.x == ptr) {
+                *g = None;
+            }
+        }
+    }
+
+    /// Q8 scratch for an op that writes `n` values at `out` and their Q8 form in one go
+    /// (`None`: kernel arguments 0, the op writes f32 only).
+    fn q8_out(&self, out: u64, n: usize) -> Result<(u64, u64)> {
+        if n % 32 != 0 || std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some() {
+            return Ok((0, 0));
+        }
+        let c = matmul::QCache::new(&self.dev, out, n)?;
+        let ptrs = (c.xq.ptr(), c.xm.ptr());
+        *self.qcache.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))? = Some(c);
+        Ok(ptrs)
+    }
+
+    /// The pointer of a buffer an op reads (running its deferred zeroing first).
+    fn rd(&self, b: &CudaBuf) -> Result<u64> {
+        if b.zero_pending.swap(false, Ordering::AcqRel) {
+            self.dev.zero(b.ptr(), 4 * b.len)?;
+            self.written(b.ptr());
+        }
+        Ok(b.ptr())
+    }
+
+    /// The pointer of a buffer an op reads and updates in place.
+    fn rw(&self, b: &mut CudaBuf) -> Result<u64> {
+        let p = self.rd(b)?;
+        self.written(p);
+        Ok(p)
+    }
+
+    /// The pointer of a buffer an op overwrites completely.
+    fn wr(&self, b: &mut CudaBuf) -> u64 {
+        b.zero_pending.store(false, Ordering::Release);
+        self.written(b.ptr());
+        b.ptr()
+    }
+
+    fn with_batch<T>(&self, b: &ForwardBatch, kv: &CudaKv, window: Option<usize>, f: impl FnOnce(&DevBatch) -> Result<T>) -> Result<T> {
+        let mut g = self.batch.lock().map_err(|_| CoreError::Backend("batch lock poisoned".into()))?;
+        let fresh = match g.as_ref() {
+            // kv_store (no window) can use arrays built for a windowed attention: slots agree
+            Some(d) => !(d.matches(b, kv.spec.block_size, window) || (window.is_none() && d.matches_positions(&b.positions) && d.matches(b, kv.spec.block_size, d.window()))),
+            None => true,
+        };
+        if fresh {
+            *g = Some(DevBatch::new(&self.dev, b, kv.spec.block_size, kv.spec.n_blocks, window)?);
+        }
+        f(g.as_ref().expect("set above"))
+    }
+
+    fn positions_ptr(&self, positions: &[u32]) -> Result<(u64, Option<PoolMem>)> {
+        if let Ok(g) = self.batch.lock() {
+            if let Some(d) = g.as_ref() {
+                if d.n_tok == positions.len() && d.matches_positions(positions) {
+                    return Ok((d.pos(), None));
+                }
+            }
+        }
+        let m = self.dev.upload_async(positions)?;
+        Ok((m.ptr(), Some(m)))
+    }
+
+    fn freq_factors_ptr(&self, ff: &Option<Vec<f32>>) -> Result<u64> {
+        let Some(ff) = ff else { return Ok(0) };
+        let mut g = self.freq_factors.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
+        if let Some((_, m)) = g.iter().find(|(v, _)| v == ff) {
+            return Ok(m.ptr());
+        }
+        let m = self.dev.upload_async(ff)?;
+        let p = m.ptr();
+        g.push((ff.clone(), m));
+        Ok(p)
+    }
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(CoreError::Shape(format!("{what}: buffer has {got} elements, expected {want}")));
+    }
+    Ok(())
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Weight = CudaWeight;
+    type Kv = CudaKv;
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({}, sm_{}{})", self.ordinal, self.dev.name, self.dev.cc.0, self.dev.cc.1)
+    }
+
+    fn load_weight(&self, src: WeightSource<'_>) -> Result<CudaWeight> {
+        self.dev.bind()?;
+        Ok(CudaWeight::load(&self.dev, src)?)
+    }
+
+    fn weight_dims(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.n_in, w.n_out)
+    }
+
+    fn weight_type(&self, w: &CudaWeight) -> QuantType {
+        w.ty
+    }
+
+    fn alloc(&self, n: usize) -> Result<CudaBuf> {
+        self.dev.bind()?;
+        let b = self.buf(n)?;
+        b.zero_pending.store(true, Ordering::Release);
+        Ok(b)
+    }
+
+    fn upload(&self, src: &[f32]) -> Result<CudaBuf> {
+        self.dev.bind()?;
+        let mem = self.dev.upload_async(src)?;
+        self.written(mem.ptr());
+        Ok(CudaBuf { mem, len: src.len(), zero_pending: AtomicBool::new(false) })
+    }
+
+    fn download(&self, src: &CudaBuf) -> Result<Vec<f32>> {
+        self.dev.bind()?;
+        if src.zero_pending.load(Ordering::Acquire) {
+            return Ok(vec![0.0; src.len]);
+        }
+        let v = self.dev.download(src.ptr(), src.len)?;
+        // a download ends a step: drop the step's cached arrays so that the next step
+        // allocates from the same pool state (same pointers: its graph can be replayed)
+        if let Ok(mut g) = self.batch.lock() {
+            *g = None;
+        }
+        if let Ok(mut g) = self.qcache.lock() {
+            *g = None;
+        }
+        self.dev.flush()?;
+        Ok(v)
+    }
+
+    fn buf_len(&self, b: &CudaBuf) -> usize {
+        b.len
+    }
+
+    fn alloc_kv(&self, spec: &KvSpec) -> Result<CudaKv> {
+        self.dev.bind()?;
+        Ok(CudaKv::new(&self.dev, spec)?)
+    }
+
+    fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let d = table.n_in;
+        check_len("embed output", out.len, tokens.len() * d)?;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.n_out) {
+            return Err(CoreError::Model(format!("token id {t} is outside the vocabulary of {}", table.n_out)));
+        }
+        let tok = self.dev.upload_async(tokens)?;
+        let n = tokens.len() as i32;
+        let o = self.wr(out);
+        match table.dev_ty {
+            DevType::Quant(name) => {
+                let units = (tokens.len() * d / 32) as u64;
+                self.dev.launch_1d(
+                    &format!("embed_{name}"),
+                    units,
+                    &[Arg::P(table.p.ptr), Arg::P(table.m_ptr()), Arg::P(tok.ptr()), Arg::P(o), Arg::I((d / 32) as i32), Arg::I(n)],
+                )?
+            }
+            t => self.dev.launch_1d(
+                &format!("embed_{}", t.name()),
+                (tokens.len() * d) as u64,
+                &[Arg::P(table.p.ptr), Arg::P(tok.ptr()), Arg::P(o), Arg::I(d as i32), Arg::I(n)],
+            )?,
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("matmul input", x.len, n_tok * w.n_in)?;
+        check_len("matmul output", out.len, n_tok * w.n_out)?;
+        let xp = self.rd(x)?;
+        let op = self.wr(out);
+        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("rms_norm output", out.len, x.len)?;
+        let d = w.n_in;
+        if w.n_out != 1 || w.dev_ty != DevType::F32 {
+            return Err(CoreError::Shape(format!("weight of shape ({}, {}) used as a vector", w.n_in, w.n_out)));
+        }
+        if x.len % d != 0 {
+            return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len)));
+        }
+        let rows = (x.len / d) as u32;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
+        // a decode step normalizes one row: more threads per row shorten the block
+        let threads = (d / 4).div_ceil(32).clamp(4, 32) as u32 * 32;
+        self.dev.launch(
+            "rms_norm",
+            (rows, 1, 1),
+            threads,
+            0,
+            &[Arg::P(xp), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)],
+        )?;
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut CudaBuf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
+        self.dev.bind()?;
+        check_len("rope input", x.len, positions.len() * n_head * head_dim)?;
+        if p.n_rot > head_dim || p.n_rot % 2 != 0 || p.n_rot == 0 {
+            return Err(CoreError::Shape(format!("rope: n_rot {} vs head_dim {head_dim}", p.n_rot)));
+        }
+        if let Some(f) = &p.freq_factors {
+            if f.len() < p.n_rot / 2 {
+                return Err(CoreError::Shape(format!("rope: {} freq factors for n_rot {}", f.len(), p.n_rot)));
+            }
+        }
+        let xp = self.rw(x)?;
+        let (pos, _keep) = self.positions_ptr(positions)?;
+        let ff = self.freq_factors_ptr(&p.freq_factors)?;
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let n = (positions.len() * n_head * p.n_rot / 2) as u64;
+        self.dev.launch_1d(
+            "rope",
+            n,
+            &[
+                Arg::P(xp),
+                Arg::P(pos),
+                Arg::P(ff),
+                Arg::I(positions.len() as i32),
+                Arg::I(n_head as i32),
+                Arg::I(head_dim as i32),
+                Arg::I(p.n_rot as i32),
+                Arg::F(theta_scale),
+                Arg::F(p.freq_scale),
+                Arg::I((p.style == RopeStyle::Neox) as i32),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("swiglu up", up.len, gate.len)?;
+        check_len("swiglu output", out.len, gate.len)?;
+        let n = gate.len as u64;
+        let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
+        let (xq, xm) = self.q8_out(o, gate.len)?;
+        self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("add", y.len, x.len)?;
+        let n = x.len as u64;
+        let (xp, yp) = (self.rw(x)?, self.rd(y)?);
+        self.dev.launch_1d("add", n, &[Arg::P(xp), Arg::P(yp), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut CudaBuf, s: f32) -> Result<()> {
+        self.dev.bind()?;
+        let n = x.len as u64;
+        let xp = self.rw(x)?;
+        self.dev.launch_1d("scale", n, &[Arg::P(xp), Arg::F(s), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &CudaBuf, dim: usize, rows: &[usize], out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("gather output", out.len, rows.len() * dim)?;
+        if let Some(&r) = rows.iter().find(|&&r| (r + 1) * dim > x.len) {
+            return Err(CoreError::Shape(format!("gather row {r} out of range")));
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = self.dev.upload_async(&idx)?;
+        let n = (rows.len() * dim) as u64;
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        self.dev.launch_1d("gather_rows", n, &[Arg::P(xp), Arg::P(idx.ptr()), Arg::P(op), Arg::I(dim as i32), Arg::I(rows.len() as i32)])?;
+        Ok(())
+    }
+
+    fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, batch: &ForwardBatch) -> Result<()> {
+        self.dev.bind()?;
+        let row = kv.spec.n_kv_head * kv.spec.head_dim;
+        if layer >= kv.spec.n_layer {
+            return Err(CoreError::Shape(format!("kv_store: layer {layer} of {}", kv.spec.n_layer)));
+        }
+        if k.len != batch.n_tokens() * row || v.len != k.len {
+            return Err(CoreError::Shape(format!("kv_store: k/v have {}/{} values, expected {}", k.len, v.len, batch.n_tokens() * row)));
+        }
+        let name = format!("kv_store_{}", kv::kv_name(kv.spec.ty));
+        let n = batch.n_tokens();
+        let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
+        let (ks, vs) = (self.rd(k)?, self.rd(v)?);
+        self.with_batch(batch, kv, None, |db| {
+            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32)];
+            self.dev.launch(&name, (((n * row) as u64).div_ceil(256) as u32, 2, 1), 256, 0, &args)?;
+            Ok(())
+        })
+    }
+
+    fn attention(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let hd = p.head_dim;
+        check_len("attention q", q.len, batch.n_tokens() * p.n_head * hd)?;
+        check_len("attention output", out.len, q.len)?;
+        if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || p.n_head % p.n_kv_head != 0 {
+            return Err(CoreError::Shape(format!(
+                "attention: {} heads / {} kv heads of {hd} vs cache {} x {}",
+                p.n_head, p.n_kv_head, kv.spec.n_kv_head, kv.spec.head_dim
+            )));
+        }
+        if layer >= kv.spec.n_layer {
+            return Err(CoreError::Shape(format!("attention: layer {layer} of {}", kv.spec.n_layer)));
+        }
+        let dpl = match hd {
+            0 => return Err(CoreError::Shape("attention: head_dim 0".into())),
+            1..=64 => 2,
+            65..=128 => 4,
+            129..=256 => 8,
+            _ => return Err(CoreError::Unsupported(format!("attention with head_dim {hd} (the GPU kernel takes up to 256)"))),
+        };
+        if batch.n_tokens() == 0 {
+            return Ok(());
+        }
+        let name = format!("attn_{}_{dpl}", kv::kv_name(kv.spec.ty));
+        let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
+        let (qp, op) = (self.rd(q)?, self.wr(out));
+        self.with_batch(batch, kv, p.sliding_window, |db| {
+            // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
+            // (each block sizes its share from the positions on the device), so decode steps
+            // repeat exactly and replay as a graph
+            let blocks = db.n_tiles * p.n_head;
+            let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
+            let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
+            let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
+            let smem = (4 * (batch::ATT_QT * hd + 2 * 32 * (hd + 1))) as u32;
+            self.dev.launch(
+                &name,
+                (db.n_tiles as u32, p.n_head as u32, n_split as u32),
+                32,
+                smem,
+                &[
+                    Arg::P(qp),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(part.ptr()),
+                    Arg::P(db.tiles()),
+                    Arg::P(db.pos()),
+                    Arg::P(db.bt_off()),
+                    Arg::P(db.bt()),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_kv_head as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(kv.spec.block_size as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                ],
+            )?;
+            let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
+            self.dev.launch(
+                "attn_combine",
+                ((batch.n_tokens() * p.n_head) as u32, 1, 1),
+                if hd % 32 == 0 { hd as u32 } else { 256 },
+                0,
+                &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
+            )?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,255 @@
+//! `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ` on the device.
+//!
+//! ```text
+//!  n_tok <= GEMV_MAX_TOKENS: quantized W: x ──quantize_q8──► (xq, xm) ──gemv_<type>_<NT> (dp4a)──► out
+//!                            float W:     x ──gemv_<type>_<NT> (f32 FMA)──► out
+//!  more tokens:              W ──dequant_<type>──► W16 (scratch) ┐
+//!                            x ──tof16_f32──► x16                ├─ cuBLAS GemmEx (f16 in, f32 accumulate) ──► out
+//! ```
+
+use crate::device::{Arg, DevMem, Device, PoolMem};
+use std::sync::Mutex;
+
+/// Activations already quantized to Q8: `x` (device pointer) as (xq, xm).
+pub(crate) struct QCache {
+    pub x: u64,
+    /// values (n_tok * n_in)
+    pub n: usize,
+    pub xq: PoolMem,
+    pub xm: PoolMem,
+}
+
+impl QCache {
+    /// Scratch for the Q8 form of `n` values at `x` (filled by the kernel that writes `x`).
+    pub fn new(dev: &Device, x: u64, n: usize) -> Result<QCache, CudaError> {
+        Ok(QCache { x, n, xq: dev.scratch(n)?, xm: dev.scratch(n / 32 * 8)? })
+    }
+}
+use crate::error::CudaError;
+use crate::weight::{CudaWeight, DevType};
+use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
+
+/// Up to this many tokens the GEMV kernels run (weights read once per 8 tokens); above, the GEMM.
+pub const GEMV_MAX_TOKENS: usize = 8;
+
+/// GEMV_WARPS and GEMV_ROWS in matmul.cu.
+const GEMV_WARPS: usize = 4;
+const GEMV_ROWS: usize = 2;
+
+/// Warps per row (1, 2 or 4) and the grid: matrices with few rows split each row's dot
+/// product over several warps so that at least ~1000 blocks run.
+fn gemv_shape(n_out: usize) -> (usize, (u32, u32, u32)) {
+    let blocks1 = n_out.div_ceil(GEMV_WARPS * GEMV_ROWS);
+    let wpr = if blocks1 >= 1024 {
+        1
+    } else if blocks1 >= 512 {
+        2
+    } else {
+        4
+    };
+    let rows_per_block = GEMV_ROWS * GEMV_WARPS / wpr;
+    (wpr, (n_out.div_ceil(rows_per_block) as u32, 1, 1))
+}
+
+pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    if n_tok == 0 {
+        return Ok(());
+    }
+    if let Ok(mut g) = qc.lock() {
+        // the output may reuse the cached input's memory
+        if g.as_ref().is_some_and(|c| c.x == out) {
+            *g = None;
+        }
+    }
+    if n_tok <= GEMV_MAX_TOKENS || std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some() {
+        gemv(dev, qc, w, x, n_tok, out)
+    } else {
+        gemm(dev, blas, w, x, n_tok, out)
+    }
+}
+
+fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let (wpr, grid) = gemv_shape(n_out);
+    let name = w.dev_ty.name();
+    match w.dev_ty {
+        DevType::Quant(_) => {
+            let units = n_in / 32;
+            let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
+            let hit = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in) && x != out;
+            if !hit {
+                let c = QCache::new(dev, x, n_tok * n_in)?;
+                let nb = (n_tok * units) as u32;
+                dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(c.xq.ptr()), Arg::P(c.xm.ptr()), Arg::I(nb as i32)])?;
+                *g = Some(c);
+            }
+            let c = g.as_ref().expect("set above");
+            let (xq, xm) = (&c.xq, &c.xm);
+            let mut t0 = 0;
+            while t0 < n_tok {
+                let nt = chunk(n_tok - t0);
+                dev.launch(
+                    &format!("gemv_{name}_{nt}"),
+                    grid,
+                    128,
+                    0,
+                    &[
+                        Arg::P(w.p.ptr),
+                        Arg::P(w.m_ptr()),
+                        Arg::P(xq.ptr() + (t0 * n_in) as u64),
+                        Arg::P(xm.ptr() + (t0 * units * 8) as u64),
+                        Arg::P(out + 4 * (t0 * n_out) as u64),
+                        Arg::I(units as i32),
+                        Arg::I(n_out as i32),
+                        Arg::I(wpr as i32),
+                    ],
+                )?;
+                t0 += nt;
+            }
+        }
+        _ => {
+            let mut t0 = 0;
+            while t0 < n_tok {
+                let nt = chunk(n_tok - t0);
+                dev.launch(
+                    &format!("gemv_{name}_{nt}"),
+                    grid,
+                    128,
+                    0,
+                    &[
+                        Arg::P(w.p.ptr),
+                        Arg::P(x + 4 * (t0 * n_in) as u64),
+                        Arg::P(out + 4 * (t0 * n_out) as u64),
+                        Arg::I(n_in as i32),
+                        Arg::I(n_out as i32),
+                        Arg::I(wpr as i32),
+                    ],
+                )?;
+                t0 += nt;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tokens per GEMV launch: 8, 4, 2 or 1.
+fn chunk(left: usize) -> usize {
+    [8, 4, 2, 1].into_iter().find(|&c| c <= left).unwrap_or(1)
+}
+
+fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let n_w = (n_in * n_out) as u64;
+    // the weight as f16: in place for F16 weights; else a cached f16 copy (made once while
+    // free memory allows, QUARREL_CUDA_F16_CACHE=0 turns it off) or a scratch dequantized per call
+    let w16_scratch;
+    let mut cached = w.f16.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
+    let w16 = match w.dev_ty {
+        DevType::F16 => w.p.ptr,
+        DevType::F32 => {
+            drop(cached);
+            return sgemm(dev, blas, w.p.ptr, x, n_in, n_out, n_tok, out);
+        }
+        _ => {
+            if cached.is_none() && f16_cache_fits(dev, 2 * n_w as usize) {
+                let m = DevMem::alloc(dev, 2 * n_w as usize)?;
+                to_f16(dev, w, m.ptr, n_w)?;
+                *cached = Some(m);
+            }
+            match cached.as_ref() {
+                Some(m) => m.ptr,
+                None => {
+                    w16_scratch = dev.scratch(2 * n_w as usize)?;
+                    to_f16(dev, w, w16_scratch.ptr(), n_w)?;
+                    w16_scratch.ptr()
+                }
+            }
+        }
+    };
+    drop(cached);
+    let n_x = (n_tok * n_in) as u64;
+    let x16 = dev.scratch(2 * n_x as usize)?;
+    dev.launch_1d("tof16_f32", n_x, &[Arg::P(x), Arg::P(x16.ptr()), Arg::U64(n_x)])?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // cuBLAS enqueues on the stream itself: submit the queued kernels first
+    dev.flush()?;
+    dev.not_graphable();
+    // column-major view: C (n_out x n_tok) = W16ᵀ (n_out x n_in) · x16 (n_in x n_tok)
+    // SAFETY: pointers are live device buffers of the sizes given; the handle is on our stream.
+    unsafe {
+        blas::gemm_ex(
+            *blas.handle(),
+            bsys::cublasOperation_t::CUBLAS_OP_T,
+            bsys::cublasOperation_t::CUBLAS_OP_N,
+            n_out as i32,
+            n_tok as i32,
+            n_in as i32,
+            &alpha as *const f32 as *const _,
+            w16 as *const _,
+            bsys::cudaDataType_t::CUDA_R_16F,
+            n_in as i32,
+            x16.ptr() as *const _,
+            bsys::cudaDataType_t::CUDA_R_16F,
+            n_in as i32,
+            &beta as *const f32 as *const _,
+            out as *mut _,
+            bsys::cudaDataType_t::CUDA_R_32F,
+            n_out as i32,
+            bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| CudaError::Blas(format!("GemmEx {n_out}x{n_tok}x{n_in}: {e:?}")))
+}
+
+/// Whether an f16 copy of `bytes` fits, leaving a fifth of the device free.
+fn f16_cache_fits(dev: &Device, bytes: usize) -> bool {
+    if std::env::var("QUARREL_CUDA_F16_CACHE").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    let (free, total) = dev.ctx.mem_get_info().unwrap_or((0, 0));
+    free > bytes + total / 5
+}
+
+/// Dequantize (or convert) `w` into `n_w` f16 values at `dst`.
+fn to_f16(dev: &Device, w: &CudaWeight, dst: u64, n_w: u64) -> Result<(), CudaError> {
+    match w.dev_ty {
+        DevType::Quant(name) => {
+            let units = n_w / 32;
+            dev.launch_1d(&format!("dequant_{name}"), units, &[Arg::P(w.p.ptr), Arg::P(w.m_ptr()), Arg::P(dst), Arg::I((w.n_in / 32) as i32), Arg::U64(units)])
+        }
+        t => dev.launch_1d(&format!("tof16_{}", t.name()), n_w, &[Arg::P(w.p.ptr), Arg::P(dst), Arg::U64(n_w)]),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usize, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    dev.flush()?;
+    dev.not_graphable();
+    // SAFETY: as in `gemm`.
+    unsafe {
+        blas::gemm_ex(
+            *blas.handle(),
+            bsys::cublasOperation_t::CUBLAS_OP_T,
+            bsys::cublasOperation_t::CUBLAS_OP_N,
+            n_out as i32,
+            n_tok as i32,
+            n_in as i32,
+            &alpha as *const f32 as *const _,
+            w as *const _,
+            bsys::cudaDataType_t::CUDA_R_32F,
+            n_in as i32,
+            x as *const _,
+            bsys::cudaDataType_t::CUDA_R_32F,
+            n_in as i32,
+            &beta as *const f32 as *const _,
+            out as *mut _,
+            bsys::cudaDataType_t::CUDA_R_32F,
+            n_out as i32,
+            bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| CudaError::Blas(format!("SGEMM {n_out}x{n_tok}x{n_in}: {e:?}")))
+}

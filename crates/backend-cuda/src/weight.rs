@@ -1,0 +1,153 @@
+//! `CudaWeight`: a GGUF tensor uploaded once, repacked for 16-byte loads.
+//!
+//! | stored type | on the device |
+//! |---|---|
+//! | Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 | payload plane (16 B nibbles / 32 B int8 per 32 values) + meta plane (d [, m] [, qh]) |
+//! | Q4_K Q5_K | ggml super-blocks as stored (144 / 176 B, multiples of 16) |
+//! | Q6_K | super-blocks padded from 210 to 224 B |
+//! | F32 F16 BF16 | as stored |
+//! | 1-D tensors (norms) | f32 |
+//! | other types (Q2_K, Q3_K, IQ4_NL, MXFP4, ...) | dequantized at load to f16 (no kernel of their own yet) |
+
+use crate::device::{DevMem, Device};
+use crate::error::CudaError;
+use quarrel_core::{QuantType, WeightSource};
+
+/// How the kernels read a weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevType {
+    /// Quantized, read in units of 32 values; the name is the kernel suffix.
+    Quant(&'static str),
+    F32,
+    F16,
+    BF16,
+}
+
+impl DevType {
+    pub fn name(self) -> &'static str {
+        match self {
+            DevType::Quant(n) => n,
+            DevType::F32 => "f32",
+            DevType::F16 => "f16",
+            DevType::BF16 => "bf16",
+        }
+    }
+}
+
+pub struct CudaWeight {
+    /// The type stored in the GGUF file.
+    pub ty: QuantType,
+    pub dev_ty: DevType,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub(crate) p: DevMem,
+    pub(crate) m: Option<DevMem>,
+    /// Weight bytes on the device (for bandwidth figures).
+    pub bytes: usize,
+    /// An f16 copy for the prefill GEMM, made on first use when memory allows.
+    pub(crate) f16: std::sync::Mutex<Option<DevMem>>,
+}
+
+impl CudaWeight {
+    pub fn m_ptr(&self) -> u64 {
+        self.m.as_ref().map_or(0, |m| m.ptr)
+    }
+
+    pub(crate) fn load(dev: &Device, src: WeightSource<'_>) -> Result<CudaWeight, CudaError> {
+        let g = src.gguf;
+        let info = g
+            .tensor_info(src.name)
+            .ok_or_else(|| CudaError::Shape(format!("tensor {} not found in the model", src.name)))?;
+        let n_in = info.dims[0] as usize;
+        let n_out = (info.n_elements() / info.dims[0].max(1)) as usize;
+        let bytes = g.tensor_bytes(info);
+        let ty = info.ty;
+        if info.dims.len() == 1 {
+            let v = dequant(ty, bytes, n_in, src.name)?;
+            return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v);
+        }
+        let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && n_in % 8 != 0 { None } else { repack(ty, bytes) };
+        let Some((dev_ty, p, m)) = repacked else {
+            if n_in % 8 != 0 {
+                return Err(CudaError::Unsupported(format!("{}: rows of {n_in} values (the GPU kernels need a multiple of 8)", src.name)));
+            }
+            // no kernel for this type: f16 copy
+            let v = dequant(ty, bytes, n_in * n_out, src.name)?;
+            let h: Vec<u16> = v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+            return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h);
+        };
+        let total = p.len() + m.as_ref().map_or(0, |m| m.len());
+        Ok(CudaWeight {
+            ty,
+            dev_ty,
+            n_in,
+            n_out,
+            p: DevMem::upload(dev, &p)?,
+            m: m.map(|m| DevMem::upload(dev, &m)).transpose()?,
+            bytes: total,
+            f16: Default::default(),
+        })
+    }
+
+    fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T]) -> Result<CudaWeight, CudaError> {
+        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default() })
+    }
+}
+
+/// The device layout of a tensor's bytes (see the module table): kind, payload plane, meta
+/// plane. `None` for types without a kernel.
+pub fn repack(ty: QuantType, bytes: &[u8]) -> Option<(DevType, Vec<u8>, Option<Vec<u8>>)> {
+    let ts = ty.type_size();
+    Some(match ty {
+        QuantType::Q4_0 => with(DevType::Quant("q4_0"), split(bytes, ts, &[(2, 16)], &[(0, 2)], 16, 2)),
+        QuantType::Q4_1 => with(DevType::Quant("q4_1"), split(bytes, ts, &[(4, 16)], &[(0, 4)], 16, 4)),
+        QuantType::Q5_0 => with(DevType::Quant("q5_0"), split(bytes, ts, &[(6, 16)], &[(0, 2), (2, 4)], 16, 8)),
+        QuantType::Q5_1 => with(DevType::Quant("q5_1"), split(bytes, ts, &[(8, 16)], &[(0, 4), (4, 4)], 16, 8)),
+        QuantType::Q8_0 => with(DevType::Quant("q8_0"), split(bytes, ts, &[(2, 32)], &[(0, 2)], 32, 2)),
+        QuantType::Q4_K => (DevType::Quant("q4_K"), bytes.to_vec(), None),
+        QuantType::Q5_K => (DevType::Quant("q5_K"), bytes.to_vec(), None),
+        QuantType::Q6_K => {
+            let mut p = vec![0u8; bytes.len() / ts * 224];
+            for (b, o) in bytes.chunks_exact(ts).zip(p.chunks_exact_mut(224)) {
+                o[..ts].copy_from_slice(b);
+            }
+            (DevType::Quant("q6_K"), p, None)
+        }
+        QuantType::F32 => (DevType::F32, bytes.to_vec(), None),
+        QuantType::F16 => (DevType::F16, bytes.to_vec(), None),
+        QuantType::BF16 => (DevType::BF16, bytes.to_vec(), None),
+        _ => return None,
+    })
+}
+
+fn with(t: DevType, (p, m): (Vec<u8>, Option<Vec<u8>>)) -> (DevType, Vec<u8>, Option<Vec<u8>>) {
+    (t, p, m)
+}
+
+fn dequant(ty: QuantType, bytes: &[u8], n: usize, name: &str) -> Result<Vec<f32>, CudaError> {
+    let mut v = vec![0f32; n];
+    quarrel_quant::dequantize(ty, bytes, &mut v).map_err(|e| CudaError::Shape(format!("{name}: {e}")))?;
+    Ok(v)
+}
+
+/// Split blocks of `ts` bytes into a payload plane (byte ranges `pay`, `pb` bytes per block)
+/// and a meta plane (ranges `meta`, packed and padded to `mb` bytes per block).
+fn split(bytes: &[u8], ts: usize, pay: &[(usize, usize)], meta: &[(usize, usize)], pb: usize, mb: usize) -> (Vec<u8>, Option<Vec<u8>>) {
+    let n = bytes.len() / ts;
+    let (mut p, mut m) = (Vec::with_capacity(n * pb), vec![0u8; n * mb]);
+    for (b, mo) in bytes.chunks_exact(ts).zip(m.chunks_exact_mut(mb)) {
+        for &(o, l) in pay {
+            p.extend_from_slice(&b[o..o + l]);
+        }
+        let mut at = 0;
+        for &(o, l) in meta {
+            // Q5_0: d then qh at byte 4 (after 2 bytes of padding)
+            if at == 2 && mb == 8 && l == 4 {
+                at = 4;
+            }
+            mo[at..at + l].copy_from_slice(&b[o..o + l]);
+            at += l;
+        }
+    }
+    (p, Some(m))
+}

@@ -1,0 +1,290 @@
+//! Every op of the CUDA backend against the CPU backend (the reference), NMSE per op from one
+//! table. Needs a CUDA device: without one each test prints a skip and returns, so CI (no GPU)
+//! still builds and runs the rest. `scripts/gpu-test.sh` runs them on a GPU machine.
+
+use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeStyle, SeqBatch, WeightSource};
+use quarrel_cpu::CpuBackend;
+use quarrel_cuda::CudaBackend;
+use quarrel_gguf::{Gguf, GgufWriter};
+use std::sync::Arc;
+
+/// NMSE bounds (Σ(a-b)²/Σa²), CUDA vs CPU.
+mod tol {
+    /// legacy quants: both sides quantize activations to Q8_0/Q8_1 alike; only float order differs
+    pub const GEMV_LEGACY: f64 = 1e-8;
+    /// K quants: CPU pairs with Q8_K (256-value blocks), the GPU with 32-value Q8 blocks
+    pub const GEMV_K: f64 = 2e-4;
+    /// float weights: CPU rounds F16/BF16 activations to f16/bf16, the GPU keeps f32
+    pub const GEMV_FLOAT: f64 = 1e-4;
+    /// prefill GEMM: f16 activations on the tensor cores vs Q8 activations on the CPU
+    pub const GEMM: f64 = 2e-4;
+    /// element-wise ops and gathers (same formulas; libm vs CUDA's expf/cosf)
+    pub const ELEMENTWISE: f64 = 1e-10;
+    /// embedding rows of types without a GPU kernel (kept as f16 on the device)
+    pub const EMBED_F16_COPY: f64 = 1e-6;
+    /// attention: GPU in f32 throughout vs the CPU's f16 vector path on f16 caches
+    pub const ATTENTION: f64 = 1e-5;
+}
+
+fn cuda() -> Option<CudaBackend> {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+        return None;
+    }
+    Some(CudaBackend::new(0).expect("CUDA backend"))
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+    assert!(b.iter().all(|v| v.is_finite()), "non-finite value");
+    num / den.max(1e-30)
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+const N_IN: usize = 512;
+const N_OUT: usize = 70;
+
+const TYPES: &[QuantType] = &[
+    QuantType::F32,
+    QuantType::F16,
+    QuantType::BF16,
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q8_0,
+    QuantType::Q2_K,
+    QuantType::Q3_K,
+    QuantType::Q4_K,
+    QuantType::Q5_K,
+    QuantType::Q6_K,
+    QuantType::IQ4_NL,
+];
+
+/// One GGUF holding an (N_IN, N_OUT) matrix of every type that quantizes, and a norm vector.
+fn weights() -> (Arc<Gguf>, Vec<QuantType>) {
+    let mut w = GgufWriter::new();
+    let mut data = Vec::new();
+    let mut types = Vec::new();
+    for (i, &ty) in TYPES.iter().enumerate() {
+        let v: Vec<f32> = rnd(N_IN * N_OUT, 100 + i as u64).iter().map(|x| x * 0.5).collect();
+        let Ok(bytes) = quarrel_quant::quantize_to_vec(ty, &v) else { continue };
+        w.add_tensor(&format!("w.{}", ty.name()), &[N_IN as u64, N_OUT as u64], ty).unwrap();
+        data.push(bytes);
+        types.push(ty);
+    }
+    w.add_tensor("norm", &[N_IN as u64], QuantType::F32).unwrap();
+    let g: Vec<f32> = rnd(N_IN, 9).iter().map(|x| 1.0 + 0.3 * x).collect();
+    data.push(g.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+    (Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap()), types)
+}
+
+fn load<B: Backend>(be: &B, g: &Arc<Gguf>, name: &str) -> B::Weight {
+    be.load_weight(WeightSource { gguf: g, name }).unwrap()
+}
+
+fn matmul<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, n_tok: usize) -> Vec<f32> {
+    let w = load(be, g, &format!("w.{}", ty.name()));
+    let x = be.upload(&rnd(n_tok * N_IN, n_tok as u64)).unwrap();
+    let mut out = be.alloc(n_tok * N_OUT).unwrap();
+    be.matmul(&w, &x, n_tok, &mut out).unwrap();
+    be.download(&out).unwrap()
+}
+
+#[test]
+fn matmul_every_type_gemv_and_gemm() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    let (g, types) = weights();
+    assert!(types.len() >= 12, "only {types:?} quantize");
+    for &ty in &types {
+        for n_tok in [1, 2, 3, 5, 8, 9, 33] {
+            let a = matmul(&cpu, &g, ty, n_tok);
+            let b = matmul(&gpu, &g, ty, n_tok);
+            let e = nmse(&a, &b);
+            let bound = if n_tok > 8 {
+                tol::GEMM
+            } else if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q2_K | QuantType::Q3_K | QuantType::IQ4_NL) {
+                tol::GEMV_FLOAT
+            } else if matches!(ty, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K) {
+                tol::GEMV_K
+            } else {
+                tol::GEMV_LEGACY
+            };
+            eprintln!("matmul {ty} n_tok {n_tok}: nmse {e:.3e} (bound {bound:.0e})");
+            assert!(e <= bound, "matmul {ty} n_tok {n_tok}: nmse {e:.3e} > {bound:.0e}");
+        }
+    }
+}
+
+/// Tall matrices take the GEMV path with one or two warps per row (the 70-row ones take four).
+#[test]
+fn matmul_row_splits() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    for (n_in, n_out) in [(256usize, 8200usize), (512, 4100)] {
+        let mut w = GgufWriter::new();
+        let mut data = Vec::new();
+        let types = [QuantType::Q4_0, QuantType::Q6_K, QuantType::F16];
+        for (i, &ty) in types.iter().enumerate() {
+            let v: Vec<f32> = rnd(n_in * n_out, 300 + i as u64);
+            w.add_tensor(&format!("w.{}", ty.name()), &[n_in as u64, n_out as u64], ty).unwrap();
+            data.push(quarrel_quant::quantize_to_vec(ty, &v).unwrap());
+        }
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
+        for ty in types {
+            for n_tok in [1, 3] {
+                let a = mm(&cpu, &g, ty, n_in, n_out, n_tok);
+                let b = mm(&gpu, &g, ty, n_in, n_out, n_tok);
+                let e = nmse(&a, &b);
+                let bound = if ty == QuantType::Q6_K { tol::GEMV_K } else if ty == QuantType::F16 { tol::GEMV_FLOAT } else { tol::GEMV_LEGACY };
+                eprintln!("matmul {ty} {n_in}x{n_out} n_tok {n_tok}: nmse {e:.3e}");
+                assert!(e <= bound, "matmul {ty} {n_in}x{n_out} n_tok {n_tok}: nmse {e:.3e}");
+            }
+        }
+    }
+}
+
+fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, n_in: usize, n_out: usize, n_tok: usize) -> Vec<f32> {
+    let w = load(be, g, &format!("w.{}", ty.name()));
+    let x = be.upload(&rnd(n_tok * n_in, 7 + n_tok as u64)).unwrap();
+    let mut out = be.alloc(n_tok * n_out).unwrap();
+    be.matmul(&w, &x, n_tok, &mut out).unwrap();
+    be.download(&out).unwrap()
+}
+
+/// Embedding, RMSNorm, RoPE (both styles, with frequency factors), SwiGLU, add, scale, gather.
+fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(String, Vec<f32>)> {
+    let mut outs = Vec::new();
+    let tokens = [3u32, 0, 69, 17, 17];
+    for &ty in types {
+        let w = load(be, g, &format!("w.{}", ty.name()));
+        let mut e = be.alloc(tokens.len() * N_IN).unwrap();
+        be.embed(&w, &tokens, &mut e).unwrap();
+        outs.push((format!("embed {ty}"), be.download(&e).unwrap()));
+    }
+    let n_tok = 5;
+    let x = be.upload(&rnd(n_tok * N_IN, 1)).unwrap();
+    let norm = load(be, g, "norm");
+    let mut h = be.alloc(n_tok * N_IN).unwrap();
+    be.rms_norm(&x, &norm, 1e-5, &mut h).unwrap();
+    outs.push(("rms_norm".into(), be.download(&h).unwrap()));
+    let positions = [0u32, 1, 7, 300, 4095];
+    for (style, ff) in [(RopeStyle::Normal, None), (RopeStyle::Neox, Some(rnd(32, 4).iter().map(|v| 1.5 + v).collect::<Vec<f32>>()))] {
+        let mut r = be.upload(&rnd(n_tok * N_IN, 2)).unwrap();
+        let p = RopeParams { style, n_rot: 64, freq_base: 10000.0, freq_scale: 0.5, freq_factors: ff };
+        be.rope(&mut r, &positions, 8, 64, &p).unwrap();
+        outs.push((format!("rope {style:?}"), be.download(&r).unwrap()));
+    }
+    let gate = be.upload(&rnd(n_tok * N_IN, 5).iter().map(|v| v * 8.0).collect::<Vec<_>>()).unwrap();
+    let mut s = be.alloc(n_tok * N_IN).unwrap();
+    be.swiglu(&gate, &x, &mut s).unwrap();
+    outs.push(("swiglu".into(), be.download(&s).unwrap()));
+    be.add(&mut s, &x).unwrap();
+    be.scale(&mut s, 0.25).unwrap();
+    outs.push(("add+scale".into(), be.download(&s).unwrap()));
+    let mut gsel = be.alloc(3 * N_IN).unwrap();
+    be.gather_rows(&s, N_IN, &[4, 0, 2], &mut gsel).unwrap();
+    outs.push(("gather_rows".into(), be.download(&gsel).unwrap()));
+    outs
+}
+
+#[test]
+fn elementwise_ops_match_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    let (g, types) = weights();
+    let a = elementwise(&cpu, &g, &types);
+    let b = elementwise(&gpu, &g, &types);
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        let e = nmse(x, y);
+        let f16_copy = ["q2_K", "q3_K", "iq4_nl"].iter().any(|t| name.ends_with(t));
+        let bound = if f16_copy { tol::EMBED_F16_COPY } else { tol::ELEMENTWISE };
+        eprintln!("{name}: nmse {e:.3e}");
+        assert!(e <= bound, "{name}: nmse {e:.3e} > {bound:.0e}");
+    }
+}
+
+/// Two sequences in scattered cache blocks: `kv_store` their tokens, then attention.
+fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Option<f32>) -> Vec<f32> {
+    let (n_head, n_kv_head, hd, bs) = (8, 2, 64, 16);
+    let spec = KvSpec { n_layer: 2, n_kv_head, head_dim: hd, block_size: bs, n_blocks: 24, ty };
+    let mut kv = be.alloc_kv(&spec).unwrap();
+    // sequence 0: 45 prompt tokens; sequence 1: 70 tokens
+    let (l0, l1) = (45usize, 70usize);
+    let batch = ForwardBatch {
+        tokens: vec![0; l0 + l1],
+        positions: (0..l0 as u32).chain(0..l1 as u32).collect(),
+        seqs: vec![
+            SeqBatch { start: 0, len: l0, block_table: vec![5, 2, 9] },
+            SeqBatch { start: l0, len: l1, block_table: vec![1, 7, 3, 11, 0] },
+        ],
+        logits_rows: vec![],
+    };
+    let row = n_kv_head * hd;
+    let k = be.upload(&rnd(batch.n_tokens() * row, 11)).unwrap();
+    let v = be.upload(&rnd(batch.n_tokens() * row, 12)).unwrap();
+    be.kv_store(&mut kv, 1, &k, &v, &batch).unwrap();
+    let p = AttnParams { n_head, n_kv_head, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sliding_window: window, softcap };
+    let q = be.upload(&rnd(batch.n_tokens() * n_head * hd, 13).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
+    let mut out = be.alloc(batch.n_tokens() * n_head * hd).unwrap();
+    be.attention(&q, &kv, 1, &batch, &p, &mut out).unwrap();
+    let mut all = be.download(&out).unwrap();
+    // then one decode token for sequence 1 (position 70)
+    let dec = ForwardBatch {
+        tokens: vec![0],
+        positions: vec![l1 as u32],
+        seqs: vec![SeqBatch { start: 0, len: 1, block_table: vec![1, 7, 3, 11, 0] }],
+        logits_rows: vec![0],
+    };
+    let k1 = be.upload(&rnd(row, 21)).unwrap();
+    let v1 = be.upload(&rnd(row, 22)).unwrap();
+    be.kv_store(&mut kv, 1, &k1, &v1, &dec).unwrap();
+    let q1 = be.upload(&rnd(n_head * hd, 23)).unwrap();
+    let mut o1 = be.alloc(n_head * hd).unwrap();
+    be.attention(&q1, &kv, 1, &dec, &p, &mut o1).unwrap();
+    all.extend(be.download(&o1).unwrap());
+    all
+}
+
+#[test]
+fn paged_attention_every_kv_type() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    for ty in KvType::ALL {
+        for (window, softcap) in [(None, None), (Some(20), None), (None, Some(5.0))] {
+            let a = attention(&cpu, ty, window, softcap);
+            let b = attention(&gpu, ty, window, softcap);
+            let e = nmse(&a, &b);
+            eprintln!("attention {} window {window:?} softcap {softcap:?}: nmse {e:.3e}", ty.name());
+            assert!(e <= tol::ATTENTION, "attention {}: nmse {e:.3e}", ty.name());
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let Some(gpu) = cuda() else { return };
+    let (g, _) = weights();
+    let w = load(&gpu, &g, "w.q4_0");
+    let x = gpu.upload(&[0.0; N_IN]).unwrap();
+    let mut out = gpu.alloc(N_OUT + 1).unwrap();
+    assert!(gpu.matmul(&w, &x, 1, &mut out).is_err());
+    let mut e = gpu.alloc(N_IN).unwrap();
+    assert!(gpu.embed(&w, &[N_OUT as u32], &mut e).is_err());
+    assert!(gpu.load_weight(WeightSource { gguf: &g, name: "missing" }).is_err());
+}
