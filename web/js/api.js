@@ -1,0 +1,77 @@
+// REST calls the page makes: the model list and model load / unload. Errors come back as
+// ApiError with the server's `{"error": {"code", "message"}}` fields when it sent them.
+
+import { apiKey } from './store.js';
+
+export class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+async function call(method, path) {
+  const headers = { Accept: 'application/json' };
+  const key = apiKey.get();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  let res;
+  try {
+    res = await fetch(path, { method, headers });
+  } catch (e) {
+    throw new ApiError(0, 'NETWORK', `Server unreachable (${e.message})`);
+  }
+  const text = await res.text();
+  let body = null;
+  try { body = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
+  if (!res.ok) {
+    const e = body?.error || {};
+    const code = e.code || (res.status === 401 ? 'UNAUTHORIZED' : res.status === 503 ? 'OVERLOADED' : `HTTP_${res.status}`);
+    throw new ApiError(res.status, String(code), e.message || text || res.statusText);
+  }
+  return body;
+}
+
+/** Normalized model entries: {name, loaded, parameters, quantization, memory, context, arch}. */
+export async function listModels() {
+  const body = await call('GET', '/api/models');
+  const list = Array.isArray(body) ? body : body?.models || body?.data || [];
+  return list.map(normalizeModel).filter((m) => m.name);
+}
+
+export function normalizeModel(m) {
+  const d = m.details || {};
+  const pick = (...xs) => xs.find((x) => x !== undefined && x !== null && x !== '');
+  const status = pick(m.status, m.loaded === true ? 'loaded' : m.loaded === false ? 'not loaded' : undefined);
+  return {
+    name: String(pick(m.name, m.id, m.model) || ''),
+    loaded: m.loaded === true || status === 'loaded',
+    status: status || 'unknown',
+    parameters: pick(m.parameters, m.parameter_count, m.n_params, d.parameter_size),
+    quantization: pick(m.quantization, m.quantization_level, m.file_type, d.quantization_level),
+    memory: pick(m.memory_bytes, m.memory, m.size_bytes, m.size),
+    context: pick(m.context_length, m.n_ctx, m.ctx),
+    arch: pick(m.architecture, m.arch, d.family),
+  };
+}
+
+export const loadModel = (name) => call('POST', `/api/models/${encodeURIComponent(name)}/load`);
+export const unloadModel = (name) => call('DELETE', `/api/models/${encodeURIComponent(name)}/load`);
+
+export function formatCount(n) {
+  if (typeof n === 'string') return n;
+  if (typeof n !== 'number' || !Number.isFinite(n)) return '';
+  if (n >= 1e9) return `${(n / 1e9).toFixed(n >= 1e10 ? 0 : 1)}B`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(n >= 1e8 ? 0 : 1)}M`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(0)}K`;
+  return String(n);
+}
+
+export function formatBytes(n) {
+  if (typeof n === 'string') return n;
+  if (typeof n !== 'number' || !Number.isFinite(n)) return '';
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(n >= 100 || i === 0 ? 0 : 1)} ${units[i]}`;
+}

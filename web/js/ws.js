@@ -1,0 +1,189 @@
+// WebSocket client for the server's `GET /ws` protocol (crates/server/src/ws.rs documents it):
+// every message is `{"type": "inference"|"status"|"error"|"metrics"|"cancel", "id"?, "payload"}`.
+//
+//   Connection ── open ──► connected ── heartbeat: a `status` request every 15 s; no answer in 10 s
+//        ▲                     │        closes the socket
+//        └── backoff ◄── close ┘        reconnect delay: exponential (0.5 s .. 10 s) with jitter
+//
+// Several generations may run at once; each has an id and its own handlers.
+
+const HEARTBEAT_MS = 15_000;
+const HEARTBEAT_TIMEOUT_MS = 10_000;
+const BACKOFF_BASE_MS = 500;
+const BACKOFF_CAP_MS = 10_000;
+
+/** Delay before reconnect attempt `n` (0-based): exponential with "equal jitter". */
+export function backoffDelay(n, rand = Math.random) {
+  const cap = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** Math.min(n, 16));
+  return Math.round(cap / 2 + rand() * (cap / 2));
+}
+
+export function wsUrl(loc = location, apiKey = '') {
+  const proto = loc.protocol === 'https:' ? 'wss:' : 'ws:';
+  const q = apiKey ? `?api_key=${encodeURIComponent(apiKey)}` : '';
+  return `${proto}//${loc.host}/ws${q}`;
+}
+
+let seq = 0;
+const newRequestId = () => `r${Date.now().toString(36)}-${(++seq).toString(36)}`;
+
+export class Connection extends EventTarget {
+  constructor(getApiKey) {
+    super();
+    this.getApiKey = getApiKey;
+    this.ws = null;
+    this.state = 'disconnected';
+    this.attempt = 0;
+    this.pending = new Map(); // id -> handlers
+    this.reconnectTimer = 0;
+    this.heartbeatTimer = 0;
+    this.deadline = 0;
+    this.nextRetryAt = 0;
+    this.stopped = false;
+    addEventListener('online', () => this.reconnectNow());
+    document.addEventListener('visibilitychange', () => {
+      if (document.visibilityState === 'visible') this.reconnectNow();
+    });
+  }
+
+  setState(state) {
+    if (this.state === state) return;
+    this.state = state;
+    this.dispatchEvent(new CustomEvent('state', { detail: state }));
+  }
+
+  start() {
+    this.stopped = false;
+    this.open();
+  }
+
+  open() {
+    clearTimeout(this.reconnectTimer);
+    if (this.ws) return;
+    this.setState('connecting');
+    let ws;
+    try {
+      ws = new WebSocket(wsUrl(location, this.getApiKey()));
+    } catch (e) {
+      this.scheduleReconnect();
+      return;
+    }
+    this.ws = ws;
+    ws.onopen = () => {
+      this.attempt = 0;
+      this.setState('connected');
+      this.send({ type: 'status', payload: {} });
+      this.startHeartbeat();
+    };
+    ws.onmessage = (ev) => this.onMessage(ev.data);
+    ws.onclose = (ev) => this.onClose(ev);
+    ws.onerror = () => { /* onclose follows */ };
+  }
+
+  /** Close and reopen at once (new API key, network back, tab visible again). */
+  reconnectNow() {
+    if (this.stopped) return;
+    if (this.ws && this.state === 'connected') return;
+    this.attempt = 0;
+    if (this.ws) { this.ws.close(); return; }
+    this.open();
+  }
+
+  restart() {
+    this.attempt = 0;
+    if (this.ws) this.ws.close(); else this.open();
+  }
+
+  onClose(ev) {
+    this.ws = null;
+    clearInterval(this.heartbeatTimer);
+    clearTimeout(this.deadline);
+    for (const [id, h] of this.pending) {
+      h.onError?.({ code: 'DISCONNECTED', message: 'Connection to the server was lost.' });
+      this.pending.delete(id);
+    }
+    this.setState('disconnected');
+    this.dispatchEvent(new CustomEvent('closed', { detail: { code: ev.code, reason: ev.reason } }));
+    if (!this.stopped) this.scheduleReconnect();
+  }
+
+  scheduleReconnect() {
+    const delay = backoffDelay(this.attempt++);
+    this.nextRetryAt = Date.now() + delay;
+    this.dispatchEvent(new CustomEvent('retry', { detail: { delay, attempt: this.attempt } }));
+    clearTimeout(this.reconnectTimer);
+    this.reconnectTimer = setTimeout(() => this.open(), delay);
+  }
+
+  startHeartbeat() {
+    clearInterval(this.heartbeatTimer);
+    this.heartbeatTimer = setInterval(() => {
+      if (!this.send({ type: 'status', payload: {} })) return;
+      clearTimeout(this.deadline);
+      this.deadline = setTimeout(() => this.ws?.close(4000, 'heartbeat timeout'), HEARTBEAT_TIMEOUT_MS);
+    }, HEARTBEAT_MS);
+  }
+
+  send(msg) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
+    this.ws.send(JSON.stringify(msg));
+    return true;
+  }
+
+  /**
+   * Start a generation. `handlers`: onToken({token, token_id, tokens_per_sec}),
+   * onDone(payload), onError({code, message}). Returns the request id, or null when not connected.
+   */
+  infer(payload, handlers) {
+    const id = newRequestId();
+    if (!this.send({ type: 'inference', id, payload: { ...payload, id, stream: true } })) return null;
+    this.pending.set(id, handlers);
+    return id;
+  }
+
+  cancel(id) {
+    this.send({ type: 'cancel', id, payload: { id } });
+  }
+
+  onMessage(data) {
+    clearTimeout(this.deadline);
+    let msg;
+    try { msg = JSON.parse(data); } catch { return; }
+    if (!msg || typeof msg !== 'object') return;
+    const p = msg.payload && typeof msg.payload === 'object' ? msg.payload : {};
+    const id = msg.id ?? p.id ?? p.request_id ?? null;
+    const h = id != null ? this.pending.get(id) : null;
+    switch (msg.type) {
+      case 'inference': {
+        if (!h) return;
+        if (typeof p.token === 'string' && p.token.length) h.onToken?.(p);
+        if (p.complete) {
+          this.pending.delete(id);
+          h.onDone?.(p);
+        }
+        return;
+      }
+      case 'error': {
+        const err = { code: p.code || 'ERROR', message: p.message || 'Server error', ...p };
+        if (h) {
+          this.pending.delete(id);
+          h.onError?.(err);
+        } else {
+          this.dispatchEvent(new CustomEvent('server-error', { detail: err }));
+        }
+        return;
+      }
+      case 'cancel': {
+        if (!h) return;
+        this.pending.delete(id);
+        h.onDone?.({ ...p, cancelled: true });
+        return;
+      }
+      case 'status':
+      case 'metrics':
+        this.dispatchEvent(new CustomEvent(msg.type, { detail: p }));
+        return;
+      default:
+    }
+  }
+}
