@@ -1,0 +1,228 @@
+// End-to-end tests of the web chat UI (issue 8) in headless Chromium against a running
+// `quarrel serve` with the default model. Run by tests/browser/run.sh (scripts/test.sh).
+
+import { test, before, after, afterEach } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import {
+  Server, freePort, launchBrowser, openPage, waitConnected, cspViolations, sendMessage, waitAnswer,
+  GREEDY, OUT,
+} from './harness.mjs';
+
+let server;
+let browser;
+const open = [];
+
+before(async () => {
+  server = new Server(await freePort());
+  await server.start();
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  await server?.kill();
+});
+
+async function page(opts = {}) {
+  const p = await openPage(browser, server, { settings: GREEDY, ...opts });
+  open.push(p);
+  await waitConnected(p.page);
+  return p;
+}
+
+// Every test: no uncaught page error, no CSP violation, no dialog other than the confirm it asked for.
+afterEach(async (t) => {
+  while (open.length) {
+    const { context, page: pg, problems, dialogs } = open.pop();
+    const csp = pg.isClosed() ? [] : await cspViolations(pg);
+    await context.close();
+    assert.deepEqual(problems, [], 'page errors');
+    assert.deepEqual(csp, [], 'CSP violations');
+    assert.ok(dialogs.every((d) => d.startsWith('confirm')), `unexpected dialogs: ${dialogs}`);
+  }
+});
+
+test('the page is served with a same-origin Content-Security-Policy', async () => {
+  const res = await fetch(server.url + '/');
+  assert.equal(res.status, 200);
+  const csp = res.headers.get('content-security-policy') || '';
+  assert.match(csp, /default-src 'self'/);
+  assert.match(csp, /script-src 'self'(;|$)/);
+  assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval|\*/);
+  assert.equal(res.headers.get('x-content-type-options'), 'nosniff');
+});
+
+test('a message gets a streamed answer with live tokens/s', async () => {
+  const { page: pg } = await page();
+  // Record every distinct text the answer shows while it streams.
+  await pg.evaluate(() => {
+    window.__seen = [];
+    window.__states = new Set();
+    new MutationObserver(() => {
+      const last = [...document.querySelectorAll('.msg.assistant .body')].pop();
+      const t = last ? last.textContent : '';
+      if (t && window.__seen[window.__seen.length - 1] !== t) window.__seen.push(t);
+      window.__states.add(document.querySelector('#conn').dataset.state);
+    }).observe(document.body, { subtree: true, childList: true, characterData: true, attributes: true });
+  });
+  await sendMessage(pg, 'Write three sentences about the ocean.');
+  await pg.waitForFunction(() => document.querySelector('#conn').dataset.state === 'generating');
+  assert.ok(await pg.locator('#input').isDisabled(), 'input is disabled while generating');
+  assert.ok(await pg.locator('#stop').isVisible(), 'Stop is shown while generating');
+  const answer = await waitAnswer(pg);
+  const seen = await pg.evaluate(() => window.__seen);
+  const states = await pg.evaluate(() => [...window.__states]);
+  assert.ok(answer.text.trim().length > 20, `an answer arrived: ${JSON.stringify(answer.text)}`);
+  assert.ok(seen.length >= 3, `text arrived in several steps (saw ${seen.length} versions)`);
+  for (let i = 1; i < seen.length; i++) {
+    assert.ok(seen[i].length >= seen[i - 1].length - 2, 'streamed text grows');
+  }
+  assert.ok(states.includes('generating'), `header showed generating (${states})`);
+  assert.match(answer.meta, /\d+ tokens · [\d.]+ tok\/s/, `tokens/s under the answer: ${answer.meta}`);
+  assert.ok(await pg.locator('#input').isEnabled(), 'input enabled again');
+  assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected');
+});
+
+test('Stop cancels a generation and the connection stays usable', async () => {
+  const { page: pg } = await page({ settings: { ...GREEDY, max_tokens: 1000 } });
+  await sendMessage(pg, 'Write a very long essay about the history of Rome.');
+  await pg.waitForFunction(() => {
+    const last = [...document.querySelectorAll('.msg.assistant .body')].pop();
+    return last && last.textContent.length > 10;
+  }, null, { timeout: 60_000 });
+  await pg.locator('#stop').click();
+  await pg.waitForFunction(() => !document.querySelector('.msg.assistant.streaming'));
+  const stopped = await pg.evaluate(() => [...document.querySelectorAll('.msg.assistant')].pop().textContent);
+  await pg.waitForTimeout(1500);
+  const later = await pg.evaluate(() => [...document.querySelectorAll('.msg.assistant')].pop().textContent);
+  assert.equal(later, stopped, 'no text arrives after Stop');
+  assert.match(later, /stopped/, 'the answer is marked stopped');
+  assert.ok(await pg.locator('#input').isEnabled());
+  assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected');
+  // The server cancelled it: the next message is answered at once on the same socket.
+  await sendMessage(pg, 'Say hello.');
+  const next = await waitAnswer(pg, 60_000);
+  assert.ok(next.text.trim().length > 0, 'next message answered');
+});
+
+test('settings are used (max tokens 5 gives a 5-token answer) and persisted', async () => {
+  const { page: pg } = await page();
+  await pg.locator('#settings-toggle').click();
+  await pg.locator('#set-max_tokens').fill('5');
+  await pg.locator('#set-max_tokens').blur();
+  await pg.locator('#set-temperature').evaluate((el) => {
+    el.value = '0';
+    el.dispatchEvent(new Event('input', { bubbles: true }));
+  });
+  await pg.locator('#settings-close').click();
+  await sendMessage(pg, 'Write a long story about a dragon who learns to fly.');
+  const answer = await waitAnswer(pg);
+  assert.match(answer.meta, /^(\S+ · )?5 tokens/, `five tokens generated: ${answer.meta}`);
+  assert.ok(answer.text.trim().split(/\s+/).length <= 6, `short answer: ${JSON.stringify(answer.text)}`);
+  await pg.reload();
+  await waitConnected(pg);
+  await pg.locator('#settings-toggle').click();
+  assert.equal(await pg.locator('#set-max_tokens').inputValue(), '5', 'max tokens kept across reload');
+  assert.equal(await pg.locator('#set-temperature').inputValue(), '0');
+  await pg.locator('#settings-reset').click();
+  assert.equal(await pg.locator('#set-max_tokens').inputValue(), '512', 'reset to defaults');
+});
+
+test('the conversation survives a reload, is listed, searched and reopened; Markdown export', async () => {
+  const { page: pg } = await page();
+  await sendMessage(pg, 'What is the capital of France?');
+  const answer = await waitAnswer(pg);
+  await pg.reload();
+  await waitConnected(pg);
+  const texts = await pg.locator('.msg .body').allTextContents();
+  assert.equal(texts[0], 'What is the capital of France?');
+  assert.equal(texts[1], answer.text, 'answer restored after reload');
+  const item = pg.locator('#conv-list .conv', { hasText: 'What is the capital of France?' });
+  assert.equal(await item.count(), 1, 'listed in the sidebar');
+  await pg.locator('#new-chat').click();
+  assert.equal(await pg.locator('.msg').count(), 0, 'new chat is empty');
+  await pg.locator('#search').fill('capital france');
+  assert.equal(await pg.locator('#conv-list .conv').count(), 1, 'search finds it');
+  await pg.locator('#search').fill('zebra-unlikely-word');
+  assert.equal(await pg.locator('#conv-list .conv').count(), 0, 'search filters it out');
+  await pg.locator('#search').fill('');
+  await item.locator('.conv-open').click();
+  assert.equal(await pg.locator('.msg').count(), 2, 'reopened');
+
+  const [download] = await Promise.all([pg.waitForEvent('download'), pg.locator('#export-md').click()]);
+  assert.match(download.suggestedFilename(), /^what-is-the-capital-of-france\.md$/);
+  const md = await readFile(await download.path(), 'utf8');
+  assert.match(md, /^# What is the capital of France\?/);
+  assert.match(md, /## User\n\nWhat is the capital of France\?\n/);
+  assert.ok(md.includes('## Assistant\n\n'), 'assistant section');
+  const firstLine = answer.text.trim().split('\n')[0].replace(/[*_`]/g, '').slice(0, 30);
+  assert.ok(md.replace(/[*_`]/g, '').includes(firstLine), `answer text in the export (${firstLine})`);
+
+  const [json] = await Promise.all([pg.waitForEvent('download'), pg.locator('#export-json').click()]);
+  const data = JSON.parse(await readFile(await json.path(), 'utf8'));
+  assert.equal(data.conversations[0].messages[0].content, 'What is the capital of France?');
+
+  await pg.locator('#clear-all').click();
+  assert.equal(await pg.locator('#conv-list .conv').count(), 0, 'cleared');
+});
+
+test('a reply containing <script> renders as text', async () => {
+  const { page: pg } = await page();
+  const prompt = 'Echo: <b>hi</b> <script>alert(1)</script>';
+  await sendMessage(pg, prompt);
+  const answer = await waitAnswer(pg);
+  assert.ok(answer.text.includes('<script>alert(1)</script>'),
+    `the model echoed the tag (greedy): ${JSON.stringify(answer.text)}`);
+  assert.ok(answer.text.includes('<b>hi</b>'));
+  assert.equal(await pg.locator('#messages script, #messages b').count(), 0, 'no element made from model output');
+  const userText = await pg.locator('.msg.user .body').first().textContent();
+  assert.equal(userText, prompt, 'the user message is plain text too');
+});
+
+test('the page reconnects by itself after the server is killed and restarted', async () => {
+  const { page: pg } = await page();
+  await server.kill();
+  await pg.waitForFunction(() => ['disconnected', 'connecting'].includes(document.querySelector('#conn').dataset.state));
+  await pg.waitForTimeout(1000);
+  await server.start();
+  await waitConnected(pg, 30_000);
+  await sendMessage(pg, 'Say hello.');
+  const answer = await waitAnswer(pg, 60_000);
+  assert.ok(answer.text.trim().length > 0, 'answered after reconnect');
+});
+
+test('screenshots: desktop and phone, light and dark', async () => {
+  for (const colorScheme of ['light', 'dark']) {
+    for (const [name, viewport] of [['desktop', { width: 1280, height: 800 }], ['phone', { width: 390, height: 844 }]]) {
+      const { page: pg } = await page({ viewport, colorScheme });
+      if (colorScheme === 'light' && name === 'desktop') {
+        await sendMessage(pg, 'Write a Python function that adds two numbers, in a code block.');
+        await waitAnswer(pg);
+      } else {
+        // Reuse the first screenshot's conversation via its export, so every shot shows content.
+        await pg.evaluate((c) => { localStorage.setItem('quarrel.conversations.v1', c); }, shared.conversations);
+        await pg.reload();
+        await waitConnected(pg);
+      }
+      if (!shared.conversations) shared.conversations = await pg.evaluate(() => localStorage.getItem('quarrel.conversations.v1'));
+      const bg = await pg.evaluate(() => getComputedStyle(document.body).backgroundColor);
+      const dark = colorScheme === 'dark';
+      const [r, g, b] = bg.match(/\d+/g).map(Number);
+      assert.ok(dark ? r + g + b < 200 : r + g + b > 600, `${colorScheme} theme background (${bg})`);
+      await pg.screenshot({ path: path.join(OUT, `${name}-${colorScheme}.png`) });
+      if (name === 'phone') {
+        assert.ok(!(await pg.locator('#sidebar').isInViewport()), 'sidebar collapsed on a phone');
+        await pg.locator('#sidebar-toggle').click();
+        await pg.waitForTimeout(300);
+        assert.ok(await pg.locator('#sidebar').isInViewport(), 'sidebar opens from the menu button');
+        await pg.screenshot({ path: path.join(OUT, `${name}-${colorScheme}-sidebar.png`) });
+      } else {
+        await pg.locator('#settings-toggle').click();
+        await pg.screenshot({ path: path.join(OUT, `${name}-${colorScheme}-settings.png`) });
+      }
+    }
+  }
+});
+const shared = {};
