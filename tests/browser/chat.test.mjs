@@ -67,6 +67,12 @@ test('a message gets a streamed answer with live tokens/s', async () => {
       window.__states.add(document.querySelector('#conn').dataset.state);
     }).observe(document.body, { subtree: true, childList: true, characterData: true, attributes: true });
   });
+  // Shift+Enter makes a new line; nothing is sent.
+  await pg.locator('#input').fill('line one');
+  await pg.locator('#input').press('Shift+Enter');
+  await pg.locator('#input').pressSequentially('line two');
+  assert.equal(await pg.locator('#input').inputValue(), 'line one\nline two');
+  assert.equal(await pg.locator('.msg').count(), 0, 'Shift+Enter sent nothing');
   await sendMessage(pg, 'Write three sentences about the ocean.');
   await pg.waitForFunction(() => document.querySelector('#conn').dataset.state === 'generating');
   assert.ok(await pg.locator('#input').isDisabled(), 'input is disabled while generating');
@@ -85,13 +91,26 @@ test('a message gets a streamed answer with live tokens/s', async () => {
   assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected');
 });
 
-test('Stop cancels a generation and the connection stays usable', async () => {
-  const { page: pg } = await page({ settings: { ...GREEDY, max_tokens: 1000 } });
+test('auto-scroll stops when the reader scrolls up; Stop cancels the generation', async () => {
+  const { page: pg } = await page({ settings: { ...GREEDY, max_tokens: 1000 }, viewport: { width: 1000, height: 420 } });
   await sendMessage(pg, 'Write a very long essay about the history of Rome.');
+  const scroller = pg.locator('#transcript');
   await pg.waitForFunction(() => {
-    const last = [...document.querySelectorAll('.msg.assistant .body')].pop();
-    return last && last.textContent.length > 10;
-  }, null, { timeout: 60_000 });
+    const t = document.querySelector('#transcript');
+    return t.scrollHeight > t.clientHeight + 150;
+  }, null, { timeout: 90_000 });
+  // While following, the view is pinned to the bottom.
+  const pinned = await scroller.evaluate((t) => t.scrollHeight - t.scrollTop - t.clientHeight);
+  assert.ok(pinned < 60, `follows the stream (${pinned}px from the bottom)`);
+  await scroller.evaluate((t) => { t.scrollTop = t.scrollTop - 120; t.dispatchEvent(new Event('scroll')); });
+  const top = await scroller.evaluate((t) => t.scrollTop);
+  const h0 = await scroller.evaluate((t) => t.scrollHeight);
+  await pg.waitForFunction((h) => document.querySelector('#transcript').scrollHeight > h + 40, h0, { timeout: 60_000 });
+  assert.equal(await scroller.evaluate((t) => t.scrollTop), top, 'the view stays where the reader put it');
+  assert.ok(await pg.locator('#jump').isVisible(), 'a "Latest" button is offered');
+  await pg.locator('#jump').click();
+  const back = await scroller.evaluate((t) => t.scrollHeight - t.scrollTop - t.clientHeight);
+  assert.ok(back < 60, 'Latest returns to the bottom');
   await pg.locator('#stop').click();
   await pg.waitForFunction(() => !document.querySelector('.msg.assistant.streaming'));
   const stopped = await pg.evaluate(() => [...document.querySelectorAll('.msg.assistant')].pop().textContent);
@@ -207,10 +226,7 @@ test('screenshots: desktop and phone, light and dark', async () => {
         await waitConnected(pg);
       }
       if (!shared.conversations) shared.conversations = await pg.evaluate(() => localStorage.getItem('quarrel.conversations.v1'));
-      const bg = await pg.evaluate(() => getComputedStyle(document.body).backgroundColor);
-      const dark = colorScheme === 'dark';
-      const [r, g, b] = bg.match(/\d+/g).map(Number);
-      assert.ok(dark ? r + g + b < 200 : r + g + b > 600, `${colorScheme} theme background (${bg})`);
+      assert.equal(await brightness(pg) < 200, colorScheme === 'dark', `${colorScheme} theme follows the system`);
       await pg.screenshot({ path: path.join(OUT, `${name}-${colorScheme}.png`) });
       if (name === 'phone') {
         assert.ok(!(await pg.locator('#sidebar').isInViewport()), 'sidebar collapsed on a phone');
@@ -226,3 +242,23 @@ test('screenshots: desktop and phone, light and dark', async () => {
   }
 });
 const shared = {};
+
+async function brightness(pg) {
+  const bg = await pg.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  return bg.match(/\d+/g).slice(0, 3).map(Number).reduce((a, b) => a + b, 0);
+}
+
+test('the theme toggle overrides the system preference and is remembered', async () => {
+  const { page: pg } = await page({ colorScheme: 'light' });
+  assert.ok(await brightness(pg) > 600, 'light by system preference');
+  await pg.locator('#theme-toggle').click();
+  assert.equal(await pg.evaluate(() => document.documentElement.dataset.theme), 'dark');
+  assert.ok(await brightness(pg) < 200, 'dark when toggled');
+  await pg.reload();
+  await waitConnected(pg);
+  assert.ok(await brightness(pg) < 200, 'dark kept across reload');
+  await pg.locator('#theme-toggle').click();
+  assert.equal(await pg.evaluate(() => document.documentElement.dataset.theme), 'light');
+  await pg.locator('#theme-toggle').click();
+  assert.equal(await pg.evaluate(() => document.documentElement.dataset.theme ?? 'auto'), 'auto', 'back to the system setting');
+});

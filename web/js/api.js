@@ -32,26 +32,32 @@ async function call(method, path) {
   return body;
 }
 
-/** Normalized model entries: {name, loaded, parameters, quantization, memory, context, arch}. */
+/**
+ * The server's models: `{models: [{name, loaded, parameters, quantization, memory, context, arch}],
+ * default}` (the model a request without `model` gets).
+ */
 export async function listModels() {
   const body = await call('GET', '/api/models');
   const list = Array.isArray(body) ? body : body?.models || body?.data || [];
-  return list.map(normalizeModel).filter((m) => m.name);
+  return {
+    models: list.map(normalizeModel).filter((m) => m.name),
+    default: typeof body?.default === 'string' ? body.default : '',
+  };
 }
 
 export function normalizeModel(m) {
   const d = m.details || {};
   const pick = (...xs) => xs.find((x) => x !== undefined && x !== null && x !== '');
-  const status = pick(m.status, m.loaded === true ? 'loaded' : m.loaded === false ? 'not loaded' : undefined);
+  const mem = m.memory && typeof m.memory === 'object' ? m.memory : {};
   return {
     name: String(pick(m.name, m.id, m.model) || ''),
-    loaded: m.loaded === true || status === 'loaded',
-    status: status || 'unknown',
-    parameters: pick(m.parameters, m.parameter_count, m.n_params, d.parameter_size),
-    quantization: pick(m.quantization, m.quantization_level, m.file_type, d.quantization_level),
-    memory: pick(m.memory_bytes, m.memory, m.size_bytes, m.size),
-    context: pick(m.context_length, m.n_ctx, m.ctx),
-    arch: pick(m.architecture, m.arch, d.family),
+    loaded: m.loaded === true || m.status === 'loaded',
+    parameters: pick(d.parameters, m.parameters, d.parameter_size),
+    quantization: pick(d.quantization, m.quantization, d.quantization_level),
+    // Loaded: weights + KV cache; not loaded: the file's size.
+    memory: pick(mem.total_bytes, typeof m.memory === 'number' ? m.memory : undefined, m.size_bytes, m.size),
+    context: pick(d.context_length, m.context_length),
+    arch: pick(d.arch, m.architecture, d.family),
   };
 }
 

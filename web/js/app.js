@@ -121,7 +121,9 @@ ui.keyForm.addEventListener('submit', (ev) => {
 // ---------- models ----------
 async function refreshModels() {
   try {
-    models = await listModels();
+    const r = await listModels();
+    models = r.models;
+    if (r.default) serverDefaultModel = r.default;
   } catch (e) {
     if (e.code === 'UNAUTHORIZED') showBanner(e.code, e.message, 'auth');
     ui.modelList.replaceChildren(Object.assign(document.createElement('li'), { className: 'muted', textContent: e.message }));

@@ -22,7 +22,8 @@ export class SettingsPanel {
     root.querySelector('#settings-reset').addEventListener('click', () => this.reset());
     const key = root.querySelector('#set-apikey');
     key.value = apiKey.get();
-    root.querySelector('#set-apikey-save').addEventListener('click', () => {
+    root.querySelector('#apikey-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
       apiKey.set(key.value);
       onApiKey?.();
     });

@@ -68,7 +68,7 @@ export function renderModelList(ul, models, busy, { onLoad, onUnload }) {
     name.textContent = m.name;
     const badge = document.createElement('span');
     badge.className = 'badge' + (m.loaded ? ' ok' : '');
-    badge.textContent = m.loaded ? 'loaded' : m.status === 'unknown' ? 'not loaded' : m.status;
+    badge.textContent = m.loaded ? 'loaded' : 'not loaded';
     head.append(name, badge);
     const facts = document.createElement('div');
     facts.className = 'model-facts';
