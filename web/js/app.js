@@ -267,11 +267,15 @@ function send(text) {
   g.id = conn.infer(payload, {
     onToken: (p) => {
       if (generating !== g) return;
-      if (!g.tFirst) { g.tFirst = performance.now(); msg.stats.ttft_ms = g.tFirst - g.t0; }
-      msg.content += p.token;
-      msg.stats.tokens += 1;
+      // `token` may be "" (bytes of a character or a possible stop string held back), and
+      // `token_id` null for a final flush of held-back text.
+      if (p.token_id != null) {
+        if (!g.tFirst) { g.tFirst = performance.now(); msg.stats.ttft_ms = g.tFirst - g.t0; }
+        msg.stats.tokens += 1;
+      }
+      if (typeof p.token === 'string') msg.content += p.token;
       msg.stats.tps = Number(p.tokens_per_sec) || clientRate(g);
-      view.update(() => transcript.follow());
+      if (p.token) view.update(() => transcript.follow());
     },
     onDone: (p) => finish(g, p),
     onError: (e) => finish(g, null, e),
@@ -295,11 +299,14 @@ function finish(g, done, err) {
   if (done) {
     const tps = Number(done.tokens_per_sec);
     if (tps > 0) s.tps = tps;
-    const n = done.completion_tokens ?? done.tokens ?? done.usage?.completion_tokens;
+    const n = done.usage?.completion_tokens;
     if (Number.isInteger(n)) s.tokens = n;
     if (done.finish_reason) s.finish = done.finish_reason;
-    if (done.cancelled) s.stopped = true;
-    if (typeof done.token === 'string' && done.token && !s.tokens) g.msg.content += done.token;
+    if (done.finish_reason === 'cancelled') s.stopped = true;
+    if (typeof done.ttft_ms === 'number') s.ttft_ms = done.ttft_ms;
+    if (typeof done.model === 'string' && done.model) s.model = done.model;
+    // The final message carries the whole answer: it is the reference for what was said.
+    if (typeof done.text === 'string') g.msg.content = done.text;
   }
   if (err) {
     s.error = `${err.code}: ${err.message}`;
@@ -317,7 +324,6 @@ function stop() {
   const g = generating;
   if (!g) return;
   conn.cancel(g.id);
-  conn.pending.delete(g.id);
   g.msg.stats.stopped = true;
   finish(g, null, null);
 }

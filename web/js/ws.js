@@ -1,9 +1,11 @@
 // WebSocket client for the server's `GET /ws` protocol (crates/server/src/ws.rs documents it):
-// every message is `{"type": "inference"|"status"|"error"|"metrics"|"cancel", "id"?, "payload"}`.
+// every message is `{"type": "inference"|"status"|"error"|"metrics"|"cancel"|"ping"|"pong",
+// "id", "payload"}`.
 //
-//   Connection ── open ──► connected ── heartbeat: a `status` request every 15 s; no answer in 10 s
+//   Connection ── open ──► connected ── heartbeat: `ping` every 15 s; no message back within 10 s
 //        ▲                     │        closes the socket
-//        └── backoff ◄── close ┘        reconnect delay: exponential (0.5 s .. 10 s) with jitter
+//        └── backoff ◄── close ┘        reconnect delay: exponential (0.5 s .. 10 s) with jitter;
+//                                       none after the server refused the key (close code 1008)
 //
 // Several generations may run at once; each has an id and its own handlers.
 
@@ -104,6 +106,8 @@ export class Connection extends EventTarget {
     }
     this.setState('disconnected');
     this.dispatchEvent(new CustomEvent('closed', { detail: { code: ev.code, reason: ev.reason } }));
+    // 1008: the server refused our key; retrying with the same key cannot help (restart() does).
+    if (ev.code === 1008) return;
     if (!this.stopped) this.scheduleReconnect();
   }
 
@@ -118,7 +122,7 @@ export class Connection extends EventTarget {
   startHeartbeat() {
     clearInterval(this.heartbeatTimer);
     this.heartbeatTimer = setInterval(() => {
-      if (!this.send({ type: 'status', payload: {} })) return;
+      if (!this.send({ type: 'ping' })) return;
       clearTimeout(this.deadline);
       this.deadline = setTimeout(() => this.ws?.close(4000, 'heartbeat timeout'), HEARTBEAT_TIMEOUT_MS);
     }, HEARTBEAT_MS);
@@ -131,18 +135,21 @@ export class Connection extends EventTarget {
   }
 
   /**
-   * Start a generation. `handlers`: onToken({token, token_id, tokens_per_sec}),
-   * onDone(payload), onError({code, message}). Returns the request id, or null when not connected.
+   * Start a generation. `handlers`: onToken({token, token_id, tokens_per_sec}) per token message,
+   * onDone({text, finish_reason, usage, tokens_per_sec, ttft_ms, model}), onError({code, message}).
+   * Returns the request id, or null when not connected.
    */
   infer(payload, handlers) {
     const id = newRequestId();
-    if (!this.send({ type: 'inference', id, payload: { ...payload, id, stream: true } })) return null;
+    if (!this.send({ type: 'inference', id, payload: { ...payload, stream: true } })) return null;
     this.pending.set(id, handlers);
     return id;
   }
 
+  /** Cancel a generation; its handlers get nothing more. */
   cancel(id) {
-    this.send({ type: 'cancel', id, payload: { id } });
+    this.pending.delete(id);
+    this.send({ type: 'cancel', id });
   }
 
   onMessage(data) {
@@ -156,8 +163,8 @@ export class Connection extends EventTarget {
     switch (msg.type) {
       case 'inference': {
         if (!h) return;
-        if (typeof p.token === 'string' && p.token.length) h.onToken?.(p);
-        if (p.complete) {
+        if (!p.complete) h.onToken?.(p);
+        else {
           this.pending.delete(id);
           h.onDone?.(p);
         }
@@ -179,6 +186,8 @@ export class Connection extends EventTarget {
         h.onDone?.({ ...p, cancelled: true });
         return;
       }
+      case 'pong':
+        return;
       case 'status':
       case 'metrics':
         this.dispatchEvent(new CustomEvent(msg.type, { detail: p }));
