@@ -262,3 +262,56 @@ test('the theme toggle overrides the system preference and is remembered', async
   await pg.locator('#theme-toggle').click();
   assert.equal(await pg.evaluate(() => document.documentElement.dataset.theme ?? 'auto'), 'auto', 'back to the system setting');
 });
+
+test('the render path keeps hostile model output inert (injected through renderMarkdown)', async () => {
+  const { page: pg } = await page();
+  const payloads = [
+    '<script>window.__pwned = 1</script>',
+    '<img src=x onerror="window.__pwned = 2">',
+    '<iframe src="javascript:window.__pwned = 3"></iframe>',
+    '[click](javascript:window.__pwned=4)',
+    '<a href="javascript:window.__pwned=5">x</a>',
+    '<svg><script>window.__pwned = 6</script></svg>',
+    '<style>body{display:none}</style>',
+    '![x](http://example.invalid/track.png)',
+    '```html\n<script>window.__pwned = 7</script>\n```',
+    '<details open ontoggle="window.__pwned = 8">',
+    '<div style="background:url(javascript:alert(1))">styled</div>',
+  ];
+  const out = await pg.evaluate(async (list) => {
+    const { renderMarkdown } = await import('/js/render.js');
+    return list.map((text) => {
+      const box = document.createElement('div');
+      box.append(renderMarkdown(text));
+      document.querySelector('#messages').append(box);
+      const bad = [...box.querySelectorAll('*')].filter((el) =>
+        ['SCRIPT', 'IFRAME', 'IMG', 'STYLE', 'SVG', 'DETAILS', 'OBJECT', 'EMBED'].includes(el.tagName.toUpperCase()) ||
+        [...el.attributes].some((a) => a.name.startsWith('on') || a.name === 'style' ||
+          (a.name === 'href' && !/^(https?:|mailto:|#)/i.test(a.value))));
+      return { text, bad: bad.map((el) => el.outerHTML), shown: box.textContent };
+    });
+  }, payloads);
+  await pg.waitForTimeout(300);
+  assert.equal(await pg.evaluate(() => window.__pwned), undefined, 'nothing ran');
+  for (const r of out) assert.deepEqual(r.bad, [], `inert: ${r.text}`);
+  // Raw HTML is shown as the text it is.
+  assert.equal(out[0].shown.trim(), payloads[0]);
+  assert.ok(out[8].shown.includes('<script>window.__pwned = 7</script>'), 'code block shows its text');
+});
+
+test('reconnect delays grow exponentially with jitter, capped at 10 s', async () => {
+  const { page: pg } = await page();
+  const rows = await pg.evaluate(async () => {
+    const { backoffDelay } = await import('/js/ws.js');
+    const r = [];
+    for (let n = 0; n < 30; n++) r.push([backoffDelay(n, () => 0), backoffDelay(n, () => 0.999999), backoffDelay(n)]);
+    return r;
+  });
+  for (let n = 0; n < rows.length; n++) {
+    const [lo, hi, any] = rows[n];
+    const cap = Math.min(10_000, 500 * 2 ** n);
+    assert.equal(lo, cap / 2, `attempt ${n} low end`);
+    assert.equal(hi, cap, `attempt ${n} high end`);
+    assert.ok(any >= lo && any <= hi, `attempt ${n} jitter in range`);
+  }
+});
