@@ -13,3 +13,5 @@ export QUARREL_SMOLLM2 QUARREL_GEMMA3
 export QUARREL_TEST_MODEL="$QUARREL_SMOLLM2"
 export QUARREL_BIN="$Q"
 cargo test --release --workspace "$@"
+# Web chat UI in headless Chromium against `quarrel serve` (installs chromium + playwright-core).
+[ -n "${QUARREL_SKIP_BROWSER:-}" ] || tests/browser/run.sh

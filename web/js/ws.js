@@ -82,15 +82,14 @@ export class Connection extends EventTarget {
     ws.onerror = () => { /* onclose follows */ };
   }
 
-  /** Close and reopen at once (new API key, network back, tab visible again). */
+  /** While waiting to retry: try at once (network back, tab visible again). */
   reconnectNow() {
-    if (this.stopped) return;
-    if (this.ws && this.state === 'connected') return;
+    if (this.stopped || this.ws) return; // open or opening already
     this.attempt = 0;
-    if (this.ws) { this.ws.close(); return; }
     this.open();
   }
 
+  /** Close and reopen (a new API key). */
   restart() {
     this.attempt = 0;
     if (this.ws) this.ws.close(); else this.open();
