@@ -13,6 +13,9 @@
 //! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
 //! | `cmd::batched_bench` | `quarrel batched-bench`: N parallel sequences (llama-batched-bench) |
 //! | `cmd::pull`     | `quarrel pull` and the default model |
+//! | `cmd::serve`    | `quarrel serve`: HTTP/WebSocket APIs (quarrel-server) |
+//! | `cmd::keys`     | `quarrel keys create|list|revoke` |
+//! | `cmd::loadtest` | `quarrel loadtest`: concurrent streaming clients against a server |
 //! | `resolve`       | `-m` resolution: path, Quarrel cache, HF cache, ollama store |
 //! | `common`        | shared options (threads, context, device) and engine set-up |
 
@@ -45,6 +48,9 @@ enum Command {
     Pull(cmd::pull::Args),
     Bench(cmd::bench::Args),
     BatchedBench(cmd::batched_bench::Args),
+    Serve(cmd::serve::Args),
+    Keys(cmd::keys::Args),
+    Loadtest(cmd::loadtest::Args),
 }
 
 fn main() {
@@ -65,6 +71,9 @@ fn main() {
         Command::Pull(a) => cmd::pull::main(a),
         Command::Bench(a) => cmd::bench::main(a),
         Command::BatchedBench(a) => cmd::batched_bench::main(a),
+        Command::Serve(a) => cmd::serve::main(a),
+        Command::Keys(a) => cmd::keys::main(a),
+        Command::Loadtest(a) => cmd::loadtest::main(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
