@@ -29,6 +29,7 @@
 //! | `error`      | the one error shape, JSON body extractor |
 //! | `state`      | configuration and shared state |
 //! | `loadtest`   | the `quarrel loadtest` client (SSE, NDJSON, WebSocket) |
+//! | `ui`         | the web chat page: `web/` embedded, served at `/` with a strict CSP |
 
 pub mod auth;
 pub mod error;
@@ -43,6 +44,7 @@ pub mod registry;
 pub mod rest;
 pub mod routes;
 pub mod state;
+pub mod ui;
 pub mod ws;
 
 pub use auth::{KeyFile, KeyStore};

@@ -50,6 +50,8 @@ pub fn api_routes() -> Router<AppState> {
         .route("/version", get(rest::version))
         .route("/metrics", get(rest::prometheus))
         .route("/openapi.json", get(openapi::document))
+        // the web chat page and its assets (exact paths)
+        .merge(crate::ui::router())
 }
 
 fn cors(origins: &[String]) -> Option<CorsLayer> {

@@ -22,7 +22,7 @@ use axum::{
 use rust_embed::RustEmbed;
 
 #[derive(RustEmbed)]
-#[folder = "$CARGO_MANIFEST_DIR/../../web/"]
+#[folder = "../../web/"]
 #[exclude = "*.map"]
 struct Assets;
 
