@@ -3,11 +3,13 @@
 
 import { test, before, after, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFile } from 'node:fs/promises';
+import { readFile, mkdtemp } from 'node:fs/promises';
+import { execFileSync } from 'node:child_process';
+import os from 'node:os';
 import path from 'node:path';
 import {
   Server, freePort, launchBrowser, openPage, waitConnected, cspViolations, sendMessage, waitAnswer,
-  GREEDY, OUT,
+  GREEDY, OUT, BIN,
 } from './harness.mjs';
 
 let server;
@@ -219,9 +221,13 @@ test('screenshots: desktop and phone, light and dark', async () => {
       if (colorScheme === 'light' && name === 'desktop') {
         await sendMessage(pg, 'Write a Python function that adds two numbers, in a code block.');
         await waitAnswer(pg);
+        assert.ok(await pg.locator('.msg.assistant .code-block .hljs').count() > 0, 'the answer has a highlighted code block');
       } else {
         // Reuse the first screenshot's conversation via its export, so every shot shows content.
-        await pg.evaluate((c) => { localStorage.setItem('quarrel.conversations.v1', c); }, shared.conversations);
+        await pg.evaluate((c) => {
+          localStorage.setItem('quarrel.conversations.v1', c);
+          localStorage.setItem('quarrel.current.v1', JSON.parse(c)[0].id);
+        }, shared.conversations);
         await pg.reload();
         await waitConnected(pg);
       }
@@ -229,10 +235,11 @@ test('screenshots: desktop and phone, light and dark', async () => {
       assert.equal(await brightness(pg) < 200, colorScheme === 'dark', `${colorScheme} theme follows the system`);
       await pg.screenshot({ path: path.join(OUT, `${name}-${colorScheme}.png`) });
       if (name === 'phone') {
-        assert.ok(!(await pg.locator('#sidebar').isInViewport()), 'sidebar collapsed on a phone');
+        assert.ok(!(await onScreen(pg, '#sidebar')), 'sidebar collapsed on a phone');
         await pg.locator('#sidebar-toggle').click();
         await pg.waitForTimeout(300);
-        assert.ok(await pg.locator('#sidebar').isInViewport(), 'sidebar opens from the menu button');
+        assert.equal(await pg.locator('.msg').count(), 2, 'the conversation is shown');
+        assert.ok(await onScreen(pg, '#sidebar'), 'sidebar opens from the menu button');
         await pg.screenshot({ path: path.join(OUT, `${name}-${colorScheme}-sidebar.png`) });
       } else {
         await pg.locator('#settings-toggle').click();
@@ -242,6 +249,15 @@ test('screenshots: desktop and phone, light and dark', async () => {
   }
 });
 const shared = {};
+
+/** Whether the element's box overlaps the viewport horizontally by more than half its width. */
+async function onScreen(pg, sel) {
+  return pg.locator(sel).evaluate((el) => {
+    const r = el.getBoundingClientRect();
+    const visible = Math.min(r.right, innerWidth) - Math.max(r.left, 0);
+    return r.width > 0 && visible > r.width / 2;
+  });
+}
 
 async function brightness(pg) {
   const bg = await pg.evaluate(() => getComputedStyle(document.body).backgroundColor);
@@ -313,5 +329,56 @@ test('reconnect delays grow exponentially with jitter, capped at 10 s', async ()
     assert.equal(lo, cap / 2, `attempt ${n} low end`);
     assert.equal(hi, cap, `attempt ${n} high end`);
     assert.ok(any >= lo && any <= hi, `attempt ${n} jitter in range`);
+  }
+});
+
+test('UNAUTHORIZED asks for an API key, which is kept; OVERLOADED is shown', async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'quarrel-keys-'));
+  const keys = path.join(dir, 'keys.json');
+  const key = execFileSync(BIN, ['keys', 'create', '--keys', keys, 'browser-test']).toString().trim();
+  const locked = new Server(await freePort(), ['--keys', keys, '--parallel', '1', '--queue', '1']);
+  await locked.start();
+  try {
+    const p = await openPage(browser, locked, { settings: { ...GREEDY, max_tokens: 400 } });
+    open.push(p);
+    const pg = p.page;
+    await pg.locator('#banner').waitFor({ state: 'visible' });
+    assert.match(await pg.locator('#banner-code').textContent(), /UNAUTHORIZED/);
+    assert.ok(await pg.locator('#key-input').isVisible(), 'a field for the key');
+    assert.notEqual(await pg.locator('#conn').getAttribute('data-state'), 'connected');
+    await pg.locator('#key-input').fill('wrong-key');
+    await pg.locator('#key-form button[type=submit]').click();
+    await pg.locator('#banner').waitFor({ state: 'visible' });
+    assert.match(await pg.locator('#banner-code').textContent(), /UNAUTHORIZED/, 'a wrong key is refused');
+    await pg.locator('#key-input').fill(key);
+    await pg.locator('#key-form button[type=submit]').click();
+    await waitConnected(pg);
+    assert.ok(await pg.locator('#banner').isHidden(), 'error gone once connected');
+    assert.equal(await pg.evaluate(() => localStorage.getItem('quarrel.apiKey')), key, 'key kept in localStorage');
+    await pg.locator('#model-list .model.loaded').first().waitFor(); // REST calls carry the key too
+    await pg.reload();
+    await waitConnected(pg); // the kept key is used after a reload
+
+    // Fill the one running slot and the one queue place from other sockets of this page.
+    await pg.evaluate(async (k) => {
+      window.__hogs = [];
+      for (let i = 0; i < 3; i++) {
+        const ws = new WebSocket(`ws://${location.host}/ws?api_key=${encodeURIComponent(k)}`);
+        await new Promise((r) => { ws.onopen = r; });
+        ws.send(JSON.stringify({ type: 'inference', id: `hog${i}`,
+          payload: { prompt: 'Once upon a time', max_tokens: 2000, temperature: 0.8 } }));
+        window.__hogs.push(ws);
+      }
+    }, key);
+    await pg.waitForTimeout(500);
+    await sendMessage(pg, 'Hello?');
+    await pg.locator('#banner').waitFor({ state: 'visible', timeout: 30_000 });
+    assert.match(await pg.locator('#banner-code').textContent(), /OVERLOADED/);
+    const answer = await waitAnswer(pg);
+    assert.match(answer.meta, /OVERLOADED/, 'the failed answer says why');
+    assert.ok(await pg.locator('#input').isEnabled(), 'the page is usable again');
+    await pg.evaluate(() => window.__hogs.forEach((w) => w.close()));
+  } finally {
+    await locked.kill();
   }
 });

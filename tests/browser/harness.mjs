@@ -16,7 +16,7 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 export const OUT = process.env.BROWSER_TEST_OUT || path.join(here, 'out');
 mkdirSync(OUT, { recursive: true });
 
-const BIN = process.env.QUARREL_BIN || path.join(here, '..', '..', 'target', 'release', 'quarrel');
+export const BIN = process.env.QUARREL_BIN || path.join(here, '..', '..', 'target', 'release', 'quarrel');
 const MODEL = process.env.QUARREL_TEST_MODEL || '';
 
 export function freePort() {
@@ -33,8 +33,11 @@ export function freePort() {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 export class Server {
-  constructor(port) {
+  /** `extraArgs` for `quarrel serve`; without `--keys` the server runs with `--no-auth`, so a
+   *  keys.json in $QUARREL_HOME cannot change what is tested. */
+  constructor(port, extraArgs = []) {
     this.port = port;
+    this.extraArgs = extraArgs;
     this.proc = null;
     this.log = [];
   }
@@ -44,6 +47,8 @@ export class Server {
   async start(timeoutMs = 120_000) {
     const args = ['serve', '--host', '127.0.0.1', '--port', String(this.port), '-t', '2'];
     if (MODEL) args.push('-m', MODEL);
+    if (!this.extraArgs.includes('--keys')) args.push('--no-auth');
+    args.push(...this.extraArgs);
     const proc = spawn(BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.proc = proc;
     const keep = (d) => { this.log.push(d.toString()); if (this.log.length > 400) this.log.shift(); };
@@ -55,7 +60,7 @@ export class Server {
       const done = await Promise.race([exited.then((c) => ({ c })), sleep(200).then(() => null)]);
       if (done) throw new Error(`quarrel serve exited (${done.c}) during start:\n${this.tail()}`);
       try {
-        const r = await fetch(`${this.url}/api/models`);
+        const r = await fetch(`${this.url}/readyz`);
         if (r.ok) return;
       } catch { /* not listening yet */ }
     }

@@ -56,6 +56,8 @@ export function normalizeModel(m) {
     quantization: pick(d.quantization, m.quantization, d.quantization_level),
     // Loaded: weights + KV cache; not loaded: the file's size.
     memory: pick(mem.total_bytes, typeof m.memory === 'number' ? m.memory : undefined, m.size_bytes, m.size),
+    weights: mem.weights_bytes,
+    kv: mem.kv_cache_bytes,
     context: pick(d.context_length, m.context_length),
     arch: pick(d.arch, m.architecture, d.family),
   };

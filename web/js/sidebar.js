@@ -76,7 +76,8 @@ export function renderModelList(ul, models, busy, { onLoad, onUnload }) {
     if (m.arch) bits.push(m.arch);
     if (m.parameters != null) bits.push(`${formatCount(m.parameters)} params`);
     if (m.quantization) bits.push(String(m.quantization));
-    if (m.memory != null) bits.push(formatBytes(m.memory));
+    if (m.weights != null && m.kv != null) bits.push(`${formatBytes(m.weights)} + ${formatBytes(m.kv)} KV`);
+    else if (m.memory != null) bits.push(formatBytes(m.memory));
     if (m.context) bits.push(`ctx ${m.context}`);
     facts.textContent = bits.join(' · ');
     const btn = document.createElement('button');
