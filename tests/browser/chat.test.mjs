@@ -66,6 +66,7 @@ test('a message gets a streamed answer with live tokens/s', async () => {
       const last = [...document.querySelectorAll('.msg.assistant .body')].pop();
       const t = last ? last.textContent : '';
       if (t && window.__seen[window.__seen.length - 1] !== t) window.__seen.push(t);
+      if (document.querySelector('.msg.assistant .typing')) window.__typing = true;
       window.__states.add(document.querySelector('#conn').dataset.state);
     }).observe(document.body, { subtree: true, childList: true, characterData: true, attributes: true });
   });
@@ -88,6 +89,7 @@ test('a message gets a streamed answer with live tokens/s', async () => {
     assert.ok(seen[i].length >= seen[i - 1].length - 2, 'streamed text grows');
   }
   assert.ok(states.includes('generating'), `header showed generating (${states})`);
+  assert.ok(await pg.evaluate(() => window.__typing), 'a typing indicator before the first token');
   assert.match(answer.meta, /\d+ tokens · [\d.]+ tok\/s/, `tokens/s under the answer: ${answer.meta}`);
   assert.ok(await pg.locator('#input').isEnabled(), 'input enabled again');
   assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected');
@@ -381,4 +383,60 @@ test('UNAUTHORIZED asks for an API key, which is kept; OVERLOADED is shown', asy
   } finally {
     await locked.kill();
   }
+});
+
+test('models: load and unload from the sidebar; each conversation keeps its model', async (t) => {
+  const { page: pg } = await page();
+  const other = pg.locator('#model-list .model', { hasText: 'gemma3' });
+  await pg.locator('#model-list .model').first().waitFor();
+  if (!(await other.count())) {
+    assert.ok(!process.env.QUARREL_GEMMA3, 'QUARREL_GEMMA3 is set, so the server must list gemma3');
+    t.skip('no second model in the server catalog');
+    return;
+  }
+  const name = await other.getAttribute('data-name');
+  await other.locator('button', { hasText: 'Load' }).click();
+  await other.locator('.badge', { hasText: /^loaded$/ }).waitFor({ timeout: 120_000 });
+  assert.match(await other.locator('.model-facts').textContent(), /params · \S+ · .*KV/, 'parameters, quantization, memory');
+
+  await pg.locator('#model-select').selectOption(name);
+  await sendMessage(pg, 'Say hi.');
+  const a1 = await waitAnswer(pg);
+  assert.ok(a1.meta.startsWith(name), `answered by ${name}: ${a1.meta}`);
+
+  await pg.locator('#new-chat').click();
+  await pg.locator('#model-select').selectOption('');
+  await sendMessage(pg, 'Say hi.');
+  const a2 = await waitAnswer(pg);
+  assert.ok(a2.meta.startsWith('smollm2'), `answered by the default model: ${a2.meta}`);
+
+  await pg.locator('#conv-list .conv').nth(1).locator('.conv-open').click();
+  assert.equal(await pg.locator('#model-select').inputValue(), name, 'the first conversation keeps its model');
+
+  await other.locator('button', { hasText: 'Unload' }).click();
+  await other.locator('.badge', { hasText: 'not loaded' }).waitFor({ timeout: 60_000 });
+});
+
+test('presets fill the input; one conversation can be deleted', async () => {
+  const { page: pg } = await page({ settings: { ...GREEDY, max_tokens: 4 } });
+  await pg.locator('#input').fill('Le chat est noir.');
+  await pg.locator('[data-preset=translate]').click();
+  assert.equal(await pg.locator('#input').inputValue(), 'Translate the following text into English:\n\nLe chat est noir.');
+  await pg.locator('#input').fill('');
+  for (const preset of ['summarize', 'code', 'explain']) {
+    await pg.locator(`[data-preset=${preset}]`).click();
+    assert.ok((await pg.locator('#input').inputValue()).length > 5, `${preset} preset`);
+    await pg.locator('#input').fill('');
+  }
+  await sendMessage(pg, 'first conversation');
+  await waitAnswer(pg);
+  await pg.locator('#new-chat').click();
+  await sendMessage(pg, 'second conversation');
+  await waitAnswer(pg);
+  assert.equal(await pg.locator('#conv-list .conv').count(), 2);
+  await pg.locator('#conv-list .conv', { hasText: 'first conversation' }).locator('.conv-del').click();
+  assert.deepEqual(await pg.locator('#conv-list .conv-title').allTextContents(), ['second conversation']);
+  await pg.reload();
+  await waitConnected(pg);
+  assert.deepEqual(await pg.locator('#conv-list .conv-title').allTextContents(), ['second conversation'], 'deletion persisted');
 });
