@@ -5,9 +5,10 @@
 // default: the server's default model), CHROMIUM (default /usr/bin/chromium),
 // BROWSER_TEST_OUT (screenshots, default ./out).
 
-import { spawn } from 'node:child_process';
+import { spawn, execFileSync } from 'node:child_process';
+import os from 'node:os';
 import { createServer } from 'node:net';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, mkdtempSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -31,6 +32,17 @@ export function freePort() {
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * A models directory holding a second, tiny model (random weights, `quarrel synth`), so the
+ * sidebar has a model to load, use and unload next to the default one.
+ */
+export function secondModelDir() {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'quarrel-models-'));
+  execFileSync(BIN, ['synth', '-p', 'tiny', '-q', 'q8_0', path.join(dir, `${SECOND_MODEL}.gguf`)], { stdio: 'ignore' });
+  return dir;
+}
+export const SECOND_MODEL = 'tiny-synth';
 
 export class Server {
   /** `extraArgs` for `quarrel serve`; without `--keys` the server runs with `--no-auth`, so a
