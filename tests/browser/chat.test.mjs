@@ -197,7 +197,7 @@ test('a reply containing <script> renders as text', async () => {
   await sendMessage(pg, prompt);
   const answer = await waitAnswer(pg);
   assert.ok(answer.text.includes('<script>alert(1)</script>'),
-    `the model echoed the tag (greedy): ${JSON.stringify(answer.text)}`);
+    `the reply shows the tag as text (the model echoes it with greedy sampling): ${JSON.stringify(answer.text)}`);
   assert.ok(answer.text.includes('<b>hi</b>'));
   assert.equal(await pg.locator('#messages script, #messages b').count(), 0, 'no element made from model output');
   const userText = await pg.locator('.msg.user .body').first().textContent();

@@ -67,6 +67,7 @@ applyTheme();
 // ---------- connection state ----------
 function showState() {
   const state = generating && conn.state === 'connected' ? 'generating' : conn.state;
+  if (conn.state === 'connected') ui.conn.title = 'Connected to the server';
   ui.conn.dataset.state = state;
   ui.connLabel.textContent = state;
 }
@@ -78,6 +79,7 @@ conn.addEventListener('state', () => {
   }
 });
 conn.addEventListener('retry', async (ev) => {
+  ui.conn.title = `Reconnecting in ${(ev.detail.delay / 1000).toFixed(1)} s (attempt ${ev.detail.attempt})`;
   // Repeated failures: the REST side tells whether a key is missing (a browser cannot see the
   // HTTP status of a refused WebSocket upgrade).
   if (ev.detail.attempt === 2 || ev.detail.attempt % 5 === 0) {
@@ -312,10 +314,13 @@ function finish(g, done, err) {
     s.error = `${err.code}: ${err.message}`;
     if (err.code !== 'DISCONNECTED') showBanner(err.code, err.message);
   }
+  s.done = true;
   g.view.setStreaming(false);
   g.view.flush();
   transcript.follow();
-  store.save(g.conv);
+  if (!store.save(g.conv)) {
+    showBanner('STORAGE', 'Could not save the conversation: this browser\'s storage is full or disabled. Export and clear old conversations.');
+  }
   renderConversations();
   if (generating === g) setGenerating(null);
 }
@@ -382,6 +387,15 @@ $('#settings-close').addEventListener('click', () => setSettings(false));
 ui.scrim.addEventListener('click', () => { setSidebar(false); setSettings(false); });
 
 // ---------- start ----------
+// Answers that were streaming when the page went away are marked, not left looking empty.
+for (const c of store.items) {
+  for (const m of c.messages) {
+    if (m.role === 'assistant' && m.stats && !m.stats.done && !m.stats.error) {
+      m.stats.error = 'interrupted (the page was closed while generating)';
+      m.stats.done = true;
+    }
+  }
+}
 store.currentId = current.id;
 transcript.show(current);
 renderConversations();
