@@ -20,9 +20,9 @@ def raw(method, path, body=None, headers=None, base=None):
     req = urllib.request.Request((base or BASE) + path, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            status, hdrs, text = r.status, dict(r.headers), r.read()
+            status, hdrs, text = r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
     except urllib.error.HTTPError as e:
-        status, hdrs, text = e.code, dict(e.headers), e.read()
+        status, hdrs, text = e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
     try:
         return status, hdrs, json.loads(text)
     except ValueError:

@@ -54,7 +54,7 @@ class Auth(unittest.TestCase):
             st, hdrs, b = raw("GET", "/v1/models", headers=h, base=AUTH_BASE)
             statuses.append(st)
             if st == 429:
-                self.assertGreaterEqual(int(hdrs["Retry-After"]), 1)
+                self.assertGreaterEqual(int(hdrs["retry-after"]), 1)
                 self.assertEqual(b["error"]["code"], "rate_limit_exceeded")
                 break
         self.assertEqual(statuses[-1], 429, statuses)

@@ -51,10 +51,11 @@ class WebSocketProtocol(unittest.TestCase):
     def test_cancel(self):
         async def go():
             async with websockets.connect(WS) as ws:
-                await ws.send(json.dumps({"type": "inference", "id": "long", "payload": {"prompt": "Tell me a very long story.", "max_tokens": 500}}))
+                await ws.send(json.dumps({"type": "inference", "id": "long", "payload": {"prompt": "Once upon a time, in a land far away,", "max_tokens": 500, "temperature": 0}}))
                 while True:
                     m = json.loads(await ws.recv())
                     if m["type"] == "inference":
+                        self.assertFalse(m["payload"]["complete"], m)
                         break
                 await ws.send(json.dumps({"type": "cancel", "id": "long"}))
                 return await collect(ws, ["long"])
