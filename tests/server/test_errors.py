@@ -74,18 +74,27 @@ class BadInput(unittest.TestCase):
 
 
 class Disconnect(unittest.TestCase):
-    def test_client_disconnect_frees_kv_within_a_step(self):
+    def disconnect(self, stream):
         wait_idle()
         u = urllib.parse.urlparse(BASE)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-        body = json.dumps({"model": MODEL, "prompt": "Write a long essay about the sea.", "max_tokens": 2000, "stream": True})
+        # greedy: this prompt runs far past the few tokens we wait for
+        body = json.dumps({"model": MODEL, "prompt": "Once upon a time, in a land far away,", "max_tokens": 2000, "temperature": 0, "stream": stream})
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        self.assertEqual(r.status, 200)
-        for _ in range(5):
-            r.fp.readline()
+        if stream:
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200)
+            for _ in range(8):
+                r.fp.readline()
+        else:
+            t0 = time.time()
+            while engine_counter("generated_tokens") == 0 or engine_gauge("running") == 0:
+                self.assertLess(time.time() - t0, 30)
+                time.sleep(0.02)
+            time.sleep(0.3)
         m = metrics()
         self.assertGreater(engine_gauge("kv_blocks_used", m), 0)
+        self.assertEqual(engine_gauge("running", m), 1)
         steps_before = engine_counter("steps", m)
         conn.sock.close()
         conn.close()
@@ -100,6 +109,12 @@ class Disconnect(unittest.TestCase):
         # freed at the first step after the disconnect (plus the step in flight and the one
         # that may have started between our reading the counter and closing the socket)
         self.assertLessEqual(engine_counter("steps", m) - steps_before, 3)
+
+    def test_streaming_client_disconnect_frees_kv_within_a_step(self):
+        self.disconnect(stream=True)
+
+    def test_waiting_client_disconnect_frees_kv_within_a_step(self):
+        self.disconnect(stream=False)
 
 
 class Observability(unittest.TestCase):
