@@ -122,7 +122,7 @@ class Observability(unittest.TestCase):
         raw("POST", CHAT, chat(stream=False))
         m = metrics()
         keys = "\n".join(m)
-        for name in ["quarrel_http_requests_total", "quarrel_errors_total", "quarrel_http_requests_active", "quarrel_ws_connections_active",
+        for name in ["quarrel_http_requests_total", "quarrel_errors_total", "quarrel_http_requests_active", "quarrel_http_connections_active", "quarrel_ws_connections_active",
                      "quarrel_request_duration_seconds_bucket", "quarrel_time_to_first_token_seconds_bucket",
                      "quarrel_inter_token_latency_seconds_bucket", "quarrel_prompt_tokens_total", "quarrel_generated_tokens_total",
                      "quarrel_models_loaded", 'gauge="queue_depth"', 'gauge="batch_tokens"', 'gauge="kv_blocks_used"']:

@@ -35,7 +35,7 @@ impl ModelLoader for SynthLoader {
 
 fn synth(dir: &Path, name: &str, seed: u64) -> ModelEntry {
     let path = dir.join(format!("{name}.gguf"));
-    let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::from_name("q8_0").unwrap()).seed(seed);
+    let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name("q8_0").unwrap()).seed(seed);
     write_synth(&spec, &path, &mut |_, _| {}).unwrap();
     let size_bytes = std::fs::metadata(&path).unwrap().len();
     ModelEntry { name: name.into(), aliases: vec![format!("{name}-alias")], path, size_bytes }
