@@ -43,8 +43,10 @@ fn range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, Ap
 impl Knobs {
     /// Validate and build the engine's parameters.
     pub fn params(&self, n_ctx: usize) -> Result<(GenerateParams, Option<usize>), ApiError> {
-        let mut s = SamplingParams::default();
-        s.temperature = range("temperature", self.temperature, 0.0, 2.0)?.unwrap_or(self.default_temperature as f32);
+        let mut s = SamplingParams {
+            temperature: range("temperature", self.temperature, 0.0, 2.0)?.unwrap_or(self.default_temperature as f32),
+            ..Default::default()
+        };
         if let Some(p) = range("top_p", self.top_p, 0.0, 1.0)? {
             s.top_p = p;
         }

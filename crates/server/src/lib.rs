@@ -23,6 +23,7 @@
 //! | `gen`        | sampling knobs -> engine request, submission, tracked streams |
 //! | `registry`   | loaded models, load/unload, memory budget, LRU, on-demand loading |
 //! | `auth`       | hashed API keys file, constant-time check |
+//! | `conn`       | the counting TCP listener and the peer address |
 //! | `middleware` | keys + rate limits, metrics per request |
 //! | `metrics`    | Prometheus registry and engine gauges |
 //! | `openapi`    | the OpenAPI 3.1 document |
@@ -32,6 +33,7 @@
 //! | `ui`         | the web chat page: `web/` embedded, served at `/` with a strict CSP |
 
 pub mod auth;
+pub mod conn;
 pub mod error;
 pub mod gen;
 pub mod loadtest;
@@ -52,14 +54,13 @@ pub use error::ApiError;
 pub use registry::{ModelEntry, ModelLoader, Registry};
 pub use state::{AppState, RateLimit, ServerConfig};
 
-use std::net::SocketAddr;
-
 /// Serve until `shutdown` resolves; in-flight streams are allowed to finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let listener = conn::CountingListener::new(listener, state.metrics.http_connections.clone());
     let app = routes::router(state);
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, app.into_make_service_with_connect_info::<conn::ClientAddr>()).with_graceful_shutdown(shutdown).await
 }

@@ -103,11 +103,13 @@ pub struct Report {
 
 impl Report {
     pub fn table(&self) -> String {
-        let mut s = String::new();
-        s += &format!("| target | {} ({:?}), {} clients, {:.1} s |\n|---|---|\n", self.url, self.protocol, self.clients, self.wall_s);
-        s += &format!("| requests | {} ({} complete, {} errors, {} incomplete) |\n", self.requests, self.complete, self.errors, self.incomplete);
-        s += &format!("| requests/s | {:.2} |\n", self.requests_per_s);
-        s += &format!("| generated tokens | {} ({:.1} tokens/s) |\n", self.generated_tokens, self.generated_tokens_per_s);
+        let mut s = format!("load test of {} ({:?}), {} clients\n\n", self.url, self.protocol, self.clients);
+        s += "| wall s | requests | complete | errors | incomplete | requests/s | generated tokens | tokens/s |\n";
+        s += "|---|---|---|---|---|---|---|---|\n";
+        s += &format!(
+            "| {:.1} | {} | {} | {} | {} | {:.2} | {} | {:.1} |\n",
+            self.wall_s, self.requests, self.complete, self.errors, self.incomplete, self.requests_per_s, self.generated_tokens, self.generated_tokens_per_s
+        );
         s += "\n| latency (ms) | p50 | p95 | p99 | mean | max |\n|---|---|---|---|---|---|\n";
         for (name, p) in [("time to first token", &self.ttft), ("end to end", &self.e2e)] {
             s += &format!("| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n", p.p50_ms, p.p95_ms, p.p99_ms, p.mean_ms, p.max_ms);

@@ -13,6 +13,7 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     pub errors: IntCounterVec,
     pub http_active: IntGauge,
+    pub http_connections: IntGauge,
     pub ws_active: IntGauge,
     pub request_seconds: HistogramVec,
     pub ttft_seconds: HistogramVec,
@@ -39,6 +40,7 @@ impl Metrics {
         let requests = IntCounterVec::new(Opts::new("http_requests_total", "HTTP requests by route, model and status"), &["route", "model", "status"])?;
         let errors = IntCounterVec::new(Opts::new("errors_total", "Errors answered, by error code"), &["type"])?;
         let http_active = IntGauge::new("http_requests_active", "HTTP requests in flight (streams included)")?;
+        let http_connections = IntGauge::new("http_connections_active", "Open HTTP connections (TCP)")?;
         let ws_active = IntGauge::new("ws_connections_active", "Open WebSocket connections")?;
         let request_seconds = HistogramVec::new(HistogramOpts::new("request_duration_seconds", "Request latency (whole response)").buckets(buckets()), &["route"])?;
         let ttft_seconds = HistogramVec::new(HistogramOpts::new("time_to_first_token_seconds", "Submission to first token").buckets(buckets()), &["model"])?;
@@ -60,7 +62,7 @@ impl Metrics {
         for h in [&request_seconds, &ttft_seconds, &itl_seconds] {
             r.register(Box::new(h.clone()))?;
         }
-        for g in [&http_active, &ws_active, &models_loaded] {
+        for g in [&http_active, &http_connections, &ws_active, &models_loaded] {
             r.register(Box::new(g.clone()))?;
         }
         for g in [&engine, &engine_counters, &model_bytes] {
@@ -71,6 +73,7 @@ impl Metrics {
             requests,
             errors,
             http_active,
+            http_connections,
             ws_active,
             request_seconds,
             ttft_seconds,

@@ -3,6 +3,7 @@
 //! and durations measured to the end of the response body, streams included).
 
 use crate::auth::presented_key;
+use crate::conn::ClientAddr;
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::ModelLabel;
 use crate::state::AppState;
@@ -12,7 +13,6 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use std::net::SocketAddr;
 use std::time::Instant;
 
 /// Paths anyone may read (probes, scrapes, docs). `/ws` checks its key itself so that a
@@ -23,7 +23,7 @@ pub fn is_public(path: &str) -> bool {
 }
 
 pub fn client_ip(req: &Request) -> String {
-    req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string()).unwrap_or_else(|| "unknown".into())
+    req.extensions().get::<ConnectInfo<ClientAddr>>().map(|c| c.0 .0.ip().to_string()).unwrap_or_else(|| "unknown".into())
 }
 
 /// Keys and rate limits.

@@ -77,7 +77,7 @@ impl Loaded {
 /// Bytes of the KV cache of a running model.
 pub fn kv_bytes(info: &ModelSummary, h: &EngineHandle) -> u64 {
     let m = h.metrics();
-    let head_dim = if info.n_head > 0 { info.n_embd / info.n_head } else { 0 };
+    let head_dim = info.n_embd.checked_div(info.n_head).unwrap_or(0);
     let per_elem = match info.kv_type.as_str() {
         "f32" => 4.0,
         "q8_0" => 34.0 / 32.0,

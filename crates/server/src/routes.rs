@@ -14,7 +14,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -80,7 +81,8 @@ pub fn router(state: AppState) -> Router {
         let id = req.headers().get(X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
         // the path only: query strings may carry keys
         tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
-    });
+    })
+    .on_response(DefaultOnResponse::new().level(Level::INFO));
     let mut app = api_routes()
         .fallback(rest::not_found)
         .method_not_allowed_fallback(rest::method_not_allowed)

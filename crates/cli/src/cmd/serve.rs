@@ -242,6 +242,20 @@ pub fn main(a: Args) -> Result<()> {
         tracing::info!(address = %local, keys = auth.as_deref().unwrap_or("none (loopback only)"), "quarrel serve listening");
         eprintln!("listening on http://{local}");
         let shutdown = async {
+            #[cfg(unix)]
+            {
+                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                let t = async {
+                    match term.as_mut() {
+                        Some(t) => {
+                            t.recv().await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = t => {} }
+            }
+            #[cfg(not(unix))]
             let _ = tokio::signal::ctrl_c().await;
             tracing::info!("shutting down");
         };
