@@ -96,7 +96,7 @@ test('a message gets a streamed answer with live tokens/s', async () => {
 });
 
 test('auto-scroll stops when the reader scrolls up; Stop cancels the generation', async () => {
-  const { page: pg } = await page({ settings: { ...GREEDY, max_tokens: 1000 }, viewport: { width: 1000, height: 420 } });
+  const { page: pg } = await page({ settings: { ...GREEDY, max_tokens: 1000 }, viewport: { width: 1000, height: 360 } });
   await sendMessage(pg, 'Write a very long essay about the history of Rome.');
   const scroller = pg.locator('#transcript');
   await pg.waitForFunction(() => {
