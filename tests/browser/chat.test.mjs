@@ -144,6 +144,17 @@ test('settings are used (max tokens 5 gives a 5-token answer) and persisted', as
   const answer = await waitAnswer(pg);
   assert.match(answer.meta, /^(\S+ · )?5 tokens/, `five tokens generated: ${answer.meta}`);
   assert.ok(answer.text.trim().split(/\s+/).length <= 6, `short answer: ${JSON.stringify(answer.text)}`);
+  // Regenerate replaces the answer (greedy: the same text again); Copy copies the Markdown.
+  await pg.locator('.msg.assistant').last().hover();
+  await pg.locator('.msg.assistant .regenerate').click();
+  const again = await waitAnswer(pg);
+  assert.equal(await pg.locator('.msg').count(), 2, 'still one question and one answer');
+  assert.equal(again.text, answer.text, 'greedy regeneration gives the same answer');
+  await pg.context().grantPermissions(['clipboard-read', 'clipboard-write']);
+  await pg.locator('.msg.assistant').last().hover();
+  await pg.locator('.msg.assistant .copy').click();
+  const copied = await pg.evaluate(() => navigator.clipboard.readText());
+  assert.equal(copied, await pg.evaluate(() => window.quarrel.current.messages[1].content), 'copied the answer');
   await pg.reload();
   await waitConnected(pg);
   await pg.locator('#settings-toggle').click();

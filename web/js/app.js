@@ -227,6 +227,7 @@ $('#clear-all').addEventListener('click', () => {
 // ---------- sending ----------
 function setGenerating(g) {
   generating = g;
+  document.body.classList.toggle('is-generating', !!g);
   ui.input.disabled = !!g;
   ui.send.hidden = !!g;
   ui.stop.hidden = !g;
@@ -254,8 +255,29 @@ function send(text) {
   hideBanner();
   const user = { role: 'user', content: text };
   current.messages.push(user);
-  if (settings.system) current.system = settings.system;
   transcript.add(user);
+  if (generate()) {
+    ui.input.value = '';
+    autosize();
+  }
+}
+
+/** Answer again: drop the last answer and generate a new one for the same history. */
+function regenerate() {
+  const last = current.messages[current.messages.length - 1];
+  if (generating || !last || last.role !== 'assistant') return;
+  if (conn.state !== 'connected') {
+    showBanner('Not connected', 'The server is not reachable yet.', 'connection');
+    return;
+  }
+  current.messages.pop();
+  transcript.list.lastElementChild?.remove();
+  generate();
+}
+
+/** Stream an answer to the conversation as it stands; false when it could not be sent. */
+function generate() {
+  if (settings.system) current.system = settings.system;
   const payload = { messages: requestMessages(), ...settings.requestFields() };
   if (current.model) payload.model = current.model;
   const msg = { role: 'assistant', content: '', stats: { model: current.model || serverDefaultModel, tokens: 0 } };
@@ -282,10 +304,9 @@ function send(text) {
     onDone: (p) => finish(g, p),
     onError: (e) => finish(g, null, e),
   });
-  if (!g.id) { finish(g, null, { code: 'DISCONNECTED', message: 'Not connected.' }); return; }
-  ui.input.value = '';
-  autosize();
+  if (!g.id) { finish(g, null, { code: 'DISCONNECTED', message: 'Not connected.' }); return false; }
   setGenerating(g);
+  return true;
 }
 
 function clientRate(g) {
@@ -333,6 +354,24 @@ function stop() {
   finish(g, null, null);
 }
 
+$('#messages').addEventListener('click', async (ev) => {
+  const btn = ev.target.closest('button[data-action]');
+  if (!btn) return;
+  const article = btn.closest('.msg');
+  const index = [...$('#messages').children].indexOf(article);
+  const message = current.messages[index];
+  if (!message) return;
+  if (btn.dataset.action === 'regenerate') regenerate();
+  if (btn.dataset.action === 'copy') {
+    try {
+      await navigator.clipboard.writeText(message.content);
+      btn.textContent = 'Copied';
+    } catch {
+      btn.textContent = 'Copy failed';
+    }
+    setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
+  }
+});
 ui.composer.addEventListener('submit', (ev) => { ev.preventDefault(); send(ui.input.value); });
 ui.stop.addEventListener('click', stop);
 ui.input.addEventListener('keydown', (ev) => {

@@ -78,7 +78,11 @@ export class MessageView {
     this.meta = document.createElement('div');
     this.meta.className = 'meta';
     this.meta.dataset.testid = 'meta';
-    el.append(who, this.body, this.meta);
+    const actions = document.createElement('div');
+    actions.className = 'actions';
+    actions.append(actionButton('copy', 'Copy', 'Copy this message'));
+    if (message.role === 'assistant') actions.append(actionButton('regenerate', 'Regenerate', 'Answer again'));
+    el.append(who, this.body, this.meta, actions);
     this.el = el;
     this.render();
     this.renderMeta();
@@ -132,6 +136,16 @@ export class MessageView {
       this.meta.append(err);
     }
   }
+}
+
+function actionButton(action, label, title) {
+  const b = document.createElement('button');
+  b.type = 'button';
+  b.className = `msg-action ${action}`;
+  b.dataset.action = action;
+  b.title = title;
+  b.textContent = label;
+  return b;
 }
 
 function typingIndicator() {
