@@ -200,6 +200,22 @@ test('the conversation survives a reload, is listed, searched and reopened; Mark
 
   await pg.locator('#clear-all').click();
   assert.equal(await pg.locator('#conv-list .conv').count(), 0, 'cleared');
+  await pg.reload();
+  await waitConnected(pg);
+  assert.equal(await pg.locator('#conv-list .conv').count(), 0, 'cleared for good');
+
+  // The JSON export imports back (twice: the second copy gets a new id).
+  for (const n of [1, 2]) {
+    const [chooser] = await Promise.all([pg.waitForEvent('filechooser'), pg.locator('#import').click()]);
+    await chooser.setFiles(await json.path());
+    await pg.locator('#banner', { hasText: '1 conversation added' }).waitFor();
+    assert.equal(await pg.locator('#conv-list .conv').count(), n, `import ${n}`);
+  }
+  await pg.locator('#conv-list .conv-open').first().click();
+  assert.deepEqual(await pg.locator('.msg .body').allTextContents(), texts, 'imported conversation shows the same messages');
+  const [bad] = await Promise.all([pg.waitForEvent('filechooser'), pg.locator('#import').click()]);
+  await bad.setFiles({ name: 'bad.json', mimeType: 'application/json', buffer: Buffer.from('{"x": 1}') });
+  await pg.locator('#banner', { hasText: 'Import failed' }).waitFor();
 });
 
 test('a reply containing <script> renders as text', async () => {

@@ -218,6 +218,19 @@ ui.search.addEventListener('input', renderConversations);
 $('#export-md').addEventListener('click', () => download(fileName(current, 'md'), toMarkdown(current), 'text/markdown'));
 $('#export-json').addEventListener('click', () => download(fileName(current, 'json'), toJson([current]), 'application/json'));
 $('#export-all').addEventListener('click', () => download('quarrel-conversations.json', toJson(store.search('')), 'application/json'));
+$('#import').addEventListener('click', () => $('#import-file').click());
+$('#import-file').addEventListener('change', async (ev) => {
+  const file = ev.target.files?.[0];
+  ev.target.value = '';
+  if (!file) return;
+  try {
+    const n = store.importData(JSON.parse(await file.text()));
+    renderConversations();
+    showBanner('Imported', `${n} conversation${n === 1 ? '' : 's'} added.`, 'info');
+  } catch (e) {
+    showBanner('Import failed', `${file.name}: ${e.message}`);
+  }
+});
 $('#clear-all').addEventListener('click', () => {
   if (generating || !confirm('Delete all conversations?')) return;
   store.clear();

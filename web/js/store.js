@@ -144,6 +144,37 @@ export class Conversations {
     this.persist();
   }
 
+  /**
+   * Add conversations from an export (`toJson`'s shape, or a bare list). Invalid entries are
+   * skipped; an id already present gets a new one. Returns how many were added.
+   */
+  importData(data) {
+    const list = Array.isArray(data) ? data : data?.conversations;
+    if (!Array.isArray(list)) throw new Error('not a Quarrel conversations export');
+    let added = 0;
+    for (const c of list) {
+      if (!validConversation(c)) continue;
+      const messages = c.messages
+        .filter((m) => m && typeof m.content === 'string' && ['user', 'assistant', 'system'].includes(m.role))
+        .map((m) => ({ role: m.role, content: m.content, ...(m.stats && typeof m.stats === 'object' ? { stats: { ...m.stats, done: true } } : {}) }));
+      if (!messages.length) continue;
+      const conv = {
+        id: this.get(c.id) ? newId() : c.id,
+        title: typeof c.title === 'string' ? c.title : '',
+        model: typeof c.model === 'string' ? c.model : '',
+        created: Number(c.created) || Date.now(),
+        updated: Number(c.updated) || Date.now(),
+        messages,
+      };
+      if (typeof c.system === 'string') conv.system = c.system;
+      this.items.push(conv);
+      added++;
+    }
+    this.sort();
+    if (!this.persist()) throw new Error('browser storage is full or disabled');
+    return added;
+  }
+
   /** Conversations whose title or any message contains every word of `query` (case-insensitive). */
   search(query) {
     const words = query.toLowerCase().split(/\s+/).filter(Boolean);
