@@ -124,9 +124,17 @@ test('auto-scroll stops when the reader scrolls up; Stop cancels the generation'
   assert.match(later, /stopped/, 'the answer is marked stopped');
   assert.ok(await pg.locator('#input').isEnabled());
   assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected');
-  // The server cancelled it: the next message is answered at once on the same socket.
+  // The engine dropped it (nothing running), and the same socket serves the next message.
+  let running = -1;
+  for (let i = 0; i < 50 && running !== 0; i++) {
+    const health = await (await fetch(`${server.url}/api/health`)).json();
+    running = health.models.reduce((n, m) => n + m.running + m.queued, 0);
+    if (running) await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(running, 0, 'the generation was cancelled on the server');
+  await pg.locator('#new-chat').click();
   await sendMessage(pg, 'Say hello.');
-  const next = await waitAnswer(pg, 60_000);
+  const next = await waitAnswer(pg, 90_000);
   assert.ok(next.text.trim().length > 0, 'next message answered');
 });
 
