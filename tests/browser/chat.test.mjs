@@ -472,3 +472,35 @@ test('presets fill the input; one conversation can be deleted', async () => {
   await waitConnected(pg);
   assert.deepEqual(await pg.locator('#conv-list .conv-title').allTextContents(), ['second conversation'], 'deletion persisted');
 });
+
+test('heartbeat: pings while idle; a frozen server is detected and the page reconnects after it thaws', async () => {
+  const frames = [];
+  const { page: pg } = await page({
+    beforeGoto: async (p) => {
+      await p.clock.install();
+      p.on('websocket', (ws) => ws.on('framesent', (f) => frames.push(String(f.payload))));
+    },
+  });
+  await pg.clock.runFor(16_000);
+  await pg.waitForFunction(() => true);
+  assert.ok(frames.some((f) => JSON.parse(f).type === 'ping'), `a ping after 15 s idle (${frames})`);
+  await pg.waitForTimeout(500); // the pong arrives
+  await pg.clock.runFor(11_000);
+  assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected', 'answered pings keep the connection');
+
+  server.freeze();
+  try {
+    await pg.clock.runFor(15_000); // next ping, unanswered
+    await pg.clock.runFor(10_500); // heartbeat deadline
+    const state = await pg.locator('#conn').getAttribute('data-state');
+    assert.ok(['disconnected', 'connecting'].includes(state), `frozen server detected (${state})`);
+  } finally {
+    server.thaw();
+  }
+  for (let i = 0; i < 40; i++) {
+    if ((await pg.locator('#conn').getAttribute('data-state')) === 'connected') break;
+    await pg.clock.runFor(1_000);
+    await pg.waitForTimeout(100);
+  }
+  assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected', 'reconnected after the thaw');
+});

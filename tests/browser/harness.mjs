@@ -79,6 +79,10 @@ export class Server {
     throw new Error(`quarrel serve did not answer within ${timeoutMs} ms:\n${this.tail()}`);
   }
 
+  /** SIGSTOP / SIGCONT: a frozen server keeps its sockets open but answers nothing. */
+  freeze() { this.proc.kill('SIGSTOP'); }
+  thaw() { this.proc.kill('SIGCONT'); }
+
   /** SIGKILL: the page sees the socket drop as after a crash. */
   async kill() {
     const p = this.proc;
@@ -103,7 +107,7 @@ export async function launchBrowser() {
  * A fresh browser context and page on the server, with every page error and CSP violation
  * collected (tests assert there are none) and downloads accepted.
  */
-export async function openPage(browser, server, { viewport = { width: 1280, height: 800 }, colorScheme = 'light', settings } = {}) {
+export async function openPage(browser, server, { viewport = { width: 1280, height: 800 }, colorScheme = 'light', settings, beforeGoto } = {}) {
   const context = await browser.newContext({ viewport, colorScheme, acceptDownloads: true });
   const problems = [];
   const dialogs = [];
@@ -125,6 +129,7 @@ export async function openPage(browser, server, { viewport = { width: 1280, heig
     // confirm() of "Clear all" is the only dialog the page opens on purpose.
     if (d.type() === 'confirm') await d.accept(); else await d.dismiss();
   });
+  if (beforeGoto) await beforeGoto(page);
   await page.goto(server.url + '/');
   return { context, page, problems, dialogs };
 }

@@ -3,7 +3,7 @@
 // "id", "payload"}`.
 //
 //   Connection ── open ──► connected ── heartbeat: `ping` every 15 s; no message back within 10 s
-//        ▲                     │        closes the socket
+//        ▲                     │        abandons the socket
 //        └── backoff ◄── close ┘        reconnect delay: exponential (0.5 s .. 10 s) with jitter;
 //                                       none after the server refused the key (close code 1008)
 //
@@ -123,8 +123,21 @@ export class Connection extends EventTarget {
     this.heartbeatTimer = setInterval(() => {
       if (!this.send({ type: 'ping' })) return;
       clearTimeout(this.deadline);
-      this.deadline = setTimeout(() => this.ws?.close(4000, 'heartbeat timeout'), HEARTBEAT_TIMEOUT_MS);
+      this.deadline = setTimeout(() => this.abandon(), HEARTBEAT_TIMEOUT_MS);
     }, HEARTBEAT_MS);
+  }
+
+  /**
+   * The server stopped answering (frozen process, half-open connection): drop the socket at once
+   * rather than wait for a closing handshake that will not come, and start reconnecting.
+   */
+  abandon() {
+    const ws = this.ws;
+    if (!ws) return;
+    ws.onclose = null;
+    ws.onmessage = null;
+    try { ws.close(4000, 'heartbeat timeout'); } catch { /* already closing */ }
+    this.onClose({ code: 4000, reason: 'heartbeat timeout' });
   }
 
   send(msg) {
