@@ -106,6 +106,25 @@ pub struct ChatRequest {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub n: Option<u32>,
+    /// Only `{"type": "text"}` is supported.
+    #[schema(value_type = Object)]
+    pub response_format: Option<Value>,
+    /// Not supported (rejected when non-empty).
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Option<Vec<Value>>,
+}
+
+/// Reject options this server cannot honour instead of silently ignoring them.
+fn check_unsupported(response_format: &Option<Value>, tools: &Option<Vec<Value>>) -> Result<(), ApiError> {
+    if let Some(rf) = response_format {
+        if rf.get("type").and_then(Value::as_str).unwrap_or("text") != "text" {
+            return Err(ApiError::invalid("response_format other than text (JSON mode, schemas) is not supported"));
+        }
+    }
+    if tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid("tools are not supported by this server"));
+    }
+    Ok(())
 }
 
 /// `POST /v1/completions` prompt: text, or token ids.
@@ -211,6 +230,7 @@ fn request_id(prefix: &str) -> String {
     responses((status = 200, description = "chat.completion, or SSE chat.completion.chunk events"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
     check_n(req.n)?;
+    check_unsupported(&req.response_format, &req.tools)?;
     let knobs = Knobs {
         temperature: req.temperature,
         top_p: req.top_p,
