@@ -74,6 +74,28 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(len(content), r.usage.completion_tokens)
         self.assertTrue(all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content))
 
+    def test_n_choices(self):
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a fruit."}], max_tokens=8, temperature=1.0, seed=7)
+        r = self.c.chat.completions.create(n=3, **kw)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2])
+        self.assertTrue(all(c.message.content for c in r.choices))
+        # choice i uses seed + i: choice 0 equals a single request with the same seed
+        one = self.c.chat.completions.create(**kw)
+        self.assertEqual(one.choices[0].message.content, r.choices[0].message.content)
+        # the prompt is counted once, the completions summed
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens)
+        self.assertGreaterEqual(r.usage.completion_tokens, 3)
+        self.assertLessEqual(r.usage.completion_tokens, 24)
+        texts = {0: "", 1: "", 2: ""}
+        finished = set()
+        for ch in self.c.chat.completions.create(n=3, stream=True, **kw):
+            for c in ch.choices:
+                texts[c.index] += c.delta.content or ""
+                if c.finish_reason:
+                    finished.add(c.index)
+        self.assertEqual(finished, {0, 1, 2})
+        self.assertEqual([texts[i] for i in range(3)], [c.message.content for c in r.choices])
+
     def test_embeddings(self):
         r = self.c.embeddings.create(model=MODEL, input=["hello world", "a cat sat on the mat"])
         self.assertEqual(len(r.data), 2)

@@ -16,7 +16,8 @@
 //! | module       | responsibility |
 //! |--------------|----------------|
 //! | `routes`     | the one router and its layers |
-//! | `openai`     | `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models` |
+//! | `openai`     | `/v1/chat/completions`, `/v1/completions` (with `n` choices), `/v1/models` |
+//! | `embeddings` | `/v1/embeddings` and the embedding path the ollama routes share |
 //! | `ollama`     | `/api/generate`, `/api/chat`, `/api/embed`, `/api/tags`, `/api/show`, `/api/ps` |
 //! | `rest`       | Quarrel's `/api/models*`, `/api/stream`, `/api/health`, `/api/metrics`, probes |
 //! | `ws`         | the `/ws` WebSocket protocol (message shapes documented there) |
@@ -34,6 +35,7 @@
 
 pub mod auth;
 pub mod conn;
+pub mod embeddings;
 pub mod error;
 pub mod gen;
 pub mod loadtest;

@@ -144,6 +144,15 @@ fn labeled(v: Value, model: &str) -> Response {
     r
 }
 
+/// `format` ("json" or a schema) asks for constrained output, which this server does not do.
+fn check_format(f: &Option<Value>) -> Result<(), ApiError> {
+    match f {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(_) => Err(ApiError::invalid("format (JSON mode, schemas) is not supported by this server")),
+    }
+}
+
 fn done_reason(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Stop => "stop",
@@ -203,6 +212,7 @@ pub async fn generate(State(state): State<AppState>, ApiJson(req): ApiJson<Gener
     if req.images.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(ApiError::invalid("images are not supported by this server"));
     }
+    check_format(&req.format)?;
     let Some(prompt) = req.prompt else {
         // ollama: a request without a prompt loads the model
         let m = state.registry.get(Some(&req.model)).await?;
@@ -236,6 +246,7 @@ pub async fn generate(State(state): State<AppState>, ApiJson(req): ApiJson<Gener
     responses((status = 200, description = "NDJSON lines, or one JSON object with stream=false"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn chat(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
     let t0 = Instant::now();
+    check_format(&req.format)?;
     let msgs = req.messages.unwrap_or_default();
     if msgs.is_empty() {
         // ollama: a chat without messages loads the model
@@ -267,7 +278,7 @@ pub struct EmbedRequest {
 pub async fn embed(State(state): State<AppState>, ApiJson(req): ApiJson<EmbedRequest>) -> Result<Response, ApiError> {
     let t0 = Instant::now();
     let inputs = req.input.into_vec().into_iter().map(Prompt::Text).collect();
-    let (model, vecs, n) = crate::openai::embed(&state, Some(&req.model), inputs).await?;
+    let (model, vecs, n) = crate::embeddings::embed(&state, Some(&req.model), inputs).await?;
     let v = json!({"model": model, "embeddings": vecs, "total_duration": ns(t0.elapsed()), "load_duration": 0, "prompt_eval_count": n});
     Ok(labeled(v, &model))
 }
@@ -280,7 +291,7 @@ pub struct EmbeddingsRequest {
 }
 
 pub async fn embeddings_legacy(State(state): State<AppState>, ApiJson(req): ApiJson<EmbeddingsRequest>) -> Result<Response, ApiError> {
-    let (model, mut vecs, _) = crate::openai::embed(&state, Some(&req.model), vec![Prompt::Text(req.prompt)]).await?;
+    let (model, mut vecs, _) = crate::embeddings::embed(&state, Some(&req.model), vec![Prompt::Text(req.prompt)]).await?;
     Ok(labeled(json!({"embedding": vecs.pop().unwrap_or_default()}), &model))
 }
 

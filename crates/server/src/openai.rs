@@ -4,6 +4,7 @@
 
 use crate::error::{ApiError, ApiJson};
 use crate::gen::{finish_str, start, unix_now, Collected, Knobs, Tracked};
+use futures_util::StreamExt;
 use crate::metrics::ModelLabel;
 use crate::state::AppState;
 use axum::extract::{Path, State};
@@ -106,6 +107,25 @@ pub struct ChatRequest {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub n: Option<u32>,
+    /// Only `{"type": "text"}` is supported.
+    #[schema(value_type = Object)]
+    pub response_format: Option<Value>,
+    /// Not supported (rejected when non-empty).
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Option<Vec<Value>>,
+}
+
+/// Reject options this server cannot honour instead of silently ignoring them.
+fn check_unsupported(response_format: &Option<Value>, tools: &Option<Vec<Value>>) -> Result<(), ApiError> {
+    if let Some(rf) = response_format {
+        if rf.get("type").and_then(Value::as_str).unwrap_or("text") != "text" {
+            return Err(ApiError::invalid("response_format other than text (JSON mode, schemas) is not supported"));
+        }
+    }
+    if tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid("tools are not supported by this server"));
+    }
+    Ok(())
 }
 
 /// `POST /v1/completions` prompt: text, or token ids.
@@ -154,14 +174,60 @@ pub struct CompletionRequest {
     pub n: Option<u32>,
 }
 
-fn check_n(n: Option<u32>) -> Result<(), ApiError> {
-    match n {
-        None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::invalid(format!("n = {n} is not supported: ask for one choice per request"))),
+/// Most choices per request.
+const MAX_N: u32 = 16;
+
+fn check_n(n: Option<u32>) -> Result<usize, ApiError> {
+    match n.unwrap_or(1) {
+        n @ 1..=MAX_N => Ok(n as usize),
+        n => Err(ApiError::invalid(format!("n must be between 1 and {MAX_N}, got {n}"))),
     }
 }
 
-fn labeled(mut r: Response, model: &str) -> Response {
+/// Start `n` generations of one prompt (choice `i` uses seed `seed + i` when a seed is
+/// given); they run side by side in the engine's batch. If one cannot start, the others
+/// are dropped, which cancels them.
+async fn start_n(state: &AppState, model: Option<&str>, prompt: Prompt, knobs: &Knobs, n: usize) -> Result<(String, Vec<Tracked>), ApiError> {
+    let mut streams = Vec::with_capacity(n);
+    let mut name = String::new();
+    for i in 0..n {
+        let mut k = knobs.clone();
+        k.seed = knobs.seed.map(|s| s.wrapping_add(i as i64));
+        let started = start(state, model, prompt.clone(), &k).await?;
+        name = started.model.entry.name.clone();
+        streams.push(started.stream);
+    }
+    Ok((name, streams))
+}
+
+/// Run every choice to its end.
+async fn collect_all(streams: Vec<Tracked>) -> Result<Vec<Collected>, ApiError> {
+    futures_util::future::try_join_all(streams.into_iter().map(Tracked::collect)).await
+}
+
+/// Usage over all choices: the prompt counted once, completions summed.
+fn total_usage(us: impl Iterator<Item = quarrel_engine::Usage>) -> quarrel_engine::Usage {
+    let mut t = quarrel_engine::Usage::default();
+    for u in us {
+        t.prompt_tokens = u.prompt_tokens;
+        t.cached_tokens = t.cached_tokens.max(u.cached_tokens);
+        t.completion_tokens += u.completion_tokens;
+    }
+    t
+}
+
+/// Every choice's events, tagged with the choice index, as they come.
+fn merged(streams: Vec<Tracked>) -> impl futures_util::Stream<Item = (usize, StreamEvent)> + Send {
+    futures_util::stream::select_all(streams.into_iter().enumerate().map(|(i, mut t)| {
+        Box::pin(async_stream::stream! {
+            while let Some(ev) = t.next().await {
+                yield (i, ev);
+            }
+        })
+    }))
+}
+
+pub(crate) fn labeled(mut r: Response, model: &str) -> Response {
     r.extensions_mut().insert(ModelLabel(model.to_string()));
     r
 }
@@ -210,7 +276,8 @@ fn request_id(prefix: &str) -> String {
 #[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest, tag = "openai",
     responses((status = 200, description = "chat.completion, or SSE chat.completion.chunk events"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
-    check_n(req.n)?;
+    let n = check_n(req.n)?;
+    check_unsupported(&req.response_format, &req.tools)?;
     let knobs = Knobs {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -226,34 +293,42 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
         ..Default::default()
     };
     let msgs = to_chat(req.messages)?;
-    let started = start(&state, req.model.as_deref(), Prompt::Chat(msgs), &knobs).await?;
-    let model = started.model.entry.name.clone();
+    let (model, streams) = start_n(&state, req.model.as_deref(), Prompt::Chat(msgs), &knobs, n).await?;
     let id = request_id("chatcmpl");
     let created = unix_now();
+    let want_lp = req.logprobs;
     if !req.stream {
-        let c = started.stream.collect().await?;
-        let logprobs = req.logprobs.then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>()}));
+        let all = collect_all(streams).await?;
+        let choices: Vec<Value> = all
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let logprobs = want_lp.then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>()}));
+                json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
+                       "finish_reason": c.finish.map(finish_str)})
+            })
+            .collect();
         let body = json!({
-            "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
-                         "finish_reason": c.finish.map(finish_str)}],
-            "usage": usage_json(&c.usage),
+            "id": id, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+            "usage": usage_json(&total_usage(all.iter().map(|c| c.usage))),
             "system_fingerprint": "quarrel",
         });
         return Ok(labeled(Json(body).into_response(), &model));
     }
     let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-    let want_lp = req.logprobs;
-    let mut s: Tracked = started.stream;
+    let mut events_in = merged(streams);
     let m2 = model.clone();
     let events = async_stream::stream! {
-        let chunk = |delta: Value, lp: Value, finish: Value| json!({
+        let chunk = |i: usize, delta: Value, lp: Value, finish: Value| json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": m2,
             "system_fingerprint": "quarrel",
-            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
+            "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}],
         });
-        yield sse_json(&chunk(json!({"role": "assistant", "content": ""}), Value::Null, Value::Null));
-        while let Some(ev) = s.next().await {
+        for i in 0..n {
+            yield sse_json(&chunk(i, json!({"role": "assistant", "content": ""}), Value::Null, Value::Null));
+        }
+        let mut usages = vec![];
+        while let Some((i, ev)) = events_in.next().await {
             match ev {
                 StreamEvent::Token { text, logprob, .. } => {
                     let lp = match (&logprob, want_lp) {
@@ -261,20 +336,21 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
                         _ => Value::Null,
                     };
                     if !text.is_empty() || !lp.is_null() {
-                        yield sse_json(&chunk(json!({"content": text}), lp, Value::Null));
+                        yield sse_json(&chunk(i, json!({"content": text}), lp, Value::Null));
                     }
                 }
                 StreamEvent::Done { finish_reason, usage, .. } => {
-                    yield sse_json(&chunk(json!({}), Value::Null, json!(finish_str(finish_reason))));
-                    if include_usage {
-                        yield sse_json(&json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": m2,
-                            "choices": [], "usage": usage_json(&usage)}));
-                    }
+                    usages.push(usage);
+                    yield sse_json(&chunk(i, json!({}), Value::Null, json!(finish_str(finish_reason))));
                 }
                 StreamEvent::Error(e) => {
                     yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
                 }
             }
+        }
+        if include_usage {
+            yield sse_json(&json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": m2,
+                "choices": [], "usage": usage_json(&total_usage(usages.into_iter()))}));
         }
         yield Ok(Event::default().data("[DONE]"));
     };
@@ -284,7 +360,7 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
 #[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest, tag = "openai",
     responses((status = 200, description = "text_completion, or SSE events"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
-    check_n(req.n)?;
+    let n = check_n(req.n)?;
     let knobs = Knobs {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -305,34 +381,42 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
         (_, true) => return Err(ApiError::invalid("echo is supported for text prompts only")),
         _ => String::new(),
     };
-    let started = start(&state, req.model.as_deref(), prompt, &knobs).await?;
-    let model = started.model.entry.name.clone();
+    let (model, streams) = start_n(&state, req.model.as_deref(), prompt, &knobs, n).await?;
     let id = request_id("cmpl");
     let created = unix_now();
     if !req.stream {
-        let c: Collected = started.stream.collect().await?;
-        let lp = req.logprobs.map(|_| completion_logprobs(&c.logprobs, echo_text.len()));
+        let all = collect_all(streams).await?;
+        let choices: Vec<Value> = all
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let lp = req.logprobs.map(|_| completion_logprobs(&c.logprobs, echo_text.len()));
+                json!({"index": i, "text": format!("{echo_text}{}", c.text), "logprobs": lp, "finish_reason": c.finish.map(finish_str)})
+            })
+            .collect();
         let body = json!({
-            "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": format!("{echo_text}{}", c.text), "logprobs": lp, "finish_reason": c.finish.map(finish_str)}],
-            "usage": usage_json(&c.usage),
+            "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "usage": usage_json(&total_usage(all.iter().map(|c| c.usage))),
             "system_fingerprint": "quarrel",
         });
         return Ok(labeled(Json(body).into_response(), &model));
     }
     let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
     let want_lp = req.logprobs.is_some();
-    let mut s = started.stream;
+    let mut events_in = merged(streams);
     let m2 = model.clone();
     let events = async_stream::stream! {
-        let chunk = |text: &str, lp: Value, finish: Value| json!({
+        let chunk = |i: usize, text: &str, lp: Value, finish: Value| json!({
             "id": id, "object": "text_completion", "created": created, "model": m2,
-            "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}],
+            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}],
         });
         if !echo_text.is_empty() {
-            yield sse_json(&chunk(&echo_text, Value::Null, Value::Null));
+            for i in 0..n {
+                yield sse_json(&chunk(i, &echo_text, Value::Null, Value::Null));
+            }
         }
-        while let Some(ev) = s.next().await {
+        let mut usages = vec![];
+        while let Some((i, ev)) = events_in.next().await {
             match ev {
                 StreamEvent::Token { text, logprob, .. } => {
                     let lp = match (&logprob, want_lp) {
@@ -340,109 +424,25 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
                         _ => Value::Null,
                     };
                     if !text.is_empty() || !lp.is_null() {
-                        yield sse_json(&chunk(&text, lp, Value::Null));
+                        yield sse_json(&chunk(i, &text, lp, Value::Null));
                     }
                 }
                 StreamEvent::Done { finish_reason, usage, .. } => {
-                    let mut last = chunk("", Value::Null, json!(finish_str(finish_reason)));
-                    if include_usage {
-                        last["usage"] = usage_json(&usage);
-                    }
-                    yield sse_json(&last);
+                    usages.push(usage);
+                    yield sse_json(&chunk(i, "", Value::Null, json!(finish_str(finish_reason))));
                 }
                 StreamEvent::Error(e) => {
                     yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
                 }
             }
         }
+        if include_usage {
+            yield sse_json(&json!({"id": id, "object": "text_completion", "created": created, "model": m2,
+                "choices": [], "usage": usage_json(&total_usage(usages.into_iter()))}));
+        }
         yield Ok(Event::default().data("[DONE]"));
     };
     Ok(labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model))
-}
-
-/// `POST /v1/embeddings` body.
-#[derive(Deserialize, ToSchema, Debug)]
-pub struct EmbeddingRequest {
-    pub model: Option<String>,
-    pub input: PromptListIn,
-    /// "float" (default) or "base64" (little-endian f32).
-    pub encoding_format: Option<String>,
-    pub dimensions: Option<usize>,
-}
-
-/// Embedding inputs: text(s) or token id list(s).
-#[derive(Deserialize, ToSchema, Debug)]
-#[serde(untagged)]
-pub enum PromptListIn {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-    TokenLists(Vec<Vec<u32>>),
-}
-
-impl PromptListIn {
-    pub fn into_prompts(self) -> Vec<Prompt> {
-        match self {
-            PromptListIn::Text(s) => vec![Prompt::Text(s)],
-            PromptListIn::Texts(v) => v.into_iter().map(Prompt::Text).collect(),
-            PromptListIn::Tokens(t) => vec![Prompt::Tokens(t)],
-            PromptListIn::TokenLists(v) => v.into_iter().map(Prompt::Tokens).collect(),
-        }
-    }
-}
-
-/// Embeddings of `inputs` with the model's pooling, L2-normalized; also the token count.
-pub async fn embed(state: &AppState, model: Option<&str>, inputs: Vec<Prompt>) -> Result<(String, Vec<Vec<f32>>, usize), ApiError> {
-    if inputs.is_empty() {
-        return Err(ApiError::invalid("input must not be empty"));
-    }
-    if inputs.len() > 2048 {
-        return Err(ApiError::invalid("at most 2048 inputs per request"));
-    }
-    for p in &inputs {
-        crate::gen::check_prompt(state, p)?;
-    }
-    let m = state.registry.get(model).await?;
-    let mut n_tokens = 0;
-    for p in &inputs {
-        n_tokens += m.handle.tokenize_prompt(p)?.len();
-    }
-    let pooling = m.info().pooling;
-    let v = m.handle.embed(inputs, pooling, true).await?;
-    state.metrics.tokens_in.with_label_values(&[&m.entry.name]).inc_by(n_tokens as u64);
-    Ok((m.entry.name.clone(), v, n_tokens))
-}
-
-#[utoipa::path(post, path = "/v1/embeddings", request_body = EmbeddingRequest, tag = "openai",
-    responses((status = 200, description = "list of embeddings"), (status = "4XX", body = crate::error::ErrorBody)))]
-pub async fn embeddings(State(state): State<AppState>, ApiJson(req): ApiJson<EmbeddingRequest>) -> Result<Response, ApiError> {
-    let b64 = match req.encoding_format.as_deref() {
-        None | Some("float") => false,
-        Some("base64") => true,
-        Some(f) => return Err(ApiError::invalid(format!("encoding_format must be float or base64, got {f:?}"))),
-    };
-    let (model, vecs, n_tokens) = embed(&state, req.model.as_deref(), req.input.into_prompts()).await?;
-    if let Some(d) = req.dimensions {
-        if vecs.first().is_some_and(|v| d != v.len()) {
-            return Err(ApiError::invalid(format!("this model's embeddings have {} dimensions, not {d}", vecs[0].len())));
-        }
-    }
-    let data: Vec<Value> = vecs
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let emb = if b64 {
-                use base64::Engine as _;
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
-            } else {
-                json!(v)
-            };
-            json!({"object": "embedding", "index": i, "embedding": emb})
-        })
-        .collect();
-    let body = json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}});
-    Ok(labeled(Json(body).into_response(), &model))
 }
 
 fn model_obj(name: &str, created: u64) -> Value {

@@ -37,6 +37,10 @@ fn normalize(name: &str) -> String {
     n.strip_suffix(".gguf").unwrap_or(n).to_string()
 }
 
+fn load_failed(name: &str, why: &str) -> ApiError {
+    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "model_load_failed", "server_error", format!("loading {name}: {why}"))
+}
+
 /// Loads models for the server (implemented by the binary, which knows backends and paths).
 pub trait ModelLoader: Send + Sync + 'static {
     /// Every model that may be loaded, in a stable order.
@@ -183,8 +187,8 @@ impl Registry {
         let t0 = Instant::now();
         let handle = tokio::task::spawn_blocking(move || loader.load(&e2))
             .await
-            .map_err(|e| ApiError::internal(format!("loading {}: {e}", entry.name)))?
-            .map_err(|e| ApiError::internal(format!("loading {}: {e}", entry.name)))?;
+            .map_err(|e| load_failed(&entry.name, &e.to_string()))?
+            .map_err(|e| load_failed(&entry.name, &e))?;
         let m = Arc::new(Loaded { entry, handle, loaded_at: SystemTime::now(), last_used: Mutex::new(Instant::now()) });
         tracing::info!(model = %m.entry.name, ms = t0.elapsed().as_millis() as u64, bytes = m.memory_bytes(), "model loaded");
         if let Ok(mut l) = self.loaded.write() {

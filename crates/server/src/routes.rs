@@ -6,7 +6,7 @@
 //! limit -> handler.
 
 use crate::state::AppState;
-use crate::{middleware, ollama, openai, openapi, rest, ws};
+use crate::{embeddings, middleware, ollama, openai, openapi, rest, ws};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderName, HeaderValue, Method, Request};
 use axum::middleware::from_fn_with_state;
@@ -25,7 +25,7 @@ pub fn api_routes() -> Router<AppState> {
         // OpenAI
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
-        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{model}", get(openai::get_model))
         // ollama
