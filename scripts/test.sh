@@ -13,3 +13,8 @@ export QUARREL_SMOLLM2 QUARREL_GEMMA3
 export QUARREL_TEST_MODEL="$QUARREL_SMOLLM2"
 export QUARREL_BIN="$Q"
 cargo test --release --workspace "$@"
+# Server integration tests: official openai / ollama Python clients and a WebSocket client
+# against `quarrel serve` on loopback ports (pip-installs them into target/pyenv).
+tests/server/run.sh
+# Web chat UI in headless Chromium against `quarrel serve` (installs chromium + playwright-core).
+[ -n "${QUARREL_SKIP_BROWSER:-}" ] || tests/browser/run.sh
