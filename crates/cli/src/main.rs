@@ -8,6 +8,7 @@
 //! | `cmd::run`      | `quarrel run`: one streamed completion |
 //! | `cmd::chat`     | `quarrel chat`: interactive chat with history |
 //! | `cmd::tokenize` | `quarrel tokenize` |
+//! | `cmd::embed`    | `quarrel embed`: embeddings as JSON lines or into Longbow (Arrow Flight) |
 //! | `cmd::perplexity` | `quarrel perplexity` (llama.cpp protocol) |
 //! | `cmd::inspect`  | `quarrel inspect`: metadata and tensor table |
 //! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
@@ -45,6 +46,7 @@ enum Command {
     Pull(cmd::pull::Args),
     Bench(cmd::bench::Args),
     BatchedBench(cmd::batched_bench::Args),
+    Embed(cmd::embed::Args),
 }
 
 fn main() {
@@ -65,6 +67,7 @@ fn main() {
         Command::Pull(a) => cmd::pull::main(a),
         Command::Bench(a) => cmd::bench::main(a),
         Command::BatchedBench(a) => cmd::batched_bench::main(a),
+        Command::Embed(a) => cmd::embed::main(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -3,6 +3,7 @@
 pub mod batched_bench;
 pub mod bench;
 pub mod chat;
+pub mod embed;
 pub mod inspect;
 pub mod perplexity;
 pub mod pull;
