@@ -55,6 +55,9 @@ pub struct PutOptions {
     pub retry: Backoff,
     /// Consecutive failed attempts before giving up (progress resets the count).
     pub max_retries: u32,
+    /// Larger batches are sent as zero-copy slices of about this size (gRPC servers refuse
+    /// messages over 4 MiB by default).
+    pub max_batch_bytes: usize,
 }
 
 impl Default for PutOptions {
@@ -64,6 +67,7 @@ impl Default for PutOptions {
             slow_down: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(5), factor: 2.0 },
             retry: Backoff { initial: Duration::from_millis(200), max: Duration::from_secs(10), factor: 2.0 },
             max_retries: 8,
+            max_batch_bytes: 2 << 20,
         }
     }
 }
@@ -274,11 +278,13 @@ impl Upload<'_> {
                         if b.schema() != self.schema {
                             return Err(FlightClientError::InvalidRows(format!("batch schema {} differs from the upload's {}", b.schema(), self.schema)));
                         }
-                        self.report.rows_sent += b.num_rows() as u64;
-                        self.pending.push_back(b.clone());
-                        if let Some(t) = &tx {
-                            // a closed receiver means the call failed; its error arrives on `results`
-                            let _ = t.unbounded_send(b);
+                        for piece in pieces(&b, self.opts.max_batch_bytes) {
+                            self.report.rows_sent += piece.num_rows() as u64;
+                            self.pending.push_back(piece.clone());
+                            if let Some(t) = &tx {
+                                // a closed receiver means the call failed; its error arrives on `results`
+                                let _ = t.unbounded_send(piece);
+                            }
                         }
                     }
                     None => self.source_done = true,
@@ -321,9 +327,28 @@ impl Upload<'_> {
     }
 }
 
+/// `b` as zero-copy slices of at most about `max_bytes` each.
+fn pieces(b: &RecordBatch, max_bytes: usize) -> Vec<RecordBatch> {
+    let rows = b.num_rows().max(1);
+    // buffers of a slice may be shared with rows outside it: an over-estimate, so pieces stay small
+    let per_row = b.get_array_memory_size().div_ceil(rows).max(1);
+    crate::batch::split(b, (max_bytes / per_row).max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn big_batches_go_in_pieces() {
+        let rows = crate::EmbeddingRows { ids: (0..100).map(|i| i.to_string()).collect(), dim: 256, vectors: vec![0.5; 25600], ..Default::default() };
+        let b = rows.into_record_batch().unwrap();
+        let p = pieces(&b, 16 << 10);
+        assert!(p.len() >= 7, "{} pieces", p.len());
+        assert_eq!(p.iter().map(|x| x.num_rows()).sum::<usize>(), 100);
+        assert!(p.iter().all(|x| x.num_rows() * 256 * 4 <= 16 << 10));
+        assert_eq!(pieces(&b, 64 << 20).len(), 1);
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {

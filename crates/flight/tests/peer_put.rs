@@ -39,14 +39,30 @@ fn put_then_get_search_and_info() {
         let mut seen = vec![];
         let rep = c.put_batches("docs", split(&batch, 64), &PutOptions::default(), &mut |p: &PutReport| seen.push(p.rows_acked)).await.unwrap();
         assert_eq!((rep.rows_sent, rep.rows_acked, rep.batches_acked), (300, 300, 5));
+        // a batch over the message size limit goes in acknowledged pieces
+        let big = rows(200, 24, 9).into_record_batch().unwrap();
+        let small = PutOptions { max_batch_bytes: 4096, ..Default::default() };
+        let rep = c.put_batches("pieces", vec![big], &small, &mut |_: &PutReport| {}).await.unwrap();
+        assert!(rep.batches_acked >= 5 && rep.rows_acked == 200, "{rep:?}");
+        assert_eq!(c.read_vectors("pieces", None).await.unwrap().ids.len(), 200);
         assert!(seen.windows(2).all(|w| w[0] <= w[1]) && seen.last() == Some(&300), "{seen:?}");
         assert_eq!(c.total_records("docs").await.unwrap(), Some(300));
         assert_eq!(c.total_records("nope").await.unwrap(), None);
-        assert_eq!(c.list_datasets().await.unwrap(), vec![("docs".to_string(), 300)]);
+        let mut ds = c.list_datasets().await.unwrap();
+        ds.sort();
+        assert_eq!(ds, vec![("docs".to_string(), 300), ("pieces".to_string(), 200)]);
         let got = c.read_vectors("docs", None).await.unwrap();
         assert_eq!(got.ids, want.ids);
         assert_eq!(got.data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.vectors.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
         assert_eq!(c.read_vectors("docs", Some(10)).await.unwrap().ids.len(), 10);
+        // the optional columns come back too
+        let bs = c.read("docs", Some(3)).await.unwrap();
+        let s = bs[0].schema();
+        let names: Vec<&str> = s.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["id", "vector", "metadata", "text"]);
+        let text = bs[0].column(3).as_any().downcast_ref::<arrow_array::StringArray>().unwrap();
+        let meta = bs[0].column(2).as_any().downcast_ref::<arrow_array::StringArray>().unwrap();
+        assert_eq!((text.value(2), meta.value(2)), ("text 2", r#"{"n":2}"#));
         for i in [0usize, 123, 299] {
             let hits = c.search("docs", &want.vectors[i * 24..(i + 1) * 24], 3).await.unwrap();
             assert_eq!(hits.len(), 3);
