@@ -34,7 +34,7 @@ fn texts() -> Vec<String> {
     (0..1000).map(|i| format!("{} {} {}.", subj[i % 10], verb[(i / 10) % 10], obj[i / 100])).collect()
 }
 
-fn engine(path: &PathBuf) -> EngineHandle {
+fn engine(path: &std::path::Path) -> EngineHandle {
     let e = Engine::load(CpuBackend::new(0).unwrap(), path, EngineOptions::default()).unwrap();
     EngineHandle::spawn(e, ServiceOptions::default())
 }

@@ -206,7 +206,7 @@ impl LongbowClient {
 
 impl Upload<'_> {
     fn can_send(&self, now: Instant, pause_until: Option<Instant>) -> bool {
-        !self.source_done && (self.opts.window == 0 || self.pending.len() < self.opts.window) && pause_until.map_or(true, |t| now >= t)
+        !self.source_done && (self.opts.window == 0 || self.pending.len() < self.opts.window) && pause_until.is_none_or(|t| now >= t)
     }
 
     /// One DoPut call: resend what is pending, then stream from the source.
