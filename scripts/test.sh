@@ -17,3 +17,6 @@ export QUARREL_SMOLLM2 QUARREL_GEMMA3
 export QUARREL_TEST_MODEL="$QUARREL_SMOLLM2"
 export QUARREL_BIN="$Q"
 cargo test --release --workspace "$@"
+# Server integration tests: official openai / ollama Python clients and a WebSocket client
+# against `quarrel serve` on loopback ports (pip-installs them into target/pyenv).
+tests/server/run.sh

@@ -14,6 +14,9 @@
 //! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
 //! | `cmd::batched_bench` | `quarrel batched-bench`: N parallel sequences (llama-batched-bench) |
 //! | `cmd::pull`     | `quarrel pull` and the default model |
+//! | `cmd::serve`    | `quarrel serve`: HTTP/WebSocket APIs (quarrel-server) |
+//! | `cmd::keys`     | `quarrel keys create|list|revoke` |
+//! | `cmd::loadtest` | `quarrel loadtest`: concurrent streaming clients against a server |
 //! | `resolve`       | `-m` resolution: path, Quarrel cache, HF cache, ollama store |
 //! | `common`        | shared options (threads, context, device) and engine set-up |
 
@@ -47,6 +50,9 @@ enum Command {
     Bench(cmd::bench::Args),
     BatchedBench(cmd::batched_bench::Args),
     Embed(cmd::embed::Args),
+    Serve(cmd::serve::Args),
+    Keys(cmd::keys::Args),
+    Loadtest(cmd::loadtest::Args),
 }
 
 fn main() {
@@ -68,6 +74,9 @@ fn main() {
         Command::Bench(a) => cmd::bench::main(a),
         Command::BatchedBench(a) => cmd::batched_bench::main(a),
         Command::Embed(a) => cmd::embed::main(a),
+        Command::Serve(a) => cmd::serve::main(a),
+        Command::Keys(a) => cmd::keys::main(a),
+        Command::Loadtest(a) => cmd::loadtest::main(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -1,0 +1,264 @@
+//! `quarrel serve`: wiring for the server crate — model catalog and loader (CPU engines behind
+//! `EngineHandle`s), keys, limits, logging, the listener.
+
+use crate::common::ModelArgs;
+use crate::resolve::{cache_dir, resolve_model};
+use anyhow::{bail, Context, Result};
+use quarrel_engine::{EngineHandle, ServiceOptions};
+use quarrel_server::{AppState, KeyStore, ModelEntry, ModelLoader, RateLimit, Registry, ServerConfig};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Serve models over HTTP: OpenAI-, ollama- and Quarrel-compatible APIs, WebSocket, metrics.
+///
+/// Endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models (OpenAI);
+/// /api/generate, /api/chat, /api/embed, /api/tags, /api/show, /api/ps (ollama);
+/// /api/models, /api/stream, /ws (Quarrel); /metrics, /healthz, /readyz, /openapi.json.
+/// Without -m the default model is served. API keys (see `quarrel keys`) are required when
+/// the keys file exists, and always when binding to a non-loopback address.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model(s) to load at start (repeatable): path or name as for `quarrel run -m`.
+    #[arg(short = 'm', long = "model")]
+    pub models: Vec<String>,
+    /// A directory whose .gguf files may be loaded by name (on demand or via the API).
+    #[arg(long = "models-dir")]
+    pub models_dir: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Worker threads per model (default: all cores).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    pub threads: usize,
+    /// Context length per sequence (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx", default_value_t = 0)]
+    pub ctx: usize,
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: String,
+    #[arg(short = 'b', long = "batch", default_value_t = 512)]
+    pub batch: usize,
+    #[arg(long = "device", default_value = "auto")]
+    pub device: String,
+    /// Most sequences decoding at once per model.
+    #[arg(long, default_value_t = 64)]
+    pub parallel: usize,
+    /// Most requests waiting per model; beyond it: 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub queue: usize,
+    /// KV cache size per model, in full-context sequences (shared by all requests).
+    #[arg(long = "kv-seqs", default_value_t = 8)]
+    pub kv_seqs: usize,
+    /// Memory budget for loaded models in MiB (0 = 80% of RAM); least recently used models
+    /// are unloaded to fit.
+    #[arg(long = "memory-budget-mib", default_value_t = 0)]
+    pub memory_budget_mib: u64,
+    /// Do not load models on demand when a request names an unloaded one.
+    #[arg(long = "no-load-on-demand")]
+    pub no_on_demand: bool,
+    /// API keys file (default: $QUARREL_HOME/keys.json).
+    #[arg(long = "keys")]
+    pub keys: Option<PathBuf>,
+    /// Serve without API keys even on a non-loopback address.
+    #[arg(long = "no-auth")]
+    pub no_auth: bool,
+    /// Allowed CORS origin (repeatable; `*` for any).
+    #[arg(long = "cors-origin")]
+    pub cors: Vec<String>,
+    /// Requests per minute per API key (0 = unlimited).
+    #[arg(long = "rate-limit", default_value_t = 0)]
+    pub rate_key: u32,
+    /// Requests per minute per client IP (0 = unlimited).
+    #[arg(long = "rate-limit-ip", default_value_t = 0)]
+    pub rate_ip: u32,
+    /// Burst allowance of the rate limits (default: the per-minute rate).
+    #[arg(long = "rate-burst")]
+    pub rate_burst: Option<u32>,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
+    pub max_body: usize,
+    /// Largest prompt in bytes (all messages together).
+    #[arg(long = "max-prompt-bytes", default_value_t = 1 << 20)]
+    pub max_prompt: usize,
+    /// Per-request time limit in seconds.
+    #[arg(long = "timeout", default_value_t = 300)]
+    pub timeout: u64,
+    /// Log prompts (they are redacted otherwise).
+    #[arg(long = "log-prompts")]
+    pub log_prompts: bool,
+    /// Log format: json (default) or text.
+    #[arg(long = "log-format", default_value = "json")]
+    pub log_format: String,
+}
+
+struct CliLoader {
+    explicit: Vec<ModelEntry>,
+    models_dir: Option<PathBuf>,
+    args: ModelArgs,
+    opts: ServiceOptions,
+    kv_seqs: usize,
+}
+
+fn entry_for(path: &Path, given: Option<&str>) -> ModelEntry {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = file.strip_suffix(".gguf").unwrap_or(&file).to_string();
+    let known = crate::cmd::pull::ENTRIES.iter().find(|e| e.file_name == file);
+    let mut aliases = vec![stem.clone()];
+    let name = match (given, known) {
+        (Some(g), _) if !Path::new(g).exists() => g.to_string(),
+        (_, Some(k)) => k.name.to_string(),
+        _ => stem.to_ascii_lowercase(),
+    };
+    if let Some(k) = known {
+        aliases.push(k.name.to_string());
+        aliases.extend(k.aliases.iter().map(|a| a.to_string()));
+    }
+    if let Some(g) = given {
+        aliases.push(g.to_string());
+    }
+    aliases.retain(|a| *a != name);
+    aliases.dedup();
+    let size_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    ModelEntry { name, aliases, path: path.to_path_buf(), size_bytes }
+}
+
+fn gguf_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf")).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+impl ModelLoader for CliLoader {
+    fn catalog(&self) -> Vec<ModelEntry> {
+        let mut out = self.explicit.clone();
+        let mut dirs = vec![cache_dir()];
+        dirs.extend(self.models_dir.clone());
+        for d in dirs {
+            for p in gguf_files(&d) {
+                if !out.iter().any(|e| e.path == p) {
+                    out.push(entry_for(&p, None));
+                }
+            }
+        }
+        out
+    }
+
+    fn load(&self, entry: &ModelEntry) -> Result<EngineHandle, String> {
+        let mut args = self.args.clone();
+        args.model = Some(entry.path.to_string_lossy().into_owned());
+        let kv_seqs = self.kv_seqs;
+        let engine = args.engine_with(|o| o.n_seq = kv_seqs.max(1)).map_err(|e| format!("{e:#}"))?;
+        Ok(EngineHandle::spawn(engine, self.opts.clone()))
+    }
+}
+
+fn mem_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or(8 << 30, |kb| kb * 1024)
+}
+
+fn init_logging(format: &str) -> Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("QUARREL_LOG").unwrap_or_else(|_| EnvFilter::new("info,tower_http=info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        "json" => b.json().with_current_span(true).with_span_list(false).init(),
+        "text" => b.init(),
+        f => bail!("unknown --log-format {f:?} (json or text)"),
+    }
+    Ok(())
+}
+
+pub fn main(a: Args) -> Result<()> {
+    init_logging(&a.log_format)?;
+    let rate = |n: u32| (n > 0).then(|| RateLimit { per_minute: n, burst: a.rate_burst.unwrap_or(n) });
+    let config = ServerConfig {
+        log_prompts: a.log_prompts,
+        max_body_bytes: a.max_body,
+        max_prompt_bytes: a.max_prompt,
+        request_timeout: Duration::from_secs(a.timeout.max(1)),
+        cors_origins: a.cors.clone(),
+        rate_per_key: rate(a.rate_key),
+        rate_per_ip: rate(a.rate_ip),
+        ..Default::default()
+    };
+    // keys: required when the file is configured/exists, and on non-loopback addresses
+    let keys_path = a.keys.clone().unwrap_or_else(|| cache_dir().parent().unwrap_or(Path::new(".")).join("keys.json"));
+    let keys = if a.no_auth {
+        None
+    } else if a.keys.is_some() || keys_path.exists() {
+        let ks = KeyStore::open(&keys_path)?;
+        Some(ks)
+    } else if !a.host.is_loopback() {
+        bail!(
+            "binding to {} needs API keys: create one with `quarrel keys create NAME` (stored in {}), or pass --no-auth",
+            a.host,
+            keys_path.display()
+        );
+    } else {
+        None
+    };
+    let mut explicit = vec![];
+    let given: Vec<Option<String>> = if a.models.is_empty() { vec![None] } else { a.models.iter().cloned().map(Some).collect() };
+    for g in &given {
+        let p = resolve_model(g.as_deref(), true)?;
+        let e = entry_for(&p, g.as_deref());
+        if explicit.iter().any(|x: &ModelEntry| x.name == e.name) {
+            bail!("two models are named {:?}", e.name);
+        }
+        explicit.push(e);
+    }
+    let opts = ServiceOptions {
+        max_running: a.parallel.max(1),
+        max_queue: a.queue,
+        default_timeout: Some(config.request_timeout),
+        ..Default::default()
+    };
+    let loader = CliLoader {
+        explicit: explicit.clone(),
+        models_dir: a.models_dir.clone(),
+        args: ModelArgs { model: None, threads: a.threads, ctx: a.ctx, kv_type: a.kv_type.clone(), batch: a.batch, device: a.device.clone() },
+        opts,
+        kv_seqs: a.kv_seqs,
+    };
+    let budget = if a.memory_budget_mib > 0 { a.memory_budget_mib << 20 } else { mem_total() / 10 * 8 };
+    let registry = Registry::new(Arc::new(loader), budget, !a.no_on_demand);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build().context("starting tokio")?;
+    rt.block_on(async move {
+        for e in &explicit {
+            registry.load(&e.name).await.map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        }
+        let auth = keys.as_ref().map(|k| k.path().display().to_string());
+        let state = AppState::new(config, registry, keys).context("metrics registry")?;
+        let addr = std::net::SocketAddr::new(a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        tracing::info!(address = %local, keys = auth.as_deref().unwrap_or("none (loopback only)"), "quarrel serve listening");
+        eprintln!("listening on http://{local}");
+        let shutdown = async {
+            #[cfg(unix)]
+            {
+                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                let t = async {
+                    match term.as_mut() {
+                        Some(t) => {
+                            t.recv().await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = t => {} }
+            }
+            #[cfg(not(unix))]
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+        };
+        quarrel_server::serve(listener, state, shutdown).await.context("serving")
+    })
+}

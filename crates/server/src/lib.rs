@@ -1,0 +1,63 @@
+//! # quarrel-server: `quarrel serve`'s HTTP and WebSocket APIs
+//!
+//! OpenAI-, ollama- and Quarrel-compatible APIs over the engine's async request API; every
+//! generation streams through the engine's continuous batching.
+//!
+//! ```text
+//!  client ─► axum router (routes.rs) ─► request id ─► trace ─► CORS ─► metrics ─► keys/limits
+//!              │  openai.rs / ollama.rs / rest.rs / ws.rs   (wire formats)
+//!              ▼
+//!         gen.rs: Knobs ─► validated Request ─► Registry (registry.rs) picks / loads a model
+//!              ▼
+//!         EngineHandle::submit ─► RequestStream ─► Tracked (metrics) ─► SSE / NDJSON / JSON / WS
+//!              (dropping the stream — client gone — cancels the request and frees its KV pages)
+//! ```
+//!
+//! | module       | responsibility |
+//! |--------------|----------------|
+//! | `routes`     | the one router and its layers |
+//! | `openai`     | `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models` |
+//! | `ollama`     | `/api/generate`, `/api/chat`, `/api/embed`, `/api/tags`, `/api/show`, `/api/ps` |
+//! | `rest`       | Quarrel's `/api/models*`, `/api/stream`, `/api/health`, `/api/metrics`, probes |
+//! | `ws`         | the `/ws` WebSocket protocol (message shapes documented there) |
+//! | `gen`        | sampling knobs -> engine request, submission, tracked streams |
+//! | `registry`   | loaded models, load/unload, memory budget, LRU, on-demand loading |
+//! | `auth`       | hashed API keys file, constant-time check |
+//! | `middleware` | keys + rate limits, metrics per request |
+//! | `metrics`    | Prometheus registry and engine gauges |
+//! | `openapi`    | the OpenAPI 3.1 document |
+//! | `error`      | the one error shape, JSON body extractor |
+//! | `state`      | configuration and shared state |
+//! | `loadtest`   | the `quarrel loadtest` client (SSE, NDJSON, WebSocket) |
+
+pub mod auth;
+pub mod error;
+pub mod gen;
+pub mod loadtest;
+pub mod metrics;
+pub mod middleware;
+pub mod ollama;
+pub mod openai;
+pub mod openapi;
+pub mod registry;
+pub mod rest;
+pub mod routes;
+pub mod state;
+pub mod ws;
+
+pub use auth::{KeyFile, KeyStore};
+pub use error::ApiError;
+pub use registry::{ModelEntry, ModelLoader, Registry};
+pub use state::{AppState, RateLimit, ServerConfig};
+
+use std::net::SocketAddr;
+
+/// Serve until `shutdown` resolves; in-flight streams are allowed to finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = routes::router(state);
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(shutdown).await
+}

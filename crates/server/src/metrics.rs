@@ -1,0 +1,127 @@
+//! Prometheus metrics: HTTP requests by route/model/status, errors by type, live HTTP and
+//! WebSocket connections, latency histograms (request, time to first token, inter-token),
+//! tokens in/out, and the engines' gauges (queue depth, batch size, KV usage) read from each
+//! loaded model's `EngineHandle::metrics()` at scrape time.
+
+use crate::registry::{kv_bytes, Registry};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry as PromRegistry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: PromRegistry,
+    pub requests: IntCounterVec,
+    pub errors: IntCounterVec,
+    pub http_active: IntGauge,
+    pub ws_active: IntGauge,
+    pub request_seconds: HistogramVec,
+    pub ttft_seconds: HistogramVec,
+    pub itl_seconds: HistogramVec,
+    pub tokens_in: IntCounterVec,
+    pub tokens_out: IntCounterVec,
+    engine: IntGaugeVec,
+    engine_counters: IntGaugeVec,
+    models_loaded: IntGauge,
+    model_bytes: IntGaugeVec,
+}
+
+/// The model label of a response (set by handlers, read by the metrics middleware).
+#[derive(Clone, Debug)]
+pub struct ModelLabel(pub String);
+
+fn buckets() -> Vec<f64> {
+    vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let r = PromRegistry::new_custom(Some("quarrel".into()), None)?;
+        let requests = IntCounterVec::new(Opts::new("http_requests_total", "HTTP requests by route, model and status"), &["route", "model", "status"])?;
+        let errors = IntCounterVec::new(Opts::new("errors_total", "Errors answered, by error code"), &["type"])?;
+        let http_active = IntGauge::new("http_requests_active", "HTTP requests in flight (streams included)")?;
+        let ws_active = IntGauge::new("ws_connections_active", "Open WebSocket connections")?;
+        let request_seconds = HistogramVec::new(HistogramOpts::new("request_duration_seconds", "Request latency (whole response)").buckets(buckets()), &["route"])?;
+        let ttft_seconds = HistogramVec::new(HistogramOpts::new("time_to_first_token_seconds", "Submission to first token").buckets(buckets()), &["model"])?;
+        let itl_seconds = HistogramVec::new(
+            HistogramOpts::new("inter_token_latency_seconds", "Time between consecutive tokens of a stream").buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+            &["model"],
+        )?;
+        let tokens_in = IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens of finished requests"), &["model"])?;
+        let tokens_out = IntCounterVec::new(Opts::new("generated_tokens_total", "Generated tokens"), &["model"])?;
+        let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached"), &["model", "gauge"])?;
+        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished"), &["model", "counter"])?;
+        let models_loaded = IntGauge::new("models_loaded", "Models loaded")?;
+        let model_bytes = IntGaugeVec::new(Opts::new("model_memory_bytes", "Resident bytes per loaded model (weights + KV cache)"), &["model"])?;
+        for c in [&requests, &errors, &tokens_in, &tokens_out] {
+            r.register(Box::new(c.clone()))?;
+        }
+        for h in [&request_seconds, &ttft_seconds, &itl_seconds] {
+            r.register(Box::new(h.clone()))?;
+        }
+        for g in [&http_active, &ws_active, &models_loaded] {
+            r.register(Box::new(g.clone()))?;
+        }
+        for g in [&engine, &engine_counters, &model_bytes] {
+            r.register(Box::new(g.clone()))?;
+        }
+        Ok(Metrics {
+            registry: r,
+            requests,
+            errors,
+            http_active,
+            ws_active,
+            request_seconds,
+            ttft_seconds,
+            itl_seconds,
+            tokens_in,
+            tokens_out,
+            engine,
+            engine_counters,
+            models_loaded,
+            model_bytes,
+        })
+    }
+
+    /// The text exposition, with the engine gauges refreshed.
+    pub fn render(&self, reg: &Registry) -> String {
+        self.engine.reset();
+        self.engine_counters.reset();
+        self.model_bytes.reset();
+        let loaded = reg.loaded();
+        self.models_loaded.set(loaded.len() as i64);
+        for m in &loaded {
+            let name = m.entry.name.as_str();
+            let e = m.handle.metrics();
+            for (k, v) in [
+                ("queue_depth", e.queue_depth),
+                ("running", e.running),
+                ("batch_tokens", e.last_batch_tokens),
+                ("kv_blocks_used", e.kv_blocks_used),
+                ("kv_blocks_free", e.kv_blocks_free),
+                ("kv_blocks_total", e.kv_blocks_total),
+                ("kv_blocks_cached", e.kv_blocks_cached),
+                ("kv_block_size", e.kv_block_size),
+            ] {
+                self.engine.with_label_values(&[name, k]).set(v as i64);
+            }
+            for (k, v) in [
+                ("steps", e.steps_total),
+                ("preemptions", e.preemptions_total),
+                ("prefix_hit_tokens", e.prefix_hit_tokens_total),
+                ("requests_finished", e.requests_finished_total),
+                ("prompt_tokens", e.prompt_tokens_total),
+                ("generated_tokens", e.generated_tokens_total),
+            ] {
+                self.engine_counters.with_label_values(&[name, k]).set(v as i64);
+            }
+            self.model_bytes.with_label_values(&[name]).set((m.entry.size_bytes + kv_bytes(m.info(), &m.handle)) as i64);
+        }
+        let mut buf = vec![];
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!("encoding metrics: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
