@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export QUARREL_HOME="${QUARREL_HOME:-$HOME/.cache/quarrel}"
 cargo build --release --bin quarrel
+# the Arrow Flight test peer (tests/flight_peer.py) runs on pyarrow's Flight server
+python3 -c 'import pyarrow.flight, numpy' 2>/dev/null ||
+  python3 -m pip install --quiet --user "pyarrow==26.0.1" "numpy==2.4.6" ||
+  python3 -m pip install --quiet --user --break-system-packages "pyarrow==26.0.1" "numpy==2.4.6"
 Q="$PWD/target/release/quarrel"
 QUARREL_SMOLLM2="$("$Q" pull smollm2 | tail -n 1)"
 QUARREL_GEMMA3="$("$Q" pull gemma3 | tail -n 1)"

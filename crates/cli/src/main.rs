@@ -8,6 +8,7 @@
 //! | `cmd::run`      | `quarrel run`: one streamed completion |
 //! | `cmd::chat`     | `quarrel chat`: interactive chat with history |
 //! | `cmd::tokenize` | `quarrel tokenize` |
+//! | `cmd::embed`    | `quarrel embed`: embeddings as JSON lines or into Longbow (Arrow Flight) |
 //! | `cmd::perplexity` | `quarrel perplexity` (llama.cpp protocol) |
 //! | `cmd::inspect`  | `quarrel inspect`: metadata and tensor table |
 //! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
@@ -50,6 +51,7 @@ enum Command {
     Bench(cmd::bench::Args),
     BatchedBench(cmd::batched_bench::Args),
     Gpu(cmd::gpu::Args),
+    Embed(cmd::embed::Args),
     Serve(cmd::serve::Args),
     Keys(cmd::keys::Args),
     Loadtest(cmd::loadtest::Args),
@@ -74,6 +76,7 @@ fn main() {
         Command::Bench(a) => cmd::bench::main(a),
         Command::BatchedBench(a) => cmd::batched_bench::main(a),
         Command::Gpu(a) => cmd::gpu::main(a),
+        Command::Embed(a) => cmd::embed::main(a),
         Command::Serve(a) => cmd::serve::main(a),
         Command::Keys(a) => cmd::keys::main(a),
         Command::Loadtest(a) => cmd::loadtest::main(a),

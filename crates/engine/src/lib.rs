@@ -20,10 +20,12 @@
 //! | `stop`       | stop strings over streamed text |
 //! | `blocks`     | KV block pool (synchronous paths) |
 //! | `service`    | continuous batching: step loop thread, scheduler, prefix cache, async API |
+//! | `embedding`  | text embeddings: model-family task prefixes, pooling choice, `embed_texts` |
 
 mod batched_bench;
 mod bench;
 mod blocks;
+pub mod embedding;
 mod engine;
 mod generate;
 mod perplexity;

@@ -4,6 +4,7 @@ pub mod batched_bench;
 pub mod bench;
 pub mod chat;
 pub mod gpu;
+pub mod embed;
 pub mod inspect;
 pub mod keys;
 pub mod loadtest;

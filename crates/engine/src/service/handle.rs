@@ -17,7 +17,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 enum Cmd {
     Submit(Box<Seq>),
     Abort(RequestId),
-    Embed { inputs: Vec<Vec<u32>>, pooling: Pooling, normalize: bool, reply: oneshot::Sender<Result<Vec<Vec<f32>>, ServiceError>> },
+    Embed { inputs: Vec<Vec<u32>>, pooling: Pooling, normalize: bool, reply: oneshot::Sender<Result<Embeddings, ServiceError>> },
     Shutdown,
 }
 
@@ -202,6 +202,11 @@ impl EngineHandle {
 
     /// Embeddings of each input, pooled and optionally L2-normalized.
     pub async fn embed(&self, inputs: Vec<Prompt>, pooling: Pooling, normalize: bool) -> Result<Vec<Vec<f32>>, ServiceError> {
+        Ok(self.embed_matrix(inputs, pooling, normalize).await?.to_vecs())
+    }
+
+    /// `embed` as one row-major buffer (what columnar consumers such as Arrow take as is).
+    pub async fn embed_matrix(&self, inputs: Vec<Prompt>, pooling: Pooling, normalize: bool) -> Result<Embeddings, ServiceError> {
         let mut ids = Vec::with_capacity(inputs.len());
         for p in &inputs {
             let t = self.tokenize_prompt(p)?;
@@ -221,6 +226,11 @@ impl EngineHandle {
     /// Blocking variant of `embed` (outside async code).
     pub fn embed_blocking(&self, inputs: Vec<Prompt>, pooling: Pooling, normalize: bool) -> Result<Vec<Vec<f32>>, ServiceError> {
         futures_lite_block_on(self.embed(inputs, pooling, normalize))
+    }
+
+    /// Blocking variant of `embed_matrix` (outside async code).
+    pub fn embed_matrix_blocking(&self, inputs: Vec<Prompt>, pooling: Pooling, normalize: bool) -> Result<Embeddings, ServiceError> {
+        futures_lite_block_on(self.embed_matrix(inputs, pooling, normalize))
     }
 
     /// Stop the step loop: waiting and running requests end with `ShutDown`.
@@ -272,7 +282,7 @@ fn step_loop<M: StepModel>(mut sched: Scheduler<M>, rx: mpsc::Receiver<Cmd>, met
                 Cmd::Submit(s) => sched.add(*s),
                 Cmd::Abort(id) => sched.abort(id),
                 Cmd::Embed { inputs, pooling, normalize, reply } => {
-                    let _ = reply.send(sched.embed(&inputs, pooling, normalize));
+                    let _ = reply.send(sched.embed_matrix(&inputs, pooling, normalize));
                 }
                 Cmd::Shutdown => shutdown = true,
             }

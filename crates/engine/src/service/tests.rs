@@ -31,6 +31,30 @@ impl StepModel for FakeModel {
     }
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, String> {
+        let mut out = vec![];
+        for h in self.store_and_hash(b) {
+            let mut logits = vec![0f32; N_VOCAB];
+            // mostly ordinary tokens, sometimes end-of-generation
+            let top = if h % 23 == 0 { self.eog as usize } else { (h % 90) as usize + 3 };
+            logits[top] = 5.0;
+            logits[(h >> 20) as usize % N_VOCAB] += 2.0;
+            out.extend(logits);
+        }
+        Ok(out)
+    }
+
+    /// `[token, 1, f(tokens in the KV slots up to this position)]`: a wrong block table or
+    /// a neighbour's tokens change the third value.
+    fn hidden(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, String> {
+        let hs = self.store_and_hash(b);
+        Ok(b.logits_rows.iter().zip(hs).flat_map(|(&r, h)| vec![b.tokens[r] as f32, 1.0, (h % 1021) as f32]).collect())
+    }
+}
+
+impl FakeModel {
+    /// Write the batch's tokens into their KV slots, then hash each logits row's sequence
+    /// prefix as read back from the slots.
+    fn store_and_hash(&mut self, b: &ForwardBatch) -> Vec<u64> {
         assert!(b.n_tokens() <= self.max_batch, "batch of {} over the budget {}", b.n_tokens(), self.max_batch);
         self.peak_batch = self.peak_batch.max(b.n_tokens());
         let slot = |table: &[u32], p: usize| table[p / BS] as usize * BS + p % BS;
@@ -47,18 +71,9 @@ impl StepModel for FakeModel {
                 let t = self.slots[slot(&s.block_table, p)].expect("reading a KV slot never written");
                 h = (h ^ t as u64).wrapping_mul(1099511628211);
             }
-            let mut logits = vec![0f32; N_VOCAB];
-            // mostly ordinary tokens, sometimes end-of-generation
-            let top = if h % 23 == 0 { self.eog as usize } else { (h % 90) as usize + 3 };
-            logits[top] = 5.0;
-            logits[(h >> 20) as usize % N_VOCAB] += 2.0;
-            out.extend(logits);
+            out.push(h);
         }
-        Ok(out)
-    }
-
-    fn hidden(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, String> {
-        Ok(b.logits_rows.iter().flat_map(|&r| vec![b.tokens[r] as f32, 1.0]).collect())
+        out
     }
 }
 
@@ -255,12 +270,37 @@ fn prefix_cache_skips_shared_blocks() {
 fn embeddings_pool_and_normalize() {
     let mut s = sched(16, 52, ServiceOptions { max_batch_tokens: 3, ..Default::default() });
     let v = s.embed(&[vec![3, 5, 7, 9]], Pooling::Mean, false).unwrap();
-    assert_eq!(v[0], vec![6.0, 1.0]);
+    assert_eq!(v[0][..2], [6.0, 1.0]);
     let v = s.embed(&[vec![3, 5, 7, 9]], Pooling::Last, true).unwrap();
-    let n = (81f32 + 1.0).sqrt();
-    assert!((v[0][0] - 9.0 / n).abs() < 1e-6 && (v[0][1] - 1.0 / n).abs() < 1e-6, "{:?}", v[0]);
-    assert_eq!(s.embed(&[vec![3, 5]], Pooling::Cls, false).unwrap()[0], vec![3.0, 1.0]);
+    let n = v[0].iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((n - 1.0).abs() < 1e-6 && (v[0][0] / v[0][1] - 9.0).abs() < 1e-4, "{:?}", v[0]);
+    assert_eq!(s.embed(&[vec![3, 5]], Pooling::Cls, false).unwrap()[0][..2], [3.0, 1.0]);
     assert_eq!(s.metrics.kv_blocks_used, 0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Inputs packed several per forward (and long ones chunked) give exactly the vectors
+    /// each input gets alone; the token budget holds and no block leaks.
+    #[test]
+    fn embeddings_batched_equal_alone(
+        inputs in prop::collection::vec(prop::collection::vec(3u32..90, 1..14), 1..12),
+        budget in 3usize..20,
+        pool in 0usize..3,
+        n_blocks in 4usize..40,
+    ) {
+        let pooling = [Pooling::Mean, Pooling::Last, Pooling::Cls][pool];
+        let opts = ServiceOptions { max_batch_tokens: budget, prompt_chunk: budget.min(6), ..Default::default() };
+        let mut s = sched(n_blocks, 52, opts.clone());
+        let together = s.embed(&inputs, pooling, true).unwrap();
+        prop_assert_eq!(s.metrics.kv_blocks_used, 0);
+        prop_assert_eq!(together.len(), inputs.len());
+        for (inp, v) in inputs.iter().zip(&together) {
+            let mut alone = sched(40, 52, opts.clone());
+            let a = alone.embed(std::slice::from_ref(inp), pooling, true).unwrap();
+            prop_assert_eq!(&a[0], v);
+        }
+    }
 }
 
 #[test]

@@ -110,6 +110,35 @@ pub enum ServiceError {
     ShutDown,
 }
 
+/// Embedding vectors in one row-major buffer: row `i` is `data[i * dim..(i + 1) * dim]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Embeddings {
+    pub dim: usize,
+    pub data: Vec<f32>,
+}
+
+impl Embeddings {
+    pub fn len(&self) -> usize {
+        self.data.len().checked_div(self.dim).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+
+    pub fn rows(&self) -> std::slice::ChunksExact<'_, f32> {
+        self.data.chunks_exact(self.dim.max(1))
+    }
+
+    pub fn to_vecs(&self) -> Vec<Vec<f32>> {
+        self.rows().map(<[f32]>::to_vec).collect()
+    }
+}
+
 /// How hidden states become one embedding vector.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
