@@ -191,30 +191,26 @@ const TASKS_PER_THREAD: usize = 8;
 /// `arb` bytes per token).
 fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
     let (n_in, apb) = (w.n_in, g.act_panel_bytes(w.n_in));
-    // raw panels: runs of rows as they are (activation groups always; weight panels unless
-    // the last one is short)
-    let raw = g.raw_panels();
+    // activation panels are always packed (once per call, shared by every task)
     let n_groups = n_tok.div_ceil(GEMM_TOKENS);
     let tokens = |gi: usize| gi * GEMM_TOKENS..(gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
-    with_scratch(Scratch::Act, if raw { 0 } else { n_groups * apb }, |act| {
-        if !raw {
-            let pack = |gi: usize, panel: &mut [u8]| {
-                let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
-                let ts = tokens(gi);
-                for (k, t) in ts.clone().enumerate() {
-                    rows[k] = &xq[t * arb..(t + 1) * arb];
-                }
-                g.pack_act(n_in, &rows[..ts.len()], panel);
-            };
-            let act = &mut act[..n_groups * apb];
-            if n_groups >= 4 {
-                be.par_chunks_mut(act, apb, &pack);
-            } else {
-                act.chunks_mut(apb).enumerate().for_each(|(gi, panel)| pack(gi, panel));
+    with_scratch(Scratch::Act, n_groups * apb, |act| {
+        let pack = |gi: usize, panel: &mut [u8]| {
+            let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
+            let ts = tokens(gi);
+            for (k, t) in ts.clone().enumerate() {
+                rows[k] = &xq[t * arb..(t + 1) * arb];
             }
+            g.pack_act(n_in, &rows[..ts.len()], panel);
+        };
+        let act = &mut act[..n_groups * apb];
+        if n_groups >= 4 {
+            be.par_chunks_mut(act, apb, &pack);
+        } else {
+            act.chunks_mut(apb).enumerate().for_each(|(gi, panel)| pack(gi, panel));
         }
         let act: &[u8] = act;
-        let act_panel = |gi: usize| if raw { &xq[tokens(gi).start * arb..tokens(gi).end * arb] } else { &act[gi * apb..(gi + 1) * apb] };
+        let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
         run_tasks(be, g, w, n_tok, &act_panel, out);
     });
 }

@@ -336,9 +336,9 @@ impl Gemm {
         self.kind.min_tokens()
     }
 
-    /// Whether panels are the rows' own bytes one after another: then [`GEMM_ROWS`]
-    /// consecutive weight rows of a tensor, or the `n_tok` consecutive activation rows of a
-    /// tile, can be passed to [`Gemm::tile`] without packing (packing copies them).
+    /// Whether weight panels are the rows' own bytes one after another: then [`GEMM_ROWS`]
+    /// consecutive weight rows of a tensor can be passed to [`Gemm::tile`] without packing
+    /// (packing copies them). Activation panels are always packed ([`Gemm::pack_act`]).
     pub fn raw_panels(&self) -> bool {
         self.kind.raw_panels()
     }
