@@ -22,6 +22,11 @@ const VEC_PATH_MAX_TOKENS: usize = 64;
 /// Largest head_dim (per-task scratch lives on the stack).
 const MAX_HEAD_DIM: usize = 1024;
 
+thread_local! {
+    /// Per-thread attention scratch: q16, the heads' accumulators, dequantized K/V runs.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Quantized caches: positions dequantized at a time, and the largest head_dim supported.
 const QUANT_RUN: usize = 16;
 const QUANT_MAX_HEAD_DIM: usize = 256;
@@ -70,77 +75,97 @@ pub(crate) fn attention(
     let per_chunk = n_tasks.div_ceil(be.n_threads() * 16).max(1);
     let n_chunks = n_tasks.div_ceil(per_chunk);
     be.for_each_task(n_chunks, &|chunk| {
-        let mut q16 = [0f32; MAX_HEAD_DIM];
-        let mut accs = [[0f32; MAX_HEAD_DIM]; attn::MULTI_MAX];
-        let (mut kq, mut vq) = ([0f32; QUANT_RUN * QUANT_MAX_HEAD_DIM], [0f32; QUANT_RUN * QUANT_MAX_HEAD_DIM]);
-        let q16 = &mut q16[..hd];
-        for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
-            let t = task / (p.n_kv_head * chunks_per_kv);
-            let (kvh, c) = (task / chunks_per_kv % p.n_kv_head, task % chunks_per_kv);
-            let h0 = kvh * group + c * hg;
-            let heads = h0..(h0 + hg).min((kvh + 1) * group);
-            let nh = heads.len();
-            // validated: every token lies in exactly one sequence
-            let Some(seq) = batch.seqs.iter().find(|s| (s.start..s.start + s.len).contains(&t)) else { continue };
-            let f16_vec_path = f16_cache && seq.len < VEC_PATH_MAX_TOKENS;
-            let pos = batch.positions[t] as usize;
-            let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let kvh_off = kvh * hd;
-            let qs: [&[f32]; attn::MULTI_MAX] = std::array::from_fn(|g| if g < nh { &q[(t * p.n_head + h0 + g) * hd..][..hd] } else { &[][..] });
-            let mut sts = [Online::START; attn::MULTI_MAX];
-            let [a0, a1, a2, a3] = &mut accs;
-            let mut acc: [&mut [f32]; attn::MULTI_MAX] = [&mut a0[..hd], &mut a1[..hd], &mut a2[..hd], &mut a3[..hd]];
-            acc[..nh].iter_mut().for_each(|a| a.fill(0.0));
-            if f16_vec_path {
-                // one head at a time (decode: llama.cpp's vector path)
-                for g in 0..nh {
-                    q16.iter_mut().zip(qs[g]).for_each(|(a, &b)| *a = f16::from_f32(b).to_f32());
+        // this thread's scratch (kept between calls: no per-task zeroing of large arrays)
+        let quant = rows.is_none();
+        let need = (1 + attn::MULTI_MAX) * hd + if quant { 2 * QUANT_RUN * hd } else { 0 };
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            if guard.len() < need {
+                guard.resize(need, 0.0);
+            }
+            let (q16, rest) = guard.split_at_mut(hd);
+            let (accs, rest) = rest.split_at_mut(attn::MULTI_MAX * hd);
+            let (kq, rest) = rest.split_at_mut(if quant { QUANT_RUN * hd } else { 0 });
+            let vq = &mut rest[..if quant { QUANT_RUN * hd } else { 0 }];
+            for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
+                let t = task / (p.n_kv_head * chunks_per_kv);
+                let (kvh, c) = (task / chunks_per_kv % p.n_kv_head, task % chunks_per_kv);
+                let h0 = kvh * group + c * hg;
+                let heads = h0..(h0 + hg).min((kvh + 1) * group);
+                let nh = heads.len();
+                // validated: every token lies in exactly one sequence
+                let Some(seq) = batch.seqs.iter().find(|s| (s.start..s.start + s.len).contains(&t)) else {
+                    continue;
+                };
+                let f16_vec_path = f16_cache && seq.len < VEC_PATH_MAX_TOKENS;
+                let pos = batch.positions[t] as usize;
+                let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let kvh_off = kvh * hd;
+                let qs: [&[f32]; attn::MULTI_MAX] =
+                    std::array::from_fn(|g| if g < nh { &q[(t * p.n_head + h0 + g) * hd..][..hd] } else { &[][..] });
+                let mut sts = [Online::START; attn::MULTI_MAX];
+                let mut acc_it = accs.chunks_exact_mut(hd);
+                let mut acc: [&mut [f32]; attn::MULTI_MAX] = std::array::from_fn(|_| acc_it.next().unwrap_or_default());
+                acc[..nh].iter_mut().for_each(|a| a.fill(0.0));
+                if f16_vec_path {
+                    // one head at a time (decode: llama.cpp's vector path)
+                    for g in 0..nh {
+                        q16.iter_mut().zip(qs[g]).for_each(|(a, &b)| *a = f16::from_f32(b).to_f32());
+                        let mut j = lo;
+                        while j <= pos {
+                            let j_end = ((j / bs + 1) * bs).min(pos + 1);
+                            if let Some((KvRows::F16(k), KvRows::F16(v))) = rows {
+                                let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
+                                attn::vec_f16_run(q16, k, v, run, sc, &mut sts[g], acc[g]);
+                            }
+                            j = j_end;
+                        }
+                    }
+                } else {
+                    // one run per cache block: positions j..j_end are contiguous slots
                     let mut j = lo;
                     while j <= pos {
                         let j_end = ((j / bs + 1) * bs).min(pos + 1);
-                        if let Some((KvRows::F16(k), KvRows::F16(v))) = rows {
-                            let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
-                            attn::vec_f16_run(q16, k, v, run, sc, &mut sts[g], acc[g]);
-                        }
-                        j = j_end;
-                    }
-                }
-            } else {
-                // one run per cache block: positions j..j_end are contiguous slots
-                let mut j = lo;
-                while j <= pos {
-                    let j_end = ((j / bs + 1) * bs).min(pos + 1);
-                    match rows {
-                        Some((ks, vs)) => {
-                            let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
-                            attn::f32_run_multi(&qs[..nh], ks, vs, run, sc, &mut sts[..nh], &mut acc[..nh]);
-                            j = j_end;
-                        }
-                        None => {
-                            let j_end = j_end.min(j + QUANT_RUN);
-                            for (r, jj) in (j..j_end).enumerate() {
-                                let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
-                                kst.dequantize(at, &mut kq[r * hd..(r + 1) * hd]);
-                                vst.dequantize(at, &mut vq[r * hd..(r + 1) * hd]);
+                        match rows {
+                            Some((ks, vs)) => {
+                                let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
+                                attn::f32_run_multi(&qs[..nh], ks, vs, run, sc, &mut sts[..nh], &mut acc[..nh]);
+                                j = j_end;
                             }
-                            let run = Run { start: 0, stride: hd, len: j_end - j };
-                            let n = run.len * hd;
-                            attn::f32_run_multi(&qs[..nh], KvRows::F32(&kq[..n]), KvRows::F32(&vq[..n]), run, sc, &mut sts[..nh], &mut acc[..nh]);
-                            j = j_end;
+                            None => {
+                                let j_end = j_end.min(j + QUANT_RUN);
+                                for (r, jj) in (j..j_end).enumerate() {
+                                    let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
+                                    kst.dequantize(at, &mut kq[r * hd..(r + 1) * hd]);
+                                    vst.dequantize(at, &mut vq[r * hd..(r + 1) * hd]);
+                                }
+                                let run = Run { start: 0, stride: hd, len: j_end - j };
+                                let n = run.len * hd;
+                                attn::f32_run_multi(
+                                    &qs[..nh],
+                                    KvRows::F32(&kq[..n]),
+                                    KvRows::F32(&vq[..n]),
+                                    run,
+                                    sc,
+                                    &mut sts[..nh],
+                                    &mut acc[..nh],
+                                );
+                                j = j_end;
+                            }
                         }
                     }
                 }
-            }
-            for g in 0..nh {
-                let st = sts[g];
-                let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
-                let base = (t * p.n_head + h0 + g) * hd;
-                for (d, &a) in acc[g].iter().enumerate() {
-                    // SAFETY: each (token, head) is in exactly one task: base..base+hd is its own.
-                    unsafe { out_ptr.write(base + d, a * inv) };
+                for g in 0..nh {
+                    let st = sts[g];
+                    let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
+                    let base = (t * p.n_head + h0 + g) * hd;
+                    for (d, &a) in acc[g].iter().enumerate() {
+                        // SAFETY: each (token, head) is in exactly one task: base..base+hd is its own.
+                        unsafe { out_ptr.write(base + d, a * inv) };
+                    }
                 }
             }
-        }
+        })
     });
     Ok(())
 }
