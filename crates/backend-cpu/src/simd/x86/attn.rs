@@ -138,7 +138,7 @@ pub(crate) unsafe fn f32_run_multi<T: Elem, const G: usize>(
 ) {
     assert!(q.len() == G && st.len() == G && acc.len() == G);
     let hd = q[0].len();
-    assert!(hd % 8 == 0 && q.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    assert!(hd.is_multiple_of(8) && q.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
     check_run(&run, hd, k.len());
     check_run(&run, hd, v.len());
     let qp: [*const f32; G] = std::array::from_fn(|g| q[g].as_ptr());

@@ -21,6 +21,8 @@
 //!  8 rows' (d, m) f16 ──► one vcvtph2ps ──► d·d_a ──► per-pair lane broadcast
 //! ```
 
+#![allow(clippy::needless_range_loop)] // index loops over the kernel's registers
+
 use super::opaque;
 use std::arch::x86_64::*;
 
