@@ -1,5 +1,5 @@
-//! Paged causal attention on the CPU: one task per (token, head), streaming over the cached
-//! positions with an online softmax (no n_ctx-sized scratch per head).
+//! Paged causal attention on the CPU: tasks of (token, heads of one KV head), streaming over
+//! the cached positions with an online softmax (no n_ctx-sized scratch per head).
 //!
 //! Precision follows llama.cpp's CPU flash attention so that greedy texts agree: a sequence
 //! with fewer than `VEC_PATH_MAX_TOKENS` query tokens in the batch over an f16 cache takes
@@ -21,6 +21,11 @@ const VEC_PATH_MAX_TOKENS: usize = 64;
 
 /// Largest head_dim (per-task scratch lives on the stack).
 const MAX_HEAD_DIM: usize = 1024;
+
+thread_local! {
+    /// Per-thread attention scratch: q16, the heads' accumulators, dequantized K/V runs.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Quantized caches: positions dequantized at a time, and the largest head_dim supported.
 const QUANT_RUN: usize = 16;
@@ -58,62 +63,109 @@ pub(crate) fn attention(
     let f16_cache = kv.spec.ty == quarrel_core::KvType::F16;
     let sc = Scoring { scale: p.scale, softcap: p.softcap };
     let (bs, stride) = (kv.spec.block_size, kv.spec.n_kv_head * hd);
-    let n_tasks = batch.n_tokens() * p.n_head;
-    // tasks are chunks of (token, head) pairs; later tokens see more positions, so many
-    // small chunks keep the threads evenly loaded
+    // a task is one token and `hg` heads of one KV head: prompt batches (the f32 path) run
+    // up to `attn::MULTI_MAX` heads of a group in lock step over each K/V row; decode-only
+    // batches (the f16 vector path) keep one head per task (more tasks to share out)
+    let any_f32_path = !f16_cache || batch.seqs.iter().any(|s| s.len >= VEC_PATH_MAX_TOKENS);
+    let hg = if any_f32_path { group.min(attn::MULTI_MAX) } else { 1 };
+    let chunks_per_kv = group.div_ceil(hg);
+    let n_tasks = batch.n_tokens() * p.n_kv_head * chunks_per_kv;
+    // tasks are chunks of these; later tokens see more positions, so many small chunks keep
+    // the threads evenly loaded
     let per_chunk = n_tasks.div_ceil(be.n_threads() * 16).max(1);
     let n_chunks = n_tasks.div_ceil(per_chunk);
     be.for_each_task(n_chunks, &|chunk| {
-        let (mut q16, mut acc) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
-        let (mut kq, mut vq) = ([0f32; QUANT_RUN * QUANT_MAX_HEAD_DIM], [0f32; QUANT_RUN * QUANT_MAX_HEAD_DIM]);
-        let (q16, acc) = (&mut q16[..hd], &mut acc[..hd]);
-        for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
-            let (t, h) = (task / p.n_head, task % p.n_head);
-            // validated: every token lies in exactly one sequence
-            let Some(seq) = batch.seqs.iter().find(|s| (s.start..s.start + s.len).contains(&t)) else { continue };
-            let f16_vec_path = f16_cache && seq.len < VEC_PATH_MAX_TOKENS;
-            let pos = batch.positions[t] as usize;
-            let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let qh = &q[(t * p.n_head + h) * hd..][..hd];
-            let kvh_off = (h / group) * hd;
-            acc.fill(0.0);
-            let mut st = Online::START;
-            // one run per cache block: positions j..j_end are contiguous slots
-            let mut j = lo;
-            while j <= pos {
-                let j_end = ((j / bs + 1) * bs).min(pos + 1);
-                let Some((ks, vs)) = rows else {
-                    let j_end = j_end.min(j + QUANT_RUN);
-                    for (r, jj) in (j..j_end).enumerate() {
-                        let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
-                        kst.dequantize(at, &mut kq[r * hd..(r + 1) * hd]);
-                        vst.dequantize(at, &mut vq[r * hd..(r + 1) * hd]);
-                    }
-                    let run = Run { start: 0, stride: hd, len: j_end - j };
-                    let n = run.len * hd;
-                    attn::f32_run(qh, KvRows::F32(&kq[..n]), KvRows::F32(&vq[..n]), run, sc, &mut st, acc);
-                    j = j_end;
+        // this thread's scratch (kept between calls: no per-task zeroing of large arrays)
+        let quant = rows.is_none();
+        let need = (1 + attn::MULTI_MAX) * hd + if quant { 2 * QUANT_RUN * hd } else { 0 };
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            if guard.len() < need {
+                guard.resize(need, 0.0);
+            }
+            let (q16, rest) = guard.split_at_mut(hd);
+            let (accs, rest) = rest.split_at_mut(attn::MULTI_MAX * hd);
+            let (kq, rest) = rest.split_at_mut(if quant { QUANT_RUN * hd } else { 0 });
+            let vq = &mut rest[..if quant { QUANT_RUN * hd } else { 0 }];
+            for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
+                let t = task / (p.n_kv_head * chunks_per_kv);
+                let (kvh, c) = (task / chunks_per_kv % p.n_kv_head, task % chunks_per_kv);
+                let h0 = kvh * group + c * hg;
+                let heads = h0..(h0 + hg).min((kvh + 1) * group);
+                let nh = heads.len();
+                // validated: every token lies in exactly one sequence
+                let Some(seq) = batch.seqs.iter().find(|s| (s.start..s.start + s.len).contains(&t)) else {
                     continue;
                 };
-                let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
-                match (f16_vec_path, ks, vs) {
-                    (true, KvRows::F16(k), KvRows::F16(v)) => {
-                        if j == lo {
-                            q16.iter_mut().zip(qh).for_each(|(a, &b)| *a = f16::from_f32(b).to_f32());
+                let f16_vec_path = f16_cache && seq.len < VEC_PATH_MAX_TOKENS;
+                let pos = batch.positions[t] as usize;
+                let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let kvh_off = kvh * hd;
+                let qs: [&[f32]; attn::MULTI_MAX] =
+                    std::array::from_fn(|g| if g < nh { &q[(t * p.n_head + h0 + g) * hd..][..hd] } else { &[][..] });
+                let mut sts = [Online::START; attn::MULTI_MAX];
+                let mut acc_it = accs.chunks_exact_mut(hd);
+                let mut acc: [&mut [f32]; attn::MULTI_MAX] = std::array::from_fn(|_| acc_it.next().unwrap_or_default());
+                acc[..nh].iter_mut().for_each(|a| a.fill(0.0));
+                if f16_vec_path {
+                    // one head at a time (decode: llama.cpp's vector path)
+                    for g in 0..nh {
+                        q16.iter_mut().zip(qs[g]).for_each(|(a, &b)| *a = f16::from_f32(b).to_f32());
+                        let mut j = lo;
+                        while j <= pos {
+                            let j_end = ((j / bs + 1) * bs).min(pos + 1);
+                            if let Some((KvRows::F16(k), KvRows::F16(v))) = rows {
+                                let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
+                                attn::vec_f16_run(q16, k, v, run, sc, &mut sts[g], acc[g]);
+                            }
+                            j = j_end;
                         }
-                        attn::vec_f16_run(q16, k, v, run, sc, &mut st, acc)
                     }
-                    _ => attn::f32_run(qh, ks, vs, run, sc, &mut st, acc),
+                } else {
+                    // one run per cache block: positions j..j_end are contiguous slots
+                    let mut j = lo;
+                    while j <= pos {
+                        let j_end = ((j / bs + 1) * bs).min(pos + 1);
+                        match rows {
+                            Some((ks, vs)) => {
+                                let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
+                                attn::f32_run_multi(&qs[..nh], ks, vs, run, sc, &mut sts[..nh], &mut acc[..nh]);
+                                j = j_end;
+                            }
+                            None => {
+                                let j_end = j_end.min(j + QUANT_RUN);
+                                for (r, jj) in (j..j_end).enumerate() {
+                                    let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
+                                    kst.dequantize(at, &mut kq[r * hd..(r + 1) * hd]);
+                                    vst.dequantize(at, &mut vq[r * hd..(r + 1) * hd]);
+                                }
+                                let run = Run { start: 0, stride: hd, len: j_end - j };
+                                let n = run.len * hd;
+                                attn::f32_run_multi(
+                                    &qs[..nh],
+                                    KvRows::F32(&kq[..n]),
+                                    KvRows::F32(&vq[..n]),
+                                    run,
+                                    sc,
+                                    &mut sts[..nh],
+                                    &mut acc[..nh],
+                                );
+                                j = j_end;
+                            }
+                        }
+                    }
                 }
-                j = j_end;
+                for g in 0..nh {
+                    let st = sts[g];
+                    let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
+                    let base = (t * p.n_head + h0 + g) * hd;
+                    for (d, &a) in acc[g].iter().enumerate() {
+                        // SAFETY: each (token, head) is in exactly one task: base..base+hd is its own.
+                        unsafe { out_ptr.write(base + d, a * inv) };
+                    }
+                }
             }
-            let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
-            let base = (t * p.n_head + h) * hd;
-            for (d, &a) in acc.iter().enumerate() {
-                // SAFETY: each task owns the disjoint range base..base+hd.
-                unsafe { out_ptr.write(base + d, a * inv) };
-            }
-        }
+        })
     });
     Ok(())
 }

@@ -2,8 +2,10 @@
 //!
 //! ```text
 //!  x (n_tok, n_in) f32 ──quantize rows to W's vec_dot_type──► xq
-//!  W (mmapped GGUF rows) ─┬─ per row-chunk, on the thread pool ──► dot(W_row, xq_t) ──► out
-//!                         └─ SIMD kernel (AVX2) where one exists, else quant's reference twin
+//!  W (mmapped GGUF rows) ─┬─ decode (few tokens): contiguous row runs per task, 8-row GEMV /
+//!                         │    4-row / 1-row dot kernels ──► out
+//!                         └─ prefill: packed activation panels x weight panels, GEMM tiles
+//!  every kernel: run-time dispatched (AVX2 / AVX-512 / VNNI), else quant's reference twin
 //! ```
 //!
 //! | module      | responsibility |
@@ -11,8 +13,8 @@
 //! | `weight`    | `CpuWeight`: zero-copy views into the mmap; small vectors as f32 |
 //! | `actquant`  | activation quantization bit-compatible with ggml's x86 build |
 //! | `ggml_math` | SiLU/exp bit-compatible with ggml's AVX-512 build (with scalar twins) |
-//! | `matmul`    | quantize activations once per row, row-parallel GEMV/GEMM over tokens |
-//! | `simd`      | run-time dispatched dot-product kernels (x86 AVX2), tested against `quarrel-quant` |
+//! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
+//! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant` |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |

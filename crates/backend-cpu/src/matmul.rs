@@ -8,13 +8,10 @@
 //! cache while the task's rows go by). Tasks split rows, and tokens too where there are few
 //! row chunks. Every output has the bits the one-row kernel gives it.
 
-use crate::simd::{self, Dot4Fn, DotFn, Gemm, GEMM_ROWS, GEMM_TOKENS};
+use crate::simd::{self, Dot4Fn, DotFn, Gemm, Gemv8Fn, GEMM_ROWS, GEMM_TOKENS, GEMV_ROWS};
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::Result;
 use std::cell::RefCell;
-
-/// Rows of W handed to one task.
-const ROWS_PER_TASK: usize = 16;
 
 /// A raw pointer that tasks write through at disjoint indices.
 #[derive(Clone, Copy)]
@@ -89,40 +86,59 @@ fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok
     }
     let dot: Option<DotFn> = simd::dot_fn(w.ty);
     let dot4: Option<Dot4Fn> = simd::dot4_fn(w.ty);
+    let gemv8: Option<Gemv8Fn> = simd::gemv8_fn(w.ty);
     let (n_in, n_out, ty) = (w.n_in, w.n_out, w.ty);
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
+    // contiguous runs of rows per task, a few tasks per thread: each thread streams long runs
+    // of weight rows (what the hardware prefetchers follow), and the shared task counter is
+    // touched a few times per op instead of once per 16 rows
+    let unit = if gemv8.is_some() { GEMV_ROWS } else { 4 };
+    let n_units = n_out.div_ceil(unit);
+    let units_per_task = n_units.div_ceil(gemv_tasks_per_thread() * be.n_threads().max(1)).max(1);
+    let rows_per_task = units_per_task * unit;
+    let n_tasks = n_out.div_ceil(rows_per_task);
     let (wb, rb) = (w.bytes(), w.row_bytes());
     let row = |r: usize| &wb[r * rb..(r + 1) * rb];
     be.for_each_task(n_tasks, &|task| {
-        {
-            let r0 = task * ROWS_PER_TASK;
-            let r1 = (r0 + ROWS_PER_TASK).min(n_out);
-            for t in 0..n_tok {
-                let a = &xq[t * arb..(t + 1) * arb];
-                let mut r = r0;
-                if let Some(f4) = dot4 {
-                    while r + 4 <= r1 {
-                        let v = f4(n_in, [row(r), row(r + 1), row(r + 2), row(r + 3)], a);
-                        for (k, &vk) in v.iter().enumerate() {
-                            // SAFETY: (t, r) pairs are disjoint across tasks; index < n_tok * n_out.
-                            unsafe { out_ptr.write(t * n_out + r + k, vk) };
-                        }
-                        r += 4;
-                    }
+        let r0 = task * rows_per_task;
+        let r1 = (r0 + rows_per_task).min(n_out);
+        for t in 0..n_tok {
+            let a = &xq[t * arb..(t + 1) * arb];
+            let mut r = r0;
+            if let Some(g8) = gemv8 {
+                let mut o = [0f32; GEMV_ROWS];
+                while r + GEMV_ROWS <= r1 {
+                    g8(n_in, &wb[r * rb..(r + GEMV_ROWS) * rb], rb, a, &mut o);
+                    // SAFETY: (t, r) pairs are disjoint across tasks; index < n_tok * n_out.
+                    unsafe { out_ptr.write_slice(t * n_out + r, &o) };
+                    r += GEMV_ROWS;
                 }
-                for r in r..r1 {
-                    let wr = row(r);
-                    let v = match dot {
-                        Some(f) => f(n_in, wr, a),
-                        None => simd::reference_dot(ty, n_in, wr, a),
-                    };
+            }
+            if let Some(f4) = dot4 {
+                while r + 4 <= r1 {
+                    let v = f4(n_in, [row(r), row(r + 1), row(r + 2), row(r + 3)], a);
                     // SAFETY: as above.
-                    unsafe { out_ptr.write(t * n_out + r, v) };
+                    unsafe { out_ptr.write_slice(t * n_out + r, &v) };
+                    r += 4;
                 }
+            }
+            for r in r..r1 {
+                let wr = row(r);
+                let v = match dot {
+                    Some(f) => f(n_in, wr, a),
+                    None => simd::reference_dot(ty, n_in, wr, a),
+                };
+                // SAFETY: as above.
+                unsafe { out_ptr.write(t * n_out + r, v) };
             }
         }
     });
+}
+
+/// Tasks per thread of a GEMV (`QUARREL_GEMV_TASKS`, read once; default 4).
+fn gemv_tasks_per_thread() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("QUARREL_GEMV_TASKS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(4))
 }
 
 /// 64 bytes, 64-byte aligned: panel storage.
@@ -175,30 +191,26 @@ const TASKS_PER_THREAD: usize = 8;
 /// `arb` bytes per token).
 fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
     let (n_in, apb) = (w.n_in, g.act_panel_bytes(w.n_in));
-    // raw panels: runs of rows as they are (activation groups always; weight panels unless
-    // the last one is short)
-    let raw = g.raw_panels();
+    // activation panels are always packed (once per call, shared by every task)
     let n_groups = n_tok.div_ceil(GEMM_TOKENS);
     let tokens = |gi: usize| gi * GEMM_TOKENS..(gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
-    with_scratch(Scratch::Act, if raw { 0 } else { n_groups * apb }, |act| {
-        if !raw {
-            let pack = |gi: usize, panel: &mut [u8]| {
-                let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
-                let ts = tokens(gi);
-                for (k, t) in ts.clone().enumerate() {
-                    rows[k] = &xq[t * arb..(t + 1) * arb];
-                }
-                g.pack_act(n_in, &rows[..ts.len()], panel);
-            };
-            let act = &mut act[..n_groups * apb];
-            if n_groups >= 4 {
-                be.par_chunks_mut(act, apb, &pack);
-            } else {
-                act.chunks_mut(apb).enumerate().for_each(|(gi, panel)| pack(gi, panel));
+    with_scratch(Scratch::Act, n_groups * apb, |act| {
+        let pack = |gi: usize, panel: &mut [u8]| {
+            let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
+            let ts = tokens(gi);
+            for (k, t) in ts.clone().enumerate() {
+                rows[k] = &xq[t * arb..(t + 1) * arb];
             }
+            g.pack_act(n_in, &rows[..ts.len()], panel);
+        };
+        let act = &mut act[..n_groups * apb];
+        if n_groups >= 4 {
+            be.par_chunks_mut(act, apb, &pack);
+        } else {
+            act.chunks_mut(apb).enumerate().for_each(|(gi, panel)| pack(gi, panel));
         }
         let act: &[u8] = act;
-        let act_panel = |gi: usize| if raw { &xq[tokens(gi).start * arb..tokens(gi).end * arb] } else { &act[gi * apb..(gi + 1) * apb] };
+        let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
         run_tasks(be, g, w, n_tok, &act_panel, out);
     });
 }

@@ -70,26 +70,7 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
         let mut cache = [(0f32, 0f32); MAX_ROT / 2];
         let cache = &mut cache[..p.n_rot / 2];
         rope_cache(positions[t], p, cache);
-        for h in xr.chunks_mut(hd) {
-            match p.style {
-                RopeStyle::Normal => {
-                    for (i, &(c, s)) in cache.iter().enumerate() {
-                        let (a, b) = (h[2 * i], h[2 * i + 1]);
-                        // ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos`, FMA-contracted by its compiler
-                        h[2 * i] = a.mul_add(c, -(b * s));
-                        h[2 * i + 1] = a.mul_add(s, b * c);
-                    }
-                }
-                RopeStyle::Neox => {
-                    let half = p.n_rot / 2;
-                    for (i, &(c, s)) in cache.iter().enumerate() {
-                        let (a, b) = (h[i], h[i + half]);
-                        h[i] = a.mul_add(c, -(b * s));
-                        h[i + half] = a.mul_add(s, b * c);
-                    }
-                }
-            }
-        }
+        rotate_heads(p.style, cache, xr, hd);
     };
     if positions.len() >= 8 {
         be.par_chunks_mut(x, row, &|i, xr| body((i, xr)));
@@ -97,6 +78,49 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
         x.chunks_mut(row).enumerate().for_each(body);
     }
     Ok(())
+}
+
+/// Rotate every head (`hd` values) of `xr` by the angles in `cache`, with hardware FMA where
+/// the CPU has it (`f32::mul_add` is a libm call otherwise; both are exactly fused, so the
+/// results are the same bits).
+fn rotate_heads(style: RopeStyle, cache: &[(f32, f32)], xr: &mut [f32], hd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        unsafe { rotate_heads_fma(style, cache, xr, hd) };
+        return;
+    }
+    rotate_heads_impl(style, cache, xr, hd)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn rotate_heads_fma(style: RopeStyle, cache: &[(f32, f32)], xr: &mut [f32], hd: usize) {
+    rotate_heads_impl(style, cache, xr, hd)
+}
+
+#[inline(always)]
+fn rotate_heads_impl(style: RopeStyle, cache: &[(f32, f32)], xr: &mut [f32], hd: usize) {
+    for h in xr.chunks_mut(hd) {
+        match style {
+            RopeStyle::Normal => {
+                for (i, &(c, s)) in cache.iter().enumerate() {
+                    let (a, b) = (h[2 * i], h[2 * i + 1]);
+                    // ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos`, FMA-contracted by its compiler
+                    h[2 * i] = a.mul_add(c, -(b * s));
+                    h[2 * i + 1] = a.mul_add(s, b * c);
+                }
+            }
+            RopeStyle::Neox => {
+                let half = cache.len();
+                for (i, &(c, s)) in cache.iter().enumerate() {
+                    let (a, b) = (h[i], h[i + half]);
+                    h[i] = a.mul_add(c, -(b * s));
+                    h[i + half] = a.mul_add(s, b * c);
+                }
+            }
+        }
+    }
 }
 
 pub(crate) fn swiglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32]) {

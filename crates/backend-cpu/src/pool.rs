@@ -15,19 +15,31 @@ use std::sync::{Arc, Condvar, Mutex};
 
 type Job = *const (dyn Fn(usize) + Sync);
 
+/// A value alone on its cache lines (128 bytes: the adjacent-line prefetcher pairs lines), so
+/// that the counters the caller and the workers write do not invalidate each other's reads.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct Shared {
-    generation: AtomicU64,
+    generation: Padded<AtomicU64>,
     /// The current job: written by `run` only while no worker is in a generation (all
     /// counted out of the last one), read by workers after they see the new generation.
     job: UnsafeCell<Option<SendJob>>,
-    next: AtomicUsize,
     n_tasks: AtomicUsize,
+    next: Padded<AtomicUsize>,
     /// Workers still busy with the current generation.
-    busy: AtomicUsize,
+    busy: Padded<AtomicUsize>,
     sleeping: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
-    stop: AtomicBool,
+    stop: Padded<AtomicBool>,
 }
 
 #[derive(Clone, Copy)]
@@ -52,15 +64,15 @@ impl SpinPool {
     /// A pool of `n_threads` including the caller (so `n_threads - 1` workers).
     pub fn new(n_threads: usize) -> SpinPool {
         let shared = Arc::new(Shared {
-            generation: AtomicU64::new(0),
+            generation: Padded(AtomicU64::new(0)),
             job: UnsafeCell::new(None),
-            next: AtomicUsize::new(0),
             n_tasks: AtomicUsize::new(0),
-            busy: AtomicUsize::new(0),
+            next: Padded(AtomicUsize::new(0)),
+            busy: Padded(AtomicUsize::new(0)),
             sleeping: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
-            stop: AtomicBool::new(false),
+            stop: Padded(AtomicBool::new(false)),
         });
         let workers = (1..n_threads.max(1))
             .map(|i| {

@@ -150,7 +150,7 @@ proptest! {
 #[test]
 fn gemm_matmul_large_shapes() {
     for &ty in &TYPES[..N_GEMM] {
-        for (n_blocks, n_out, n_tok, threads) in [(24, 301, 67, 3), (18, 1000, 9, 2), (48, 20, 130, 2), (2, 4 * 33, 16, 1)] {
+        for (n_blocks, n_out, n_tok, threads) in [(24, 301, 67, 3), (18, 1000, 9, 2), (48, 20, 130, 2), (2, 4 * 33, 16, 1), (18, 1003, 1, 3), (176, 77, 1, 2), (64, 8 * 37, 1, 1)] {
             // the same row length in elements where the blocks are larger
             let n_blocks = (n_blocks * 32 / ty.block_size()).max(1);
             check(ty, n_blocks, n_out, n_tok, threads, 7 + n_out as u64, false).unwrap();

@@ -82,6 +82,8 @@ fn bench_markdown_and_profile() {
     assert!(out.contains(" ± "), "{out}");
     assert!(out.contains("load: "), "{out}");
     assert!(out.contains("profile: tg4"), "{out}");
+    // and the longest prompt test, per prompt
+    assert!(out.contains("profile: pp8") && out.contains("calls/prompt"), "{out}");
     assert!(out.contains("matmul q4_0"), "{out}");
     assert!(out.contains("attention"), "{out}");
 }

@@ -190,6 +190,47 @@ pub fn f32_run(q: &[f32], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, s
     f32_run_ref(q, k, v, run, sc, st, acc)
 }
 
+/// Most queries one [`f32_run_multi`] call takes.
+pub const MULTI_MAX: usize = 4;
+
+/// [`f32_run`] for `q.len()` (1..=[`MULTI_MAX`]) queries over the same run (the heads of one
+/// KV head), query `g` with state `st[g]` and accumulator `acc[g]`: the same bits as
+/// [`f32_run`] per query, computed in lock step (a K row is read once for all of them).
+pub fn f32_run_multi(q: &[&[f32]], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, st: &mut [Online], acc: &mut [&mut [f32]]) {
+    assert!(q.len() == st.len() && q.len() == acc.len() && q.len() <= MULTI_MAX, "f32_run_multi: {} queries", q.len());
+    #[cfg(target_arch = "x86_64")]
+    if q.first().is_some_and(|q0| q0.len() % 8 == 0) && super::Level::Avx2 <= super::detected_level() {
+        macro_rules! go {
+            ($k:expr, $v:expr) => {
+                // SAFETY: as in `vec_f16_run`; the kernel checks every length it reads.
+                unsafe {
+                    match q.len() {
+                        1 => super::x86::attn::f32_run_multi::<_, 1>(q, $k, $v, run, sc, st, acc),
+                        2 => super::x86::attn::f32_run_multi::<_, 2>(q, $k, $v, run, sc, st, acc),
+                        3 => super::x86::attn::f32_run_multi::<_, 3>(q, $k, $v, run, sc, st, acc),
+                        _ => super::x86::attn::f32_run_multi::<_, 4>(q, $k, $v, run, sc, st, acc),
+                    }
+                }
+            };
+        }
+        match (k, v) {
+            (KvRows::F16(k), KvRows::F16(v)) => go!(k, v),
+            (KvRows::F32(k), KvRows::F32(v)) => go!(k, v),
+            _ => f32_run_multi_ref(q, k, v, run, sc, st, acc),
+        }
+        return;
+    }
+    f32_run_multi_ref(q, k, v, run, sc, st, acc)
+}
+
+/// Reference twin of [`f32_run_multi`]: [`f32_run_ref`] per query.
+pub fn f32_run_multi_ref(q: &[&[f32]], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, st: &mut [Online], acc: &mut [&mut [f32]]) {
+    assert!(q.len() == st.len() && q.len() == acc.len());
+    for ((q, st), acc) in q.iter().zip(st.iter_mut()).zip(acc.iter_mut()) {
+        f32_run_ref(q, k, v, run, sc, st, acc);
+    }
+}
+
 /// Reference twin of [`f32_run`].
 pub fn f32_run_ref(q: &[f32], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
     let hd = q.len();

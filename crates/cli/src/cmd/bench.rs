@@ -80,8 +80,9 @@ pub struct Args {
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
     /// After the measurements, time one extra generation run of each model and thread count
-    /// op by op (matmuls by weight type and shape) and print where a decode step goes. The
-    /// profiled run is never part of the t/s results. Printed to stdout after the table with
+    /// op by op (matmuls by weight type and shape) and print where a decode step goes (and,
+    /// with prompt tests, one run of the longest prompt: where prompt processing goes). The
+    /// profiled runs are never part of the t/s results. Printed to stdout after the table with
     /// -o md, to stderr with -o json.
     #[arg(long)]
     pub profile: bool,
@@ -347,7 +348,12 @@ pub fn main(a: Args) -> Result<()> {
                     drop(engine);
                     let n = tests.iter().map(|&(_, g)| g).max().filter(|&g| g > 0).unwrap_or(32).min(n_ctx);
                     progress(format_args!("bench: profiling tg{n}, {t} threads\n"));
-                    profiles.push(profile(gguf, t, opts.clone(), n, &mtype)?);
+                    profiles.push(profile(gguf.clone(), t, opts.clone(), Run::Tg(n), &mtype)?);
+                    // the longest prompt test too, where there is one
+                    if let Some(p) = tests.iter().map(|&(p, _)| p).max().filter(|&p| p > 0) {
+                        progress(format_args!("bench: profiling pp{p}, {t} threads\n"));
+                        profiles.push(profile(gguf, t, opts.clone(), Run::Pp(p), &mtype)?);
+                    }
                 }
             });
         }
@@ -371,20 +377,43 @@ pub fn main(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// One more tgN run on a profiling backend; a markdown table of time per decode step by op.
-fn profile(gguf: std::sync::Arc<Gguf>, threads: usize, opts: EngineOptions, n: usize, mtype: &str) -> Result<String> {
+/// What [`profile`] times: `n` decode steps, or one prompt of `n` tokens.
+#[derive(Clone, Copy)]
+enum Run {
+    Tg(usize),
+    Pp(usize),
+}
+
+/// One more tgN (or ppN) run on a profiling backend; a markdown table of time per decode
+/// step (per prompt) by op.
+fn profile(gguf: std::sync::Arc<Gguf>, threads: usize, opts: EngineOptions, run: Run, mtype: &str) -> Result<String> {
     let be = ProfiledBackend::new(CpuBackend::new(threads)?);
     let mut engine = Engine::from_gguf(be, gguf, opts)?;
-    engine.bench_tg(1)?; // warm-up
-    engine.backend.reset();
-    let total = engine.bench_tg(n)?;
+    let (n, per_n, total) = match run {
+        Run::Tg(n) => {
+            engine.bench_tg(1)?; // warm-up
+            engine.backend.reset();
+            (n, n, engine.bench_tg(n)?)
+        }
+        Run::Pp(n) => {
+            engine.bench_pp(n)?; // warm-up
+            engine.backend.reset();
+            (n, 1, engine.bench_pp(n)?)
+        }
+    };
     let stats = engine.backend.stats();
-    let per = |d: Duration| d.as_secs_f64() * 1e3 / n as f64;
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / per_n as f64;
     let total_ms = per(total);
-    let mut s = format!(
-        "profile: tg{n}, {mtype}, {threads} threads: {total_ms:.3} ms per decode step ({:.2} t/s)\n\n",
-        1e3 / total_ms.max(1e-9)
-    );
+    let mut s = match run {
+        Run::Tg(_) => format!(
+            "profile: tg{n}, {mtype}, {threads} threads: {total_ms:.3} ms per decode step ({:.2} t/s)\n\n",
+            1e3 / total_ms.max(1e-9)
+        ),
+        Run::Pp(_) => format!(
+            "profile: pp{n}, {mtype}, {threads} threads: {total_ms:.3} ms per prompt ({:.2} t/s)\n\n",
+            1e3 * n as f64 / total_ms.max(1e-9)
+        ),
+    };
     let mut lines: Vec<[String; 4]> = vec![];
     let (mut in_ops, mut mm) = (Duration::ZERO, Duration::ZERO);
     for (k, st) in &stats {
@@ -394,7 +423,7 @@ fn profile(gguf: std::sync::Arc<Gguf>, threads: usize, opts: EngineOptions, n: u
         }
         lines.push([
             k.to_string(),
-            format!("{:.1}", st.calls as f64 / n as f64),
+            format!("{:.1}", st.calls as f64 / per_n as f64),
             format!("{:.3}", per(st.time)),
             format!("{:.1}", 100.0 * per(st.time) / total_ms.max(1e-12)),
         ]);
@@ -402,7 +431,11 @@ fn profile(gguf: std::sync::Arc<Gguf>, threads: usize, opts: EngineOptions, n: u
     let outside = total.saturating_sub(in_ops);
     lines.push(["(engine/model code between ops)".into(), String::new(), format!("{:.3}", per(outside)), format!("{:.1}", 100.0 * per(outside) / total_ms.max(1e-12))]);
     lines.push(["all matmuls".into(), String::new(), format!("{:.3}", per(mm)), format!("{:.1}", 100.0 * per(mm) / total_ms.max(1e-12))]);
-    s.push_str(&table(&["op", "calls/step", "ms/step", "%"], &[false, true, true, true], &lines));
+    let heads = match run {
+        Run::Tg(_) => ["op", "calls/step", "ms/step", "%"],
+        Run::Pp(_) => ["op", "calls/prompt", "ms/prompt", "%"],
+    };
+    s.push_str(&table(&heads, &[false, true, true, true], &lines));
     Ok(s)
 }
 

@@ -122,3 +122,60 @@ pub(crate) unsafe fn f32_run<T: Elem>(q: &[f32], k: &[T], v: &[T], run: Run, sc:
         }
     }
 }
+
+/// `simd::attn::f32_run` for `G` queries over the same run (heads sharing a KV head), in lock
+/// step: each K row is widened once for all of them, and the `G` independent dependency
+/// chains overlap. Each query's lanes do exactly `f32_run`'s operations in its order.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f32_run_multi<T: Elem, const G: usize>(
+    q: &[&[f32]],
+    k: &[T],
+    v: &[T],
+    run: Run,
+    sc: Scoring,
+    st: &mut [Online],
+    acc: &mut [&mut [f32]],
+) {
+    assert!(q.len() == G && st.len() == G && acc.len() == G);
+    let hd = q[0].len();
+    assert!(hd.is_multiple_of(8) && q.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    check_run(&run, hd, k.len());
+    check_run(&run, hd, v.len());
+    let qp: [*const f32; G] = std::array::from_fn(|g| q[g].as_ptr());
+    let ap: [*mut f32; G] = std::array::from_fn(|g| acc[g].as_mut_ptr());
+    for j in 0..run.len {
+        let at = run.start + j * run.stride;
+        let (kr, vr) = (k.as_ptr().add(at), v.as_ptr().add(at));
+        let mut a = [_mm256_setzero_ps(); G];
+        for d in (0..hd).step_by(8) {
+            let kv = T::load8(kr.add(d));
+            for g in 0..G {
+                a[g] = _mm256_add_ps(a[g], _mm256_mul_ps(_mm256_loadu_ps(qp[g].add(d)), kv));
+            }
+        }
+        for g in 0..G {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), a[g]);
+            let score = sc.apply(lanes.iter().sum());
+            let (st, ap) = (&mut st[g], ap[g]);
+            if score > st.m {
+                let ms = (st.m - score).exp();
+                let msv = _mm256_set1_ps(ms);
+                for d in (0..hd).step_by(8) {
+                    let y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), msv), T::load8(vr.add(d)));
+                    _mm256_storeu_ps(ap.add(d), y);
+                }
+                st.s = st.s * ms + 1.0;
+                st.m = score;
+            } else {
+                let w = (score - st.m).exp();
+                let wv = _mm256_set1_ps(w);
+                for d in (0..hd).step_by(8) {
+                    let y = _mm256_add_ps(_mm256_loadu_ps(ap.add(d)), _mm256_mul_ps(T::load8(vr.add(d)), wv));
+                    _mm256_storeu_ps(ap.add(d), y);
+                }
+                st.s += w;
+            }
+        }
+    }
+}

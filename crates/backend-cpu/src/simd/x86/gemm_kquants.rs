@@ -17,6 +17,20 @@ use super::{f16_at, f32_at, hsum_ps128, hsum_ps512};
 use crate::simd::{GEMM_ROWS as ROWS, GEMM_TOKENS as TOKENS};
 use std::arch::x86_64::*;
 
+/// Per super-block auxiliary data of an activation panel (Q4_K, Q5_K): the pair-summed
+/// `bsums` of token quads (`AUX_Q8S`: two quads of 4 x 8 i16), their `-d_a` repeated 4 times
+/// (`AUX_NYD`: two quads of 16 f32), and every token's `d_a` (`AUX_YD`: 8 f32).
+const AUX_BLOCK: usize = 320;
+const AUX_Q8S: usize = 0;
+const AUX_NYD: usize = 128;
+const AUX_YD: usize = 256;
+const _: () = assert!(TOKENS == 8);
+
+/// Bytes of the token rows of an activation panel (a multiple of 64).
+fn rows_bytes(n_in: usize) -> usize {
+    (n_in / QK_K * Q8K_BYTES * TOKENS).next_multiple_of(64)
+}
+
 /// The K-quant types with a GEMM kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Ty {
@@ -35,15 +49,46 @@ impl Ty {
     }
 
     pub(crate) fn act_panel_bytes(self, n_in: usize) -> usize {
-        (n_in / QK_K * Q8K_BYTES * TOKENS).next_multiple_of(64)
+        rows_bytes(n_in) + if self.has_mins() { n_in / QK_K * AUX_BLOCK } else { 0 }
+    }
+
+    /// Q4_K and Q5_K (the types with `mins`, whose activation panels carry [`AUX_BLOCK`]s).
+    fn has_mins(self) -> bool {
+        matches!(self, Ty::Q4K | Ty::Q5K)
     }
 
     pub(crate) fn weight_panel_bytes(self, n_in: usize) -> usize {
         (n_in / QK_K * self.block_bytes() * ROWS).next_multiple_of(64)
     }
 
+    /// The token rows one after another, then (Q4_K, Q5_K) per super-block an [`AUX_BLOCK`]:
+    /// what every weight row's `mins` step needs of the tokens, computed once per panel.
     pub(crate) fn pack_act(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
-        copy_rows(n_in / QK_K * Q8K_BYTES, TOKENS, rows, panel);
+        let nb = n_in / QK_K;
+        copy_rows(nb * Q8K_BYTES, TOKENS, rows, panel);
+        if self.has_mins() {
+            let aux = &mut panel[rows_bytes(n_in)..rows_bytes(n_in) + nb * AUX_BLOCK];
+            aux.fill(0);
+            for (t, row) in rows.iter().enumerate() {
+                for (i, blk) in aux.chunks_exact_mut(AUX_BLOCK).enumerate() {
+                    let y = &row[i * Q8K_BYTES..(i + 1) * Q8K_BYTES];
+                    let yd = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+                    let (g, l) = (t / 4, t % 4);
+                    // Q8_K `bsums` summed in pairs (`_mm_hadd_epi16`'s wrapping i16 adds)
+                    for j in 0..8 {
+                        let b = |k: usize| i16::from_le_bytes([y[Q8K_BSUMS + 2 * k], y[Q8K_BSUMS + 2 * k + 1]]);
+                        let o = AUX_Q8S + g * 64 + (l * 8 + j) * 2;
+                        blk[o..o + 2].copy_from_slice(&b(2 * j).wrapping_add(b(2 * j + 1)).to_le_bytes());
+                    }
+                    for k in 0..4 {
+                        let o = AUX_NYD + g * 64 + (l * 4 + k) * 4;
+                        blk[o..o + 4].copy_from_slice(&(-yd).to_le_bytes());
+                    }
+                    let o = AUX_YD + t * 4;
+                    blk[o..o + 4].copy_from_slice(&yd.to_le_bytes());
+                }
+            }
+        }
     }
 
     pub(crate) fn pack_weights(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
@@ -54,7 +99,8 @@ impl Ty {
     pub(crate) fn tile(self, vnni: bool, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
         let (nb, wrb, arb) = (n_in / QK_K, n_in / QK_K * self.block_bytes(), n_in / QK_K * Q8K_BYTES);
         assert!(super::has_avx2() && super::has_avx512() && (!vnni || super::has_avx512vnni()));
-        assert!(n_in.is_multiple_of(QK_K) && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= n_tok * arb);
+        assert!(n_in.is_multiple_of(QK_K) && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= self.act_panel_bytes(n_in));
+        let aux = a[rows_bytes(n_in)..].as_ptr();
         for (r, o) in out.iter_mut().enumerate() {
             let wr = w[r * wrb..].as_ptr();
             let mut t0 = 0;
@@ -66,11 +112,11 @@ impl Ty {
                     macro_rules! run {
                         ($T:literal) => {{
                             let v = match (self, vnni) {
-                                (Ty::Q4K, false) => bw::q4k::<$T>(nb, wr, std::array::from_fn(ap)),
-                                (Ty::Q5K, false) => bw::q5k::<$T>(nb, wr, std::array::from_fn(ap)),
+                                (Ty::Q4K, false) => bw::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
+                                (Ty::Q5K, false) => bw::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
                                 (Ty::Q6K, false) => bw::q6k::<$T>(nb, wr, std::array::from_fn(ap)),
-                                (Ty::Q4K, true) => vnni::q4k::<$T>(nb, wr, std::array::from_fn(ap)),
-                                (Ty::Q5K, true) => vnni::q5k::<$T>(nb, wr, std::array::from_fn(ap)),
+                                (Ty::Q4K, true) => vnni::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
+                                (Ty::Q5K, true) => vnni::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
                                 (Ty::Q6K, true) => vnni::q6k::<$T>(nb, wr, std::array::from_fn(ap)),
                             };
                             o[t0..t0 + $T].copy_from_slice(&v);
@@ -108,28 +154,49 @@ macro_rules! kquant_tiles {
     ($features:literal, $madd_acc:expr) => {
         use super::*;
 
-        #[inline(always)]
-        unsafe fn madd_acc(acc: __m512i, s: __m512i, p: __m512i) -> __m512i {
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn madd_acc(acc: __m512i, s: __m512i, p: __m512i) -> __m512i {
             ($madd_acc)(acc, s, p)
         }
 
-        /// Q4_K's `acc_m` step and the code/scale dot of one token (4 chunks of 64).
-        #[allow(clippy::too_many_arguments)]
+        /// The code/scale dot of one token (4 chunks of 64): `acc = fma(d_a * d_w, sumi, acc)`.
         #[inline(always)]
-        unsafe fn k4_token(y: *const u8, dw: f32, dmw: f32, mins: __m128i, sc: &[__m512i; 4], q: &[__m512i; 4], acc: &mut __m512, acc_m: &mut __m128) {
-            let yd = f32_at(y);
-            let d = yd * dw;
-            let dmin = -yd * dmw;
-            let q8sums = load32(y.add(Q8K_BSUMS));
-            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-            let prod = _mm_madd_epi16(mins, q8s);
-            *acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *acc_m);
+        unsafe fn k4_token(y: *const u8, yd: *const f32, dwv: __m512, sc: &[__m512i; 4], q: &[__m512i; 4], acc: &mut __m512) {
+            let d = _mm512_mul_ps(_mm512_set1_ps(*yd), dwv);
             let mut sumi = _mm512_setzero_si512();
             for j in 0..4 {
                 let p = _mm512_maddubs_epi16(q[j], load64(y.add(Q8K_QS + 64 * j)));
                 sumi = madd_acc(sumi, sc[j], p);
             }
-            *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), *acc);
+            *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), *acc);
+        }
+
+        /// Q4_K/Q5_K's `acc_m` step for the `T` tokens of super-block `i` (4 tokens per
+        /// register, each in its own 128-bit lane: `acc_m = fma(-d_a * dmin_w, mins · q8s, acc_m)`
+        /// lane for lane as the one-row kernel's 4-lane accumulator).
+        #[inline(always)]
+        unsafe fn k4_mins<const Q: usize>(aux: *const u8, i: usize, dmwv: __m512, mins: __m128i, acc_m: &mut [__m512; Q]) {
+            let b = aux.add(i * AUX_BLOCK);
+            let m4 = _mm512_broadcast_i32x4(mins);
+            for g in 0..Q {
+                let prod = _mm512_madd_epi16(m4, load64(b.add(AUX_Q8S + 64 * g)));
+                let dmin = _mm512_mul_ps(_mm512_loadu_ps(b.add(AUX_NYD + 64 * g) as *const f32), dmwv);
+                acc_m[g] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), acc_m[g]);
+            }
+        }
+
+        /// `hsum_ps512(acc[t]) + hsum_ps128(token t's lane of acc_m)` for every token.
+        #[inline(always)]
+        unsafe fn k4_finish<const T: usize, const Q: usize>(acc: &[__m512; T], acc_m: &[__m512; Q]) -> [f32; T] {
+            let mut m = [[0f32; 16]; 2];
+            for g in 0..Q {
+                _mm512_storeu_ps(m[g].as_mut_ptr(), acc_m[g]);
+            }
+            std::array::from_fn(|t| {
+                let l = &m[t / 4][(t % 4) * 4..];
+                hsum_ps512(acc[t]) + hsum_ps128(_mm_loadu_ps(l.as_ptr()))
+            })
         }
 
         /// Q4_K / Q5_K scales and mins of the block at `x` (`scales` at `x + 4`): the four
@@ -143,35 +210,53 @@ macro_rules! kquant_tiles {
             (sc, _mm256_extracti128_si256::<1>(ms))
         }
 
-        /// Q4_K row `w` against `T` Q8_K rows. SAFETY: the features; `nb` blocks readable
-        /// at `w` and at each `a[t]`.
+        /// Q4_K row `w` against `T` Q8_K rows and their panel's aux blocks. SAFETY: the
+        /// features; `nb` blocks readable at `w` and at each `a[t]`, `nb` aux blocks at `aux`.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn q4k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T]) -> [f32; T] {
+        pub(super) unsafe fn q4k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
+            match T {
+                1..=4 => q4k_q::<T, 1>(nb, w, a, aux),
+                _ => q4k_q::<T, 2>(nb, w, a, aux),
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn q4k_q<const T: usize, const Q: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
             let m4 = _mm512_set1_epi8(0xF);
             let mut acc = [_mm512_setzero_ps(); T];
-            let mut acc_m = [_mm_setzero_ps(); T];
+            let mut acc_m = [_mm512_setzero_ps(); Q];
             for i in 0..nb {
                 let x = w.add(i * 144);
-                let (dw, dmw) = (f16_at(x), f16_at(x.add(2)));
+                let (dwv, dmwv) = (_mm512_set1_ps(f16_at(x)), _mm512_set1_ps(f16_at(x.add(2))));
                 let (sc, mins) = k4_scales(x);
                 let q: [__m512i; 4] = std::array::from_fn(|j| _mm512_and_si512(pair_shifted::<4>(load32(x.add(16 + 32 * j))), m4));
+                k4_mins::<Q>(aux, i, dmwv, mins, &mut acc_m);
+                let yd = aux.add(i * AUX_BLOCK + AUX_YD) as *const f32;
                 for t in 0..T {
-                    k4_token(a[t].add(i * Q8K_BYTES), dw, dmw, mins, &sc, &q, &mut acc[t], &mut acc_m[t]);
+                    k4_token(a[t].add(i * Q8K_BYTES), yd.add(t), dwv, &sc, &q, &mut acc[t]);
                 }
             }
-            std::array::from_fn(|t| hsum_ps512(acc[t]) + hsum_ps128(acc_m[t]))
+            k4_finish::<T, Q>(&acc, &acc_m)
         }
 
         /// Q5_K, as [`q4k`].
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn q5k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T]) -> [f32; T] {
+        pub(super) unsafe fn q5k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
+            match T {
+                1..=4 => q5k_q::<T, 1>(nb, w, a, aux),
+                _ => q5k_q::<T, 2>(nb, w, a, aux),
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn q5k_q<const T: usize, const Q: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
             let m4 = _mm512_set1_epi8(0xF);
             let m16 = _mm512_set1_epi8(0x10);
             let mut acc = [_mm512_setzero_ps(); T];
-            let mut acc_m = [_mm_setzero_ps(); T];
+            let mut acc_m = [_mm512_setzero_ps(); Q];
             for i in 0..nb {
                 let x = w.add(i * 176);
-                let (dw, dmw) = (f16_at(x), f16_at(x.add(2)));
+                let (dwv, dmwv) = (_mm512_set1_ps(f16_at(x)), _mm512_set1_ps(f16_at(x.add(2))));
                 let (sc, mins) = k4_scales(x);
                 let mut hb = pair_shifted::<1>(load32(x.add(16)));
                 let q: [__m512i; 4] = std::array::from_fn(|j| {
@@ -180,11 +265,13 @@ macro_rules! kquant_tiles {
                     hb = _mm512_srli_epi16::<2>(hb);
                     q
                 });
+                k4_mins::<Q>(aux, i, dmwv, mins, &mut acc_m);
+                let yd = aux.add(i * AUX_BLOCK + AUX_YD) as *const f32;
                 for t in 0..T {
-                    k4_token(a[t].add(i * Q8K_BYTES), dw, dmw, mins, &sc, &q, &mut acc[t], &mut acc_m[t]);
+                    k4_token(a[t].add(i * Q8K_BYTES), yd.add(t), dwv, &sc, &q, &mut acc[t]);
                 }
             }
-            std::array::from_fn(|t| hsum_ps512(acc[t]) + hsum_ps128(acc_m[t]))
+            k4_finish::<T, Q>(&acc, &acc_m)
         }
 
         /// Q6_K, as [`q4k`] (the -32 through `bsums`).
@@ -244,6 +331,15 @@ mod bw {
 /// AVX512F/BW/VL + VNNI (`vpdpwssd`).
 mod vnni {
     kquant_tiles!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", |acc: __m512i, s: __m512i, p: __m512i| {
-        _mm512_dpwssd_epi32(acc, s, p)
+        // `vpdpwssd` kept as one instruction: LLVM otherwise splits the kernels' accumulation
+        // chains into `vpmaddwd` + `vpaddd` (the same integers, one more uop per 64 codes)
+        let mut acc = acc;
+        // SAFETY: register-only instruction; the kernels using it run with AVX512-VNNI
+        // enabled and detected.
+        unsafe {
+            std::arch::asm!("vpdpwssd {acc}, {s}, {p}", acc = inout(zmm_reg) acc, s = in(zmm_reg) s, p = in(zmm_reg) p,
+                options(pure, nomem, nostack, preserves_flags));
+        }
+        acc
     });
 }

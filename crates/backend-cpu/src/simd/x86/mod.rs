@@ -13,6 +13,7 @@
 //! | `gemm_ggml.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `ggml_order.rs`         |
 //! | `gemm_kquants.rs`  | AVX-512 GEMM tiles bit-identical to `avx512_kquants.rs`          |
 //! | `gemm_rows.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `legacy.rs` (Q5_0, Q5_1) |
+//! | `gemv_ggml.rs`     | AVX-512 VNNI decode GEMV (8 rows) bit-identical to `ggml_order.rs` |
 //! | `attn.rs`          | AVX2: attention runs bit-identical to `simd::attn`'s twins       |
 //!
 //! No `vpgatherdd`: with the gather-data-sampling microcode fix (Skylake .. Ice Lake /
@@ -33,6 +34,7 @@ pub(crate) mod gemm;
 mod gemm_ggml;
 mod gemm_kquants;
 mod gemm_rows;
+pub(crate) mod gemv_ggml;
 pub(crate) mod ggml_order;
 mod kquants;
 mod legacy;
