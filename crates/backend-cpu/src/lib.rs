@@ -17,21 +17,28 @@
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
+//! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
+//! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
 
 pub mod actquant;
 mod attention;
 pub mod ggml_math;
 mod kv;
 mod matmul;
+pub mod moe;
 mod ops;
 pub mod pool;
 pub mod simd;
+pub mod ssm;
 mod weight;
 
 pub use kv::CpuKv;
 pub use weight::CpuWeight;
 
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, WeightSource};
+use quarrel_core::{
+    AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, Route, SsmParams, StateSpec,
+    WeightSource,
+};
 
 /// The CPU backend: a thread pool and run-time selected kernels.
 pub struct CpuBackend {
@@ -178,5 +185,58 @@ impl Backend for CpuBackend {
         check_len("attention q", q.len(), batch.n_tokens() * p.n_head * p.head_dim)?;
         check_len("attention output", out.len(), q.len())?;
         attention::attention(self, q, kv, layer, batch, p, out)
+    }
+
+    fn moe_route(&self, logits: &Vec<f32>, bias: Option<&Vec<f32>>, p: &MoeRouting) -> Result<Vec<Route>> {
+        quarrel_core::moe::route_reference(logits, bias.map(|b| b.as_slice()), p)
+    }
+
+    fn moe_matmul(&self, w: &CpuWeight, n_expert: usize, x: &Vec<f32>, routes: &[Route], x_per_token: bool, out: &mut Vec<f32>) -> Result<()> {
+        moe::moe_matmul(self, w, n_expert, x, routes, x_per_token, out)
+    }
+
+    fn moe_combine(&self, y: &Vec<f32>, routes: &[Route], out: &mut Vec<f32>) -> Result<()> {
+        moe::moe_combine(y, routes, out)
+    }
+
+    fn relu_sqr(&self, x: &mut Vec<f32>) -> Result<()> {
+        x.iter_mut().for_each(|v| {
+            let r = v.max(0.0);
+            *v = r * r
+        });
+        Ok(())
+    }
+
+    fn alloc_state(&self, kv: &mut CpuKv, spec: &StateSpec) -> Result<()> {
+        for p in spec.layers.iter().flatten() {
+            p.validate().map_err(CoreError::Model)?;
+        }
+        kv.state = Some(ssm::CpuState::new(spec)?);
+        Ok(())
+    }
+
+    fn ssm_conv(&self, kv: &mut CpuKv, layer: usize, p: &SsmParams, zxbcdt: &Vec<f32>, w: &Vec<f32>, bias: Option<&Vec<f32>>, batch: &ForwardBatch, out: &mut Vec<f32>) -> Result<()> {
+        ssm::ssm_conv(kv, layer, p, zxbcdt, w, bias.map(|b| b.as_slice()), batch, out)
+    }
+
+    fn ssm_scan(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        p: &SsmParams,
+        xbc: &Vec<f32>,
+        zxbcdt: &Vec<f32>,
+        a: &Vec<f32>,
+        d: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        batch: &ForwardBatch,
+        y: &mut Vec<f32>,
+    ) -> Result<u64> {
+        let args = ssm::ScanArgs { p, xbc, zxbcdt, a, d, dt_bias };
+        ssm::ssm_scan(self, kv, layer, &args, batch, y)
+    }
+
+    fn ssm_gated_norm(&self, p: &SsmParams, y: &Vec<f32>, zxbcdt: &Vec<f32>, w: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        ssm::ssm_gated_norm(self, p, y, zxbcdt, w, out)
     }
 }
