@@ -68,6 +68,10 @@ impl<B: Backend> StepModel for EngineModel<B> {
         let e = &mut self.0;
         e.model.hidden(&e.backend, batch, &mut e.kv).map_err(|e| e.to_string())
     }
+
+    fn state_slots(&self) -> usize {
+        self.0.n_state_slots
+    }
 }
 
 impl EngineHandle {

@@ -25,6 +25,11 @@ pub trait StepModel {
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
     /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
     fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+    /// Recurrent-state slots the model's cache holds (0: no recurrent layers). The last
+    /// slot is scratch (embeddings); running requests get one of the others each.
+    fn state_slots(&self) -> usize {
+        0
+    }
 }
 
 pub struct Scheduler<M: StepModel> {
@@ -38,6 +43,10 @@ pub struct Scheduler<M: StepModel> {
     /// Requests accepted but not yet admitted (shared with the handle for back-pressure).
     queued: Arc<AtomicUsize>,
     pub metrics: EngineMetrics,
+    /// Recurrent models: the state slot of each running request, and the free ones.
+    slot_of: std::collections::HashMap<RequestId, u32>,
+    free_slots: Vec<u32>,
+    scratch_slot: Option<u32>,
 }
 
 impl<M: StepModel> Scheduler<M> {
@@ -50,9 +59,31 @@ impl<M: StepModel> Scheduler<M> {
         opts: ServiceOptions,
         queued: Arc<AtomicUsize>,
     ) -> Scheduler<M> {
+        let mut opts = opts;
+        let n_slots = model.state_slots();
+        if n_slots > 0 {
+            // recurrent state is per sequence, not per block: cached KV blocks alone cannot
+            // resume a sequence, so prefixes are recomputed (as llama.cpp does); one running
+            // request per slot, the last slot is scratch
+            opts.prefix_cache = false;
+            opts.max_running = opts.max_running.min(n_slots.saturating_sub(1)).max(1);
+        }
         let blocks = BlockManager::new(n_blocks, block_size, opts.prefix_cache);
         debug_assert!(opts.prompt_chunk > 0 && opts.max_batch_tokens > 0, "ServiceOptions::resolved first");
-        let mut s = Scheduler { model, tok, blocks, opts, n_ctx, waiting: vec![], running: vec![], queued, metrics: EngineMetrics::default() };
+        let mut s = Scheduler {
+            model,
+            tok,
+            blocks,
+            opts,
+            n_ctx,
+            waiting: vec![],
+            running: vec![],
+            queued,
+            metrics: EngineMetrics::default(),
+            slot_of: Default::default(),
+            free_slots: (0..n_slots.saturating_sub(1) as u32).rev().collect(),
+            scratch_slot: n_slots.checked_sub(1).map(|s| s as u32),
+        };
         s.refresh_metrics(0);
         s
     }
@@ -283,7 +314,32 @@ impl<M: StepModel> Scheduler<M> {
         n_tokens
     }
 
+    /// Give every running request a state slot (recurrent models); slots of requests no
+    /// longer running return to the free list first.
+    fn assign_slots(&mut self) {
+        if self.scratch_slot.is_none() {
+            return;
+        }
+        let running: std::collections::HashSet<RequestId> = self.running.iter().map(|s| s.id).collect();
+        let free = &mut self.free_slots;
+        self.slot_of.retain(|id, slot| {
+            let keep = running.contains(id);
+            if !keep {
+                free.push(*slot);
+            }
+            keep
+        });
+        for s in &self.running {
+            if !self.slot_of.contains_key(&s.id) {
+                if let Some(slot) = self.free_slots.pop() {
+                    self.slot_of.insert(s.id, slot);
+                }
+            }
+        }
+    }
+
     fn execute(&mut self) {
+        self.assign_slots();
         let mut batch = ForwardBatch::default();
         let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
         for (i, s) in self.running.iter().enumerate() {
@@ -294,6 +350,10 @@ impl<M: StepModel> Scheduler<M> {
             batch.tokens.extend_from_slice(&s.tokens[s.n_computed..s.n_computed + s.sched]);
             batch.positions.extend((s.n_computed..s.n_computed + s.sched).map(|p| p as u32));
             batch.seqs.push(SeqBatch { start, len: s.sched, block_table: s.table.clone() });
+            if self.scratch_slot.is_some() {
+                // max_running <= slots, so every running request has one
+                batch.state_slots.push(self.slot_of.get(&s.id).copied().unwrap_or(u32::MAX));
+            }
             if s.n_computed + s.sched == s.tokens.len() {
                 row_of[i] = Some(batch.logits_rows.len());
                 batch.logits_rows.push(start + s.sched - 1);
@@ -399,6 +459,7 @@ impl<M: StepModel> Scheduler<M> {
                 positions: (p0..p0 + c.len()).map(|p| p as u32).collect(),
                 seqs: vec![SeqBatch { start: 0, len: c.len(), block_table: table.to_vec() }],
                 logits_rows: want.clone(),
+                state_slots: self.scratch_slot.into_iter().collect(),
             };
             let h = self.model.hidden(&batch).map_err(ServiceError::Inference)?;
             if want.is_empty() {
