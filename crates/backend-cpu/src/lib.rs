@@ -188,7 +188,7 @@ impl Backend for CpuBackend {
     }
 
     fn moe_route(&self, logits: &Vec<f32>, bias: Option<&Vec<f32>>, p: &MoeRouting) -> Result<Vec<Route>> {
-        quarrel_core::moe::route_reference(logits, bias.map(|b| b.as_slice()), p)
+        moe::moe_route(logits, bias.map(|b| b.as_slice()), p)
     }
 
     fn moe_matmul(&self, w: &CpuWeight, n_expert: usize, x: &Vec<f32>, routes: &[Route], x_per_token: bool, out: &mut Vec<f32>) -> Result<()> {

@@ -2,8 +2,50 @@
 //! (per expert: gather its rows, one quantized matmul over a zero-copy view of its slice of
 //! the 3-D tensor, scatter back) and the weighted combine.
 
+use crate::ggml_math::expf_ggml;
 use crate::{matmul, CpuBackend, CpuWeight};
-use quarrel_core::{CoreError, Result, Route};
+use quarrel_core::{CoreError, MoeRouting, Result, Route};
+
+/// `_mm512_reduce_add_ps`'s tree over 16 lanes (8, 4, then 2+2).
+fn reduce16(x: &[f32; 16]) -> f32 {
+    let mut t8 = [0f32; 8];
+    for i in 0..8 {
+        t8[i] = x[i] + x[i + 8];
+    }
+    let mut t4 = [0f32; 4];
+    for i in 0..4 {
+        t4[i] = t8[i] + t8[i + 4];
+    }
+    (t4[0] + t4[2]) + (t4[1] + t4[3])
+}
+
+/// Softmax as ggml's AVX-512 build computes it (`ggml_vec_soft_max_f32`): 16-wide chunks of
+/// `ggml_v_expf` whose lane sums (reduce tree) accumulate in f64, the remainder with libm
+/// `expf`; then scaled by `1/sum` in f32.
+pub fn softmax_ggml(row: &[f32], out: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let n = row.len();
+    let n16 = n & !15;
+    let mut sum = 0f64;
+    for i in (0..n16).step_by(16) {
+        let mut lanes = [0f32; 16];
+        for l in 0..16 {
+            lanes[l] = expf_ggml(row[i + l] - max);
+            out[i + l] = lanes[l];
+        }
+        sum += reduce16(&lanes) as f64;
+    }
+    for i in n16..n {
+        out[i] = (row[i] - max).exp();
+        sum += out[i] as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+pub(crate) fn moe_route(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) -> Result<Vec<Route>> {
+    quarrel_core::moe::route_with(logits, bias, p, &softmax_ggml)
+}
 
 /// Routes grouped by expert: `(expert, route indices)` in expert order, route order kept.
 pub(crate) fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, Vec<usize>)>> {

@@ -4,7 +4,8 @@
 
 use crate::matmul::SyncPtr;
 use crate::{CpuBackend, CpuKv};
-use quarrel_core::ssm::{conv_reference, softplus};
+use crate::ggml_math::silu_ggml;
+use quarrel_core::ssm::softplus;
 use quarrel_core::{CoreError, ForwardBatch, Result, SsmParams, StateSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -88,9 +89,75 @@ pub(crate) fn ssm_conv(kv: &mut CpuKv, layer: usize, p: &SsmParams, zxbcdt: &[f3
         if fresh {
             state.fill(0.0);
         }
-        conv_reference(p, &zxbcdt[start * dp..], dp, p.d_inner, state, w, bias, &mut out[start * cd..(start + len) * cd]);
+        conv_seq(p, &zxbcdt[start * dp..], dp, p.d_inner, state, w, bias, &mut out[start * cd..(start + len) * cd]);
     }
     Ok(())
+}
+
+/// `quarrel_core::ssm::conv_reference` with ggml's AVX-512 build's rounding: the window
+/// dot product accumulated with fused multiply-adds (the compiler contracts ggml's scalar
+/// loop), `ggml_v_silu` on the 16-aligned part of each row and libm SiLU on the rest.
+#[allow(clippy::too_many_arguments)]
+fn conv_seq(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: feature checked above.
+        unsafe { conv_seq_fma(p, xbc, stride, col0, state, w, bias, out) };
+        return;
+    }
+    conv_seq_body(p, xbc, stride, col0, state, w, bias, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_seq_fma(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    conv_seq_body(p, xbc, stride, col0, state, w, bias, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn conv_seq_body(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    let (nc, cd) = (p.d_conv, p.conv_dim());
+    let n_t = out.len() / cd;
+    let vec_end = cd & !15;
+    let mut win = vec![0f32; nc - 1 + n_t];
+    for ch in 0..cd {
+        win[..nc - 1].copy_from_slice(&state[ch * (nc - 1)..(ch + 1) * (nc - 1)]);
+        for t in 0..n_t {
+            win[nc - 1 + t] = xbc[t * stride + col0 + ch];
+        }
+        let wc = &w[ch * nc..(ch + 1) * nc];
+        let b = bias.map_or(0.0, |b| b[ch]);
+        for t in 0..n_t {
+            let mut s = 0f32;
+            for i in 0..nc {
+                s = win[t + i].mul_add(wc[i], s);
+            }
+            let v = s + b;
+            out[t * cd + ch] = if ch < vec_end { silu_ggml(v) } else { v / (1.0 + (-v).exp()) };
+        }
+        state[ch * (nc - 1)..(ch + 1) * (nc - 1)].copy_from_slice(&win[n_t..]);
+    }
+}
+
+/// `_mm512_reduce_add_ps` of the four 16-lane accumulators as ggml folds them
+/// (0 += 2, 1 += 3, 0 += 1, then the 8/4/2+2 lane tree).
+#[inline(always)]
+fn fold_lanes(acc: &[[f32; 16]; 4]) -> f32 {
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut t8 = [0f32; 8];
+    for i in 0..8 {
+        t8[i] = x[i] + x[i + 8];
+    }
+    let mut t4 = [0f32; 4];
+    for i in 0..4 {
+        t4[i] = t8[i] + t8[i + 4];
+    }
+    (t4[0] + t4[2]) + (t4[1] + t4[3])
 }
 
 /// Per-head inputs of the CPU scan.
@@ -109,9 +176,29 @@ pub(crate) struct ScanArgs<'a> {
 /// # Safety
 /// `y` must be valid for `(start+len) * d_inner` writes; tasks write disjoint (token, head) cells.
 pub(crate) unsafe fn scan_head(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        return scan_head_fma(a, h, start, len, state, y);
+    }
+    scan_head_body(a, h, start, len, state, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn scan_head_fma(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
+    scan_head_body(a, h, start, len, state, y)
+}
+
+/// The scan of one head with ggml's AVX-512 build's rounding: the state update as separate
+/// multiplies and an add, `y = Σ state·C` in four 16-lane FMA accumulators over 64-wide
+/// steps folded by [`fold_lanes`], the remainder with scalar FMAs. A step whose f32 result
+/// is not finite is recomputed in f64 from the previous state.
+#[inline(always)]
+unsafe fn scan_head_body(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
     let p = a.p;
     let (hd, ds, cd, dp) = (p.head_dim(), p.d_state, p.conv_dim(), p.d_in_proj());
     let g = h / (p.n_head / p.n_group);
+    let np = ds & !63;
     let mut bad = 0;
     let mut prev = vec![0f32; ds];
     for t in start..start + len {
@@ -126,10 +213,21 @@ pub(crate) unsafe fn scan_head(a: &ScanArgs<'_>, h: usize, start: usize, len: us
             let xdt = x * dt;
             let s = &mut state[i * ds..(i + 1) * ds];
             prev.copy_from_slice(s);
-            let mut sum = 0f32;
-            for k in 0..ds {
+            let mut acc = [[0f32; 16]; 4];
+            for k0 in (0..np).step_by(64) {
+                for (j, accj) in acc.iter_mut().enumerate() {
+                    for (l, al) in accj.iter_mut().enumerate() {
+                        let k = k0 + j * 16 + l;
+                        let v = s[k] * da + b[k] * xdt;
+                        *al = v.mul_add(c[k], *al);
+                        s[k] = v;
+                    }
+                }
+            }
+            let mut sum = fold_lanes(&acc);
+            for k in np..ds {
                 let v = s[k] * da + b[k] * xdt;
-                sum += v * c[k];
+                sum = v.mul_add(c[k], sum);
                 s[k] = v;
             }
             let mut yv = sum + x * a.d[h];

@@ -47,6 +47,24 @@ pub struct Route {
 /// descending order of (probability + `bias`), weighted by the unbiased probability. Routes
 /// come token-major.
 pub fn route_reference(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) -> Result<Vec<Route>> {
+    route_with(logits, bias, p, &softmax_reference)
+}
+
+/// Plain softmax of one row: `exp(x - max)` summed in f64, scaled by `1/sum` in f32.
+pub fn softmax_reference(row: &[f32], out: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = (v - max).exp();
+        sum += *o as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// The router with a backend's own softmax (`softmax(row, out)`); everything else as
+/// [`route_reference`].
+pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax: &dyn Fn(&[f32], &mut [f32])) -> Result<Vec<Route>> {
     let ne = p.n_expert;
     if ne == 0 || p.n_used == 0 || p.n_used > ne {
         return Err(CoreError::Model(format!("MoE routing: {} of {ne} experts per token", p.n_used)));
@@ -64,16 +82,7 @@ pub fn route_reference(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) -> 
     let mut order: Vec<usize> = (0..ne).collect();
     for (t, row) in logits.chunks(ne).enumerate() {
         match p.gating {
-            Gating::Softmax => {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f64;
-                for (o, &v) in probs.iter_mut().zip(row) {
-                    *o = (v - max).exp();
-                    sum += *o as f64;
-                }
-                let inv = (1.0 / sum) as f32;
-                probs.iter_mut().for_each(|o| *o *= inv);
-            }
+            Gating::Softmax => softmax(row, &mut probs),
             Gating::Sigmoid => {
                 for (o, &v) in probs.iter_mut().zip(row) {
                     *o = 1.0 / (1.0 + (-v).exp());
@@ -87,7 +96,8 @@ pub fn route_reference(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) -> 
         let chosen = &order[..p.n_used];
         let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
         if p.norm_weights {
-            let s: f32 = w.iter().sum::<f32>().max(6.103515625e-5);
+            // ggml_sum_rows sums in f64; the clamp keeps a zero sum finite
+            let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103515625e-5);
             w.iter_mut().for_each(|x| *x /= s);
         }
         if p.scale != 0.0 && p.scale != 1.0 {

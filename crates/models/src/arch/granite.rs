@@ -237,12 +237,18 @@ impl<B: Backend> Granite<B> {
                 Mixer::Attention(at) => at.forward(be, il, &h, batch, kv, c.n_embd)?,
                 Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, c.n_embd)?.0,
             }; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("mixer_out", il, &be.download(&a)?);
+            }
             if c.residual_scale != 0.0 {
                 be.scale(&mut a, c.residual_scale)?;
             }
             be.add(&mut x, &a)?;
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let mut f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("ffn_out", il, &be.download(&f)?);
+            }
             if c.residual_scale != 0.0 {
                 be.scale(&mut f, c.residual_scale)?;
             }

@@ -186,6 +186,9 @@ impl<B: Backend> Llama<B> {
             be.add(&mut x, &a)?;
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("ffn_out", il, &be.download(&f)?);
+            }
             be.add(&mut x, &f)?;
             if quarrel_core::trace::enabled() {
                 trace("l_out", il, &be.download(&x)?);

@@ -219,11 +219,17 @@ impl<B: Backend> NemotronH<B> {
         let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
         for (il, l) in self.layers.iter().enumerate() {
             be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
+            if quarrel_core::trace::enabled() {
+                trace("attn_norm", il, &be.download(&h)?);
+            }
             let out = match &l.mixer {
                 Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, c.n_embd)?.0,
                 Mixer::Attention(a) => a.forward(be, il, &h, batch, kv, c.n_embd)?,
                 Mixer::Ffn(f) => f.forward(be, &h, n, c.n_embd)?,
             }; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("mixer_out", il, &be.download(&out)?);
+            }
             be.add(&mut x, &out)?;
             if quarrel_core::trace::enabled() {
                 trace("l_out", il, &be.download(&x)?);
