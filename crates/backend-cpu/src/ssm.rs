@@ -192,7 +192,8 @@ unsafe fn scan_head_fma(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, st
 /// The scan of one head with ggml's AVX-512 build's rounding: the state update as separate
 /// multiplies and an add, `y = Σ state·C` in four 16-lane FMA accumulators over 64-wide
 /// steps folded by [`fold_lanes`], the remainder with scalar FMAs. A step whose f32 result
-/// is not finite is recomputed in f64 from the previous state.
+/// is not finite is recomputed in f64 from the previous state; state values beyond f32
+/// range saturate at ±f32::MAX and are counted (the non-finite metric).
 #[inline(always)]
 unsafe fn scan_head_body(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
     let p = a.p;
@@ -237,13 +238,21 @@ unsafe fn scan_head_body(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, s
                 let dt64 = if raw64 > 20.0 { raw64 } else { raw64.exp().ln_1p() };
                 let (x64, da64) = (x as f64, (dt64 * a.a[h] as f64).exp());
                 let mut sum64 = 0f64;
+                let mut saturated = 0;
                 for k in 0..ds {
-                    let v = prev[k] as f64 * da64 + b[k] as f64 * (x64 * dt64);
+                    // a fully decayed state contributes nothing, even one saturated earlier
+                    let decayed = if da64 == 0.0 { 0.0 } else { prev[k] as f64 * da64 };
+                    let v = decayed + b[k] as f64 * (x64 * dt64);
                     sum64 += v * c[k] as f64;
-                    s[k] = v as f32;
+                    // beyond f32 range the state saturates (and is counted), never inf
+                    let vf = v as f32;
+                    if vf.is_infinite() {
+                        saturated += 1;
+                    }
+                    s[k] = if v.is_nan() { vf } else { vf.clamp(-f32::MAX, f32::MAX) };
                 }
                 yv = (sum64 + x64 * a.d[h] as f64) as f32;
-                bad += s.iter().filter(|v| !v.is_finite()).count() as u64 + u64::from(!yv.is_finite());
+                bad += saturated + s.iter().filter(|v| v.is_nan()).count() as u64 + u64::from(!yv.is_finite());
             }
             y.write(t * p.d_inner + h * hd + i, yv);
         }
