@@ -215,6 +215,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn state_copy(&self, kv: &mut CpuKv, src: usize, dst: usize) -> Result<()> {
+        kv.state.as_mut().ok_or_else(|| CoreError::Shape("the cache has no recurrent state".into()))?.copy_slot(src, dst)
+    }
+
     fn ssm_conv(&self, kv: &mut CpuKv, layer: usize, p: &SsmParams, zxbcdt: &Vec<f32>, w: &Vec<f32>, bias: Option<&Vec<f32>>, batch: &ForwardBatch, out: &mut Vec<f32>) -> Result<()> {
         ssm::ssm_conv(kv, layer, p, zxbcdt, w, bias.map(|b| b.as_slice()), batch, out)
     }

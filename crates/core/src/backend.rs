@@ -113,6 +113,10 @@ pub trait Backend: Send + Sync + 'static {
     fn alloc_state(&self, _kv: &mut Self::Kv, _spec: &StateSpec) -> Result<()> {
         Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))
     }
+    /// Copy every recurrent layer's state of slot `src` to slot `dst` (prefix checkpoints).
+    fn state_copy(&self, _kv: &mut Self::Kv, _src: usize, _dst: usize) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))
+    }
     /// Causal depthwise conv1d of layer `layer` over the `xBC` columns of `zxbcdt
     /// (n_tok, d_in_proj)`, continuing each sequence's carried conv state (slot
     /// `batch.state_slots[s]`, reset when the sequence starts at position 0), plus bias, then

@@ -35,11 +35,14 @@ pub struct EngineOptions {
     pub n_seq: usize,
     pub kv_type: KvType,
     pub block_size: usize,
+    /// Recurrent models: state snapshots kept for prefix reuse (each a copy of one
+    /// sequence's whole recurrent state), taken at prompt-chunk boundaries.
+    pub n_state_checkpoints: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16 }
+        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16, n_state_checkpoints: 8 }
     }
 }
 
@@ -54,7 +57,8 @@ pub struct Engine<B: Backend> {
     pub(crate) pool: BlockPool,
     pub opts: EngineOptions,
     /// Recurrent-state slots in the cache (0 for models without recurrent layers):
-    /// `n_seq` for concurrent sequences plus one scratch slot (embeddings).
+    /// `n_seq` for concurrent sequences, one scratch slot (embeddings), then
+    /// `n_state_checkpoints` prefix checkpoints.
     pub(crate) n_state_slots: usize,
 }
 
@@ -88,7 +92,7 @@ impl<B: Backend> Engine<B> {
         };
         let mut kv = backend.alloc_kv(&spec)?;
         let n_state_slots = if info.is_recurrent() {
-            let n_slots = opts.n_seq + 1;
+            let n_slots = opts.n_seq + 1 + opts.n_state_checkpoints;
             backend.alloc_state(&mut kv, &StateSpec { n_slots, layers: info.recurrent.clone() })?;
             n_slots
         } else {

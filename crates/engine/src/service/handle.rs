@@ -72,6 +72,19 @@ impl<B: Backend> StepModel for EngineModel<B> {
     fn state_slots(&self) -> usize {
         self.0.n_state_slots
     }
+
+    fn checkpoint_slots(&self) -> usize {
+        if self.0.n_state_slots == 0 {
+            0
+        } else {
+            self.0.opts.n_state_checkpoints
+        }
+    }
+
+    fn copy_state(&mut self, src: u32, dst: u32) -> Result<(), String> {
+        let e = &mut self.0;
+        e.backend.state_copy(&mut e.kv, src as usize, dst as usize).map_err(|e| e.to_string())
+    }
 }
 
 impl EngineHandle {

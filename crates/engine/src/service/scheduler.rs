@@ -30,7 +30,18 @@ pub trait StepModel {
     fn state_slots(&self) -> usize {
         0
     }
+    /// Of `state_slots`, how many (the last ones) hold prefix checkpoints.
+    fn checkpoint_slots(&self) -> usize {
+        0
+    }
+    /// Copy recurrent state slot `src` to `dst`.
+    fn copy_state(&mut self, _src: u32, _dst: u32) -> Result<(), String> {
+        Err("the model has no recurrent state".into())
+    }
 }
+
+/// Recurrent models: prompt chunks (and so state checkpoints) every this many tokens at most.
+const RECURRENT_CHUNK: usize = 128;
 
 pub struct Scheduler<M: StepModel> {
     pub model: M,
@@ -47,6 +58,49 @@ pub struct Scheduler<M: StepModel> {
     slot_of: std::collections::HashMap<RequestId, u32>,
     free_slots: Vec<u32>,
     scratch_slot: Option<u32>,
+    /// Recurrent models: state checkpoints by the hash of the full block they end with.
+    ckpt: Checkpoints,
+}
+
+/// Snapshots of a sequence's recurrent state at chunk boundaries, keyed by the prefix-cache
+/// hash of the block ending there, in state slots of their own; least recently used first out.
+#[derive(Default)]
+struct Checkpoints {
+    slot_of: std::collections::HashMap<u64, (u32, u64)>,
+    free: Vec<u32>,
+    tick: u64,
+}
+
+impl Checkpoints {
+    fn get(&mut self, hash: u64) -> Option<u32> {
+        self.tick += 1;
+        let t = self.tick;
+        self.slot_of.get_mut(&hash).map(|e| {
+            e.1 = t;
+            e.0
+        })
+    }
+
+    /// A slot for a new checkpoint of `hash` (a free one, or the least recently used).
+    fn insert(&mut self, hash: u64) -> Option<u32> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let (&old, &(s, _)) = self.slot_of.iter().min_by_key(|(_, (_, t))| *t)?;
+                self.slot_of.remove(&old);
+                s
+            }
+        };
+        self.tick += 1;
+        self.slot_of.insert(hash, (slot, self.tick));
+        Some(slot)
+    }
+
+    fn forget(&mut self, hash: u64) {
+        if let Some((s, _)) = self.slot_of.remove(&hash) {
+            self.free.push(s);
+        }
+    }
 }
 
 impl<M: StepModel> Scheduler<M> {
@@ -61,12 +115,19 @@ impl<M: StepModel> Scheduler<M> {
     ) -> Scheduler<M> {
         let mut opts = opts;
         let n_slots = model.state_slots();
+        let n_ckpt = model.checkpoint_slots().min(n_slots.saturating_sub(2));
+        let n_run = n_slots.saturating_sub(1 + n_ckpt);
         if n_slots > 0 {
-            // recurrent state is per sequence, not per block: cached KV blocks alone cannot
-            // resume a sequence, so prefixes are recomputed (as llama.cpp does); one running
-            // request per slot, the last slot is scratch
-            opts.prefix_cache = false;
-            opts.max_running = opts.max_running.min(n_slots.saturating_sub(1)).max(1);
+            // recurrent state is per sequence, not per block: cached KV blocks resume a
+            // sequence only together with a state checkpoint taken where they end. Those are
+            // taken at prompt-chunk boundaries, so chunks are kept short (and whole blocks).
+            if n_ckpt == 0 {
+                opts.prefix_cache = false;
+            } else {
+                let pc = opts.prompt_chunk.min(RECURRENT_CHUNK.max(block_size));
+                opts.prompt_chunk = (pc / block_size).max(1) * block_size;
+            }
+            opts.max_running = opts.max_running.min(n_run).max(1);
         }
         let blocks = BlockManager::new(n_blocks, block_size, opts.prefix_cache);
         debug_assert!(opts.prompt_chunk > 0 && opts.max_batch_tokens > 0, "ServiceOptions::resolved first");
@@ -81,8 +142,9 @@ impl<M: StepModel> Scheduler<M> {
             queued,
             metrics: EngineMetrics::default(),
             slot_of: Default::default(),
-            free_slots: (0..n_slots.saturating_sub(1) as u32).rev().collect(),
-            scratch_slot: n_slots.checked_sub(1).map(|s| s as u32),
+            free_slots: (0..n_run as u32).rev().collect(),
+            scratch_slot: (n_slots > 0).then_some(n_run as u32),
+            ckpt: Checkpoints { free: (n_run as u32 + 1..(n_run + 1 + n_ckpt) as u32).rev().collect(), ..Default::default() },
         };
         s.refresh_metrics(0);
         s
@@ -262,7 +324,13 @@ impl<M: StepModel> Scheduler<M> {
             let mut s = self.waiting.remove(0);
             if s.n_computed == 0 && s.table.is_empty() {
                 let chain = s.cacheable_chain(bs);
-                let hits = self.blocks.lookup(&chain);
+                let mut hits = self.blocks.lookup(&chain);
+                if self.scratch_slot.is_some() && !hits.is_empty() {
+                    // recurrent: resume only where a state checkpoint exists
+                    let keep = self.restore_checkpoint(s.id, &chain[..hits.len()].iter().map(|c| c.0).collect::<Vec<_>>());
+                    let mut extra = hits.split_off(keep);
+                    self.blocks.release(&mut extra);
+                }
                 s.hashes = chain[..hits.len()].iter().map(|c| c.0).collect();
                 s.n_computed = hits.len() * bs;
                 if !s.admitted {
@@ -320,7 +388,16 @@ impl<M: StepModel> Scheduler<M> {
         if self.scratch_slot.is_none() {
             return;
         }
-        let running: std::collections::HashSet<RequestId> = self.running.iter().map(|s| s.id).collect();
+        self.gc_slots(None);
+        let ids: Vec<RequestId> = self.running.iter().map(|s| s.id).collect();
+        for id in ids {
+            self.slot_for(id);
+        }
+    }
+
+    /// Return the slots of requests no longer running (`keep`: one about to run).
+    fn gc_slots(&mut self, keep: Option<RequestId>) {
+        let running: std::collections::HashSet<RequestId> = self.running.iter().map(|s| s.id).chain(keep).collect();
         let free = &mut self.free_slots;
         self.slot_of.retain(|id, slot| {
             let keep = running.contains(id);
@@ -329,11 +406,44 @@ impl<M: StepModel> Scheduler<M> {
             }
             keep
         });
-        for s in &self.running {
-            if !self.slot_of.contains_key(&s.id) {
-                if let Some(slot) = self.free_slots.pop() {
-                    self.slot_of.insert(s.id, slot);
-                }
+    }
+
+    fn slot_for(&mut self, id: RequestId) -> Option<u32> {
+        if let Some(&s) = self.slot_of.get(&id) {
+            return Some(s);
+        }
+        let slot = self.free_slots.pop()?;
+        self.slot_of.insert(id, slot);
+        Some(slot)
+    }
+
+    /// Recurrent models: the longest prefix of the cached blocks `hashes` that ends where a
+    /// state checkpoint was taken; that checkpoint is copied into the request's slot. Returns
+    /// the number of blocks to keep (0: recompute from the start).
+    fn restore_checkpoint(&mut self, id: RequestId, hashes: &[u64]) -> usize {
+        let Some(k) = (1..=hashes.len()).rev().find(|&k| self.ckpt.slot_of.contains_key(&hashes[k - 1])) else { return 0 };
+        self.gc_slots(Some(id));
+        let (Some(src), Some(dst)) = (self.ckpt.get(hashes[k - 1]), self.slot_for(id)) else { return 0 };
+        match self.model.copy_state(src, dst) {
+            Ok(()) => k,
+            Err(_) => {
+                self.ckpt.forget(hashes[k - 1]);
+                0
+            }
+        }
+    }
+
+    /// Recurrent models: snapshot the state of requests whose prompt processing just ended a
+    /// chunk on a block boundary, under the hash of that block.
+    fn take_checkpoints(&mut self, done: &[(RequestId, usize, u64)]) {
+        for &(id, _, hash) in done {
+            if self.ckpt.slot_of.contains_key(&hash) {
+                continue;
+            }
+            let Some(&src) = self.slot_of.get(&id) else { continue };
+            let Some(dst) = self.ckpt.insert(hash) else { continue };
+            if self.model.copy_state(src, dst).is_err() {
+                self.ckpt.forget(hash);
             }
         }
     }
@@ -379,6 +489,8 @@ impl<M: StepModel> Scheduler<M> {
         };
         let bs = self.blocks.block_size();
         let mut finished = vec![];
+        let mut checkpoints = vec![];
+        let (recurrent_cache, pc) = (self.scratch_slot.is_some() && self.opts.prefix_cache, self.opts.prompt_chunk);
         for (i, s) in self.running.iter_mut().enumerate() {
             if s.sched == 0 {
                 continue;
@@ -396,6 +508,10 @@ impl<M: StepModel> Scheduler<M> {
                 self.blocks.register(s.table[b], parent, h, toks);
                 s.hashes.push(h);
             }
+            let n = s.n_computed;
+            if recurrent_cache && n <= s.prompt_len && n % bs == 0 && n % pc == 0 && n / bs >= 1 && n / bs <= s.hashes.len() {
+                checkpoints.push((s.id, n, s.hashes[n / bs - 1]));
+            }
             if let Some(r) = row_of[i] {
                 let row = &logits[r * n_vocab..(r + 1) * n_vocab];
                 let before = s.generated;
@@ -406,6 +522,7 @@ impl<M: StepModel> Scheduler<M> {
                 }
             }
         }
+        self.take_checkpoints(&checkpoints);
         for (id, reason) in finished {
             if let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let mut s = self.running.remove(i);
