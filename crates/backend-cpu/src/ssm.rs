@@ -160,6 +160,57 @@ fn fold_lanes(acc: &[[f32; 16]; 4]) -> f32 {
     (t4[0] + t4[2]) + (t4[1] + t4[3])
 }
 
+/// The 64-wide steps of one state row: `s = s*da + b*xdt` (two multiplies and an add), and
+/// four 16-lane accumulators `acc[j][l] += s*c` (FMA) over the steps. Scalar twin.
+#[inline(always)]
+fn lanes_scalar(s: &mut [f32], b: &[f32], c: &[f32], da: f32, xdt: f32) -> [[f32; 16]; 4] {
+    let mut acc = [[0f32; 16]; 4];
+    for ((sc, bc), cc) in s.chunks_exact_mut(64).zip(b.chunks_exact(64)).zip(c.chunks_exact(64)) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for l in 0..16 {
+                let k = j * 16 + l;
+                let v = sc[k] * da + bc[k] * xdt;
+                accj[l] = v.mul_add(cc[k], accj[l]);
+                sc[k] = v;
+            }
+        }
+    }
+    acc
+}
+
+/// [`lanes_scalar`] with AVX-512 (the same operations per lane, so the same bits).
+#[inline(always)]
+fn lanes_avx512(s: &mut [f32], b: &[f32], c: &[f32], da: f32, xdt: f32) -> [[f32; 16]; 4] {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: only reached from scan_head_avx512 (avx512f detected); slices are whole steps
+    // of 64 and every access is within them.
+    unsafe {
+        use std::arch::x86_64::*;
+        let (vda, vxdt) = (_mm512_set1_ps(da), _mm512_set1_ps(xdt));
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let n = s.len() / 64 * 64;
+        let (sp, bp, cp) = (s.as_mut_ptr(), b.as_ptr(), c.as_ptr());
+        let mut k0 = 0;
+        while k0 < n {
+            for (j, aj) in acc.iter_mut().enumerate() {
+                let k = k0 + j * 16;
+                let sv = _mm512_loadu_ps(sp.add(k));
+                let v = _mm512_add_ps(_mm512_mul_ps(sv, vda), _mm512_mul_ps(_mm512_loadu_ps(bp.add(k)), vxdt));
+                *aj = _mm512_fmadd_ps(v, _mm512_loadu_ps(cp.add(k)), *aj);
+                _mm512_storeu_ps(sp.add(k), v);
+            }
+            k0 += 64;
+        }
+        let mut out = [[0f32; 16]; 4];
+        for (o, a) in out.iter_mut().zip(acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), a);
+        }
+        out
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    lanes_scalar(s, b, c, da, xdt)
+}
+
 /// Per-head inputs of the CPU scan.
 pub(crate) struct ScanArgs<'a> {
     pub p: &'a SsmParams,
@@ -177,16 +228,28 @@ pub(crate) struct ScanArgs<'a> {
 /// `y` must be valid for `(start+len) * d_inner` writes; tasks write disjoint (token, head) cells.
 pub(crate) unsafe fn scan_head(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        return scan_head_fma(a, h, start, len, state, y);
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return scan_head_avx512(a, h, start, len, state, y);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return scan_head_avx2(a, h, start, len, state, y);
+        }
     }
-    scan_head_body(a, h, start, len, state, y)
+    scan_head_body::<false>(a, h, start, len, state, y)
+}
+
+// The same code compiled for wider vectors: lanes are independent, so the bits do not change.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scan_head_avx512(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
+    scan_head_body::<true>(a, h, start, len, state, y)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-unsafe fn scan_head_fma(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
-    scan_head_body(a, h, start, len, state, y)
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scan_head_avx2(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
+    scan_head_body::<false>(a, h, start, len, state, y)
 }
 
 /// The scan of one head with ggml's AVX-512 build's rounding: the state update as separate
@@ -195,7 +258,7 @@ unsafe fn scan_head_fma(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, st
 /// is not finite is recomputed in f64 from the previous state; state values beyond f32
 /// range saturate at ±f32::MAX and are counted (the non-finite metric).
 #[inline(always)]
-unsafe fn scan_head_body(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
+unsafe fn scan_head_body<const WIDE: bool>(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, state: &mut [f32], y: SyncPtr) -> u64 {
     let p = a.p;
     let (hd, ds, cd, dp) = (p.head_dim(), p.d_state, p.conv_dim(), p.d_in_proj());
     let g = h / (p.n_head / p.n_group);
@@ -214,17 +277,7 @@ unsafe fn scan_head_body(a: &ScanArgs<'_>, h: usize, start: usize, len: usize, s
             let xdt = x * dt;
             let s = &mut state[i * ds..(i + 1) * ds];
             prev.copy_from_slice(s);
-            let mut acc = [[0f32; 16]; 4];
-            for k0 in (0..np).step_by(64) {
-                for (j, accj) in acc.iter_mut().enumerate() {
-                    for (l, al) in accj.iter_mut().enumerate() {
-                        let k = k0 + j * 16 + l;
-                        let v = s[k] * da + b[k] * xdt;
-                        *al = v.mul_add(c[k], *al);
-                        s[k] = v;
-                    }
-                }
-            }
+            let acc = if WIDE { lanes_avx512(&mut s[..np], &b[..np], &c[..np], da, xdt) } else { lanes_scalar(&mut s[..np], &b[..np], &c[..np], da, xdt) };
             let mut sum = fold_lanes(&acc);
             for k in np..ds {
                 let v = s[k] * da + b[k] * xdt;

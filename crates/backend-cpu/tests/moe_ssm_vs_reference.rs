@@ -163,7 +163,7 @@ fn run_cpu(p: &SsmParams, l: &Layer, n: usize, chunk: usize) -> (Vec<f32>, Vec<f
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// CPU conv / scan / gated norm == the plain references; any chunking == one prefill.
     #[test]
@@ -211,8 +211,9 @@ proptest! {
         let mut representable = true;
         for (i, (&a, &b)) in y.iter().zip(&y64).enumerate() {
             if b.is_finite() && b.abs() < f32::MAX as f64 / 2.0 {
+                // (closeness is ssm_ops_match_reference's job: with dt ~1e30 the sum cancels
+                // terms far larger than y, so only finiteness is a property here)
                 prop_assert!(a.is_finite(), "y[{}] = {} where f64 gives {}", i, a, b);
-                prop_assert!(((a as f64) - b).abs() <= 1e-3 * b.abs().max(1.0), "y[{}] = {} vs f64 {}", i, a, b);
             } else {
                 representable = false;
             }
@@ -274,4 +275,26 @@ fn overflowing_step_with_zero_c_stays_finite() {
             assert!(y[t * p.d_inner + i].is_finite() && (y[t * p.d_inner + i] - want).abs() <= 1e-6 * want.abs().max(1.0));
         }
     }
+}
+
+/// Timing probe (ignored; run with --ignored --nocapture): one decode step of a
+/// Nemotron-3-Nano-sized Mamba2 layer (64 heads x 64 x 128 state).
+#[test]
+#[ignore]
+fn scan_decode_speed_probe() {
+    let p = SsmParams { d_conv: 4, d_inner: 4096, d_state: 128, n_group: 8, n_head: 64, eps: 1e-5 };
+    let be = CpuBackend::new(0).unwrap();
+    let mut kv = state_kv(&be, &p, 2);
+    let l = layer(&p, 1, 1, 1.0);
+    let mut xbc = vec![0f32; p.conv_dim()];
+    let mut y = vec![0f32; p.d_inner];
+    let t0 = std::time::Instant::now();
+    let n = 50;
+    for i in 0..n {
+        let b = batch(1, i, 1);
+        be.ssm_conv(&mut kv, 0, &p, &l.zxbcdt, &l.w, Some(&l.bias), &b, &mut xbc).unwrap();
+        be.ssm_scan(&mut kv, 0, &p, &xbc, &l.zxbcdt, &l.a, &l.d, &l.dtb, &b, &mut y).unwrap();
+    }
+    let dt = t0.elapsed().as_secs_f64() / n as f64;
+    eprintln!("conv+scan decode step: {:.3} ms ({:.2} ns per state element)", dt * 1e3, dt * 1e9 / p.ssm_state_len() as f64);
 }
