@@ -215,6 +215,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn state_stats(&self, kv: &CpuKv) -> Result<(u64, u64)> {
+        let st = kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state".into()))?;
+        let bytes = st.spec.bytes_per_slot() as u64 * st.spec.n_slots as u64;
+        Ok((bytes, st.non_finite.load(std::sync::atomic::Ordering::Relaxed)))
+    }
+
     fn state_copy(&self, kv: &mut CpuKv, src: usize, dst: usize) -> Result<()> {
         kv.state.as_mut().ok_or_else(|| CoreError::Shape("the cache has no recurrent state".into()))?.copy_slot(src, dst)
     }

@@ -113,6 +113,10 @@ pub trait Backend: Send + Sync + 'static {
     fn alloc_state(&self, _kv: &mut Self::Kv, _spec: &StateSpec) -> Result<()> {
         Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))
     }
+    /// Recurrent state held by `kv`: (bytes allocated, non-finite values met in SSM state so far).
+    fn state_stats(&self, _kv: &Self::Kv) -> Result<(u64, u64)> {
+        Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))
+    }
     /// Copy every recurrent layer's state of slot `src` to slot `dst` (prefix checkpoints).
     fn state_copy(&self, _kv: &mut Self::Kv, _src: usize, _dst: usize) -> Result<()> {
         Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))

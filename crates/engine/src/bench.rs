@@ -274,6 +274,9 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     fn alloc_state(&self, kv: &mut Self::Kv, spec: &StateSpec) -> CoreResult<()> {
         self.inner.alloc_state(kv, spec)
     }
+    fn state_stats(&self, kv: &Self::Kv) -> CoreResult<(u64, u64)> {
+        self.inner.state_stats(kv)
+    }
     fn state_copy(&self, kv: &mut Self::Kv, src: usize, dst: usize) -> CoreResult<()> {
         self.timed(OpKind::Memory, || self.inner.state_copy(kv, src, dst))
     }

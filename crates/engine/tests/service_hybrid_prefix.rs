@@ -58,5 +58,7 @@ fn shared_prefix_resumes_from_a_state_checkpoint() {
     // checkpoints every 128 tokens: the one at 896 is the last inside the shared prefix
     assert_eq!(u2.cached_tokens, 896, "{u2:?}");
     assert_eq!(got, want, "output after resuming differs from a cold run");
+    let m = h.metrics();
+    assert!(m.state_checkpoints >= 7 && m.recurrent_state_bytes > 0 && m.ssm_nonfinite_total == 0, "{m:?}");
     assert!(second.as_secs_f64() <= 0.25 * first.as_secs_f64(), "second {second:?} vs first {first:?}");
 }

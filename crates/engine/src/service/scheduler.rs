@@ -34,6 +34,10 @@ pub trait StepModel {
     fn checkpoint_slots(&self) -> usize {
         0
     }
+    /// Recurrent state: (bytes allocated, non-finite values met so far).
+    fn state_stats(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// Copy recurrent state slot `src` to `dst`.
     fn copy_state(&mut self, _src: u32, _dst: u32) -> Result<(), String> {
         Err("the model has no recurrent state".into())
@@ -607,6 +611,11 @@ impl<M: StepModel> Scheduler<M> {
         m.kv_blocks_free = self.blocks.n_available();
         m.kv_blocks_cached = self.blocks.n_cached();
         m.kv_block_size = self.blocks.block_size();
+        if let Some((bytes, bad)) = self.model.state_stats() {
+            m.recurrent_state_bytes = bytes;
+            m.ssm_nonfinite_total = bad;
+            m.state_checkpoints = self.ckpt.slot_of.len();
+        }
     }
 
     /// Drop cached prefixes (e.g. after the model's KV was reused for something else).
