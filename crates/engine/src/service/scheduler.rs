@@ -6,6 +6,7 @@
 
 use super::blocks::BlockManager;
 use super::seq::Seq;
+use super::state::Checkpoints;
 use super::types::{EngineMetrics, Pooling, RequestId, ServiceError, ServiceOptions, StreamEvent};
 use crate::generate::FinishReason;
 use quarrel_core::{ForwardBatch, SeqBatch};
@@ -66,47 +67,6 @@ pub struct Scheduler<M: StepModel> {
     ckpt: Checkpoints,
 }
 
-/// Snapshots of a sequence's recurrent state at chunk boundaries, keyed by the prefix-cache
-/// hash of the block ending there, in state slots of their own; least recently used first out.
-#[derive(Default)]
-struct Checkpoints {
-    slot_of: std::collections::HashMap<u64, (u32, u64)>,
-    free: Vec<u32>,
-    tick: u64,
-}
-
-impl Checkpoints {
-    fn get(&mut self, hash: u64) -> Option<u32> {
-        self.tick += 1;
-        let t = self.tick;
-        self.slot_of.get_mut(&hash).map(|e| {
-            e.1 = t;
-            e.0
-        })
-    }
-
-    /// A slot for a new checkpoint of `hash` (a free one, or the least recently used).
-    fn insert(&mut self, hash: u64) -> Option<u32> {
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                let (&old, &(s, _)) = self.slot_of.iter().min_by_key(|(_, (_, t))| *t)?;
-                self.slot_of.remove(&old);
-                s
-            }
-        };
-        self.tick += 1;
-        self.slot_of.insert(hash, (slot, self.tick));
-        Some(slot)
-    }
-
-    fn forget(&mut self, hash: u64) {
-        if let Some((s, _)) = self.slot_of.remove(&hash) {
-            self.free.push(s);
-        }
-    }
-}
-
 impl<M: StepModel> Scheduler<M> {
     pub fn new(
         model: M,
@@ -148,7 +108,7 @@ impl<M: StepModel> Scheduler<M> {
             slot_of: Default::default(),
             free_slots: (0..n_run as u32).rev().collect(),
             scratch_slot: (n_slots > 0).then_some(n_run as u32),
-            ckpt: Checkpoints { free: (n_run as u32 + 1..(n_run + 1 + n_ckpt) as u32).rev().collect(), ..Default::default() },
+            ckpt: Checkpoints::new(n_run as u32 + 1..(n_run + 1 + n_ckpt) as u32),
         };
         s.refresh_metrics(0);
         s
