@@ -115,3 +115,35 @@ fn trace_one() {
     let mut e = engine(&path, EngineOptions { n_ctx: 64, ..Default::default() });
     e.eval_all(&fixture_tokens()).unwrap();
 }
+
+/// The full-size presets' real widths (head_dim 128 with n_embd 2688, K-quant fallbacks for
+/// rows of 2688 / 1856, 8 SSM groups, state 128, shared experts) on a few layers and experts:
+/// they load, run finite, and prefill == decode.
+#[test]
+fn full_size_widths_on_few_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cut = |name: &str, pattern: &'static str, n_expert: usize| {
+        let mut p = *ArchPreset::by_name(name).unwrap();
+        p.pattern = pattern;
+        p.n_vocab = 1024;
+        if p.n_expert > 0 {
+            p.n_expert = n_expert;
+            p.n_used = p.n_used.min(n_expert);
+        }
+        p
+    };
+    for p in [cut("nemotron-3-nano-30b-a3b", "ME*", 4), cut("granite-4.0-h-tiny", "MA", 4), cut("granite-4.0-h-micro", "AM", 0), cut("granite-4.0-micro", "A", 0)] {
+        let path = dir.path().join(format!("{}.gguf", p.name));
+        let spec = ArchSynthSpec { preset: p, ftype: Ftype::Q4_K_M, seed: 1, vocab_from: None };
+        write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        let ids: Vec<u32> = (0..8).map(|i| (i * 53 + 7) % 1000).collect();
+        let mut whole = engine(&path, EngineOptions { n_ctx: 32, ..Default::default() });
+        let mut single = engine(&path, EngineOptions { n_ctx: 32, n_batch: 1, ..Default::default() });
+        let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
+        for (pos, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(x.iter().all(|v| v.is_finite()), "{}: non-finite logits", p.name);
+            let e = nmse(x, y);
+            assert!(e <= 1e-5, "{}: position {pos}: prefill vs decode nmse {e}", p.name);
+        }
+    }
+}
