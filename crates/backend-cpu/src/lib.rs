@@ -44,13 +44,15 @@ use quarrel_core::{
 pub struct CpuBackend {
     spin: pool::SpinPool,
     n_threads: usize,
+    /// Expert selections per (layer, expert), for metrics.
+    moe_counts: std::sync::Mutex<Vec<Vec<u64>>>,
 }
 
 impl CpuBackend {
     /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
-        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n })
+        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default() })
     }
 
     pub fn n_threads(&self) -> usize {
@@ -187,8 +189,22 @@ impl Backend for CpuBackend {
         attention::attention(self, q, kv, layer, batch, p, out)
     }
 
-    fn moe_route(&self, logits: &Vec<f32>, bias: Option<&Vec<f32>>, p: &MoeRouting) -> Result<Vec<Route>> {
-        moe::moe_route(logits, bias.map(|b| b.as_slice()), p)
+    fn moe_route(&self, layer: usize, logits: &Vec<f32>, bias: Option<&Vec<f32>>, p: &MoeRouting) -> Result<Vec<Route>> {
+        let routes = moe::moe_route(logits, bias.map(|b| b.as_slice()), p)?;
+        let mut c = self.moe_counts.lock().unwrap_or_else(|e| e.into_inner());
+        if c.len() <= layer {
+            c.resize(layer + 1, vec![]);
+        }
+        let row = &mut c[layer];
+        if row.len() < p.n_expert {
+            row.resize(p.n_expert, 0);
+        }
+        routes.iter().for_each(|r| row[r.expert as usize] += 1);
+        Ok(routes)
+    }
+
+    fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
+        Ok(self.moe_counts.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     fn moe_matmul(&self, w: &CpuWeight, n_expert: usize, x: &Vec<f32>, routes: &[Route], x_per_token: bool, out: &mut Vec<f32>) -> Result<()> {

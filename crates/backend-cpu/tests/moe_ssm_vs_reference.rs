@@ -71,7 +71,10 @@ proptest! {
         let p = MoeRouting { n_expert: n_exp, n_used: k, gating: if sigmoid { Gating::Sigmoid } else { Gating::Softmax }, norm_weights: norm, scale: 2.5 };
         let logits = rnd(seed, 3 * n_exp, 6.0);
         let be = CpuBackend::new(1).unwrap();
-        let fast = be.moe_route(&logits, None, &p).unwrap();
+        let fast = be.moe_route(3, &logits, None, &p).unwrap();
+        let counts = be.moe_selections().unwrap();
+        prop_assert_eq!(counts[3].iter().sum::<u64>(), (3 * k) as u64);
+        prop_assert!(counts[..3].iter().all(|r| r.is_empty()));
         let want = quarrel_core::moe::route_reference(&logits, None, &p).unwrap();
         prop_assert_eq!(fast.len(), want.len());
         for (a, b) in fast.iter().zip(&want) {

@@ -86,10 +86,16 @@ pub trait Backend: Send + Sync + 'static {
 
     // ---- mixture of experts -------------------------------------------------------------
 
-    /// Route `logits (n_tok, n_expert)` (plus the optional selection `bias (n_expert)`):
-    /// `n_tok * n_used` routes, token-major (see `quarrel_core::moe::route_reference`).
-    fn moe_route(&self, _logits: &Self::Buf, _bias: Option<&Self::Buf>, _p: &MoeRouting) -> Result<Vec<Route>> {
+    /// Route `logits (n_tok, n_expert)` of model layer `layer` (plus the optional selection
+    /// `bias (n_expert)`): `n_tok * n_used` routes, token-major (see
+    /// `quarrel_core::moe::route_reference`). Backends count selections per (layer, expert).
+    fn moe_route(&self, _layer: usize, _logits: &Self::Buf, _bias: Option<&Self::Buf>, _p: &MoeRouting) -> Result<Vec<Route>> {
         Err(CoreError::Unsupported(format!("{}: moe_route", self.name())))
+    }
+    /// Expert selections counted so far: `counts[layer][expert]` (empty rows for layers
+    /// without experts).
+    fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
+        Err(CoreError::Unsupported(format!("{}: moe_selections", self.name())))
     }
     /// Grouped expert matmul over a 3-D weight `(n_in, n_out, n_expert)` used in place:
     /// `out (routes.len(), n_out)`, row `i` = `x[src] · W[routes[i].expert]ᵀ` where `src` is

@@ -257,8 +257,11 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     ) -> CoreResult<()> {
         self.timed(OpKind::Attention, || self.inner.attention(q, kv, layer, batch, p, out))
     }
-    fn moe_route(&self, logits: &Self::Buf, bias: Option<&Self::Buf>, p: &MoeRouting) -> CoreResult<Vec<Route>> {
-        self.timed(OpKind::MoeRoute, || self.inner.moe_route(logits, bias, p))
+    fn moe_route(&self, layer: usize, logits: &Self::Buf, bias: Option<&Self::Buf>, p: &MoeRouting) -> CoreResult<Vec<Route>> {
+        self.timed(OpKind::MoeRoute, || self.inner.moe_route(layer, logits, bias, p))
+    }
+    fn moe_selections(&self) -> CoreResult<Vec<Vec<u64>>> {
+        self.inner.moe_selections()
     }
     fn moe_matmul(&self, w: &Self::Weight, n_expert: usize, x: &Self::Buf, routes: &[Route], x_per_token: bool, out: &mut Self::Buf) -> CoreResult<()> {
         let (i, o) = self.inner.weight_dims(w);

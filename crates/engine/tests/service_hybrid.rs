@@ -48,7 +48,13 @@ fn concurrent_requests_on_hybrid_models_match_running_alone() {
             // the same prompt again: no stale state, no prefix reuse
             let mut again = h.submit(Request::new(Prompt::Tokens(prompts[3].clone()), greedy(9))).unwrap();
             assert_eq!(drain(&mut again), want[3], "{name}: repeated prompt");
-            assert_eq!(h.metrics().prefix_hit_tokens_total, 0);
+            let m = h.metrics();
+            assert_eq!(m.prefix_hit_tokens_total, 0);
+            // every token of every request went through each MoE layer: n_used selections each
+            let moe_layers: Vec<&Vec<u64>> = m.expert_selections.iter().filter(|r| !r.is_empty()).collect();
+            assert!(!moe_layers.is_empty(), "{name}: no expert selections recorded");
+            let sums: Vec<u64> = moe_layers.iter().map(|r| r.iter().sum()).collect();
+            assert!(sums.iter().all(|&s| s > 0 && s % 2 == 0 && s == sums[0]), "{name}: {sums:?}");
         }
     }
 }

@@ -39,6 +39,10 @@ pub trait StepModel {
     fn state_stats(&self) -> Option<(u64, u64)> {
         None
     }
+    /// MoE models: expert selections so far, `[layer][expert]`.
+    fn expert_selections(&self) -> Option<Vec<Vec<u64>>> {
+        None
+    }
     /// Copy recurrent state slot `src` to `dst`.
     fn copy_state(&mut self, _src: u32, _dst: u32) -> Result<(), String> {
         Err("the model has no recurrent state".into())
@@ -571,6 +575,9 @@ impl<M: StepModel> Scheduler<M> {
         m.kv_blocks_free = self.blocks.n_available();
         m.kv_blocks_cached = self.blocks.n_cached();
         m.kv_block_size = self.blocks.block_size();
+        if let Some(sel) = self.model.expert_selections() {
+            m.expert_selections = sel;
+        }
         if let Some((bytes, bad)) = self.model.state_stats() {
             m.recurrent_state_bytes = bytes;
             m.ssm_nonfinite_total = bad;

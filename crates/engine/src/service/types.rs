@@ -217,4 +217,7 @@ pub struct EngineMetrics {
     pub ssm_nonfinite_total: u64,
     /// Recurrent models: prefix checkpoints of the state held now.
     pub state_checkpoints: usize,
+    /// MoE models: tokens routed to each expert so far, `[layer][expert]` (empty rows for
+    /// layers without experts); utilization = a count over its row's sum.
+    pub expert_selections: Vec<Vec<u64>>,
 }

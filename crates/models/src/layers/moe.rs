@@ -25,6 +25,8 @@ pub struct MoeFfn<B: Backend> {
     pub ffn_down_exps: B::Weight,
     pub routing: MoeRouting,
     pub n_ff_exp: usize,
+    /// Model layer (for the backend's per-layer selection counts).
+    pub layer: usize,
 }
 
 impl<B: Backend> MoeFfn<B> {
@@ -47,6 +49,7 @@ impl<B: Backend> MoeFfn<B> {
             ffn_down_exps: expert_weight(be, g, &name("ffn_down_exps"), n_ff_exp, n_embd, ne)?,
             routing,
             n_ff_exp,
+            layer: il,
         })
     }
 
@@ -55,7 +58,7 @@ impl<B: Backend> MoeFfn<B> {
         let ne = self.routing.n_expert;
         let mut logits = be.alloc(n_tok * ne)?; // (n_tok, n_expert)
         be.matmul(&self.ffn_gate_inp, x, n_tok, &mut logits)?;
-        let routes = be.moe_route(&logits, self.exp_probs_b.as_ref(), &self.routing)?; // n_tok * n_used
+        let routes = be.moe_route(self.layer, &logits, self.exp_probs_b.as_ref(), &self.routing)?; // n_tok * n_used
         let r = routes.len();
         let mut up = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
         be.moe_matmul(&self.ffn_up_exps, ne, x, &routes, true, &mut up)?;
