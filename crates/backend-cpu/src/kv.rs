@@ -87,6 +87,8 @@ pub struct CpuKv {
     pub spec: KvSpec,
     pub(crate) k: Vec<Store>,
     pub(crate) v: Vec<Store>,
+    /// Recurrent (Mamba2) state, when the model has recurrent layers.
+    pub state: Option<crate::ssm::CpuState>,
 }
 
 impl CpuKv {
@@ -105,7 +107,7 @@ impl CpuKv {
         }
         let k = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer, spec.head_dim)).collect::<Result<_>>()?;
         let v = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer, spec.head_dim)).collect::<Result<_>>()?;
-        Ok(CpuKv { spec: spec.clone(), k, v })
+        Ok(CpuKv { spec: spec.clone(), k, v, state: None })
     }
 
     /// Element offset of a sequence position in a layer store.

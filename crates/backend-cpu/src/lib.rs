@@ -19,33 +19,42 @@
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
+//! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
+//! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
 
 pub mod actquant;
 mod attention;
 pub mod ggml_math;
 mod kv;
 mod matmul;
+pub mod moe;
 mod ops;
 pub mod pool;
 pub mod simd;
+pub mod ssm;
 mod weight;
 
 pub use kv::CpuKv;
 pub use weight::CpuWeight;
 
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, WeightSource};
+use quarrel_core::{
+    AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, Route, SsmParams, StateSpec,
+    WeightSource,
+};
 
 /// The CPU backend: a thread pool and run-time selected kernels.
 pub struct CpuBackend {
     spin: pool::SpinPool,
     n_threads: usize,
+    /// Expert selections per (layer, expert), for metrics.
+    moe_counts: std::sync::Mutex<Vec<Vec<u64>>>,
 }
 
 impl CpuBackend {
     /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
-        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n })
+        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default() })
     }
 
     pub fn n_threads(&self) -> usize {
@@ -180,5 +189,82 @@ impl Backend for CpuBackend {
         check_len("attention q", q.len(), batch.n_tokens() * p.n_head * p.head_dim)?;
         check_len("attention output", out.len(), q.len())?;
         attention::attention(self, q, kv, layer, batch, p, out)
+    }
+
+    fn moe_route(&self, layer: usize, logits: &Vec<f32>, bias: Option<&Vec<f32>>, p: &MoeRouting) -> Result<Vec<Route>> {
+        let routes = moe::moe_route(logits, bias.map(|b| b.as_slice()), p)?;
+        let mut c = self.moe_counts.lock().unwrap_or_else(|e| e.into_inner());
+        if c.len() <= layer {
+            c.resize(layer + 1, vec![]);
+        }
+        let row = &mut c[layer];
+        if row.len() < p.n_expert {
+            row.resize(p.n_expert, 0);
+        }
+        routes.iter().for_each(|r| row[r.expert as usize] += 1);
+        Ok(routes)
+    }
+
+    fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
+        Ok(self.moe_counts.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    fn moe_matmul(&self, w: &CpuWeight, n_expert: usize, x: &Vec<f32>, routes: &[Route], x_per_token: bool, out: &mut Vec<f32>) -> Result<()> {
+        moe::moe_matmul(self, w, n_expert, x, routes, x_per_token, out)
+    }
+
+    fn moe_combine(&self, y: &Vec<f32>, routes: &[Route], out: &mut Vec<f32>) -> Result<()> {
+        moe::moe_combine(y, routes, out)
+    }
+
+    fn relu_sqr(&self, x: &mut Vec<f32>) -> Result<()> {
+        x.iter_mut().for_each(|v| {
+            let r = v.max(0.0);
+            *v = r * r
+        });
+        Ok(())
+    }
+
+    fn alloc_state(&self, kv: &mut CpuKv, spec: &StateSpec) -> Result<()> {
+        for p in spec.layers.iter().flatten() {
+            p.validate().map_err(CoreError::Model)?;
+        }
+        kv.state = Some(ssm::CpuState::new(spec)?);
+        Ok(())
+    }
+
+    fn state_stats(&self, kv: &CpuKv) -> Result<(u64, u64)> {
+        let st = kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state".into()))?;
+        let bytes = st.spec.bytes_per_slot() as u64 * st.spec.n_slots as u64;
+        Ok((bytes, st.non_finite.load(std::sync::atomic::Ordering::Relaxed)))
+    }
+
+    fn state_copy(&self, kv: &mut CpuKv, src: usize, dst: usize) -> Result<()> {
+        kv.state.as_mut().ok_or_else(|| CoreError::Shape("the cache has no recurrent state".into()))?.copy_slot(src, dst)
+    }
+
+    fn ssm_conv(&self, kv: &mut CpuKv, layer: usize, p: &SsmParams, zxbcdt: &Vec<f32>, w: &Vec<f32>, bias: Option<&Vec<f32>>, batch: &ForwardBatch, out: &mut Vec<f32>) -> Result<()> {
+        ssm::ssm_conv(kv, layer, p, zxbcdt, w, bias.map(|b| b.as_slice()), batch, out)
+    }
+
+    fn ssm_scan(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        p: &SsmParams,
+        xbc: &Vec<f32>,
+        zxbcdt: &Vec<f32>,
+        a: &Vec<f32>,
+        d: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        batch: &ForwardBatch,
+        y: &mut Vec<f32>,
+    ) -> Result<u64> {
+        let args = ssm::ScanArgs { p, xbc, zxbcdt, a, d, dt_bias };
+        ssm::ssm_scan(self, kv, layer, &args, batch, y)
+    }
+
+    fn ssm_gated_norm(&self, p: &SsmParams, y: &Vec<f32>, zxbcdt: &Vec<f32>, w: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        ssm::ssm_gated_norm(self, p, y, zxbcdt, w, out)
     }
 }

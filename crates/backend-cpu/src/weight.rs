@@ -12,6 +12,8 @@ pub struct CpuWeight {
     pub n_out: usize,
     gguf: Arc<Gguf>,
     index: usize,
+    /// First row of this view within the tensor (nonzero for one expert of a 3-D tensor).
+    row0: usize,
     /// f32 copy for 1-D weights (norms, biases): tiny and used on every token.
     f32_data: Option<Vec<f32>>,
 }
@@ -34,12 +36,32 @@ impl CpuWeight {
         } else {
             None
         };
-        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, f32_data })
+        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data })
     }
 
-    /// The raw bytes of the whole tensor (borrowed from the mmap).
+    /// The raw bytes of this weight's rows (borrowed from the mmap).
     pub fn bytes(&self) -> &[u8] {
-        self.gguf.tensor_bytes(&self.gguf.tensors()[self.index])
+        let all = self.gguf.tensor_bytes(&self.gguf.tensors()[self.index]);
+        let rb = self.row_bytes();
+        &all[self.row0 * rb..(self.row0 + self.n_out) * rb]
+    }
+
+    /// Expert `e` of a weight holding `n_expert` stacked matrices (a 3-D GGUF tensor
+    /// `(n_in, n_out, n_expert)`): a zero-copy view of its `n_out / n_expert` rows.
+    pub fn expert(&self, e: usize, n_expert: usize) -> Result<CpuWeight> {
+        if n_expert == 0 || self.n_out % n_expert != 0 || e >= n_expert {
+            return Err(CoreError::Shape(format!("expert {e} of {n_expert} in a weight of {} rows", self.n_out)));
+        }
+        let n = self.n_out / n_expert;
+        Ok(CpuWeight {
+            ty: self.ty,
+            n_in: self.n_in,
+            n_out: n,
+            gguf: Arc::clone(&self.gguf),
+            index: self.index,
+            row0: self.row0 + e * n,
+            f32_data: None,
+        })
     }
 
     pub fn row_bytes(&self) -> usize {

@@ -149,6 +149,7 @@ fn f16_decode_attention_matches_naive_softmax() {
             positions: vec![t as u32],
             seqs: vec![SeqBatch { start: 0, len: 1, block_table: table.clone() }],
             logits_rows: vec![],
+            state_slots: vec![],
         };
         let row = nkv * hd;
         be.kv_store(&mut kv, 0, &k[t * row..(t + 1) * row].to_vec(), &v[t * row..(t + 1) * row].to_vec(), &batch).unwrap();

@@ -61,6 +61,7 @@ proptest! {
             positions: (0..n as u32).collect(),
             seqs: vec![SeqBatch { start: 0, len: n, block_table: table }],
             logits_rows: vec![],
+            state_slots: vec![],
         };
         let (k, v, q) = (rnd(seed, n * nkv * hd), rnd(seed ^ 1, n * nkv * hd), rnd(seed ^ 2, n * nh * hd));
         let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: None, softcap: None };

@@ -75,6 +75,7 @@ fn paged_attention_matches_naive_softmax() {
         positions: (0..n as u32).collect(),
         seqs: vec![SeqBatch { start: 0, len: n, block_table: table }],
         logits_rows: vec![],
+        state_slots: vec![],
     };
     let k = rnd(1, n * nkv * hd, 2.0);
     let v = rnd(2, n * nkv * hd, 2.0);

@@ -4,7 +4,7 @@
 //! ggml layout: `dims[0]` = row length = input features), the KV cache is `Kv` (paged, owned by
 //! the engine). A backend that lacks an op returns `CoreError::Unsupported`.
 
-use crate::{ForwardBatch, KvSpec, QuantType, Result, RopeParams};
+use crate::{CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, Route, SsmParams, StateSpec};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -83,4 +83,91 @@ pub trait Backend: Send + Sync + 'static {
         p: &AttnParams,
         out: &mut Self::Buf,
     ) -> Result<()>;
+
+    // ---- mixture of experts -------------------------------------------------------------
+
+    /// Route `logits (n_tok, n_expert)` of model layer `layer` (plus the optional selection
+    /// `bias (n_expert)`): `n_tok * n_used` routes, token-major (see
+    /// `quarrel_core::moe::route_reference`). Backends count selections per (layer, expert).
+    fn moe_route(&self, _layer: usize, _logits: &Self::Buf, _bias: Option<&Self::Buf>, _p: &MoeRouting) -> Result<Vec<Route>> {
+        Err(CoreError::Unsupported(format!("{}: moe_route", self.name())))
+    }
+    /// Expert selections counted so far: `counts[layer][expert]` (empty rows for layers
+    /// without experts).
+    fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
+        Err(CoreError::Unsupported(format!("{}: moe_selections", self.name())))
+    }
+    /// Grouped expert matmul over a 3-D weight `(n_in, n_out, n_expert)` used in place:
+    /// `out (routes.len(), n_out)`, row `i` = `x[src] · W[routes[i].expert]ᵀ` where `src` is
+    /// `routes[i].token` when `x_per_token` (x is `(n_tok, n_in)`), else `i` (x is
+    /// `(routes.len(), n_in)`). Each expert's weights are read once for all its rows.
+    fn moe_matmul(&self, _w: &Self::Weight, _n_expert: usize, _x: &Self::Buf, _routes: &[Route], _x_per_token: bool, _out: &mut Self::Buf) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: moe_matmul", self.name())))
+    }
+    /// `out[token] += weight * y[i]` for every route `i`; `y (routes.len(), dim)`.
+    fn moe_combine(&self, _y: &Self::Buf, _routes: &[Route], _out: &mut Self::Buf) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: moe_combine", self.name())))
+    }
+    /// `x = relu(x)²` in place (Nemotron-H feed-forward).
+    fn relu_sqr(&self, _x: &mut Self::Buf) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: relu_sqr", self.name())))
+    }
+
+    // ---- recurrent (Mamba2) layers ------------------------------------------------------
+
+    /// Give `kv` recurrent state storage for `spec` (zeroed).
+    fn alloc_state(&self, _kv: &mut Self::Kv, _spec: &StateSpec) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))
+    }
+    /// Recurrent state held by `kv`: (bytes allocated, non-finite values met in SSM state so far).
+    fn state_stats(&self, _kv: &Self::Kv) -> Result<(u64, u64)> {
+        Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))
+    }
+    /// Copy every recurrent layer's state of slot `src` to slot `dst` (prefix checkpoints).
+    fn state_copy(&self, _kv: &mut Self::Kv, _src: usize, _dst: usize) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: recurrent state", self.name())))
+    }
+    /// Causal depthwise conv1d of layer `layer` over the `xBC` columns of `zxbcdt
+    /// (n_tok, d_in_proj)`, continuing each sequence's carried conv state (slot
+    /// `batch.state_slots[s]`, reset when the sequence starts at position 0), plus bias, then
+    /// SiLU -> `out (n_tok, conv_dim)`. `w (conv_dim * d_conv)`, `bias (conv_dim)`.
+    #[allow(clippy::too_many_arguments)]
+    fn ssm_conv(
+        &self,
+        _kv: &mut Self::Kv,
+        _layer: usize,
+        _p: &SsmParams,
+        _zxbcdt: &Self::Buf,
+        _w: &Self::Buf,
+        _bias: Option<&Self::Buf>,
+        _batch: &ForwardBatch,
+        _out: &mut Self::Buf,
+    ) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: ssm_conv", self.name())))
+    }
+    /// Selective scan of layer `layer`: `xbc (n_tok, conv_dim)` from `ssm_conv`, raw dt from
+    /// the last `n_head` columns of `zxbcdt`, per-head `a`, `d`, `dt_bias` (`n_head` each);
+    /// continues each sequence's ssm state -> `y (n_tok, d_inner)` including the D skip.
+    /// Returns the number of non-finite values met in the state (0 when healthy).
+    #[allow(clippy::too_many_arguments)]
+    fn ssm_scan(
+        &self,
+        _kv: &mut Self::Kv,
+        _layer: usize,
+        _p: &SsmParams,
+        _xbc: &Self::Buf,
+        _zxbcdt: &Self::Buf,
+        _a: &Self::Buf,
+        _d: &Self::Buf,
+        _dt_bias: &Self::Buf,
+        _batch: &ForwardBatch,
+        _y: &mut Self::Buf,
+    ) -> Result<u64> {
+        Err(CoreError::Unsupported(format!("{}: ssm_scan", self.name())))
+    }
+    /// `out = rmsnorm over groups of d_inner/n_group (silu(z) * y) * w`, z the first
+    /// `d_inner` columns of `zxbcdt`; `w (d_inner)`.
+    fn ssm_gated_norm(&self, _p: &SsmParams, _y: &Self::Buf, _zxbcdt: &Self::Buf, _w: &Self::Buf, _out: &mut Self::Buf) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: ssm_gated_norm", self.name())))
+    }
 }

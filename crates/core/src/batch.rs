@@ -20,6 +20,10 @@ pub struct ForwardBatch {
     pub seqs: Vec<SeqBatch>,
     /// Token indices whose logits are wanted, in output order.
     pub logits_rows: Vec<usize>,
+    /// Recurrent-state slot of each sequence (parallel to `seqs`; empty for models without
+    /// recurrent layers). A sequence whose first token in the batch is at position 0 starts
+    /// from a zero state; otherwise it continues from what its slot holds.
+    pub state_slots: Vec<u32>,
 }
 
 impl ForwardBatch {
@@ -49,6 +53,9 @@ impl ForwardBatch {
         }
         if covered != self.tokens.len() {
             return Err(format!("sequences cover {covered} of {} tokens", self.tokens.len()));
+        }
+        if !self.state_slots.is_empty() && self.state_slots.len() != self.seqs.len() {
+            return Err(format!("{} state slots for {} sequences", self.state_slots.len(), self.seqs.len()));
         }
         if let Some(&r) = self.logits_rows.iter().find(|&&r| r >= self.tokens.len()) {
             return Err(format!("logits row {r} out of range"));

@@ -12,6 +12,8 @@
 //! | `batch`   | `ForwardBatch`: flat tokens of several sequences, positions, block tables, logits rows |
 //! | `cache`   | cache specs a model declares (`KvSpec`), KV element types |
 //! | `rope`    | RoPE parameters (style, base, scaling) |
+//! | `moe`     | MoE routing parameters, `Route`, the host reference router |
+//! | `ssm`     | Mamba2 shapes, recurrent `StateSpec`, reference conv / scan / gated norm |
 //! | `error`   | `CoreError` |
 //! | `trace`   | named intermediates for golden diffs (no-op unless enabled) |
 
@@ -19,6 +21,8 @@ mod backend;
 mod batch;
 mod cache;
 mod error;
+pub mod moe;
+pub mod ssm;
 mod rope;
 pub mod trace;
 
@@ -26,5 +30,7 @@ pub use backend::{AttnParams, Backend, WeightSource};
 pub use batch::{ForwardBatch, SeqBatch};
 pub use cache::{KvSpec, KvType};
 pub use error::{CoreError, Result};
+pub use moe::{Gating, MoeRouting, Route};
+pub use ssm::{SsmParams, StateSpec};
 pub use rope::{RopeParams, RopeStyle};
 pub use quarrel_quant::QuantType;

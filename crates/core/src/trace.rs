@@ -13,7 +13,13 @@ pub fn enabled() -> bool {
     filter().is_some()
 }
 
-/// Print name, layer, length, sum, sum of squares and the first values to stderr.
+fn row_width() -> Option<usize> {
+    static W: OnceLock<Option<usize>> = OnceLock::new();
+    *W.get_or_init(|| std::env::var("QUARREL_TRACE_ROW").ok().and_then(|v| v.parse().ok()).filter(|&w| w > 0))
+}
+
+/// Print name, layer, length, sum, sum of squares and the first values to stderr; with
+/// `QUARREL_TRACE_ROW=<width>` also each row's sum and sum of squares (per-token diffs).
 pub fn trace(name: &str, layer: usize, values: &[f32]) {
     let Some(f) = filter() else { return };
     if f != "all" && !f.split(',').any(|x| x == name) {
@@ -23,4 +29,11 @@ pub fn trace(name: &str, layer: usize, values: &[f32]) {
     let sq: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
     let head: Vec<String> = values.iter().take(4).map(|v| format!("{v:.6}")).collect();
     eprintln!("trace {name:>14} L{layer:<3} n={:<8} sum={sum:.6e} sq={sq:.6e} [{}]", values.len(), head.join(", "));
+    if let Some(w) = row_width().filter(|w| values.len() % w == 0) {
+        for (r, row) in values.chunks(w).enumerate() {
+            let s: f64 = row.iter().map(|&v| v as f64).sum();
+            let q: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+            eprintln!("row {name}-{layer} {r} {s:.9e} {q:.9e} {:.9} {:.9}", row[0], row.get(1).copied().unwrap_or(0.0));
+        }
+    }
 }

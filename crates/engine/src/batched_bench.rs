@@ -55,6 +55,7 @@ impl<B: Backend> Engine<B> {
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xBA7C ^ ((pp as u64) << 40) ^ ((tg as u64) << 20) ^ pl as u64);
         let n_vocab = self.n_vocab() as u32;
+        let slots = self.state_slots(pl)?;
         let mut tables: Vec<Vec<u32>> = vec![vec![]; pl];
         let r = (|| {
             for t in tables.iter_mut() {
@@ -80,6 +81,9 @@ impl<B: Backend> Engine<B> {
                         i += 1;
                     }
                     b.seqs.push(SeqBatch { start, len: b.tokens.len() - start, block_table: tables[s].clone() });
+                    if let Some(&slot) = slots.get(s) {
+                        b.state_slots.push(slot);
+                    }
                 }
                 self.model.forward(&self.backend, &b, &mut self.kv)?;
             }
@@ -91,6 +95,7 @@ impl<B: Backend> Engine<B> {
                     positions: vec![(pp + step) as u32; pl],
                     seqs: (0..pl).map(|s| SeqBatch { start: s, len: 1, block_table: tables[s].clone() }).collect(),
                     logits_rows: (0..pl).collect(),
+                    state_slots: slots.clone(),
                 };
                 self.model.forward(&self.backend, &b, &mut self.kv)?;
             }

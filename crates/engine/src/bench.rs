@@ -14,7 +14,9 @@
 //! exact for synchronous backends such as the CPU one.
 
 use crate::engine::{Engine, EngineError};
-use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, QuantType, Result as CoreResult, RopeParams, WeightSource};
+use quarrel_core::{
+    AttnParams, Backend, ForwardBatch, KvSpec, MoeRouting, QuantType, Result as CoreResult, RopeParams, Route, SsmParams, StateSpec, WeightSource,
+};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -89,6 +91,15 @@ pub enum OpKind {
     Attention,
     /// alloc, upload, download.
     Memory,
+    /// MoE router (probabilities, top-k, weights).
+    MoeRoute,
+    /// Grouped expert matmul with a weight of this type and `(n_in, n_out * n_expert)` shape.
+    MoeMatmul(QuantTypeKey, usize, usize),
+    MoeCombine,
+    ReluSqr,
+    SsmConv,
+    SsmScan,
+    SsmNorm,
 }
 
 /// A `QuantType` that sorts (by its name).
@@ -121,6 +132,13 @@ impl std::fmt::Display for OpKind {
             OpKind::KvStore => f.write_str("kv_store"),
             OpKind::Attention => f.write_str("attention"),
             OpKind::Memory => f.write_str("alloc/upload/download"),
+            OpKind::MoeRoute => f.write_str("moe_route"),
+            OpKind::MoeMatmul(t, i, o) => write!(f, "moe_matmul {} {i}x{o}", t.0.name()),
+            OpKind::MoeCombine => f.write_str("moe_combine"),
+            OpKind::ReluSqr => f.write_str("relu_sqr"),
+            OpKind::SsmConv => f.write_str("ssm_conv"),
+            OpKind::SsmScan => f.write_str("ssm_scan"),
+            OpKind::SsmNorm => f.write_str("ssm_gated_norm"),
         }
     }
 }
@@ -238,6 +256,63 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
         out: &mut Self::Buf,
     ) -> CoreResult<()> {
         self.timed(OpKind::Attention, || self.inner.attention(q, kv, layer, batch, p, out))
+    }
+    fn moe_route(&self, layer: usize, logits: &Self::Buf, bias: Option<&Self::Buf>, p: &MoeRouting) -> CoreResult<Vec<Route>> {
+        self.timed(OpKind::MoeRoute, || self.inner.moe_route(layer, logits, bias, p))
+    }
+    fn moe_selections(&self) -> CoreResult<Vec<Vec<u64>>> {
+        self.inner.moe_selections()
+    }
+    fn moe_matmul(&self, w: &Self::Weight, n_expert: usize, x: &Self::Buf, routes: &[Route], x_per_token: bool, out: &mut Self::Buf) -> CoreResult<()> {
+        let (i, o) = self.inner.weight_dims(w);
+        let kind = OpKind::MoeMatmul(QuantTypeKey(self.inner.weight_type(w)), i, o);
+        self.timed(kind, || self.inner.moe_matmul(w, n_expert, x, routes, x_per_token, out))
+    }
+    fn moe_combine(&self, y: &Self::Buf, routes: &[Route], out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::MoeCombine, || self.inner.moe_combine(y, routes, out))
+    }
+    fn relu_sqr(&self, x: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::ReluSqr, || self.inner.relu_sqr(x))
+    }
+    fn alloc_state(&self, kv: &mut Self::Kv, spec: &StateSpec) -> CoreResult<()> {
+        self.inner.alloc_state(kv, spec)
+    }
+    fn state_stats(&self, kv: &Self::Kv) -> CoreResult<(u64, u64)> {
+        self.inner.state_stats(kv)
+    }
+    fn state_copy(&self, kv: &mut Self::Kv, src: usize, dst: usize) -> CoreResult<()> {
+        self.timed(OpKind::Memory, || self.inner.state_copy(kv, src, dst))
+    }
+    fn ssm_conv(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        p: &SsmParams,
+        zxbcdt: &Self::Buf,
+        w: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        batch: &ForwardBatch,
+        out: &mut Self::Buf,
+    ) -> CoreResult<()> {
+        self.timed(OpKind::SsmConv, || self.inner.ssm_conv(kv, layer, p, zxbcdt, w, bias, batch, out))
+    }
+    fn ssm_scan(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        p: &SsmParams,
+        xbc: &Self::Buf,
+        zxbcdt: &Self::Buf,
+        a: &Self::Buf,
+        d: &Self::Buf,
+        dt_bias: &Self::Buf,
+        batch: &ForwardBatch,
+        y: &mut Self::Buf,
+    ) -> CoreResult<u64> {
+        self.timed(OpKind::SsmScan, || self.inner.ssm_scan(kv, layer, p, xbc, zxbcdt, a, d, dt_bias, batch, y))
+    }
+    fn ssm_gated_norm(&self, p: &SsmParams, y: &Self::Buf, zxbcdt: &Self::Buf, w: &Self::Buf, out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::SsmNorm, || self.inner.ssm_gated_norm(p, y, zxbcdt, w, out))
     }
 }
 

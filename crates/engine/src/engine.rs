@@ -1,7 +1,7 @@
 //! `Engine`: a loaded model with its tokenizer, KV cache and block pool.
 
 use crate::blocks::{BlockPool, OutOfBlocks};
-use quarrel_core::{Backend, CoreError, ForwardBatch, KvSpec, KvType, SeqBatch};
+use quarrel_core::{Backend, CoreError, ForwardBatch, KvSpec, KvType, SeqBatch, StateSpec};
 use quarrel_gguf::Gguf;
 use quarrel_models::Model;
 use quarrel_tokenizer::Tokenizer;
@@ -38,11 +38,14 @@ pub struct EngineOptions {
     /// KV memory budget in bytes: when set, the block pool holds as many blocks as fit in it
     /// (at least one full context), instead of `n_seq` full contexts.
     pub kv_mem: Option<usize>,
+    /// Recurrent models: state snapshots kept for prefix reuse (each a copy of one
+    /// sequence's whole recurrent state), taken at prompt-chunk boundaries.
+    pub n_state_checkpoints: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16, kv_mem: None }
+        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16, kv_mem: None, n_state_checkpoints: 8 }
     }
 }
 
@@ -56,6 +59,10 @@ pub struct Engine<B: Backend> {
     pub(crate) kv: B::Kv,
     pub(crate) pool: BlockPool,
     pub opts: EngineOptions,
+    /// Recurrent-state slots in the cache (0 for models without recurrent layers):
+    /// `n_seq` for concurrent sequences, one scratch slot (embeddings), then
+    /// `n_state_checkpoints` prefix checkpoints.
+    pub(crate) n_state_slots: usize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -89,9 +96,31 @@ impl<B: Backend> Engine<B> {
             spec.n_blocks = kv_blocks_for_budget(&spec, budget, opts.n_ctx)?;
         }
         let n_blocks = spec.n_blocks;
-        let kv = backend.alloc_kv(&spec)?;
+        let mut kv = backend.alloc_kv(&spec)?;
+        let n_state_slots = if info.is_recurrent() {
+            let n_slots = opts.n_seq + 1 + opts.n_state_checkpoints;
+            backend.alloc_state(&mut kv, &StateSpec { n_slots, layers: info.recurrent.clone() })?;
+            n_slots
+        } else {
+            0
+        };
         let pool = BlockPool::new(n_blocks, opts.block_size);
-        Ok(Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts })
+        Ok(Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts, n_state_slots })
+    }
+
+    /// Recurrent-state slots for `n` sequences of one batch (empty when the model has no
+    /// recurrent layers); an error when the cache has fewer.
+    pub(crate) fn state_slots(&self, n: usize) -> Result<Vec<u32>, EngineError> {
+        if self.n_state_slots == 0 {
+            return Ok(vec![]);
+        }
+        if n > self.n_state_slots {
+            return Err(EngineError::InvalidRequest(format!(
+                "{n} sequences in one batch, but the recurrent state has {} slots (raise n_seq)",
+                self.n_state_slots
+            )));
+        }
+        Ok((0..n as u32).collect())
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -182,6 +211,7 @@ impl<B: Backend> Engine<B> {
                 positions: (0..chunk.len()).map(|i| (start_pos + c0 + i) as u32).collect(),
                 seqs: vec![SeqBatch { start: 0, len: chunk.len(), block_table: table.clone() }],
                 logits_rows: rows.clone(),
+                state_slots: self.state_slots(1)?,
             };
             let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
             out.extend(logits.chunks(n_vocab).map(|r| r.to_vec()));
@@ -207,6 +237,7 @@ impl<B: Backend> Engine<B> {
                 batch.seqs.push(SeqBatch { start, len: toks.len(), block_table: tables[s].clone() });
             }
             batch.logits_rows = (0..batch.tokens.len()).collect();
+            batch.state_slots = self.state_slots(seqs.len())?;
             Ok(self.model.forward(&self.backend, &batch, &mut self.kv)?)
         })();
         for t in &mut tables {

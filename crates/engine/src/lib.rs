@@ -12,14 +12,14 @@
 //!
 //! | module       | responsibility |
 //! |--------------|----------------|
-//! | `engine`     | `Engine`: loads a model, owns the KV cache and block pool, runs sequences |
+//! | `engine`     | `Engine`: loads a model, owns the KV cache, recurrent state slots and block pool, runs sequences |
 //! | `generate`   | one completion: prefill, decode loop, streaming events, finish reasons |
 //! | `batched_bench` | llama-batched-bench's protocol over N parallel sequences |
 //! | `perplexity` | llama.cpp's perplexity protocol |
 //! | `sampler`    | sampling chain (penalties, top-k/p, min-p, temperature, seed) |
 //! | `stop`       | stop strings over streamed text |
 //! | `blocks`     | KV block pool (synchronous paths) |
-//! | `service`    | continuous batching: step loop thread, scheduler, prefix cache, async API |
+//! | `service`    | continuous batching: step loop thread, scheduler, prefix cache (with recurrent-state checkpoints for hybrid models), async API |
 //! | `embedding`  | text embeddings: model-family task prefixes, pooling choice, `embed_texts` |
 
 mod batched_bench;

@@ -31,6 +31,7 @@ fn main() {
             positions: (pos..pos + c.len() as u32).collect(),
             seqs: vec![quarrel_core::SeqBatch { start: 0, len: c.len(), block_table: table.clone() }],
             logits_rows: (0..c.len()).collect(),
+            state_slots: vec![],
         };
         all.extend(m.forward(&be, &b, &mut kv).expect("forward"));
         pos += c.len() as u32;

@@ -25,6 +25,7 @@ fn main() {
             positions: (pos..pos + batch_toks.len() as u32).collect(),
             seqs: vec![quarrel_core::SeqBatch { start: 0, len: batch_toks.len(), block_table: table.clone() }],
             logits_rows: vec![batch_toks.len() - 1],
+            state_slots: vec![],
         };
         let logits = m.forward(&be, &b, &mut kv).expect("forward");
         pos += batch_toks.len() as u32;

@@ -54,4 +54,28 @@ impl<'a> Hparams<'a> {
         }
         Ok(self.g.get_array("tokenizer.ggml.tokens")?.map_or(0, |a| a.len()))
     }
+
+    pub fn opt_bool(&self, suffix: &str) -> Result<Option<bool>> {
+        Ok(self.g.get_bool(&self.key(suffix))?)
+    }
+
+    /// A per-layer value: an array of `n_layer` integers, or one integer for all layers, or
+    /// `default` when absent (an error when there is no default).
+    pub fn per_layer(&self, suffix: &str, n_layer: usize, default: Option<usize>) -> Result<Vec<usize>> {
+        let k = self.key(suffix);
+        if let Some(items) = self.g.get_array(&k).ok().flatten() {
+            if items.len() != n_layer {
+                return Err(CoreError::Model(format!("{k} has {} values for {n_layer} layers", items.len())));
+            }
+            return items
+                .iter()
+                .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| CoreError::Model(format!("{k}: non-integer value"))))
+                .collect();
+        }
+        match (self.g.get_u64(&k)?, default) {
+            (Some(v), _) => Ok(vec![v as usize; n_layer]),
+            (None, Some(d)) => Ok(vec![d; n_layer]),
+            (None, None) => Err(CoreError::Gguf(quarrel_gguf::GgufError::MissingKey(k))),
+        }
+    }
 }

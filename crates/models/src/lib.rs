@@ -3,18 +3,19 @@
 //! ```text
 //!  Gguf ──registry::load──► arch/<general.architecture>.rs: Config::from_gguf ─► Weights::load
 //!                                                           └─► forward(batch, kv) ─► logits
-//!                     shared building blocks: layers/{attention, mlp}.rs over the Backend trait
+//!                     shared building blocks: layers/{attention, mlp, moe, mamba2}.rs over the Backend trait
 //! ```
 //!
 //! | module     | responsibility |
 //! |------------|----------------|
 //! | `model`    | the `Model` trait every architecture implements; `ModelInfo` |
 //! | `hparams`  | typed reading of `{arch}.*` metadata keys |
-//! | `layers`   | attention (paged, GQA, RoPE), SwiGLU MLP |
-//! | `arch`     | one file per GGUF architecture name |
+//! | `layers`   | attention (paged, GQA, RoPE), SwiGLU / squared-ReLU MLP, MoE FFN, Mamba2 mixer |
+//! | `arch`     | one file per GGUF architecture name (llama, granite*, mamba2, nemotron_h*) |
 //! | `registry` | architecture name -> loader, one line each |
 //!
-//! Models own no state: the KV cache is the engine's, passed into `forward`.
+//! Models own no state: the KV cache and the recurrent (Mamba2) state are the engine's, passed
+//! into `forward`; a model declares its recurrent layers in `ModelInfo::recurrent`.
 
 pub mod arch;
 pub mod hparams;

@@ -16,6 +16,16 @@ pub struct ModelInfo {
     pub head_dim: usize,
     /// Parameters (elements of all tensors), for display.
     pub n_params: u64,
+    /// Per layer: the Mamba2 shape of a recurrent layer, None otherwise (empty when the
+    /// model has no recurrent layers). The engine allocates one state slot per sequence.
+    pub recurrent: Vec<Option<quarrel_core::SsmParams>>,
+}
+
+impl ModelInfo {
+    /// Whether any layer carries recurrent state.
+    pub fn is_recurrent(&self) -> bool {
+        self.recurrent.iter().any(Option::is_some)
+    }
 }
 
 /// One architecture, loaded on one backend.

@@ -21,6 +21,12 @@ macro_rules! registry {
 
 registry! {
     "llama" => arch::llama::load,
+    "granite" => arch::granite::load,
+    "granitemoe" => arch::granitemoe::load,
+    "granitehybrid" => arch::granitehybrid::load,
+    "mamba2" => arch::mamba2::load,
+    "nemotron_h" => arch::nemotron_h::load,
+    "nemotron_h_moe" => arch::nemotron_h_moe::load,
 }
 
 pub fn supported_architectures() -> &'static [&'static str] {

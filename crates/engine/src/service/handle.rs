@@ -68,6 +68,31 @@ impl<B: Backend> StepModel for EngineModel<B> {
         let e = &mut self.0;
         e.model.hidden(&e.backend, batch, &mut e.kv).map_err(|e| e.to_string())
     }
+
+    fn state_slots(&self) -> usize {
+        self.0.n_state_slots
+    }
+
+    fn expert_selections(&self) -> Option<Vec<Vec<u64>>> {
+        self.0.backend.moe_selections().ok().filter(|v| !v.is_empty())
+    }
+
+    fn state_stats(&self) -> Option<(u64, u64)> {
+        (self.0.n_state_slots > 0).then(|| self.0.backend.state_stats(&self.0.kv).ok()).flatten()
+    }
+
+    fn checkpoint_slots(&self) -> usize {
+        if self.0.n_state_slots == 0 {
+            0
+        } else {
+            self.0.opts.n_state_checkpoints
+        }
+    }
+
+    fn copy_state(&mut self, src: u32, dst: u32) -> Result<(), String> {
+        let e = &mut self.0;
+        e.backend.state_copy(&mut e.kv, src as usize, dst as usize).map_err(|e| e.to_string())
+    }
 }
 
 impl EngineHandle {

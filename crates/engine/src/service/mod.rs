@@ -15,13 +15,15 @@
 //! | `types`     | requests, events, errors, options, metrics, model summary |
 //! | `blocks`    | KV blocks with reference counts and the hashed prefix cache |
 //! | `seq`       | one request's state: tokens, KV progress, sampler, text, channel |
-//! | `scheduler` | the step: budget, admission, preemption, execution, sampling |
+//! | `scheduler` | the step: budget, admission, preemption, execution, sampling; recurrent state slots |
+//! | `state`     | recurrent-state checkpoints at chunk boundaries (prefix reuse for hybrid models) |
 //! | `handle`    | `EngineHandle` (thread + command channel) and `RequestStream` |
 
 mod blocks;
 mod handle;
 mod scheduler;
 mod seq;
+mod state;
 mod types;
 
 pub use blocks::{block_hash, BlockManager};

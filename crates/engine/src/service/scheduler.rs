@@ -6,6 +6,7 @@
 
 use super::blocks::BlockManager;
 use super::seq::Seq;
+use super::state::Checkpoints;
 use super::types::{Embeddings, EngineMetrics, Pooling, RequestId, ServiceError, ServiceOptions, StreamEvent};
 use crate::generate::FinishReason;
 use quarrel_core::{ForwardBatch, SeqBatch};
@@ -25,7 +26,31 @@ pub trait StepModel {
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
     /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
     fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+    /// Recurrent-state slots the model's cache holds (0: no recurrent layers). The last
+    /// slot is scratch (embeddings); running requests get one of the others each.
+    fn state_slots(&self) -> usize {
+        0
+    }
+    /// Of `state_slots`, how many (the last ones) hold prefix checkpoints.
+    fn checkpoint_slots(&self) -> usize {
+        0
+    }
+    /// Recurrent state: (bytes allocated, non-finite values met so far).
+    fn state_stats(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// MoE models: expert selections so far, `[layer][expert]`.
+    fn expert_selections(&self) -> Option<Vec<Vec<u64>>> {
+        None
+    }
+    /// Copy recurrent state slot `src` to `dst`.
+    fn copy_state(&mut self, _src: u32, _dst: u32) -> Result<(), String> {
+        Err("the model has no recurrent state".into())
+    }
 }
+
+/// Recurrent models: prompt chunks (and so state checkpoints) every this many tokens at most.
+const RECURRENT_CHUNK: usize = 128;
 
 pub struct Scheduler<M: StepModel> {
     pub model: M,
@@ -38,6 +63,12 @@ pub struct Scheduler<M: StepModel> {
     /// Requests accepted but not yet admitted (shared with the handle for back-pressure).
     queued: Arc<AtomicUsize>,
     pub metrics: EngineMetrics,
+    /// Recurrent models: the state slot of each running request, and the free ones.
+    slot_of: std::collections::HashMap<RequestId, u32>,
+    free_slots: Vec<u32>,
+    scratch_slot: Option<u32>,
+    /// Recurrent models: state checkpoints by the hash of the full block they end with.
+    ckpt: Checkpoints,
 }
 
 impl<M: StepModel> Scheduler<M> {
@@ -50,9 +81,39 @@ impl<M: StepModel> Scheduler<M> {
         opts: ServiceOptions,
         queued: Arc<AtomicUsize>,
     ) -> Scheduler<M> {
+        let mut opts = opts;
+        let n_slots = model.state_slots();
+        let n_ckpt = model.checkpoint_slots().min(n_slots.saturating_sub(2));
+        let n_run = n_slots.saturating_sub(1 + n_ckpt);
+        if n_slots > 0 {
+            // recurrent state is per sequence, not per block: cached KV blocks resume a
+            // sequence only together with a state checkpoint taken where they end. Those are
+            // taken at prompt-chunk boundaries, so chunks are kept short (and whole blocks).
+            if n_ckpt == 0 {
+                opts.prefix_cache = false;
+            } else {
+                let pc = opts.prompt_chunk.min(RECURRENT_CHUNK.max(block_size));
+                opts.prompt_chunk = (pc / block_size).max(1) * block_size;
+            }
+            opts.max_running = opts.max_running.min(n_run).max(1);
+        }
         let blocks = BlockManager::new(n_blocks, block_size, opts.prefix_cache);
         debug_assert!(opts.prompt_chunk > 0 && opts.max_batch_tokens > 0, "ServiceOptions::resolved first");
-        let mut s = Scheduler { model, tok, blocks, opts, n_ctx, waiting: vec![], running: vec![], queued, metrics: EngineMetrics::default() };
+        let mut s = Scheduler {
+            model,
+            tok,
+            blocks,
+            opts,
+            n_ctx,
+            waiting: vec![],
+            running: vec![],
+            queued,
+            metrics: EngineMetrics::default(),
+            slot_of: Default::default(),
+            free_slots: (0..n_run as u32).rev().collect(),
+            scratch_slot: (n_slots > 0).then_some(n_run as u32),
+            ckpt: Checkpoints::new(n_run as u32 + 1..(n_run + 1 + n_ckpt) as u32),
+        };
         s.refresh_metrics(0);
         s
     }
@@ -231,7 +292,13 @@ impl<M: StepModel> Scheduler<M> {
             let mut s = self.waiting.remove(0);
             if s.n_computed == 0 && s.table.is_empty() {
                 let chain = s.cacheable_chain(bs);
-                let hits = self.blocks.lookup(&chain);
+                let mut hits = self.blocks.lookup(&chain);
+                if self.scratch_slot.is_some() && !hits.is_empty() {
+                    // recurrent: resume only where a state checkpoint exists
+                    let keep = self.restore_checkpoint(s.id, &chain[..hits.len()].iter().map(|c| c.0).collect::<Vec<_>>());
+                    let mut extra = hits.split_off(keep);
+                    self.blocks.release(&mut extra);
+                }
                 s.hashes = chain[..hits.len()].iter().map(|c| c.0).collect();
                 s.n_computed = hits.len() * bs;
                 if !s.admitted {
@@ -283,7 +350,74 @@ impl<M: StepModel> Scheduler<M> {
         n_tokens
     }
 
+    /// Give every running request a state slot (recurrent models); slots of requests no
+    /// longer running return to the free list first.
+    fn assign_slots(&mut self) {
+        if self.scratch_slot.is_none() {
+            return;
+        }
+        self.gc_slots(None);
+        let ids: Vec<RequestId> = self.running.iter().map(|s| s.id).collect();
+        for id in ids {
+            self.slot_for(id);
+        }
+    }
+
+    /// Return the slots of requests no longer running (`keep`: one about to run).
+    fn gc_slots(&mut self, keep: Option<RequestId>) {
+        let running: std::collections::HashSet<RequestId> = self.running.iter().map(|s| s.id).chain(keep).collect();
+        let free = &mut self.free_slots;
+        self.slot_of.retain(|id, slot| {
+            let keep = running.contains(id);
+            if !keep {
+                free.push(*slot);
+            }
+            keep
+        });
+    }
+
+    fn slot_for(&mut self, id: RequestId) -> Option<u32> {
+        if let Some(&s) = self.slot_of.get(&id) {
+            return Some(s);
+        }
+        let slot = self.free_slots.pop()?;
+        self.slot_of.insert(id, slot);
+        Some(slot)
+    }
+
+    /// Recurrent models: the longest prefix of the cached blocks `hashes` that ends where a
+    /// state checkpoint was taken; that checkpoint is copied into the request's slot. Returns
+    /// the number of blocks to keep (0: recompute from the start).
+    fn restore_checkpoint(&mut self, id: RequestId, hashes: &[u64]) -> usize {
+        let Some(k) = (1..=hashes.len()).rev().find(|&k| self.ckpt.slot_of.contains_key(&hashes[k - 1])) else { return 0 };
+        self.gc_slots(Some(id));
+        let (Some(src), Some(dst)) = (self.ckpt.get(hashes[k - 1]), self.slot_for(id)) else { return 0 };
+        match self.model.copy_state(src, dst) {
+            Ok(()) => k,
+            Err(_) => {
+                self.ckpt.forget(hashes[k - 1]);
+                0
+            }
+        }
+    }
+
+    /// Recurrent models: snapshot the state of requests whose prompt processing just ended a
+    /// chunk on a block boundary, under the hash of that block.
+    fn take_checkpoints(&mut self, done: &[(RequestId, usize, u64)]) {
+        for &(id, _, hash) in done {
+            if self.ckpt.slot_of.contains_key(&hash) {
+                continue;
+            }
+            let Some(&src) = self.slot_of.get(&id) else { continue };
+            let Some(dst) = self.ckpt.insert(hash) else { continue };
+            if self.model.copy_state(src, dst).is_err() {
+                self.ckpt.forget(hash);
+            }
+        }
+    }
+
     fn execute(&mut self) {
+        self.assign_slots();
         let mut batch = ForwardBatch::default();
         let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
         for (i, s) in self.running.iter().enumerate() {
@@ -294,6 +428,10 @@ impl<M: StepModel> Scheduler<M> {
             batch.tokens.extend_from_slice(&s.tokens[s.n_computed..s.n_computed + s.sched]);
             batch.positions.extend((s.n_computed..s.n_computed + s.sched).map(|p| p as u32));
             batch.seqs.push(SeqBatch { start, len: s.sched, block_table: s.table.clone() });
+            if self.scratch_slot.is_some() {
+                // max_running <= slots, so every running request has one
+                batch.state_slots.push(self.slot_of.get(&s.id).copied().unwrap_or(u32::MAX));
+            }
             if s.n_computed + s.sched == s.tokens.len() {
                 row_of[i] = Some(batch.logits_rows.len());
                 batch.logits_rows.push(start + s.sched - 1);
@@ -319,6 +457,8 @@ impl<M: StepModel> Scheduler<M> {
         };
         let bs = self.blocks.block_size();
         let mut finished = vec![];
+        let mut checkpoints = vec![];
+        let (recurrent_cache, pc) = (self.scratch_slot.is_some() && self.opts.prefix_cache, self.opts.prompt_chunk);
         for (i, s) in self.running.iter_mut().enumerate() {
             if s.sched == 0 {
                 continue;
@@ -336,6 +476,10 @@ impl<M: StepModel> Scheduler<M> {
                 self.blocks.register(s.table[b], parent, h, toks);
                 s.hashes.push(h);
             }
+            let n = s.n_computed;
+            if recurrent_cache && n <= s.prompt_len && n % bs == 0 && n % pc == 0 && n / bs >= 1 && n / bs <= s.hashes.len() {
+                checkpoints.push((s.id, n, s.hashes[n / bs - 1]));
+            }
             if let Some(r) = row_of[i] {
                 let row = &logits[r * n_vocab..(r + 1) * n_vocab];
                 let before = s.generated;
@@ -346,6 +490,7 @@ impl<M: StepModel> Scheduler<M> {
                 }
             }
         }
+        self.take_checkpoints(&checkpoints);
         for (id, reason) in finished {
             if let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let mut s = self.running.remove(i);
@@ -468,6 +613,7 @@ impl<M: StepModel> Scheduler<M> {
                 positions: (p0..p0 + c.len()).map(|p| p as u32).collect(),
                 seqs: vec![SeqBatch { start: 0, len: c.len(), block_table: table.to_vec() }],
                 logits_rows: want.clone(),
+                state_slots: self.scratch_slot.into_iter().collect(),
             };
             let h = self.model.hidden(&batch).map_err(ServiceError::Inference)?;
             if want.is_empty() {
@@ -488,6 +634,14 @@ impl<M: StepModel> Scheduler<M> {
         m.kv_blocks_free = self.blocks.n_available();
         m.kv_blocks_cached = self.blocks.n_cached();
         m.kv_block_size = self.blocks.block_size();
+        if let Some(sel) = self.model.expert_selections() {
+            m.expert_selections = sel;
+        }
+        if let Some((bytes, bad)) = self.model.state_stats() {
+            m.recurrent_state_bytes = bytes;
+            m.ssm_nonfinite_total = bad;
+            m.state_checkpoints = self.ckpt.slot_of.len();
+        }
     }
 
     /// Drop cached prefixes (e.g. after the model's KV was reused for something else).

@@ -240,4 +240,13 @@ pub struct EngineMetrics {
     pub prompt_tokens_total: u64,
     pub generated_tokens_total: u64,
     pub requests_finished_total: u64,
+    /// Recurrent (Mamba2) models: bytes of state slots (sequences, scratch, checkpoints).
+    pub recurrent_state_bytes: u64,
+    /// Recurrent models: non-finite values met in SSM state (recomputed in f64 or saturated).
+    pub ssm_nonfinite_total: u64,
+    /// Recurrent models: prefix checkpoints of the state held now.
+    pub state_checkpoints: usize,
+    /// MoE models: tokens routed to each expert so far, `[layer][expert]` (empty rows for
+    /// layers without experts); utilization = a count over its row's sum.
+    pub expert_selections: Vec<Vec<u64>>,
 }

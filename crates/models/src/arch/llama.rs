@@ -1,9 +1,12 @@
 //! `llama`: Llama 1/2/3, Mistral, TinyLlama, SmolLM2. GQA, RoPE (normal style), RMSNorm,
-//! SwiGLU, optional tied embeddings, optional sliding window and rope frequency factors.
+//! SwiGLU, optional tied embeddings, optional sliding window and rope frequency factors;
+//! Mixtral-style experts (`ffn_gate_inp` + `ffn_{gate,up,down}_exps`, softmax top-k,
+//! renormalized) where the file has them.
 
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::SwiGluMlp;
+use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn};
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
 use quarrel_core::trace::trace;
@@ -26,6 +29,8 @@ pub struct Config {
     pub rope_freq_scale: f32,
     pub rms_eps: f32,
     pub sliding_window: Option<usize>,
+    /// Experts (Mixtral): routing options; None for a dense model.
+    pub moe: Option<quarrel_core::MoeRouting>,
 }
 
 impl Config {
@@ -65,6 +70,9 @@ impl Config {
             rope_freq_scale,
             rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
             sliding_window: h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
+            // llama.cpp's llama graph: softmax gating, weights renormalized over the top k
+            moe: routing_from_gguf(&h, quarrel_core::Gating::Softmax, true)?
+                .map(|r| quarrel_core::MoeRouting { gating: quarrel_core::Gating::Softmax, norm_weights: true, ..r }),
         })
     }
 }
@@ -73,7 +81,7 @@ pub struct Layer<B: Backend> {
     pub attn_norm: B::Weight,
     pub attn: SelfAttention<B>,
     pub ffn_norm: B::Weight,
-    pub ffn: SwiGluMlp<B>,
+    pub ffn: FeedForward<B>,
 }
 
 pub struct Llama<B: Backend> {
@@ -87,9 +95,6 @@ pub struct Llama<B: Backend> {
 }
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
-    if g.tensor_info("blk.0.ffn_gate_exps.weight").is_some() {
-        return Err(CoreError::Unsupported("llama with experts (Mixtral-style MoE) is not supported yet".into()));
-    }
     let cfg = Config::from_gguf(g)?;
     let c = &cfg;
     let token_embd = weight(be, g, "token_embd.weight", c.n_embd, c.n_vocab)?;
@@ -127,7 +132,10 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
             attn: SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?,
             ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
-            ffn: SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?,
+            ffn: match &c.moe {
+                None => FeedForward::SwiGlu(SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?),
+                Some(r) => FeedForward::Moe(MoeFfn::load(be, g, il, c.n_embd, c.n_ff, r.clone(), ExpertAct::SwiGlu)?, None),
+            },
         });
     }
     let info = ModelInfo {
@@ -139,6 +147,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
         n_kv_head: c.n_head_kv,
         head_dim: c.head_dim,
         n_params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+        recurrent: vec![],
     };
     Ok(Box::new(Llama { cfg, info, token_embd, output_norm, output, layers }))
 }
@@ -177,6 +186,9 @@ impl<B: Backend> Llama<B> {
             be.add(&mut x, &a)?;
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("ffn_out", il, &be.download(&f)?);
+            }
             be.add(&mut x, &f)?;
             if quarrel_core::trace::enabled() {
                 trace("l_out", il, &be.download(&x)?);

@@ -1,3 +1,9 @@
 //! One file per GGUF `general.architecture`.
 
+pub mod granite;
+pub mod granitehybrid;
+pub mod granitemoe;
 pub mod llama;
+pub mod mamba2;
+pub mod nemotron_h;
+pub mod nemotron_h_moe;

@@ -39,8 +39,11 @@ impl<B: Backend> SelfAttention<B> {
         be.matmul(&self.attn_q, x, n, &mut q)?;
         be.matmul(&self.attn_k, x, n, &mut k)?;
         be.matmul(&self.attn_v, x, n, &mut v)?;
-        be.rope(&mut q, &batch.positions, p.n_head, p.head_dim, &self.rope)?;
-        be.rope(&mut k, &batch.positions, p.n_kv_head, p.head_dim, &self.rope)?;
+        if self.rope.n_rot > 0 {
+            // n_rot 0: no positional rotation (Nemotron-H attention layers)
+            be.rope(&mut q, &batch.positions, p.n_head, p.head_dim, &self.rope)?;
+            be.rope(&mut k, &batch.positions, p.n_kv_head, p.head_dim, &self.rope)?;
+        }
         be.kv_store(kv, layer, &k, &v, batch)?;
         let mut o = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
         be.attention(&q, kv, layer, batch, p, &mut o)?;

@@ -36,3 +36,45 @@ impl<B: Backend> SwiGluMlp<B> {
         Ok(out)
     }
 }
+
+impl<B: Backend> SwiGluMlp<B> {
+    /// Load `blk.{il}.ffn_{gate,up,down}{suffix}.weight` (suffix `""` or `"_shexp"`).
+    pub fn load_suffixed(be: &B, g: &Arc<Gguf>, il: usize, suffix: &str, n_embd: usize, n_ff: usize) -> Result<Self> {
+        let name = |s: &str| format!("blk.{il}.{s}{suffix}.weight");
+        Ok(SwiGluMlp {
+            ffn_gate: weight(be, g, &name("ffn_gate"), n_embd, n_ff)?,
+            ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
+            ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
+            n_ff,
+        })
+    }
+}
+
+/// Ungated feed-forward with a squared ReLU: `down(relu(up(x))²)` (Nemotron-H).
+pub struct ReluSqrMlp<B: Backend> {
+    pub ffn_up: B::Weight,
+    pub ffn_down: B::Weight,
+    pub n_ff: usize,
+}
+
+impl<B: Backend> ReluSqrMlp<B> {
+    /// Load `blk.{il}.ffn_{up,down}{suffix}.weight`.
+    pub fn load(be: &B, g: &Arc<Gguf>, il: usize, suffix: &str, n_embd: usize, n_ff: usize) -> Result<Self> {
+        let name = |s: &str| format!("blk.{il}.{s}{suffix}.weight");
+        Ok(ReluSqrMlp {
+            ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
+            ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
+            n_ff,
+        })
+    }
+
+    /// `x (n_tok, n_embd)` -> `(n_tok, n_embd)`.
+    pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
+        let mut u = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
+        be.matmul(&self.ffn_up, x, n_tok, &mut u)?;
+        be.relu_sqr(&mut u)?;
+        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
+        be.matmul(&self.ffn_down, &u, n_tok, &mut out)?;
+        Ok(out)
+    }
+}

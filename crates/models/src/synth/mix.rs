@@ -237,7 +237,7 @@ impl MixPlanner {
 }
 
 /// llama-quant.cpp's `tensor_type_fallback` for rows of `nx` elements.
-fn fallback(t: QuantType, nx: u64) -> QuantType {
+pub(crate) fn fallback(t: QuantType, nx: u64) -> QuantType {
     use QuantType as T;
     if nx % t.block_size() as u64 == 0 {
         return t;

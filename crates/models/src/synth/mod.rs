@@ -9,6 +9,7 @@
 //!
 //! | module    | responsibility |
 //! |-----------|----------------|
+//! | `archs`   | MoE / Mamba2 / hybrid architectures (Mixtral, Granite, Nemotron-H, Mamba2): tiny fixtures and full-size presets |
 //! | `presets` | real models' shapes (SmolLM2, TinyLlama, Llama 2/3/3.2, Mistral) and `tiny` |
 //! | `mix`     | `Ftype` (llama_ftype) and llama-quantize's per-tensor type choice |
 //! | `vocab`   | synthetic SPM vocabulary, or the `tokenizer.*` keys of a real model |
@@ -28,6 +29,7 @@
 //! Tensor data are streamed in chunks of rows (at most [`CHUNK_BYTES`] at a time), so an
 //! 8B model needs tens of megabytes of memory, not gigabytes.
 
+pub mod archs;
 pub mod mix;
 pub mod presets;
 pub mod rng;
@@ -47,7 +49,7 @@ use std::time::Instant;
 pub const CHUNK_BYTES: usize = 32 << 20;
 
 /// Standard deviation of norm weights around 1.
-const NORM_STD: f32 = 0.02;
+pub(crate) const NORM_STD: f32 = 0.02;
 
 /// What to synthesize.
 #[derive(Clone, Debug)]
@@ -132,6 +134,8 @@ impl From<GgufError> for SynthError {
 pub enum Init {
     /// N(mean, std).
     Normal { mean: f32, std: f32 },
+    /// -|N(mean, std)|: strictly non-positive values (Mamba2's `ssm_a` decay rates).
+    NegAbs { mean: f32, std: f32 },
 }
 
 /// One tensor of the file.
@@ -259,7 +263,10 @@ impl<W: Write> Write for Counting<W> {
 /// Generate rows `r0..r0 + n` of `t` into `dst` (`n` rows of `row_bytes`), in parallel.
 fn fill_rows(t: &PlannedTensor, tseed: u64, r0: u64, row_bytes: usize, dst: &mut [u8]) -> Result<(), SynthError> {
     let ne0 = t.dims[0] as usize;
-    let Init::Normal { mean, std } = t.init;
+    let (mean, std, neg_abs) = match t.init {
+        Init::Normal { mean, std } => (mean, std, false),
+        Init::NegAbs { mean, std } => (mean, std, true),
+    };
     dst.par_chunks_mut(row_bytes)
         .enumerate()
         .with_min_len((16384 / ne0).max(1))
@@ -268,6 +275,9 @@ fn fill_rows(t: &PlannedTensor, tseed: u64, r0: u64, row_bytes: usize, dst: &mut
             |row, (j, out)| {
                 let mut r = rng::SplitMix64::new(rng::row_seed(tseed, r0 + j as u64));
                 r.fill_normal(row, mean, std);
+                if neg_abs {
+                    row.iter_mut().for_each(|v| *v = -v.abs());
+                }
                 quarrel_quant::quantize(t.ty, row, out).map_err(|e| SynthError::Quant {
                     tensor: t.name.clone(),
                     ty: t.ty,
@@ -295,13 +305,42 @@ pub fn write_synth(
     };
     p.n_vocab = vocab.n_tokens;
     let plan = tensor_plan(&p, spec.ftype);
+    let meta = metadata(&p, spec.ftype, spec.seed, &vocab);
+    drop(vocab);
+    let file_size = write_plan(&plan, meta, spec.seed, out, progress)?;
 
+    let mut type_counts: Vec<(QuantType, usize)> = Vec::new();
+    for t in &plan {
+        match type_counts.iter_mut().find(|(ty, _)| *ty == t.ty) {
+            Some(c) => c.1 += 1,
+            None => type_counts.push((t.ty, 1)),
+        }
+    }
+    Ok(SynthSummary {
+        preset: p,
+        ftype: spec.ftype,
+        n_tensors: plan.len(),
+        n_params: plan.iter().map(|t| t.n_elements()).sum(),
+        file_size,
+        seconds: start.elapsed().as_secs_f64(),
+        type_counts,
+    })
+}
+
+/// Write `meta` and the tensors of `plan` (values drawn per row from `seed`) to `out`;
+/// returns the file size. The file appears under its name only when complete.
+pub fn write_plan(
+    plan: &[PlannedTensor],
+    meta: Vec<(String, Value)>,
+    seed: u64,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64, SynthError> {
     let mut w = GgufWriter::new();
-    for (k, v) in metadata(&p, spec.ftype, spec.seed, &vocab) {
+    for (k, v) in meta {
         w.set(&k, v);
     }
-    drop(vocab);
-    for t in &plan {
+    for t in plan {
         w.add_tensor(&t.name, &t.dims, t.ty)?;
     }
     let infos = w.tensors().to_vec();
@@ -334,7 +373,7 @@ pub fn write_synth(
             let row_bytes = t.ty.row_bytes(ne0).ok_or_else(|| {
                 SynthError::Invalid(format!("{}: rows of {ne0} do not fit type {}", t.name, t.ty))
             })?;
-            let tseed = rng::tensor_seed(spec.seed, &t.name);
+            let tseed = rng::tensor_seed(seed, &t.name);
             let rows_per_chunk = (CHUNK_BYTES / row_bytes).max(1);
             let mut r0 = 0usize;
             while r0 < n_rows {
@@ -364,22 +403,19 @@ pub fn write_synth(
     };
     std::fs::rename(&tmp, out).map_err(io(out))?;
 
+    Ok(file_size)
+}
+
+/// How many tensors got each type, in order of first appearance.
+pub fn type_counts(plan: &[PlannedTensor]) -> Vec<(QuantType, usize)> {
     let mut type_counts: Vec<(QuantType, usize)> = Vec::new();
-    for t in &plan {
+    for t in plan {
         match type_counts.iter_mut().find(|(ty, _)| *ty == t.ty) {
             Some(c) => c.1 += 1,
             None => type_counts.push((t.ty, 1)),
         }
     }
-    Ok(SynthSummary {
-        preset: p,
-        ftype: spec.ftype,
-        n_tensors: plan.len(),
-        n_params: plan.iter().map(|t| t.n_elements()).sum(),
-        file_size,
-        seconds: start.elapsed().as_secs_f64(),
-        type_counts,
-    })
+    type_counts
 }
 
 fn partial_path(out: &Path) -> PathBuf {

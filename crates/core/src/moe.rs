@@ -1,0 +1,142 @@
+//! Mixture-of-experts routing: parameters and the host reference of the router
+//! (`softmax | sigmoid` -> optional selection bias -> top-k -> optional renormalization
+//! -> optional scale), with llama.cpp's `build_moe_ffn` semantics.
+
+use crate::{CoreError, Result};
+
+/// How router logits become expert probabilities (`{arch}.expert_gating_func`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    Softmax,
+    Sigmoid,
+}
+
+impl Gating {
+    /// llama.cpp's `llama_expert_gating_func_type` id (1 = softmax, 2 = sigmoid).
+    pub fn from_gguf(id: u64) -> Result<Gating> {
+        match id {
+            1 => Ok(Gating::Softmax),
+            2 => Ok(Gating::Sigmoid),
+            other => Err(CoreError::Unsupported(format!("expert gating function {other} (supported: 1 softmax, 2 sigmoid)"))),
+        }
+    }
+}
+
+/// Router options of one MoE layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeRouting {
+    pub n_expert: usize,
+    /// Experts per token (`expert_used_count`).
+    pub n_used: usize,
+    pub gating: Gating,
+    /// Divide the chosen weights by their sum (`expert_weights_norm`).
+    pub norm_weights: bool,
+    /// Multiply the weights by this (`expert_weights_scale`; 0 or 1 = none).
+    pub scale: f32,
+}
+
+/// One token's use of one expert.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Route {
+    pub token: u32,
+    pub expert: u32,
+    pub weight: f32,
+}
+
+/// Route `n_tok` rows of `logits (n_tok, n_expert)`: for each token its `n_used` experts in
+/// descending order of (probability + `bias`), weighted by the unbiased probability. Routes
+/// come token-major.
+pub fn route_reference(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) -> Result<Vec<Route>> {
+    route_with(logits, bias, p, &softmax_reference)
+}
+
+/// Plain softmax of one row: `exp(x - max)` summed in f64, scaled by `1/sum` in f32.
+pub fn softmax_reference(row: &[f32], out: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = (v - max).exp();
+        sum += *o as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// The router with a backend's own softmax (`softmax(row, out)`); everything else as
+/// [`route_reference`].
+pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax: &dyn Fn(&[f32], &mut [f32])) -> Result<Vec<Route>> {
+    let ne = p.n_expert;
+    if ne == 0 || p.n_used == 0 || p.n_used > ne {
+        return Err(CoreError::Model(format!("MoE routing: {} of {ne} experts per token", p.n_used)));
+    }
+    if logits.len() % ne != 0 {
+        return Err(CoreError::Shape(format!("router logits: {} values are not rows of {ne}", logits.len())));
+    }
+    if let Some(b) = bias {
+        if b.len() != ne {
+            return Err(CoreError::Shape(format!("expert bias has {} values, expected {ne}", b.len())));
+        }
+    }
+    let mut out = Vec::with_capacity(logits.len() / ne * p.n_used);
+    let mut probs = vec![0f32; ne];
+    let mut order: Vec<usize> = (0..ne).collect();
+    for (t, row) in logits.chunks(ne).enumerate() {
+        match p.gating {
+            Gating::Softmax => softmax(row, &mut probs),
+            Gating::Sigmoid => {
+                for (o, &v) in probs.iter_mut().zip(row) {
+                    *o = 1.0 / (1.0 + (-v).exp());
+                }
+            }
+        }
+        let sel = |e: usize| probs[e] + bias.map_or(0.0, |b| b[e]);
+        order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
+        // descending, NaN last, ties by expert index
+        order.sort_by(|&a, &b| sel(b).partial_cmp(&sel(a)).unwrap_or_else(|| sel(a).is_nan().cmp(&sel(b).is_nan())).then(a.cmp(&b)));
+        let chosen = &order[..p.n_used];
+        let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
+        if p.norm_weights {
+            // ggml_sum_rows sums in f64; the clamp keeps a zero sum finite
+            let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103515625e-5);
+            w.iter_mut().for_each(|x| *x /= s);
+        }
+        if p.scale != 0.0 && p.scale != 1.0 {
+            w.iter_mut().for_each(|x| *x *= p.scale);
+        }
+        for (&e, &wt) in chosen.iter().zip(&w) {
+            out.push(Route { token: t as u32, expert: e as u32, weight: wt });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_top2_renormalized() {
+        let p = MoeRouting { n_expert: 4, n_used: 2, gating: Gating::Softmax, norm_weights: true, scale: 0.0 };
+        let r = route_reference(&[0.0, 2.0, 1.0, -1.0], None, &p).unwrap();
+        assert_eq!(r.iter().map(|r| r.expert).collect::<Vec<_>>(), vec![1, 2]);
+        let (a, b) = (1f32.exp(), 1.0f32);
+        assert!((r[0].weight - a / (a + b)).abs() < 1e-6);
+        assert!((r[0].weight + r[1].weight - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bias_changes_choice_not_weight() {
+        let p = MoeRouting { n_expert: 3, n_used: 1, gating: Gating::Sigmoid, norm_weights: false, scale: 2.0 };
+        let r = route_reference(&[1.0, 0.0, 0.5], Some(&[0.0, 1.0, 0.0]), &p).unwrap();
+        assert_eq!(r[0].expert, 1);
+        assert!((r[0].weight - 2.0 * 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let p = MoeRouting { n_expert: 3, n_used: 4, gating: Gating::Softmax, norm_weights: false, scale: 0.0 };
+        assert!(route_reference(&[0.0; 3], None, &p).is_err());
+        let p = MoeRouting { n_used: 1, ..p };
+        assert!(route_reference(&[0.0; 4], None, &p).is_err());
+    }
+}

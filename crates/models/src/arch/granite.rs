@@ -1,0 +1,267 @@
+//! `granite`, `granitemoe`, `granitehybrid` (IBM Granite 3 / Granite 4): a Llama-shaped
+//! stack with Granite's multipliers — embeddings times `embedding_scale`, each residual
+//! branch times `residual_scale`, attention scores times `attention.scale`, logits divided
+//! by `logit_scale` — and, per file: dense SwiGLU or softmax top-k experts (+ shared expert
+//! `*_shexp`), and (granitehybrid) Mamba2 mixers in the layers whose `head_count_kv` is 0.
+//!
+//! ```text
+//!  tokens ─embed×emb_scale─► x ─┬─ per layer: x += res_scale · (attention | mamba2)(norm x)
+//!                               │             x += res_scale · ffn(norm x)   (dense | MoE + shexp)
+//!                               └─ norm ─► output ─► ÷ logit_scale ─► logits
+//! ```
+
+use crate::hparams::Hparams;
+use crate::layers::attention::SelfAttention;
+use crate::layers::mamba2::{ssm_params, Mamba2};
+use crate::layers::mlp::SwiGluMlp;
+use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn, SharedExpert};
+use crate::layers::{opt_weight, weight};
+use crate::{Model, ModelInfo};
+use quarrel_core::trace::trace;
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: String,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    /// Per layer; 0 marks a recurrent (Mamba2) layer in granitehybrid.
+    pub n_head_kv: Vec<usize>,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+    pub embedding_scale: f32,
+    pub residual_scale: f32,
+    pub attention_scale: f32,
+    pub logit_scale: f32,
+    pub moe: Option<MoeRouting>,
+    pub n_ff_shexp: usize,
+    pub ssm: Option<SsmParams>,
+}
+
+impl Config {
+    pub fn from_gguf(g: &Gguf) -> Result<Config> {
+        let h = Hparams::new(g)?;
+        let arch = h.arch.clone();
+        let n_embd = h.positive("embedding_length")?;
+        let n_layer = h.positive("block_count")?;
+        let n_head = h.positive("attention.head_count")?;
+        let n_head_kv = h.per_layer("attention.head_count_kv", n_layer, Some(n_head))?;
+        let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
+        for &kv in &n_head_kv {
+            if kv != 0 && n_head % kv != 0 {
+                return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {kv}")));
+            }
+        }
+        let hybrid = arch == "granitehybrid";
+        if !hybrid && n_head_kv.contains(&0) {
+            return Err(CoreError::Model(format!("{arch}: head_count_kv 0 (recurrent layers) only exists in granitehybrid")));
+        }
+        if let Some(t) = h.opt_str("rope.scaling.type")? {
+            if t != "none" {
+                return Err(CoreError::Unsupported(format!("{arch}: rope scaling type {t:?}")));
+            }
+        }
+        let rms_eps = h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?;
+        let ssm = if hybrid { Some(ssm_params(&h, rms_eps)?) } else { None };
+        if let Some(p) = &ssm {
+            if p.d_inner != 2 * n_embd {
+                return Err(CoreError::Model(format!("granitehybrid: ssm.inner_size {} must be 2 x embedding_length {n_embd}", p.d_inner)));
+            }
+        }
+        // llama.cpp's granite graphs: softmax gating, renormalized top-k weights
+        let moe = routing_from_gguf(&h, Gating::Softmax, true)?.map(|r| MoeRouting { gating: Gating::Softmax, norm_weights: true, ..r });
+        Ok(Config {
+            n_embd,
+            n_layer,
+            n_ff: h.positive("feed_forward_length")?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot: h.usize_or("rope.dimension_count", head_dim)?,
+            n_vocab: h.n_vocab()?,
+            n_ctx_train: h.usize_or("context_length", 4096)?,
+            rope_freq_base: h.f32_or("rope.freq_base", 10000.0)?,
+            rms_eps,
+            embedding_scale: h.f32_or("embedding_scale", 0.0)?,
+            residual_scale: h.f32_or("residual_scale", 0.0)?,
+            attention_scale: h.f32_or("attention.scale", 0.0)?,
+            logit_scale: h.f32_or("logit_scale", 0.0)?,
+            moe,
+            n_ff_shexp: h.usize_or("expert_shared_feed_forward_length", 0)?,
+            ssm,
+            arch,
+        })
+    }
+}
+
+pub enum Mixer<B: Backend> {
+    Attention(SelfAttention<B>),
+    Mamba2(Mamba2<B>),
+}
+
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub mixer: Mixer<B>,
+    pub ffn_norm: B::Weight,
+    pub ffn: FeedForward<B>,
+}
+
+pub struct Granite<B: Backend> {
+    pub cfg: Config,
+    info: ModelInfo,
+    token_embd: B::Weight,
+    output_norm: B::Weight,
+    output: Option<B::Weight>,
+    layers: Vec<Layer<B>>,
+}
+
+/// Reject optional tensors this implementation does not apply (biases), instead of
+/// silently computing something else.
+fn reject_biases(g: &Gguf, il: usize) -> Result<()> {
+    for t in ["attn_output.bias", "attn_q.bias", "ffn_up.bias", "ffn_gate.bias", "ffn_down.bias"] {
+        let name = format!("blk.{il}.{t}");
+        if g.tensor_info(&name).is_some() {
+            return Err(CoreError::Unsupported(format!("tensor {name}")));
+        }
+    }
+    Ok(())
+}
+
+pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
+    let cfg = Config::from_gguf(g)?;
+    let c = &cfg;
+    let rope = RopeParams { style: RopeStyle::Normal, n_rot: c.n_rot, freq_base: c.rope_freq_base, freq_scale: 1.0, freq_factors: None };
+    let mut layers = Vec::with_capacity(c.n_layer);
+    for il in 0..c.n_layer {
+        reject_biases(g, il)?;
+        let mixer = match (c.n_head_kv[il], &c.ssm) {
+            (0, Some(p)) => Mixer::Mamba2(Mamba2::load(be, g, il, c.n_embd, *p)?),
+            (kv, _) => {
+                let attn = AttnParams {
+                    n_head: c.n_head,
+                    n_kv_head: kv,
+                    head_dim: c.head_dim,
+                    scale: if c.attention_scale == 0.0 { 1.0 / (c.head_dim as f32).sqrt() } else { c.attention_scale },
+                    sliding_window: None,
+                    softcap: None,
+                };
+                Mixer::Attention(SelfAttention::load(be, g, il, c.n_embd, attn, rope.clone())?)
+            }
+        };
+        let ffn = match &c.moe {
+            None => FeedForward::SwiGlu(SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?),
+            Some(r) => {
+                let shared = if c.n_ff_shexp > 0 {
+                    Some(SharedExpert::SwiGlu(SwiGluMlp::load_suffixed(be, g, il, "_shexp", c.n_embd, c.n_ff_shexp)?))
+                } else {
+                    None
+                };
+                FeedForward::Moe(MoeFfn::load(be, g, il, c.n_embd, c.n_ff, r.clone(), ExpertAct::SwiGlu)?, shared)
+            }
+        };
+        layers.push(Layer {
+            attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
+            mixer,
+            ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
+            ffn,
+        });
+    }
+    let info = ModelInfo {
+        arch: c.arch.clone(),
+        n_vocab: c.n_vocab,
+        n_embd: c.n_embd,
+        n_layer: c.n_layer,
+        n_ctx_train: c.n_ctx_train,
+        n_kv_head: c.n_head_kv.iter().copied().max().unwrap_or(0).max(1),
+        head_dim: c.head_dim,
+        n_params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+        recurrent: match &c.ssm {
+            Some(p) => c.n_head_kv.iter().map(|&kv| (kv == 0).then_some(*p)).collect(),
+            None => vec![],
+        },
+    };
+    Ok(Box::new(Granite {
+        token_embd: weight(be, g, "token_embd.weight", c.n_embd, c.n_vocab)?,
+        output_norm: weight(be, g, "output_norm.weight", c.n_embd, 1)?,
+        output: opt_weight(be, g, "output.weight", c.n_embd, c.n_vocab)?,
+        cfg,
+        info,
+        layers,
+    }))
+}
+
+impl<B: Backend> Model<B> for Granite<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let rows = batch.logits_rows.len();
+        let normed = self.final_hidden(be, batch, kv)?;
+        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
+        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
+        if c.logit_scale != 0.0 {
+            be.scale(&mut logits, 1.0 / c.logit_scale)?;
+        }
+        be.download(&logits)
+    }
+
+    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.download(&normed)
+    }
+}
+
+impl<B: Backend> Granite<B> {
+    fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
+        let c = &self.cfg;
+        let n = batch.n_tokens();
+        let mut x = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        be.embed(&self.token_embd, &batch.tokens, &mut x)?;
+        if c.embedding_scale != 0.0 {
+            be.scale(&mut x, c.embedding_scale)?;
+        }
+        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        for (il, l) in self.layers.iter().enumerate() {
+            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
+            let mut a = match &l.mixer {
+                Mixer::Attention(at) => at.forward(be, il, &h, batch, kv, c.n_embd)?,
+                Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, c.n_embd)?.0,
+            }; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("mixer_out", il, &be.download(&a)?);
+            }
+            if c.residual_scale != 0.0 {
+                be.scale(&mut a, c.residual_scale)?;
+            }
+            be.add(&mut x, &a)?;
+            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
+            let mut f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("ffn_out", il, &be.download(&f)?);
+            }
+            if c.residual_scale != 0.0 {
+                be.scale(&mut f, c.residual_scale)?;
+            }
+            be.add(&mut x, &f)?;
+            if quarrel_core::trace::enabled() {
+                trace("l_out", il, &be.download(&x)?);
+            }
+        }
+        let rows = batch.logits_rows.len();
+        let mut sel = be.alloc(rows * c.n_embd)?; // (rows, n_embd)
+        be.gather_rows(&x, c.n_embd, &batch.logits_rows, &mut sel)?;
+        let mut normed = be.alloc(rows * c.n_embd)?;
+        be.rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed)?;
+        Ok(normed)
+    }
+}

@@ -1,0 +1,245 @@
+//! `nemotron_h`, `nemotron_h_moe` (NVIDIA Nemotron-H / Nemotron-3-Nano) and `mamba2`: a
+//! stack of single-mixer blocks `x += mixer(rmsnorm(x))`, the mixer per layer as the file
+//! says: Mamba2 (`head_count_kv` 0 and `feed_forward_length` 0), attention without RoPE
+//! (`feed_forward_length` 0), or a feed-forward — squared-ReLU MLP, or sigmoid-gated top-k
+//! experts with a selection bias (`exp_probs_b`) plus a squared-ReLU shared expert.
+//! `mamba2` files are the all-recurrent case (no attention or feed-forward keys).
+//!
+//! ```text
+//!  tokens ─embed─► x ─ per layer: x += (mamba2 | attention | ffn | moe+shexp)(rmsnorm x) ─► norm ─► output
+//! ```
+
+use crate::hparams::Hparams;
+use crate::layers::attention::SelfAttention;
+use crate::layers::mamba2::{ssm_params, Mamba2};
+use crate::layers::mlp::ReluSqrMlp;
+use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn, SharedExpert};
+use crate::layers::{opt_weight, weight};
+use crate::{Model, ModelInfo};
+use quarrel_core::trace::trace;
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+/// What one layer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    Mamba2,
+    Attention { n_head: usize, n_head_kv: usize },
+    /// Feed-forward of this width (experts: the per-expert width).
+    Ffn { n_ff: usize },
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: String,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub kinds: Vec<LayerKind>,
+    pub head_dim: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rms_eps: f32,
+    pub attention_scale: f32,
+    pub ssm: SsmParams,
+    pub moe: Option<MoeRouting>,
+    pub n_ff_shexp: usize,
+}
+
+impl Config {
+    pub fn from_gguf(g: &Gguf) -> Result<Config> {
+        let h = Hparams::new(g)?;
+        let arch = h.arch.clone();
+        let n_embd = h.positive("embedding_length")?;
+        let n_layer = h.positive("block_count")?;
+        let rms_eps = match h.g.get_f64(&format!("{arch}.attention.layer_norm_rms_epsilon"))? {
+            Some(e) => e as f32,
+            None => h.f32_or("attention.layer_norm_epsilon", 1e-5)?,
+        };
+        let ssm = ssm_params(&h, rms_eps)?;
+        let mamba_only = arch == "mamba2";
+        let n_head_v = h.per_layer("attention.head_count", n_layer, Some(0))?;
+        let n_kv_v = h.per_layer("attention.head_count_kv", n_layer, Some(0))?;
+        let n_ff_v = h.per_layer("feed_forward_length", n_layer, Some(0))?;
+        let moe = if mamba_only {
+            None
+        } else {
+            // llama.cpp's nemotron_h graph: sigmoid gating; norm and scale from the file
+            routing_from_gguf(&h, Gating::Sigmoid, false)?.map(|r| MoeRouting { gating: Gating::Sigmoid, ..r })
+        };
+        let n_ff_exp_v = h.per_layer("expert_feed_forward_length", n_layer, Some(0))?;
+        let mut kinds = Vec::with_capacity(n_layer);
+        let mut head_dim = 0;
+        for il in 0..n_layer {
+            let kind = if mamba_only || (n_kv_v[il] == 0 && n_ff_v[il] == 0) {
+                LayerKind::Mamba2
+            } else if n_ff_v[il] == 0 {
+                let (nh, nkv) = (n_head_v[il], n_kv_v[il]);
+                if nh == 0 || nh % nkv != 0 {
+                    return Err(CoreError::Model(format!("layer {il}: head_count {nh} with head_count_kv {nkv}")));
+                }
+                head_dim = h.usize_or("attention.key_length", n_embd / nh)?;
+                LayerKind::Attention { n_head: nh, n_head_kv: nkv }
+            } else {
+                let n_ff = match &moe {
+                    Some(r) if n_ff_exp_v[il] == 0 => n_ff_v[il] / r.n_used,
+                    Some(_) => n_ff_exp_v[il],
+                    None => n_ff_v[il],
+                };
+                LayerKind::Ffn { n_ff }
+            };
+            kinds.push(kind);
+        }
+        Ok(Config {
+            n_embd,
+            n_layer,
+            kinds,
+            head_dim: head_dim.max(1),
+            n_vocab: h.n_vocab()?,
+            n_ctx_train: h.usize_or("context_length", 4096)?,
+            rms_eps,
+            attention_scale: h.f32_or("attention.scale", 0.0)?,
+            ssm,
+            moe,
+            n_ff_shexp: h.usize_or("expert_shared_feed_forward_length", 0)?,
+            arch,
+        })
+    }
+}
+
+pub enum Mixer<B: Backend> {
+    Mamba2(Mamba2<B>),
+    Attention(SelfAttention<B>),
+    Ffn(FeedForward<B>),
+}
+
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub mixer: Mixer<B>,
+}
+
+pub struct NemotronH<B: Backend> {
+    pub cfg: Config,
+    info: ModelInfo,
+    token_embd: B::Weight,
+    output_norm: B::Weight,
+    output: Option<B::Weight>,
+    layers: Vec<Layer<B>>,
+}
+
+pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
+    let cfg = Config::from_gguf(g)?;
+    let c = &cfg;
+    // n_rot 0: these attention layers use no positional rotation
+    let no_rope = RopeParams { style: RopeStyle::Normal, n_rot: 0, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+    let mut layers = Vec::with_capacity(c.n_layer);
+    let mut max_kv = 1;
+    for (il, kind) in c.kinds.iter().enumerate() {
+        for t in ["ffn_latent_down.weight", "attn_output.bias", "ffn_up.bias", "ffn_down.bias"] {
+            let name = format!("blk.{il}.{t}");
+            if g.tensor_info(&name).is_some() {
+                return Err(CoreError::Unsupported(format!("tensor {name}")));
+            }
+        }
+        let mixer = match *kind {
+            LayerKind::Mamba2 => Mixer::Mamba2(Mamba2::load(be, g, il, c.n_embd, c.ssm)?),
+            LayerKind::Attention { n_head, n_head_kv } => {
+                max_kv = max_kv.max(n_head_kv);
+                let p = AttnParams {
+                    n_head,
+                    n_kv_head: n_head_kv,
+                    head_dim: c.head_dim,
+                    scale: if c.attention_scale == 0.0 { 1.0 / (c.head_dim as f32).sqrt() } else { c.attention_scale },
+                    sliding_window: None,
+                    softcap: None,
+                };
+                Mixer::Attention(SelfAttention::load(be, g, il, c.n_embd, p, no_rope.clone())?)
+            }
+            LayerKind::Ffn { n_ff } => Mixer::Ffn(match &c.moe {
+                None => FeedForward::ReluSqr(ReluSqrMlp::load(be, g, il, "", c.n_embd, n_ff)?),
+                Some(r) => {
+                    let shared = if c.n_ff_shexp > 0 {
+                        Some(SharedExpert::ReluSqr(ReluSqrMlp::load(be, g, il, "_shexp", c.n_embd, c.n_ff_shexp)?))
+                    } else {
+                        None
+                    };
+                    FeedForward::Moe(MoeFfn::load(be, g, il, c.n_embd, n_ff, r.clone(), ExpertAct::ReluSqr)?, shared)
+                }
+            }),
+        };
+        layers.push(Layer { attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?, mixer });
+    }
+    let info = ModelInfo {
+        arch: c.arch.clone(),
+        n_vocab: c.n_vocab,
+        n_embd: c.n_embd,
+        n_layer: c.n_layer,
+        n_ctx_train: c.n_ctx_train,
+        n_kv_head: max_kv,
+        head_dim: c.head_dim,
+        n_params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+        recurrent: c.kinds.iter().map(|k| (*k == LayerKind::Mamba2).then_some(c.ssm)).collect(),
+    };
+    Ok(Box::new(NemotronH {
+        token_embd: weight(be, g, "token_embd.weight", c.n_embd, c.n_vocab)?,
+        output_norm: weight(be, g, "output_norm.weight", c.n_embd, 1)?,
+        output: opt_weight(be, g, "output.weight", c.n_embd, c.n_vocab)?,
+        cfg,
+        info,
+        layers,
+    }))
+}
+
+impl<B: Backend> Model<B> for NemotronH<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let rows = batch.logits_rows.len();
+        let normed = self.final_hidden(be, batch, kv)?;
+        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
+        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
+        be.download(&logits)
+    }
+
+    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.download(&normed)
+    }
+}
+
+impl<B: Backend> NemotronH<B> {
+    fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
+        let c = &self.cfg;
+        let n = batch.n_tokens();
+        let mut x = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        be.embed(&self.token_embd, &batch.tokens, &mut x)?;
+        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        for (il, l) in self.layers.iter().enumerate() {
+            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
+            if quarrel_core::trace::enabled() {
+                trace("attn_norm", il, &be.download(&h)?);
+            }
+            let out = match &l.mixer {
+                Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, c.n_embd)?.0,
+                Mixer::Attention(a) => a.forward(be, il, &h, batch, kv, c.n_embd)?,
+                Mixer::Ffn(f) => f.forward(be, &h, n, c.n_embd)?,
+            }; // (n_tok, n_embd)
+            if quarrel_core::trace::enabled() {
+                trace("mixer_out", il, &be.download(&out)?);
+            }
+            be.add(&mut x, &out)?;
+            if quarrel_core::trace::enabled() {
+                trace("l_out", il, &be.download(&x)?);
+            }
+        }
+        let rows = batch.logits_rows.len();
+        let mut sel = be.alloc(rows * c.n_embd)?; // (rows, n_embd)
+        be.gather_rows(&x, c.n_embd, &batch.logits_rows, &mut sel)?;
+        let mut normed = be.alloc(rows * c.n_embd)?;
+        be.rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed)?;
+        Ok(normed)
+    }
+}

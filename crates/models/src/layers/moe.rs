@@ -1,0 +1,140 @@
+//! Mixture-of-experts feed-forward: router (`ffn_gate_inp`, optional selection bias
+//! `exp_probs_b`), experts from 3-D tensors (`ffn_{gate,up,down}_exps`) computed grouped by
+//! expert, optional shared expert (`*_shexp`) added; and the `FeedForward` choice per layer.
+
+use super::mlp::{ReluSqrMlp, SwiGluMlp};
+use super::{expert_weight, host_f32, weight};
+use quarrel_core::{Backend, MoeRouting, Result};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+/// The experts' activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertAct {
+    /// `down(silu(gate x) * up x)` (Mixtral, Granite).
+    SwiGlu,
+    /// `down(relu(up x)²)`, no gate tensor (Nemotron-H).
+    ReluSqr,
+}
+
+pub struct MoeFfn<B: Backend> {
+    pub ffn_gate_inp: B::Weight,
+    pub exp_probs_b: Option<B::Buf>,
+    pub ffn_gate_exps: Option<B::Weight>,
+    pub ffn_up_exps: B::Weight,
+    pub ffn_down_exps: B::Weight,
+    pub routing: MoeRouting,
+    pub n_ff_exp: usize,
+    /// Model layer (for the backend's per-layer selection counts).
+    pub layer: usize,
+}
+
+impl<B: Backend> MoeFfn<B> {
+    pub fn load(be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize, n_ff_exp: usize, routing: MoeRouting, act: ExpertAct) -> Result<Self> {
+        let ne = routing.n_expert;
+        let name = |s: &str| format!("blk.{il}.{s}.weight");
+        let bias_name = format!("blk.{il}.exp_probs_b.bias");
+        let exp_probs_b = match g.tensor_info(&bias_name) {
+            Some(_) => Some(be.upload(&host_f32(g, &bias_name, ne)?)?),
+            None => None,
+        };
+        Ok(MoeFfn {
+            ffn_gate_inp: weight(be, g, &name("ffn_gate_inp"), n_embd, ne)?,
+            exp_probs_b,
+            ffn_gate_exps: match act {
+                ExpertAct::SwiGlu => Some(expert_weight(be, g, &name("ffn_gate_exps"), n_embd, n_ff_exp, ne)?),
+                ExpertAct::ReluSqr => None,
+            },
+            ffn_up_exps: expert_weight(be, g, &name("ffn_up_exps"), n_embd, n_ff_exp, ne)?,
+            ffn_down_exps: expert_weight(be, g, &name("ffn_down_exps"), n_ff_exp, n_embd, ne)?,
+            routing,
+            n_ff_exp,
+            layer: il,
+        })
+    }
+
+    /// `x (n_tok, n_embd)` -> `(n_tok, n_embd)`.
+    pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
+        let ne = self.routing.n_expert;
+        let mut logits = be.alloc(n_tok * ne)?; // (n_tok, n_expert)
+        be.matmul(&self.ffn_gate_inp, x, n_tok, &mut logits)?;
+        let routes = be.moe_route(self.layer, &logits, self.exp_probs_b.as_ref(), &self.routing)?; // n_tok * n_used
+        let r = routes.len();
+        let mut up = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
+        be.moe_matmul(&self.ffn_up_exps, ne, x, &routes, true, &mut up)?;
+        let h = match &self.ffn_gate_exps {
+            Some(gate_w) => {
+                let mut gate = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
+                be.moe_matmul(gate_w, ne, x, &routes, true, &mut gate)?;
+                let mut h = be.alloc(r * self.n_ff_exp)?;
+                be.swiglu(&gate, &up, &mut h)?;
+                h
+            }
+            None => {
+                be.relu_sqr(&mut up)?;
+                up
+            }
+        };
+        let mut y = be.alloc(r * n_embd)?; // (routes, n_embd)
+        be.moe_matmul(&self.ffn_down_exps, ne, &h, &routes, false, &mut y)?;
+        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
+        be.moe_combine(&y, &routes, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// The feed-forward part of a layer, as the file has it.
+pub enum FeedForward<B: Backend> {
+    SwiGlu(SwiGluMlp<B>),
+    ReluSqr(ReluSqrMlp<B>),
+    /// Experts, plus an optional shared expert whose output is added.
+    Moe(MoeFfn<B>, Option<SharedExpert<B>>),
+}
+
+pub enum SharedExpert<B: Backend> {
+    SwiGlu(SwiGluMlp<B>),
+    ReluSqr(ReluSqrMlp<B>),
+}
+
+impl<B: Backend> FeedForward<B> {
+    pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
+        match self {
+            FeedForward::SwiGlu(m) => m.forward(be, x, n_tok, n_embd),
+            FeedForward::ReluSqr(m) => m.forward(be, x, n_tok, n_embd),
+            FeedForward::Moe(moe, shared) => {
+                let mut out = moe.forward(be, x, n_tok, n_embd)?;
+                if let Some(s) = shared {
+                    let sh = match s {
+                        SharedExpert::SwiGlu(m) => m.forward(be, x, n_tok, n_embd)?,
+                        SharedExpert::ReluSqr(m) => m.forward(be, x, n_tok, n_embd)?,
+                    };
+                    be.add(&mut out, &sh)?;
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// MoE metadata common to the architectures (`{arch}.expert_*`).
+pub fn routing_from_gguf(h: &crate::hparams::Hparams<'_>, default_gating: quarrel_core::Gating, default_norm: bool) -> Result<Option<MoeRouting>> {
+    let n_expert = h.usize_or("expert_count", 0)?;
+    if n_expert == 0 {
+        return Ok(None);
+    }
+    let n_used = h.usize("expert_used_count")?;
+    if n_used == 0 || n_used > n_expert {
+        return Err(quarrel_core::CoreError::Model(format!("expert_used_count {n_used} with {n_expert} experts")));
+    }
+    let gating = match h.opt_usize("expert_gating_func")? {
+        Some(id) => quarrel_core::Gating::from_gguf(id as u64)?,
+        None => default_gating,
+    };
+    Ok(Some(MoeRouting {
+        n_expert,
+        n_used,
+        gating,
+        norm_weights: h.opt_bool("expert_weights_norm")?.unwrap_or(default_norm),
+        scale: h.f32_or("expert_weights_scale", 0.0)?,
+    }))
+}

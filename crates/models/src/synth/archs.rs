@@ -1,0 +1,537 @@
+//! Synthetic models of the mixture-of-experts and hybrid Mamba2 architectures: Mixtral-style
+//! `llama` with experts, `granite`, `granitemoe`, `granitehybrid`, `mamba2`, `nemotron_h`,
+//! `nemotron_h_moe`. Tiny presets (2-4 layers covering every layer kind of the arch, vocab
+//! 512) are the fixture models; full-size presets carry real shapes for benchmarks.
+//!
+//! A preset's `pattern` has one character per layer:
+//! * two-part blocks (llama, granite*): `A` attention + FFN, `M` Mamba2 + FFN;
+//! * single-mixer blocks (nemotron_h*, mamba2): `M` Mamba2, `*` attention, `-` squared-ReLU
+//!   MLP, `E` experts + shared expert.
+//!
+//! Tensor types (a simplification of llama-quantize for these archs): norms, 1-D tensors,
+//! the router `ffn_gate_inp`, `exp_probs_b`, `ssm_conv1d`, `ssm_a`, `ssm_d` stay F32;
+//! `output` (and tied `token_embd`) gets Q6_K (Q8_0 in Q8_0 files); every other matrix gets
+//! the file type's default type, with llama-quantize's fallback where rows do not fit.
+
+use super::mix::fallback;
+use super::{type_counts, vocab, write_plan, Ftype, Init, PlannedTensor, SynthError, NORM_STD};
+use quarrel_gguf::{QuantType, Value, ValueType};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Mamba2 mixer shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SsmShape {
+    pub d_conv: usize,
+    pub d_inner: usize,
+    pub d_state: usize,
+    pub n_group: usize,
+    pub n_head: usize,
+}
+
+/// Granite's multipliers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraniteScales {
+    pub embedding: f32,
+    pub residual: f32,
+    pub attention: f32,
+    pub logit: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ArchPreset {
+    pub name: &'static str,
+    pub model: &'static str,
+    pub arch: &'static str,
+    pub pattern: &'static str,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Dense FFN width (llama/granite: also the per-expert width).
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx: usize,
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Per-expert width of nemotron_h_moe experts.
+    pub n_ff_exp: usize,
+    pub n_ff_shexp: usize,
+    pub expert_norm: bool,
+    pub expert_scale: f32,
+    pub ssm: Option<SsmShape>,
+    pub granite: Option<GraniteScales>,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+}
+
+impl ArchPreset {
+    pub fn n_layer(&self) -> usize {
+        self.pattern.len()
+    }
+    fn single_mixer(&self) -> bool {
+        matches!(self.arch, "nemotron_h" | "nemotron_h_moe" | "mamba2")
+    }
+    fn has_rope(&self) -> bool {
+        !self.single_mixer()
+    }
+    pub fn by_name(name: &str) -> Option<&'static ArchPreset> {
+        let want = name.to_ascii_lowercase().replace('_', "-");
+        ARCH_PRESETS.iter().find(|p| p.name == want)
+    }
+}
+
+const BASE: ArchPreset = ArchPreset {
+    name: "",
+    model: "",
+    arch: "llama",
+    pattern: "AA",
+    n_embd: 256,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 64,
+    n_ff: 256,
+    n_vocab: 512,
+    n_ctx: 4096,
+    n_expert: 0,
+    n_used: 0,
+    n_ff_exp: 0,
+    n_ff_shexp: 0,
+    expert_norm: false,
+    expert_scale: 0.0,
+    ssm: None,
+    granite: None,
+    rope_freq_base: 10_000.0,
+    rms_eps: 1e-5,
+};
+
+const TINY_SSM: SsmShape = SsmShape { d_conv: 4, d_inner: 512, d_state: 64, n_group: 2, n_head: 8 };
+const GRANITE_SCALES: GraniteScales = GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.0078125, logit: 8.0 };
+
+pub static ARCH_PRESETS: &[ArchPreset] = &[
+    ArchPreset { name: "tiny-mixtral", model: "Quarrel tiny Mixtral-style MoE", n_expert: 4, n_used: 2, ..BASE },
+    ArchPreset { name: "tiny-granite", model: "Quarrel tiny Granite", arch: "granite", granite: Some(GRANITE_SCALES), n_ff: 512, ..BASE },
+    ArchPreset {
+        name: "tiny-granitemoe",
+        model: "Quarrel tiny Granite MoE",
+        arch: "granitemoe",
+        granite: Some(GRANITE_SCALES),
+        n_expert: 4,
+        n_used: 2,
+        n_ff_shexp: 256,
+        ..BASE
+    },
+    ArchPreset {
+        name: "tiny-granitehybrid",
+        model: "Quarrel tiny Granite 4 hybrid",
+        arch: "granitehybrid",
+        pattern: "MAMM",
+        granite: Some(GRANITE_SCALES),
+        n_expert: 4,
+        n_used: 2,
+        n_ff_shexp: 256,
+        ssm: Some(SsmShape { n_group: 1, ..TINY_SSM }),
+        ..BASE
+    },
+    ArchPreset { name: "tiny-mamba2", model: "Quarrel tiny Mamba2", arch: "mamba2", pattern: "MM", ssm: Some(TINY_SSM), ..BASE },
+    ArchPreset {
+        name: "tiny-nemotron-h",
+        model: "Quarrel tiny Nemotron-H",
+        arch: "nemotron_h",
+        pattern: "M*M-",
+        n_ff: 512,
+        ssm: Some(TINY_SSM),
+        ..BASE
+    },
+    ArchPreset {
+        name: "tiny-nemotron-h-moe",
+        model: "Quarrel tiny Nemotron-H MoE",
+        arch: "nemotron_h_moe",
+        pattern: "ME*E",
+        n_expert: 8,
+        n_used: 2,
+        n_ff_exp: 256,
+        n_ff_shexp: 512,
+        expert_norm: true,
+        expert_scale: 2.5,
+        ssm: Some(TINY_SSM),
+        ..BASE
+    },
+    // mistralai/Mixtral-8x7B-v0.1
+    ArchPreset {
+        name: "mixtral-8x7b",
+        model: "Mixtral 8x7B",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_ff: 14_336,
+        n_vocab: 32_000,
+        n_ctx: 32_768,
+        n_expert: 8,
+        n_used: 2,
+        rope_freq_base: 1_000_000.0,
+        ..BASE
+    },
+    // ibm-granite/granite-4.0-micro (dense transformer)
+    ArchPreset {
+        name: "granite-4.0-micro",
+        model: "Granite 4.0 Micro",
+        arch: "granite",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 2560,
+        n_head: 40,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_ff: 8192,
+        n_vocab: 100_352,
+        n_ctx: 131_072,
+        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.015625, logit: 10.0 }),
+        rope_freq_base: 10_000_000.0,
+        ..BASE
+    },
+    // ibm-granite/granite-4.0-h-micro (hybrid, dense FFN)
+    ArchPreset {
+        name: "granite-4.0-h-micro",
+        model: "Granite 4.0 H Micro",
+        arch: "granitehybrid",
+        pattern: "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM",
+        n_embd: 2048,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_ff: 8192,
+        n_vocab: 100_352,
+        n_ctx: 131_072,
+        ssm: Some(SsmShape { d_conv: 4, d_inner: 4096, d_state: 128, n_group: 1, n_head: 64 }),
+        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.015625, logit: 8.0 }),
+        ..BASE
+    },
+    // ibm-granite/granite-4.0-h-tiny (hybrid, 64 experts, 6 active, shared expert)
+    ArchPreset {
+        name: "granite-4.0-h-tiny",
+        model: "Granite 4.0 H Tiny",
+        arch: "granitehybrid",
+        pattern: "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM",
+        n_embd: 1536,
+        n_head: 12,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_ff: 512,
+        n_vocab: 100_352,
+        n_ctx: 131_072,
+        n_expert: 64,
+        n_used: 6,
+        n_ff_shexp: 1024,
+        ssm: Some(SsmShape { d_conv: 4, d_inner: 3072, d_state: 128, n_group: 1, n_head: 48 }),
+        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.0078125, logit: 6.0 }),
+        ..BASE
+    },
+    // nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B
+    ArchPreset {
+        name: "nemotron-3-nano-30b-a3b",
+        model: "Nemotron 3 Nano 30B-A3B",
+        arch: "nemotron_h_moe",
+        pattern: "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        n_embd: 2688,
+        n_head: 32,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_ff: 0,
+        n_vocab: 131_072,
+        n_ctx: 262_144,
+        n_expert: 128,
+        n_used: 6,
+        n_ff_exp: 1856,
+        n_ff_shexp: 3712,
+        expert_norm: true,
+        expert_scale: 2.5,
+        ssm: Some(SsmShape { d_conv: 4, d_inner: 4096, d_state: 128, n_group: 8, n_head: 64 }),
+        ..BASE
+    },
+];
+
+fn check(p: &ArchPreset) -> Result<(), SynthError> {
+    let bad = |m: String| Err(SynthError::Invalid(format!("preset {}: {m}", p.name)));
+    let single = p.single_mixer();
+    for c in p.pattern.chars() {
+        let ok = if single { "M*-E".contains(c) && (p.arch != "mamba2" || c == 'M') } else { c == 'A' || (c == 'M' && p.arch == "granitehybrid") };
+        if !ok {
+            return bad(format!("layer kind {c:?} does not exist in {}", p.arch));
+        }
+    }
+    if p.pattern.contains('M') && p.ssm.is_none() {
+        return bad("Mamba2 layers without an SSM shape".into());
+    }
+    if let Some(s) = p.ssm {
+        if s.d_inner % s.n_head != 0 || s.d_inner % s.n_group != 0 || s.n_head % s.n_group != 0 {
+            return bad(format!("bad SSM shape {s:?}"));
+        }
+        if p.arch == "granitehybrid" && s.d_inner != 2 * p.n_embd {
+            return bad("granitehybrid needs d_inner = 2 n_embd".into());
+        }
+    }
+    if (p.pattern.contains('E') || (p.n_expert > 0 && !single)) && (p.n_used == 0 || p.n_used > p.n_expert) {
+        return bad(format!("{} of {} experts", p.n_used, p.n_expert));
+    }
+    if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+        return bad("bad head layout".into());
+    }
+    Ok(())
+}
+
+/// Tensors of `p` in file order: (name, ggml dims, init).
+fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
+    let u = |v: usize| v as u64;
+    let (e, v) = (u(p.n_embd), u(p.n_vocab));
+    let resid = 1.0 / (2.0 * p.n_layer() as f32).sqrt();
+    let norm = Init::Normal { mean: 1.0, std: NORM_STD };
+    let mat = |n_in: u64, scale: f32| Init::Normal { mean: 0.0, std: scale / (n_in as f32).sqrt() };
+    let mut l: Vec<(String, Vec<u64>, Init)> = vec![("token_embd.weight".into(), vec![e, v], mat(e, 1.0))];
+    let (q, kv) = (u(p.n_head * p.head_dim), u(p.n_head_kv * p.head_dim));
+    for (i, kind) in p.pattern.chars().enumerate() {
+        let mut push = |t: &str, dims: Vec<u64>, init: Init| l.push((format!("blk.{i}.{t}"), dims, init));
+        push("attn_norm.weight", vec![e], norm);
+        match kind {
+            'A' | '*' => {
+                push("attn_q.weight", vec![e, q], mat(e, 1.0));
+                push("attn_k.weight", vec![e, kv], mat(e, 1.0));
+                push("attn_v.weight", vec![e, kv], mat(e, 1.0));
+                push("attn_output.weight", vec![q, e], mat(q, resid));
+            }
+            'M' => {
+                let s = p.ssm.expect("checked");
+                let conv_dim = u(s.d_inner + 2 * s.n_group * s.d_state);
+                let d_in_proj = u(2 * s.d_inner + 2 * s.n_group * s.d_state + s.n_head);
+                let nh = u(s.n_head);
+                push("ssm_in.weight", vec![e, d_in_proj], mat(e, 1.0));
+                push("ssm_conv1d.weight", vec![u(s.d_conv), conv_dim], mat(u(s.d_conv), 1.0));
+                push("ssm_conv1d.bias", vec![conv_dim], Init::Normal { mean: 0.0, std: 0.1 });
+                // dt_bias = softplus⁻¹(dt) for dt around 0.02
+                push("ssm_dt.bias", vec![nh], Init::Normal { mean: -4.0, std: 1.0 });
+                push("ssm_a", vec![1, nh], Init::NegAbs { mean: 4.0, std: 3.0 });
+                push("ssm_d", vec![1, nh], Init::Normal { mean: 1.0, std: 0.1 });
+                push("ssm_norm.weight", vec![u(s.d_inner / s.n_group), u(s.n_group)], norm);
+                push("ssm_out.weight", vec![u(s.d_inner), e], mat(u(s.d_inner), resid));
+            }
+            '-' => {
+                let ff = u(p.n_ff);
+                push("ffn_up.weight", vec![e, ff], mat(e, 1.0));
+                push("ffn_down.weight", vec![ff, e], mat(ff, resid));
+            }
+            _ => {}
+        }
+        let two_part = !p.single_mixer();
+        if two_part {
+            push("ffn_norm.weight", vec![e], norm);
+        }
+        let ne = u(p.n_expert);
+        if two_part && p.n_expert == 0 {
+            let ff = u(p.n_ff);
+            push("ffn_gate.weight", vec![e, ff], mat(e, 1.0));
+            push("ffn_up.weight", vec![e, ff], mat(e, 1.0));
+            push("ffn_down.weight", vec![ff, e], mat(ff, resid));
+        } else if two_part {
+            let ff = u(p.n_ff);
+            push("ffn_gate_inp.weight", vec![e, ne], mat(e, 1.0));
+            push("ffn_gate_exps.weight", vec![e, ff, ne], mat(e, 1.0));
+            push("ffn_up_exps.weight", vec![e, ff, ne], mat(e, 1.0));
+            push("ffn_down_exps.weight", vec![ff, e, ne], mat(ff, resid));
+            if p.n_ff_shexp > 0 {
+                let fs = u(p.n_ff_shexp);
+                push("ffn_gate_shexp.weight", vec![e, fs], mat(e, 1.0));
+                push("ffn_up_shexp.weight", vec![e, fs], mat(e, 1.0));
+                push("ffn_down_shexp.weight", vec![fs, e], mat(fs, resid));
+            }
+        } else if kind == 'E' {
+            let (ff, fs) = (u(p.n_ff_exp), u(p.n_ff_shexp));
+            push("ffn_gate_inp.weight", vec![e, ne], mat(e, 1.0));
+            push("exp_probs_b.bias", vec![ne], Init::Normal { mean: 0.0, std: 0.05 });
+            push("ffn_up_exps.weight", vec![e, ff, ne], mat(e, 1.0));
+            push("ffn_down_exps.weight", vec![ff, e, ne], mat(ff, resid));
+            push("ffn_up_shexp.weight", vec![e, fs], mat(e, 1.0));
+            push("ffn_down_shexp.weight", vec![fs, e], mat(fs, resid));
+        }
+    }
+    l.push(("output_norm.weight".into(), vec![e], norm));
+    l.push(("output.weight".into(), vec![e, v], mat(e, 1.0)));
+    l
+}
+
+fn tensor_type(name: &str, dims: &[u64], ftype: Ftype) -> QuantType {
+    let keep_f32 = ["_norm.weight", "ffn_gate_inp.weight", "exp_probs_b", "ssm_conv1d", "ssm_a", "ssm_d"];
+    if dims.len() == 1 || keep_f32.iter().any(|k| name.contains(k)) {
+        return QuantType::F32;
+    }
+    let default = ftype.default_type();
+    let ty = if name == "output.weight" && !matches!(default, QuantType::F32 | QuantType::F16 | QuantType::BF16) {
+        if ftype == Ftype::Q8_0 {
+            QuantType::Q8_0
+        } else {
+            QuantType::Q6_K
+        }
+    } else {
+        default
+    };
+    fallback(ty, dims[0])
+}
+
+/// The tensors of `p` typed for `ftype`.
+pub fn arch_tensor_plan(p: &ArchPreset, ftype: Ftype) -> Vec<PlannedTensor> {
+    tensors(p)
+        .into_iter()
+        .map(|(name, dims, init)| PlannedTensor { ty: tensor_type(&name, &dims, ftype), name, dims, init })
+        .collect()
+}
+
+fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Vec<(String, Value)> {
+    let a = p.arch;
+    let k = |s: &str| format!("{a}.{s}");
+    let u32v = |x: usize| Value::U32(x as u32);
+    let arr = |f: &dyn Fn(char) -> usize| Value::Array(ValueType::U32, p.pattern.chars().map(|c| Value::U32(f(c) as u32)).collect());
+    let mut kv: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        ("general.type".into(), Value::String("model".into())),
+        ("general.name".into(), Value::String(format!("{} (synthetic)", p.model))),
+        (
+            "general.description".into(),
+            Value::String(format!("random weights with the shapes of {}, written by quarrel synth (preset {}, seed {seed})", p.model, p.name)),
+        ),
+        (k("block_count"), u32v(p.n_layer())),
+        (k("context_length"), u32v(p.n_ctx)),
+        (k("embedding_length"), u32v(p.n_embd)),
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(p.rms_eps)),
+        ("general.file_type".into(), Value::U32(ftype.llama_ftype())),
+        (k("vocab_size"), u32v(p.n_vocab)),
+    ];
+    let attn_kv = |c: char| if c == 'A' || c == '*' { p.n_head_kv } else { 0 };
+    match a {
+        "mamba2" => {}
+        "nemotron_h" | "nemotron_h_moe" => {
+            kv.push((k("attention.head_count"), u32v(p.n_head)));
+            kv.push((k("attention.head_count_kv"), arr(&attn_kv)));
+            kv.push((k("attention.key_length"), u32v(p.head_dim)));
+            kv.push((k("attention.value_length"), u32v(p.head_dim)));
+            kv.push((k("attention.layer_norm_epsilon"), Value::F32(p.rms_eps)));
+            let ff = |c: char| match c {
+                '-' => p.n_ff,
+                'E' => p.n_ff_exp,
+                _ => 0,
+            };
+            kv.push((k("feed_forward_length"), arr(&ff)));
+        }
+        _ => {
+            kv.push((k("attention.head_count"), u32v(p.n_head)));
+            kv.push((k("attention.head_count_kv"), if p.pattern.contains('M') { arr(&attn_kv) } else { u32v(p.n_head_kv) }));
+            kv.push((k("feed_forward_length"), u32v(p.n_ff)));
+        }
+    }
+    if p.has_rope() {
+        kv.push((k("rope.freq_base"), Value::F32(p.rope_freq_base)));
+        kv.push((k("rope.dimension_count"), u32v(p.head_dim)));
+        if p.head_dim * p.n_head != p.n_embd {
+            kv.push((k("attention.key_length"), u32v(p.head_dim)));
+            kv.push((k("attention.value_length"), u32v(p.head_dim)));
+        }
+    }
+    if let Some(g) = p.granite {
+        kv.push((k("embedding_scale"), Value::F32(g.embedding)));
+        kv.push((k("residual_scale"), Value::F32(g.residual)));
+        kv.push((k("attention.scale"), Value::F32(g.attention)));
+        kv.push((k("logit_scale"), Value::F32(g.logit)));
+    }
+    if p.n_expert > 0 {
+        kv.push((k("expert_count"), u32v(p.n_expert)));
+        kv.push((k("expert_used_count"), u32v(p.n_used)));
+        if p.n_ff_shexp > 0 {
+            kv.push((k("expert_shared_feed_forward_length"), u32v(p.n_ff_shexp)));
+        }
+        if p.single_mixer() {
+            kv.push((k("expert_feed_forward_length"), u32v(p.n_ff_exp)));
+            kv.push((k("expert_shared_count"), u32v(1)));
+            kv.push((k("expert_weights_norm"), Value::Bool(p.expert_norm)));
+            kv.push((k("expert_weights_scale"), Value::F32(p.expert_scale)));
+        }
+    }
+    if let Some(s) = p.ssm {
+        kv.push((k("ssm.conv_kernel"), u32v(s.d_conv)));
+        kv.push((k("ssm.inner_size"), u32v(s.d_inner)));
+        kv.push((k("ssm.state_size"), u32v(s.d_state)));
+        kv.push((k("ssm.time_step_rank"), u32v(s.n_head)));
+        kv.push((k("ssm.group_count"), u32v(s.n_group)));
+    }
+    kv.extend(vocab.kv.iter().cloned());
+    kv.push(("general.quantization_version".into(), Value::U32(2)));
+    kv
+}
+
+/// What to write.
+#[derive(Clone, Debug)]
+pub struct ArchSynthSpec {
+    pub preset: ArchPreset,
+    pub ftype: Ftype,
+    pub seed: u64,
+    pub vocab_from: Option<PathBuf>,
+}
+
+/// What was written.
+#[derive(Clone, Debug)]
+pub struct ArchSummary {
+    pub preset: ArchPreset,
+    pub n_tensors: usize,
+    pub n_params: u64,
+    pub file_size: u64,
+    pub seconds: f64,
+    pub type_counts: Vec<(QuantType, usize)>,
+}
+
+/// Write the model `spec` describes to `out` (see [`super::write_synth`] for the format).
+pub fn write_arch_synth(spec: &ArchSynthSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<ArchSummary, SynthError> {
+    let start = Instant::now();
+    let mut p = spec.preset;
+    check(&p)?;
+    let vocab = match &spec.vocab_from {
+        Some(path) => vocab::from_gguf(path)?,
+        None => vocab::synthetic(p.n_vocab).map_err(SynthError::Invalid)?,
+    };
+    p.n_vocab = vocab.n_tokens;
+    let plan = arch_tensor_plan(&p, spec.ftype);
+    let meta = metadata(&p, spec.ftype, spec.seed, &vocab);
+    let file_size = write_plan(&plan, meta, spec.seed, out, progress)?;
+    Ok(ArchSummary {
+        preset: p,
+        n_tensors: plan.len(),
+        n_params: plan.iter().map(|t| t.n_elements()).sum(),
+        file_size,
+        seconds: start.elapsed().as_secs_f64(),
+        type_counts: type_counts(&plan),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_consistent() {
+        for p in ARCH_PRESETS {
+            check(p).unwrap();
+            assert_eq!(ArchPreset::by_name(p.name), Some(p));
+        }
+        assert_eq!(ArchPreset::by_name("nemotron-3-nano-30b-a3b").unwrap().n_layer(), 52);
+    }
+
+    #[test]
+    fn types_follow_the_rules() {
+        let p = ArchPreset::by_name("tiny-nemotron-h-moe").unwrap();
+        let plan = arch_tensor_plan(p, Ftype::Q4_K_M);
+        let ty = |n: &str| plan.iter().find(|t| t.name == n).unwrap().ty;
+        assert_eq!(ty("blk.0.ssm_conv1d.weight"), QuantType::F32);
+        assert_eq!(ty("blk.0.ssm_a"), QuantType::F32);
+        assert_eq!(ty("blk.1.ffn_gate_inp.weight"), QuantType::F32);
+        assert_eq!(ty("blk.1.ffn_up_exps.weight"), QuantType::Q4_K);
+        assert_eq!(ty("output.weight"), QuantType::Q6_K);
+        assert!(plan.iter().any(|t| t.name == "blk.1.exp_probs_b.bias"));
+    }
+}
