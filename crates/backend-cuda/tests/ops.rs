@@ -234,6 +234,7 @@ fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Opt
             SeqBatch { start: l0, len: l1, block_table: vec![1, 7, 3, 11, 0] },
         ],
         logits_rows: vec![],
+        state_slots: vec![],
     };
     let row = n_kv_head * hd;
     let k = be.upload(&rnd(batch.n_tokens() * row, 11)).unwrap();
@@ -250,6 +251,7 @@ fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Opt
         positions: vec![l1 as u32],
         seqs: vec![SeqBatch { start: 0, len: 1, block_table: vec![1, 7, 3, 11, 0] }],
         logits_rows: vec![0],
+        state_slots: vec![],
     };
     let k1 = be.upload(&rnd(row, 21)).unwrap();
     let v1 = be.upload(&rnd(row, 22)).unwrap();
