@@ -539,7 +539,8 @@ impl<M: StepModel> Scheduler<M> {
             let mut n_tok = 0;
             while i + tables.len() < inputs.len() {
                 let toks = &inputs[i + tables.len()];
-                if toks.len() > chunk || n_tok + toks.len() > budget {
+                // recurrent models have one scratch state slot: one text per forward
+                if toks.len() > chunk || n_tok + toks.len() > budget || (self.scratch_slot.is_some() && !tables.is_empty()) {
                     break;
                 }
                 let mut t = vec![];
@@ -566,7 +567,7 @@ impl<M: StepModel> Scheduler<M> {
 
     /// One forward over several short sequences, each with its own block table.
     fn embed_group(&mut self, inputs: &[Vec<u32>], tables: &[Vec<u32>], pooling: Pooling) -> Result<Vec<PoolAcc>, ServiceError> {
-        let mut batch = ForwardBatch { tokens: vec![], positions: vec![], seqs: vec![], logits_rows: vec![] };
+        let mut batch = ForwardBatch { tokens: vec![], positions: vec![], seqs: vec![], logits_rows: vec![], state_slots: self.scratch_slot.into_iter().collect() };
         let mut rows_per_seq = Vec::with_capacity(inputs.len());
         for (toks, table) in inputs.iter().zip(tables) {
             let start = batch.tokens.len();
