@@ -18,7 +18,8 @@ Behaviour (Longbow's documented interface):
   DoAction  "search" (body: the search JSON) -> one JSON result
             test controls (meta port): "peer.slow_down" {"batches": n} (the next n acks say
             slow_down), "peer.drop_after" {"batches": n} (after storing n more batches, cut
-            every data connection before acking the last one), "peer.stats" -> JSON with
+            every data connection before acking the last one; with "foreign_rows": m, also
+            store m rows from "another writer" at that moment), "peer.stats" -> JSON with
             per-dataset rows, batch arrival times, puts, drops, duplicate ids.
 
 Prints `READY data=<port> meta=<port>` on stdout when both ports listen.
@@ -44,6 +45,7 @@ class Store:
         self.arrivals = {}
         self.slow_down = 0
         self.drop_after = None
+        self.foreign_rows = 0
         self.drops = 0
         self.puts = 0
 
@@ -133,6 +135,10 @@ class DataServer(fl.FlightServerBase):
                     if st.drop_after <= 0:
                         st.drop_after, drop = None, True
                         st.drops += 1
+                        if st.foreign_rows:
+                            m, st.foreign_rows = st.foreign_rows, 0
+                            st.batches[name].append(batch.slice(0, min(m, batch.num_rows)))
+                            st.arrivals[name].append(time.monotonic())
                 status = {"status": "ok", "rows": batch.num_rows}
                 if st.slow_down > 0:
                     st.slow_down -= 1
@@ -202,6 +208,7 @@ class MetaServer(fl.FlightServerBase):
         if action.type == "peer.drop_after":
             with st.lock:
                 st.drop_after = int(body["batches"])
+                st.foreign_rows = int(body.get("foreign_rows", 0))
             return [b"{}"]
         if action.type == "peer.stats":
             return [json.dumps(st.stats()).encode()]

@@ -145,6 +145,22 @@ fn dropped_connection_loses_and_duplicates_nothing() {
 }
 
 #[test]
+fn another_writer_during_a_drop_is_an_error_not_a_guess() {
+    let peer = TestPeer::start().unwrap();
+    rt().block_on(async {
+        let mut c = LongbowClient::connect(&peer.data, &peer.meta).await.unwrap();
+        // rows from someone else land while the connection is down: the count no longer says
+        // which of this upload's batches were stored
+        c.action("peer.drop_after", r#"{"batches": 3, "foreign_rows": 5}"#).await.unwrap();
+        let b = rows(200, 8, 7).into_record_batch().unwrap();
+        let opts = PutOptions { window: 1, retry: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), factor: 2.0 }, ..Default::default() };
+        let e = c.put_batches("shared", split(&b, 20), &opts, &mut |_: &PutReport| {}).await.unwrap_err();
+        assert!(matches!(e, quarrel_flight::FlightClientError::Reconcile { .. }), "{e}");
+        assert!(e.to_string().contains("another writer"), "{e}");
+    });
+}
+
+#[test]
 fn unreachable_endpoints_are_errors() {
     rt().block_on(async {
         // a port nothing listens on (bind, read the port, close)
