@@ -46,6 +46,12 @@ impl ModelArgs {
         resolve_model(self.model.as_deref(), true)
     }
 
+    /// Load the engine and start its service loop (continuous batching) on either backend.
+    pub fn spawn_service(&self, opts: quarrel_engine::ServiceOptions) -> Result<quarrel_engine::EngineHandle> {
+        let engine = self.engine()?;
+        Ok(with_engine!(engine, e => { quarrel_engine::EngineHandle::spawn(e, opts) }))
+    }
+
     pub fn engine(&self) -> Result<AnyEngine> {
         self.engine_with(|_| {})
     }

@@ -184,17 +184,18 @@ pub fn main(a: Args) -> Result<()> {
         ctx: a.ctx,
         kv_type: "f16".into(),
         batch: a.ubatch,
+        kv_mem: None,
         device: a.device.clone(),
     };
     let Some((data, meta, dataset)) = endpoints else {
-        let engine = EngineHandle::spawn(model.engine()?, ServiceOptions::default());
+        let engine = model.spawn_service(ServiceOptions::default())?;
         return print_vectors(&engine, &docs, &embed, a.batch);
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
         // connect before loading the model: a wrong address fails fast
         let mut client = LongbowClient::connect(&data, &meta).await.context("connecting to Longbow")?;
-        let engine = EngineHandle::spawn(model.engine()?, ServiceOptions::default());
+        let engine = model.spawn_service(ServiceOptions::default())?;
         if a.search {
             search(&engine, &client, &dataset, &docs, &embed, a.k).await
         } else {
