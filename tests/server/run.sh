@@ -7,10 +7,19 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 Q="${QUARREL_BIN:-$PWD/target/release/quarrel}"
 VENV="${QUARREL_PYENV:-$PWD/target/pyenv}"
+PKGS=("openai>=1.40" "ollama>=0.4" "websockets>=12")
 if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
+  # python3-venv may be missing (Debian): fall back to the user site below
+  python3 -m venv "$VENV" >/dev/null 2>&1 || rm -rf "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "openai>=1.40" "ollama>=0.4" "websockets>=12"
+if [ -x "$VENV/bin/python" ]; then
+  PY="$VENV/bin/python"
+  "$PY" -m pip install -q --disable-pip-version-check "${PKGS[@]}"
+else
+  PY=python3
+  "$PY" -m pip install -q --disable-pip-version-check --user "${PKGS[@]}" 2>/dev/null \
+    || "$PY" -m pip install -q --disable-pip-version-check --user --break-system-packages "${PKGS[@]}"
+fi
 WORK="$(mktemp -d)"
 pids=()
 cleanup() {
@@ -19,7 +28,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-free_port() { "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 P1="$(free_port)"; P2="$(free_port)"
 "$Q" serve --port "$P1" -t 2 --log-format json >"$WORK/serve.log" 2>&1 &
 pids+=($!)
@@ -28,14 +37,14 @@ pids+=($!)
 pids+=($!)
 for p in "$P1" "$P2"; do
   for _ in $(seq 1 120); do
-    "$VENV/bin/python" -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" "http://127.0.0.1:$p/readyz" >/dev/null 2>&1 && break
+    "$PY" -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" "http://127.0.0.1:$p/readyz" >/dev/null 2>&1 && break
     sleep 0.5
   done
-  "$VENV/bin/python" -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" "http://127.0.0.1:$p/readyz" >/dev/null 2>&1 || { echo "server on $p did not start"; cat "$WORK"/serve*.log; exit 1; }
+  "$PY" -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" "http://127.0.0.1:$p/readyz" >/dev/null 2>&1 || { echo "server on $p did not start"; cat "$WORK"/serve*.log; exit 1; }
 done
 export QUARREL_URL="http://127.0.0.1:$P1" QUARREL_AUTH_URL="http://127.0.0.1:$P2" QUARREL_KEYS_FILE="$WORK/keys.json" QUARREL_BIN="$Q"
 status=0
-(cd tests/server && "$VENV/bin/python" -m unittest -v test_openai test_ollama test_ws test_errors test_auth) || status=$?
+(cd tests/server && "$PY" -m unittest -v test_openai test_ollama test_ws test_errors test_auth) || status=$?
 if [ "$status" -ne 0 ]; then
   echo "--- server log (last 40 lines)"; tail -n 40 "$WORK/serve.log"
 fi

@@ -40,7 +40,7 @@ class Auth(unittest.TestCase):
     def test_openai_client_with_key(self):
         k = json.loads(keys("create", "t2", "--json"))
         c = openai.OpenAI(base_url=AUTH_BASE + "/v1", api_key=k["key"], max_retries=0)
-        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0)
         self.assertTrue(r.choices[0].message.content)
         bad = openai.OpenAI(base_url=AUTH_BASE + "/v1", api_key="qk-nope", max_retries=0)
         with self.assertRaises(openai.AuthenticationError):
@@ -74,9 +74,9 @@ class Auth(unittest.TestCase):
 
         async def go():
             async with websockets.connect(AUTH_BASE.replace("http", "ws", 1) + "/ws") as ws:
-                m = json.loads(await ws.recv())
+                m = json.loads(await asyncio.wait_for(ws.recv(), 30))
                 try:
-                    await ws.recv()
+                    await asyncio.wait_for(ws.recv(), 30)
                 except websockets.ConnectionClosed as e:
                     return m, e.rcvd.code
         m, code = asyncio.run(go())

@@ -53,7 +53,7 @@ class WebSocketProtocol(unittest.TestCase):
             async with websockets.connect(WS) as ws:
                 await ws.send(json.dumps({"type": "inference", "id": "long", "payload": {"prompt": "Once upon a time, in a land far away,", "max_tokens": 500, "temperature": 0}}))
                 while True:
-                    m = json.loads(await ws.recv())
+                    m = json.loads(await asyncio.wait_for(ws.recv(), 60))
                     if m["type"] == "inference":
                         self.assertFalse(m["payload"]["complete"], m)
                         break
@@ -75,11 +75,11 @@ class WebSocketProtocol(unittest.TestCase):
                     await ws.send(frame)
                     replies.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
                 await ws.send(json.dumps({"type": "ping", "id": "p"}))
-                pong = json.loads(await ws.recv())
+                pong = json.loads(await asyncio.wait_for(ws.recv(), 30))
                 await ws.send(json.dumps({"type": "status", "id": "s"}))
-                status = json.loads(await ws.recv())
+                status = json.loads(await asyncio.wait_for(ws.recv(), 30))
                 await ws.send(json.dumps({"type": "metrics", "id": "m"}))
-                met = json.loads(await ws.recv())
+                met = json.loads(await asyncio.wait_for(ws.recv(), 30))
                 # still serving after all that
                 await ws.send(json.dumps({"type": "inference", "id": "ok", "payload": {"prompt": "Hello", "max_tokens": 3}}))
                 ok = await collect(ws, ["ok"])
@@ -99,9 +99,11 @@ class WebSocketProtocol(unittest.TestCase):
 
         async def go():
             ws = await websockets.connect(WS)
-            await ws.send(json.dumps({"type": "inference", "id": "x", "payload": {"prompt": "Write an essay.", "max_tokens": 1000}}))
+            # greedy: this prompt runs far past the three tokens we wait for
+            await ws.send(json.dumps({"type": "inference", "id": "x", "payload": {"prompt": "Once upon a time, in a land far away,", "max_tokens": 1000, "temperature": 0}}))
             for _ in range(3):
-                await ws.recv()
+                m = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                self.assertFalse(m["payload"].get("complete"), m)
             await ws.close()
         self.run_async(go())
         t0 = time.time()
