@@ -122,6 +122,7 @@ test('auto-scroll stops when the reader scrolls up; Stop cancels the generation'
   const later = await pg.evaluate(() => [...document.querySelectorAll('.msg.assistant')].pop().textContent);
   assert.equal(later, stopped, 'no text arrives after Stop');
   assert.match(later, /stopped/, 'the answer is marked stopped');
+  assert.ok(await pg.locator('#banner').isHidden(), 'no error shown for a stopped generation');
   assert.ok(await pg.locator('#input').isEnabled());
   assert.equal(await pg.locator('#conn').getAttribute('data-state'), 'connected');
   // The engine dropped it (nothing running), and the same socket serves the next message.

@@ -37,6 +37,7 @@ export class Connection extends EventTarget {
     this.state = 'disconnected';
     this.attempt = 0;
     this.pending = new Map(); // id -> handlers
+    this.cancelled = new Set(); // ids stopped by us: late messages for them are dropped
     this.reconnectTimer = 0;
     this.heartbeatTimer = 0;
     this.deadline = 0;
@@ -99,6 +100,7 @@ export class Connection extends EventTarget {
     this.ws = null;
     clearInterval(this.heartbeatTimer);
     clearTimeout(this.deadline);
+    this.cancelled.clear();
     for (const [id, h] of this.pending) {
       h.onError?.({ code: 'DISCONNECTED', message: 'Connection to the server was lost.' });
       this.pending.delete(id);
@@ -161,6 +163,7 @@ export class Connection extends EventTarget {
   /** Cancel a generation; its handlers get nothing more. */
   cancel(id) {
     this.pending.delete(id);
+    this.cancelled.add(id);
     this.send({ type: 'cancel', id });
   }
 
@@ -171,6 +174,12 @@ export class Connection extends EventTarget {
     if (!msg || typeof msg !== 'object') return;
     const p = msg.payload && typeof msg.payload === 'object' ? msg.payload : {};
     const id = msg.id ?? p.id ?? p.request_id ?? null;
+    if (id != null && this.cancelled.has(id)) {
+      // Tokens in flight, the final `cancelled` message, or "no running request" when it had
+      // just finished: none of it matters to the page any more.
+      if (msg.type === 'error' || p.complete) this.cancelled.delete(id);
+      return;
+    }
     const h = id != null ? this.pending.get(id) : null;
     switch (msg.type) {
       case 'inference': {
