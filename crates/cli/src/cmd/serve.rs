@@ -200,6 +200,14 @@ pub fn main(a: Args) -> Result<()> {
     let keys = if a.no_auth {
         None
     } else if a.keys.is_some() || keys_path.exists() {
+        if !keys_path.exists() {
+            eprintln!(
+                "warning: keys file {} does not exist yet: every request needing a key is refused (401) until one is \
+                 created with `quarrel keys create NAME --keys {}`",
+                keys_path.display(),
+                keys_path.display()
+            );
+        }
         let ks = KeyStore::open(&keys_path)?;
         Some(ks)
     } else if !a.host.is_loopback() {
