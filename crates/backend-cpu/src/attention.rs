@@ -50,14 +50,16 @@ pub(crate) fn attention(
     if hd > MAX_HEAD_DIM {
         return Err(CoreError::Shape(format!("attention: head_dim {hd} above {MAX_HEAD_DIM}")));
     }
-    if kv.k[layer].rows().is_none() && hd > QUANT_MAX_HEAD_DIM {
+    if (kv.k[layer].rows().is_none() || kv.v[layer].rows().is_none()) && hd > QUANT_MAX_HEAD_DIM {
         return Err(CoreError::Unsupported(format!("quantized KV cache with head_dim {hd} above {QUANT_MAX_HEAD_DIM}")));
     }
     batch.validate(kv.spec.block_size).map_err(CoreError::Shape)?;
     let group = p.n_head / p.n_kv_head;
     let (kst, vst) = (&kv.k[layer], &kv.v[layer]);
-    // f32/f16 caches are read in place; quantized ones (Q8_0/Q4_0) are dequantized a block
-    // run at a time into per-task scratch and go through the f32 path
+    if kst.rows().is_none() || vst.rows().is_none() {
+        return attention_quant(be, q, kv, layer, batch, p, out);
+    }
+    // f32/f16 caches are read in place (quantized ones: `attention_quant`)
     let rows = kst.rows().zip(vst.rows());
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let f16_cache = kv.spec.ty == quarrel_core::KvType::F16;
@@ -76,17 +78,14 @@ pub(crate) fn attention(
     let n_chunks = n_tasks.div_ceil(per_chunk);
     be.for_each_task(n_chunks, &|chunk| {
         // this thread's scratch (kept between calls: no per-task zeroing of large arrays)
-        let quant = rows.is_none();
-        let need = (1 + attn::MULTI_MAX) * hd + if quant { 2 * QUANT_RUN * hd } else { 0 };
+        let need = (1 + attn::MULTI_MAX) * hd;
         SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
             if guard.len() < need {
                 guard.resize(need, 0.0);
             }
             let (q16, rest) = guard.split_at_mut(hd);
-            let (accs, rest) = rest.split_at_mut(attn::MULTI_MAX * hd);
-            let (kq, rest) = rest.split_at_mut(if quant { QUANT_RUN * hd } else { 0 });
-            let vq = &mut rest[..if quant { QUANT_RUN * hd } else { 0 }];
+            let accs = &mut rest[..attn::MULTI_MAX * hd];
             for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
                 let t = task / (p.n_kv_head * chunks_per_kv);
                 let (kvh, c) = (task / chunks_per_kv % p.n_kv_head, task % chunks_per_kv);
@@ -132,26 +131,7 @@ pub(crate) fn attention(
                                 attn::f32_run_multi(&qs[..nh], ks, vs, run, sc, &mut sts[..nh], &mut acc[..nh]);
                                 j = j_end;
                             }
-                            None => {
-                                let j_end = j_end.min(j + QUANT_RUN);
-                                for (r, jj) in (j..j_end).enumerate() {
-                                    let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
-                                    kst.dequantize(at, &mut kq[r * hd..(r + 1) * hd]);
-                                    vst.dequantize(at, &mut vq[r * hd..(r + 1) * hd]);
-                                }
-                                let run = Run { start: 0, stride: hd, len: j_end - j };
-                                let n = run.len * hd;
-                                attn::f32_run_multi(
-                                    &qs[..nh],
-                                    KvRows::F32(&kq[..n]),
-                                    KvRows::F32(&vq[..n]),
-                                    run,
-                                    sc,
-                                    &mut sts[..nh],
-                                    &mut acc[..nh],
-                                );
-                                j = j_end;
-                            }
+                            None => j = j_end,
                         }
                     }
                 }
@@ -160,6 +140,126 @@ pub(crate) fn attention(
                     let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
                     let base = (t * p.n_head + h0 + g) * hd;
                     for (d, &a) in acc[g].iter().enumerate() {
+                        // SAFETY: each (token, head) is in exactly one task: base..base+hd is its own.
+                        unsafe { out_ptr.write(base + d, a * inv) };
+                    }
+                }
+            }
+        })
+    });
+    Ok(())
+}
+
+/// Query tokens of one sequence that a quantized-cache task takes together: each K/V run is
+/// dequantized once for all of them.
+const QUANT_TILE: usize = 16;
+
+/// Attention over a quantized (Q8_0 / Q4_0) cache, in the cache's rotated domain: each
+/// query head is Hadamard-rotated once (`H·q · H·k = q·k`), K/V runs are dequantized as stored
+/// (plus the rotated key offset, see `kv`), the f32 path runs over them, and the accumulated
+/// output is rotated back once (`H · Σ w·H·v = Σ w·v`). A task is a tile of up to
+/// `QUANT_TILE` tokens of one sequence and up to `attn::MULTI_MAX` heads of one KV head.
+fn attention_quant(be: &CpuBackend, q: &[f32], kv: &CpuKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut [f32]) -> Result<()> {
+    use quarrel_quant::rotate::hadamard_blocks;
+    let hd = p.head_dim;
+    let (kst, vst) = (&kv.k[layer], &kv.v[layer]);
+    let r = kst.rotation().or(vst.rotation()).unwrap_or(hd);
+    let group = p.n_head / p.n_kv_head;
+    let hg = group.min(attn::MULTI_MAX);
+    let chunks_per_kv = group.div_ceil(hg);
+    let sc = Scoring { scale: p.scale, softcap: p.softcap };
+    let bs = kv.spec.block_size;
+    let offset = kv.k_offset[layer].as_ref();
+    // (sequence, first token, tokens) tiles
+    let tiles: Vec<(usize, usize, usize)> = batch
+        .seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| (0..s.len.div_ceil(QUANT_TILE)).map(move |i| (si, s.start + i * QUANT_TILE, (s.len - i * QUANT_TILE).min(QUANT_TILE))))
+        .collect();
+    let n_tasks = tiles.len() * p.n_kv_head * chunks_per_kv;
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    // K/V rows read with the f32 path: f32/f16 stores as they are, quantized ones dequantized
+    let read = |st: &crate::kv::Store, at: usize, dst: &mut [f32], kvh_off: usize, is_k: bool| {
+        match st.rows() {
+            Some(KvRows::F32(v)) => dst.copy_from_slice(&v[at..at + hd]),
+            Some(KvRows::F16(v)) => dst.iter_mut().zip(&v[at..at + hd]).for_each(|(a, b)| *a = b.to_f32()),
+            None => st.dequantize_rotated(at, dst),
+        }
+        if st.rows().is_some() {
+            // an unquantized half of a mixed cache: into the rotated domain
+            hadamard_blocks(dst, r);
+        } else if is_k {
+            if let Some(o) = offset {
+                dst.iter_mut().zip(&o.rotated[kvh_off..kvh_off + hd]).for_each(|(a, b)| *a += b);
+            }
+        }
+    };
+    be.for_each_task(n_tasks, &|task| {
+        let (tile, rest) = (task / (p.n_kv_head * chunks_per_kv), task % (p.n_kv_head * chunks_per_kv));
+        let (kvh, c) = (rest / chunks_per_kv, rest % chunks_per_kv);
+        let (si, t0, nt) = tiles[tile];
+        let seq = &batch.seqs[si];
+        let h0 = kvh * group + c * hg;
+        let nh = hg.min((kvh + 1) * group - h0);
+        let kvh_off = kvh * hd;
+        let need = 2 * QUANT_TILE * attn::MULTI_MAX * hd + 2 * QUANT_RUN * hd;
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            if guard.len() < need {
+                guard.resize(need, 0.0);
+            }
+            let (qr, rest) = guard.split_at_mut(QUANT_TILE * attn::MULTI_MAX * hd);
+            let (accs, rest) = rest.split_at_mut(QUANT_TILE * attn::MULTI_MAX * hd);
+            let (kq, rest) = rest.split_at_mut(QUANT_RUN * hd);
+            let vq = &mut rest[..QUANT_RUN * hd];
+            let mut sts = [[Online::START; attn::MULTI_MAX]; QUANT_TILE];
+            let (mut lo_all, mut hi_all) = (usize::MAX, 0);
+            for i in 0..nt {
+                let t = t0 + i;
+                let pos = batch.positions[t] as usize;
+                lo_all = lo_all.min(p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w)));
+                hi_all = hi_all.max(pos + 1);
+                for g in 0..nh {
+                    let x = &mut qr[(i * attn::MULTI_MAX + g) * hd..][..hd];
+                    x.copy_from_slice(&q[(t * p.n_head + h0 + g) * hd..][..hd]);
+                    hadamard_blocks(x, r);
+                    accs[(i * attn::MULTI_MAX + g) * hd..][..hd].fill(0.0);
+                }
+            }
+            let mut j = lo_all;
+            while j < hi_all {
+                let j_end = ((j / bs + 1) * bs).min(hi_all).min(j + QUANT_RUN);
+                for (ri, jj) in (j..j_end).enumerate() {
+                    let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
+                    read(kst, at, &mut kq[ri * hd..(ri + 1) * hd], kvh_off, true);
+                    read(vst, at, &mut vq[ri * hd..(ri + 1) * hd], kvh_off, false);
+                }
+                for i in 0..nt {
+                    let pos = batch.positions[t0 + i] as usize;
+                    let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let (a, b) = (j.max(lo), j_end.min(pos + 1));
+                    if a >= b {
+                        continue;
+                    }
+                    let qs: [&[f32]; attn::MULTI_MAX] =
+                        std::array::from_fn(|g| if g < nh { &qr[(i * attn::MULTI_MAX + g) * hd..][..hd] } else { &[][..] });
+                    let mut it = accs[i * attn::MULTI_MAX * hd..(i + 1) * attn::MULTI_MAX * hd].chunks_exact_mut(hd);
+                    let mut acc: [&mut [f32]; attn::MULTI_MAX] = std::array::from_fn(|_| it.next().unwrap_or_default());
+                    let run = Run { start: (a - j) * hd, stride: hd, len: b - a };
+                    let n = (j_end - j) * hd;
+                    attn::f32_run_multi(&qs[..nh], KvRows::F32(&kq[..n]), KvRows::F32(&vq[..n]), run, sc, &mut sts[i][..nh], &mut acc[..nh]);
+                }
+                j = j_end;
+            }
+            for i in 0..nt {
+                for g in 0..nh {
+                    let acc = &mut accs[(i * attn::MULTI_MAX + g) * hd..][..hd];
+                    hadamard_blocks(acc, r);
+                    let st = sts[i][g];
+                    let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
+                    let base = ((t0 + i) * p.n_head + h0 + g) * hd;
+                    for (d, &a) in acc.iter().enumerate() {
                         // SAFETY: each (token, head) is in exactly one task: base..base+hd is its own.
                         unsafe { out_ptr.write(base + d, a * inv) };
                     }

@@ -1,4 +1,17 @@
 //! `CpuKv`: paged K/V storage, per layer `[n_blocks * block_size slots][n_kv_head][head_dim]`.
+//!
+//! Quantized caches (Q8_0 / Q4_0) store every head Hadamard-rotated in power-of-two blocks
+//! (see `quarrel_quant::rotate`). Quantized *key* caches also take out a per-layer,
+//! per-channel key offset first: keys carry large per-channel offsets that are nearly the same
+//! for every token, and a 4-bit block spends its scale on them. The offset is the mean key of
+//! the layer's first store (the engine makes that a fixed calibration batch, so it is a
+//! property of the model), kept in f32 and added back exactly when the keys are read:
+//!
+//! ```text
+//!  write: k ─(− offset)─► H·(k − offset) ─► Q4_0/Q8_0 blocks
+//!  read:  blocks ─► dequantize ─► (+ H·offset)  = H·k up to the quantization error
+//!         (attention works in the rotated domain: q is rotated once, H·acc at the end)
+//! ```
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -57,6 +70,25 @@ impl Store {
         Ok(())
     }
 
+    /// Values `at..at + dst.len()` as f32 in the rotated domain (`H·x` for each rotation
+    /// block; quantized stores only, `at` and the length multiples of the rotation size).
+    pub(crate) fn dequantize_rotated(&self, at: usize, dst: &mut [f32]) {
+        if let Store::Quant(qt, bytes, _) = self {
+            let (bs, ts) = (qt.block_size(), qt.type_size());
+            let src = &bytes[at / bs * ts..(at + dst.len()) / bs * ts];
+            // sizes are multiples of the block by construction
+            let _ = quarrel_quant::dequantize(*qt, src, dst);
+        }
+    }
+
+    /// The rotation size of a quantized store.
+    pub(crate) fn rotation(&self) -> Option<usize> {
+        match self {
+            Store::Quant(_, _, r) => Some(*r),
+            _ => None,
+        }
+    }
+
     /// The stored values when they are f32 or f16 (`None` for quantized stores, which
     /// attention reads through `dequantize`).
     pub(crate) fn rows(&self) -> Option<KvRows<'_>> {
@@ -66,27 +98,14 @@ impl Store {
             Store::Quant(..) => None,
         }
     }
-
-    /// Values `at..at + dst.len()` as f32 (`at` and the length multiples of the block).
-    pub(crate) fn dequantize(&self, at: usize, dst: &mut [f32]) {
-        match self {
-            Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
-            Store::F16(v) => v[at..at + dst.len()].convert_to_f32_slice(dst),
-            Store::Quant(qt, bytes, r) => {
-                let (bs, ts) = (qt.block_size(), qt.type_size());
-                let src = &bytes[at / bs * ts..(at + dst.len()) / bs * ts];
-                // sizes are multiples of the block by construction
-                let _ = quarrel_quant::dequantize(*qt, src, dst);
-                hadamard_blocks(dst, *r);
-            }
-        }
-    }
 }
 
 pub struct CpuKv {
     pub spec: KvSpec,
     pub(crate) k: Vec<Store>,
     pub(crate) v: Vec<Store>,
+    /// Quantized key caches: each layer's key offset, once its first store has set it.
+    pub(crate) k_offset: Vec<Option<KeyOffset>>,
     /// Recurrent (Mamba2) state, when the model has recurrent layers.
     pub state: Option<crate::ssm::CpuState>,
 }
@@ -107,7 +126,7 @@ impl CpuKv {
         }
         let k = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer, spec.head_dim)).collect::<Result<_>>()?;
         let v = (0..spec.n_layer).map(|_| Store::new(spec.ty, per_layer, spec.head_dim)).collect::<Result<_>>()?;
-        Ok(CpuKv { spec: spec.clone(), k, v, state: None })
+        Ok(CpuKv { spec: spec.clone(), k, v, k_offset: (0..spec.n_layer).map(|_| None).collect(), state: None })
     }
 
     /// Element offset of a sequence position in a layer store.
@@ -126,6 +145,17 @@ impl CpuKv {
         if k.len() != batch.n_tokens() * row || v.len() != k.len() {
             return Err(CoreError::Shape(format!("kv_store: k/v have {}/{} values, expected {}", k.len(), v.len(), batch.n_tokens() * row)));
         }
+        // quantized keys: offset taken out before quantization (set by the layer's first store)
+        let mut shifted = Vec::new();
+        let k = match self.k[layer].rotation() {
+            Some(r) if batch.n_tokens() > 0 => {
+                let off = self.k_offset[layer].get_or_insert_with(|| KeyOffset::mean_of(k, row, r));
+                shifted.extend_from_slice(k);
+                shifted.chunks_exact_mut(row).for_each(|x| x.iter_mut().zip(&off.m).for_each(|(a, b)| *a -= b));
+                &shifted[..]
+            }
+            _ => k,
+        };
         for s in &batch.seqs {
             for t in s.start..s.start + s.len {
                 let pos = batch.positions[t] as usize;
@@ -140,5 +170,28 @@ impl CpuKv {
             }
         }
         Ok(())
+    }
+}
+
+/// A layer's per-channel key offset (`n_kv_head * head_dim` values): as is, and rotated the
+/// way the cache rotates each head.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyOffset {
+    pub m: Vec<f32>,
+    pub rotated: Vec<f32>,
+}
+
+impl KeyOffset {
+    /// The mean of the rows (`row` values each) of `k`; `r` the store's rotation size.
+    fn mean_of(k: &[f32], row: usize, r: usize) -> KeyOffset {
+        let n = (k.len() / row).max(1);
+        let mut sum = vec![0f64; row];
+        for x in k.chunks_exact(row) {
+            sum.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
+        }
+        let m: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
+        let mut rotated = m.clone();
+        hadamard_blocks(&mut rotated, r);
+        KeyOffset { m, rotated }
     }
 }

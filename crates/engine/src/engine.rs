@@ -105,7 +105,9 @@ impl<B: Backend> Engine<B> {
             0
         };
         let pool = BlockPool::new(n_blocks, opts.block_size);
-        Ok(Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts, n_state_slots })
+        let mut e = Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts, n_state_slots };
+        e.calibrate_kv()?;
+        Ok(e)
     }
 
     /// Recurrent-state slots for `n` sequences of one batch (empty when the model has no

@@ -18,6 +18,7 @@
 //! | `perplexity` | llama.cpp's perplexity protocol |
 //! | `sampler`    | sampling chain (penalties, top-k/p, min-p, temperature, seed) |
 //! | `stop`       | stop strings over streamed text |
+//! | `kv_calibrate` | quantized KV caches: a fixed calibration pass at load (sets the CPU cache's key offsets) |
 //! | `blocks`     | KV block pool (synchronous paths) |
 //! | `service`    | continuous batching: step loop thread, scheduler, prefix cache (with recurrent-state checkpoints for hybrid models), async API |
 //! | `embedding`  | text embeddings: model-family task prefixes, pooling choice, `embed_texts` |
@@ -28,6 +29,7 @@ mod blocks;
 pub mod embedding;
 mod engine;
 mod generate;
+mod kv_calibrate;
 mod perplexity;
 pub mod service;
 pub mod sampler;
