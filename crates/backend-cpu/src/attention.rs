@@ -23,7 +23,7 @@ const VEC_PATH_MAX_TOKENS: usize = 64;
 const MAX_HEAD_DIM: usize = 1024;
 
 thread_local! {
-    /// Per-thread attention scratch: q16, the heads' accumulators, dequantized K/V runs.
+    /// Per-thread attention scratch: the heads' q16 and accumulators (quantized caches: rotated queries, accumulators, dequantized K/V runs).
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -65,11 +65,12 @@ pub(crate) fn attention(
     let f16_cache = kv.spec.ty == quarrel_core::KvType::F16;
     let sc = Scoring { scale: p.scale, softcap: p.softcap };
     let (bs, stride) = (kv.spec.block_size, kv.spec.n_kv_head * hd);
-    // a task is one token and `hg` heads of one KV head: prompt batches (the f32 path) run
-    // up to `attn::MULTI_MAX` heads of a group in lock step over each K/V row; decode-only
-    // batches (the f16 vector path) keep one head per task (more tasks to share out)
+    // a task is one token and `hg` heads of one KV head, run in lock step over each K/V row
+    // (up to `attn::MULTI_MAX`); decode-only batches (the f16 vector path) with too few
+    // tokens to keep every thread busy that way keep one head per task
     let any_f32_path = !f16_cache || batch.seqs.iter().any(|s| s.len >= VEC_PATH_MAX_TOKENS);
-    let hg = if any_f32_path { group.min(attn::MULTI_MAX) } else { 1 };
+    let multi_tasks = batch.n_tokens() * p.n_kv_head * group.div_ceil(attn::MULTI_MAX);
+    let hg = if any_f32_path || multi_tasks >= 2 * be.n_threads() { group.min(attn::MULTI_MAX) } else { 1 };
     let chunks_per_kv = group.div_ceil(hg);
     let n_tasks = batch.n_tokens() * p.n_kv_head * chunks_per_kv;
     // tasks are chunks of these; later tokens see more positions, so many small chunks keep
@@ -78,13 +79,13 @@ pub(crate) fn attention(
     let n_chunks = n_tasks.div_ceil(per_chunk);
     be.for_each_task(n_chunks, &|chunk| {
         // this thread's scratch (kept between calls: no per-task zeroing of large arrays)
-        let need = (1 + attn::MULTI_MAX) * hd;
+        let need = 2 * attn::MULTI_MAX * hd;
         SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
             if guard.len() < need {
                 guard.resize(need, 0.0);
             }
-            let (q16, rest) = guard.split_at_mut(hd);
+            let (q16, rest) = guard.split_at_mut(attn::MULTI_MAX * hd);
             let accs = &mut rest[..attn::MULTI_MAX * hd];
             for task in chunk * per_chunk..((chunk + 1) * per_chunk).min(n_tasks) {
                 let t = task / (p.n_kv_head * chunks_per_kv);
@@ -107,18 +108,19 @@ pub(crate) fn attention(
                 let mut acc: [&mut [f32]; attn::MULTI_MAX] = std::array::from_fn(|_| acc_it.next().unwrap_or_default());
                 acc[..nh].iter_mut().for_each(|a| a.fill(0.0));
                 if f16_vec_path {
-                    // one head at a time (decode: llama.cpp's vector path)
+                    // llama.cpp's vector path (decode), the task's heads in lock step
                     for g in 0..nh {
-                        q16.iter_mut().zip(qs[g]).for_each(|(a, &b)| *a = f16::from_f32(b).to_f32());
-                        let mut j = lo;
-                        while j <= pos {
-                            let j_end = ((j / bs + 1) * bs).min(pos + 1);
-                            if let Some((KvRows::F16(k), KvRows::F16(v))) = rows {
-                                let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
-                                attn::vec_f16_run(q16, k, v, run, sc, &mut sts[g], acc[g]);
-                            }
-                            j = j_end;
+                        q16[g * hd..(g + 1) * hd].iter_mut().zip(qs[g]).for_each(|(a, &b)| *a = f16::from_f32(b).to_f32());
+                    }
+                    let q16s: [&[f32]; attn::MULTI_MAX] = std::array::from_fn(|g| if g < nh { &q16[g * hd..(g + 1) * hd] } else { &[][..] });
+                    let mut j = lo;
+                    while j <= pos {
+                        let j_end = ((j / bs + 1) * bs).min(pos + 1);
+                        if let Some((KvRows::F16(k), KvRows::F16(v))) = rows {
+                            let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
+                            attn::vec_f16_run_multi(&q16s[..nh], k, v, run, sc, &mut sts[..nh], &mut acc[..nh]);
                         }
+                        j = j_end;
                     }
                 } else {
                     // one run per cache block: positions j..j_end are contiguous slots

@@ -94,6 +94,33 @@ proptest! {
         }
     }
 
+    /// The f16 vector path, several heads in lock step: each gets exactly the bits
+    /// `vec_f16_run_ref` gives it alone.
+    #[test]
+    fn vec_f16_run_multi_matches_single_runs(hd8 in 1usize..34, len in 0usize..40, pad in 0usize..20, offset in 0usize..50,
+                                             cap in any::<bool>(), split in 0usize..40, nq in 1usize..=attn::MULTI_MAX,
+                                             seed in any::<u64>()) {
+        let c = case(hd8, len, pad, offset, cap, split, seed);
+        let qs: Vec<Vec<f32>> = (0..nq as u64)
+            .map(|g| rnd(seed ^ (g + 7) << 8, c.hd, if g % 2 == 0 { 12.0 } else { 3.0 }).iter().map(|&x| f16::from_f32(x).to_f32()).collect())
+            .collect();
+        let k16: Vec<f16> = c.k.iter().map(|&x| f16::from_f32(x)).collect();
+        let v16: Vec<f16> = c.v.iter().map(|&x| f16::from_f32(x)).collect();
+        let q: Vec<&[f32]> = qs.iter().map(|x| &x[..]).collect();
+        let mut st = vec![Online::START; nq];
+        let mut accs = vec![vec![0f32; c.hd]; nq];
+        let a = Run { len: c.split, ..c.run };
+        let b = Run { start: c.run.start + c.split * c.run.stride, len: c.run.len - c.split, ..c.run };
+        for r in [a, b] {
+            let mut acc: Vec<&mut [f32]> = accs.iter_mut().map(|x| &mut x[..]).collect();
+            attn::vec_f16_run_multi(&q, &k16, &v16, r, c.sc, &mut st, &mut acc);
+        }
+        for g in 0..nq {
+            let want = drive(&c, &|r, st, acc| attn::vec_f16_run_ref(&qs[g], &k16, &v16, r, c.sc, st, acc));
+            prop_assert_eq!((st[g].m.to_bits(), st[g].s.to_bits(), bits(&accs[g])), want, "query {}", g);
+        }
+    }
+
     /// Several heads in lock step: each gets exactly the bits `f32_run` gives it alone.
     #[test]
     fn f32_run_multi_matches_single_runs(hd8 in 1usize..34, len in 0usize..40, pad in 0usize..20, offset in 0usize..50,

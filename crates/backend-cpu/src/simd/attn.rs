@@ -134,6 +134,35 @@ pub fn vec_f16_run_ref(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring,
     }
 }
 
+/// [`vec_f16_run`] for `q16.len()` (1..=[`MULTI_MAX`]) queries over the same run (heads of
+/// one KV head), in lock step position by position: the same bits as [`vec_f16_run`] per
+/// query.
+pub fn vec_f16_run_multi(q16: &[&[f32]], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut [Online], acc: &mut [&mut [f32]]) {
+    assert!(q16.len() == st.len() && q16.len() == acc.len() && q16.len() <= MULTI_MAX, "vec_f16_run_multi: {} queries", q16.len());
+    #[cfg(target_arch = "x86_64")]
+    if q16.first().is_some_and(|q0| q0.len() % 8 == 0) && super::Level::Avx2 <= super::detected_level() {
+        // SAFETY: as in `vec_f16_run`; the kernel checks every length it reads.
+        unsafe {
+            match q16.len() {
+                1 => super::x86::attn::vec_f16_run_multi::<1>(q16, k, v, run, sc, st, acc),
+                2 => super::x86::attn::vec_f16_run_multi::<2>(q16, k, v, run, sc, st, acc),
+                3 => super::x86::attn::vec_f16_run_multi::<3>(q16, k, v, run, sc, st, acc),
+                _ => super::x86::attn::vec_f16_run_multi::<4>(q16, k, v, run, sc, st, acc),
+            }
+        }
+        return;
+    }
+    vec_f16_run_multi_ref(q16, k, v, run, sc, st, acc)
+}
+
+/// Reference twin of [`vec_f16_run_multi`]: [`vec_f16_run_ref`] per query.
+pub fn vec_f16_run_multi_ref(q16: &[&[f32]], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut [Online], acc: &mut [&mut [f32]]) {
+    assert!(q16.len() == st.len() && q16.len() == acc.len());
+    for ((q, st), acc) in q16.iter().zip(st.iter_mut()).zip(acc.iter_mut()) {
+        vec_f16_run_ref(q, k, v, run, sc, st, acc);
+    }
+}
+
 /// `ggml_vec_dot_f16` as ggml's AVX-512 build computes it: four 16-lane FMA accumulators
 /// over 64-element steps, the accumulators folded pairwise (0+=2, 1+=3, 0+=1), then
 /// `_mm512_reduce_add_ps`'s tree (8, 4, then 2+2 lanes), and the leftover elements added in

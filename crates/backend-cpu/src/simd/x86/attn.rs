@@ -39,49 +39,83 @@ pub(crate) unsafe fn vec_f16_run(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc
     assert!(hd % 8 == 0 && acc.len() == hd);
     check_run(&run, hd, k.len());
     check_run(&run, hd, v.len());
-    let np = hd & !63;
-    let (qp, ap) = (q16.as_ptr(), acc.as_mut_ptr());
+    for j in 0..run.len {
+        let at = run.start + j * run.stride;
+        vec_f16_step(q16.as_ptr(), k.as_ptr().add(at), v.as_ptr().add(at), hd, sc, st, acc.as_mut_ptr());
+    }
+}
+
+/// `simd::attn::vec_f16_run` for `G` queries over the same run (heads sharing a KV head),
+/// position by position in lock step: the heads' dependency chains (the f16 round trip of
+/// the accumulator, the running max) overlap. Each head gets exactly `vec_f16_run`'s bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn vec_f16_run_multi<const G: usize>(
+    q16: &[&[f32]],
+    k: &[f16],
+    v: &[f16],
+    run: Run,
+    sc: Scoring,
+    st: &mut [Online],
+    acc: &mut [&mut [f32]],
+) {
+    assert!(q16.len() == G && st.len() == G && acc.len() == G);
+    let hd = q16[0].len();
+    assert!(hd % 8 == 0 && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    check_run(&run, hd, k.len());
+    check_run(&run, hd, v.len());
+    let qp: [*const f32; G] = std::array::from_fn(|g| q16[g].as_ptr());
+    let ap: [*mut f32; G] = std::array::from_fn(|g| acc[g].as_mut_ptr());
     for j in 0..run.len {
         let at = run.start + j * run.stride;
         let (kr, vr) = (k.as_ptr().add(at), v.as_ptr().add(at));
-        // ggml_vec_dot_f16: accumulator c (of 4) lane half h at a[2c + h]
-        let mut a = [_mm256_setzero_ps(); 8];
-        let mut i = 0;
-        while i < np {
-            for (c, ac) in a.iter_mut().enumerate() {
-                let o = i + c * 8;
-                *ac = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(o)), f16::load8(kr.add(o)), *ac);
-            }
-            i += 64;
+        for g in 0..G {
+            vec_f16_step(qp[g], kr, vr, hd, sc, &mut st[g], ap[g]);
         }
-        let xlo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-        let xhi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-        let t8 = _mm256_add_ps(xlo, xhi);
-        let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
-        let c = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-        let mut sum = _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c))) as f64;
-        for d in np..hd {
-            sum += (*qp.add(d) * (*kr.add(d)).to_f32()) as f64;
-        }
-        let score = sc.apply(sum as f32);
-        let (ms, w) = if score > st.m {
-            let ms = (st.m - score).exp();
-            st.m = score;
-            let msv = _mm256_set1_ps(ms);
-            for d in (0..hd).step_by(8) {
-                _mm256_storeu_ps(ap.add(d), r16x8(_mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), msv)));
-            }
-            (ms, 1.0)
-        } else {
-            (1.0, (score - st.m).exp())
-        };
-        let wv = _mm256_set1_ps(w);
-        for d in (0..hd).step_by(8) {
-            let y = _mm256_fmadd_ps(f16::load8(vr.add(d)), wv, _mm256_loadu_ps(ap.add(d)));
-            _mm256_storeu_ps(ap.add(d), r16x8(y));
-        }
-        st.s = st.s.mul_add(ms, w);
     }
+}
+
+/// One cached position of llama.cpp's vector path for one head (`hd % 8 == 0`; `q`, `kr`,
+/// `vr`, `ap` valid for `hd` elements).
+#[inline(always)]
+unsafe fn vec_f16_step(qp: *const f32, kr: *const f16, vr: *const f16, hd: usize, sc: Scoring, st: &mut Online, ap: *mut f32) {
+    let np = hd & !63;
+    // ggml_vec_dot_f16: accumulator c (of 4) lane half h at a[2c + h]
+    let mut a = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < np {
+        for (c, ac) in a.iter_mut().enumerate() {
+            let o = i + c * 8;
+            *ac = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(o)), f16::load8(kr.add(o)), *ac);
+        }
+        i += 64;
+    }
+    let xlo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    let xhi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    let t8 = _mm256_add_ps(xlo, xhi);
+    let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
+    let c = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    let mut sum = _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c))) as f64;
+    for d in np..hd {
+        sum += (*qp.add(d) * (*kr.add(d)).to_f32()) as f64;
+    }
+    let score = sc.apply(sum as f32);
+    let (ms, w) = if score > st.m {
+        let ms = (st.m - score).exp();
+        st.m = score;
+        let msv = _mm256_set1_ps(ms);
+        for d in (0..hd).step_by(8) {
+            _mm256_storeu_ps(ap.add(d), r16x8(_mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), msv)));
+        }
+        (ms, 1.0)
+    } else {
+        (1.0, (score - st.m).exp())
+    };
+    let wv = _mm256_set1_ps(w);
+    for d in (0..hd).step_by(8) {
+        let y = _mm256_fmadd_ps(f16::load8(vr.add(d)), wv, _mm256_loadu_ps(ap.add(d)));
+        _mm256_storeu_ps(ap.add(d), r16x8(y));
+    }
+    st.s = st.s.mul_add(ms, w);
 }
 
 /// `simd::attn::f32_run` (`q.len() % 8 == 0`) over a cache of `T`.
