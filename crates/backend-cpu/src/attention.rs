@@ -64,7 +64,7 @@ pub(crate) fn attention(
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let f16_cache = kv.spec.ty == quarrel_core::KvType::F16;
     let sc = Scoring { scale: p.scale, softcap: p.softcap };
-    let (bs, stride) = (kv.spec.block_size, kv.spec.n_kv_head * hd);
+    let bs = kv.spec.block_size;
     // a task is one token and `hg` heads of one KV head, run in lock step over each K/V row
     // (up to `attn::MULTI_MAX`); decode-only batches (the f16 vector path) with too few
     // tokens to keep every thread busy that way keep one head per task
@@ -100,7 +100,6 @@ pub(crate) fn attention(
                 let f16_vec_path = f16_cache && seq.len < VEC_PATH_MAX_TOKENS;
                 let pos = batch.positions[t] as usize;
                 let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let kvh_off = kvh * hd;
                 let qs: [&[f32]; attn::MULTI_MAX] =
                     std::array::from_fn(|g| if g < nh { &q[(t * p.n_head + h0 + g) * hd..][..hd] } else { &[][..] });
                 let mut sts = [Online::START; attn::MULTI_MAX];
@@ -117,7 +116,7 @@ pub(crate) fn attention(
                     while j <= pos {
                         let j_end = ((j / bs + 1) * bs).min(pos + 1);
                         if let Some((KvRows::F16(k), KvRows::F16(v))) = rows {
-                            let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
+                            let run = Run { start: kv.row_offset(&seq.block_table, j, kvh), stride: hd, len: j_end - j };
                             attn::vec_f16_run_multi(&q16s[..nh], k, v, run, sc, &mut sts[..nh], &mut acc[..nh]);
                         }
                         j = j_end;
@@ -129,7 +128,7 @@ pub(crate) fn attention(
                         let j_end = ((j / bs + 1) * bs).min(pos + 1);
                         match rows {
                             Some((ks, vs)) => {
-                                let run = Run { start: kv.slot_offset(&seq.block_table, j) + kvh_off, stride, len: j_end - j };
+                                let run = Run { start: kv.row_offset(&seq.block_table, j, kvh), stride: hd, len: j_end - j };
                                 attn::f32_run_multi(&qs[..nh], ks, vs, run, sc, &mut sts[..nh], &mut acc[..nh]);
                                 j = j_end;
                             }
@@ -233,7 +232,7 @@ fn attention_quant(be: &CpuBackend, q: &[f32], kv: &CpuKv, layer: usize, batch: 
             while j < hi_all {
                 let j_end = ((j / bs + 1) * bs).min(hi_all).min(j + QUANT_RUN);
                 for (ri, jj) in (j..j_end).enumerate() {
-                    let at = kv.slot_offset(&seq.block_table, jj) + kvh_off;
+                    let at = kv.row_offset(&seq.block_table, jj, kvh);
                     read(kst, at, &mut kq[ri * hd..(ri + 1) * hd], kvh_off, true);
                     read(vst, at, &mut vq[ri * hd..(ri + 1) * hd], kvh_off, false);
                 }

@@ -1,4 +1,6 @@
-//! `CpuKv`: paged K/V storage, per layer `[n_blocks * block_size slots][n_kv_head][head_dim]`.
+//! `CpuKv`: paged K/V storage, per layer `[n_blocks][n_kv_head][block_size slots][head_dim]`:
+//! within a block each KV head's positions are contiguous, so attention (a task per KV head)
+//! streams whole cache lines instead of picking one head's row out of every slot.
 //!
 //! Quantized caches (Q8_0 / Q4_0) store every head Hadamard-rotated in power-of-two blocks
 //! (see `quarrel_quant::rotate`). Quantized *key* caches also take out a per-layer,
@@ -32,14 +34,14 @@ pub(crate) enum Store {
 impl Store {
     fn new(ty: KvType, n: usize, head_dim: usize) -> Result<Store> {
         Ok(match ty {
-            KvType::F32 => Store::F32(vec![0.0; n]),
-            KvType::F16 => Store::F16(vec![f16::ZERO; n]),
+            KvType::F32 => Store::F32(huge(vec![0.0; n])),
+            KvType::F16 => Store::F16(huge(vec![f16::ZERO; n])),
             KvType::Q8_0 | KvType::Q4_0 => {
                 let qt = ty.quant_type();
                 let bytes = qt.row_bytes(n).ok_or_else(|| CoreError::Shape(format!("{} KV cache of {n} values", ty.name())))?;
                 let r = rotation_size(head_dim)
                     .ok_or_else(|| CoreError::Unsupported(format!("{} KV cache with head_dim {head_dim}", ty.name())))?;
-                Store::Quant(qt, vec![0; bytes], r)
+                Store::Quant(qt, huge(vec![0; bytes]), r)
             }
         })
     }
@@ -129,12 +131,12 @@ impl CpuKv {
         Ok(CpuKv { spec: spec.clone(), k, v, k_offset: (0..spec.n_layer).map(|_| None).collect(), state: None })
     }
 
-    /// Element offset of a sequence position in a layer store.
+    /// Element offset of a sequence position's row for KV head `kvh` in a layer store; the
+    /// positions of one cache block follow each other `head_dim` apart.
     #[inline]
-    pub(crate) fn slot_offset(&self, block_table: &[u32], pos: usize) -> usize {
+    pub(crate) fn row_offset(&self, block_table: &[u32], pos: usize, kvh: usize) -> usize {
         let bs = self.spec.block_size;
-        let slot = block_table[pos / bs] as usize * bs + pos % bs;
-        slot * self.spec.n_kv_head * self.spec.head_dim
+        ((block_table[pos / bs] as usize * self.spec.n_kv_head + kvh) * bs + pos % bs) * self.spec.head_dim
     }
 
     pub(crate) fn store(&mut self, layer: usize, k: &[f32], v: &[f32], batch: &ForwardBatch) -> Result<()> {
@@ -164,9 +166,13 @@ impl CpuKv {
                 {
                     return Err(CoreError::Shape(format!("kv_store: position {pos} has no valid block")));
                 }
-                let at = self.slot_offset(&s.block_table, pos);
-                self.k[layer].write(at, &k[t * row..(t + 1) * row])?;
-                self.v[layer].write(at, &v[t * row..(t + 1) * row])?;
+                let hd = self.spec.head_dim;
+                for kvh in 0..self.spec.n_kv_head {
+                    let at = self.row_offset(&s.block_table, pos, kvh);
+                    let src = t * row + kvh * hd..t * row + (kvh + 1) * hd;
+                    self.k[layer].write(at, &k[src.clone()])?;
+                    self.v[layer].write(at, &v[src])?;
+                }
             }
         }
         Ok(())
@@ -194,4 +200,21 @@ impl KeyOffset {
         hadamard_blocks(&mut rotated, r);
         KeyOffset { m, rotated }
     }
+}
+
+/// Ask for transparent huge pages under a large, still untouched cache buffer: attention
+/// walks block tables scattered over the whole cache, and 4 KiB pages make that a TLB miss
+/// per block. Advice only (a kernel without THP ignores it).
+fn huge<T>(v: Vec<T>) -> Vec<T> {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let (start, len) = (v.as_ptr() as usize, std::mem::size_of_val(v.as_slice()));
+        let (a, b) = (start.next_multiple_of(HUGE), (start + len) / HUGE * HUGE);
+        if b > a {
+            // SAFETY: [a, b) lies inside the vector's allocation; MADV_HUGEPAGE changes no contents.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v
 }

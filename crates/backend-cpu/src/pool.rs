@@ -63,6 +63,7 @@ const SPINS: u32 = 1 << 12;
 impl SpinPool {
     /// A pool of `n_threads` including the caller (so `n_threads - 1` workers).
     pub fn new(n_threads: usize) -> SpinPool {
+        keep_freed_pages();
         let shared = Arc::new(Shared {
             generation: Padded(AtomicU64::new(0)),
             job: UnsafeCell::new(None),
@@ -228,5 +229,24 @@ mod tests {
             c.fetch_add(1, SeqCst);
         });
         assert_eq!(c.load(SeqCst), 20);
+    }
+}
+
+/// Per-step buffers (activations, logits: up to a few MiB each) are allocated and freed on
+/// every forward pass. glibc serves large ones with fresh mmaps, or trims the heap top after
+/// they are freed, so every step page-faults its buffers in again (zeroing each page). Keep
+/// freed memory below 64 MiB in the heap instead (the KV cache and other big, long-lived
+/// buffers still get their own mappings).
+fn keep_freed_pages() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only changes allocator tunables; called once, before our buffers.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+            }
+        });
     }
 }

@@ -140,6 +140,19 @@ pub fn vec_f16_run_ref(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring,
 pub fn vec_f16_run_multi(q16: &[&[f32]], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut [Online], acc: &mut [&mut [f32]]) {
     assert!(q16.len() == st.len() && q16.len() == acc.len() && q16.len() <= MULTI_MAX, "vec_f16_run_multi: {} queries", q16.len());
     #[cfg(target_arch = "x86_64")]
+    if q16.first().is_some_and(|q0| q0.len() % 16 == 0) && super::Level::Avx512 <= super::detected_level() {
+        // SAFETY: AVX-512F/BW/VL present (the detected level); the kernel checks every length.
+        unsafe {
+            match q16.len() {
+                1 => super::x86::attn::vec_f16_run_multi_avx512::<1>(q16, k, v, run, sc, st, acc),
+                2 => super::x86::attn::vec_f16_run_multi_avx512::<2>(q16, k, v, run, sc, st, acc),
+                3 => super::x86::attn::vec_f16_run_multi_avx512::<3>(q16, k, v, run, sc, st, acc),
+                _ => super::x86::attn::vec_f16_run_multi_avx512::<4>(q16, k, v, run, sc, st, acc),
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if q16.first().is_some_and(|q0| q0.len() % 8 == 0) && super::Level::Avx2 <= super::detected_level() {
         // SAFETY: as in `vec_f16_run`; the kernel checks every length it reads.
         unsafe {

@@ -213,3 +213,95 @@ pub(crate) unsafe fn f32_run_multi<T: Elem, const G: usize>(
         }
     }
 }
+
+/// Positions ahead whose K/V rows the AVX-512 vector path prefetches.
+const PREFETCH: usize = 4;
+
+/// Round 16 lanes to f16 values (nearest even), kept as f32.
+#[inline(always)]
+unsafe fn r16x16(x: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+/// `simd::attn::vec_f16_run` for `G` heads sharing a KV head, AVX-512 (`hd % 16 == 0`): each
+/// K row chunk and V row chunk is widened once for all heads (the widening and the f16
+/// round trips share one port), and every head's lanes do exactly ggml's AVX-512
+/// `ggml_vec_dot_f16` / `ggml_vec_mad_f16` operations in their order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
+    q16: &[&[f32]],
+    k: &[f16],
+    v: &[f16],
+    run: Run,
+    sc: Scoring,
+    st: &mut [Online],
+    acc: &mut [&mut [f32]],
+) {
+    assert!(q16.len() == G && st.len() == G && acc.len() == G);
+    let hd = q16[0].len();
+    assert!(hd % 16 == 0 && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    check_run(&run, hd, k.len());
+    check_run(&run, hd, v.len());
+    let np = hd & !63;
+    let qp: [*const f32; G] = std::array::from_fn(|g| q16[g].as_ptr());
+    let ap: [*mut f32; G] = std::array::from_fn(|g| acc[g].as_mut_ptr());
+    let widen = |p: *const f16| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+    for j in 0..run.len {
+        let at = run.start + j * run.stride;
+        let (kr, vr) = (k.as_ptr().add(at), v.as_ptr().add(at));
+        if j + PREFETCH < run.len {
+            // the rows are strided (other KV heads sit between them): ask for them early
+            let ahead = run.start + (j + PREFETCH) * run.stride;
+            for o in (0..hd).step_by(32) {
+                _mm_prefetch::<_MM_HINT_T0>(k.as_ptr().add(ahead + o) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().add(ahead + o) as *const i8);
+            }
+        }
+        // scores: ggml_vec_dot_f16's four 16-lane accumulators per head
+        let mut a = [[_mm512_setzero_ps(); 4]; G];
+        let mut i = 0;
+        while i < np {
+            let kw: [__m512; 4] = std::array::from_fn(|c| widen(kr.add(i + 16 * c)));
+            for g in 0..G {
+                for c in 0..4 {
+                    a[g][c] = _mm512_fmadd_ps(_mm512_loadu_ps(qp[g].add(i + 16 * c)), kw[c], a[g][c]);
+                }
+            }
+            i += 64;
+        }
+        let mut w = [0f32; G];
+        for g in 0..G {
+            let x = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][2]), _mm512_add_ps(a[g][1], a[g][3]));
+            let t8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps::<1>(x));
+            let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
+            let c = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+            let mut sum = _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c))) as f64;
+            for d in np..hd {
+                sum += (*qp[g].add(d) * (*kr.add(d)).to_f32()) as f64;
+            }
+            let score = sc.apply(sum as f32);
+            let st = &mut st[g];
+            let (ms, wg) = if score > st.m {
+                let ms = (st.m - score).exp();
+                st.m = score;
+                let msv = _mm512_set1_ps(ms);
+                for d in (0..hd).step_by(16) {
+                    _mm512_storeu_ps(ap[g].add(d), r16x16(_mm512_mul_ps(_mm512_loadu_ps(ap[g].add(d)), msv)));
+                }
+                (ms, 1.0)
+            } else {
+                (1.0, (score - st.m).exp())
+            };
+            st.s = st.s.mul_add(ms, wg);
+            w[g] = wg;
+        }
+        let wv: [__m512; G] = std::array::from_fn(|g| _mm512_set1_ps(w[g]));
+        for d in (0..hd).step_by(16) {
+            let vw = widen(vr.add(d));
+            for g in 0..G {
+                let y = _mm512_fmadd_ps(vw, wv[g], _mm512_loadu_ps(ap[g].add(d)));
+                _mm512_storeu_ps(ap[g].add(d), r16x16(y));
+            }
+        }
+    }
+}
