@@ -17,6 +17,11 @@ pub(crate) fn embed(table: &CpuWeight, tokens: &[u32], out: &mut [f32]) -> Resul
     Ok(())
 }
 
+/// RMSNorm runs in parallel from this many values (rows x width) on.
+const PAR_MIN_VALUES: usize = 1 << 16;
+/// RoPE runs in parallel from this many tokens on (each computes its own angle table).
+const ROPE_PAR_MIN_TOKENS: usize = 32;
+
 /// ggml's rms_norm (sum of squares in f64), then multiplied by the weight.
 pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
     let g = w.as_f32()?;
@@ -33,7 +38,9 @@ pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out:
             *o = (v * scale) * gw;
         }
     };
-    if x.len() / d >= 8 {
+    // a parallel region costs a wake-up and a barrier: worth it for prompt batches, not for a
+    // decode step's few rows
+    if x.len() >= PAR_MIN_VALUES {
         be.par_chunks_mut(out, d, &|i, or| body((&x[i * d..(i + 1) * d], or)));
     } else {
         x.chunks(d).zip(out.chunks_mut(d)).for_each(body);
@@ -72,7 +79,7 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
         rope_cache(positions[t], p, cache);
         rotate_heads(p.style, cache, xr, hd);
     };
-    if positions.len() >= 8 {
+    if positions.len() >= ROPE_PAR_MIN_TOKENS {
         be.par_chunks_mut(x, row, &|i, xr| body((i, xr)));
     } else {
         x.chunks_mut(row).enumerate().for_each(body);

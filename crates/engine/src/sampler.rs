@@ -76,8 +76,33 @@ pub struct Sampler {
     rng: ChaCha8Rng,
 }
 
-/// Index of the largest value (first on ties, like llama.cpp's greedy sampler).
+/// Index of the largest value (first on ties, like llama.cpp's greedy sampler; a NaN never
+/// wins a comparison, so a NaN in front stays the answer, as in [`argmax_ref`]). Lane-wise
+/// maxima first (vectorized), then the first index holding the maximum.
 pub fn argmax(logits: &[f32]) -> u32 {
+    let Some(&first) = logits.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    const L: usize = 16;
+    let mut lanes = [first; L];
+    let mut chunks = logits.chunks_exact(L);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let mut max = lanes.iter().fold(first, |m, &v| if v > m { v } else { m });
+    for &v in chunks.remainder() {
+        if v > max {
+            max = v;
+        }
+    }
+    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
+}
+
+/// Reference twin of [`argmax`]: one pass, keep the first strictly larger value.
+pub fn argmax_ref(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in logits.iter().enumerate() {
         if v > logits[best] {
@@ -95,6 +120,12 @@ impl Sampler {
 
     /// Pick the next token from `logits` given the tokens so far (`history`, prompt included).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let no_penalty = p.penalty_last_n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0);
+        if p.temperature <= 0.0 && no_penalty {
+            // plain greedy: no copy of the logits
+            return argmax(logits);
+        }
         let mut logits = logits.to_vec();
         self.apply_penalties(&mut logits, history);
         let p = self.params.clone();
@@ -240,6 +271,17 @@ mod tests {
             let mut s = Sampler::new(p);
             // top_p = 0 keeps one token: the argmax
             prop_assert_eq!(s.sample(&logits, &[]), argmax(&logits));
+        }
+    }
+
+    proptest::proptest! {
+        /// The vectorized argmax picks what the one-pass reference picks, ties and NaNs included.
+        #[test]
+        fn argmax_matches_reference(v in proptest::collection::vec(proptest::prop_oneof![
+            -4i8..4i8, proptest::strategy::Just(i8::MIN)], 0..100)) {
+            // few distinct values (many ties); i8::MIN stands for a NaN
+            let logits: Vec<f32> = v.iter().map(|&x| if x == i8::MIN { f32::NAN } else { x as f32 }).collect();
+            proptest::prop_assert_eq!(argmax(&logits), argmax_ref(&logits));
         }
     }
 }
