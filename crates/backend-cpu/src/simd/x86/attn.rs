@@ -214,9 +214,6 @@ pub(crate) unsafe fn f32_run_multi<T: Elem, const G: usize>(
     }
 }
 
-/// Positions ahead whose K/V rows the AVX-512 vector path prefetches.
-const PREFETCH: usize = 4;
-
 /// Round 16 lanes to f16 values (nearest even), kept as f32.
 #[inline(always)]
 unsafe fn r16x16(x: __m512) -> __m512 {
@@ -249,14 +246,6 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
     for j in 0..run.len {
         let at = run.start + j * run.stride;
         let (kr, vr) = (k.as_ptr().add(at), v.as_ptr().add(at));
-        if j + PREFETCH < run.len {
-            // the rows are strided (other KV heads sit between them): ask for them early
-            let ahead = run.start + (j + PREFETCH) * run.stride;
-            for o in (0..hd).step_by(32) {
-                _mm_prefetch::<_MM_HINT_T0>(k.as_ptr().add(ahead + o) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().add(ahead + o) as *const i8);
-            }
-        }
         // scores: ggml_vec_dot_f16's four 16-lane accumulators per head
         let mut a = [[_mm512_setzero_ps(); 4]; G];
         let mut i = 0;
@@ -272,7 +261,7 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
         let mut w = [0f32; G];
         for g in 0..G {
             let x = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][2]), _mm512_add_ps(a[g][1], a[g][3]));
-            let t8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps::<1>(x));
+            let t8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))));
             let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
             let c = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
             let mut sum = _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c))) as f64;
