@@ -71,3 +71,28 @@ fn generation_streams_and_finishes_on_synthetic_model() {
         .unwrap();
     assert_eq!(c.finish_reason, quarrel_engine::FinishReason::Cancelled);
 }
+
+/// Quantized KV caches: the key offset comes from the load-time calibration pass, so a
+/// sequence's logits do not depend on what the engine ran before it (bit for bit), and they
+/// stay close to the f16 cache's.
+#[test]
+fn quantized_kv_results_do_not_depend_on_earlier_requests() {
+    use quarrel_core::KvType;
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth("q8_0", dir.path());
+    let a: Vec<u32> = (0..33).map(|i| (i * 37 + 5) % 500).collect();
+    let b: Vec<u32> = (0..40).map(|i| (i * 11 + 200) % 500).collect();
+    let opts = |kv_type| EngineOptions { n_ctx: 96, n_seq: 2, kv_type, ..Default::default() };
+    let mut reference = engine(&path, opts(KvType::F16));
+    let want = reference.eval_all(&b).unwrap();
+    for kv in [KvType::Q8_0, KvType::Q4_0] {
+        let mut fresh = engine(&path, opts(kv));
+        let alone = fresh.eval_all(&b).unwrap();
+        let mut used = engine(&path, opts(kv));
+        used.eval_all(&a).unwrap();
+        let after = used.eval_all(&b).unwrap();
+        assert_eq!(alone, after, "{kv:?}: logits depend on an earlier request");
+        let e: f64 = alone.iter().zip(&want).map(|(x, y)| nmse(x, y)).sum::<f64>() / want.len() as f64;
+        assert!(e < if kv == KvType::Q8_0 { 1e-3 } else { 5e-2 }, "{kv:?}: mean nmse vs f16 cache {e}");
+    }
+}
