@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 4] = [
+const SOURCES: [(&str, &str); 5] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("mmq.cu", include_str!("../kernels/mmq.cu")),
 ];
 
 /// Whether a CUDA driver library can be loaded and reports at least one device.
@@ -397,5 +398,6 @@ pub fn kernel_names() -> Vec<String> {
             v.push(format!("attn_{k}_{dpl}"));
         }
     }
+    v.extend(crate::mmq::kernel_names());
     v
 }

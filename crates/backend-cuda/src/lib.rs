@@ -15,6 +15,7 @@
 //! | `device`  | context, stream, kernel module (NVRTC + disk cache), raw memory, buffer pool, launches |
 //! | `weight`  | `CudaWeight`: per-type repacking and upload |
 //! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
+//! | `mmq`     | quantized GEMM for 9+ tokens: Q8 activations, int8 tensor-core mma, exact block sums |
 //! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
 //! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
 //! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
@@ -22,7 +23,8 @@
 //! | `error`   | `CudaError` -> `CoreError` |
 //!
 //! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
-//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K).
+//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
+//! (quantized GEMM on the int8 tensor cores).
 
 mod batch;
 pub mod device;
@@ -30,6 +32,7 @@ mod error;
 mod graph;
 mod kv;
 mod matmul;
+pub mod mmq;
 pub mod unit;
 mod weight;
 
@@ -83,6 +86,21 @@ impl CudaBackend {
         }
         let blas = CudaBlas::new(dev.stream.clone()).map_err(|e| CudaError::Blas(format!("creating a handle: {e:?}")))?;
         Ok(CudaBackend { dev, blas, ordinal, batch: Mutex::new(None), freq_factors: Mutex::new(Vec::new()), qcache: Mutex::new(None) })
+    }
+
+    /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
+    pub fn matmul_mmq(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("matmul input", x.len, n_tok * w.n_in)?;
+        check_len("matmul output", out.len, n_tok * w.n_out)?;
+        let xp = self.rd(x)?;
+        let op = self.wr(out);
+        if let Ok(mut g) = self.qcache.lock() {
+            if g.as_ref().is_some_and(|c| c.x == op) {
+                *g = None;
+            }
+        }
+        Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op)?)
     }
 
     pub fn device(&self) -> &Device {

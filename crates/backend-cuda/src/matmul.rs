@@ -5,6 +5,7 @@
 //!                            float W:     x ──gemv_<type>_<NT> (f32 FMA)──► out
 //!  more tokens:              W ──dequant_<type>──► W16 (scratch) ┐
 //!                            x ──tof16_f32──► x16                ├─ cuBLAS GemmEx (f16 in, f32 accumulate) ──► out
+//!  quantized W, up to mmq::mmq_max_tokens(): MMQ (mmq.rs), Q8 activations on the int8 tensor cores
 //! ```
 
 use crate::device::{Arg, DevMem, Device, PoolMem};
@@ -63,6 +64,8 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     }
     if n_tok <= GEMV_MAX_TOKENS || std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some() {
         gemv(dev, qc, w, x, n_tok, out)
+    } else if matches!(w.dev_ty, DevType::Quant(_)) && n_tok <= crate::mmq::mmq_max_tokens() {
+        crate::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
     }
