@@ -1,5 +1,6 @@
 // MMQ: quantized weights times Q8 activations for several tokens on the int8 tensor cores
-// (mma.sync m16n8k16 s8 -> exact s32 sums over 16 values), f32 accumulation with the scales.
+// (mma.sync m16n8k32 s8 -> exact s32 sums per unit; Q6_K, whose halves have their own scales:
+// two m16n8k16), f32 accumulation with the scales.
 //
 // Weights are read in their repacked device layout through `load_unit` (common.cuh): a unit of
 // 32 values is 32 int8 q, scales s0 (values 0..15) / s1 (16..31) and an offset o. Activations
@@ -11,12 +12,19 @@
 // Tile: MMQ_BM (64) weight rows x 16 * NT tokens per block of 4 warps (2 x 2); a warp holds
 // 32 rows (two m16 tiles) x 8 * NT tokens (NT n8 tiles). Each iteration stages MMQ_KU units of
 // the block's rows and tokens in shared memory (rows padded by 4 words: conflict-free
-// fragment loads), then runs 2 * MMQ_KU k16 steps. Few blocks (small batches): the units are
+// fragment loads), then runs MMQ_KU k32 steps (2 * MMQ_KU k16 steps for Q6_K). Few blocks (small batches): the units are
 // split over blockIdx.z into partial outputs that mmq_reduce sums.
 
 #define MMQ_BM 64
 #define MMQ_KU 8
 #define MMQ_WS (MMQ_KU * 8 + 4)
+
+// m16n8k32: a0/a1 = rows g / g + 8 at k 4·tig, a2/a3 the same at k 16 + 4·tig; b0/b1 likewise
+__device__ __forceinline__ void mma_s8_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 
 __device__ __forceinline__ void mma_s8_k16(int (&c)[4], int a0, int a1, int b0) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
@@ -55,9 +63,12 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             for (int i = 0; i < 4; i++) acc[m][n][i] = 0.f;
 
     for (int k0 = kb; k0 < ke; k0 += MMQ_KU) {
-        // weights: MMQ_BM x MMQ_KU units, decoded to int8 + scales (units past U are zeros)
-        for (int i = tid; i < MMQ_BM * MMQ_KU; i += 128) {
-            int r = i / MMQ_KU, u = i % MMQ_KU, k = k0 + u;
+        // weights: MMQ_BM x MMQ_KU units, decoded to int8 + scales (units past the split are
+        // zeros); trip counts are compile-time constants so that every load is issued first
+#pragma unroll
+        for (int j = 0; j < MMQ_BM * MMQ_KU / 128; j++) {
+            const int i = tid + 128 * j;
+            const int r = i / MMQ_KU, u = i % MMQ_KU, k = k0 + u;
             int4* d = (int4*)&ws[r * MMQ_WS + u * 8];
             if (k < ke) {
                 Unit un = load_unit<QT>(P, M, (u64)min(row0 + r, n_out - 1), k, U);
@@ -70,14 +81,16 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             }
         }
         // activations: BN tokens x MMQ_KU units (tokens past the end repeat the last one)
-        for (int i = tid; i < BN * MMQ_KU; i += 128) {
-            int t = i / MMQ_KU, u = i % MMQ_KU, k = k0 + u;
+#pragma unroll
+        for (int j = 0; j < BN * MMQ_KU / 128; j++) {
+            const int i = tid + 128 * j;
+            const int t = i / MMQ_KU, u = i % MMQ_KU, k = k0 + u;
             int4* d = (int4*)&xs[t * MMQ_WS + u * 8];
             if (k < ke) {
                 u64 src = (u64)min(tok0 + t, n_tok - 1) * U + k;
-                const int4* s = (const int4*)(xq + src * 32);
-                d[0] = s[0];
-                d[1] = s[1];
+                const int4* sp = (const int4*)(xq + src * 32);
+                d[0] = sp[0];
+                d[1] = sp[1];
                 xsc[i] = xm[src];
             } else {
                 d[0] = d[1] = make_int4(0, 0, 0, 0);
@@ -121,8 +134,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
                             acc[m][n][i] += x.x * (w.s0 * (float)c0[i] + w.s1 * (float)c1[i]);
                         }
                     } else {
-                        mma_s8_k16(c0, a[m][0][0], a[m][0][1], b0);
-                        mma_s8_k16(c0, a[m][1][0], a[m][1][1], b1);
+                        mma_s8_k32(c0, a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
                             const MmqScale w = wv[m][i / 2];
@@ -148,7 +160,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
 }
 
 #define MMQ(NAME, QT, NT)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mmq_##NAME##_##NT(const u8* P, const u8* M, const i8* xq,   \
+    extern "C" __global__ void __launch_bounds__(128, 4) mmq_##NAME##_##NT(const u8* P, const u8* M, const i8* xq,   \
                                                                         const float2* xm, float* out, int U,      \
                                                                         int n_out, int n_tok, int k_per) {        \
         mmq<QT, NT>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                   \

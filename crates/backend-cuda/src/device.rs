@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 5] = [
+const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("ssm.cu", include_str!("../kernels/ssm.cu")),
 ];
 
 /// Whether a CUDA driver library can be loaded and reports at least one device.
@@ -399,5 +401,7 @@ pub fn kernel_names() -> Vec<String> {
         }
     }
     v.extend(crate::mmq::kernel_names());
+    v.extend(crate::moe::kernel_names());
+    v.extend(crate::ssm::kernel_names());
     v
 }

@@ -9,6 +9,8 @@ pub struct CudaKv {
     pub spec: KvSpec,
     pub(crate) k: Vec<DevMem>,
     pub(crate) v: Vec<DevMem>,
+    /// Recurrent (Mamba2) state, when the model declares some (`alloc_state`).
+    pub(crate) state: Option<crate::ssm::CudaState>,
 }
 
 /// The kernel-name suffix of a KV element type.
@@ -45,6 +47,6 @@ impl CudaKv {
                 dst.push(m);
             }
         }
-        Ok(CudaKv { spec: spec.clone(), k, v })
+        Ok(CudaKv { spec: spec.clone(), k, v, state: None })
     }
 }

@@ -16,6 +16,8 @@
 //! | `weight`  | `CudaWeight`: per-type repacking and upload |
 //! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
 //! | `mmq`     | quantized GEMM for 9+ tokens: Q8 activations, int8 tensor-core mma, exact block sums |
+//! | `moe`     | MoE: host routing, grouped-by-expert MMQ, scatter, weighted combine, relu² |
+//! | `ssm`     | Mamba2: recurrent state slots, conv1d, selective scan, gated norm |
 //! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
 //! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
 //! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
@@ -24,7 +26,7 @@
 //!
 //! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
 //! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
-//! (quantized GEMM on the int8 tensor cores).
+//! (quantized GEMM on the int8 tensor cores), `moe.cu`, `ssm.cu` (Mamba2).
 
 mod batch;
 pub mod device;
@@ -33,6 +35,8 @@ mod graph;
 mod kv;
 mod matmul;
 pub mod mmq;
+mod moe;
+mod ssm;
 pub mod unit;
 mod weight;
 
@@ -44,7 +48,9 @@ pub use weight::{repack, CudaWeight, DevType};
 use batch::DevBatch;
 use cudarc::cublas::CudaBlas;
 use device::{Arg, Device, PoolMem};
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, RopeStyle, WeightSource};
+use quarrel_core::{
+    AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, RopeStyle, Route, SsmParams, StateSpec, WeightSource,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -74,6 +80,8 @@ pub struct CudaBackend {
     freq_factors: Mutex<Vec<(Vec<f32>, PoolMem)>>,
     /// The last activations quantized to Q8 (q, k and v share their input; so do gate and up).
     qcache: Mutex<Option<matmul::QCache>>,
+    /// Expert selections per layer and expert (`moe_selections`).
+    moe_counts: Mutex<Vec<Vec<u64>>>,
 }
 
 impl CudaBackend {
@@ -85,7 +93,15 @@ impl CudaBackend {
             return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));
         }
         let blas = CudaBlas::new(dev.stream.clone()).map_err(|e| CudaError::Blas(format!("creating a handle: {e:?}")))?;
-        Ok(CudaBackend { dev, blas, ordinal, batch: Mutex::new(None), freq_factors: Mutex::new(Vec::new()), qcache: Mutex::new(None) })
+        Ok(CudaBackend {
+            dev,
+            blas,
+            ordinal,
+            batch: Mutex::new(None),
+            freq_factors: Mutex::new(Vec::new()),
+            qcache: Mutex::new(None),
+            moe_counts: Mutex::new(Vec::new()),
+        })
     }
 
     /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
@@ -217,6 +233,10 @@ impl CudaBackend {
         g.push((ff.clone(), m));
         Ok(p)
     }
+}
+
+fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
+    kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
@@ -520,5 +540,107 @@ impl Backend for CudaBackend {
             )?;
             Ok(())
         })
+    }
+
+    // ---- MoE (moe.rs) and Mamba2 (ssm.rs) ---------------------------------------------------
+
+    fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+        self.dev.bind()?;
+        let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
+        let b: Option<Vec<f32>> = match bias {
+            Some(b) => Some(self.dev.download(self.rd(b)?, b.len)?),
+            None => None,
+        };
+        let routes = quarrel_core::moe::route_reference(&l, b.as_deref(), p)?;
+        let mut c = self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
+        if c.len() <= layer {
+            c.resize(layer + 1, Vec::new());
+        }
+        if c[layer].len() < p.n_expert {
+            c[layer].resize(p.n_expert, 0);
+        }
+        for r in &routes {
+            c[layer][r.expert as usize] += 1;
+        }
+        Ok(routes)
+    }
+
+    fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
+        Ok(self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.clone())
+    }
+
+    fn moe_matmul(&self, w: &CudaWeight, n_expert: usize, x: &CudaBuf, routes: &[Route], x_per_token: bool, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        Ok(moe::moe_matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes, x_per_token, op)?)
+    }
+
+    fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let yp = self.rd(y)?;
+        let op = self.rw(out)?;
+        Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len)?)
+    }
+
+    fn relu_sqr(&self, x: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let n = x.len as u64;
+        let xp = self.rw(x)?;
+        self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    fn alloc_state(&self, kv: &mut CudaKv, spec: &StateSpec) -> Result<()> {
+        self.dev.bind()?;
+        kv.state = Some(ssm::CudaState::new(&self.dev, spec)?);
+        Ok(())
+    }
+
+    fn state_stats(&self, kv: &CudaKv) -> Result<(u64, u64)> {
+        self.dev.bind()?;
+        Ok(state(kv)?.stats(&self.dev)?)
+    }
+
+    fn state_copy(&self, kv: &mut CudaKv, src: usize, dst: usize) -> Result<()> {
+        self.dev.bind()?;
+        Ok(state(kv)?.copy_slot(&self.dev, src, dst)?)
+    }
+
+    fn ssm_conv(&self, kv: &mut CudaKv, layer: usize, p: &SsmParams, zx: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, batch: &ForwardBatch, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let (zp, wp) = ((self.rd(zx)?, zx.len), (self.rd(w)?, w.len));
+        let bp = bias.map(|b| Ok::<_, CoreError>((self.rd(b)?, b.len))).transpose()?;
+        let op = (self.wr(out), out.len);
+        Ok(ssm::conv(&self.dev, state(kv)?, layer, p, zp, wp, bp, batch, op)?)
+    }
+
+    fn ssm_scan(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        p: &SsmParams,
+        xbc: &CudaBuf,
+        zx: &CudaBuf,
+        a: &CudaBuf,
+        d: &CudaBuf,
+        dt_bias: &CudaBuf,
+        batch: &ForwardBatch,
+        y: &mut CudaBuf,
+    ) -> Result<u64> {
+        self.dev.bind()?;
+        let r = |b: &CudaBuf| Ok::<_, CoreError>((self.rd(b)?, b.len));
+        let args = ssm::ScanArgs { xbc: r(xbc)?, zx: r(zx)?, a: r(a)?, d: r(d)?, dt_bias: r(dt_bias)? };
+        let yp = (self.wr(y), y.len);
+        ssm::scan(&self.dev, state(kv)?, layer, p, &args, batch, yp)?;
+        // non-finite state values are counted on the device (state_stats), not per call
+        Ok(0)
+    }
+
+    fn ssm_gated_norm(&self, p: &SsmParams, y: &CudaBuf, zx: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let (yp, zp, wp) = ((self.rd(y)?, y.len), (self.rd(zx)?, zx.len), (self.rd(w)?, w.len));
+        let op = (self.wr(out), out.len);
+        Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op)?)
     }
 }

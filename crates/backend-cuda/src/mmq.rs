@@ -4,7 +4,7 @@
 //!  x (n_tok, n_in) f32 ──quantize_q8──► xq int8 + xm {d, d·Σq} per 32 values (shared with the GEMV)
 //!  W repacked (weight.rs) ─┐
 //!                          ├─ mmq_<type>_<NT>: 64 rows x 16·NT tokens per block, mma.sync
-//!  (xq, xm) ───────────────┘  m16n8k16 s8 -> exact s32 sums per 16 values, f32 scale epilogue
+//!  (xq, xm) ───────────────┘  m16n8k32 s8 -> exact s32 sums per unit, f32 scale epilogue
 //!                             ──► out (n_tok, n_out), or split-K partials ──mmq_reduce──► out
 //! ```
 //!
@@ -24,8 +24,9 @@ use std::sync::Mutex;
 const BM: usize = 64;
 /// Units staged per iteration (MMQ_KU in mmq.cu).
 const KU: usize = 8;
-/// Blocks that fill an H100-class GPU about twice (132 SMs); fewer get split-K.
-const TARGET_BLOCKS: usize = 264;
+/// Blocks that keep an H100-class GPU (132 SMs) busy with loads in flight (about six
+/// resident blocks each); smaller grids get split-K.
+const TARGET_BLOCKS: usize = 792;
 
 /// Up to this many tokens a quantized matmul takes MMQ; above, the f16 cuBLAS GEMM
 /// (`QUARREL_CUDA_MMQ_MAX` overrides; 0 turns MMQ off).
@@ -52,8 +53,9 @@ fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (usize, (u32, u32, u32), us
     let (bx, by) = (n_out.div_ceil(BM), n_tok.div_ceil(16 * nt));
     let units = n_in / 32;
     let iters = units.div_ceil(KU);
-    // split K while the grid is small, keeping at least two iterations per split
-    let splits = TARGET_BLOCKS.div_ceil(bx * by).min(iters / 2).clamp(1, 8);
+    // split K while the grid is small; the partial sums (written and read back) stay well
+    // below the weight bytes: splits <= n_in / (16 n_tok)
+    let splits = TARGET_BLOCKS.div_ceil(bx * by).min(iters).min(n_in / (16 * n_tok)).clamp(1, 8);
     let k_per = iters.div_ceil(splits) * KU;
     let splits = units.div_ceil(k_per);
     (nt, (bx as u32, by as u32, splits as u32), k_per, splits)
@@ -64,10 +66,30 @@ pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u
     let DevType::Quant(name) = w.dev_ty else {
         return Err(CudaError::Unsupported(format!("MMQ for {} weights", w.dev_ty.name())));
     };
-    if n_tok == 0 {
+    mmq_raw(dev, qc, name, w.p.ptr, w.m_ptr(), w.n_in, w.n_out, x, n_tok, out)
+}
+
+/// Bytes per unit of 32 values of a repacked type: payload plane as a fraction
+/// (numerator, denominator) and meta plane (0: none).
+pub(crate) fn unit_bytes(name: &str) -> Result<((u64, u64), u64), CudaError> {
+    Ok(match name {
+        "q4_0" => ((16, 1), 2),
+        "q4_1" => ((16, 1), 4),
+        "q5_0" | "q5_1" => ((16, 1), 8),
+        "q8_0" => ((32, 1), 2),
+        "q4_K" => ((144, 8), 0),
+        "q5_K" => ((176, 8), 0),
+        "q6_K" => ((224, 8), 0),
+        other => return Err(CudaError::Unsupported(format!("MMQ for {other} weights"))),
+    })
+}
+
+/// MMQ over raw planes (`p`, `m`) of `n_out` rows of `n_in` values of type `name`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m: u64, n_in: usize, n_out: usize, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    if n_tok == 0 || n_out == 0 {
         return Ok(());
     }
-    let (n_in, n_out) = (w.n_in, w.n_out);
     let units = n_in / 32;
     let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
     let hit = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in) && x != out;
@@ -88,8 +110,8 @@ pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u
         128,
         0,
         &[
-            Arg::P(w.p.ptr),
-            Arg::P(w.m_ptr()),
+            Arg::P(p),
+            Arg::P(m),
             Arg::P(c.xq.ptr()),
             Arg::P(c.xm.ptr()),
             Arg::P(dst),
@@ -99,8 +121,8 @@ pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u
             Arg::I(k_per as i32),
         ],
     )?;
-    if let Some(p) = part {
-        dev.launch_1d("mmq_reduce", n as u64, &[Arg::P(p.ptr()), Arg::P(out), Arg::I(splits as i32), Arg::U64(n as u64)])?;
+    if let Some(pm) = part {
+        dev.launch_1d("mmq_reduce", n as u64, &[Arg::P(pm.ptr()), Arg::P(out), Arg::I(splits as i32), Arg::U64(n as u64)])?;
     }
     Ok(())
 }
