@@ -551,18 +551,7 @@ impl Backend for CudaBackend {
             Some(b) => Some(self.dev.download(self.rd(b)?, b.len)?),
             None => None,
         };
-        let routes = quarrel_core::moe::route_reference(&l, b.as_deref(), p)?;
-        let mut c = self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
-        if c.len() <= layer {
-            c.resize(layer + 1, Vec::new());
-        }
-        if c[layer].len() < p.n_expert {
-            c[layer].resize(p.n_expert, 0);
-        }
-        for r in &routes {
-            c[layer][r.expert as usize] += 1;
-        }
-        Ok(routes)
+        moe::route(&self.moe_counts, layer, &l, b.as_deref(), p)
     }
 
     fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {

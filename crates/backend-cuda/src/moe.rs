@@ -139,6 +139,22 @@ pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], 
     )
 }
 
+/// The router on the host (`quarrel_core::moe`), counting each layer's expert selections.
+pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32], bias: Option<&[f32]>, p: &quarrel_core::MoeRouting) -> quarrel_core::Result<Vec<Route>> {
+    let routes = quarrel_core::moe::route_reference(logits, bias, p)?;
+    let mut c = counts.lock().map_err(|_| quarrel_core::CoreError::Backend("lock poisoned".into()))?;
+    if c.len() <= layer {
+        c.resize(layer + 1, Vec::new());
+    }
+    if c[layer].len() < p.n_expert {
+        c[layer].resize(p.n_expert, 0);
+    }
+    for r in &routes {
+        c[layer][r.expert as usize] += 1;
+    }
+    Ok(routes)
+}
+
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
     ["moe_scatter_rows", "moe_combine", "relu_sqr"].iter().map(|s| s.to_string()).collect()
