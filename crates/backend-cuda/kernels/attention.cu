@@ -82,6 +82,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
                                           int hd, int bs, float scale, float softcap, int window) {
+    GDC();
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
@@ -189,6 +190,7 @@ ATTN_ALL(q4_0, KV_Q4_0)
 // xq/xm non-null (blockDim == hd, a multiple of 32): the output is also written as Q8.
 extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int hd, int n_split,
                                         i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
     u64 th = blockIdx.x;
     const float* p = part + th * n_split * (hd + 2);
     float M = -INF;

@@ -2,15 +2,21 @@
 // RoPE angles multiplied up step by step, SiLU as x / (1 + e^-x).
 
 // One block per row: out = x * rsqrt(mean(x^2) + eps) * w.
+// y non-null: x += y first (the residual add fused into the next norm; x is updated in place).
 // xq/xm non-null (d a multiple of 32): the output is also written as Q8 for the next matmul.
-extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int d, float eps,
-                                    i8* __restrict__ xq, float2* __restrict__ xm) {
+__device__ __forceinline__ void norm_row(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
+                                         int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
     __shared__ double part[32];
-    const float* xr = x + (u64)blockIdx.x * d;
+    float* xr = x + (u64)blockIdx.x * d;
+    const float* yr = y ? y + (u64)blockIdx.x * d : nullptr;
     float* orow = out + (u64)blockIdx.x * d;
     double ss = 0.0;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float v = xr[i];
+        if (yr) {
+            v = __fadd_rn(v, yr[i]);
+            xr[i] = v;
+        }
         ss += (double)__fmul_rn(v, v);
     }
 #pragma unroll
@@ -33,12 +39,80 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     }
 }
 
-// x (n_tok, n_head, hd) rotated in place; one thread per (token, head, pair).
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int d, float eps,
+                                    i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    norm_row((float*)x, nullptr, w, out, d, eps, xq, xm);
+}
+
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
+                                        int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    norm_row(x, y, w, out, d, eps, xq, xm);
+}
+
+// One block per row of `dim` values: out[row] = the index of the largest value, the first on
+// ties, NaN never chosen (except at index 0, where the host loop `v > best` would keep it).
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int dim) {
+    GDC();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const float* r = x + (u64)blockIdx.x * dim;
+    float best = -INF;
+    int idx = 0x7fffffff;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = r[i];
+        if (v > best) {  // strided in increasing i: the first of equals is kept
+            best = v;
+            idx = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) {
+            best = ov;
+            idx = oi;
+        }
+    }
+    if (threadIdx.x % 32 == 0) {
+        bv[threadIdx.x / 32] = best;
+        bi[threadIdx.x / 32] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        bool have = threadIdx.x < blockDim.x / 32;
+        best = have ? bv[threadIdx.x] : -INF;
+        idx = have ? bi[threadIdx.x] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > best || (ov == best && oi < idx)) {
+                best = ov;
+                idx = oi;
+            }
+        }
+        if (threadIdx.x == 0) out[blockIdx.x] = (r[0] != r[0] || idx == 0x7fffffff) ? 0u : (u32)idx;
+    }
+}
+
+// x (n_tok, n_head, hd) rotated in place; one thread per (token, head, pair). x2 non-null:
+// x2 (n_tok, n_head2, hd) too, by the same positions (q and k in one launch).
 extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ pos, const float* __restrict__ ff, int n_tok, int n_head,
-                                int hd, int n_rot, float theta_scale, float freq_scale, int neox) {
+                                int hd, int n_rot, float theta_scale, float freq_scale, int neox, float* __restrict__ x2, int n_head2) {
+    GDC();
     int half = n_rot / 2;
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= (u64)n_tok * n_head * half) return;
+    u64 n1 = (u64)n_tok * n_head * half;
+    if (g >= n1) {
+        if (!x2) return;
+        g -= n1;
+        x = x2;
+        n_head = n_head2;
+        if (g >= (u64)n_tok * n_head * half) return;
+    }
     int i = (int)(g % half);
     u64 th = g / half;  // token * n_head + head
     int t = (int)(th / n_head);
@@ -57,6 +131,7 @@ extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ p
 // xq/xm non-null (n a multiple of 32): the output is also written as Q8.
 extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, u64 n,
                                   i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = g[i];
@@ -66,21 +141,25 @@ extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __re
 }
 
 extern "C" __global__ void zero_fill(u32* __restrict__ x, u64 n) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = 0u;
 }
 
 extern "C" __global__ void add(float* __restrict__ x, const float* __restrict__ y, u64 n) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 extern "C" __global__ void scale(float* __restrict__ x, float s, u64 n) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* __restrict__ rows, float* __restrict__ out, int dim, int n_rows) {
+    GDC();
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_rows * dim) return;
     u64 r = g / dim, i = g % dim;
@@ -100,6 +179,7 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* _
 // warp per 32-value block with ggml's reference quantizers (quarrel-quant's).
 template <int KT>
 __device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __restrict__ src, const u32* __restrict__ slots, int row, int n_tok) {
+    GDC();
     if (KT == KV_F32 || KT == KV_F16) {
         u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
         if (g >= (u64)n_tok * row) return;

@@ -162,6 +162,31 @@ pub struct Device {
     _module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
     queue: Mutex<crate::graph::Queue>,
+    /// A launch held back because the next op may absorb it (`Held`); any other launch and
+    /// every flush submit it first.
+    held: Mutex<Option<Held>>,
+    /// Programmatic dependent launch for the kernels that wait for their predecessor (sm_90+,
+    /// `QUARREL_CUDA_PDL=0` turns it off).
+    pdl: bool,
+}
+
+/// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
+pub(crate) enum Held {
+    /// `x += y` over `n` values: a following RMSNorm of `x` becomes `add_rms_norm`.
+    Add { x: u64, y: u64, n: u64 },
+    /// GEMVs over the same Q8 input: up to three become one `gemv3_*` launch.
+    Gemv(crate::matmul::GemvGroup),
+    /// RoPE of one buffer (the `rope` kernel's arguments, `x2` 0): the RoPE of another buffer
+    /// by the same positions and parameters that follows (k after q) joins the launch.
+    Rope { args: Vec<Arg>, n: u64 },
+}
+
+/// Kernels that begin with `GDC()` (kernels/common.cuh) and so may be launched early.
+fn pdl_kernel(name: &str) -> bool {
+    const EXACT: [&str; 11] =
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine", "argmax_rows"];
+    const PREFIX: [&str; 8] = ["gemv_", "gemv3_", "dequant_", "embed_", "tof16_", "kv_store_", "attn_f", "attn_q"];
+    EXACT.contains(&name) || PREFIX.iter().any(|p| name.starts_with(p))
 }
 
 impl Device {
@@ -186,7 +211,19 @@ impl Device {
             let f = module.load_function(&name).map_err(drv("kernel lookup"))?;
             funcs.insert(name, f);
         }
-        Ok(Device { ctx, stream, name, cc, pool: Arc::new(Pool::default()), _module: module, funcs, queue: Mutex::new(Default::default()) })
+        let pdl = cc.0 >= 9 && std::env::var("QUARREL_CUDA_PDL").map_or(true, |v| v != "0");
+        Ok(Device {
+            ctx,
+            stream,
+            name,
+            cc,
+            pool: Arc::new(Pool::default()),
+            _module: module,
+            funcs,
+            queue: Mutex::new(Default::default()),
+            held: Mutex::new(None),
+            pdl,
+        })
     }
 
     pub fn bind(&self) -> Result<(), CudaError> {
@@ -214,6 +251,7 @@ impl Device {
     /// Submit the queued launches (replaying a recorded graph where the step repeats) and
     /// recycle the buffers dropped meanwhile.
     pub fn flush(&self) -> Result<(), CudaError> {
+        self.settle()?;
         let mut q = self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?;
         let r = q.submit(&self.stream);
         drop(q);
@@ -261,24 +299,51 @@ impl Device {
         Ok(v)
     }
 
+    /// Hold `h` back (submitting what was held before).
+    pub(crate) fn hold(&self, h: Held) -> Result<(), CudaError> {
+        self.settle()?;
+        *self.held.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))? = Some(h);
+        Ok(())
+    }
+
+    /// The held launch, if `f` accepts it (else it stays held).
+    pub(crate) fn take_held_if(&self, f: impl FnOnce(&Held) -> bool) -> Option<Held> {
+        let mut g = self.held.lock().ok()?;
+        if g.as_ref().is_some_and(f) {
+            g.take()
+        } else {
+            None
+        }
+    }
+
+    /// Queue the held launch, if any.
+    pub fn settle(&self) -> Result<(), CudaError> {
+        let h = self.held.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?.take();
+        match h {
+            None => Ok(()),
+            Some(Held::Add { x, y, n }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
+            Some(Held::Gemv(g)) => g.launch(self),
+            Some(Held::Rope { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
+        }
+    }
+
     /// Launch `name` on the stream; `args` in the kernel's parameter order.
     pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<(), CudaError> {
+        self.settle()?;
+        self.launch_now(name, grid, block, smem, args)
+    }
+
+    /// `launch` without submitting the held launch first.
+    pub(crate) fn launch_now(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<(), CudaError> {
         let f = self.func(name)?;
         if smem > 48 * 1024 {
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                 .map_err(drv("shared memory attribute"))?;
         }
         // every parameter is at most 8 bytes: one little-endian slot each
-        let args: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                Arg::P(v) | Arg::U64(v) => v,
-                Arg::I(v) => v as u32 as u64,
-                Arg::U(v) => v as u64,
-                Arg::F(v) => v.to_bits() as u64,
-            })
-            .collect();
-        let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args };
+        let args: Vec<u64> = args.iter().map(|a| a.bits()).collect();
+        let pdl = self.pdl && pdl_kernel(name);
+        let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args, pdl };
         self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?.push(rec);
         Ok(())
     }
@@ -305,6 +370,18 @@ pub enum Arg {
     U(u32),
     U64(u64),
     F(f32),
+}
+
+impl Arg {
+    /// The parameter slot's bits (every parameter is at most 8 bytes, little-endian).
+    pub fn bits(self) -> u64 {
+        match self {
+            Arg::P(v) | Arg::U64(v) => v,
+            Arg::I(v) => v as u32 as u64,
+            Arg::U(v) => v as u64,
+            Arg::F(v) => v.to_bits() as u64,
+        }
+    }
 }
 
 impl Drop for Device {
@@ -373,13 +450,15 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
 
 /// Every kernel the module exports (looked up once at start-up).
 pub fn kernel_names() -> Vec<String> {
-    let mut v: Vec<String> = ["quantize_q8", "zero_fill", "rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+    let mut v: Vec<String> =
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
         .map(|s| s.to_string())
         .collect();
     for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
         for nt in [1, 2, 4, 8] {
             v.push(format!("gemv_{q}_{nt}"));
+            v.push(format!("gemv3_{q}_{nt}"));
         }
         v.push(format!("dequant_{q}"));
         v.push(format!("embed_{q}"));

@@ -15,6 +15,9 @@ pub struct Rec {
     pub block: u32,
     pub smem: u32,
     pub args: Vec<u64>,
+    /// Launched with programmatic stream serialization (the kernel waits for its predecessor
+    /// itself: `GDC()` in kernels/common.cuh).
+    pub pdl: bool,
 }
 
 /// Graphs kept (a few step shapes alternate: e.g. batch sizes of the service).
@@ -57,11 +60,40 @@ impl Queue {
         for r in recs {
             let mut slots = r.args.clone();
             let mut ptrs: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut std::ffi::c_void).collect();
+            if r.pdl {
+                Self::launch_pdl(r, stream, &mut ptrs)?;
+                continue;
+            }
             // SAFETY: the record holds a function of the loaded module and its arguments.
             unsafe { result::launch_kernel(r.func as sys::CUfunction, r.grid, (r.block, 1, 1), r.smem, stream.cu_stream(), &mut ptrs) }
                 .map_err(|e| CudaError::Driver(format!("kernel launch: {e:?}")))?;
         }
         Ok(())
+    }
+
+    /// `cuLaunchKernelEx` with the programmatic-stream-serialization attribute.
+    fn launch_pdl(r: &Rec, stream: &CudaStream, ptrs: &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> {
+        // SAFETY: a zeroed attribute is a valid bit pattern (a C struct of integers and a union).
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: r.grid.0,
+            gridDimY: r.grid.1,
+            gridDimZ: r.grid.2,
+            blockDimX: r.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: r.smem,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the record holds a function of the loaded module and its arguments; cfg and
+        // attr outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&cfg, r.func as sys::CUfunction, ptrs.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| CudaError::Driver(format!("kernel launch (PDL): {e:?}")))
     }
 
     fn launch_timed(recs: &[Rec], stream: &Arc<CudaStream>, prof: &mut std::collections::HashMap<usize, (f64, u64)>) -> Result<(), CudaError> {
@@ -125,7 +157,12 @@ impl Queue {
                     return Ok(());
                 }
                 // capture not possible here: stop trying
-                _ => {
+                r => {
+                    let why = match r {
+                        Err(e) => e.to_string(),
+                        _ => "no graph returned".into(),
+                    };
+                    eprintln!("quarrel-cuda: CUDA graph capture failed ({why}); launching kernels one by one from now on");
                     self.disabled = true;
                     return Self::launch_direct(&recs, stream);
                 }

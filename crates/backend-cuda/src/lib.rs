@@ -40,7 +40,7 @@ pub use weight::{repack, CudaWeight, DevType};
 
 use batch::DevBatch;
 use cudarc::cublas::CudaBlas;
-use device::{Arg, Device, PoolMem};
+use device::{Arg, Device, Held, PoolMem};
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, RopeStyle, WeightSource};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -262,6 +262,30 @@ impl Backend for CudaBackend {
         Ok(v)
     }
 
+    fn argmax_rows(&self, x: &CudaBuf, dim: usize) -> Result<Vec<u32>> {
+        self.dev.bind()?;
+        if dim == 0 || x.len % dim != 0 {
+            return Err(CoreError::Shape(format!("argmax_rows: {} values are not rows of {dim}", x.len)));
+        }
+        let rows = x.len / dim;
+        if rows == 0 {
+            return Ok(vec![]);
+        }
+        let xp = self.rd(x)?;
+        let ids = self.dev.scratch(4 * rows)?;
+        self.dev.launch("argmax_rows", (rows as u32, 1, 1), 1024, 0, &[Arg::P(xp), Arg::P(ids.ptr()), Arg::I(dim as i32)])?;
+        let v = self.dev.download::<u32>(ids.ptr(), rows)?;
+        // as `download`: the step ends here
+        if let Ok(mut g) = self.batch.lock() {
+            *g = None;
+        }
+        if let Ok(mut g) = self.qcache.lock() {
+            *g = None;
+        }
+        self.dev.flush()?;
+        Ok(v)
+    }
+
     fn buf_len(&self, b: &CudaBuf) -> usize {
         b.len
     }
@@ -326,6 +350,12 @@ impl Backend for CudaBackend {
         let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
         // a decode step normalizes one row: more threads per row shorten the block
         let threads = (d / 4).div_ceil(32).clamp(4, 32) as u32 * 32;
+        let n = x.len as u64;
+        // the residual add just before (held by `add`) runs in the same kernel
+        if let Some(Held::Add { y, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
+            let args = [Arg::P(xp), Arg::P(y), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
+            return Ok(self.dev.launch_now("add_rms_norm", (rows, 1, 1), threads, 0, &args)?);
+        }
         self.dev.launch(
             "rms_norm",
             (rows, 1, 1),
@@ -352,22 +382,34 @@ impl Backend for CudaBackend {
         let ff = self.freq_factors_ptr(&p.freq_factors)?;
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
         let n = (positions.len() * n_head * p.n_rot / 2) as u64;
-        self.dev.launch_1d(
-            "rope",
-            n,
-            &[
-                Arg::P(xp),
-                Arg::P(pos),
-                Arg::P(ff),
-                Arg::I(positions.len() as i32),
-                Arg::I(n_head as i32),
-                Arg::I(head_dim as i32),
-                Arg::I(p.n_rot as i32),
-                Arg::F(theta_scale),
-                Arg::F(p.freq_scale),
-                Arg::I((p.style == RopeStyle::Neox) as i32),
-            ],
-        )?;
+        let args = vec![
+            Arg::P(xp),
+            Arg::P(pos),
+            Arg::P(ff),
+            Arg::I(positions.len() as i32),
+            Arg::I(n_head as i32),
+            Arg::I(head_dim as i32),
+            Arg::I(p.n_rot as i32),
+            Arg::F(theta_scale),
+            Arg::F(p.freq_scale),
+            Arg::I((p.style == RopeStyle::Neox) as i32),
+            Arg::P(0),
+            Arg::I(0),
+        ];
+        if n == 0 {
+            return Ok(());
+        }
+        // k right after q (same positions and parameters): one launch for both
+        let same = |a: &[Arg]| a.len() == args.len() && a[0].bits() != xp && (1..4).chain(5..10).all(|i| a[i].bits() == args[i].bits());
+        if let Some(Held::Rope { args: mut first, n: n1 }) = self.dev.take_held_if(|h| matches!(h, Held::Rope { args: a, .. } if same(a))) {
+            first[10] = Arg::P(xp);
+            first[11] = Arg::I(n_head as i32);
+            return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
+        }
+        if _keep.is_none() && std::env::var_os("QUARREL_CUDA_NO_FUSE").is_none() {
+            return Ok(self.dev.hold(Held::Rope { args, n })?);
+        }
+        self.dev.launch_1d("rope", n, &args)?;
         Ok(())
     }
 
@@ -387,6 +429,10 @@ impl Backend for CudaBackend {
         check_len("add", y.len, x.len)?;
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
+        if n > 0 && std::env::var_os("QUARREL_CUDA_NO_FUSE").is_none() {
+            // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`)
+            return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n })?);
+        }
         self.dev.launch_1d("add", n, &[Arg::P(xp), Arg::P(yp), Arg::U64(n)])?;
         Ok(())
     }
