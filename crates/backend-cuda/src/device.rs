@@ -185,7 +185,7 @@ pub(crate) enum Held {
 fn pdl_kernel(name: &str) -> bool {
     const EXACT: [&str; 11] =
         ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine", "argmax_rows"];
-    const PREFIX: [&str; 8] = ["gemv_", "gemv3_", "dequant_", "embed_", "tof16_", "kv_store_", "attn_f", "attn_q"];
+    const PREFIX: [&str; 9] = ["gemv_", "gemv3_", "dequant_", "embed_", "tof16_", "kv_store_", "attn_f", "attn_q", "attn1_"];
     EXACT.contains(&name) || PREFIX.iter().any(|p| name.starts_with(p))
 }
 
@@ -474,6 +474,7 @@ pub fn kernel_names() -> Vec<String> {
         v.push(format!("kv_store_{k}"));
         for dpl in [2, 4, 8] {
             v.push(format!("attn_{k}_{dpl}"));
+            v.push(format!("attn1_{k}_{dpl}"));
         }
     }
     v

@@ -201,6 +201,18 @@ impl CudaBackend {
     }
 }
 
+/// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
+/// store each head rotated in blocks of this many values, as the CPU's do.
+fn kv_rotation(spec: &KvSpec) -> Result<usize> {
+    if !matches!(spec.ty, quarrel_core::KvType::Q8_0 | quarrel_core::KvType::Q4_0) {
+        return Ok(0);
+    }
+    match quarrel_quant::rotate::rotation_size(spec.head_dim) {
+        Some(r) if r <= 256 && (spec.n_kv_head * spec.head_dim) % r == 0 => Ok(r),
+        _ => Err(CoreError::Unsupported(format!("{} KV cache with head_dim {}", spec.ty.name(), spec.head_dim))),
+    }
+}
+
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(CoreError::Shape(format!("{what}: buffer has {got} elements, expected {want}")));
@@ -470,11 +482,17 @@ impl Backend for CudaBackend {
         }
         let name = format!("kv_store_{}", kv::kv_name(kv.spec.ty));
         let n = batch.n_tokens();
+        if n == 0 {
+            return Ok(());
+        }
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let (ks, vs) = (self.rd(k)?, self.rd(v)?);
+        let rot = kv_rotation(&kv.spec)?;
+        // f32/f16: a thread per value; quantized: a warp per rotation block (8 to a block)
+        let blocks = if rot == 0 { ((n * row) as u64).div_ceil(256) } else { ((n * row / rot) as u64).div_ceil(8) };
         self.with_batch(batch, kv, None, |db| {
-            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32)];
-            self.dev.launch(&name, (((n * row) as u64).div_ceil(256) as u32, 2, 1), 256, 0, &args)?;
+            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32)];
+            self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
             Ok(())
         })
     }
@@ -503,7 +521,11 @@ impl Backend for CudaBackend {
         if batch.n_tokens() == 0 {
             return Ok(());
         }
-        let name = format!("attn_{}_{dpl}", kv::kv_name(kv.spec.ty));
+        // every sequence one token (decode): the kernel for one query per tile
+        let one = batch.seqs.iter().all(|s| s.len <= 1);
+        let qt = if one { 1 } else { batch::ATT_QT };
+        let name = format!("attn{}_{}_{dpl}", if one { "1" } else { "" }, kv::kv_name(kv.spec.ty));
+        let rot = kv_rotation(&kv.spec)?;
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
         self.with_batch(batch, kv, p.sliding_window, |db| {
@@ -514,7 +536,7 @@ impl Backend for CudaBackend {
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
             let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            let smem = (4 * (batch::ATT_QT * hd + 2 * 32 * (hd + 1))) as u32;
+            let smem = (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32;
             self.dev.launch(
                 &name,
                 (db.n_tiles as u32, p.n_head as u32, n_split as u32),
@@ -536,6 +558,7 @@ impl Backend for CudaBackend {
                     Arg::F(p.scale),
                     Arg::F(p.softcap.unwrap_or(0.0)),
                     Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                    Arg::I(rot as i32),
                 ],
             )?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
