@@ -107,7 +107,7 @@ template <int KT, int DPL, int QT>
 __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                          int hd, int bs, float scale, float softcap, int window, int rot) {
+                                          int hd, int bs, float scale, float softcap, int window, int rot, int q16) {
     GDC();
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
@@ -123,7 +123,11 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
         hi = max(hi, p);
         lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
     }
-    for (u32 i = lane; i < nq * hd; i += 32) Qs[i] = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+    // q16: q rounded to f16 first, as the CPU's (ggml's) f16 vector path for short sequences does
+    for (u32 i = lane; i < nq * hd; i += 32) {
+        float qv = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+        Qs[i] = KT == KV_F16 && q16 ? h2f(f2h(qv)) : qv;
+    }
     // this split's share of the tile's positions, in whole runs of 32
     const int split_len = ((hi + 1 - lo + n_split - 1) / n_split + 31) / 32 * 32;
     const int p_begin = lo + split * split_len;
@@ -204,13 +208,13 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #define ATTN(NAME, KT, DPL)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(                                           \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot) { \
-        attn_part<KT, DPL, ATT_QT>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot); \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16) { \
+        attn_part<KT, DPL, ATT_QT>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16); \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(                                          \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot) { \
-        attn_part<KT, DPL, 1>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot); \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16) { \
+        attn_part<KT, DPL, 1>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16); \
     }
 #define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
 ATTN_ALL(f32, KV_F32)

@@ -181,6 +181,24 @@ pub(crate) enum Held {
     Rope { args: Vec<Arg>, n: u64 },
 }
 
+/// Debugging switches read once (a lookup per op would cost host time on every decode step):
+/// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
+/// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count).
+pub(crate) struct Switches {
+    pub no_fuse: bool,
+    pub no_fused_q8: bool,
+    pub no_gemm: bool,
+}
+
+pub(crate) fn switches() -> &'static Switches {
+    static S: std::sync::OnceLock<Switches> = std::sync::OnceLock::new();
+    S.get_or_init(|| Switches {
+        no_fuse: std::env::var_os("QUARREL_CUDA_NO_FUSE").is_some(),
+        no_fused_q8: std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some(),
+        no_gemm: std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some(),
+    })
+}
+
 /// Kernels that begin with `GDC()` (kernels/common.cuh) and so may be launched early.
 fn pdl_kernel(name: &str) -> bool {
     const EXACT: [&str; 11] =

@@ -131,7 +131,7 @@ impl CudaBackend {
     /// Q8 scratch for an op that writes `n` values at `out` and their Q8 form in one go
     /// (`None`: kernel arguments 0, the op writes f32 only).
     fn q8_out(&self, out: u64, n: usize) -> Result<(u64, u64)> {
-        if n % 32 != 0 || std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some() {
+        if n % 32 != 0 || device::switches().no_fused_q8 {
             return Ok((0, 0));
         }
         let c = matmul::QCache::new(&self.dev, out, n)?;
@@ -418,7 +418,7 @@ impl Backend for CudaBackend {
             first[11] = Arg::I(n_head as i32);
             return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
         }
-        if _keep.is_none() && std::env::var_os("QUARREL_CUDA_NO_FUSE").is_none() {
+        if _keep.is_none() && !device::switches().no_fuse {
             return Ok(self.dev.hold(Held::Rope { args, n })?);
         }
         self.dev.launch_1d("rope", n, &args)?;
@@ -441,7 +441,7 @@ impl Backend for CudaBackend {
         check_len("add", y.len, x.len)?;
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
-        if n > 0 && std::env::var_os("QUARREL_CUDA_NO_FUSE").is_none() {
+        if n > 0 && !device::switches().no_fuse {
             // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`)
             return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n })?);
         }
@@ -526,6 +526,9 @@ impl Backend for CudaBackend {
         let qt = if one { 1 } else { batch::ATT_QT };
         let name = format!("attn{}_{}_{dpl}", if one { "1" } else { "" }, kv::kv_name(kv.spec.ty));
         let rot = kv_rotation(&kv.spec)?;
+        // the CPU rounds q to f16 for sequences shorter than 64 tokens over an f16 cache
+        // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
+        let q16 = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
         self.with_batch(batch, kv, p.sliding_window, |db| {
@@ -559,6 +562,7 @@ impl Backend for CudaBackend {
                     Arg::F(p.softcap.unwrap_or(0.0)),
                     Arg::I(p.sliding_window.unwrap_or(0) as i32),
                     Arg::I(rot as i32),
+                    Arg::I(q16 as i32),
                 ],
             )?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };

@@ -61,7 +61,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
             *g = None;
         }
     }
-    if n_tok <= GEMV_MAX_TOKENS || std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some() {
+    if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm {
         gemv(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
@@ -86,7 +86,7 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
             let c = g.as_ref().expect("set above");
             let (xq, xm) = (c.xq.ptr(), c.xm.ptr());
             drop(g);
-            if matches!(n_tok, 1 | 2 | 4 | 8) && std::env::var_os("QUARREL_CUDA_NO_FUSE").is_none() {
+            if matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse {
                 // held: q/k/v (gate/up) that follow over the same input join one launch
                 let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out };
                 let joined = dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.accepts(name, n_tok, xq, units, out)));
