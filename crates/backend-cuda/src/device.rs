@@ -313,7 +313,13 @@ impl Device {
             // SAFETY: ptr holds at least n values of T; the stream is synchronized before return.
             unsafe { result::memcpy_dtoh_async(&mut v, ptr, self.stream.cu_stream()) }.map_err(drv("download"))?;
         }
+        let t = std::time::Instant::now();
         self.stream.synchronize().map_err(drv("synchronizing after a download"))?;
+        if let Ok(mut q) = self.queue.lock() {
+            if let Some(h) = q.host.as_mut() {
+                h.wait += t.elapsed().as_secs_f64();
+            }
+        }
         Ok(v)
     }
 
@@ -404,6 +410,16 @@ impl Arg {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        if let Some(h) = self.queue.lock().ok().and_then(|mut q| q.host.take()) {
+            let per = |x: f64| 1e6 * x / h.steps.max(1) as f64;
+            eprintln!(
+                "\nCUDA host times (QUARREL_CUDA_HOST_TIME), {} steps: recording {:.0} us/step, submitting {:.0} us/step, waiting for the GPU {:.0} us/step",
+                h.steps,
+                per(h.record),
+                per(h.submit),
+                per(h.wait)
+            );
+        }
         let prof = self.queue.lock().ok().and_then(|mut q| q.profile.take());
         if let Some(prof) = prof {
             let mut rows: Vec<(String, f64, u64)> = prof

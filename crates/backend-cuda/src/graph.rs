@@ -41,18 +41,35 @@ pub struct Queue {
     disabled: bool,
     /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
     pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
+    /// `QUARREL_CUDA_HOST_TIME`: where a step's wall time goes on the host.
+    pub host: Option<HostTimes>,
+    first: Option<std::time::Instant>,
+}
+
+/// Host-side step times (seconds, summed): recording (first launch to submit), submitting
+/// (graph lookup and launch), waiting for the GPU in downloads.
+#[derive(Default, Debug)]
+pub struct HostTimes {
+    pub steps: u64,
+    pub record: f64,
+    pub submit: f64,
+    pub wait: f64,
 }
 
 impl Default for Queue {
     fn default() -> Self {
         let profile = std::env::var_os("QUARREL_CUDA_PROFILE").map(|_| Default::default());
         let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled, profile }
+        let host = std::env::var_os("QUARREL_CUDA_HOST_TIME").map(|_| HostTimes::default());
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled, profile, host, first: None }
     }
 }
 
 impl Queue {
     pub fn push(&mut self, r: Rec) {
+        if self.host.is_some() && self.recs.is_empty() {
+            self.first = Some(std::time::Instant::now());
+        }
         self.recs.push(r);
     }
 
@@ -130,6 +147,18 @@ impl Queue {
 
     /// Submit the queued launches to `stream`.
     pub fn submit(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        let Some(first) = self.first.take() else { return self.submit_inner(stream) };
+        let t = std::time::Instant::now();
+        let r = self.submit_inner(stream);
+        if let Some(h) = self.host.as_mut() {
+            h.steps += 1;
+            h.record += (t - first).as_secs_f64();
+            h.submit += t.elapsed().as_secs_f64();
+        }
+        r
+    }
+
+    fn submit_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         let recs = std::mem::take(&mut self.recs);
         let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES;
         if recs.is_empty() {
