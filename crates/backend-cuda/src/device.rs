@@ -168,6 +168,8 @@ pub struct Device {
     /// Programmatic dependent launch for the kernels that wait for their predecessor (sm_90+,
     /// `QUARREL_CUDA_PDL=0` turns it off).
     pdl: bool,
+    /// `gdc_kernel_names()`: the kernels that may be launched so.
+    gdc: std::collections::HashSet<String>,
 }
 
 /// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
@@ -199,13 +201,6 @@ pub(crate) fn switches() -> &'static Switches {
     })
 }
 
-/// Kernels that begin with `GDC()` (kernels/common.cuh) and so may be launched early.
-fn pdl_kernel(name: &str) -> bool {
-    const EXACT: [&str; 11] =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine", "argmax_rows"];
-    const PREFIX: [&str; 9] = ["gemv_", "gemv3_", "dequant_", "embed_", "tof16_", "kv_store_", "attn_f", "attn_q", "attn1_"];
-    EXACT.contains(&name) || PREFIX.iter().any(|p| name.starts_with(p))
-}
 
 impl Device {
     pub fn new(ordinal: usize) -> Result<Device, CudaError> {
@@ -241,6 +236,7 @@ impl Device {
             queue: Mutex::new(Default::default()),
             held: Mutex::new(None),
             pdl,
+            gdc: gdc_kernel_names().into_iter().collect(),
         })
     }
 
@@ -366,7 +362,7 @@ impl Device {
         }
         // every parameter is at most 8 bytes: one little-endian slot each
         let args: Vec<u64> = args.iter().map(|a| a.bits()).collect();
-        let pdl = self.pdl && pdl_kernel(name);
+        let pdl = self.pdl && self.gdc.contains(name);
         let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args, pdl };
         self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?.push(rec);
         Ok(())
@@ -482,8 +478,11 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
     Ok(ptx)
 }
 
-/// Every kernel the module exports (looked up once at start-up).
-pub fn kernel_names() -> Vec<String> {
+/// The kernels that begin with `GDC()` (kernels/common.cuh: wait for the previous grid before
+/// touching memory) and so may be launched with programmatic stream serialization. A kernel
+/// launched so WITHOUT `GDC()` would race the kernel before it: list a new kernel here only
+/// if its body starts with `GDC();`.
+pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
         ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
@@ -512,4 +511,10 @@ pub fn kernel_names() -> Vec<String> {
         }
     }
     v
+}
+
+/// Every kernel the module exports (looked up once at start-up): `gdc_kernel_names()` and the
+/// kernels without `GDC()` (launched the plain way).
+pub fn kernel_names() -> Vec<String> {
+    gdc_kernel_names()
 }
