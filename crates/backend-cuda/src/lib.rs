@@ -491,7 +491,10 @@ impl Backend for CudaBackend {
         let (ks, vs) = (self.rd(k)?, self.rd(v)?);
         let rot = kv_rotation(&kv.spec)?;
         // f32/f16: a thread per value; quantized: a warp per rotation block (8 to a block)
-        let blocks = if rot == 0 { ((n * row) as u64).div_ceil(256) } else { ((n * row / rot) as u64).div_ceil(8) };
+        let blocks = match (n * row).checked_div(rot) {
+            None => ((n * row) as u64).div_ceil(256),
+            Some(warps) => (warps as u64).div_ceil(8),
+        };
         self.with_batch(batch, kv, None, |db| {
             let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32)];
             self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
