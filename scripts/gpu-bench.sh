@@ -17,7 +17,8 @@
 # build), BIN_DIR (prebuilt test binaries, see gpu-test.sh), SKIP_TESTS (1: benchmarks only),
 # WORK (scratch folder; default /tmp/qbench), OUT (logs and JSON; default $WORK/out), REPS
 # (repetitions, default 3), MODELS (subset), DEVICE (quarrel's --device, default cuda; cpu for a
-# dry run), TIMEOUT (seconds per benchmark command, default 300).
+# dry run), TIMEOUT (seconds per benchmark command, default 300), BATCHED (models for the
+# batched-generation comparison, default mistral-7b:q4_k_m; empty: none), NPL (parallel sequences, default 32,128).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 Q="${QUARREL:-$ROOT/target/release/quarrel}"
@@ -28,6 +29,8 @@ OUT="${OUT:-$WORK/out}"
 REPS="${REPS:-3}"
 MODELS="${MODELS:-mistral-7b:q4_0 mistral-7b:q4_k_m tinyllama-1.1b:q4_0}"
 DEVICE="${DEVICE:-cuda}"
+BATCHED="${BATCHED:-mistral-7b:q4_k_m}"
+NPL="${NPL:-32,128}"
 TIMEOUT="${TIMEOUT:-300}"
 mkdir -p "$WORK/models" "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -57,7 +60,7 @@ elif [ -f "$TGZ" ] && [ "${LLAMA_BUILD:-1}" != 0 ]; then
         cmake -S "$src" -B "$WORK/llama/b" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF \
             -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/llama-cmake.log" 2>&1
-        cmake --build "$WORK/llama/b" -j"$NPROC" --target llama-bench >"$OUT/llama-build.log" 2>&1
+        cmake --build "$WORK/llama/b" -j"$NPROC" --target llama-bench llama-batched-bench >"$OUT/llama-build.log" 2>&1
     ) &
     BUILD=$!
     LB="$WORK/llama/b/bin/llama-bench"
@@ -99,6 +102,17 @@ for m in $MODELS; do
     [ -n "$LB" ] && [ -x "$LB" ] && timeout "$TIMEOUT" "$LB" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o json >"$OUT/l-$p-$q.json" 2>"$OUT/l-$p-$q.err"
 done
 log "llama.cpp benchmarks done"
+# 4b. batched generation (issue 5's GPU figure): N parallel sequences, 128-token prompts, 128 generated
+for m in $BATCHED; do
+    p=${m%%:*}; q=${m#*:}; f="$WORK/models/$p-$q.gguf"
+    [ -s "$f" ] || continue
+    echo "== batched $p $q: llama-batched-bench"
+    LBB="$(dirname "$LB")/llama-batched-bench"
+    [ -x "$LBB" ] && timeout "$TIMEOUT" "$LBB" -m "$f" -ngl 99 -fa on -c 40000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$NPL" 2>&1 | grep -E "^\|" | tee "$OUT/lb-$p-$q.txt"
+    echo "== batched $p $q: quarrel batched-bench --device $DEVICE"
+    timeout "$TIMEOUT" "$Q" batched-bench --device "$DEVICE" -m "$f" --npp 128 --ntg 128 --npl "$NPL" 2>&1 | grep -E "^\|" | tee "$OUT/qb-$p-$q.txt"
+done
+log "batched benchmarks done"
 
 # 5. the table
 python3 - "$OUT" "${COPY:-}" $MODELS <<'PY'
