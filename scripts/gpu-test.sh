@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # GPU test suite of the CUDA backend (crates/backend-cuda/tests): every op vs the CPU backend,
+# MMQ vs its twin / the CPU / the GEMV, MoE and Mamba2 models vs llama.cpp's fixtures,
 # synthetic models of every weight mix, and SmolLM2 greedy texts / perplexity vs the CPU when
 # QUARREL_SMOLLM2 names the model. Without a GPU the tests print a skip and pass.
 #
 #   scripts/gpu-test.sh                 build with cargo and run
-#   BIN_DIR=dir scripts/gpu-test.sh     run prebuilt test binaries dir/ops and dir/model
+#   BIN_DIR=dir scripts/gpu-test.sh     run prebuilt test binaries dir/{ops,model,mmq,moe}
 #                                       (a GPU machine without a Rust toolchain)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export QUARREL_FIXTURES="${QUARREL_FIXTURES:-$PWD/tests/fixtures}"
 if [ -n "${BIN_DIR:-}" ]; then
     status=0
-    for t in ops model; do
+    for t in ops model mmq moe; do
+        [ -x "$BIN_DIR/$t" ] || { echo "== $t: no $BIN_DIR/$t, skipped"; continue; }
         echo "== $t"
         "$BIN_DIR/$t" --nocapture --test-threads=1 || status=1
     done

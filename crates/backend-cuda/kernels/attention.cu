@@ -22,11 +22,28 @@ __device__ __forceinline__ float kv_load(const u8* __restrict__ p, u64 e) {
     return h2f(*(const u16*)blk) * (float)(q - 8);
 }
 
+// The normalized Walsh-Hadamard transform of every rot-block of X[0..hd) (one warp, shared
+// memory): quarrel_quant::rotate::hadamard's butterflies in its order, then the scaling.
+__device__ __forceinline__ void hadamard_row(float* X, int hd, int rot, int lane) {
+    for (int h = 1; h < rot; h <<= 1) {
+        for (int p = lane; p < hd / 2; p += 32) {
+            int j = (p / h) * 2 * h + p % h;
+            float a = X[j], b = X[j + h];
+            X[j] = __fadd_rn(a, b);
+            X[j + h] = __fsub_rn(a, b);
+        }
+        __syncwarp();
+    }
+    const float nrm = __fdiv_rn(1.0f, sqrtf((float)rot));
+    for (int d = lane; d < hd; d += 32) X[d] = __fmul_rn(X[d], nrm);
+    __syncwarp();
+}
+
 // Rows base..base+nr-1 of one KV head as f32 into Ks / Vs ([32][hd + 1]): lane r loads row r.
 // f16 / f32 caches with hd a multiple of 8 / 4 take 16-byte loads, all in flight together.
 template <int KT>
 __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __restrict__ V, float* Ks, float* Vs, const u32* __restrict__ table,
-                                          int bs, u64 row, int kvh, int hd, int base, int nr, int lane) {
+                                          int bs, u64 row, int kvh, int hd, int base, int nr, int lane, int rot) {
     if (KT == KV_F16 && hd % 8 == 0) {
         if (lane < nr) {
             int p = base + lane;
@@ -35,7 +52,7 @@ __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __
             const uint4* vr = (const uint4*)(V + e0 * 2);
             float* ko = Ks + lane * (hd + 1);
             float* vo = Vs + lane * (hd + 1);
-#pragma unroll 4
+#pragma unroll 8
             for (int j = 0; j < hd / 8; j++) {
                 uint4 a = kr[j], b = vr[j];
                 u32 aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
@@ -72,23 +89,33 @@ __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __
                 Vs[r * (hd + 1) + d] = kv_load<KT>(V, e0 + d);
             }
         }
+        if (KT == KV_Q8_0 || KT == KV_Q4_0) {
+            // quantized rows are stored Hadamard-rotated in blocks of rot (kv_put): rotate back
+            // (H is its own inverse), in the CPU's order of operations
+            __syncwarp();
+            for (int r = 0; r < nr; r++) {
+                hadamard_row(Ks + r * (hd + 1), hd, rot, lane);
+                hadamard_row(Vs + r * (hd + 1), hd, rot, lane);
+            }
+        }
     }
 }
 
 // meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
 // part: per (token, head, split): [m, l, acc[hd]].
-template <int KT, int DPL>
+template <int KT, int DPL, int QT>
 __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                          int hd, int bs, float scale, float softcap, int window) {
+                                          int hd, int bs, float scale, float softcap, int window, int rot, int q16) {
+    GDC();
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
     const u32 t0 = tiles[3 * tile], nq = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
     const int kvh = h / (n_head / n_kv_head);
-    float* Qs = sm;                    // [ATT_QT][hd]
-    float* Ks = Qs + ATT_QT * hd;      // [32][hd + 1]
+    float* Qs = sm;                    // [QT][hd]
+    float* Ks = Qs + QT * hd;      // [32][hd + 1]
     float* Vs = Ks + 32 * (hd + 1);    // [32][hd + 1]
     int hi = 0, lo = 0x7fffffff;
     for (u32 i = 0; i < nq; i++) {
@@ -96,14 +123,18 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
         hi = max(hi, p);
         lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
     }
-    for (u32 i = lane; i < nq * hd; i += 32) Qs[i] = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+    // q16: q rounded to f16 first, as the CPU's (ggml's) f16 vector path for short sequences does
+    for (u32 i = lane; i < nq * hd; i += 32) {
+        float qv = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+        Qs[i] = KT == KV_F16 && q16 ? h2f(f2h(qv)) : qv;
+    }
     // this split's share of the tile's positions, in whole runs of 32
     const int split_len = ((hi + 1 - lo + n_split - 1) / n_split + 31) / 32 * 32;
     const int p_begin = lo + split * split_len;
     const int p_end = min(hi + 1, p_begin + split_len);
-    float m[ATT_QT], l[ATT_QT], acc[ATT_QT][DPL];
+    float m[QT], l[QT], acc[QT][DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_QT; i++) {
+    for (int i = 0; i < QT; i++) {
         m[i] = -INF;
         l[i] = 0.f;
 #pragma unroll
@@ -114,22 +145,22 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     __syncwarp();
     for (int base = p_begin; base < p_end; base += 32) {
         int nr = min(32, p_end - base);
-        load_rows<KT>(K, V, Ks, Vs, table, bs, row, kvh, hd, base, nr, lane);
+        load_rows<KT>(K, V, Ks, Vs, table, bs, row, kvh, hd, base, nr, lane, rot);
         __syncwarp();
         const int p = base + lane;
-        float s[ATT_QT];
+        float s[QT];
 #pragma unroll
-        for (int i = 0; i < ATT_QT; i++) s[i] = 0.f;
+        for (int i = 0; i < QT; i++) s[i] = 0.f;
         if (lane < nr) {
             for (int d = 0; d < hd; d++) {
                 float k = Ks[lane * (hd + 1) + d];
 #pragma unroll
-                for (int i = 0; i < ATT_QT; i++)
+                for (int i = 0; i < QT; i++)
                     if (i < nq) s[i] += Qs[i * hd + d] * k;
             }
         }
 #pragma unroll
-        for (int i = 0; i < ATT_QT; i++) {
+        for (int i = 0; i < QT; i++) {
             if (i >= nq) break;
             int pq = (int)pos[t0 + i];
             int lq = window > 0 ? max(0, pq + 1 - window) : 0;
@@ -158,7 +189,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
         __syncwarp();
     }
 #pragma unroll
-    for (int i = 0; i < ATT_QT; i++) {
+    for (int i = 0; i < QT; i++) {
         if (i >= nq) break;
         float* o = part + (((u64)(t0 + i) * n_head + h) * n_split + split) * (hd + 2);
         if (lane == 0) {
@@ -173,11 +204,17 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     }
 }
 
+// attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode).
 #define ATTN(NAME, KT, DPL)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(                                           \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window) {     \
-        attn_part<KT, DPL>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window);     \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16) { \
+        attn_part<KT, DPL, ATT_QT>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16); \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(                                          \
+        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16) { \
+        attn_part<KT, DPL, 1>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16); \
     }
 #define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
 ATTN_ALL(f32, KV_F32)
@@ -189,6 +226,7 @@ ATTN_ALL(q4_0, KV_Q4_0)
 // xq/xm non-null (blockDim == hd, a multiple of 32): the output is also written as Q8.
 extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int hd, int n_split,
                                         i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
     u64 th = blockIdx.x;
     const float* p = part + th * n_split * (hd + 2);
     float M = -INF;

@@ -9,6 +9,27 @@ typedef unsigned long long u64;
 
 #define INF __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (sm_90+): kernels launched with the programmatic-serialization
+// attribute (src/device.rs: `pdl_kernel`) may start while the previous kernel drains; GDC() at
+// the top of each such kernel waits for the previous grid (complete, memory visible) before
+// any global memory access, then lets the next kernel's blocks be scheduled. Without the
+// attribute, or below sm_90, both are no-ops.
+__device__ __forceinline__ void gdc_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gdc_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define GDC()          \
+    do {               \
+        gdc_wait();    \
+        gdc_launch();  \
+    } while (0)
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -5,6 +5,7 @@
 // x (n rows of n_in) -> xq int8 (same layout) and xm float2 {d, d * sum(q)} per 32 values,
 // d and the sum rounded through f16 as ggml's block_q8_0 / block_q8_1 store them.
 extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float2* __restrict__ xm, int n_blocks) {
+    GDC();
     int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= n_blocks) return;
     q8_store(x[(u64)b * 32 + threadIdx.x % 32], xq, xm, (u64)b);
@@ -41,11 +42,11 @@ __device__ __forceinline__ void gemv_reduce(float (&acc)[GEMV_ROWS][NT], float (
 // row's units (wpr > 1 for matrices with few rows, so that the grid fills the GPU).
 template <int QT, int NT>
 __device__ __forceinline__ void gemv_q(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
-                                       const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr) {
+                                       const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr, int blk) {
     __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / wpr, sub = warp % wpr;
-    const int row0 = (blockIdx.x * (GEMV_WARPS / wpr) + group) * GEMV_ROWS;
+    const int row0 = (blk * (GEMV_WARPS / wpr) + group) * GEMV_ROWS;
     float acc[GEMV_ROWS][NT];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
@@ -110,6 +111,7 @@ __device__ __forceinline__ void load8(const u8* __restrict__ W, u64 e, float* w)
 // Float weights, f32 activations; n_in a multiple of 8. Row groups and warps as in gemv_q.
 template <int WT, int NT>
 __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ out, int n_in, int n_out, int wpr) {
+    GDC();
     __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / wpr, sub = warp % wpr;
@@ -146,10 +148,22 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
     gemv_reduce<NT>(acc, red, out, row0, n_out, wpr);
 }
 
+// gemv3_*: up to three matrices of the same type and input (q/k/v, gate/up) in one launch;
+// blocks [0, nb0) compute matrix 0, [nb0, nb0 + nb1) matrix 1, the rest matrix 2.
 #define GEMV_Q(NAME, QT, NT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
                                                                          const float2* xm, float* out, int U, int n_out, int wpr) { \
-        gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr);                                                        \
+        GDC();                                                                                                   \
+        gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr, blockIdx.x);                                            \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) gemv3_##NAME##_##NT(                                       \
+        const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
+        const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr) {        \
+        GDC();                                                                                                   \
+        int b = blockIdx.x;                                                                                      \
+        if (b < nb0) gemv_q<QT, NT>(P0, M0, xq, xm, o0, U, n0, wpr, b);                                          \
+        else if (b < nb0 + nb1) gemv_q<QT, NT>(P1, M1, xq, xm, o1, U, n1, wpr, b - nb0);                          \
+        else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
     }
 #define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
 GEMV_Q_ALL(q4_0, QT_Q4_0)
@@ -174,6 +188,7 @@ GEMV_F_ALL(bf16, WT_BF16)
 // Quantized weight -> f16 matrix (row-major, n_in per row), one thread per unit of 32.
 template <int QT>
 __device__ __forceinline__ void dequant_f16(const u8* __restrict__ P, const u8* __restrict__ M, u16* __restrict__ out, int U, u64 n_units) {
+    GDC();
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n_units) return;
     u64 row = g / U;
@@ -191,6 +206,7 @@ __device__ __forceinline__ void dequant_f16(const u8* __restrict__ P, const u8* 
 template <int QT>
 __device__ __forceinline__ void embed_q(const u8* __restrict__ P, const u8* __restrict__ M, const u32* __restrict__ tok,
                                         float* __restrict__ out, int U, int n_tok) {
+    GDC();
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_tok * U) return;
     int t = (int)(g / U), k = (int)(g % U);
@@ -225,12 +241,14 @@ __device__ __forceinline__ float fval(const u8* W, u64 e) {
 
 #define FLOAT_KERNELS(NAME, WT)                                                                                 \
     extern "C" __global__ void embed_##NAME(const u8* W, const u32* tok, float* out, int n_in, int n_tok) {      \
+        GDC();                                                                                                   \
         u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;                                                      \
         if (g >= (u64)n_tok * n_in) return;                                                                      \
         u64 t = g / n_in, i = g % n_in;                                                                          \
         out[g] = fval<WT>(W, (u64)tok[t] * n_in + i);                                                            \
     }                                                                                                            \
     extern "C" __global__ void tof16_##NAME(const u8* W, u16* out, u64 n) {                                      \
+        GDC();                                                                                                   \
         u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;                                                      \
         if (g < n) out[g] = f2h(fval<WT>(W, g));                                                                 \
     }

@@ -2,17 +2,11 @@
 // RoPE angles multiplied up step by step, SiLU as x / (1 + e^-x).
 
 // One block per row: out = x * rsqrt(mean(x^2) + eps) * w.
+// y non-null: x += y first (the residual add fused into the next norm; x is updated in place).
 // xq/xm non-null (d a multiple of 32): the output is also written as Q8 for the next matmul.
-extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int d, float eps,
-                                    i8* __restrict__ xq, float2* __restrict__ xm) {
-    __shared__ double part[32];
-    const float* xr = x + (u64)blockIdx.x * d;
-    float* orow = out + (u64)blockIdx.x * d;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float v = xr[i];
-        ss += (double)__fmul_rn(v, v);
-    }
+// The row's sum of squares is summed in double (each square rounded to f32 first, as ggml),
+// which makes the order of the sum immaterial in practice.
+__device__ __forceinline__ double block_sum_d(double ss, double* part) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
@@ -24,7 +18,26 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
         if (threadIdx.x == 0) part[0] = v;
     }
     __syncthreads();
-    float mean = (float)(part[0] / (double)d);
+    return part[0];
+}
+
+// Any d: one value per thread and step.
+__device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
+                                                float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
+    __shared__ double part[32];
+    float* xr = x + (u64)blockIdx.x * d;
+    const float* yr = y ? y + (u64)blockIdx.x * d : nullptr;
+    float* orow = out + (u64)blockIdx.x * d;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = xr[i];
+        if (yr) {
+            v = __fadd_rn(v, yr[i]);
+            xr[i] = v;
+        }
+        ss += (double)__fmul_rn(v, v);
+    }
+    float mean = (float)(block_sum_d(ss, part) / (double)d);
     float scale = 1.0f / sqrtf(mean + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float o = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
@@ -33,12 +46,172 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     }
 }
 
-// x (n_tok, n_head, hd) rotated in place; one thread per (token, head, pair).
+#define NORM_IT 4
+
+// d a multiple of 4 (16-byte rows): each thread takes 4 consecutive values per step, the first
+// NORM_IT steps kept in registers (all of a row of up to 4 * NORM_IT * blockDim values), so the
+// row is read once with all loads in flight; 8 lanes make one Q8 block of the output.
+__device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
+                                            float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
+    __shared__ double part[32];
+    const int n4 = d / 4;
+    float4* xr = (float4*)(x + (u64)blockIdx.x * d);
+    const float4* yr = y ? (const float4*)(y + (u64)blockIdx.x * d) : nullptr;
+    const float4* w4 = (const float4*)w;
+    float4* orow = (float4*)(out + (u64)blockIdx.x * d);
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 v[NORM_IT], wv[NORM_IT];
+    double ss = 0.0;
+#pragma unroll
+    for (int it = 0; it < NORM_IT; it++) {
+        int c = it * blockDim.x + threadIdx.x;
+        v[it] = c < n4 ? xr[c] : z;
+        wv[it] = c < n4 ? w4[c] : z;
+        if (yr && c < n4) {
+            float4 b = yr[c];
+            v[it] = make_float4(__fadd_rn(v[it].x, b.x), __fadd_rn(v[it].y, b.y), __fadd_rn(v[it].z, b.z), __fadd_rn(v[it].w, b.w));
+            xr[c] = v[it];
+        }
+    }
+#pragma unroll
+    for (int it = 0; it < NORM_IT; it++) {
+        ss += (double)__fmul_rn(v[it].x, v[it].x);
+        ss += (double)__fmul_rn(v[it].y, v[it].y);
+        ss += (double)__fmul_rn(v[it].z, v[it].z);
+        ss += (double)__fmul_rn(v[it].w, v[it].w);
+    }
+    for (int c = NORM_IT * blockDim.x + threadIdx.x; c < n4; c += blockDim.x) {
+        float4 a = xr[c];
+        if (yr) {
+            float4 b = yr[c];
+            a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+            xr[c] = a;
+        }
+        ss += (double)__fmul_rn(a.x, a.x);
+        ss += (double)__fmul_rn(a.y, a.y);
+        ss += (double)__fmul_rn(a.z, a.z);
+        ss += (double)__fmul_rn(a.w, a.w);
+    }
+    float mean = (float)(block_sum_d(ss, part) / (double)d);
+    float scale = 1.0f / sqrtf(mean + eps);
+    const int steps = (n4 + blockDim.x - 1) / blockDim.x;  // the same for every thread
+    for (int it = 0; it < steps; it++) {
+        int c = it * blockDim.x + threadIdx.x;
+        float4 a = z, b = z;
+        if (it < NORM_IT) {
+#pragma unroll
+            for (int k = 0; k < NORM_IT; k++)
+                if (k == it) {
+                    a = v[k];
+                    b = wv[k];
+                }
+        } else if (c < n4) {
+            a = xr[c];
+            b = w4[c];
+        }
+        float4 o = make_float4(__fmul_rn(__fmul_rn(a.x, scale), b.x), __fmul_rn(__fmul_rn(a.y, scale), b.y),
+                               __fmul_rn(__fmul_rn(a.z, scale), b.z), __fmul_rn(__fmul_rn(a.w, scale), b.w));
+        if (c < n4) orow[c] = o;
+        if (xq) {
+            // lanes 8g..8g+7 hold Q8 block (row * d + 4c) / 32: q8_store's arithmetic
+            float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+            float dd = amax / 127.0f;
+            float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            int q0 = (int)rintf(o.x * id), q1 = (int)rintf(o.y * id), q2 = (int)rintf(o.z * id), q3 = (int)rintf(o.w * id);
+            int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+            if (c < n4) {
+                u64 e = (u64)blockIdx.x * d + 4 * (u64)c;
+                *(u32*)(xq + e) = (u32)(u8)q0 | ((u32)(u8)q1 << 8) | ((u32)(u8)q2 << 16) | ((u32)(u8)q3 << 24);
+                if (threadIdx.x % 8 == 0) xm[e / 32] = make_float2(h2f(f2h(dd)), h2f(f2h(dd * (float)sum)));
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void norm_row(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
+                                         int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
+    if (d % 4 == 0 && blockDim.x % 32 == 0) norm_row_v4(x, y, w, out, d, eps, xq, xm);
+    else norm_row_scalar(x, y, w, out, d, eps, xq, xm);
+}
+
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int d, float eps,
+                                    i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    norm_row((float*)x, nullptr, w, out, d, eps, xq, xm);
+}
+
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
+                                        int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    norm_row(x, y, w, out, d, eps, xq, xm);
+}
+
+// One block per row of `dim` values: out[row] = the index of the largest value, the first on
+// ties, NaN never chosen (except at index 0, where the host loop `v > best` would keep it).
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int dim) {
+    GDC();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const float* r = x + (u64)blockIdx.x * dim;
+    float best = -INF;
+    int idx = 0x7fffffff;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = r[i];
+        if (v > best) {  // strided in increasing i: the first of equals is kept
+            best = v;
+            idx = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) {
+            best = ov;
+            idx = oi;
+        }
+    }
+    if (threadIdx.x % 32 == 0) {
+        bv[threadIdx.x / 32] = best;
+        bi[threadIdx.x / 32] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        bool have = threadIdx.x < blockDim.x / 32;
+        best = have ? bv[threadIdx.x] : -INF;
+        idx = have ? bi[threadIdx.x] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > best || (ov == best && oi < idx)) {
+                best = ov;
+                idx = oi;
+            }
+        }
+        if (threadIdx.x == 0) out[blockIdx.x] = (r[0] != r[0] || idx == 0x7fffffff) ? 0u : (u32)idx;
+    }
+}
+
+// x (n_tok, n_head, hd) rotated in place; one thread per (token, head, pair). x2 non-null:
+// x2 (n_tok, n_head2, hd) too, by the same positions (q and k in one launch).
 extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ pos, const float* __restrict__ ff, int n_tok, int n_head,
-                                int hd, int n_rot, float theta_scale, float freq_scale, int neox) {
+                                int hd, int n_rot, float theta_scale, float freq_scale, int neox, float* __restrict__ x2, int n_head2) {
+    GDC();
     int half = n_rot / 2;
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= (u64)n_tok * n_head * half) return;
+    u64 n1 = (u64)n_tok * n_head * half;
+    if (g >= n1) {
+        if (!x2) return;
+        g -= n1;
+        x = x2;
+        n_head = n_head2;
+        if (g >= (u64)n_tok * n_head * half) return;
+    }
     int i = (int)(g % half);
     u64 th = g / half;  // token * n_head + head
     int t = (int)(th / n_head);
@@ -57,6 +230,7 @@ extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ p
 // xq/xm non-null (n a multiple of 32): the output is also written as Q8.
 extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, u64 n,
                                   i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = g[i];
@@ -66,21 +240,25 @@ extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __re
 }
 
 extern "C" __global__ void zero_fill(u32* __restrict__ x, u64 n) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = 0u;
 }
 
 extern "C" __global__ void add(float* __restrict__ x, const float* __restrict__ y, u64 n) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 extern "C" __global__ void scale(float* __restrict__ x, float s, u64 n) {
+    GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* __restrict__ rows, float* __restrict__ out, int dim, int n_rows) {
+    GDC();
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_rows * dim) return;
     u64 r = g / dim, i = g % dim;
@@ -96,10 +274,56 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* _
 #define KV_Q8_0 2
 #define KV_Q4_0 3
 
+// One Q8_0 block from a warp (lane i holds value i): quarrel_quant's q8_0::quantize_row.
+__device__ __forceinline__ void kv_q8_0_block(float v, u8* __restrict__ blk, int lane) {
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    blk[2 + lane] = (u8)(i8)(int)roundf(v * id);
+    if (lane == 0) *(u16*)blk = f2h(d);
+}
+
+// One Q4_0 block from a warp: quarrel_quant's q4_0::quantize_row_mse (the KV cache's format):
+// scales mapping the largest magnitude to +-4 .. +-10 levels in steps of 1/4, rounded to f16,
+// the one with the least squared error kept (errors summed in the CPU's order, so the same
+// scale wins).
+__device__ __forceinline__ void kv_q4_0_block(float v, u8* __restrict__ blk, int lane) {
+    float amax = warp_max(fabsf(v));
+    unsigned mask = __ballot_sync(0xffffffffu, fabsf(v) == amax);
+    float m = __shfl_sync(0xffffffffu, v, __ffs(mask) - 1);  // first of largest magnitude, sign kept
+    float best_d = 0.f, best_err = INF;
+    if (m != 0.f) {
+        for (int si = 0; si < 2; si++) {
+            float sign = si == 0 ? -1.0f : 1.0f;
+            for (int step = 0; step <= 24; step++) {
+                float levels = 4.0f + (float)step * 0.25f;
+                float d = h2f(f2h(__fdiv_rn(m, sign * levels)));
+                if (d == 0.0f || isinf(d) || isnan(d)) continue;
+                float id = __fdiv_rn(1.0f, d);
+                float q = fminf(fmaxf(roundf(__fmul_rn(v, id)), -8.0f), 7.0f);
+                float e = __fsub_rn(v, __fmul_rn(q, d));
+                float e2 = __fmul_rn(e, e);
+                float err = 0.0f;
+                for (int i = 0; i < 32; i++) err = __fadd_rn(err, __shfl_sync(0xffffffffu, e2, i));
+                if (err < best_err) {
+                    best_d = d;
+                    best_err = err;
+                }
+            }
+        }
+    }
+    float id = best_d != 0.0f ? __fdiv_rn(1.0f, best_d) : 0.0f;
+    int q = (int)fminf(fmaxf(roundf(__fmul_rn(v, id)), -8.0f), 7.0f) + 8;
+    int q_hi = __shfl_down_sync(0xffffffffu, q, 16);
+    if (lane < 16) blk[2 + lane] = (u8)(q | (q_hi << 4));
+    if (lane == 0) *(u16*)blk = f2h(best_d);
+}
+
 // Store one row of `row` values (token t) at slot `slot`. F32/F16: thread per value; quantized:
-// warp per 32-value block with ggml's reference quantizers (quarrel-quant's).
+// Hadamard-rotated in blocks of `rot` values, then quarrel-quant's quantizers (warp per block).
 template <int KT>
-__device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __restrict__ src, const u32* __restrict__ slots, int row, int n_tok) {
+__device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __restrict__ src, const u32* __restrict__ slots, int row, int n_tok, int rot) {
+    GDC();
     if (KT == KV_F32 || KT == KV_F16) {
         u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
         if (g >= (u64)n_tok * row) return;
@@ -108,34 +332,51 @@ __device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __rest
         if (KT == KV_F32) ((float*)dst)[e] = src[g];
         else ((u16*)dst)[e] = f2h(src[g]);
     } else {
-        u64 b = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-        int lane = threadIdx.x % 32;
-        int nb = row / 32;
-        if (b >= (u64)n_tok * nb) return;
-        u64 t = b / nb, j = b % nb;
-        float v = src[t * row + j * 32 + lane];
-        u64 ob = (u64)slots[t] * nb + j;
-        if (KT == KV_Q8_0) {
-            float amax = warp_max(fabsf(v));
-            float d = amax / 127.0f;
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            u8* blk = dst + ob * 34;
-            blk[2 + lane] = (u8)(i8)(int)roundf(v * id);
-            if (lane == 0) *(u16*)blk = f2h(d);
-        } else {
-            // the value of largest magnitude, sign kept (first one on ties)
-            float amax = warp_max(fabsf(v));
-            unsigned mask = __ballot_sync(0xffffffffu, fabsf(v) == amax);
-            int first = __ffs(mask) - 1;
-            float m = __shfl_sync(0xffffffffu, v, first);
-            float d = m / -8.0f;
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            int q = (int)(i8)(v * id + 8.5f);
-            q = q < 15 ? q : 15;
-            int q_hi = __shfl_down_sync(0xffffffffu, q, 16);
-            u8* blk = dst + ob * 18;
-            if (lane < 16) blk[2 + lane] = (u8)(q | (q_hi << 4));
-            if (lane == 0) *(u16*)blk = f2h(d);
+        // quantized: each head's values Hadamard-rotated in blocks of `rot` before quantizing,
+        // as the CPU's cache stores them (quarrel_quant::rotate); one warp per rotation block,
+        // lane l holding values l + 32 k (k < rot / 32 <= 8)
+        const int lane = threadIdx.x % 32, R = rot / 32;
+        const int nch = row / rot, nb = row / 32;
+        u64 wg = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+        if (wg >= (u64)n_tok * nch) return;
+        u64 t = wg / nch, j = wg % nch;
+        const float* s = src + t * row + j * rot;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = k < R ? s[lane + 32 * k] : 0.f;
+        // butterflies in the CPU's order (h = 1, 2, 4, ...): x[i] = a + b, x[i + h] = a - b
+#pragma unroll
+        for (int h = 1; h < 32; h <<= 1) {
+            if (h >= rot) break;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                if (k < R) {
+                    float o = __shfl_xor_sync(0xffffffffu, v[k], h);
+                    v[k] = (lane & h) ? __fsub_rn(o, v[k]) : __fadd_rn(v[k], o);
+                }
+            }
+        }
+#pragma unroll
+        for (int hk = 1; hk < 8; hk <<= 1) {
+            if (hk >= R) break;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                if (k < R && !(k & hk) && k + hk < 8) {
+                    float a = v[k], b = v[k + hk];
+                    v[k] = __fadd_rn(a, b);
+                    v[k + hk] = __fsub_rn(a, b);
+                }
+            }
+        }
+        const float nrm = __fdiv_rn(1.0f, sqrtf((float)rot));
+        u64 slot = slots[t];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            if (k >= R) break;
+            float x = __fmul_rn(v[k], nrm);
+            u64 ob = slot * nb + j * R + k;
+            if (KT == KV_Q8_0) kv_q8_0_block(x, dst + ob * 34, lane);
+            else kv_q4_0_block(x, dst + ob * 18, lane);
         }
     }
 }
@@ -143,9 +384,9 @@ __device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __rest
 // blockIdx.y: 0 stores K, 1 stores V
 #define KV_STORE(NAME, KT)                                                                                 \
     extern "C" __global__ void kv_store_##NAME(u8* kd, const float* ks, u8* vd, const float* vs, const u32* slots, \
-                                               int row, int n_tok) {                                       \
-        if (blockIdx.y == 0) kv_put<KT>(kd, ks, slots, row, n_tok);                                        \
-        else kv_put<KT>(vd, vs, slots, row, n_tok);                                                        \
+                                               int row, int n_tok, int rot) {                              \
+        if (blockIdx.y == 0) kv_put<KT>(kd, ks, slots, row, n_tok, rot);                                   \
+        else kv_put<KT>(vd, vs, slots, row, n_tok, rot);                                                   \
     }
 KV_STORE(f32, KV_F32)
 KV_STORE(f16, KV_F16)

@@ -8,11 +8,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 4] = [
+const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("ssm.cu", include_str!("../kernels/ssm.cu")),
 ];
 
 /// Whether a CUDA driver library can be loaded and reports at least one device.
@@ -162,7 +165,45 @@ pub struct Device {
     _module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
     queue: Mutex<crate::graph::Queue>,
+    /// A launch held back because the next op may absorb it (`Held`); any other launch and
+    /// every flush submit it first.
+    held: Mutex<Option<Held>>,
+    /// Programmatic dependent launch for the kernels that wait for their predecessor (sm_90+,
+    /// `QUARREL_CUDA_PDL=0` turns it off).
+    pdl: bool,
+    /// `gdc_kernel_names()`: the kernels that may be launched so.
+    gdc: std::collections::HashSet<String>,
 }
+
+/// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
+pub(crate) enum Held {
+    /// `x += y` over `n` values: a following RMSNorm of `x` becomes `add_rms_norm`.
+    Add { x: u64, y: u64, n: u64 },
+    /// GEMVs over the same Q8 input: up to three become one `gemv3_*` launch.
+    Gemv(crate::matmul::GemvGroup),
+    /// RoPE of one buffer (the `rope` kernel's arguments, `x2` 0): the RoPE of another buffer
+    /// by the same positions and parameters that follows (k after q) joins the launch.
+    Rope { args: Vec<Arg>, n: u64 },
+}
+
+/// Debugging switches read once (a lookup per op would cost host time on every decode step):
+/// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
+/// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count).
+pub(crate) struct Switches {
+    pub no_fuse: bool,
+    pub no_fused_q8: bool,
+    pub no_gemm: bool,
+}
+
+pub(crate) fn switches() -> &'static Switches {
+    static S: std::sync::OnceLock<Switches> = std::sync::OnceLock::new();
+    S.get_or_init(|| Switches {
+        no_fuse: std::env::var_os("QUARREL_CUDA_NO_FUSE").is_some(),
+        no_fused_q8: std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some(),
+        no_gemm: std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some(),
+    })
+}
+
 
 impl Device {
     pub fn new(ordinal: usize) -> Result<Device, CudaError> {
@@ -186,7 +227,20 @@ impl Device {
             let f = module.load_function(&name).map_err(drv("kernel lookup"))?;
             funcs.insert(name, f);
         }
-        Ok(Device { ctx, stream, name, cc, pool: Arc::new(Pool::default()), _module: module, funcs, queue: Mutex::new(Default::default()) })
+        let pdl = cc.0 >= 9 && std::env::var("QUARREL_CUDA_PDL").map_or(true, |v| v != "0");
+        Ok(Device {
+            ctx,
+            stream,
+            name,
+            cc,
+            pool: Arc::new(Pool::default()),
+            _module: module,
+            funcs,
+            queue: Mutex::new(Default::default()),
+            held: Mutex::new(None),
+            pdl,
+            gdc: gdc_kernel_names().into_iter().collect(),
+        })
     }
 
     pub fn bind(&self) -> Result<(), CudaError> {
@@ -214,6 +268,7 @@ impl Device {
     /// Submit the queued launches (replaying a recorded graph where the step repeats) and
     /// recycle the buffers dropped meanwhile.
     pub fn flush(&self) -> Result<(), CudaError> {
+        self.settle()?;
         let mut q = self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?;
         let r = q.submit(&self.stream);
         drop(q);
@@ -257,28 +312,61 @@ impl Device {
             // SAFETY: ptr holds at least n values of T; the stream is synchronized before return.
             unsafe { result::memcpy_dtoh_async(&mut v, ptr, self.stream.cu_stream()) }.map_err(drv("download"))?;
         }
+        let t = std::time::Instant::now();
         self.stream.synchronize().map_err(drv("synchronizing after a download"))?;
+        if let Ok(mut q) = self.queue.lock() {
+            if let Some(h) = q.host.as_mut() {
+                h.wait += t.elapsed().as_secs_f64();
+            }
+        }
         Ok(v)
+    }
+
+    /// Hold `h` back (submitting what was held before).
+    pub(crate) fn hold(&self, h: Held) -> Result<(), CudaError> {
+        self.settle()?;
+        *self.held.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))? = Some(h);
+        Ok(())
+    }
+
+    /// The held launch, if `f` accepts it (else it stays held).
+    pub(crate) fn take_held_if(&self, f: impl FnOnce(&Held) -> bool) -> Option<Held> {
+        let mut g = self.held.lock().ok()?;
+        if g.as_ref().is_some_and(f) {
+            g.take()
+        } else {
+            None
+        }
+    }
+
+    /// Queue the held launch, if any.
+    pub fn settle(&self) -> Result<(), CudaError> {
+        let h = self.held.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?.take();
+        match h {
+            None => Ok(()),
+            Some(Held::Add { x, y, n }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
+            Some(Held::Gemv(g)) => g.launch(self),
+            Some(Held::Rope { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
+        }
     }
 
     /// Launch `name` on the stream; `args` in the kernel's parameter order.
     pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<(), CudaError> {
+        self.settle()?;
+        self.launch_now(name, grid, block, smem, args)
+    }
+
+    /// `launch` without submitting the held launch first.
+    pub(crate) fn launch_now(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<(), CudaError> {
         let f = self.func(name)?;
         if smem > 48 * 1024 {
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                 .map_err(drv("shared memory attribute"))?;
         }
         // every parameter is at most 8 bytes: one little-endian slot each
-        let args: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                Arg::P(v) | Arg::U64(v) => v,
-                Arg::I(v) => v as u32 as u64,
-                Arg::U(v) => v as u64,
-                Arg::F(v) => v.to_bits() as u64,
-            })
-            .collect();
-        let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args };
+        let args: Vec<u64> = args.iter().map(|a| a.bits()).collect();
+        let pdl = self.pdl && self.gdc.contains(name);
+        let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args, pdl };
         self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?.push(rec);
         Ok(())
     }
@@ -307,8 +395,30 @@ pub enum Arg {
     F(f32),
 }
 
+impl Arg {
+    /// The parameter slot's bits (every parameter is at most 8 bytes, little-endian).
+    pub fn bits(self) -> u64 {
+        match self {
+            Arg::P(v) | Arg::U64(v) => v,
+            Arg::I(v) => v as u32 as u64,
+            Arg::U(v) => v as u64,
+            Arg::F(v) => v.to_bits() as u64,
+        }
+    }
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
+        if let Some(h) = self.queue.lock().ok().and_then(|mut q| q.host.take()) {
+            let per = |x: f64| 1e6 * x / h.steps.max(1) as f64;
+            eprintln!(
+                "\nCUDA host times (QUARREL_CUDA_HOST_TIME), {} steps: recording {:.0} us/step, submitting {:.0} us/step, waiting for the GPU {:.0} us/step",
+                h.steps,
+                per(h.record),
+                per(h.submit),
+                per(h.wait)
+            );
+        }
         let prof = self.queue.lock().ok().and_then(|mut q| q.profile.take());
         if let Some(prof) = prof {
             let mut rows: Vec<(String, f64, u64)> = prof
@@ -371,15 +481,20 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
     Ok(ptx)
 }
 
-/// Every kernel the module exports (looked up once at start-up).
-pub fn kernel_names() -> Vec<String> {
-    let mut v: Vec<String> = ["quantize_q8", "zero_fill", "rms_norm", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+/// The kernels that begin with `GDC()` (kernels/common.cuh: wait for the previous grid before
+/// touching memory) and so may be launched with programmatic stream serialization. A kernel
+/// launched so WITHOUT `GDC()` would race the kernel before it: list a new kernel here only
+/// if its body starts with `GDC();`.
+pub fn gdc_kernel_names() -> Vec<String> {
+    let mut v: Vec<String> =
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
         .map(|s| s.to_string())
         .collect();
     for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
         for nt in [1, 2, 4, 8] {
             v.push(format!("gemv_{q}_{nt}"));
+            v.push(format!("gemv3_{q}_{nt}"));
         }
         v.push(format!("dequant_{q}"));
         v.push(format!("embed_{q}"));
@@ -395,7 +510,17 @@ pub fn kernel_names() -> Vec<String> {
         v.push(format!("kv_store_{k}"));
         for dpl in [2, 4, 8] {
             v.push(format!("attn_{k}_{dpl}"));
+            v.push(format!("attn1_{k}_{dpl}"));
         }
     }
+    v.extend(crate::mmq::kernel_names());
+    v.extend(crate::moe::kernel_names());
+    v.extend(crate::ssm::kernel_names());
     v
+}
+
+/// Every kernel the module exports (looked up once at start-up): `gdc_kernel_names()` and the
+/// kernels without `GDC()` (launched the plain way).
+pub fn kernel_names() -> Vec<String> {
+    gdc_kernel_names()
 }

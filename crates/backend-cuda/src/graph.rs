@@ -15,6 +15,9 @@ pub struct Rec {
     pub block: u32,
     pub smem: u32,
     pub args: Vec<u64>,
+    /// Launched with programmatic stream serialization (the kernel waits for its predecessor
+    /// itself: `GDC()` in kernels/common.cuh).
+    pub pdl: bool,
 }
 
 /// Graphs kept (a few step shapes alternate: e.g. batch sizes of the service).
@@ -38,18 +41,35 @@ pub struct Queue {
     disabled: bool,
     /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
     pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
+    /// `QUARREL_CUDA_HOST_TIME`: where a step's wall time goes on the host.
+    pub host: Option<HostTimes>,
+    first: Option<std::time::Instant>,
+}
+
+/// Host-side step times (seconds, summed): recording (first launch to submit), submitting
+/// (graph lookup and launch), waiting for the GPU in downloads.
+#[derive(Default, Debug)]
+pub struct HostTimes {
+    pub steps: u64,
+    pub record: f64,
+    pub submit: f64,
+    pub wait: f64,
 }
 
 impl Default for Queue {
     fn default() -> Self {
         let profile = std::env::var_os("QUARREL_CUDA_PROFILE").map(|_| Default::default());
         let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled, profile }
+        let host = std::env::var_os("QUARREL_CUDA_HOST_TIME").map(|_| HostTimes::default());
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled, profile, host, first: None }
     }
 }
 
 impl Queue {
     pub fn push(&mut self, r: Rec) {
+        if self.host.is_some() && self.recs.is_empty() {
+            self.first = Some(std::time::Instant::now());
+        }
         self.recs.push(r);
     }
 
@@ -57,11 +77,40 @@ impl Queue {
         for r in recs {
             let mut slots = r.args.clone();
             let mut ptrs: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut std::ffi::c_void).collect();
+            if r.pdl {
+                Self::launch_pdl(r, stream, &mut ptrs)?;
+                continue;
+            }
             // SAFETY: the record holds a function of the loaded module and its arguments.
             unsafe { result::launch_kernel(r.func as sys::CUfunction, r.grid, (r.block, 1, 1), r.smem, stream.cu_stream(), &mut ptrs) }
                 .map_err(|e| CudaError::Driver(format!("kernel launch: {e:?}")))?;
         }
         Ok(())
+    }
+
+    /// `cuLaunchKernelEx` with the programmatic-stream-serialization attribute.
+    fn launch_pdl(r: &Rec, stream: &CudaStream, ptrs: &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> {
+        // SAFETY: a zeroed attribute is a valid bit pattern (a C struct of integers and a union).
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: r.grid.0,
+            gridDimY: r.grid.1,
+            gridDimZ: r.grid.2,
+            blockDimX: r.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: r.smem,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the record holds a function of the loaded module and its arguments; cfg and
+        // attr outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&cfg, r.func as sys::CUfunction, ptrs.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| CudaError::Driver(format!("kernel launch (PDL): {e:?}")))
     }
 
     fn launch_timed(recs: &[Rec], stream: &Arc<CudaStream>, prof: &mut std::collections::HashMap<usize, (f64, u64)>) -> Result<(), CudaError> {
@@ -98,6 +147,18 @@ impl Queue {
 
     /// Submit the queued launches to `stream`.
     pub fn submit(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        let Some(first) = self.first.take() else { return self.submit_inner(stream) };
+        let t = std::time::Instant::now();
+        let r = self.submit_inner(stream);
+        if let Some(h) = self.host.as_mut() {
+            h.steps += 1;
+            h.record += (t - first).as_secs_f64();
+            h.submit += t.elapsed().as_secs_f64();
+        }
+        r
+    }
+
+    fn submit_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         let recs = std::mem::take(&mut self.recs);
         let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES;
         if recs.is_empty() {
@@ -125,7 +186,12 @@ impl Queue {
                     return Ok(());
                 }
                 // capture not possible here: stop trying
-                _ => {
+                r => {
+                    let why = match r {
+                        Err(e) => e.to_string(),
+                        _ => "no graph returned".into(),
+                    };
+                    eprintln!("quarrel-cuda: CUDA graph capture failed ({why}); launching kernels one by one from now on");
                     self.disabled = true;
                     return Self::launch_direct(&recs, stream);
                 }

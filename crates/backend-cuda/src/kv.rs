@@ -1,5 +1,6 @@
 //! `CudaKv`: the paged KV cache in device memory, per layer `[slots][n_kv_head * head_dim]`
-//! in the spec's element type (f32, f16, or ggml Q8_0 / Q4_0 blocks), zeroed at allocation.
+//! in the spec's element type (f32, f16, or ggml Q8_0 / Q4_0 blocks of each head Hadamard-rotated
+//! in blocks of up to 256 values, as the CPU cache stores them), zeroed at allocation.
 
 use crate::device::{DevMem, Device};
 use crate::error::CudaError;
@@ -9,6 +10,8 @@ pub struct CudaKv {
     pub spec: KvSpec,
     pub(crate) k: Vec<DevMem>,
     pub(crate) v: Vec<DevMem>,
+    /// Recurrent (Mamba2) state, when the model declares some (`alloc_state`).
+    pub(crate) state: Option<crate::ssm::CudaState>,
 }
 
 /// The kernel-name suffix of a KV element type.
@@ -45,6 +48,6 @@ impl CudaKv {
                 dst.push(m);
             }
         }
-        Ok(CudaKv { spec: spec.clone(), k, v })
+        Ok(CudaKv { spec: spec.clone(), k, v, state: None })
     }
 }

@@ -3,8 +3,10 @@
 //! ```text
 //!  GGUF tensor ──repack (16-byte planes)──► device weight (uploaded once)
 //!  model ops ──► kernels (.cu in kernels/, embedded, NVRTC-compiled for the device's arch on
-//!                first use, PTX cached on disk by source hash + arch) ──► one CUDA stream
-//!  activations: pooled device buffers; only `download` (the logits rows) synchronizes
+//!                first use, PTX cached on disk by source hash + arch) ──► launch queue
+//!                (held ops fused: add+rms_norm, grouped GEMVs, paired RoPE) ──► one CUDA stream
+//!                (a repeating step replayed as one CUDA graph; PDL on sm_90+)
+//!  activations: pooled device buffers; only `download` / `argmax_rows` synchronizes
 //! ```
 //!
 //! The driver API, NVRTC and cuBLAS are loaded at run time (cudarc), so this crate builds and
@@ -15,6 +17,9 @@
 //! | `device`  | context, stream, kernel module (NVRTC + disk cache), raw memory, buffer pool, launches |
 //! | `weight`  | `CudaWeight`: per-type repacking and upload |
 //! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
+//! | `mmq`     | quantized GEMM for 9+ tokens: Q8 activations, int8 tensor-core mma, exact block sums |
+//! | `moe`     | MoE: host routing, grouped-by-expert MMQ, scatter, weighted combine, relu² |
+//! | `ssm`     | Mamba2: recurrent state slots, conv1d, selective scan, gated norm |
 //! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
 //! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
 //! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
@@ -22,7 +27,8 @@
 //! | `error`   | `CudaError` -> `CoreError` |
 //!
 //! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
-//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K).
+//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
+//! (quantized GEMM on the int8 tensor cores), `moe.cu`, `ssm.cu` (Mamba2).
 
 mod batch;
 pub mod device;
@@ -30,6 +36,9 @@ mod error;
 mod graph;
 mod kv;
 mod matmul;
+pub mod mmq;
+mod moe;
+mod ssm;
 pub mod unit;
 mod weight;
 
@@ -40,8 +49,10 @@ pub use weight::{repack, CudaWeight, DevType};
 
 use batch::DevBatch;
 use cudarc::cublas::CudaBlas;
-use device::{Arg, Device, PoolMem};
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, KvSpec, QuantType, Result, RopeParams, RopeStyle, WeightSource};
+use device::{Arg, Device, Held, PoolMem};
+use quarrel_core::{
+    AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, RopeStyle, Route, SsmParams, StateSpec, WeightSource,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -71,6 +82,8 @@ pub struct CudaBackend {
     freq_factors: Mutex<Vec<(Vec<f32>, PoolMem)>>,
     /// The last activations quantized to Q8 (q, k and v share their input; so do gate and up).
     qcache: Mutex<Option<matmul::QCache>>,
+    /// Expert selections per layer and expert (`moe_selections`).
+    moe_counts: Mutex<Vec<Vec<u64>>>,
 }
 
 impl CudaBackend {
@@ -82,7 +95,30 @@ impl CudaBackend {
             return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));
         }
         let blas = CudaBlas::new(dev.stream.clone()).map_err(|e| CudaError::Blas(format!("creating a handle: {e:?}")))?;
-        Ok(CudaBackend { dev, blas, ordinal, batch: Mutex::new(None), freq_factors: Mutex::new(Vec::new()), qcache: Mutex::new(None) })
+        Ok(CudaBackend {
+            dev,
+            blas,
+            ordinal,
+            batch: Mutex::new(None),
+            freq_factors: Mutex::new(Vec::new()),
+            qcache: Mutex::new(None),
+            moe_counts: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
+    pub fn matmul_mmq(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("matmul input", x.len, n_tok * w.n_in)?;
+        check_len("matmul output", out.len, n_tok * w.n_out)?;
+        let xp = self.rd(x)?;
+        let op = self.wr(out);
+        if let Ok(mut g) = self.qcache.lock() {
+            if g.as_ref().is_some_and(|c| c.x == op) {
+                *g = None;
+            }
+        }
+        Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op)?)
     }
 
     pub fn device(&self) -> &Device {
@@ -131,7 +167,7 @@ impl CudaBackend {
     /// Q8 scratch for an op that writes `n` values at `out` and their Q8 form in one go
     /// (`None`: kernel arguments 0, the op writes f32 only).
     fn q8_out(&self, out: u64, n: usize) -> Result<(u64, u64)> {
-        if n % 32 != 0 || std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some() {
+        if n % 32 != 0 || device::switches().no_fused_q8 {
             return Ok((0, 0));
         }
         let c = matmul::QCache::new(&self.dev, out, n)?;
@@ -201,6 +237,22 @@ impl CudaBackend {
     }
 }
 
+fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
+    kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
+}
+
+/// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
+/// store each head rotated in blocks of this many values, as the CPU's do.
+fn kv_rotation(spec: &KvSpec) -> Result<usize> {
+    if !matches!(spec.ty, quarrel_core::KvType::Q8_0 | quarrel_core::KvType::Q4_0) {
+        return Ok(0);
+    }
+    match quarrel_quant::rotate::rotation_size(spec.head_dim) {
+        Some(r) if r <= 256 && (spec.n_kv_head * spec.head_dim) % r == 0 => Ok(r),
+        _ => Err(CoreError::Unsupported(format!("{} KV cache with head_dim {}", spec.ty.name(), spec.head_dim))),
+    }
+}
+
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(CoreError::Shape(format!("{what}: buffer has {got} elements, expected {want}")));
@@ -252,6 +304,30 @@ impl Backend for CudaBackend {
         let v = self.dev.download(src.ptr(), src.len)?;
         // a download ends a step: drop the step's cached arrays so that the next step
         // allocates from the same pool state (same pointers: its graph can be replayed)
+        if let Ok(mut g) = self.batch.lock() {
+            *g = None;
+        }
+        if let Ok(mut g) = self.qcache.lock() {
+            *g = None;
+        }
+        self.dev.flush()?;
+        Ok(v)
+    }
+
+    fn argmax_rows(&self, x: &CudaBuf, dim: usize) -> Result<Vec<u32>> {
+        self.dev.bind()?;
+        if dim == 0 || x.len % dim != 0 {
+            return Err(CoreError::Shape(format!("argmax_rows: {} values are not rows of {dim}", x.len)));
+        }
+        let rows = x.len / dim;
+        if rows == 0 {
+            return Ok(vec![]);
+        }
+        let xp = self.rd(x)?;
+        let ids = self.dev.scratch(4 * rows)?;
+        self.dev.launch("argmax_rows", (rows as u32, 1, 1), 1024, 0, &[Arg::P(xp), Arg::P(ids.ptr()), Arg::I(dim as i32)])?;
+        let v = self.dev.download::<u32>(ids.ptr(), rows)?;
+        // as `download`: the step ends here
         if let Ok(mut g) = self.batch.lock() {
             *g = None;
         }
@@ -326,6 +402,12 @@ impl Backend for CudaBackend {
         let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
         // a decode step normalizes one row: more threads per row shorten the block
         let threads = (d / 4).div_ceil(32).clamp(4, 32) as u32 * 32;
+        let n = x.len as u64;
+        // the residual add just before (held by `add`) runs in the same kernel
+        if let Some(Held::Add { y, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
+            let args = [Arg::P(xp), Arg::P(y), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
+            return Ok(self.dev.launch_now("add_rms_norm", (rows, 1, 1), threads, 0, &args)?);
+        }
         self.dev.launch(
             "rms_norm",
             (rows, 1, 1),
@@ -352,22 +434,34 @@ impl Backend for CudaBackend {
         let ff = self.freq_factors_ptr(&p.freq_factors)?;
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
         let n = (positions.len() * n_head * p.n_rot / 2) as u64;
-        self.dev.launch_1d(
-            "rope",
-            n,
-            &[
-                Arg::P(xp),
-                Arg::P(pos),
-                Arg::P(ff),
-                Arg::I(positions.len() as i32),
-                Arg::I(n_head as i32),
-                Arg::I(head_dim as i32),
-                Arg::I(p.n_rot as i32),
-                Arg::F(theta_scale),
-                Arg::F(p.freq_scale),
-                Arg::I((p.style == RopeStyle::Neox) as i32),
-            ],
-        )?;
+        let args = vec![
+            Arg::P(xp),
+            Arg::P(pos),
+            Arg::P(ff),
+            Arg::I(positions.len() as i32),
+            Arg::I(n_head as i32),
+            Arg::I(head_dim as i32),
+            Arg::I(p.n_rot as i32),
+            Arg::F(theta_scale),
+            Arg::F(p.freq_scale),
+            Arg::I((p.style == RopeStyle::Neox) as i32),
+            Arg::P(0),
+            Arg::I(0),
+        ];
+        if n == 0 {
+            return Ok(());
+        }
+        // k right after q (same positions and parameters): one launch for both
+        let same = |a: &[Arg]| a.len() == args.len() && a[0].bits() != xp && (1..4).chain(5..10).all(|i| a[i].bits() == args[i].bits());
+        if let Some(Held::Rope { args: mut first, n: n1 }) = self.dev.take_held_if(|h| matches!(h, Held::Rope { args: a, .. } if same(a))) {
+            first[10] = Arg::P(xp);
+            first[11] = Arg::I(n_head as i32);
+            return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
+        }
+        if _keep.is_none() && !device::switches().no_fuse {
+            return Ok(self.dev.hold(Held::Rope { args, n })?);
+        }
+        self.dev.launch_1d("rope", n, &args)?;
         Ok(())
     }
 
@@ -387,6 +481,10 @@ impl Backend for CudaBackend {
         check_len("add", y.len, x.len)?;
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
+        if n > 0 && !device::switches().no_fuse {
+            // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`)
+            return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n })?);
+        }
         self.dev.launch_1d("add", n, &[Arg::P(xp), Arg::P(yp), Arg::U64(n)])?;
         Ok(())
     }
@@ -424,11 +522,20 @@ impl Backend for CudaBackend {
         }
         let name = format!("kv_store_{}", kv::kv_name(kv.spec.ty));
         let n = batch.n_tokens();
+        if n == 0 {
+            return Ok(());
+        }
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let (ks, vs) = (self.rd(k)?, self.rd(v)?);
+        let rot = kv_rotation(&kv.spec)?;
+        // f32/f16: a thread per value; quantized: a warp per rotation block (8 to a block)
+        let blocks = match (n * row).checked_div(rot) {
+            None => ((n * row) as u64).div_ceil(256),
+            Some(warps) => (warps as u64).div_ceil(8),
+        };
         self.with_batch(batch, kv, None, |db| {
-            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32)];
-            self.dev.launch(&name, (((n * row) as u64).div_ceil(256) as u32, 2, 1), 256, 0, &args)?;
+            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32)];
+            self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
             Ok(())
         })
     }
@@ -457,7 +564,14 @@ impl Backend for CudaBackend {
         if batch.n_tokens() == 0 {
             return Ok(());
         }
-        let name = format!("attn_{}_{dpl}", kv::kv_name(kv.spec.ty));
+        // every sequence one token (decode): the kernel for one query per tile
+        let one = batch.seqs.iter().all(|s| s.len <= 1);
+        let qt = if one { 1 } else { batch::ATT_QT };
+        let name = format!("attn{}_{}_{dpl}", if one { "1" } else { "" }, kv::kv_name(kv.spec.ty));
+        let rot = kv_rotation(&kv.spec)?;
+        // the CPU rounds q to f16 for sequences shorter than 64 tokens over an f16 cache
+        // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
+        let q16 = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
         self.with_batch(batch, kv, p.sliding_window, |db| {
@@ -468,7 +582,7 @@ impl Backend for CudaBackend {
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
             let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            let smem = (4 * (batch::ATT_QT * hd + 2 * 32 * (hd + 1))) as u32;
+            let smem = (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32;
             self.dev.launch(
                 &name,
                 (db.n_tiles as u32, p.n_head as u32, n_split as u32),
@@ -490,6 +604,8 @@ impl Backend for CudaBackend {
                     Arg::F(p.scale),
                     Arg::F(p.softcap.unwrap_or(0.0)),
                     Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                    Arg::I(rot as i32),
+                    Arg::I(q16 as i32),
                 ],
             )?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
@@ -502,5 +618,96 @@ impl Backend for CudaBackend {
             )?;
             Ok(())
         })
+    }
+
+    // ---- MoE (moe.rs) and Mamba2 (ssm.rs) ---------------------------------------------------
+
+    fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+        self.dev.bind()?;
+        let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
+        let b: Option<Vec<f32>> = match bias {
+            Some(b) => Some(self.dev.download(self.rd(b)?, b.len)?),
+            None => None,
+        };
+        moe::route(&self.moe_counts, layer, &l, b.as_deref(), p)
+    }
+
+    fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
+        Ok(self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.clone())
+    }
+
+    fn moe_matmul(&self, w: &CudaWeight, n_expert: usize, x: &CudaBuf, routes: &[Route], x_per_token: bool, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        Ok(moe::moe_matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes, x_per_token, op)?)
+    }
+
+    fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let yp = self.rd(y)?;
+        let op = self.rw(out)?;
+        Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len)?)
+    }
+
+    fn relu_sqr(&self, x: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let n = x.len as u64;
+        let xp = self.rw(x)?;
+        self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    fn alloc_state(&self, kv: &mut CudaKv, spec: &StateSpec) -> Result<()> {
+        self.dev.bind()?;
+        kv.state = Some(ssm::CudaState::new(&self.dev, spec)?);
+        Ok(())
+    }
+
+    fn state_stats(&self, kv: &CudaKv) -> Result<(u64, u64)> {
+        self.dev.bind()?;
+        Ok(state(kv)?.stats(&self.dev)?)
+    }
+
+    fn state_copy(&self, kv: &mut CudaKv, src: usize, dst: usize) -> Result<()> {
+        self.dev.bind()?;
+        Ok(state(kv)?.copy_slot(&self.dev, src, dst)?)
+    }
+
+    fn ssm_conv(&self, kv: &mut CudaKv, layer: usize, p: &SsmParams, zx: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, batch: &ForwardBatch, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let (zp, wp) = ((self.rd(zx)?, zx.len), (self.rd(w)?, w.len));
+        let bp = bias.map(|b| Ok::<_, CoreError>((self.rd(b)?, b.len))).transpose()?;
+        let op = (self.wr(out), out.len);
+        Ok(ssm::conv(&self.dev, state(kv)?, layer, p, zp, wp, bp, batch, op)?)
+    }
+
+    fn ssm_scan(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        p: &SsmParams,
+        xbc: &CudaBuf,
+        zx: &CudaBuf,
+        a: &CudaBuf,
+        d: &CudaBuf,
+        dt_bias: &CudaBuf,
+        batch: &ForwardBatch,
+        y: &mut CudaBuf,
+    ) -> Result<u64> {
+        self.dev.bind()?;
+        let r = |b: &CudaBuf| Ok::<_, CoreError>((self.rd(b)?, b.len));
+        let args = ssm::ScanArgs { xbc: r(xbc)?, zx: r(zx)?, a: r(a)?, d: r(d)?, dt_bias: r(dt_bias)? };
+        let yp = (self.wr(y), y.len);
+        ssm::scan(&self.dev, state(kv)?, layer, p, &args, batch, yp)?;
+        // non-finite state values are counted on the device (state_stats), not per call
+        Ok(0)
+    }
+
+    fn ssm_gated_norm(&self, p: &SsmParams, y: &CudaBuf, zx: &CudaBuf, w: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let (yp, zp, wp) = ((self.rd(y)?, y.len), (self.rd(zx)?, zx.len), (self.rd(w)?, w.len));
+        let op = (self.wr(out), out.len);
+        Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op)?)
     }
 }

@@ -5,9 +5,10 @@
 //!                            float W:     x ──gemv_<type>_<NT> (f32 FMA)──► out
 //!  more tokens:              W ──dequant_<type>──► W16 (scratch) ┐
 //!                            x ──tof16_f32──► x16                ├─ cuBLAS GemmEx (f16 in, f32 accumulate) ──► out
+//!  quantized W, up to mmq::mmq_max_tokens(): MMQ (mmq.rs), Q8 activations on the int8 tensor cores
 //! ```
 
-use crate::device::{Arg, DevMem, Device, PoolMem};
+use crate::device::{Arg, DevMem, Device, Held, PoolMem};
 use std::sync::Mutex;
 
 /// Activations already quantized to Q8: `x` (device pointer) as (xq, xm).
@@ -61,8 +62,10 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
             *g = None;
         }
     }
-    if n_tok <= GEMV_MAX_TOKENS || std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some() {
+    if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm {
         gemv(dev, qc, w, x, n_tok, out)
+    } else if matches!(w.dev_ty, DevType::Quant(_)) && n_tok <= crate::mmq::mmq_max_tokens() {
+        crate::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
     }
@@ -84,7 +87,21 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
                 *g = Some(c);
             }
             let c = g.as_ref().expect("set above");
-            let (xq, xm) = (&c.xq, &c.xm);
+            let (xq, xm) = (c.xq.ptr(), c.xm.ptr());
+            drop(g);
+            if matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse {
+                // held: q/k/v (gate/up) that follow over the same input join one launch
+                let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out };
+                let joined = dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.accepts(name, n_tok, xq, units, out)));
+                let group = match joined {
+                    Some(Held::Gemv(mut gr)) => {
+                        gr.items.push(item);
+                        gr
+                    }
+                    _ => GemvGroup { name, nt: n_tok, xq, xm, units, items: vec![item] },
+                };
+                return dev.hold(Held::Gemv(group));
+            }
             let mut t0 = 0;
             while t0 < n_tok {
                 let nt = chunk(n_tok - t0);
@@ -96,8 +113,8 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
                     &[
                         Arg::P(w.p.ptr),
                         Arg::P(w.m_ptr()),
-                        Arg::P(xq.ptr() + (t0 * n_in) as u64),
-                        Arg::P(xm.ptr() + (t0 * units * 8) as u64),
+                        Arg::P(xq + (t0 * n_in) as u64),
+                        Arg::P(xm + (t0 * units * 8) as u64),
                         Arg::P(out + 4 * (t0 * n_out) as u64),
                         Arg::I(units as i32),
                         Arg::I(n_out as i32),
@@ -130,6 +147,57 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
         }
     }
     Ok(())
+}
+
+/// One matrix of a held GEMV group.
+pub(crate) struct GemvItem {
+    p: u64,
+    m: u64,
+    out: u64,
+    n_out: usize,
+}
+
+/// Quantized GEMVs of one weight type over the same Q8 input, launched together.
+pub(crate) struct GemvGroup {
+    name: &'static str,
+    nt: usize,
+    xq: u64,
+    xm: u64,
+    units: usize,
+    items: Vec<GemvItem>,
+}
+
+impl GemvGroup {
+    fn accepts(&self, name: &str, nt: usize, xq: u64, units: usize, out: u64) -> bool {
+        self.items.len() < 3 && self.name == name && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
+    }
+
+    /// One `gemv_*` launch, or one `gemv3_*` for two or three matrices.
+    pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
+        let (name, nt, u) = (self.name, self.nt, self.units as i32);
+        if let [i] = self.items.as_slice() {
+            let (wpr, grid) = gemv_shape(i.n_out);
+            let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32), Arg::I(wpr as i32)];
+            return dev.launch_now(&format!("gemv_{name}_{nt}"), grid, 128, 0, &args);
+        }
+        let total: usize = self.items.iter().map(|i| i.n_out).sum();
+        let (wpr, _) = gemv_shape(total);
+        let rows_per_block = GEMV_ROWS * GEMV_WARPS / wpr;
+        let nb: Vec<usize> = self.items.iter().map(|i| i.n_out.div_ceil(rows_per_block)).collect();
+        let mut args = Vec::with_capacity(19);
+        for (k, i) in self.items.iter().enumerate() {
+            args.extend([Arg::P(i.p), Arg::P(i.m), Arg::P(i.out), Arg::I(i.n_out as i32)]);
+            if k < 2 {
+                args.push(Arg::I(nb[k] as i32));
+            }
+        }
+        if self.items.len() == 2 {
+            args.extend([Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]);
+        }
+        args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u), Arg::I(wpr as i32)]);
+        let blocks = nb.iter().sum::<usize>() as u32;
+        dev.launch_now(&format!("gemv3_{name}_{nt}"), (blocks, 1, 1), 128, 0, &args)
+    }
 }
 
 /// Tokens per GEMV launch: 8, 4, 2 or 1.

@@ -200,6 +200,17 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     let mut gsel = be.alloc(3 * N_IN).unwrap();
     be.gather_rows(&s, N_IN, &[4, 0, 2], &mut gsel).unwrap();
     outs.push(("gather_rows".into(), be.download(&gsel).unwrap()));
+    // a residual add followed by the norm of its sum (one fused kernel on the GPU)
+    be.add(&mut s, &x).unwrap();
+    let mut h2 = be.alloc(n_tok * N_IN).unwrap();
+    be.rms_norm(&s, &norm, 1e-5, &mut h2).unwrap();
+    outs.push(("add+rms_norm: norm".into(), be.download(&h2).unwrap()));
+    outs.push(("add+rms_norm: sum".into(), be.download(&s).unwrap()));
+    // an add whose sum is not normalized next (the held add runs alone)
+    be.add(&mut s, &x).unwrap();
+    be.rms_norm(&x, &norm, 1e-5, &mut h2).unwrap();
+    outs.push(("add, norm of another: sum".into(), be.download(&s).unwrap()));
+    outs.push(("add, norm of another: norm".into(), be.download(&h2).unwrap()));
     outs
 }
 
@@ -289,4 +300,76 @@ fn bad_input_is_an_error_not_a_panic() {
     let mut e = gpu.alloc(N_IN).unwrap();
     assert!(gpu.embed(&w, &[N_OUT as u32], &mut e).is_err());
     assert!(gpu.load_weight(WeightSource { gguf: &g, name: "missing" }).is_err());
+}
+
+/// q, k, v (gate, up) style: matmuls over one input, of one type, run as one launch on the
+/// GPU; each result must equal the CPU's, whichever matrices join (sizes differ, outputs
+/// distinct, then an output reused as the next input).
+#[test]
+fn grouped_gemvs_match_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    let n_in = 256;
+    let shapes = [700usize, 96, 96, 5000];
+    for ty in [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K] {
+        let mut w = GgufWriter::new();
+        let mut data = Vec::new();
+        for (i, &n_out) in shapes.iter().enumerate() {
+            w.add_tensor(&format!("w{i}"), &[n_in as u64, n_out as u64], ty).unwrap();
+            data.push(quarrel_quant::quantize_to_vec(ty, &rnd(n_in * n_out, 40 + i as u64)).unwrap());
+        }
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
+        fn run<B: Backend>(be: &B, g: &Arc<Gguf>, shapes: &[usize], n_in: usize, n_tok: usize) -> Vec<Vec<f32>> {
+            let ws: Vec<B::Weight> = (0..shapes.len()).map(|i| load(be, g, &format!("w{i}"))).collect();
+            let x = be.upload(&rnd(n_tok * n_in, 9)).unwrap();
+            let mut outs: Vec<B::Buf> = shapes.iter().map(|&n| be.alloc(n_tok * n).unwrap()).collect();
+            for (i, o) in outs.iter_mut().enumerate() {
+                be.matmul(&ws[i], &x, n_tok, o).unwrap();
+            }
+            // the first output (700 wide, cut to n_in) feeds another matmul
+            let rows: Vec<f32> = be.download(&outs[0]).unwrap();
+            let part: Vec<f32> = rows.chunks(shapes[0]).flat_map(|r| r[..n_in].to_vec()).collect();
+            let y = be.upload(&part).unwrap();
+            let mut o2 = be.alloc(n_tok * shapes[1]).unwrap();
+            be.matmul(&ws[1], &y, n_tok, &mut o2).unwrap();
+            let mut v: Vec<Vec<f32>> = outs.iter().map(|o| be.download(o).unwrap()).collect();
+            v.push(be.download(&o2).unwrap());
+            v
+        }
+        for n_tok in [1, 2] {
+            let a = run(&cpu, &g, &shapes, n_in, n_tok);
+            let b = run(&gpu, &g, &shapes, n_in, n_tok);
+            let bound = if ty == QuantType::Q4_0 { tol::GEMV_LEGACY } else { tol::GEMV_K };
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                let e = nmse(x, y);
+                eprintln!("grouped {ty} n_tok {n_tok} matrix {i}: nmse {e:.3e}");
+                assert!(e <= bound, "grouped {ty} n_tok {n_tok} matrix {i}: nmse {e:.3e}");
+            }
+        }
+    }
+}
+
+/// Greedy picks on the device equal the host scan: ties (first wins), NaN, infinities,
+/// several rows, rows longer and shorter than a block.
+#[test]
+fn argmax_rows_matches_host() {
+    let Some(gpu) = cuda() else { return };
+    for (dim, rows) in [(1usize, 3usize), (7, 2), (1000, 1), (49152, 2), (32000, 3)] {
+        let mut v: Vec<f32> = rnd(dim * rows, dim as u64).iter().map(|x| (x * 8.0).round()).collect();
+        if dim > 10 {
+            v[5] = f32::NAN;
+            if rows > 1 {
+                v[dim + 3] = f32::INFINITY;
+            }
+        }
+        let x = gpu.upload(&v).unwrap();
+        let got = gpu.argmax_rows(&x, dim).unwrap();
+        let want: Vec<u32> = v.chunks(dim).map(quarrel_core::argmax).collect();
+        assert_eq!(got, want, "dim {dim} rows {rows}");
+    }
+    let nan_first = gpu.upload(&[f32::NAN, 1.0, 2.0]).unwrap();
+    assert_eq!(gpu.argmax_rows(&nan_first, 3).unwrap(), vec![0]);
+    let x = gpu.upload(&[1.0, 2.0, 3.0]).unwrap();
+    assert!(gpu.argmax_rows(&x, 2).is_err());
 }

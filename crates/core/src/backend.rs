@@ -8,6 +8,18 @@ use crate::{CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, Rope
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
+/// Index of the largest value: the first on ties, NaN never chosen unless at index 0 (the
+/// scan `v > best` of llama.cpp's greedy sampler; what `Backend::argmax_rows` must match).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// Where a weight comes from: a tensor of an opened GGUF file.
 #[derive(Clone, Copy)]
 pub struct WeightSource<'a> {
@@ -50,6 +62,15 @@ pub trait Backend: Send + Sync + 'static {
     fn alloc(&self, n: usize) -> Result<Self::Buf>;
     fn upload(&self, src: &[f32]) -> Result<Self::Buf>;
     fn download(&self, src: &Self::Buf) -> Result<Vec<f32>>;
+    /// Greedy picks: per row of `dim` values of `x`, the index of the largest (see `argmax`).
+    /// A device backend overrides this to return only the indices (no logits download).
+    fn argmax_rows(&self, x: &Self::Buf, dim: usize) -> Result<Vec<u32>> {
+        let v = self.download(x)?;
+        if dim == 0 || v.len() % dim != 0 {
+            return Err(CoreError::Shape(format!("argmax_rows: {} values are not rows of {dim}", v.len())));
+        }
+        Ok(v.chunks(dim).map(argmax).collect())
+    }
     fn buf_len(&self, b: &Self::Buf) -> usize;
     fn alloc_kv(&self, spec: &KvSpec) -> Result<Self::Kv>;
 

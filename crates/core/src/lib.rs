@@ -26,7 +26,7 @@ pub mod ssm;
 mod rope;
 pub mod trace;
 
-pub use backend::{AttnParams, Backend, WeightSource};
+pub use backend::{argmax, AttnParams, Backend, WeightSource};
 pub use batch::{ForwardBatch, SeqBatch};
 pub use cache::{KvSpec, KvType};
 pub use error::{CoreError, Result};

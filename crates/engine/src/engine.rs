@@ -221,6 +221,29 @@ impl<B: Backend> Engine<B> {
         Ok(out)
     }
 
+    /// Like `run_sequence` with the last token's logits wanted, but returns its greedy token
+    /// only (`Model::forward_argmax`: a GPU backend downloads the id, not the logits).
+    pub(crate) fn run_sequence_argmax(&mut self, table: &mut Vec<u32>, tokens: &[u32], start_pos: usize) -> Result<u32, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidRequest("no tokens to run".into()));
+        }
+        let last = (tokens.len() - 1) / self.opts.n_batch * self.opts.n_batch;
+        if last > 0 {
+            self.run_sequence(table, &tokens[..last], start_pos, &[])?;
+        }
+        let chunk = &tokens[last..];
+        self.pool.reserve(table, start_pos + tokens.len())?;
+        let batch = ForwardBatch {
+            tokens: chunk.to_vec(),
+            positions: (0..chunk.len()).map(|i| (start_pos + last + i) as u32).collect(),
+            seqs: vec![SeqBatch { start: 0, len: chunk.len(), block_table: table.clone() }],
+            logits_rows: vec![chunk.len() - 1],
+            state_slots: self.state_slots(1)?,
+        };
+        let ids = self.model.forward_argmax(&self.backend, &batch, &mut self.kv)?;
+        ids.first().copied().ok_or_else(|| CoreError::Backend("forward_argmax returned no row".into()).into())
+    }
+
     /// Run several sequences in ONE forward pass (each from position 0), returning the logits
     /// of every token of every sequence. Used to check that batching changes nothing.
     pub fn forward_batch(&mut self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {

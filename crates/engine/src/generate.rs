@@ -113,7 +113,13 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Completion, EngineError> {
         let mut timings = Timings { prompt_tokens: prompt.len(), ..Default::default() };
         let t0 = Instant::now();
-        let mut logits = self.run_sequence(table, prompt, 0, &[prompt.len() - 1])?.pop().unwrap_or_default();
+        // plain greedy picks need no logits on the host: the backend returns the token ids
+        let on_device = params.sampling.is_plain_greedy();
+        let (mut logits, mut next) = if on_device {
+            (vec![], self.run_sequence_argmax(table, prompt, 0)?)
+        } else {
+            (self.run_sequence(table, prompt, 0, &[prompt.len() - 1])?.pop().unwrap_or_default(), 0)
+        };
         timings.prompt_time = t0.elapsed();
         let mut sampler = Sampler::new(params.sampling.clone());
         let mut history = prompt.to_vec();
@@ -124,7 +130,7 @@ impl<B: Backend> Engine<B> {
         let mut t_first = Instant::now();
         let mut hit_stop = false;
         let finish = loop {
-            let tok = sampler.sample(&logits, &history);
+            let tok = if on_device { next } else { sampler.sample(&logits, &history) };
             if tokens.is_empty() {
                 timings.time_to_first_token = t0.elapsed();
                 t_first = Instant::now();
@@ -156,7 +162,11 @@ impl<B: Backend> Engine<B> {
             if pos + 1 >= self.opts.n_ctx {
                 break FinishReason::ContextFull;
             }
-            logits = self.run_sequence(table, &[tok], pos, &[0])?.pop().unwrap_or_default();
+            if on_device {
+                next = self.run_sequence_argmax(table, &[tok], pos)?;
+            } else {
+                logits = self.run_sequence(table, &[tok], pos, &[0])?.pop().unwrap_or_default();
+            }
         };
         if !hit_stop {
             // release what the detokenizer and the stop matcher held back

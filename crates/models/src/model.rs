@@ -33,6 +33,12 @@ pub trait Model<B: Backend>: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// Run a flat batch; returns logits `(batch.logits_rows.len(), n_vocab)` row-major.
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>>;
+    /// Like `forward`, but returns the greedy token of each logits row (`Backend::argmax_rows`:
+    /// a device backend returns only the ids). Default: `forward`, then an argmax per row.
+    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
+        let n = self.info().n_vocab.max(1);
+        Ok(self.forward(be, batch, kv)?.chunks(n).map(quarrel_core::argmax).collect())
+    }
     /// Like `forward`, but returns the final normalized hidden states `(rows, n_embd)` of the
     /// `logits_rows` instead of logits (what embeddings are pooled from).
     fn hidden(&self, _be: &B, _batch: &ForwardBatch, _kv: &mut B::Kv) -> Result<Vec<f32>> {

@@ -166,6 +166,15 @@ impl<B: Backend> Model<B> for Llama<B> {
         be.download(&logits)
     }
 
+    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
+        let c = &self.cfg;
+        let rows = batch.logits_rows.len();
+        let normed = self.final_hidden(be, batch, kv)?;
+        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
+        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
+        be.argmax_rows(&logits, c.n_vocab)
+    }
+
     fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
         let normed = self.final_hidden(be, batch, kv)?;
         be.download(&normed)

@@ -1,0 +1,78 @@
+//! MMQ vs the f16 cuBLAS GEMM per matrix shape and token count: the measurement behind
+//! `mmq::MMQ_MAX_TOKENS`. Needs a CUDA GPU; no model file (weights are a random quantized
+//! 64-row block repeated to full height, which costs the kernels the same as real weights).
+//!
+//!     cargo run --release -p quarrel-cuda --example mmq_bench -- [n_tok,...] [reps]
+//!
+//! Prints one markdown row per (type, shape, tokens): microseconds per matmul for each path,
+//! the cuBLAS/MMQ time ratio (> 1: MMQ faster) and MMQ's weight-read bandwidth.
+
+use quarrel_core::{Backend, QuantType, WeightSource};
+use quarrel_cuda::CudaBackend;
+use quarrel_gguf::{Gguf, GgufWriter};
+use std::sync::Arc;
+use std::time::Instant;
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn weight(ty: QuantType, n_in: usize, n_out: usize) -> Arc<Gguf> {
+    let block = quarrel_quant::quantize_to_vec(ty, &rnd(n_in * 64, 5)).expect("quantize");
+    let mut bytes = Vec::with_capacity(block.len() * n_out / 64);
+    for _ in 0..n_out / 64 {
+        bytes.extend_from_slice(&block);
+    }
+    let mut w = GgufWriter::new();
+    w.add_tensor("w", &[n_in as u64, n_out as u64], ty).expect("tensor");
+    Arc::new(Gguf::from_bytes(w.to_bytes(&[bytes.as_slice()]).expect("gguf")).expect("gguf"))
+}
+
+/// Microseconds per matmul over `reps` (after one warm-up).
+fn time(be: &CudaBackend, reps: usize, mut f: impl FnMut() -> quarrel_core::Result<()>) -> f64 {
+    f().expect("warm-up");
+    be.synchronize().expect("sync");
+    let t = Instant::now();
+    for _ in 0..reps {
+        f().expect("matmul");
+    }
+    be.synchronize().expect("sync");
+    t.elapsed().as_secs_f64() * 1e6 / reps as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let toks: Vec<usize> = args.get(1).map_or(vec![9, 16, 32, 64, 128, 256, 512], |s| s.split(',').filter_map(|v| v.parse().ok()).collect());
+    let reps: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(20);
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device");
+        std::process::exit(1);
+    }
+    let be = CudaBackend::new(0).expect("CUDA backend");
+    println!("{}\n", be.name());
+    println!("| type | n_in | n_out | tokens | MMQ us | cuBLAS-f16 us | cuBLAS/MMQ | MMQ weight GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|");
+    // Mistral-7B's matrices: q/o, k/v, gate/up, down
+    let shapes = [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096)];
+    for ty in [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K] {
+        for &(n_in, n_out) in &shapes {
+            let g = weight(ty, n_in, n_out);
+            let w = be.load_weight(WeightSource { gguf: &g, name: "w" }).expect("load");
+            let wbytes = (n_in * n_out / ty.block_size() * ty.type_size()) as f64;
+            for &n in &toks {
+                let x = be.upload(&rnd(n * n_in, n as u64)).expect("upload");
+                let mut out = be.alloc(n * n_out).expect("alloc");
+                let mmq = time(&be, reps, || be.matmul_mmq(&w, &x, n, &mut out));
+                std::env::set_var("QUARREL_CUDA_MMQ_MAX", "0");
+                let blas = time(&be, reps, || be.matmul(&w, &x, n, &mut out));
+                std::env::remove_var("QUARREL_CUDA_MMQ_MAX");
+                println!("| {ty} | {n_in} | {n_out} | {n} | {mmq:.1} | {blas:.1} | {:.2} | {:.0} |", blas / mmq, wbytes / mmq / 1e3);
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+// Mamba2 ops: causal depthwise conv1d with carried state, the selective scan, the gated
+// grouped RMSNorm (quarrel_core::ssm reference semantics, ggml's operation order).
+// Sequences of a batch: seq[4 * s + {0,1,2,3}] = {state slot, first token, tokens, fresh}.
+
+__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+
+// One thread per (sequence, channel): window = carried state (d_conv - 1 values, oldest
+// first) then the sequence's inputs; out = silu(sum_i win[t + i] * w[ch, i] + bias[ch]).
+extern "C" __global__ void ssm_conv(const float* __restrict__ zx, const float* __restrict__ w, const float* __restrict__ bias,
+                                    const u32* __restrict__ seq, float* __restrict__ state, float* __restrict__ out, int n_seq,
+                                    int cd, int nc, int dp, int col0) {
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (u64)n_seq * cd) return;
+    int s = (int)(g / cd), ch = (int)(g % cd);
+    u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
+    float* st = state + ((u64)slot * cd + ch) * (nc - 1);
+    float win[8];  // d_conv <= 8 (checked on the host)
+    for (int i = 0; i < nc - 1; i++) win[i] = fresh ? 0.f : st[i];
+    const float* wc = w + (u64)ch * nc;
+    float b = bias ? bias[ch] : 0.f;
+    for (u32 t = 0; t < nt; t++) {
+        win[nc - 1] = zx[(u64)(t0 + t) * dp + col0 + ch];
+        float acc = 0.f;
+        for (int i = 0; i < nc; i++) acc = fmaf(win[i], wc[i], acc);
+        out[(u64)(t0 + t) * cd + ch] = silu_f(acc + b);
+        for (int i = 0; i < nc - 1; i++) win[i] = win[i + 1];
+    }
+    for (int i = 0; i < nc - 1; i++) st[i] = win[i];
+}
+
+// One warp per (sequence, head, i): the state row s[k], k < d_state, spread over the lanes;
+// per token s = s * exp(dt * A) + B * (x * dt), y = s . C + x * D, dt = softplus(raw + bias).
+// Non-finite state values are counted in *bad.
+extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* __restrict__ zx, const float* __restrict__ A,
+                                    const float* __restrict__ D, const float* __restrict__ dtb, const u32* __restrict__ seq,
+                                    float* __restrict__ state, float* __restrict__ y, unsigned long long* __restrict__ bad, int n_seq,
+                                    int n_head, int hd, int ds, int n_group, int dp, int dt_col) {
+    const int lane = threadIdx.x % 32;
+    u64 wg = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int d_inner = n_head * hd, cd = d_inner + 2 * n_group * ds, hpg = n_head / n_group;
+    if (wg >= (u64)n_seq * d_inner) return;
+    int s = (int)(wg / d_inner), hi = (int)(wg % d_inner), h = hi / hd, gr = h / hpg;
+    u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
+    float* st = state + ((u64)slot * d_inner + hi) * ds;
+    float sv[8];  // d_state <= 256
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int k = lane + 32 * j;
+        sv[j] = (k < ds && !fresh) ? st[k] : 0.f;
+    }
+    const float a = A[h], dd = D[h], bb = dtb[h];
+    unsigned long long nbad = 0;
+    for (u32 t = 0; t < nt; t++) {
+        const float* row = xbc + (u64)(t0 + t) * cd;
+        const float* B = row + d_inner + gr * ds;
+        const float* C = row + d_inner + (n_group + gr) * ds;
+        float dt = softplus_f(zx[(u64)(t0 + t) * dp + dt_col + h] + bb);
+        float da = expf(dt * a);
+        float x = row[hi];
+        float xdt = x * dt;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = lane + 32 * j;
+            if (k < ds) {
+                float v = sv[j] * da + B[k] * xdt;
+                sum = fmaf(v, C[k], sum);
+                sv[j] = v;
+                nbad += !isfinite(v);
+            }
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) y[(u64)(t0 + t) * d_inner + hi] = sum + x * dd;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int k = lane + 32 * j;
+        if (k < ds) st[k] = sv[j];
+    }
+    if (nbad) atomicAdd(bad, nbad);
+}
+
+// One block per (token, group): v = silu(z) * y over the group's gs values,
+// out = v / sqrt(mean(v²) + eps) * w.
+extern "C" __global__ void ssm_gated_norm(const float* __restrict__ y, const float* __restrict__ zx, const float* __restrict__ w,
+                                          float* __restrict__ out, int d_inner, int n_group, int dp, float eps) {
+    __shared__ float part[32];
+    const int t = blockIdx.x, g = blockIdx.y, gs = d_inner / n_group;
+    const float* yr = y + (u64)t * d_inner + g * gs;
+    const float* zr = zx + (u64)t * dp + g * gs;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < gs; i += blockDim.x) {
+        float v = silu_f(zr[i]) * yr[i];
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float scale = rsqrtf(part[0] / gs + eps);
+    float* o = out + (u64)t * d_inner + g * gs;
+    for (int i = threadIdx.x; i < gs; i += blockDim.x) o[i] = silu_f(zr[i]) * yr[i] * scale * w[g * gs + i];
+}
+
+// Copy `n` floats (state slot copies).
+extern "C" __global__ void copy_f32(const float* __restrict__ src, float* __restrict__ dst, u64 n) {
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g < n) dst[g] = src[g];
+}

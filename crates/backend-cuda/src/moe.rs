@@ -1,0 +1,161 @@
+//! Mixture-of-experts on the device (`kernels/moe.cu`).
+//!
+//! ```text
+//!  router logits ──download──► host router (quarrel_core::moe::route_with) ──► routes
+//!  x ──gather_rows (grouped by expert)──► xs ──mmq per expert (weight rows of that expert)──► ys
+//!  ys ──moe_scatter_rows──► out (route order)
+//!  y (routes, d) ──moe_combine (per token, route order)──► out[token] += weight · y
+//! ```
+//!
+//! The expert weights are one 3-D tensor `(n_in, n_out, n_expert)` in the repacked device
+//! layout, whose rows are contiguous: expert `e` starts `e · n_out` rows in. Every expert
+//! matmul runs MMQ (exact integer block sums over Q8 activations, as the dense matmuls).
+
+use crate::device::{Arg, Device};
+use crate::error::CudaError;
+use crate::matmul::QCache;
+use crate::mmq;
+use crate::weight::{CudaWeight, DevType};
+use quarrel_core::Route;
+use std::sync::Mutex;
+
+/// Routes grouped by expert: `(expert, route indices)` in expert order, route order kept.
+pub fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, Vec<usize>)>, CudaError> {
+    let mut per: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    for (i, r) in routes.iter().enumerate() {
+        let e = r.expert as usize;
+        if e >= n_expert {
+            return Err(CudaError::Shape(format!("route to expert {e} of {n_expert}")));
+        }
+        per[e].push(i);
+    }
+    Ok(per.into_iter().enumerate().filter(|(_, v)| !v.is_empty()).collect())
+}
+
+/// Grouped expert matmul (the trait's `moe_matmul`); `x`, `out` device pointers of
+/// `x_len` and `routes.len() * n_out / n_expert` values.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_matmul(
+    dev: &Device,
+    qc: &Mutex<Option<QCache>>,
+    w: &CudaWeight,
+    n_expert: usize,
+    x: u64,
+    x_len: usize,
+    routes: &[Route],
+    x_per_token: bool,
+    out: u64,
+) -> Result<(), CudaError> {
+    let DevType::Quant(name) = w.dev_ty else {
+        return Err(CudaError::Unsupported(format!("expert weights of type {} (quantized types only)", w.ty)));
+    };
+    let n_in = w.n_in;
+    if n_expert == 0 || w.n_out % n_expert != 0 {
+        return Err(CudaError::Shape(format!("moe_matmul: {} rows are not {n_expert} experts", w.n_out)));
+    }
+    let n_out = w.n_out / n_expert;
+    let n_src = x_len / n_in.max(1);
+    if x_len % n_in != 0 || (!x_per_token && n_src != routes.len()) {
+        return Err(CudaError::Shape(format!("moe_matmul input: {x_len} values for {} routes of {n_in}", routes.len())));
+    }
+    if routes.is_empty() {
+        return Ok(());
+    }
+    let groups = group_by_expert(routes, n_expert)?;
+    let (mut src, mut dst) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
+    for (_, idx) in &groups {
+        for &i in idx {
+            let s = if x_per_token { routes[i].token as usize } else { i };
+            if s >= n_src {
+                return Err(CudaError::Shape(format!("moe_matmul: input row {s} of {n_src}")));
+            }
+            src.push(s as u32);
+            dst.push(i as u32);
+        }
+    }
+    let n = routes.len();
+    let src_d = dev.upload_async(&src)?;
+    let dst_d = dev.upload_async(&dst)?;
+    let xs = dev.scratch(4 * n * n_in)?;
+    let ys = dev.scratch(4 * n * n_out)?;
+    dev.launch_1d("gather_rows", (n * n_in) as u64, &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(n as i32)])?;
+    // cached Q8 activations never outlive this call (xs is scratch)
+    clear(qc);
+    let units = n_in / 32;
+    let (pb, m_b) = mmq::unit_bytes(name)?;
+    let mut o = 0usize;
+    for (e, idx) in &groups {
+        let row0 = (e * n_out * units) as u64;
+        let p = w.p.ptr + row0 * pb.0 / pb.1;
+        let m = if m_b == 0 { 0 } else { w.m_ptr() + row0 * m_b };
+        let xo = xs.ptr() + (4 * o * n_in) as u64;
+        let yo = ys.ptr() + (4 * o * n_out) as u64;
+        mmq::mmq_raw(dev, qc, name, p, m, n_in, n_out, xo, idx.len(), yo)?;
+        o += idx.len();
+    }
+    clear(qc);
+    dev.launch_1d("moe_scatter_rows", (n * n_out) as u64, &[Arg::P(ys.ptr()), Arg::P(dst_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)])
+}
+
+fn clear(qc: &Mutex<Option<QCache>>) {
+    if let Ok(mut g) = qc.lock() {
+        *g = None;
+    }
+}
+
+/// `out[token] += weight · y[i]` for every route `i` (per token in route order, as the CPU).
+pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], out: u64, out_len: usize) -> Result<(), CudaError> {
+    if routes.is_empty() {
+        return Ok(());
+    }
+    if y_len % routes.len() != 0 {
+        return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {} routes", routes.len())));
+    }
+    let d = y_len / routes.len();
+    if d == 0 || out_len % d != 0 {
+        return Err(CudaError::Shape(format!("moe_combine: output of {out_len} values is not rows of {d}")));
+    }
+    let n_tok = out_len / d;
+    let mut per: Vec<Vec<usize>> = vec![Vec::new(); n_tok];
+    for (i, r) in routes.iter().enumerate() {
+        let t = r.token as usize;
+        per.get_mut(t).ok_or_else(|| CudaError::Shape(format!("moe_combine: token {t} out of range ({n_tok} rows)")))?.push(i);
+    }
+    let mut off = Vec::with_capacity(n_tok + 1);
+    let (mut ridx, mut wts) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
+    off.push(0u32);
+    for idx in &per {
+        for &i in idx {
+            ridx.push(i as u32);
+            wts.push(routes[i].weight);
+        }
+        off.push(ridx.len() as u32);
+    }
+    let (r_d, w_d, o_d) = (dev.upload_async(&ridx)?, dev.upload_async(&wts)?, dev.upload_async(&off)?);
+    dev.launch_1d(
+        "moe_combine",
+        out_len as u64,
+        &[Arg::P(y), Arg::P(r_d.ptr()), Arg::P(w_d.ptr()), Arg::P(o_d.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(n_tok as i32)],
+    )
+}
+
+/// The router on the host (`quarrel_core::moe`), counting each layer's expert selections.
+pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32], bias: Option<&[f32]>, p: &quarrel_core::MoeRouting) -> quarrel_core::Result<Vec<Route>> {
+    let routes = quarrel_core::moe::route_reference(logits, bias, p)?;
+    let mut c = counts.lock().map_err(|_| quarrel_core::CoreError::Backend("lock poisoned".into()))?;
+    if c.len() <= layer {
+        c.resize(layer + 1, Vec::new());
+    }
+    if c[layer].len() < p.n_expert {
+        c[layer].resize(p.n_expert, 0);
+    }
+    for r in &routes {
+        c[layer][r.expert as usize] += 1;
+    }
+    Ok(routes)
+}
+
+/// Kernel names this module launches.
+pub fn kernel_names() -> Vec<String> {
+    ["moe_scatter_rows", "moe_combine", "relu_sqr"].iter().map(|s| s.to_string()).collect()
+}

@@ -1,0 +1,223 @@
+//! Mamba2 layers on the device (`kernels/ssm.cu`): recurrent state per sequence slot, the
+//! causal conv1d, the selective scan and the gated grouped RMSNorm, with the semantics of
+//! `quarrel_core::ssm`'s references (ggml's operation order).
+//!
+//! ```text
+//!  zxbcdt (n_tok, d_in_proj) ──ssm_conv (carried conv state)──► xbc (n_tok, conv_dim)
+//!  xbc + dt (zxbcdt's last n_head columns) ──ssm_scan (carried ssm state)──► y (n_tok, d_inner)
+//!  y, z (zxbcdt's first d_inner columns) ──ssm_gated_norm──► out (n_tok, d_inner)
+//! ```
+//!
+//! State: per recurrent layer one f32 allocation of `n_slots` slot-major copies (conv
+//! `(conv_dim, d_conv - 1)`, ssm `(n_head, head_dim, d_state)`), zeroed at allocation; a
+//! sequence starting at position 0 starts from zeros. Non-finite state values are counted
+//! on the device and reported by `state_stats` (the scan itself does not synchronize).
+
+use crate::device::{Arg, DevMem, Device};
+use crate::error::CudaError;
+use quarrel_core::{ForwardBatch, SsmParams, StateSpec};
+
+/// Largest `d_conv` and `d_state` the kernels hold in registers.
+const MAX_D_CONV: usize = 8;
+const MAX_D_STATE: usize = 256;
+
+pub struct CudaState {
+    pub spec: StateSpec,
+    conv: Vec<Option<DevMem>>,
+    ssm: Vec<Option<DevMem>>,
+    /// u64 counter of non-finite state values.
+    bad: DevMem,
+}
+
+impl CudaState {
+    pub(crate) fn new(dev: &Device, spec: &StateSpec) -> Result<CudaState, CudaError> {
+        let (mut conv, mut ssm) = (Vec::new(), Vec::new());
+        for l in &spec.layers {
+            let Some(p) = l else {
+                conv.push(None);
+                ssm.push(None);
+                continue;
+            };
+            p.validate().map_err(CudaError::Shape)?;
+            if p.d_conv > MAX_D_CONV || p.d_state > MAX_D_STATE {
+                return Err(CudaError::Unsupported(format!("SSM with d_conv {} / d_state {} (at most {MAX_D_CONV} / {MAX_D_STATE})", p.d_conv, p.d_state)));
+            }
+            for (len, dst) in [(p.conv_state_len(), &mut conv), (p.ssm_state_len(), &mut ssm)] {
+                let bytes = len
+                    .checked_mul(spec.n_slots)
+                    .and_then(|n| n.checked_mul(4))
+                    .ok_or_else(|| CudaError::OutOfMemory("recurrent state size overflows".into()))?;
+                let m = DevMem::alloc(dev, bytes)?;
+                dev.memset0(m.ptr, bytes)?;
+                dst.push(Some(m));
+            }
+        }
+        let bad = DevMem::alloc(dev, 8)?;
+        dev.memset0(bad.ptr, 8)?;
+        Ok(CudaState { spec: spec.clone(), conv, ssm, bad })
+    }
+
+    /// (bytes of state, non-finite values met so far).
+    pub(crate) fn stats(&self, dev: &Device) -> Result<(u64, u64), CudaError> {
+        let bad: Vec<u64> = dev.download(self.bad.ptr, 1)?;
+        Ok((self.spec.bytes_per_slot() as u64 * self.spec.n_slots as u64, bad[0]))
+    }
+
+    /// Copy every layer's state of slot `src` to slot `dst`.
+    pub(crate) fn copy_slot(&self, dev: &Device, src: usize, dst: usize) -> Result<(), CudaError> {
+        if src >= self.spec.n_slots || dst >= self.spec.n_slots {
+            return Err(CudaError::Shape(format!("state slot {src} -> {dst} of {}", self.spec.n_slots)));
+        }
+        if src == dst {
+            return Ok(());
+        }
+        for (l, p) in self.spec.layers.iter().enumerate() {
+            let Some(p) = p else { continue };
+            for (len, m) in [(p.conv_state_len(), &self.conv[l]), (p.ssm_state_len(), &self.ssm[l])] {
+                let m = m.as_ref().expect("allocated with the spec");
+                let (s, d) = (m.ptr + (4 * src * len) as u64, m.ptr + (4 * dst * len) as u64);
+                dev.launch_1d("copy_f32", len as u64, &[Arg::P(s), Arg::P(d), Arg::U64(len as u64)])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The batch's sequences as `[slot, first token, tokens, fresh]` on the device.
+    fn seqs(&self, dev: &Device, layer: usize, p: &SsmParams, batch: &ForwardBatch) -> Result<(crate::device::PoolMem, usize), CudaError> {
+        if self.spec.layers.get(layer).copied().flatten() != Some(*p) {
+            return Err(CudaError::Shape(format!("layer {layer} has no recurrent state of shape {p:?}")));
+        }
+        if batch.state_slots.len() != batch.seqs.len() {
+            return Err(CudaError::Shape(format!("{} state slots for {} sequences", batch.state_slots.len(), batch.seqs.len())));
+        }
+        let mut v = Vec::with_capacity(4 * batch.seqs.len());
+        for (s, &slot) in batch.seqs.iter().zip(&batch.state_slots) {
+            if slot as usize >= self.spec.n_slots {
+                return Err(CudaError::Shape(format!("state slot {slot} of {}", self.spec.n_slots)));
+            }
+            if s.start + s.len > batch.positions.len() {
+                return Err(CudaError::Shape(format!("sequence tokens {}..{} of {}", s.start, s.start + s.len, batch.positions.len())));
+            }
+            let fresh = s.len > 0 && batch.positions[s.start] == 0;
+            v.extend([slot, s.start as u32, s.len as u32, fresh as u32]);
+        }
+        Ok((dev.upload_async(&v)?, batch.seqs.len()))
+    }
+}
+
+/// Pointer and length of a device buffer argument.
+pub(crate) type Dev = (u64, usize);
+
+fn check(what: &str, got: usize, want: usize) -> Result<(), CudaError> {
+    if got != want {
+        return Err(CudaError::Shape(format!("{what}: {got} values, expected {want}")));
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx: Dev, w: Dev, bias: Option<Dev>, batch: &ForwardBatch, out: Dev) -> Result<(), CudaError> {
+    let (cd, dp, n) = (p.conv_dim(), p.d_in_proj(), batch.n_tokens());
+    check("ssm_conv input", zx.1, n * dp)?;
+    check("ssm_conv output", out.1, n * cd)?;
+    check("ssm_conv weight", w.1, cd * p.d_conv)?;
+    if let Some(b) = bias {
+        check("ssm_conv bias", b.1, cd)?;
+    }
+    let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
+    let state = st.conv[layer].as_ref().expect("checked by seqs").ptr;
+    dev.launch_1d(
+        "ssm_conv",
+        (n_seq * cd) as u64,
+        &[
+            Arg::P(zx.0),
+            Arg::P(w.0),
+            Arg::P(bias.map_or(0, |b| b.0)),
+            Arg::P(seq.ptr()),
+            Arg::P(state),
+            Arg::P(out.0),
+            Arg::I(n_seq as i32),
+            Arg::I(cd as i32),
+            Arg::I(p.d_conv as i32),
+            Arg::I(dp as i32),
+            Arg::I(p.d_inner as i32),
+        ],
+    )
+}
+
+/// Scan inputs: conv output, the projection (for dt), per-head A, D and dt bias.
+pub(crate) struct ScanArgs {
+    pub xbc: Dev,
+    pub zx: Dev,
+    pub a: Dev,
+    pub d: Dev,
+    pub dt_bias: Dev,
+}
+
+pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s: &ScanArgs, batch: &ForwardBatch, y: Dev) -> Result<(), CudaError> {
+    let (cd, dp, n) = (p.conv_dim(), p.d_in_proj(), batch.n_tokens());
+    check("ssm_scan input", s.xbc.1, n * cd)?;
+    check("ssm_scan projection", s.zx.1, n * dp)?;
+    check("ssm_scan output", y.1, n * p.d_inner)?;
+    for (what, b) in [("A", s.a), ("D", s.d), ("dt bias", s.dt_bias)] {
+        check(&format!("ssm_scan {what}"), b.1, p.n_head)?;
+    }
+    let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
+    let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;
+    let warps = (n_seq * p.d_inner) as u64;
+    let blocks = warps.div_ceil(8);
+    if blocks > u32::MAX as u64 {
+        return Err(CudaError::Shape(format!("ssm_scan: {warps} rows is too many for one launch")));
+    }
+    dev.launch(
+        "ssm_scan",
+        (blocks as u32, 1, 1),
+        256,
+        0,
+        &[
+            Arg::P(s.xbc.0),
+            Arg::P(s.zx.0),
+            Arg::P(s.a.0),
+            Arg::P(s.d.0),
+            Arg::P(s.dt_bias.0),
+            Arg::P(seq.ptr()),
+            Arg::P(state),
+            Arg::P(y.0),
+            Arg::P(st.bad.ptr),
+            Arg::I(n_seq as i32),
+            Arg::I(p.n_head as i32),
+            Arg::I(p.head_dim() as i32),
+            Arg::I(p.d_state as i32),
+            Arg::I(p.n_group as i32),
+            Arg::I(dp as i32),
+            Arg::I((dp - p.n_head) as i32),
+        ],
+    )
+}
+
+pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, out: Dev) -> Result<(), CudaError> {
+    if y.1 % p.d_inner != 0 {
+        return Err(CudaError::Shape(format!("ssm_gated_norm: {} values are not rows of {}", y.1, p.d_inner)));
+    }
+    let n = y.1 / p.d_inner;
+    check("ssm_gated_norm projection", zx.1, n * p.d_in_proj())?;
+    check("ssm_gated_norm weight", w.1, p.d_inner)?;
+    check("ssm_gated_norm output", out.1, y.1)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let gs = p.d_inner / p.n_group;
+    let threads = (gs.div_ceil(32) * 32).clamp(32, 256) as u32;
+    dev.launch(
+        "ssm_gated_norm",
+        (n as u32, p.n_group as u32, 1),
+        threads,
+        0,
+        &[Arg::P(y.0), Arg::P(zx.0), Arg::P(w.0), Arg::P(out.0), Arg::I(p.d_inner as i32), Arg::I(p.n_group as i32), Arg::I(p.d_in_proj() as i32), Arg::F(p.eps)],
+    )
+}
+
+/// Kernel names this module launches.
+pub fn kernel_names() -> Vec<String> {
+    ["ssm_conv", "ssm_scan", "ssm_gated_norm", "copy_f32"].iter().map(|s| s.to_string()).collect()
+}

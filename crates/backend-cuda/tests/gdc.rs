@@ -1,0 +1,110 @@
+//! Every kernel launched with programmatic dependent launch (`device::gdc_kernel_names`) must
+//! wait for its predecessor (`GDC()`) before touching memory, or it races the kernel before it.
+//! Checked on the kernel sources (no GPU needed): each `extern "C" __global__` kernel, macro
+//! templates included, must call `GDC()` in its body or call a device function whose body does;
+//! every listed name must be defined by such a kernel.
+
+const SOURCES: [&str; 4] = [
+    include_str!("../kernels/common.cuh"),
+    include_str!("../kernels/ops.cu"),
+    include_str!("../kernels/matmul.cu"),
+    include_str!("../kernels/attention.cu"),
+];
+
+/// The text from the `{` at or after `from` to its matching `}`.
+fn body(src: &str, from: usize) -> &str {
+    let open = from + src[from..].find('{').expect("a body");
+    let mut depth = 0;
+    for (i, c) in src[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &src[open..open + i + 1];
+                }
+            }
+            _ => {}
+        }
+    }
+    &src[open..]
+}
+
+/// `(name pattern, body)` of every `extern "C" __global__` kernel (macro line continuations
+/// removed; `##` joins in the pattern are kept).
+fn kernels(src: &str) -> Vec<(String, String)> {
+    let mut out = vec![];
+    let mut at = 0;
+    while let Some(k) = src[at..].find("extern \"C\" __global__ void") {
+        let start = at + k;
+        let head = &src[start..];
+        let paren = head.find('(').unwrap();
+        // `__launch_bounds__(128) name(`: the name follows the attribute's parentheses
+        let (name_from, name_to) = if head[..paren].contains("__launch_bounds__") {
+            let close = head.find(')').unwrap() + 1;
+            let p2 = close + head[close..].find('(').unwrap();
+            (close, p2)
+        } else {
+            ("extern \"C\" __global__ void".len(), paren)
+        };
+        let name = head[name_from..name_to].trim().to_string();
+        out.push((name, body(src, start).to_string()));
+        at = start + 1;
+    }
+    out
+}
+
+/// Names of device functions whose body calls `GDC()`.
+fn waiting_functions(src: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut at = 0;
+    while let Some(k) = src[at..].find("__device__ __forceinline__ void ") {
+        let start = at + k + "__device__ __forceinline__ void ".len();
+        let name: String = src[start..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if body(src, start).contains("GDC();") {
+            out.push(name);
+        }
+        at = start;
+    }
+    out
+}
+
+/// Whether `name` matches a macro pattern such as `gemv_##NAME##_##NT`.
+fn matches(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split("##").collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    // literal pieces in order; macro parameters (upper-case words) match anything
+    let mut rest = name;
+    for (i, p) in parts.iter().enumerate() {
+        let is_param = !p.is_empty() && p.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') && p.chars().any(|c| c.is_ascii_uppercase());
+        if is_param {
+            continue;
+        }
+        match rest.find(p) {
+            Some(pos) if i > 0 || pos == 0 => rest = &rest[pos + p.len()..],
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[test]
+fn every_pdl_kernel_waits_for_its_predecessor() {
+    let src: String = SOURCES.iter().map(|s| s.replace("\\\n", "\n")).collect::<Vec<_>>().join("\n");
+    let waiting = waiting_functions(&src);
+    let ks = kernels(&src);
+    assert!(ks.len() > 15, "found only {} kernels", ks.len());
+    let good: Vec<&String> = ks
+        .iter()
+        .filter(|(_, b)| b.contains("GDC();") || waiting.iter().any(|f| b.contains(&format!("{f}<")) || b.contains(&format!("{f}("))))
+        .map(|(n, _)| n)
+        .collect();
+    for name in quarrel_cuda::device::gdc_kernel_names() {
+        assert!(good.iter().any(|p| matches(p, &name)), "{name} is launched with PDL but no kernel of that name calls GDC()");
+    }
+    // and the check can fail: a kernel without GDC() is not accepted
+    assert!(!ks.iter().any(|(n, b)| n == "zero_fill" && !b.contains("GDC();")));
+    assert!(matches("gemv3_##NAME##_##NT", "gemv3_q4_0_1") && !matches("gemv3_##NAME##_##NT", "gemv_q4_0_1"));
+}

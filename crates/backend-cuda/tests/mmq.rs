@@ -1,0 +1,123 @@
+//! The MMQ kernels (quantized GEMM on the int8 tensor cores) against their plain-Rust twin
+//! (`quarrel_cuda::mmq::reference`, the same exact-integer formula) and against the CPU
+//! backend, for every quant type with a kernel, ragged shapes (row, token and unit tails) and
+//! the split-K path; plus MMQ == GEMV for the same tokens. Skips without a CUDA device.
+
+use quarrel_core::{Backend, QuantType, WeightSource};
+use quarrel_cpu::CpuBackend;
+use quarrel_cuda::{repack, CudaBackend};
+use quarrel_gguf::{Gguf, GgufWriter};
+use std::sync::Arc;
+
+/// NMSE bounds (Σ(a-b)²/Σa²).
+mod tol {
+    /// kernel vs twin: same integer sums and scale products, f32 vs f64 summation order
+    pub const TWIN: f64 = 1e-10;
+    /// vs the CPU backend, legacy types: both quantize activations to Q8_0 / Q8_1 alike
+    pub const CPU_LEGACY: f64 = 1e-8;
+    /// vs the CPU backend, K types: the CPU pairs them with Q8_K (256-value blocks)
+    pub const CPU_K: f64 = 2e-4;
+    /// MMQ vs the dp4a GEMV on the same Q8 activations
+    pub const GEMV: f64 = 1e-10;
+}
+
+const TYPES: [QuantType; 8] =
+    [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K];
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(b.iter().all(|v| v.is_finite()), "non-finite value");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn is_k(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K)
+}
+
+#[test]
+fn mmq_matches_twin_cpu_and_gemv() {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    let cpu = CpuBackend::new(0).unwrap();
+    // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
+    // (544 = 17 units, legacy only), split-K (few blocks, long rows), a full-size tile
+    let shapes = [(512usize, 70usize, 9usize), (544, 70, 17), (2048, 70, 33), (256, 200, 100), (4096, 130, 64), (1024, 512, 300)];
+    eprintln!("| type | n_in | n_out | n_tok | nmse vs twin | vs CPU | vs GEMV |\n|---|---:|---:|---:|---:|---:|---:|");
+    for (si, &(n_in, n_out, n_tok)) in shapes.iter().enumerate() {
+        for (ti, &ty) in TYPES.iter().enumerate() {
+            if is_k(ty) && n_in % 256 != 0 {
+                continue;
+            }
+            let v: Vec<f32> = rnd(n_in * n_out, 1000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
+            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+            let mut wr = GgufWriter::new();
+            wr.add_tensor("w", &[n_in as u64, n_out as u64], ty).unwrap();
+            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let x = rnd(n_tok * n_in, 77 + si as u64);
+
+            let (t, p, m) = repack(ty, &bytes).unwrap();
+            let twin = quarrel_cuda::mmq::reference(t, &p, &m.unwrap_or_default(), n_in, n_out, &x, n_tok);
+
+            let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+            let xb = gpu.upload(&x).unwrap();
+            let mut ob = gpu.alloc(n_tok * n_out).unwrap();
+            gpu.matmul_mmq(&w, &xb, n_tok, &mut ob).unwrap();
+            let got = gpu.download(&ob).unwrap();
+
+            // the GEMV path, 8 tokens at a time
+            let mut gemv = Vec::with_capacity(n_tok * n_out);
+            for c in x.chunks(8 * n_in) {
+                let nt = c.len() / n_in;
+                let xb = gpu.upload(c).unwrap();
+                let mut ob = gpu.alloc(nt * n_out).unwrap();
+                gpu.matmul(&w, &xb, nt, &mut ob).unwrap();
+                gemv.extend(gpu.download(&ob).unwrap());
+            }
+
+            let wc = cpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+            let xc = cpu.upload(&x).unwrap();
+            let mut oc = cpu.alloc(n_tok * n_out).unwrap();
+            cpu.matmul(&wc, &xc, n_tok, &mut oc).unwrap();
+            let want = cpu.download(&oc).unwrap();
+
+            let (e_twin, e_cpu, e_gemv) = (nmse(&twin, &got), nmse(&want, &got), nmse(&gemv, &got));
+            eprintln!("| {ty} | {n_in} | {n_out} | {n_tok} | {e_twin:.2e} | {e_cpu:.2e} | {e_gemv:.2e} |");
+            assert!(e_twin <= tol::TWIN, "{ty} {n_in}x{n_out} n_tok {n_tok}: nmse vs twin {e_twin:.3e}");
+            let cb = if is_k(ty) { tol::CPU_K } else { tol::CPU_LEGACY };
+            assert!(e_cpu <= cb, "{ty} {n_in}x{n_out} n_tok {n_tok}: nmse vs CPU {e_cpu:.3e} > {cb:.0e}");
+            assert!(e_gemv <= tol::GEMV, "{ty} {n_in}x{n_out} n_tok {n_tok}: nmse vs GEMV {e_gemv:.3e}");
+        }
+    }
+}
+
+#[test]
+fn mmq_rejects_float_weights() {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    let mut wr = GgufWriter::new();
+    wr.add_tensor("w", &[64, 4], QuantType::F32).unwrap();
+    let bytes: Vec<u8> = rnd(256, 3).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+    let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+    let x = gpu.upload(&rnd(64 * 10, 4)).unwrap();
+    let mut o = gpu.alloc(40).unwrap();
+    assert!(gpu.matmul_mmq(&w, &x, 10, &mut o).is_err());
+}
