@@ -50,13 +50,13 @@ impl SamplingParams {
         SamplingParams { temperature: 0.0, ..Default::default() }
     }
 
-    /// Check ranges, with a message a user can act on.
     /// Greedy with no penalties: the pick is the argmax of the raw logits (which a device
     /// backend computes without sending the logits back).
     pub fn is_plain_greedy(&self) -> bool {
         self.temperature <= 0.0 && (self.penalty_last_n == 0 || (self.repeat_penalty == 1.0 && self.presence_penalty == 0.0 && self.frequency_penalty == 0.0))
     }
 
+    /// Check ranges, with a message a user can act on.
     pub fn validate(&self) -> Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return Err(format!("temperature must be >= 0, got {}", self.temperature));
@@ -126,9 +126,7 @@ impl Sampler {
 
     /// Pick the next token from `logits` given the tokens so far (`history`, prompt included).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let p = &self.params;
-        let no_penalty = p.penalty_last_n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0);
-        if p.temperature <= 0.0 && no_penalty {
+        if self.params.is_plain_greedy() {
             // plain greedy: no copy of the logits
             return argmax(logits);
         }
