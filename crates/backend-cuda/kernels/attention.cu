@@ -43,7 +43,8 @@ __device__ __forceinline__ void hadamard_row(float* X, int hd, int rot, int lane
 // f16 / f32 caches with hd a multiple of 8 / 4 take 16-byte loads, all in flight together.
 template <int KT>
 __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __restrict__ V, float* Ks, float* Vs, const u32* __restrict__ table,
-                                          int bs, u64 row, int kvh, int hd, int base, int nr, int lane, int rot) {
+                                          int bs, u64 row, int kvh, int hd, int base, int nr, int lane, int rot,
+                                          const float* __restrict__ koff) {
     if (KT == KV_F16 && hd % 8 == 0) {
         if (lane < nr) {
             int p = base + lane;
@@ -97,6 +98,12 @@ __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __
                 hadamard_row(Ks + r * (hd + 1), hd, rot, lane);
                 hadamard_row(Vs + r * (hd + 1), hd, rot, lane);
             }
+            // keys were stored less the layer's key offset (kv_put): add it back
+            if (koff) {
+                __syncwarp();
+                for (int r = 0; r < nr; r++)
+                    for (int d = lane; d < hd; d += 32) Ks[r * (hd + 1) + d] = __fadd_rn(Ks[r * (hd + 1) + d], koff[(u64)kvh * hd + d]);
+            }
         }
     }
 }
@@ -107,7 +114,8 @@ template <int KT, int DPL, int QT>
 __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                          int hd, int bs, float scale, float softcap, int window, int rot, int q16) {
+                                          int hd, int bs, float scale, float softcap, int window, int rot, int q16,
+                                          const float* __restrict__ koff) {
     GDC();
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
@@ -145,7 +153,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     __syncwarp();
     for (int base = p_begin; base < p_end; base += 32) {
         int nr = min(32, p_end - base);
-        load_rows<KT>(K, V, Ks, Vs, table, bs, row, kvh, hd, base, nr, lane, rot);
+        load_rows<KT>(K, V, Ks, Vs, table, bs, row, kvh, hd, base, nr, lane, rot, koff);
         __syncwarp();
         const int p = base + lane;
         float s[QT];
@@ -208,13 +216,13 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #define ATTN(NAME, KT, DPL)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(                                           \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16) { \
-        attn_part<KT, DPL, ATT_QT>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16); \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, const float* koff) { \
+        attn_part<KT, DPL, ATT_QT>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff); \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(                                          \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16) { \
-        attn_part<KT, DPL, 1>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16); \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, const float* koff) { \
+        attn_part<KT, DPL, 1>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff); \
     }
 #define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
 ATTN_ALL(f32, KV_F32)

@@ -321,8 +321,10 @@ __device__ __forceinline__ void kv_q4_0_block(float v, u8* __restrict__ blk, int
 
 // Store one row of `row` values (token t) at slot `slot`. F32/F16: thread per value; quantized:
 // Hadamard-rotated in blocks of `rot` values, then quarrel-quant's quantizers (warp per block).
+// `off` (quantized keys only, else null): the layer's key offset, subtracted before rotating.
 template <int KT>
-__device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __restrict__ src, const u32* __restrict__ slots, int row, int n_tok, int rot) {
+__device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __restrict__ src, const u32* __restrict__ slots, int row, int n_tok, int rot,
+                                       const float* __restrict__ off) {
     GDC();
     if (KT == KV_F32 || KT == KV_F16) {
         u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -343,7 +345,7 @@ __device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __rest
         const float* s = src + t * row + j * rot;
         float v[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = k < R ? s[lane + 32 * k] : 0.f;
+        for (int k = 0; k < 8; k++) v[k] = k < R ? (off ? __fsub_rn(s[lane + 32 * k], off[j * rot + lane + 32 * k]) : s[lane + 32 * k]) : 0.f;
         // butterflies in the CPU's order (h = 1, 2, 4, ...): x[i] = a + b, x[i + h] = a - b
 #pragma unroll
         for (int h = 1; h < 32; h <<= 1) {
@@ -384,9 +386,9 @@ __device__ __forceinline__ void kv_put(u8* __restrict__ dst, const float* __rest
 // blockIdx.y: 0 stores K, 1 stores V
 #define KV_STORE(NAME, KT)                                                                                 \
     extern "C" __global__ void kv_store_##NAME(u8* kd, const float* ks, u8* vd, const float* vs, const u32* slots, \
-                                               int row, int n_tok, int rot) {                              \
-        if (blockIdx.y == 0) kv_put<KT>(kd, ks, slots, row, n_tok, rot);                                   \
-        else kv_put<KT>(vd, vs, slots, row, n_tok, rot);                                                   \
+                                               int row, int n_tok, int rot, const float* koff) {           \
+        if (blockIdx.y == 0) kv_put<KT>(kd, ks, slots, row, n_tok, rot, koff);                             \
+        else kv_put<KT>(vd, vs, slots, row, n_tok, rot, nullptr);                                          \
     }
 KV_STORE(f32, KV_F32)
 KV_STORE(f16, KV_F16)

@@ -1,6 +1,7 @@
 //! `CudaKv`: the paged KV cache in device memory, per layer `[slots][n_kv_head * head_dim]`
 //! in the spec's element type (f32, f16, or ggml Q8_0 / Q4_0 blocks of each head Hadamard-rotated
-//! in blocks of up to 256 values, as the CPU cache stores them), zeroed at allocation.
+//! in blocks of up to 256 values, as the CPU cache stores them, keys less the layer's key
+//! offset first), zeroed at allocation.
 
 use crate::device::{DevMem, Device};
 use crate::error::CudaError;
@@ -10,6 +11,10 @@ pub struct CudaKv {
     pub spec: KvSpec,
     pub(crate) k: Vec<DevMem>,
     pub(crate) v: Vec<DevMem>,
+    /// Quantized caches: each layer's per-channel key offset (`n_kv_head * head_dim` f32,
+    /// not rotated), set by the layer's first store to the mean of that store's keys (the
+    /// CPU cache's `KeyOffset`): subtracted before rotation + quantization, added back on read.
+    pub(crate) k_off: Vec<Option<DevMem>>,
     /// Recurrent (Mamba2) state, when the model declares some (`alloc_state`).
     pub(crate) state: Option<crate::ssm::CudaState>,
 }
@@ -48,6 +53,6 @@ impl CudaKv {
                 dst.push(m);
             }
         }
-        Ok(CudaKv { spec: spec.clone(), k, v, state: None })
+        Ok(CudaKv { spec: spec.clone(), k, v, k_off: (0..spec.n_layer).map(|_| None).collect(), state: None })
     }
 }

@@ -528,13 +528,25 @@ impl Backend for CudaBackend {
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let (ks, vs) = (self.rd(k)?, self.rd(v)?);
         let rot = kv_rotation(&kv.spec)?;
+        // quantized keys: the layer's first store sets its key offset (the per-channel mean of
+        // the keys, summed in f64 in token order as the CPU does; one download, once per layer)
+        if rot > 0 && kv.k_off[layer].is_none() {
+            let keys: Vec<f32> = self.dev.download(ks, k.len)?;
+            let mut sum = vec![0f64; row];
+            for x in keys.chunks_exact(row) {
+                sum.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
+            }
+            let m: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
+            kv.k_off[layer] = Some(device::DevMem::upload(&self.dev, &m)?);
+        }
+        let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         // f32/f16: a thread per value; quantized: a warp per rotation block (8 to a block)
         let blocks = match (n * row).checked_div(rot) {
             None => ((n * row) as u64).div_ceil(256),
             Some(warps) => (warps as u64).div_ceil(8),
         };
         self.with_batch(batch, kv, None, |db| {
-            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32)];
+            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32), Arg::P(koff)];
             self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
             Ok(())
         })
@@ -573,6 +585,7 @@ impl Backend for CudaBackend {
         // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
         let q16 = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
+        let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
         self.with_batch(batch, kv, p.sliding_window, |db| {
             // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
@@ -606,6 +619,7 @@ impl Backend for CudaBackend {
                     Arg::I(p.sliding_window.unwrap_or(0) as i32),
                     Arg::I(rot as i32),
                     Arg::I(q16 as i32),
+                    Arg::P(koff),
                 ],
             )?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
