@@ -17,7 +17,7 @@
 # build), BIN_DIR (prebuilt test binaries, see gpu-test.sh), SKIP_TESTS (1: benchmarks only),
 # WORK (scratch folder; default /tmp/qbench), OUT (logs and JSON; default $WORK/out), REPS
 # (repetitions, default 3), MODELS (subset), DEVICE (quarrel's --device, default cuda; cpu for a
-# dry run), TIMEOUT (seconds per benchmark command, default 300), BATCHED (models for the
+# dry run), TIMEOUT (seconds per benchmark command, default 300), TEST_TIMEOUT (GPU tests, default 600), BATCHED (models for the
 # batched-generation comparison, default mistral-7b:q4_k_m; empty: none), NPL (parallel sequences, default 32,128).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -80,7 +80,7 @@ SYNTH=$!
 
 # 3. GPU tests and copy bandwidth
 if [ "${SKIP_TESTS:-0}" != 1 ] && { [ -n "${BIN_DIR:-}" ] || command -v cargo >/dev/null; }; then
-    timeout 600 "$ROOT/scripts/gpu-test.sh" >"$OUT/gpu-test.log" 2>&1 && echo "GPU tests: passed" || echo "GPU tests: FAILED (see $OUT/gpu-test.log)"
+    timeout "${TEST_TIMEOUT:-600}" "$ROOT/scripts/gpu-test.sh" >"$OUT/gpu-test.log" 2>&1 && echo "GPU tests: passed" || echo "GPU tests: FAILED (see $OUT/gpu-test.log)"
     grep -E "^(test |greedy|perplexity|.*worst logits)" "$OUT/gpu-test.log" | grep -v "^test result" | sed 's/^/  /'
     log "tests done"
 fi
