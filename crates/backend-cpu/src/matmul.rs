@@ -80,6 +80,10 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
 
 /// `out = x W^T` from the quantized activations `xq` (`arb` bytes per token).
 fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
+    if let Some(rt) = simd::repack::enabled(w.ty) {
+        matmul_repacked(be, w, rt, xq, arb, n_tok, out);
+        return;
+    }
     if let Some(g) = simd::gemm_fn(w.ty).filter(|g| n_tok >= g.min_tokens()) {
         gemm(be, g, w, xq, arb, n_tok, out);
         return;
@@ -286,6 +290,56 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
                     }
                 }
             })
+        }
+    });
+}
+
+/// The repacked path (`simd::repack`): the same kernel for one token and for many, so every
+/// output's bits depend only on its row and token. Tasks split the 16-row groups (and token
+/// chunks where there are few groups); a task runs each of its groups over its tokens, 8 at
+/// a time, so a group's panel stays in cache while the tokens go by.
+fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
+    use simd::repack::{self, ActAux, R, TILE_TOKENS};
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let nb = n_in / 32;
+    let packed = w.packed(rt);
+    let gbytes = rt.group_bytes(n_in);
+    let mut aux = vec![ActAux::default(); nb * n_tok];
+    let fill = |t: usize, a: &mut [ActAux]| repack::act_aux(rt, n_in, &xq[t * arb..(t + 1) * arb], a);
+    if n_tok >= 8 {
+        be.par_chunks_mut(&mut aux, nb, &fill);
+    } else {
+        aux.chunks_mut(nb).enumerate().for_each(|(t, a)| fill(t, a));
+    }
+    let aux: &[ActAux] = &aux;
+    let n_groups = n_out.div_ceil(R);
+    let want = gemv_tasks_per_thread() * be.n_threads().max(1);
+    let gpt = n_groups.div_ceil(want.min(n_groups));
+    let row_tasks = n_groups.div_ceil(gpt);
+    let chunks = n_tok.div_ceil(TILE_TOKENS);
+    let cpt = chunks.div_ceil(want.div_ceil(row_tasks).min(chunks));
+    let tok_tasks = chunks.div_ceil(cpt);
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    be.for_each_task(row_tasks * tok_tasks, &|task| {
+        let (g0, c0) = (task / tok_tasks * gpt, task % tok_tasks * cpt);
+        let (g1, c1) = ((g0 + gpt).min(n_groups), (c0 + cpt).min(chunks));
+        let mut tile = [[0f32; R]; TILE_TOKENS];
+        for g in g0..g1 {
+            let group = &packed[g * gbytes..(g + 1) * gbytes];
+            let (r0, nr) = (g * R, R.min(n_out - g * R));
+            for c in c0..c1 {
+                let (t0, t1) = (c * TILE_TOKENS, (c * TILE_TOKENS + TILE_TOKENS).min(n_tok));
+                let mut acts: [(&[u8], &[ActAux]); TILE_TOKENS] = [(&[], &[]); TILE_TOKENS];
+                for t in t0..t1 {
+                    acts[t - t0] = (&xq[t * arb..(t + 1) * arb], &aux[t * nb..(t + 1) * nb]);
+                }
+                repack::tile(rt, n_in, group, &acts[..t1 - t0], &mut tile);
+                for t in t0..t1 {
+                    // SAFETY: (token, row) pairs are disjoint across tasks; the range ends
+                    // at t * n_out + r0 + nr <= n_tok * n_out = out.len().
+                    unsafe { out_ptr.write_slice(t * n_out + r0, &tile[t - t0][..nr]) };
+                }
+            }
         }
     });
 }

@@ -16,6 +16,8 @@ pub struct CpuWeight {
     row0: usize,
     /// f32 copy for 1-D weights (norms, biases): tiny and used on every token.
     f32_data: Option<Vec<f32>>,
+    /// The rows interleaved for the repacked matmul (`simd::repack`), made on first use.
+    packed: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl CpuWeight {
@@ -36,7 +38,7 @@ impl CpuWeight {
         } else {
             None
         };
-        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data })
+        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data, packed: Default::default() })
     }
 
     /// The raw bytes of this weight's rows (borrowed from the mmap).
@@ -61,7 +63,14 @@ impl CpuWeight {
             index: self.index,
             row0: self.row0 + e * n,
             f32_data: None,
+            packed: Default::default(),
         })
+    }
+
+    /// This weight's rows repacked for `ty`'s interleaved kernels (`simd::repack`), made on
+    /// the first call (the matmul then reads only this copy, never the mmapped rows).
+    pub(crate) fn packed(&self, ty: crate::simd::repack::RepackTy) -> &[u8] {
+        self.packed.get_or_init(|| crate::simd::repack::repack(ty, self.n_in, self.n_out, self.bytes()))
     }
 
     pub fn row_bytes(&self) -> usize {

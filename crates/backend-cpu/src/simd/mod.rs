@@ -26,6 +26,7 @@
 //! the reference (float types: f32 FMA accumulation instead of the reference's f64).
 
 pub mod attn;
+pub mod repack;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -1,0 +1,128 @@
+//! AVX-512 VNNI kernels over repacked (16-row interleaved) Q4_0 / Q4_1 / Q8_0 weights: one
+//! tile = one group of 16 rows x 1..=8 tokens; layout and float order in `simd::repack`
+//! (whose `reference_dot` gives exactly the same bits).
+//!
+//! ```text
+//!  per block:  8 code registers (16 rows x 4 elements each; Q4: 4 loads, nibbles split)
+//!  per token:  isum = off; isum += vpdpbusd(codes_k, broadcast 4 activation bytes)  (x8)
+//!              acc  = fma(cvt(isum), d_w[16] * d_a, acc)   (+ fma(m_w[16], s_a, acc) Q4_1)
+//! ```
+//!
+//! The weight registers are shared by the tile's tokens; activations are read in place from
+//! the quantized rows (embedded-broadcast operands), with the per-block `ActAux` beside them.
+
+use super::super::repack::{ActAux, RepackTy, R, TILE_TOKENS};
+use std::arch::x86_64::*;
+
+/// Whether the CPU has what the kernels use.
+pub(crate) fn supported() -> bool {
+    super::has_avx2() && super::has_avx512() && super::has_avx512vnni()
+}
+
+/// `out[t][i]` = `repack::reference_dot(ty, n_in, group, i, acts[t].0)`, bit for bit.
+/// `acts[t].1` must be `repack::act_aux` of `acts[t].0`. Panics on short buffers or a CPU
+/// without the features.
+pub(crate) fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[ActAux])], out: &mut [[f32; R]]) {
+    let nb = n_in / 32;
+    assert!(supported(), "repack tile: CPU lacks AVX-512 VNNI");
+    assert!(n_in.is_multiple_of(32) && group.len() >= nb * ty.group_block());
+    assert!((1..=TILE_TOKENS).contains(&acts.len()) && out.len() >= acts.len());
+    let mut a = [std::ptr::null::<u8>(); TILE_TOKENS];
+    let mut x = [std::ptr::null::<ActAux>(); TILE_TOKENS];
+    for (t, (row, aux)) in acts.iter().enumerate() {
+        assert!(row.len() >= nb * ty.ab() && aux.len() >= nb);
+        a[t] = row.as_ptr();
+        x[t] = aux.as_ptr();
+    }
+    let g = group.as_ptr();
+    let o = out.as_mut_ptr();
+    macro_rules! go {
+        ($ty:expr) => {
+            // SAFETY: features checked; `group` holds `nb` group blocks, every activation
+            // row `nb` blocks and its aux `nb` entries, `out` `acts.len()` rows (asserted).
+            unsafe {
+                match acts.len() {
+                    1 => kernel::<1, $ty>(nb, g, &a, &x, o),
+                    2 => kernel::<2, $ty>(nb, g, &a, &x, o),
+                    3 => kernel::<3, $ty>(nb, g, &a, &x, o),
+                    4 => kernel::<4, $ty>(nb, g, &a, &x, o),
+                    5 => kernel::<5, $ty>(nb, g, &a, &x, o),
+                    6 => kernel::<6, $ty>(nb, g, &a, &x, o),
+                    7 => kernel::<7, $ty>(nb, g, &a, &x, o),
+                    _ => kernel::<8, $ty>(nb, g, &a, &x, o),
+                }
+            }
+        };
+    }
+    match ty {
+        RepackTy::Q4_0 => go!(0),
+        RepackTy::Q4_1 => go!(1),
+        RepackTy::Q8_0 => go!(2),
+    }
+}
+
+/// `TY`: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0.
+///
+/// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL/VNNI; `g` readable for `nb` group blocks, `a[t]`
+/// for `nb` activation blocks and `x[t]` for `nb` entries (t < T), `out` writable for T rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn kernel<const T: usize, const TY: u8>(nb: usize, g: *const u8, a: &[*const u8; TILE_TOKENS], x: &[*const ActAux; TILE_TOKENS], out: *mut [f32; R]) {
+    let (codes, ab, aq) = match TY {
+        0 => (16 * R, 34usize, 2usize),
+        1 => (16 * R, 36, 4),
+        _ => (32 * R, 34, 2),
+    };
+    let gb = codes + if TY == 1 { 4 * R } else { 2 * R };
+    let mask = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let gp = g.add(b * gb);
+        // streaming weights: ask for the blocks a little ahead
+        let mut p = 0;
+        while p < gb {
+            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(super::PREFETCH_AHEAD + p) as *const i8);
+            p += 64;
+        }
+        // code register `k` and the offset of its 4 activation bytes
+        let mut w = [_mm512_setzero_si512(); 8];
+        let mut yo = [0usize; 8];
+        if TY == 2 {
+            for k in 0..8 {
+                w[k] = _mm512_loadu_si512(gp.add(64 * k) as *const _);
+                yo[k] = 4 * k;
+            }
+        } else {
+            for k in 0..4 {
+                let v = _mm512_loadu_si512(gp.add(64 * k) as *const _);
+                w[2 * k] = _mm512_and_si512(v, mask);
+                w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                yo[2 * k] = 4 * k;
+                yo[2 * k + 1] = 16 + 4 * k;
+            }
+        }
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(gp.add(codes) as *const __m256i));
+        let mw = if TY == 1 { _mm512_cvtph_ps(_mm256_loadu_si256(gp.add(codes + 2 * R) as *const __m256i)) } else { _mm512_setzero_ps() };
+        for t in 0..T {
+            let y = a[t].add(b * ab + aq);
+            let xa = &*x[t].add(b);
+            let mut s0 = _mm512_set1_epi32(xa.off);
+            let mut s1 = _mm512_setzero_si512();
+            for k in 0..8 {
+                let yv = _mm512_set1_epi32((y.add(yo[k]) as *const i32).read_unaligned());
+                if k % 2 == 0 {
+                    s0 = _mm512_dpbusd_epi32(s0, w[k], yv);
+                } else {
+                    s1 = _mm512_dpbusd_epi32(s1, w[k], yv);
+                }
+            }
+            let isum = _mm512_add_epi32(s0, s1);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xa.d)), acc[t]);
+            if TY == 1 {
+                acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xa.s), acc[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        _mm512_storeu_ps((*out.add(t)).as_mut_ptr(), acc[t]);
+    }
+}
