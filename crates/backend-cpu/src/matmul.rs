@@ -301,7 +301,7 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
 fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
     use simd::repack::{self, ActAux, R, TILE_TOKENS};
     let (n_in, n_out) = (w.n_in, w.n_out);
-    let nb = n_in / 32;
+    let nb = n_in / rt.qk();
     let packed = w.packed(rt);
     let gbytes = rt.group_bytes(n_in);
     let mut aux = vec![ActAux::default(); nb * n_tok];

@@ -10,7 +10,8 @@ use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
-const TYPES: [(RepackTy, QuantType); 3] = [(RepackTy::Q4_0, QuantType::Q4_0), (RepackTy::Q4_1, QuantType::Q4_1), (RepackTy::Q8_0, QuantType::Q8_0)];
+const TYPES: [(RepackTy, QuantType); 4] =
+    [(RepackTy::Q4_0, QuantType::Q4_0), (RepackTy::Q4_1, QuantType::Q4_1), (RepackTy::Q8_0, QuantType::Q8_0), (RepackTy::Q4_K, QuantType::Q4_K)];
 
 fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -31,7 +32,7 @@ fn raw_weights(ty: QuantType, n_in: usize, n_out: usize, seed: u64) -> Vec<u8> {
     let scales = rnd(seed + 1, bytes.len() / bs * 2, 0.1);
     for (k, blk) in bytes.chunks_exact_mut(bs).enumerate() {
         blk[0..2].copy_from_slice(&half::f16::from_f32(scales[2 * k]).to_bits().to_le_bytes());
-        if ty == QuantType::Q4_1 {
+        if matches!(ty, QuantType::Q4_1 | QuantType::Q4_K) {
             blk[2..4].copy_from_slice(&half::f16::from_f32(scales[2 * k + 1]).to_bits().to_le_bytes());
         }
     }
@@ -54,7 +55,8 @@ fn quantized_acts(ty: QuantType, n_in: usize, n_tok: usize, seed: u64) -> Vec<u8
 
 fn check_tile(ti: usize, nb: usize, n_tok: usize, seed: u64) -> Result<(), TestCaseError> {
     let (rt, ty) = TYPES[ti];
-    let n_in = nb * 32;
+    let nb = if rt == RepackTy::Q4_K { (nb - 1) % 5 + 1 } else { nb };
+    let n_in = nb * rt.qk();
     let w = raw_weights(ty, n_in, R, seed);
     let packed = repack::repack(rt, n_in, R, &w);
     let xq = quantized_acts(ty, n_in, n_tok, seed ^ 9);
@@ -78,8 +80,11 @@ fn check_tile(ti: usize, nb: usize, n_tok: usize, seed: u64) -> Result<(), TestC
             // the same integer sums as the plain vec_dot, in another float order
             let rb = ty.row_bytes(n_in).unwrap();
             let plain = quarrel_quant::vec_dot(ty, &w[i * rb..(i + 1) * rb], a, n_in).unwrap();
-            let mag = plain.abs().max(want.abs()).max(1e-3);
-            prop_assert!((plain - want).abs() <= 1e-4 * mag + 1e-5, "{:?}: repacked {} vs vec_dot {}", rt, want, plain);
+            let (mut wf, mut af) = (vec![0f32; n_in], vec![0f32; n_in]);
+            quarrel_quant::dequantize(ty, &w[i * rb..(i + 1) * rb], &mut wf).unwrap();
+            quarrel_quant::dequantize(ty.vec_dot_type(), a, &mut af).unwrap();
+            let mag: f64 = wf.iter().zip(&af).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
+            prop_assert!(((plain - want).abs() as f64) <= 1e-5 * mag + 1e-6, "{:?}: repacked {} vs vec_dot {} (magnitude {})", rt, want, plain, mag);
         }
     }
     for row in &out[n_tok..] {
@@ -96,9 +101,10 @@ fn weight_file(ty: QuantType, n_in: usize, n_out: usize, bytes: &[u8]) -> Arc<Gg
 
 /// The backend's matmul (Q4_0 takes the repacked path where the kernels run): all tokens
 /// at once == each token alone, bit for bit, and == the scalar twin.
-fn check_batched(nb: usize, n_out: usize, n_tok: usize, threads: usize, seed: u64) -> Result<(), TestCaseError> {
-    let ty = QuantType::Q4_0;
-    let n_in = nb * 32;
+fn check_batched(ti: usize, nb: usize, n_out: usize, n_tok: usize, threads: usize, seed: u64) -> Result<(), TestCaseError> {
+    let (rt, ty) = TYPES[ti];
+    let nb = if rt == RepackTy::Q4_K { (nb - 1) % 3 + 1 } else { nb };
+    let n_in = nb * rt.qk();
     let w = raw_weights(ty, n_in, n_out, seed);
     let g = weight_file(ty, n_in, n_out, &w);
     let be = CpuBackend::new(threads).unwrap();
@@ -106,17 +112,18 @@ fn check_batched(nb: usize, n_out: usize, n_tok: usize, threads: usize, seed: u6
     let x = rnd(seed ^ 3, n_in * n_tok, 2.0);
     let mut all = vec![0f32; n_tok * n_out];
     be.matmul(&wt, &x, n_tok, &mut all).unwrap();
-    let packed = repack::repack(RepackTy::Q4_0, n_in, n_out, &w);
-    let gb = RepackTy::Q4_0.group_bytes(n_in);
+    let packed = repack::repack(rt, n_in, n_out, &w);
+    let gb = rt.group_bytes(n_in);
+    let act = ty.vec_dot_type();
     for t in 0..n_tok {
         let mut one = vec![0f32; n_out];
         be.matmul(&wt, &x[t * n_in..(t + 1) * n_in].to_vec(), 1, &mut one).unwrap();
-        let mut xq = vec![0u8; QuantType::Q8_0.row_bytes(n_in).unwrap()];
-        quarrel_cpu::actquant::quantize_row(QuantType::Q8_0, &x[t * n_in..(t + 1) * n_in], &mut xq).unwrap();
+        let mut xq = vec![0u8; act.row_bytes(n_in).unwrap()];
+        quarrel_cpu::actquant::quantize_row(act, &x[t * n_in..(t + 1) * n_in], &mut xq).unwrap();
         for r in 0..n_out {
             prop_assert_eq!(all[t * n_out + r].to_bits(), one[r].to_bits(), "token {} row {}: batched {} vs alone {}", t, r, all[t * n_out + r], one[r]);
             if repack::enabled(ty).is_some() {
-                let want = repack::reference_dot(RepackTy::Q4_0, n_in, &packed[r / R * gb..(r / R + 1) * gb], r % R, &xq);
+                let want = repack::reference_dot(rt, n_in, &packed[r / R * gb..(r / R + 1) * gb], r % R, &xq);
                 prop_assert_eq!(one[r].to_bits(), want.to_bits(), "token {} row {}: {} vs twin {}", t, r, one[r], want);
             }
         }
@@ -128,27 +135,29 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
-    fn tiles_match_the_scalar_twin(ti in 0usize..3, nb in 1usize..40, n_tok in 1usize..=TILE_TOKENS, seed in any::<u64>()) {
+    fn tiles_match_the_scalar_twin(ti in 0usize..4, nb in 1usize..40, n_tok in 1usize..=TILE_TOKENS, seed in any::<u64>()) {
         check_tile(ti, nb, n_tok, seed)?;
     }
 
     #[test]
-    fn batched_equals_alone(nb in 1usize..12, n_out in 1usize..70, n_tok in 1usize..21, threads in 1usize..4, seed in any::<u64>()) {
-        check_batched(nb, n_out, n_tok, threads, seed)?;
+    fn batched_equals_alone(ti in 0usize..4, nb in 1usize..12, n_out in 1usize..70, n_tok in 1usize..21, threads in 1usize..4, seed in any::<u64>()) {
+        check_batched(ti, nb, n_out, n_tok, threads, seed)?;
     }
 }
 
 #[test]
 fn large_shapes_batched_equals_alone() {
-    for (nb, n_out, n_tok, threads) in [(64, 256, 19, 3), (176, 48, 9, 2), (64, 16 * 67, 3, 1)] {
-        check_batched(nb, n_out, n_tok, threads, nb as u64).unwrap();
+    for ti in 0..4 {
+        for (nb, n_out, n_tok, threads) in [(64, 256, 19, 3), (176, 48, 9, 2), (64, 16 * 67, 3, 1)] {
+            check_batched(ti, nb, n_out, n_tok, threads, nb as u64).unwrap();
+        }
     }
 }
 
 #[test]
 fn repack_layout_round_trips() {
     // every code and scale of the source appears where the layout says
-    for (rt, ty) in TYPES {
+    for (rt, ty) in TYPES[..3].iter().copied() {
         let (n_in, n_out) = (96, 21);
         let w = raw_weights(ty, n_in, n_out, 5);
         let p = repack::repack(rt, n_in, n_out, &w);

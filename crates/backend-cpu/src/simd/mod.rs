@@ -27,6 +27,7 @@
 
 pub mod attn;
 pub mod repack;
+mod repack_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -31,10 +31,13 @@ const QK: usize = 32;
 
 /// A weight type with a repacked form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 pub enum RepackTy {
     Q4_0,
     Q4_1,
     Q8_0,
+    /// 256-element super-blocks; layout and order in `repack_k.rs`.
+    Q4_K,
 }
 
 impl RepackTy {
@@ -43,6 +46,7 @@ impl RepackTy {
             QuantType::Q4_0 => Some(RepackTy::Q4_0),
             QuantType::Q4_1 => Some(RepackTy::Q4_1),
             QuantType::Q8_0 => Some(RepackTy::Q8_0),
+            QuantType::Q4_K => Some(RepackTy::Q4_K),
             _ => None,
         }
     }
@@ -53,13 +57,24 @@ impl RepackTy {
             RepackTy::Q4_0 => 18,
             RepackTy::Q4_1 => 20,
             RepackTy::Q8_0 => 34,
+            RepackTy::Q4_K => super::repack_k::WB,
         }
     }
 
     pub fn ab(self) -> usize {
         match self {
             RepackTy::Q4_1 => 36,
+            RepackTy::Q4_K => super::repack_k::AB,
             _ => 34,
+        }
+    }
+
+    /// Elements per block.
+    pub fn qk(self) -> usize {
+        if self == RepackTy::Q4_K {
+            super::repack_k::QK
+        } else {
+            QK
         }
     }
 
@@ -67,18 +82,22 @@ impl RepackTy {
     pub fn codes(self) -> usize {
         match self {
             RepackTy::Q8_0 => 32 * R,
+            RepackTy::Q4_K => super::repack_k::CODES,
             _ => 16 * R,
         }
     }
 
     /// Bytes of one block of a group (codes, d, m).
     pub fn group_block(self) -> usize {
+        if self == RepackTy::Q4_K {
+            return super::repack_k::GROUP_BLOCK;
+        }
         self.codes() + 2 * R * if self == RepackTy::Q4_1 { 2 } else { 1 }
     }
 
     /// Bytes of one group of `R` rows of `n_in` values.
     pub fn group_bytes(self, n_in: usize) -> usize {
-        n_in / QK * self.group_block()
+        n_in / self.qk() * self.group_block()
     }
 
     /// Offset of the codes within a GGUF weight block.
@@ -101,6 +120,9 @@ impl RepackTy {
 /// Repack `n_out` GGUF rows of `n_in` values (`src`, rows back to back) into
 /// `ceil(n_out / R)` groups (missing rows of the last group are zeros, scales 0).
 pub fn repack(ty: RepackTy, n_in: usize, n_out: usize, src: &[u8]) -> Vec<u8> {
+    if ty == RepackTy::Q4_K {
+        return super::repack_k::repack(n_in, n_out, src);
+    }
     let nb = n_in / QK;
     let (wb, gb) = (ty.wb(), ty.group_block());
     assert!(n_in.is_multiple_of(QK) && src.len() >= n_out * nb * wb, "repack: short source");
@@ -140,11 +162,16 @@ pub struct ActAux {
     pub off: i32,
     pub d: f32,
     pub s: f32,
-    pub _pad: f32,
+    pub _pad: i32,
+    /// Q4_K: the sums of the 8 sub-blocks' activation codes.
+    pub bs: [i16; 8],
 }
 
 /// The [`ActAux`] of each of the `n_in / 32` blocks of one quantized activation row.
 pub fn act_aux(ty: RepackTy, n_in: usize, a: &[u8], out: &mut [ActAux]) {
+    if ty == RepackTy::Q4_K {
+        return super::repack_k::act_aux(n_in, a, out);
+    }
     let (nb, ab) = (n_in / QK, ty.ab());
     assert!(a.len() >= nb * ab && out.len() >= nb);
     for (b, o) in out[..nb].iter_mut().enumerate() {
@@ -154,11 +181,12 @@ pub fn act_aux(ty: RepackTy, n_in: usize, a: &[u8], out: &mut [ActAux]) {
             off: match ty {
                 RepackTy::Q4_0 => -8 * sy,
                 RepackTy::Q8_0 => -128 * sy,
-                RepackTy::Q4_1 => 0,
+                _ => 0,
             },
             d: f16(blk, 0),
             s: if ty == RepackTy::Q4_1 { f16(blk, 2) } else { 0.0 },
-            _pad: 0.0,
+            _pad: 0,
+            bs: [0; 8],
         };
     }
 }
@@ -166,6 +194,9 @@ pub fn act_aux(ty: RepackTy, n_in: usize, a: &[u8], out: &mut [ActAux]) {
 /// The scalar twin: row `i` (0..R) of the group at `group` against one activation row `a`
 /// (the weight's vec_dot_type), in the order described in the module header.
 pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]) -> f32 {
+    if ty == RepackTy::Q4_K {
+        return super::repack_k::reference_dot(n_in, group, i, a);
+    }
     let (nb, gb, ab) = (n_in / QK, ty.group_block(), ty.ab());
     let mut aux = vec![ActAux::default(); nb];
     act_aux(ty, n_in, a, &mut aux);
@@ -196,13 +227,21 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
 
 /// Whether the repacked matmul runs for `ty` on this CPU (AVX-512 VNNI kernels, not capped
 /// by `QUARREL_SIMD`, not turned off by `QUARREL_NO_REPACK`; Q4_1 and Q8_0 only with
-/// `QUARREL_REPACK_ALL`).
+/// `QUARREL_REPACK_ALL`). Q4_K with `QUARREL_REPACK_K`.
 pub fn enabled(ty: QuantType) -> Option<RepackTy> {
     use std::sync::OnceLock;
-    static FLAGS: OnceLock<(bool, bool)> = OnceLock::new();
-    let (off, all) = *FLAGS.get_or_init(|| (std::env::var_os("QUARREL_NO_REPACK").is_some(), std::env::var_os("QUARREL_REPACK_ALL").is_some()));
+    static FLAGS: OnceLock<(bool, bool, bool)> = OnceLock::new();
+    let (off, all, k) = *FLAGS.get_or_init(|| {
+        let on = |v: &str| std::env::var_os(v).is_some();
+        (on("QUARREL_NO_REPACK"), on("QUARREL_REPACK_ALL"), on("QUARREL_REPACK_K"))
+    });
     let t = RepackTy::of(ty)?;
-    if off || (t != RepackTy::Q4_0 && !all) || !kernels_available() {
+    let on = match t {
+        RepackTy::Q4_0 => true,
+        RepackTy::Q4_K => k,
+        _ => all,
+    };
+    if off || !on || !kernels_available() {
         return None;
     }
     Some(t)

@@ -23,9 +23,9 @@ pub(crate) fn supported() -> bool {
 /// `acts[t].1` must be `repack::act_aux` of `acts[t].0`. Panics on short buffers or a CPU
 /// without the features.
 pub(crate) fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[ActAux])], out: &mut [[f32; R]]) {
-    let nb = n_in / 32;
+    let nb = n_in / ty.qk();
     assert!(supported(), "repack tile: CPU lacks AVX-512 VNNI");
-    assert!(n_in.is_multiple_of(32) && group.len() >= nb * ty.group_block());
+    assert!(n_in.is_multiple_of(ty.qk()) && group.len() >= nb * ty.group_block());
     assert!((1..=TILE_TOKENS).contains(&acts.len()) && out.len() >= acts.len());
     let mut a = [std::ptr::null::<u8>(); TILE_TOKENS];
     let mut x = [std::ptr::null::<ActAux>(); TILE_TOKENS];
@@ -58,6 +58,90 @@ pub(crate) fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[Ac
         RepackTy::Q4_0 => go!(0),
         RepackTy::Q4_1 => go!(1),
         RepackTy::Q8_0 => go!(2),
+        RepackTy::Q4_K => {
+            // at most 4 tokens per kernel call (registers)
+            let mut t0 = 0;
+            while t0 < acts.len() {
+                let n = (acts.len() - t0).min(4);
+                let (a4, x4) = (&a[t0..], &x[t0..]);
+                // SAFETY: as above (the same rows, `n` of them from `t0`).
+                unsafe {
+                    let o = o.add(t0);
+                    match n {
+                        1 => kernel_k::<1>(nb, g, a4, x4, o),
+                        2 => kernel_k::<2>(nb, g, a4, x4, o),
+                        3 => kernel_k::<3>(nb, g, a4, x4, o),
+                        _ => kernel_k::<4>(nb, g, a4, x4, o),
+                    }
+                }
+                t0 += n;
+            }
+        }
+    }
+}
+
+/// Q4_K (layout in `repack_k.rs`): per super-block and token, 8 sub-block dot products
+/// (`vpdpbusd`), each times its 16 rows' scales (`vpmulld`, exact), the mins against the
+/// sub-block sums (`vpdpwssd`), then the two float accumulators.
+///
+/// SAFETY: as [`kernel`], with `nb` super-blocks and at least T entries in `a` and `x`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: &[*const ActAux], out: *mut [f32; R]) {
+    use super::super::repack_k::{AB, D, DMIN, GROUP_BLOCK, MINS, SCALES};
+    let mask = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut accm = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let gp = g.add(b * GROUP_BLOCK);
+        let mut p = 0;
+        while p < GROUP_BLOCK {
+            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(2 * GROUP_BLOCK + p) as *const i8);
+            p += 64;
+        }
+        let mut isum = [_mm512_setzero_si512(); T];
+        for j in 0..8 {
+            let (jj, hi) = (j / 2, j % 2 == 1);
+            let mut w = [_mm512_setzero_si512(); 8];
+            for k in 0..8 {
+                let v = _mm512_loadu_si512(gp.add((jj * 8 + k) * 64) as *const _);
+                w[k] = if hi { _mm512_and_si512(_mm512_srli_epi16(v, 4), mask) } else { _mm512_and_si512(v, mask) };
+            }
+            let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(gp.add(SCALES + j * R) as *const __m128i));
+            for t in 0..T {
+                let y = a[t].add(b * AB + 4 + 32 * j);
+                let mut s0 = _mm512_setzero_si512();
+                let mut s1 = _mm512_setzero_si512();
+                for k in 0..8 {
+                    let yv = _mm512_set1_epi32((y.add(4 * k) as *const i32).read_unaligned());
+                    if k % 2 == 0 {
+                        s0 = _mm512_dpbusd_epi32(s0, w[k], yv);
+                    } else {
+                        s1 = _mm512_dpbusd_epi32(s1, w[k], yv);
+                    }
+                }
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+            }
+        }
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(gp.add(D) as *const __m256i));
+        let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(gp.add(DMIN) as *const __m256i));
+        let mut mins = [_mm512_setzero_si512(); 4];
+        for (pi, m) in mins.iter_mut().enumerate() {
+            *m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(gp.add(MINS + pi * 2 * R) as *const __m256i));
+        }
+        for t in 0..T {
+            let xa = &*x[t].add(b);
+            let bs = xa.bs.as_ptr() as *const i32;
+            let mut imin = _mm512_setzero_si512();
+            for (pi, m) in mins.iter().enumerate() {
+                imin = _mm512_dpwssd_epi32(imin, *m, _mm512_set1_epi32(bs.add(pi).read_unaligned()));
+            }
+            let da = _mm512_set1_ps(xa.d);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), acc[t]);
+            accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmw, da), accm[t]);
+        }
+    }
+    for t in 0..T {
+        _mm512_storeu_ps((*out.add(t)).as_mut_ptr(), _mm512_sub_ps(acc[t], accm[t]));
     }
 }
 
