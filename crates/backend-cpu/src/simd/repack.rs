@@ -227,20 +227,16 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
 
 /// Whether the repacked matmul runs for `ty` on this CPU (AVX-512 VNNI kernels, not capped
 /// by `QUARREL_SIMD`, not turned off by `QUARREL_NO_REPACK`; Q4_1 and Q8_0 only with
-/// `QUARREL_REPACK_ALL`). Q4_K with `QUARREL_REPACK_K`.
+/// `QUARREL_REPACK_ALL`). Q4_0 and Q4_K are the types llama.cpp's x86 build repacks.
 pub fn enabled(ty: QuantType) -> Option<RepackTy> {
     use std::sync::OnceLock;
-    static FLAGS: OnceLock<(bool, bool, bool)> = OnceLock::new();
-    let (off, all, k) = *FLAGS.get_or_init(|| {
+    static FLAGS: OnceLock<(bool, bool)> = OnceLock::new();
+    let (off, all) = *FLAGS.get_or_init(|| {
         let on = |v: &str| std::env::var_os(v).is_some();
-        (on("QUARREL_NO_REPACK"), on("QUARREL_REPACK_ALL"), on("QUARREL_REPACK_K"))
+        (on("QUARREL_NO_REPACK"), on("QUARREL_REPACK_ALL"))
     });
     let t = RepackTy::of(ty)?;
-    let on = match t {
-        RepackTy::Q4_0 => true,
-        RepackTy::Q4_K => k,
-        _ => all,
-    };
+    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K) || all;
     if off || !on || !kernels_available() {
         return None;
     }

@@ -95,7 +95,7 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
         let gp = g.add(b * GROUP_BLOCK);
         let mut p = 0;
         while p < GROUP_BLOCK {
-            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(2 * GROUP_BLOCK + p) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(pf_ahead() + p) as *const i8);
             p += 64;
         }
         let mut isum = [_mm512_setzero_si512(); T];
@@ -209,4 +209,10 @@ unsafe fn kernel<const T: usize, const TY: u8>(nb: usize, g: *const u8, a: &[*co
     for t in 0..T {
         _mm512_storeu_ps((*out.add(t)).as_mut_ptr(), acc[t]);
     }
+}
+
+/// How far ahead (bytes) the Q4_K kernel prefetches its weights (`QUARREL_PF_K`, read once).
+fn pf_ahead() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("QUARREL_PF_K").ok().and_then(|v| v.parse().ok()).unwrap_or(super::PREFETCH_AHEAD))
 }
