@@ -18,7 +18,16 @@ pub struct CpuWeight {
     f32_data: Option<Vec<f32>>,
     /// The rows interleaved for the repacked matmul (`simd::repack`), made on first use.
     packed: std::sync::OnceLock<Vec<u8>>,
+    /// The rows as GEMM weight panels (`simd::Gemm::pack_weights`), made on first use.
+    panels: std::sync::OnceLock<Vec<Line64>>,
+    /// A per-call view of one expert (`expert`): nothing is cached on it.
+    view: bool,
 }
+
+/// 64 bytes, 64-byte aligned (panel storage).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line64(pub [u8; 64]);
 
 impl CpuWeight {
     pub fn load(src: WeightSource<'_>) -> Result<CpuWeight> {
@@ -38,7 +47,7 @@ impl CpuWeight {
         } else {
             None
         };
-        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data, packed: Default::default() })
+        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data, packed: Default::default(), panels: Default::default(), view: false })
     }
 
     /// The raw bytes of this weight's rows (borrowed from the mmap).
@@ -64,6 +73,8 @@ impl CpuWeight {
             row0: self.row0 + e * n,
             f32_data: None,
             packed: Default::default(),
+            panels: Default::default(),
+            view: true,
         })
     }
 
@@ -71,6 +82,34 @@ impl CpuWeight {
     /// the first call (the matmul then reads only this copy, never the mmapped rows).
     pub(crate) fn packed(&self, ty: crate::simd::repack::RepackTy) -> &[u8] {
         self.packed.get_or_init(|| crate::simd::repack::repack(ty, self.n_in, self.n_out, self.bytes()))
+    }
+
+    /// Whether this is a per-call view of one expert (then nothing is cached on it).
+    pub(crate) fn is_view(&self) -> bool {
+        self.view
+    }
+
+    /// `f` on `bytes` bytes of GEMM panels filled by `fill`: on a weight, filled on the first
+    /// call and kept (a weight has one GEMM kind, that of its type); on a view, made for
+    /// this call only.
+    pub(crate) fn with_gemm_panels<R>(&self, bytes: usize, fill: impl FnOnce(&mut [u8]), f: impl FnOnce(&[u8]) -> R) -> R {
+        let make = |fill: Box<dyn FnOnce(&mut [u8]) + '_>| {
+            let mut v = vec![Line64([0; 64]); bytes.div_ceil(64)];
+            // SAFETY: `Line64` is 64 plain bytes without padding; the slice covers exactly `v`.
+            fill(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) });
+            v
+        };
+        let as_bytes = |v: &[Line64]| -> &[u8] {
+            // SAFETY: as above, read-only.
+            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
+        };
+        if self.view {
+            let v = make(Box::new(fill));
+            f(&as_bytes(&v)[..bytes])
+        } else {
+            let v = self.panels.get_or_init(|| make(Box::new(fill)));
+            f(&as_bytes(v)[..bytes])
+        }
     }
 
     pub fn row_bytes(&self) -> usize {

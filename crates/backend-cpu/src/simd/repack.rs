@@ -225,19 +225,21 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
     acc
 }
 
-/// Whether the repacked matmul runs for `ty` on this CPU (AVX-512 VNNI kernels, not capped
-/// by `QUARREL_SIMD`, not turned off by `QUARREL_NO_REPACK`; Q4_1 and Q8_0 only with
-/// `QUARREL_REPACK_ALL`). Q4_0 and Q4_K are the types llama.cpp's x86 build repacks.
+/// Whether the repacked matmul runs for `ty` on this CPU: where the AVX-512 VNNI kernels
+/// run (not capped by `QUARREL_SIMD`), for Q4_0 and Q4_K (the types llama.cpp's x86 build
+/// repacks) unless `QUARREL_NO_REPACK` is set. `QUARREL_REPACK=q4_1,q8_0` (type names,
+/// comma-separated, read once) adds types whose default order is ggml's vec_dot order
+/// (their results then move off llama.cpp's by float rounding).
 pub fn enabled(ty: QuantType) -> Option<RepackTy> {
     use std::sync::OnceLock;
-    static FLAGS: OnceLock<(bool, bool)> = OnceLock::new();
-    let (off, all) = *FLAGS.get_or_init(|| {
-        let on = |v: &str| std::env::var_os(v).is_some();
-        (on("QUARREL_NO_REPACK"), on("QUARREL_REPACK_ALL"))
+    static FLAGS: OnceLock<(bool, Vec<String>)> = OnceLock::new();
+    let (off, extra) = FLAGS.get_or_init(|| {
+        let extra = std::env::var("QUARREL_REPACK").unwrap_or_default();
+        (std::env::var_os("QUARREL_NO_REPACK").is_some(), extra.split(',').map(|s| s.trim().to_ascii_lowercase()).filter(|s| !s.is_empty()).collect())
     });
     let t = RepackTy::of(ty)?;
-    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K) || all;
-    if off || !on || !kernels_available() {
+    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K) || extra.iter().any(|e| e.eq_ignore_ascii_case(ty.name()));
+    if *off || !on || !kernels_available() {
         return None;
     }
     Some(t)
