@@ -103,13 +103,16 @@ impl CpuWeight {
             // SAFETY: as above, read-only.
             unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
         };
-        if self.view {
-            let v = make(Box::new(fill));
-            f(&as_bytes(&v)[..bytes])
-        } else {
-            let v = self.panels.get_or_init(|| make(Box::new(fill)));
-            f(&as_bytes(v)[..bytes])
+        if let Some(v) = self.panels.get() {
+            return f(&as_bytes(v)[..bytes]);
         }
+        // kept panels are a second copy of the rows (decode reads the rows): bounded
+        if self.view || !reserve_panel_bytes(bytes) {
+            let v = make(Box::new(fill));
+            return f(&as_bytes(&v)[..bytes]);
+        }
+        let v = self.panels.get_or_init(|| make(Box::new(fill)));
+        f(&as_bytes(v)[..bytes])
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -128,4 +131,14 @@ impl CpuWeight {
             .as_deref()
             .ok_or_else(|| CoreError::Shape(format!("weight of shape ({}, {}) used as a vector", self.n_in, self.n_out)))
     }
+}
+
+/// Take `bytes` from the process-wide budget for kept GEMM panels (`QUARREL_GEMM_PANELS_MB`,
+/// default 1024 MiB, read once); false when it is spent (the caller packs per call).
+fn reserve_panel_bytes(bytes: usize) -> bool {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static USED: AtomicUsize = AtomicUsize::new(0);
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let budget = *BUDGET.get_or_init(|| std::env::var("QUARREL_GEMM_PANELS_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1024) << 20);
+    USED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| (u + bytes <= budget).then_some(u + bytes)).is_ok()
 }
