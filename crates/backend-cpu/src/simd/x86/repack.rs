@@ -59,10 +59,10 @@ pub(crate) fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[Ac
         RepackTy::Q4_1 => go!(1),
         RepackTy::Q8_0 => go!(2),
         RepackTy::Q4_K => {
-            // at most 4 tokens per kernel call (registers)
+            // at most K_TOKENS tokens per kernel call (registers)
             let mut t0 = 0;
             while t0 < acts.len() {
-                let n = (acts.len() - t0).min(4);
+                let n = (acts.len() - t0).min(k_tokens());
                 let (a4, x4) = (&a[t0..], &x[t0..]);
                 // SAFETY: as above (the same rows, `n` of them from `t0`).
                 unsafe {
@@ -71,7 +71,11 @@ pub(crate) fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[Ac
                         1 => kernel_k::<1>(nb, g, a4, x4, o),
                         2 => kernel_k::<2>(nb, g, a4, x4, o),
                         3 => kernel_k::<3>(nb, g, a4, x4, o),
-                        _ => kernel_k::<4>(nb, g, a4, x4, o),
+                        4 => kernel_k::<4>(nb, g, a4, x4, o),
+                        5 => kernel_k::<5>(nb, g, a4, x4, o),
+                        6 => kernel_k::<6>(nb, g, a4, x4, o),
+                        7 => kernel_k::<7>(nb, g, a4, x4, o),
+                        _ => kernel_k::<8>(nb, g, a4, x4, o),
                     }
                 }
                 t0 += n;
@@ -215,4 +219,12 @@ unsafe fn kernel<const T: usize, const TY: u8>(nb: usize, g: *const u8, a: &[*co
 fn pf_ahead() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| std::env::var("QUARREL_PF_K").ok().and_then(|v| v.parse().ok()).unwrap_or(super::PREFETCH_AHEAD))
+}
+
+/// Tokens per Q4_K kernel call (`QUARREL_K_TOKENS`, 1..=8, read once; default 8: the
+/// accumulators then spill, but they are touched once per super-block, and the unpacked
+/// codes serve twice the tokens - 157-171 vs 73-81 GMAC/s in `repack_speed`, 2048x2048, T=8).
+fn k_tokens() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("QUARREL_K_TOKENS").ok().and_then(|v| v.parse().ok()).filter(|n| (1..=TILE_TOKENS).contains(n)).unwrap_or(TILE_TOKENS))
 }
