@@ -300,7 +300,7 @@ fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, x
     use simd::repack::{self, ActAux, R, TILE_TOKENS};
     let (n_in, n_out) = (w.n_in, w.n_out);
     let nb = n_in / rt.qk();
-    let packed = w.packed(rt);
+    let packed = w.packed(be, rt);
     let gbytes = rt.group_bytes(n_in);
     let mut aux = vec![ActAux::default(); nb * n_tok];
     let fill = |t: usize, a: &mut [ActAux]| repack::act_aux(rt, n_in, &xq[t * arb..(t + 1) * arb], a);

@@ -80,8 +80,20 @@ impl CpuWeight {
 
     /// This weight's rows repacked for `ty`'s interleaved kernels (`simd::repack`), made on
     /// the first call (the matmul then reads only this copy, never the mmapped rows).
-    pub(crate) fn packed(&self, ty: crate::simd::repack::RepackTy) -> &[u8] {
-        self.packed.get_or_init(|| crate::simd::repack::repack(ty, self.n_in, self.n_out, self.bytes()))
+    /// Groups are repacked in parallel on `be`'s pool.
+    pub(crate) fn packed(&self, be: &crate::CpuBackend, ty: crate::simd::repack::RepackTy) -> &[u8] {
+        use crate::simd::repack::{repack_into, R};
+        self.packed.get_or_init(|| {
+            let (gb, rb, src) = (ty.group_bytes(self.n_in), self.row_bytes(), self.bytes());
+            let mut out = vec![0u8; self.n_out.div_ceil(R) * gb];
+            // 64 groups per task: a few hundred KB, a few tasks per thread on big matrices
+            be.par_chunks_mut(&mut out, 64 * gb, &|c, chunk| {
+                let r0 = c * 64 * R;
+                let n = (self.n_out - r0).min(64 * R);
+                repack_into(ty, self.n_in, n, &src[r0 * rb..(r0 + n) * rb], chunk);
+            });
+            out
+        })
     }
 
     /// Whether this is a per-call view of one expert (then nothing is cached on it).

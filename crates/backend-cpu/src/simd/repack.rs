@@ -120,14 +120,21 @@ impl RepackTy {
 /// Repack `n_out` GGUF rows of `n_in` values (`src`, rows back to back) into
 /// `ceil(n_out / R)` groups (missing rows of the last group are zeros, scales 0).
 pub fn repack(ty: RepackTy, n_in: usize, n_out: usize, src: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; n_out.div_ceil(R) * ty.group_bytes(n_in)];
+    repack_into(ty, n_in, n_out, src, &mut out);
+    out
+}
+
+/// [`repack`] into `out` (`ceil(n_out / R)` groups, zeroed by the caller): the pieces of
+/// one weight can be repacked in parallel, a whole number of groups each.
+pub fn repack_into(ty: RepackTy, n_in: usize, n_out: usize, src: &[u8], out: &mut [u8]) {
     if ty == RepackTy::Q4_K {
-        return super::repack_k::repack(n_in, n_out, src);
+        return super::repack_k::repack_into(n_in, n_out, src, out);
     }
     let nb = n_in / QK;
     let (wb, gb) = (ty.wb(), ty.group_block());
     assert!(n_in.is_multiple_of(QK) && src.len() >= n_out * nb * wb, "repack: short source");
-    let n_groups = n_out.div_ceil(R);
-    let mut out = vec![0u8; n_groups * nb * gb];
+    assert!(out.len() >= n_out.div_ceil(R) * nb * gb, "repack: short output");
     for (r, row) in src.chunks_exact(nb * wb).take(n_out).enumerate() {
         let (g, i) = (r / R, r % R);
         for b in 0..nb {
@@ -147,7 +154,6 @@ pub fn repack(ty: RepackTy, n_in: usize, n_out: usize, src: &[u8]) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 fn f16(b: &[u8], o: usize) -> f32 {

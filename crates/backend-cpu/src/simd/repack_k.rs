@@ -27,11 +27,11 @@ pub(crate) const D: usize = MINS + 8 * R;
 pub(crate) const DMIN: usize = D + 2 * R;
 pub(crate) const GROUP_BLOCK: usize = DMIN + 2 * R;
 
-/// Repack `n_out` Q4_K rows (see [`super::repack::repack`]).
-pub(crate) fn repack(n_in: usize, n_out: usize, src: &[u8]) -> Vec<u8> {
+/// Repack `n_out` Q4_K rows into `out` (see [`super::repack::repack_into`]).
+pub(crate) fn repack_into(n_in: usize, n_out: usize, src: &[u8], out: &mut [u8]) {
     let nb = n_in / QK;
     assert!(n_in.is_multiple_of(QK) && src.len() >= n_out * nb * WB, "repack: short source");
-    let mut out = vec![0u8; n_out.div_ceil(R) * nb * GROUP_BLOCK];
+    assert!(out.len() >= n_out.div_ceil(R) * nb * GROUP_BLOCK, "repack: short output");
     for (r, row) in src.chunks_exact(nb * WB).take(n_out).enumerate() {
         let (g, i) = (r / R, r % R);
         for b in 0..nb {
@@ -54,7 +54,6 @@ pub(crate) fn repack(n_in: usize, n_out: usize, src: &[u8]) -> Vec<u8> {
             d[DMIN + 2 * i..DMIN + 2 * i + 2].copy_from_slice(&s[2..4]);
         }
     }
-    out
 }
 
 /// The [`ActAux`] of each super-block of a Q8_K row: `d` and the sub-block sums `bs`.
