@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  x (n_tok, n_in) f32 ──quantize rows to W's vec_dot_type──► xq
-//!  W Q4_0/Q4_K/Q8_0 (AVX-512 VNNI) ──repacked once into 16-row interleaved groups──►
+//!  W Q4_0/Q4_K (AVX-512 VNNI) ──repacked once into 16-row interleaved groups──►
 //!                         one kernel for 1..N tokens (simd::repack), ──► out
 //!  W other (mmapped GGUF rows) ─┬─ decode (few tokens): contiguous row runs per task, 8-row GEMV /
 //!                         │    4-row / 1-row dot kernels ──► out
