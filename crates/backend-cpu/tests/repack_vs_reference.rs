@@ -1,4 +1,5 @@
-//! The repacked (16-row interleaved) Q4_0 / Q4_1 / Q8_0 kernels against their scalar twin
+//! The repacked (16-row interleaved) Q4_0 / Q4_1 / Q8_0 / Q4_K kernels (AVX-512 VNNI and AVX2)
+//! against their scalar twin
 //! `simd::repack::reference_dot` (bit for bit), the twin against `quarrel_quant::vec_dot`
 //! (same integer sums, different float order: close), and the backend's repacked matmul:
 //! a token's outputs have the same bits whichever tokens share the call.
@@ -72,6 +73,16 @@ fn check_tile(ti: usize, nb: usize, n_tok: usize, seed: u64) -> Result<(), TestC
     let acts: Vec<(&[u8], &[ActAux])> = xq.chunks(arb).zip(&aux).map(|(a, x)| (a, x.as_slice())).collect();
     let mut out = [[f32::NAN; R]; TILE_TOKENS];
     repack::tile(rt, n_in, &packed, &acts, &mut out);
+    // every SIMD level this CPU has gives the same bits
+    for level in quarrel_cpu::simd::available_levels() {
+        let mut o = [[f32::NAN; R]; TILE_TOKENS];
+        repack::tile_for(level, rt, n_in, &packed, &acts, &mut o);
+        for t in 0..n_tok {
+            for i in 0..R {
+                prop_assert_eq!(o[t][i].to_bits(), out[t][i].to_bits(), "{:?} level {:?} token {} row {}", rt, level, t, i);
+            }
+        }
+    }
     for t in 0..n_tok {
         let a = &xq[t * arb..(t + 1) * arb];
         for i in 0..R {

@@ -231,8 +231,8 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
     acc
 }
 
-/// Whether the repacked matmul runs for `ty` on this CPU: where the AVX-512 VNNI kernels
-/// run (not capped by `QUARREL_SIMD`), unless `QUARREL_NO_REPACK` is set, for Q4_0 and Q4_K:
+/// Whether the repacked matmul runs for `ty` on this CPU: where AVX2 kernels run (AVX-512
+/// VNNI ones where the level allows), unless `QUARREL_NO_REPACK` is set, for Q4_0 and Q4_K:
 /// the types llama.cpp's x86 build repacks, so this is also llama.cpp's float order.
 /// Q4_1 and Q8_0 keep ggml's vec_dot order by default (llama.cpp does not repack them on
 /// x86; with the repacked order SmolLM2's greedy texts matched llama.cpp's 2/8 times (Q4_1)
@@ -253,11 +253,12 @@ pub fn enabled(ty: QuantType) -> Option<RepackTy> {
     Some(t)
 }
 
-/// Whether the SIMD kernels can run here (at the level `QUARREL_SIMD` allows).
+/// Whether the SIMD kernels can run here (at the level `QUARREL_SIMD` allows): AVX-512
+/// VNNI kernels at that level, AVX2 twins (the same bits) at `Avx2` / `Avx512`.
 pub fn kernels_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::detected_level() >= super::Level::Avx512Vnni && super::x86::repack::supported()
+        super::detected_level() >= super::Level::Avx2 && super::Level::Avx2.is_supported()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -271,12 +272,20 @@ pub const TILE_TOKENS: usize = 8;
 /// `out[t][i]` for the `R` rows of `group` and the `acts.len()` (1..=[`TILE_TOKENS`])
 /// activation rows: the SIMD kernel where [`kernels_available`], else [`reference_dot`].
 pub fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[ActAux])], out: &mut [[f32; R]]) {
+    tile_for(super::detected_level(), ty, n_in, group, acts, out)
+}
+
+/// [`tile`] with the kernels of `level` (AVX-512 VNNI at `Avx512Vnni`, AVX2 at `Avx2` and
+/// `Avx512`; [`reference_dot`] at `Scalar` or where the CPU lacks the level): every level
+/// gives the same bits.
+pub fn tile_for(level: super::Level, ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[ActAux])], out: &mut [[f32; R]]) {
     assert!(!acts.is_empty() && acts.len() <= TILE_TOKENS && out.len() >= acts.len());
     #[cfg(target_arch = "x86_64")]
-    if kernels_available() {
-        super::x86::repack::tile(ty, n_in, group, acts, out);
+    if level >= super::Level::Avx2 && level.is_supported() {
+        super::x86::repack::tile(level >= super::Level::Avx512Vnni, ty, n_in, group, acts, out);
         return;
     }
+    let _ = level;
     for (t, (a, _)) in acts.iter().enumerate() {
         for i in 0..R {
             out[t][i] = reference_dot(ty, n_in, group, i, a);

@@ -20,11 +20,13 @@ pub(crate) fn supported() -> bool {
 }
 
 /// `out[t][i]` = `repack::reference_dot(ty, n_in, group, i, acts[t].0)`, bit for bit.
-/// `acts[t].1` must be `repack::act_aux` of `acts[t].0`. Panics on short buffers or a CPU
-/// without the features.
-pub(crate) fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[ActAux])], out: &mut [[f32; R]]) {
+/// `acts[t].1` must be `repack::act_aux` of `acts[t].0`. The AVX-512 VNNI kernels if `vnni`
+/// (and the CPU has them), else the AVX2 ones (`repack_avx2.rs`). Panics on short buffers or a
+/// CPU without AVX2.
+pub(crate) fn tile(vnni: bool, ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[ActAux])], out: &mut [[f32; R]]) {
     let nb = n_in / ty.qk();
-    assert!(supported(), "repack tile: CPU lacks AVX-512 VNNI");
+    let vnni = vnni && supported();
+    assert!(vnni || super::repack_avx2::supported(), "repack tile: CPU lacks AVX2");
     assert!(n_in.is_multiple_of(ty.qk()) && group.len() >= nb * ty.group_block());
     assert!((1..=TILE_TOKENS).contains(&acts.len()) && out.len() >= acts.len());
     let mut a = [std::ptr::null::<u8>(); TILE_TOKENS];
@@ -36,6 +38,11 @@ pub(crate) fn tile(ty: RepackTy, n_in: usize, group: &[u8], acts: &[(&[u8], &[Ac
     }
     let g = group.as_ptr();
     let o = out.as_mut_ptr();
+    if !vnni {
+        // SAFETY: AVX2 checked; buffers as asserted above.
+        unsafe { super::repack_avx2::tile(ty, nb, g, &a, &x, acts.len(), o) };
+        return;
+    }
     macro_rules! go {
         ($ty:expr) => {
             // SAFETY: features checked; `group` holds `nb` group blocks, every activation
