@@ -92,6 +92,8 @@ impl CpuWeight {
                 let n = (self.n_out - r0).min(64 * R);
                 repack_into(ty, self.n_in, n, &src[r0 * rb..(r0 + n) * rb], chunk);
             });
+            // the matmul reads only the repacked copy from now on
+            release_pages(src);
             out
         })
     }
@@ -153,4 +155,24 @@ fn reserve_panel_bytes(bytes: usize) -> bool {
     static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let budget = *BUDGET.get_or_init(|| std::env::var("QUARREL_GEMM_PANELS_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1024) << 20);
     USED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| (u + bytes <= budget).then_some(u + bytes)).is_ok()
+}
+
+/// Ask the kernel to reclaim the pages that lie wholly inside `bytes` (Linux
+/// `MADV_PAGEOUT`: clean file pages of the mmap are dropped, anonymous memory is swapped out
+/// or kept - never lost; a later read faults them back in). Elsewhere, or where the kernel
+/// refuses, nothing happens: it only lowers the resident set.
+fn release_pages(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let (start, end) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+        let (a, b) = (start.div_ceil(PAGE) * PAGE, end / PAGE * PAGE);
+        if b > a {
+            // SAFETY: the range lies inside `bytes` (page-aligned inward); MADV_PAGEOUT does
+            // not change the contents any later read sees.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_PAGEOUT) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
 }
