@@ -80,10 +80,12 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
 
 /// `out = x W^T` from the quantized activations `xq` (`arb` bytes per token).
 fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
-    // (expert views are made per call: repacking them each time would cost more than it saves)
-    if let Some(rt) = simd::repack::enabled(w.ty).filter(|_| !w.is_view()) {
-        matmul_repacked(be, w, rt, xq, arb, n_tok, out);
-        return;
+    // (an expert view shares its tensor's repacked copy)
+    if let Some(rt) = simd::repack::enabled(w.ty) {
+        if let Some(packed) = w.packed(be, rt) {
+            matmul_repacked(be, w, rt, packed, xq, arb, n_tok, out);
+            return;
+        }
     }
     if let Some(g) = simd::gemm_fn(w.ty).filter(|g| n_tok >= g.min_tokens()) {
         gemm(be, g, w, xq, arb, n_tok, out);
@@ -296,11 +298,11 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
 /// output's bits depend only on its row and token. Tasks split the 16-row groups (and token
 /// chunks where there are few groups); a task runs each of its groups over its tokens, 8 at
 /// a time, so a group's panel stays in cache while the tokens go by.
-fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, packed: &[u8], xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
     use simd::repack::{self, ActAux, R, TILE_TOKENS};
     let (n_in, n_out) = (w.n_in, w.n_out);
     let nb = n_in / rt.qk();
-    let packed = w.packed(be, rt);
     let gbytes = rt.group_bytes(n_in);
     let mut aux = vec![ActAux::default(); nb * n_tok];
     let fill = |t: usize, a: &mut [ActAux]| repack::act_aux(rt, n_in, &xq[t * arb..(t + 1) * arb], a);

@@ -16,8 +16,9 @@ pub struct CpuWeight {
     row0: usize,
     /// f32 copy for 1-D weights (norms, biases): tiny and used on every token.
     f32_data: Option<Vec<f32>>,
-    /// The rows interleaved for the repacked matmul (`simd::repack`), made on first use.
-    packed: std::sync::OnceLock<Vec<u8>>,
+    /// The whole tensor's rows interleaved for the repacked matmul (`simd::repack`), made on
+    /// first use; shared with the expert views of a 3-D tensor.
+    packed: Arc<std::sync::OnceLock<Vec<u8>>>,
     /// The rows as GEMM weight panels (`simd::Gemm::pack_weights`), made on first use.
     panels: std::sync::OnceLock<Vec<Line64>>,
     /// A per-call view of one expert (`expert`): nothing is cached on it.
@@ -47,7 +48,7 @@ impl CpuWeight {
         } else {
             None
         };
-        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data, packed: Default::default(), panels: Default::default(), view: false })
+        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data, packed: Arc::default(), panels: Default::default(), view: false })
     }
 
     /// The raw bytes of this weight's rows (borrowed from the mmap).
@@ -72,35 +73,39 @@ impl CpuWeight {
             index: self.index,
             row0: self.row0 + e * n,
             f32_data: None,
-            packed: Default::default(),
+            packed: Arc::clone(&self.packed),
             panels: Default::default(),
             view: true,
         })
     }
 
-    /// This weight's rows repacked for `ty`'s interleaved kernels (`simd::repack`), made on
-    /// the first call (the matmul then reads only this copy, never the mmapped rows).
-    /// Groups are repacked in parallel on `be`'s pool.
-    pub(crate) fn packed(&self, be: &crate::CpuBackend, ty: crate::simd::repack::RepackTy) -> &[u8] {
+    /// This weight's rows repacked for `ty`'s interleaved kernels (`simd::repack`): the
+    /// whole tensor is repacked on the first call (groups in parallel on `be`'s pool) and kept;
+    /// the matmul then reads only this copy, never the mmapped rows. None for an expert view
+    /// whose rows do not start on a group boundary (it takes the vec_dot path).
+    pub(crate) fn packed(&self, be: &crate::CpuBackend, ty: crate::simd::repack::RepackTy) -> Option<&[u8]> {
         use crate::simd::repack::{repack_into, R};
-        self.packed.get_or_init(|| {
-            let (gb, rb, src) = (ty.group_bytes(self.n_in), self.row_bytes(), self.bytes());
-            let mut out = vec![0u8; self.n_out.div_ceil(R) * gb];
+        if self.row0 % R != 0 {
+            return None;
+        }
+        let gb = ty.group_bytes(self.n_in);
+        let all = self.packed.get_or_init(|| {
+            let info = &self.gguf.tensors()[self.index];
+            let (rb, src) = (self.row_bytes(), self.gguf.tensor_bytes(info));
+            let total = src.len() / rb;
+            let mut out = vec![0u8; total.div_ceil(R) * gb];
             // 64 groups per task: a few hundred KB, a few tasks per thread on big matrices
             be.par_chunks_mut(&mut out, 64 * gb, &|c, chunk| {
                 let r0 = c * 64 * R;
-                let n = (self.n_out - r0).min(64 * R);
+                let n = (total - r0).min(64 * R);
                 repack_into(ty, self.n_in, n, &src[r0 * rb..(r0 + n) * rb], chunk);
             });
             // the matmul reads only the repacked copy from now on
             release_pages(src);
             out
-        })
-    }
-
-    /// Whether this is a per-call view of one expert (then nothing is cached on it).
-    pub(crate) fn is_view(&self) -> bool {
-        self.view
+        });
+        let g0 = self.row0 / R;
+        Some(&all[g0 * gb..(g0 + self.n_out.div_ceil(R)) * gb])
     }
 
     /// `f` on `bytes` bytes of GEMM panels filled by `fill`: on a weight, filled on the first

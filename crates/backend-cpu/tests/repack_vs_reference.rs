@@ -5,7 +5,7 @@
 //! a token's outputs have the same bits whichever tokens share the call.
 
 use proptest::prelude::*;
-use quarrel_core::{Backend, QuantType, WeightSource};
+use quarrel_core::{Backend, QuantType, Route, WeightSource};
 use quarrel_cpu::simd::repack::{self, ActAux, RepackTy, R, TILE_TOKENS};
 use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
@@ -184,6 +184,46 @@ fn repack_layout_round_trips() {
                 for (j, &c) in q.iter().enumerate() {
                     let got = blk[(j / 4) * 4 * R + 4 * i + j % 4];
                     assert_eq!(got, if rt == RepackTy::Q8_0 { c ^ 0x80 } else { c }, "{rt:?} row {r} block {b} byte {j}");
+                }
+            }
+        }
+    }
+}
+
+/// MoE: expert views share their 3-D tensor's repacked copy (experts of 32 rows, on group
+/// boundaries) or take the vec_dot path (24 rows); either way a route's outputs have the same
+/// bits batched and alone, and on the repacked path they equal the scalar twin.
+#[test]
+fn moe_experts_use_the_shared_repacked_copy() {
+    for (rt, ty) in [TYPES[0], TYPES[3]] {
+        for n_out in [32usize, 24] {
+            let (n_in, n_exp, n_tok) = (2 * rt.qk(), 4usize, 6usize);
+            let w = raw_weights(ty, n_in, n_out * n_exp, 11);
+            let mut g = GgufWriter::new();
+            g.add_tensor("w", &[n_in as u64, n_out as u64, n_exp as u64], ty).unwrap();
+            let gg = Arc::new(Gguf::from_bytes(g.to_bytes(&[&w]).unwrap()).unwrap());
+            let be = CpuBackend::new(2).unwrap();
+            let wt = be.load_weight(WeightSource { gguf: &gg, name: "w" }).unwrap();
+            let x = rnd(5, n_in * n_tok, 2.0);
+            let routes: Vec<Route> = (0..n_tok).flat_map(|t| [(t % n_exp) as u32, ((t + 1) % n_exp) as u32].map(|e| Route { token: t as u32, expert: e, weight: 0.5 })).collect();
+            let mut all = vec![0f32; routes.len() * n_out];
+            be.moe_matmul(&wt, n_exp, &x, &routes, true, &mut all).unwrap();
+            let packed = repack::repack(rt, n_in, n_out * n_exp, &w);
+            let act = ty.vec_dot_type();
+            for (i, r) in routes.iter().enumerate() {
+                let mut one = vec![0f32; n_out];
+                be.moe_matmul(&wt, n_exp, &x, std::slice::from_ref(r), true, &mut one).unwrap();
+                let t = r.token as usize;
+                let mut xq = vec![0u8; act.row_bytes(n_in).unwrap()];
+                quarrel_cpu::actquant::quantize_row(act, &x[t * n_in..(t + 1) * n_in], &mut xq).unwrap();
+                let gb = rt.group_bytes(n_in);
+                for o in 0..n_out {
+                    assert_eq!(all[i * n_out + o].to_bits(), one[o].to_bits(), "{rt:?} n_out {n_out}: route {i} row {o}: batched vs alone");
+                    if n_out % R == 0 && repack::enabled(ty).is_some() {
+                        let row = r.expert as usize * n_out + o;
+                        let want = repack::reference_dot(rt, n_in, &packed[row / R * gb..(row / R + 1) * gb], row % R, &xq);
+                        assert_eq!(one[o].to_bits(), want.to_bits(), "{rt:?}: route {i} row {o}: {} vs twin {want}", one[o]);
+                    }
                 }
             }
         }
