@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  x (n_tok, n_in) f32 ──quantize rows to W's vec_dot_type──► xq
-//!  W Q4_0/Q4_K (AVX-512 VNNI) ──repacked once into 16-row interleaved groups──►
+//!  W Q4_0/Q4_K/IQ4_NL (AVX2+) ──repacked once into 16-row interleaved groups──►
 //!                         one kernel for 1..N tokens (simd::repack), ──► out
 //!  W other (mmapped GGUF rows) ─┬─ decode (few tokens): contiguous row runs per task, 8-row GEMV /
 //!                         │    4-row / 1-row dot kernels ──► out
@@ -17,7 +17,7 @@
 //! | `actquant`  | activation quantization bit-compatible with ggml's x86 build |
 //! | `ggml_math` | SiLU/exp bit-compatible with ggml's AVX-512 build (with scalar twins) |
 //! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
-//! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K and their scalar twins |
+//! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |

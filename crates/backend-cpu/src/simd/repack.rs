@@ -38,6 +38,8 @@ pub enum RepackTy {
     Q8_0,
     /// 256-element super-blocks; layout and order in `repack_k.rs`.
     Q4_K,
+    /// Q4_0's layout; codes are indices into `KVALUES_IQ4NL`.
+    IQ4_NL,
 }
 
 impl RepackTy {
@@ -47,6 +49,7 @@ impl RepackTy {
             QuantType::Q4_1 => Some(RepackTy::Q4_1),
             QuantType::Q8_0 => Some(RepackTy::Q8_0),
             QuantType::Q4_K => Some(RepackTy::Q4_K),
+            QuantType::IQ4_NL => Some(RepackTy::IQ4_NL),
             _ => None,
         }
     }
@@ -54,7 +57,7 @@ impl RepackTy {
     /// Bytes of one GGUF weight block / one activation block (Q8_0, or Q8_1 for Q4_1).
     pub fn wb(self) -> usize {
         match self {
-            RepackTy::Q4_0 => 18,
+            RepackTy::Q4_0 | RepackTy::IQ4_NL => 18,
             RepackTy::Q4_1 => 20,
             RepackTy::Q8_0 => 34,
             RepackTy::Q4_K => super::repack_k::WB,
@@ -186,7 +189,8 @@ pub fn act_aux(ty: RepackTy, n_in: usize, a: &[u8], out: &mut [ActAux]) {
         *o = ActAux {
             off: match ty {
                 RepackTy::Q4_0 => -8 * sy,
-                RepackTy::Q8_0 => -128 * sy,
+                // (the SIMD kernels' codes are `value + 128`)
+                RepackTy::Q8_0 | RepackTy::IQ4_NL => -128 * sy,
                 _ => 0,
             },
             d: f16(blk, 0),
@@ -214,7 +218,11 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
         for k in 0..ty.codes() / (4 * R) {
             for j in 0..4 {
                 let c = g[k * 4 * R + 4 * i + j];
-                if ty == RepackTy::Q8_0 {
+                if ty == RepackTy::IQ4_NL {
+                    let kv = |q: u8| quarrel_quant::nonlinear::KVALUES_IQ4NL[q as usize] as i32 + 128;
+                    isum += kv(c & 15) * y[4 * k + j] as i8 as i32;
+                    isum += kv(c >> 4) * y[16 + 4 * k + j] as i8 as i32;
+                } else if ty == RepackTy::Q8_0 {
                     isum += c as i32 * y[4 * k + j] as i8 as i32;
                 } else {
                     isum += (c & 15) as i32 * y[4 * k + j] as i8 as i32;
@@ -232,8 +240,8 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
 }
 
 /// Whether the repacked matmul runs for `ty` on this CPU: where AVX2 kernels run (AVX-512
-/// VNNI ones where the level allows), unless `QUARREL_NO_REPACK` is set, for Q4_0 and Q4_K:
-/// the types llama.cpp's x86 build repacks, so this is also llama.cpp's float order.
+/// VNNI ones where the level allows), unless `QUARREL_NO_REPACK` is set, for Q4_0, Q4_K and
+/// IQ4_NL: types llama.cpp's x86 build repacks, so this is also llama.cpp's float order.
 /// Q4_1 and Q8_0 keep ggml's vec_dot order by default (llama.cpp does not repack them on
 /// x86; with the repacked order SmolLM2's greedy texts matched llama.cpp's 2/8 times (Q4_1)
 /// and the tiny-nemotron-h fixture's logits moved to NMSE 1.6e-4 (Q8_0)).
@@ -246,7 +254,7 @@ pub fn enabled(ty: QuantType) -> Option<RepackTy> {
         (std::env::var_os("QUARREL_NO_REPACK").is_some(), extra.split(',').map(|s| s.trim().to_ascii_lowercase()).filter(|s| !s.is_empty()).collect())
     });
     let t = RepackTy::of(ty)?;
-    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K) || extra.iter().any(|e| e.eq_ignore_ascii_case(ty.name()));
+    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K | RepackTy::IQ4_NL) || extra.iter().any(|e| e.eq_ignore_ascii_case(ty.name()));
     if *off || !on || !kernels_available() {
         return None;
     }

@@ -65,6 +65,7 @@ pub(crate) fn tile(vnni: bool, ty: RepackTy, n_in: usize, group: &[u8], acts: &[
         RepackTy::Q4_0 => go!(0),
         RepackTy::Q4_1 => go!(1),
         RepackTy::Q8_0 => go!(2),
+        RepackTy::IQ4_NL => go!(3),
         RepackTy::Q4_K => {
             // at most K_TOKENS tokens per kernel call (registers)
             let mut t0 = 0;
@@ -156,19 +157,20 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
     }
 }
 
-/// `TY`: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0.
+/// `TY`: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = IQ4_NL (nibbles through the codebook + 128).
 ///
 /// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL/VNNI; `g` readable for `nb` group blocks, `a[t]`
 /// for `nb` activation blocks and `x[t]` for `nb` entries (t < T), `out` writable for T rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn kernel<const T: usize, const TY: u8>(nb: usize, g: *const u8, a: &[*const u8; TILE_TOKENS], x: &[*const ActAux; TILE_TOKENS], out: *mut [f32; R]) {
     let (codes, ab, aq) = match TY {
-        0 => (16 * R, 34usize, 2usize),
+        0 | 3 => (16 * R, 34usize, 2usize),
         1 => (16 * R, 36, 4),
         _ => (32 * R, 34, 2),
     };
     let gb = codes + if TY == 1 { 4 * R } else { 2 * R };
     let mask = _mm512_set1_epi8(0x0f);
+    let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(lut_iq4nl().as_ptr() as *const __m128i));
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let gp = g.add(b * gb);
@@ -191,6 +193,10 @@ unsafe fn kernel<const T: usize, const TY: u8>(nb: usize, g: *const u8, a: &[*co
                 let v = _mm512_loadu_si512(gp.add(64 * k) as *const _);
                 w[2 * k] = _mm512_and_si512(v, mask);
                 w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                if TY == 3 {
+                    w[2 * k] = _mm512_shuffle_epi8(lut, w[2 * k]);
+                    w[2 * k + 1] = _mm512_shuffle_epi8(lut, w[2 * k + 1]);
+                }
                 yo[2 * k] = 4 * k;
                 yo[2 * k + 1] = 16 + 4 * k;
             }
@@ -234,4 +240,10 @@ fn pf_ahead() -> usize {
 fn k_tokens() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| std::env::var("QUARREL_K_TOKENS").ok().and_then(|v| v.parse().ok()).filter(|n| (1..=TILE_TOKENS).contains(n)).unwrap_or(TILE_TOKENS))
+}
+
+/// `KVALUES_IQ4NL[i] + 128` as 16 unsigned bytes (the codes `vpdpbusd` multiplies).
+fn lut_iq4nl() -> &'static [u8; 16] {
+    static LUT: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    LUT.get_or_init(|| std::array::from_fn(|i| (quarrel_quant::nonlinear::KVALUES_IQ4NL[i] as i32 + 128) as u8))
 }

@@ -29,6 +29,8 @@ pub(crate) unsafe fn tile(ty: RepackTy, nb: usize, g: *const u8, a: &[*const u8;
                 (RepackTy::Q4_1, _) => half_legacy::<2, 1>(nb, g, half, a2, x2, o),
                 (RepackTy::Q8_0, 1) => half_legacy::<1, 2>(nb, g, half, a2, x2, o),
                 (RepackTy::Q8_0, _) => half_legacy::<2, 2>(nb, g, half, a2, x2, o),
+                (RepackTy::IQ4_NL, 1) => half_legacy::<1, 3>(nb, g, half, a2, x2, o),
+                (RepackTy::IQ4_NL, _) => half_legacy::<2, 3>(nb, g, half, a2, x2, o),
                 (RepackTy::Q4_K, 1) => half_k::<1>(nb, g, half, a2, x2, o),
                 (RepackTy::Q4_K, _) => half_k::<2>(nb, g, half, a2, x2, o),
             }
@@ -50,16 +52,18 @@ unsafe fn dot_i8(w: __m256i, y: __m256i) -> __m256i {
     dot_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
 }
 
-/// Rows `8 * half .. 8 * half + 8` of a Q4_0 (TY 0) / Q4_1 (1) / Q8_0 (2) group.
+/// Rows `8 * half .. 8 * half + 8` of a Q4_0 (TY 0) / Q4_1 (1) / Q8_0 (2) / IQ4_NL (3) group
+/// (IQ4_NL: the codebook's signed values through the sign trick, no `- 128·Σy` term).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn half_legacy<const T: usize, const TY: u8>(nb: usize, g: *const u8, half: usize, a: &[*const u8], x: &[*const ActAux], out: *mut [f32; R]) {
     let (codes, ab, aq) = match TY {
-        0 => (16 * R, 34usize, 2usize),
+        0 | 3 => (16 * R, 34usize, 2usize),
         1 => (16 * R, 36, 4),
         _ => (32 * R, 34, 2),
     };
     let gb = codes + if TY == 1 { 4 * R } else { 2 * R };
     let mask = _mm256_set1_epi8(0x0f);
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(quarrel_quant::nonlinear::KVALUES_IQ4NL.as_ptr() as *const __m128i));
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..nb {
         let gp = g.add(b * gb);
@@ -76,6 +80,10 @@ unsafe fn half_legacy<const T: usize, const TY: u8>(nb: usize, g: *const u8, hal
                 let v = _mm256_loadu_si256(gp.add(64 * k + 32 * half) as *const __m256i);
                 w[2 * k] = _mm256_and_si256(v, mask);
                 w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                if TY == 3 {
+                    w[2 * k] = _mm256_shuffle_epi8(lut, w[2 * k]);
+                    w[2 * k + 1] = _mm256_shuffle_epi8(lut, w[2 * k + 1]);
+                }
                 yo[2 * k] = 4 * k;
                 yo[2 * k + 1] = 16 + 4 * k;
             }
@@ -85,11 +93,11 @@ unsafe fn half_legacy<const T: usize, const TY: u8>(nb: usize, g: *const u8, hal
         for t in 0..T {
             let y = a[t].add(b * ab + aq);
             let xa = &*x[t].add(b);
-            // Q8_0 sums `x·y` directly (no `- 128·Σy` term)
-            let mut s = _mm256_set1_epi32(if TY == 2 { 0 } else { xa.off });
+            // Q8_0 and IQ4_NL sum `x·y` directly (no `- 128·Σy` term)
+            let mut s = _mm256_set1_epi32(if TY >= 2 { 0 } else { xa.off });
             for k in 0..8 {
                 let yv = _mm256_set1_epi32((y.add(yo[k]) as *const i32).read_unaligned());
-                let d = if TY == 2 { dot_i8(w[k], yv) } else { dot_u8(w[k], yv) };
+                let d = if TY >= 2 { dot_i8(w[k], yv) } else { dot_u8(w[k], yv) };
                 s = _mm256_add_epi32(s, d);
             }
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t]);
