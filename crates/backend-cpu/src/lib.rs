@@ -2,19 +2,22 @@
 //!
 //! ```text
 //!  x (n_tok, n_in) f32 ──quantize rows to W's vec_dot_type──► xq
-//!  W (mmapped GGUF rows) ─┬─ decode (few tokens): contiguous row runs per task, 8-row GEMV /
+//!  W Q4_0/Q4_K/IQ4_NL (AVX2+) ──repacked once into 16-row interleaved groups──►
+//!                         one kernel for 1..N tokens (simd::repack), ──► out
+//!  W other (mmapped GGUF rows) ─┬─ decode (few tokens): contiguous row runs per task, 8-row GEMV /
 //!                         │    4-row / 1-row dot kernels ──► out
-//!                         └─ prefill: packed activation panels x weight panels, GEMM tiles
+//!                         └─ prefill: packed activation panels x weight panels (packed once
+//!                              per weight), GEMM tiles
 //!  every kernel: run-time dispatched (AVX2 / AVX-512 / VNNI), else quant's reference twin
 //! ```
 //!
 //! | module      | responsibility |
 //! |-------------|----------------|
-//! | `weight`    | `CpuWeight`: zero-copy views into the mmap; small vectors as f32 |
+//! | `weight`    | `CpuWeight`: zero-copy views into the mmap; small vectors as f32; the repacked copy / GEMM panels made on first use |
 //! | `actquant`  | activation quantization bit-compatible with ggml's x86 build |
 //! | `ggml_math` | SiLU/exp bit-compatible with ggml's AVX-512 build (with scalar twins) |
 //! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
-//! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant` |
+//! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |

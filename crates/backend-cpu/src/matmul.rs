@@ -80,6 +80,13 @@ pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, ou
 
 /// `out = x W^T` from the quantized activations `xq` (`arb` bytes per token).
 fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
+    // (an expert view shares its tensor's repacked copy)
+    if let Some(rt) = simd::repack::enabled(w.ty) {
+        if let Some(packed) = w.packed(be, rt) {
+            matmul_repacked(be, w, rt, packed, xq, arb, n_tok, out);
+            return;
+        }
+    }
     if let Some(g) = simd::gemm_fn(w.ty).filter(|g| n_tok >= g.min_tokens()) {
         gemm(be, g, w, xq, arb, n_tok, out);
         return;
@@ -215,7 +222,8 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
     });
 }
 
-/// The tasks of [`gemm`]: row panels x token groups, each repacking its weight rows.
+/// The tasks of [`gemm`]: row panels x token groups over the weight's panels (packed on
+/// its first GEMM and kept).
 fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let (wbytes, wrb, wpb) = (w.bytes(), w.row_bytes(), g.weight_panel_bytes(n_in));
@@ -229,6 +237,9 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
     let tok_tasks = n_groups.div_ceil(gpt);
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let pack = |p: usize, panel: &mut [u8]| {
+        if panel.len() < wpb {
+            return; // the rounding tail of the panel storage
+        }
         let mut rows: [&[u8]; GEMM_ROWS] = [&[]; GEMM_ROWS];
         let r1 = (p * GEMM_ROWS + GEMM_ROWS).min(n_out);
         for (k, r) in (p * GEMM_ROWS..r1).enumerate() {
@@ -236,56 +247,99 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
         }
         g.pack_weights(n_in, &rows[..r1 - p * GEMM_ROWS], panel);
     };
-    be.for_each_task(row_tasks * tok_tasks, &|task| {
-        {
-            let (p0, g0) = (task / tok_tasks * ppt, task % tok_tasks * gpt);
-            let (p1, g1) = ((p0 + ppt).min(n_panels), (g0 + gpt).min(n_groups));
-            // raw: only a short last panel is packed (into the scratch's first panel)
-            let short = raw && p1 == n_panels && n_out % GEMM_ROWS != 0;
-            let packed = if raw { usize::from(short) } else { p1 - p0 };
-            with_scratch(Scratch::Weights, packed * wpb, |wp| {
-                if raw {
-                    if short {
-                        pack(p1 - 1, &mut wp[..wpb]);
-                    }
-                } else {
-                    for p in p0..p1 {
-                        pack(p, &mut wp[(p - p0) * wpb..(p - p0 + 1) * wpb]);
-                    }
-                }
-                let wp: &[u8] = wp;
-                let w_panel = |p: usize| match (raw, (p + 1) * GEMM_ROWS <= n_out) {
-                    (true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
-                    (true, false) => &wp[..wpb],
-                    (false, _) => &wp[(p - p0) * wpb..(p - p0 + 1) * wpb],
-                };
-                // the task's outputs of one token group, token-major, copied out row by row
-                let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
-                let width = (p1 - p0) * GEMM_ROWS;
-                // width <= MAX_PANELS_PER_TASK * GEMM_ROWS (ppt is clamped to it)
-                let mut stage = [0f32; GEMM_TOKENS * MAX_PANELS_PER_TASK * GEMM_ROWS];
-                for gi in g0..g1 {
-                    let t0 = gi * GEMM_TOKENS;
-                    let nt = GEMM_TOKENS.min(n_tok - t0);
-                    let ap = act_panel(gi);
-                    for p in p0..p1 {
-                        let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
-                        g.tile(n_in, w_panel(p), ap, nt, &mut tile);
-                        let c = (p - p0) * GEMM_ROWS;
-                        for (r, row) in tile.iter().enumerate() {
-                            for (t, &v) in row.iter().enumerate() {
-                                stage[t * width + c + r] = v;
-                            }
+    // weight panels: packed once per weight (on its first GEMM), in parallel; raw kinds
+    // read the rows in place and pack only a short last panel
+    let bytes = if raw { 0 } else { n_panels * wpb };
+    w.with_gemm_panels(bytes, |v| be.par_chunks_mut(v, wpb, &pack), |panels| be.for_each_task(row_tasks * tok_tasks, &|task| {
+        let (p0, g0) = (task / tok_tasks * ppt, task % tok_tasks * gpt);
+        let (p1, g1) = ((p0 + ppt).min(n_panels), (g0 + gpt).min(n_groups));
+        let short = raw && p1 == n_panels && n_out % GEMM_ROWS != 0;
+        with_scratch(Scratch::Weights, usize::from(short) * wpb, |wp| {
+            if short {
+                pack(p1 - 1, &mut wp[..wpb]);
+            }
+            let wp: &[u8] = wp;
+            let w_panel = |p: usize| match (raw, (p + 1) * GEMM_ROWS <= n_out) {
+                (true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
+                (true, false) => &wp[..wpb],
+                (false, _) => &panels[p * wpb..(p + 1) * wpb],
+            };
+            // the task's outputs of one token group, token-major, copied out row by row
+            let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
+            let width = (p1 - p0) * GEMM_ROWS;
+            // width <= MAX_PANELS_PER_TASK * GEMM_ROWS (ppt is clamped to it)
+            let mut stage = [0f32; GEMM_TOKENS * MAX_PANELS_PER_TASK * GEMM_ROWS];
+            for gi in g0..g1 {
+                let t0 = gi * GEMM_TOKENS;
+                let nt = GEMM_TOKENS.min(n_tok - t0);
+                let ap = act_panel(gi);
+                for p in p0..p1 {
+                    let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+                    g.tile(n_in, w_panel(p), ap, nt, &mut tile);
+                    let c = (p - p0) * GEMM_ROWS;
+                    for (r, row) in tile.iter().enumerate() {
+                        for (t, &v) in row.iter().enumerate() {
+                            stage[t * width + c + r] = v;
                         }
                     }
-                    for t in 0..nt {
-                        let src = &stage[t * width..t * width + (rb - ra)];
-                        // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task
-                        // alone; (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
-                        unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
-                    }
                 }
-            })
+                for t in 0..nt {
+                    let src = &stage[t * width..t * width + (rb - ra)];
+                    // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task
+                    // alone; (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
+                    unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
+                }
+            }
+        })
+    }));
+}
+
+/// The repacked path (`simd::repack`): the same kernel for one token and for many, so every
+/// output's bits depend only on its row and token. Tasks split the 16-row groups (and token
+/// chunks where there are few groups); a task runs each of its groups over its tokens, 8 at
+/// a time, so a group's panel stays in cache while the tokens go by.
+#[allow(clippy::too_many_arguments)]
+fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, packed: &[u8], xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
+    use simd::repack::{self, ActAux, R, TILE_TOKENS};
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let nb = n_in / rt.qk();
+    let gbytes = rt.group_bytes(n_in);
+    let mut aux = vec![ActAux::default(); nb * n_tok];
+    let fill = |t: usize, a: &mut [ActAux]| repack::act_aux(rt, n_in, &xq[t * arb..(t + 1) * arb], a);
+    if n_tok >= 8 {
+        be.par_chunks_mut(&mut aux, nb, &fill);
+    } else {
+        aux.chunks_mut(nb).enumerate().for_each(|(t, a)| fill(t, a));
+    }
+    let aux: &[ActAux] = &aux;
+    let n_groups = n_out.div_ceil(R);
+    let want = gemv_tasks_per_thread() * be.n_threads().max(1);
+    let gpt = n_groups.div_ceil(want.min(n_groups));
+    let row_tasks = n_groups.div_ceil(gpt);
+    let chunks = n_tok.div_ceil(TILE_TOKENS);
+    let cpt = chunks.div_ceil(want.div_ceil(row_tasks).min(chunks));
+    let tok_tasks = chunks.div_ceil(cpt);
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    be.for_each_task(row_tasks * tok_tasks, &|task| {
+        let (g0, c0) = (task / tok_tasks * gpt, task % tok_tasks * cpt);
+        let (g1, c1) = ((g0 + gpt).min(n_groups), (c0 + cpt).min(chunks));
+        let mut tile = [[0f32; R]; TILE_TOKENS];
+        for g in g0..g1 {
+            let group = &packed[g * gbytes..(g + 1) * gbytes];
+            let (r0, nr) = (g * R, R.min(n_out - g * R));
+            for c in c0..c1 {
+                let (t0, t1) = (c * TILE_TOKENS, (c * TILE_TOKENS + TILE_TOKENS).min(n_tok));
+                let mut acts: [(&[u8], &[ActAux]); TILE_TOKENS] = [(&[], &[]); TILE_TOKENS];
+                for t in t0..t1 {
+                    acts[t - t0] = (&xq[t * arb..(t + 1) * arb], &aux[t * nb..(t + 1) * nb]);
+                }
+                repack::tile(rt, n_in, group, &acts[..t1 - t0], &mut tile);
+                for t in t0..t1 {
+                    // SAFETY: (token, row) pairs are disjoint across tasks; the range ends
+                    // at t * n_out + r0 + nr <= n_tok * n_out = out.len().
+                    unsafe { out_ptr.write_slice(t * n_out + r0, &tile[t - t0][..nr]) };
+                }
+            }
         }
     });
 }

@@ -16,7 +16,19 @@ pub struct CpuWeight {
     row0: usize,
     /// f32 copy for 1-D weights (norms, biases): tiny and used on every token.
     f32_data: Option<Vec<f32>>,
+    /// The whole tensor's rows interleaved for the repacked matmul (`simd::repack`), made on
+    /// first use; shared with the expert views of a 3-D tensor.
+    packed: Arc<std::sync::OnceLock<Vec<u8>>>,
+    /// The rows as GEMM weight panels (`simd::Gemm::pack_weights`), made on first use.
+    panels: std::sync::OnceLock<Vec<Line64>>,
+    /// A per-call view of one expert (`expert`): nothing is cached on it.
+    view: bool,
 }
+
+/// 64 bytes, 64-byte aligned (panel storage).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line64(pub [u8; 64]);
 
 impl CpuWeight {
     pub fn load(src: WeightSource<'_>) -> Result<CpuWeight> {
@@ -36,7 +48,7 @@ impl CpuWeight {
         } else {
             None
         };
-        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data })
+        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data, packed: Arc::default(), panels: Default::default(), view: false })
     }
 
     /// The raw bytes of this weight's rows (borrowed from the mmap).
@@ -61,7 +73,65 @@ impl CpuWeight {
             index: self.index,
             row0: self.row0 + e * n,
             f32_data: None,
+            packed: Arc::clone(&self.packed),
+            panels: Default::default(),
+            view: true,
         })
+    }
+
+    /// This weight's rows repacked for `ty`'s interleaved kernels (`simd::repack`): the
+    /// whole tensor is repacked on the first call (groups in parallel on `be`'s pool) and kept;
+    /// the matmul then reads only this copy, never the mmapped rows. None for an expert view
+    /// whose rows do not start on a group boundary (it takes the vec_dot path).
+    pub(crate) fn packed(&self, be: &crate::CpuBackend, ty: crate::simd::repack::RepackTy) -> Option<&[u8]> {
+        use crate::simd::repack::{repack_into, R};
+        if self.row0 % R != 0 {
+            return None;
+        }
+        let gb = ty.group_bytes(self.n_in);
+        let all = self.packed.get_or_init(|| {
+            let info = &self.gguf.tensors()[self.index];
+            let (rb, src) = (self.row_bytes(), self.gguf.tensor_bytes(info));
+            let total = src.len() / rb;
+            let mut out = vec![0u8; total.div_ceil(R) * gb];
+            // 64 groups per task: a few hundred KB, a few tasks per thread on big matrices
+            be.par_chunks_mut(&mut out, 64 * gb, &|c, chunk| {
+                let r0 = c * 64 * R;
+                let n = (total - r0).min(64 * R);
+                repack_into(ty, self.n_in, n, &src[r0 * rb..(r0 + n) * rb], chunk);
+            });
+            // the matmul reads only the repacked copy from now on
+            release_pages(src);
+            out
+        });
+        let g0 = self.row0 / R;
+        Some(&all[g0 * gb..(g0 + self.n_out.div_ceil(R)) * gb])
+    }
+
+    /// `f` on `bytes` bytes of GEMM panels filled by `fill`: on a weight, filled on the first
+    /// call and kept (a weight has one GEMM kind, that of its type); on a view, made for
+    /// this call only.
+    pub(crate) fn with_gemm_panels<R>(&self, bytes: usize, fill: impl FnOnce(&mut [u8]), f: impl FnOnce(&[u8]) -> R) -> R {
+        let make = |fill: Box<dyn FnOnce(&mut [u8]) + '_>| {
+            let mut v = vec![Line64([0; 64]); bytes.div_ceil(64)];
+            // SAFETY: `Line64` is 64 plain bytes without padding; the slice covers exactly `v`.
+            fill(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) });
+            v
+        };
+        let as_bytes = |v: &[Line64]| -> &[u8] {
+            // SAFETY: as above, read-only.
+            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
+        };
+        if let Some(v) = self.panels.get() {
+            return f(&as_bytes(v)[..bytes]);
+        }
+        // kept panels are a second copy of the rows (decode reads the rows): bounded
+        if self.view || !reserve_panel_bytes(bytes) {
+            let v = make(Box::new(fill));
+            return f(&as_bytes(&v)[..bytes]);
+        }
+        let v = self.panels.get_or_init(|| make(Box::new(fill)));
+        f(&as_bytes(v)[..bytes])
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -80,4 +150,34 @@ impl CpuWeight {
             .as_deref()
             .ok_or_else(|| CoreError::Shape(format!("weight of shape ({}, {}) used as a vector", self.n_in, self.n_out)))
     }
+}
+
+/// Take `bytes` from the process-wide budget for kept GEMM panels (`QUARREL_GEMM_PANELS_MB`,
+/// default 1024 MiB, read once); false when it is spent (the caller packs per call).
+fn reserve_panel_bytes(bytes: usize) -> bool {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static USED: AtomicUsize = AtomicUsize::new(0);
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let budget = *BUDGET.get_or_init(|| std::env::var("QUARREL_GEMM_PANELS_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1024) << 20);
+    USED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| (u + bytes <= budget).then_some(u + bytes)).is_ok()
+}
+
+/// Ask the kernel to reclaim the pages that lie wholly inside `bytes` (Linux
+/// `MADV_PAGEOUT`: clean file pages of the mmap are dropped, anonymous memory is swapped out
+/// or kept - never lost; a later read faults them back in). Elsewhere, or where the kernel
+/// refuses, nothing happens: it only lowers the resident set.
+fn release_pages(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let (start, end) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+        let (a, b) = (start.div_ceil(PAGE) * PAGE, end / PAGE * PAGE);
+        if b > a {
+            // SAFETY: the range lies inside `bytes` (page-aligned inward); MADV_PAGEOUT does
+            // not change the contents any later read sees.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_PAGEOUT) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
 }

@@ -67,9 +67,36 @@ fn weight_file(ty: QuantType, n_in: usize, n_out: usize, bytes: &[u8]) -> Arc<Gg
     Arc::new(Gguf::from_bytes(g.to_bytes(&[bytes]).unwrap()).unwrap())
 }
 
+/// What every output of the matmul must be: for types with a repacked form in use
+/// (`simd::repack::enabled`), its scalar reference per (row, token); else [`per_output_dot`].
+fn per_output(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_tok: usize) -> Vec<f32> {
+    let Some(rt) = simd::repack::enabled(ty) else {
+        return per_output_dot(ty, n_in, n_out, w, x, n_tok);
+    };
+    let act = ty.vec_dot_type();
+    let arb = act.row_bytes(n_in).unwrap();
+    let mut xq = vec![0u8; arb * n_tok];
+    for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
+        match simd::quantize_row_fn_ggml_x86(act) {
+            Some(f) => f(xr, qr),
+            None => quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap(),
+        }
+    }
+    let packed = simd::repack::repack(rt, n_in, n_out, w);
+    let gb = rt.group_bytes(n_in);
+    let mut out = vec![0f32; n_tok * n_out];
+    for t in 0..n_tok {
+        for r in 0..n_out {
+            let group = &packed[r / simd::repack::R * gb..(r / simd::repack::R + 1) * gb];
+            out[t * n_out + r] = simd::repack::reference_dot(rt, n_in, group, r % simd::repack::R, &xq[t * arb..(t + 1) * arb]);
+        }
+    }
+    out
+}
+
 /// What the matmul computed before the GEMM path: the activation quantizer of ggml's x86
 /// build, then the one-row kernel per (row, token).
-fn per_output(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_tok: usize) -> Vec<f32> {
+fn per_output_dot(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_tok: usize) -> Vec<f32> {
     let act = ty.vec_dot_type();
     let arb = act.row_bytes(n_in).unwrap();
     let mut xq = vec![0u8; arb * n_tok];
@@ -169,7 +196,7 @@ fn gemm_tiles_match_dot() {
         let n_in = ty.block_size() * if ty.block_size() > 32 { 3 } else { 11 };
         let w = weight_bytes(ty, n_in, GEMM_ROWS, 3, true);
         let x = rnd(4, n_in * GEMM_TOKENS, 3.0);
-        let want = per_output(ty, n_in, GEMM_ROWS, &w, &x, GEMM_TOKENS);
+        let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, GEMM_TOKENS);
         let act = ty.vec_dot_type();
         let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
         let mut xq = vec![0u8; arb * GEMM_TOKENS];

@@ -22,10 +22,16 @@
 //! [`dot4_fn`] and the quantizers (read once); `QUARREL_NO_SIMD` (any value) means `scalar`.
 //! On other architectures everything compiles to "no kernel" (callers use the reference).
 //!
+//! [`repack`]: Q4_0, Q4_K and IQ4_NL weights (AVX2 / AVX-512 VNNI; Q4_1, Q8_0 opt-in) are interleaved into 16-row groups
+//! on first use and run one kernel for any token count, with one float FMA per output per
+//! block (llama.cpp's repacked order for Q4_0 / Q4_K); `matmul` takes that path first.
+//!
 //! Results: integer block sums are exact; only the float accumulation order differs from
 //! the reference (float types: f32 FMA accumulation instead of the reference's f64).
 
 pub mod attn;
+pub mod repack;
+mod repack_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -14,6 +14,8 @@
 //! | `gemm_kquants.rs`  | AVX-512 GEMM tiles bit-identical to `avx512_kquants.rs`          |
 //! | `gemm_rows.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `legacy.rs` (Q5_0, Q5_1) |
 //! | `gemv_ggml.rs`     | AVX-512 VNNI decode GEMV (8 rows) bit-identical to `ggml_order.rs` |
+//! | `repack.rs`        | AVX-512 VNNI tiles over 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K (`simd::repack`) |
+//! | `repack_avx2.rs`   | their AVX2 twins (bit-identical)                                 |
 //! | `attn.rs`          | AVX2: attention runs bit-identical to `simd::attn`'s twins       |
 //!
 //! No `vpgatherdd`: with the gather-data-sampling microcode fix (Skylake .. Ice Lake /
@@ -39,6 +41,8 @@ pub(crate) mod ggml_order;
 mod kquants;
 mod legacy;
 mod quantize;
+pub(crate) mod repack;
+mod repack_avx2;
 
 use super::{Dot4Fn, DotFn, Level, QuantizeRowFn};
 use quarrel_core::QuantType;
