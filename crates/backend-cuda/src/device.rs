@@ -513,14 +513,16 @@ pub fn gdc_kernel_names() -> Vec<String> {
             v.push(format!("attn1_{k}_{dpl}"));
         }
     }
-    v.extend(crate::mmq::kernel_names());
-    v.extend(crate::moe::kernel_names());
-    v.extend(crate::ssm::kernel_names());
     v
 }
 
 /// Every kernel the module exports (looked up once at start-up): `gdc_kernel_names()` and the
 /// kernels without `GDC()` (launched the plain way).
 pub fn kernel_names() -> Vec<String> {
-    gdc_kernel_names()
+    // MMQ, MoE and SSM kernels do not begin with GDC(): launched in plain stream order
+    let mut v = gdc_kernel_names();
+    v.extend(crate::mmq::kernel_names());
+    v.extend(crate::moe::kernel_names());
+    v.extend(crate::ssm::kernel_names());
+    v
 }
