@@ -26,6 +26,10 @@ const AUX_NYD: usize = 128;
 const AUX_YD: usize = 256;
 const _: () = assert!(TOKENS == 8);
 
+/// Super-blocks per chunk of the Q6_K tile: 8 tokens x 8 blocks of Q8_K (18.7 KB) stay in L1
+/// while the tile's rows go over them.
+const Q6K_CHUNK: usize = 8;
+
 /// Bytes of the token rows of an activation panel (a multiple of 64).
 fn rows_bytes(n_in: usize) -> usize {
     (n_in / QK_K * Q8K_BYTES * TOKENS).next_multiple_of(64)
@@ -100,6 +104,18 @@ impl Ty {
         let (nb, wrb, arb) = (n_in / QK_K, n_in / QK_K * self.block_bytes(), n_in / QK_K * Q8K_BYTES);
         assert!(super::has_avx2() && super::has_avx512() && (!vnni || super::has_avx512vnni()));
         assert!(n_in.is_multiple_of(QK_K) && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= self.act_panel_bytes(n_in));
+        if self == Ty::Q6K {
+            // SAFETY: the features (asserted above); `ROWS` rows of `nb` blocks at `w`, the
+            // token rows `0..n_tok` of `nb` blocks each at `a` (lengths asserted above).
+            unsafe {
+                if vnni {
+                    vnni::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, n_tok, out)
+                } else {
+                    bw::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, n_tok, out)
+                }
+            }
+            return;
+        }
         let aux = a[rows_bytes(n_in)..].as_ptr();
         for (r, o) in out.iter_mut().enumerate() {
             let wr = w[r * wrb..].as_ptr();
@@ -114,10 +130,9 @@ impl Ty {
                             let v = match (self, vnni) {
                                 (Ty::Q4K, false) => bw::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
                                 (Ty::Q5K, false) => bw::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
-                                (Ty::Q6K, false) => bw::q6k::<$T>(nb, wr, std::array::from_fn(ap)),
                                 (Ty::Q4K, true) => vnni::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
                                 (Ty::Q5K, true) => vnni::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
-                                (Ty::Q6K, true) => vnni::q6k::<$T>(nb, wr, std::array::from_fn(ap)),
+                                (Ty::Q6K, _) => unreachable!(),
                             };
                             o[t0..t0 + $T].copy_from_slice(&v);
                             $T
@@ -274,16 +289,67 @@ macro_rules! kquant_tiles {
             k4_finish::<T, Q>(&acc, &acc_m)
         }
 
-        /// Q6_K, as [`q4k`] (the -32 through `bsums`).
+        /// Q6_K: a whole tile (`ROWS` rows at `w`, `wrb` bytes apart, against tokens
+        /// `0..n_tok` at `a`, `arb` bytes apart), in chunks of [`Q6K_CHUNK`] super-blocks:
+        /// per chunk every row runs over the chunk's blocks for all tokens (the chunk's token
+        /// rows stay in L1 across the rows; each row's blocks are unpacked once per 8
+        /// tokens), its accumulators kept between chunks. Each output's float steps are the
+        /// one-row kernel's, in the same order (one fma per super-block, then `hsum_ps512`).
+        /// SAFETY: the features; the rows and token rows hold `nb` blocks each.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn q6k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T]) -> [f32; T] {
+        pub(super) unsafe fn q6k_tile(nb: usize, w: *const u8, wrb: usize, a: *const u8, arb: usize, n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
+            let mut acc = [[_mm512_setzero_ps(); TOKENS]; ROWS];
+            let mut i0 = 0;
+            while i0 < nb {
+                let i1 = (i0 + Q6K_CHUNK).min(nb);
+                for (r, accr) in acc.iter_mut().enumerate() {
+                    let wr = w.add(r * wrb);
+                    let mut t0 = 0;
+                    while t0 < n_tok {
+                        let ap = |t: usize| a.add((t0 + t) * arb);
+                        macro_rules! run {
+                            ($T:literal) => {{
+                                let accs: &mut [__m512; $T] = (&mut accr[t0..t0 + $T]).try_into().unwrap();
+                                q6k_run::<$T>(i0, i1, wr, std::array::from_fn(ap), accs);
+                                $T
+                            }};
+                        }
+                        t0 += match n_tok - t0 {
+                            8.. => run!(8),
+                            7 => run!(7),
+                            6 => run!(6),
+                            5 => run!(5),
+                            4 => run!(4),
+                            3 => run!(3),
+                            2 => run!(2),
+                            _ => run!(1),
+                        };
+                    }
+                }
+                i0 = i1;
+            }
+            for (o, accr) in out.iter_mut().zip(&acc) {
+                for t in 0..n_tok {
+                    o[t] = hsum_ps512(accr[t]);
+                }
+            }
+        }
+
+        /// Blocks `i0..i1` of Q6_K row `w` against `T` Q8_K rows, into `accs` (`acc = fma(d_a
+        /// * d_w, sumi, acc)` per block; `sumi` the one-row kernel's lane integers, its
+        /// `-32 * (sc · bsums)` term folded in as a first `madd` with `-32 * sc`).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn q6k_run<const T: usize>(i0: usize, i1: usize, w: *const u8, a: [*const u8; T], accs: &mut [__m512; T]) {
             let m3 = _mm512_set1_epi8(3);
             let m15 = _mm512_set1_epi8(15);
-            let mut acc = [_mm512_setzero_ps(); T];
-            for i in 0..nb {
+            let mut acc = *accs;
+            for i in i0..i1 {
                 let x = w.add(i * 210);
-                let dw = f16_at(x.add(208));
+                let dwv = _mm512_set1_ps(f16_at(x.add(208)));
                 let sc16 = _mm256_cvtepi8_epi16(load16(x.add(192)));
+                // -32 * sc: |sc| <= 128, so it fits i16
+                let scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
                 let scb = [
                     _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)),
                     _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc16)),
@@ -305,18 +371,18 @@ macro_rules! kquant_tiles {
                 });
                 for t in 0..T {
                     let y = a[t].add(i * Q8K_BYTES);
-                    let d = f32_at(y) * dw;
-                    let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load32(y.add(Q8K_BSUMS))));
-                    let mut sumi = _mm512_setzero_si512();
+                    // d_a * d_w, as the one-row kernel's scalar product (same bits)
+                    let d = _mm512_mul_ps(_mm512_set1_ps(f32_at(y)), dwv);
+                    // lanes 0..7: -32 * (sc[2l] * bsums[2l] + sc[2l + 1] * bsums[2l + 1]); 8..15: 0
+                    let mut sumi = _mm512_zextsi256_si512(_mm256_madd_epi16(scm, load32(y.add(Q8K_BSUMS))));
                     for k in 0..4 {
                         let p = _mm512_maddubs_epi16(q[k], load64(y.add(Q8K_QS + 64 * k)));
                         sumi = madd_acc(sumi, sc[k], p);
                     }
-                    let sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(off));
-                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[t]);
                 }
             }
-            std::array::from_fn(|t| hsum_ps512(acc[t]))
+            *accs = acc;
         }
     };
 }
