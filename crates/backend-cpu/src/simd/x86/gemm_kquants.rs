@@ -13,7 +13,7 @@
 
 use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB16, SUB32};
 use super::kquants::{k4_scales_mins, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
-use super::{f16_at, f32_at, hsum_ps128, hsum_ps512};
+use super::{f16_at, hsum_ps128, hsum_ps512};
 use crate::simd::{GEMM_ROWS as ROWS, GEMM_TOKENS as TOKENS};
 use std::arch::x86_64::*;
 
@@ -29,6 +29,9 @@ const _: () = assert!(TOKENS == 8);
 /// Super-blocks per chunk of the Q6_K tile: 8 tokens x 8 blocks of Q8_K (18.7 KB) stay in L1
 /// while the tile's rows go over them.
 const Q6K_CHUNK: usize = 8;
+
+/// Per super-block auxiliary data of a Q6_K activation panel: every token's `d_a` (8 f32).
+const Q6K_AUX_BLOCK: usize = 32;
 
 /// Bytes of the token rows of an activation panel (a multiple of 64).
 fn rows_bytes(n_in: usize) -> usize {
@@ -53,7 +56,7 @@ impl Ty {
     }
 
     pub(crate) fn act_panel_bytes(self, n_in: usize) -> usize {
-        rows_bytes(n_in) + if self.has_mins() { n_in / QK_K * AUX_BLOCK } else { 0 }
+        rows_bytes(n_in) + n_in / QK_K * if self.has_mins() { AUX_BLOCK } else { Q6K_AUX_BLOCK }
     }
 
     /// Q4_K and Q5_K (the types with `mins`, whose activation panels carry [`AUX_BLOCK`]s).
@@ -92,6 +95,16 @@ impl Ty {
                     blk[o..o + 4].copy_from_slice(&yd.to_le_bytes());
                 }
             }
+        } else {
+            // Q6_K: every token's `d_a` per super-block (zeros for missing tokens)
+            let aux = &mut panel[rows_bytes(n_in)..rows_bytes(n_in) + nb * Q6K_AUX_BLOCK];
+            aux.fill(0);
+            for (t, row) in rows.iter().enumerate() {
+                for (i, blk) in aux.chunks_exact_mut(Q6K_AUX_BLOCK).enumerate() {
+                    let y = &row[i * Q8K_BYTES..];
+                    blk[t * 4..t * 4 + 4].copy_from_slice(&y[..4]);
+                }
+            }
         }
     }
 
@@ -109,9 +122,9 @@ impl Ty {
             // token rows `0..n_tok` of `nb` blocks each at `a` (lengths asserted above).
             unsafe {
                 if vnni {
-                    vnni::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, n_tok, out)
+                    vnni::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, a[rows_bytes(n_in)..].as_ptr(), n_tok, out)
                 } else {
-                    bw::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, n_tok, out)
+                    bw::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, a[rows_bytes(n_in)..].as_ptr(), n_tok, out)
                 }
             }
             return;
@@ -297,7 +310,7 @@ macro_rules! kquant_tiles {
         /// one-row kernel's, in the same order (one fma per super-block, then `hsum_ps512`).
         /// SAFETY: the features; the rows and token rows hold `nb` blocks each.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn q6k_tile(nb: usize, w: *const u8, wrb: usize, a: *const u8, arb: usize, n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
+        pub(super) unsafe fn q6k_tile(nb: usize, w: *const u8, wrb: usize, a: *const u8, arb: usize, aux: *const u8, n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
             let mut acc = [[_mm512_setzero_ps(); TOKENS]; ROWS];
             let mut i0 = 0;
             while i0 < nb {
@@ -310,7 +323,7 @@ macro_rules! kquant_tiles {
                         macro_rules! run {
                             ($T:literal) => {{
                                 let accs: &mut [__m512; $T] = (&mut accr[t0..t0 + $T]).try_into().unwrap();
-                                q6k_run::<$T>(i0, i1, wr, std::array::from_fn(ap), accs);
+                                q6k_run::<$T>(i0, i1, wr, std::array::from_fn(ap), aux.add(t0 * 4), accs);
                                 $T
                             }};
                         }
@@ -340,13 +353,16 @@ macro_rules! kquant_tiles {
         /// `-32 * (sc · bsums)` term folded in as a first `madd` with `-32 * sc`).
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn q6k_run<const T: usize>(i0: usize, i1: usize, w: *const u8, a: [*const u8; T], accs: &mut [__m512; T]) {
+        unsafe fn q6k_run<const T: usize>(i0: usize, i1: usize, w: *const u8, a: [*const u8; T], yd: *const u8, accs: &mut [__m512; T]) {
             let m3 = _mm512_set1_epi8(3);
             let m15 = _mm512_set1_epi8(15);
             let mut acc = *accs;
             for i in i0..i1 {
                 let x = w.add(i * 210);
-                let dwv = _mm512_set1_ps(f16_at(x.add(208)));
+                // d_a * d_w of the T tokens (tokens past the panel's: zeros), as the one-row
+                // kernel's scalar products (same bits)
+                let mut dv = [0f32; 8];
+                _mm256_storeu_ps(dv.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(yd.add(i * Q6K_AUX_BLOCK) as *const f32), _mm256_set1_ps(f16_at(x.add(208)))));
                 let sc16 = _mm256_cvtepi8_epi16(load16(x.add(192)));
                 // -32 * sc: |sc| <= 128, so it fits i16
                 let scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
@@ -371,14 +387,18 @@ macro_rules! kquant_tiles {
                 });
                 for t in 0..T {
                     let y = a[t].add(i * Q8K_BYTES);
-                    // d_a * d_w, as the one-row kernel's scalar product (same bits)
-                    let d = _mm512_mul_ps(_mm512_set1_ps(f32_at(y)), dwv);
+                    let d = _mm512_set1_ps(dv[t]);
                     // lanes 0..7: -32 * (sc[2l] * bsums[2l] + sc[2l + 1] * bsums[2l + 1]); 8..15: 0
+                    // (two chains, chunks 0-1 and 2-3: the same lane integers)
                     let mut sumi = _mm512_zextsi256_si512(_mm256_madd_epi16(scm, load32(y.add(Q8K_BSUMS))));
-                    for k in 0..4 {
+                    let mut sumi2 = _mm512_setzero_si512();
+                    for k in 0..2 {
                         let p = _mm512_maddubs_epi16(q[k], load64(y.add(Q8K_QS + 64 * k)));
                         sumi = madd_acc(sumi, sc[k], p);
+                        let p = _mm512_maddubs_epi16(q[k + 2], load64(y.add(Q8K_QS + 64 * (k + 2))));
+                        sumi2 = madd_acc(sumi2, sc[k + 2], p);
                     }
+                    let sumi = _mm512_add_epi32(sumi, sumi2);
                     acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[t]);
                 }
             }
