@@ -11,7 +11,7 @@
 //! Panels are the rows one after another (`ROWS` weight rows, up to `TOKENS` activation
 //! rows): the matmul passes runs of rows in place.
 
-use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB16, SUB32};
+use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB32};
 use super::kquants::{k4_scales_mins, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::{f16_at, hsum_ps128, hsum_ps512};
 use crate::simd::{GEMM_ROWS as ROWS, GEMM_TOKENS as TOKENS};
@@ -96,6 +96,26 @@ impl Ty {
                 }
             }
         } else {
+            // Q6_K: the codes of each chunk pair (0-1, 2-3) interleaved by 4-byte groups as
+            // the tile's `unpacklo/hi_epi32` of the weight codes (see `q6k_run`)
+            for t in 0..rows.len() {
+                for i in 0..nb {
+                    let qs = &mut panel[t * nb * Q8K_BYTES + i * Q8K_BYTES + Q8K_QS..][..QK_K];
+                    let orig: [u8; QK_K] = qs[..QK_K].try_into().unwrap();
+                    for p in 0..2 {
+                        let (a, b) = (&orig[128 * p..128 * p + 64], &orig[128 * p + 64..128 * p + 128]);
+                        for h in 0..2 {
+                            for l in 0..4 {
+                                for j in 0..4 {
+                                    let (src, g) = (if j % 2 == 0 { a } else { b }, 4 * l + 2 * h + j / 2);
+                                    let o = 128 * p + 64 * h + 16 * l + 4 * j;
+                                    qs[o..o + 4].copy_from_slice(&src[4 * g..4 * g + 4]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             // Q6_K: every token's `d_a` per super-block (zeros for missing tokens)
             let aux = &mut panel[rows_bytes(n_in)..rows_bytes(n_in) + nb * Q6K_AUX_BLOCK];
             aux.fill(0);
@@ -179,8 +199,15 @@ fn copy_rows(rb: usize, n: usize, rows: &[&[u8]], panel: &mut [u8]) {
 }
 
 macro_rules! kquant_tiles {
-    ($features:literal, $madd_acc:expr) => {
+    ($features:literal, $madd_acc:expr, $dot4:expr) => {
         use super::*;
+
+        /// Per i32 lane: the dot of its 4 unsigned codes `q` (0..=63) with 4 signed bytes `y`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn dot4(q: __m512i, y: __m512i) -> __m512i {
+            ($dot4)(q, y)
+        }
 
         #[inline]
         #[target_feature(enable = $features)]
@@ -366,11 +393,6 @@ macro_rules! kquant_tiles {
                 let sc16 = _mm256_cvtepi8_epi16(load16(x.add(192)));
                 // -32 * sc: |sc| <= 128, so it fits i16
                 let scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
-                let scb = [
-                    _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)),
-                    _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc16)),
-                ];
-                let sc: [__m512i; 4] = std::array::from_fn(|k| scale_vec(scb[k / 2], &SUB16[k % 2]));
                 let q: [__m512i; 4] = std::array::from_fn(|k| {
                     let h = k / 2;
                     let ql = load64(x.add(64 * h));
@@ -385,6 +407,19 @@ macro_rules! kquant_tiles {
                         )
                     }
                 });
+                // chunk pairs (0, 1), (2, 3): 4-code groups interleaved (`A` = groups 4L, 4L + 1
+                // of each 128-bit lane L, `B` = 4L + 2, 4L + 3, chunk `ka` / `kb` alternating;
+                // the panel's codes alike), so that `packs_epi32` of their 4-code dots puts
+                // (D(ka, l), D(kb, l)) in output lane l's i16 pair; the scales (sc[4ka + L],
+                // sc[4kb + L]) to match. |D| <= 4 * 63 * 128 fits i16: the same lane integers.
+                let qa: [__m512i; 2] = std::array::from_fn(|p| _mm512_unpacklo_epi32(q[2 * p], q[2 * p + 1]));
+                let qb: [__m512i; 2] = std::array::from_fn(|p| _mm512_unpackhi_epi32(q[2 * p], q[2 * p + 1]));
+                let lidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+                let sp: [__m512i; 2] = std::array::from_fn(|p| {
+                    let s8 = if p == 0 { _mm256_castsi256_si128(sc16) } else { _mm256_extracti128_si256::<1>(sc16) };
+                    let pairs = _mm_unpacklo_epi16(s8, _mm_srli_si128::<8>(s8));
+                    _mm512_permutexvar_epi32(lidx, _mm512_castsi128_si512(pairs))
+                });
                 for t in 0..T {
                     let y = a[t].add(i * Q8K_BYTES);
                     let d = _mm512_set1_ps(dv[t]);
@@ -392,11 +427,15 @@ macro_rules! kquant_tiles {
                     // (two chains, chunks 0-1 and 2-3: the same lane integers)
                     let mut sumi = _mm512_zextsi256_si512(_mm256_madd_epi16(scm, load32(y.add(Q8K_BSUMS))));
                     let mut sumi2 = _mm512_setzero_si512();
-                    for k in 0..2 {
-                        let p = _mm512_maddubs_epi16(q[k], load64(y.add(Q8K_QS + 64 * k)));
-                        sumi = madd_acc(sumi, sc[k], p);
-                        let p = _mm512_maddubs_epi16(q[k + 2], load64(y.add(Q8K_QS + 64 * (k + 2))));
-                        sumi2 = madd_acc(sumi2, sc[k + 2], p);
+                    for p in 0..2 {
+                        let da = dot4(qa[p], load64(y.add(Q8K_QS + 128 * p)));
+                        let db = dot4(qb[p], load64(y.add(Q8K_QS + 128 * p + 64)));
+                        let v = _mm512_packs_epi32(da, db);
+                        if p == 0 {
+                            sumi = madd_acc(sumi, sp[p], v);
+                        } else {
+                            sumi2 = madd_acc(sumi2, sp[p], v);
+                        }
                     }
                     let sumi = _mm512_add_epi32(sumi, sumi2);
                     acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[t]);
@@ -411,6 +450,9 @@ macro_rules! kquant_tiles {
 mod bw {
     kquant_tiles!("avx2,fma,f16c,avx512f,avx512bw,avx512vl", |acc: __m512i, s: __m512i, p: __m512i| {
         _mm512_add_epi32(acc, _mm512_madd_epi16(s, p))
+    }, |q: __m512i, y: __m512i| {
+        // no saturation: 2 * 63 * 128 < 32768
+        _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), _mm512_set1_epi16(1))
     });
 }
 
@@ -424,6 +466,14 @@ mod vnni {
         // enabled and detected.
         unsafe {
             std::arch::asm!("vpdpwssd {acc}, {s}, {p}", acc = inout(zmm_reg) acc, s = in(zmm_reg) s, p = in(zmm_reg) p,
+                options(pure, nomem, nostack, preserves_flags));
+        }
+        acc
+    }, |q: __m512i, y: __m512i| {
+        let mut acc = _mm512_setzero_si512();
+        // SAFETY: as above (`vpdpbusd`: unsigned `q` times signed `y`, 4 per lane, exact)
+        unsafe {
+            std::arch::asm!("vpdpbusd {acc}, {q}, {y}", acc = inout(zmm_reg) acc, q = in(zmm_reg) q, y = in(zmm_reg) y,
                 options(pure, nomem, nostack, preserves_flags));
         }
         acc
