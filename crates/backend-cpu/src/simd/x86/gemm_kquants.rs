@@ -10,6 +10,12 @@
 //! registers) are built once and used for every token; the activations are read in place.
 //! Panels are the rows one after another (`ROWS` weight rows, up to `TOKENS` activation
 //! rows): the matmul passes runs of rows in place.
+//!
+//! Q6_K runs a whole tile per call (`q6k_tile`): chunks of 8 super-blocks, every row over
+//! the chunk for all tokens (the chunk's activations stay in L1 across the rows), 4-code
+//! dots (`vpdpbusd`) of two 64-code chunks packed to i16 pairs for one `vpdpwssd` with the
+//! scales; its activation panels hold the codes interleaved to match, then each token's
+//! `d_a` per block. The lane integers and float steps are the one-row kernel's.
 
 use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB32};
 use super::kquants::{k4_scales_mins, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
