@@ -177,7 +177,7 @@ proptest! {
 #[test]
 fn gemm_matmul_large_shapes() {
     for &ty in &TYPES[..N_GEMM] {
-        for (n_blocks, n_out, n_tok, threads) in [(24, 301, 67, 3), (18, 1000, 9, 2), (48, 20, 130, 2), (2, 4 * 33, 16, 1), (18, 1003, 1, 3), (176, 77, 1, 2), (64, 8 * 37, 1, 1)] {
+        for (n_blocks, n_out, n_tok, threads) in [(24, 301, 67, 3), (18, 1000, 9, 2), (48, 20, 130, 2), (2, 4 * 33, 16, 1), (18, 1003, 1, 3), (176, 77, 1, 2), (176, 45, 21, 2), (64, 8 * 37, 1, 1)] {
             // the same row length in elements where the blocks are larger
             let n_blocks = (n_blocks * 32 / ty.block_size()).max(1);
             check(ty, n_blocks, n_out, n_tok, threads, 7 + n_out as u64, false).unwrap();
@@ -185,15 +185,16 @@ fn gemm_matmul_large_shapes() {
     }
 }
 
-/// The tile kernel directly, against the one-row kernel, with all tile sizes.
+/// The tile kernel directly, against the one-row kernel, with all tile sizes (and rows long
+/// enough for the Q6_K tile's several chunks of super-blocks, a short last chunk included).
 #[test]
 fn gemm_tiles_match_dot() {
-    for &ty in &TYPES[..N_GEMM] {
+    for (&ty, n_blocks) in TYPES[..N_GEMM].iter().flat_map(|ty| [(ty, 3), (ty, 11), (ty, 19)]) {
         let Some(g) = simd::gemm_fn(ty) else {
             eprintln!("no GEMM kernel for {} on this CPU / level: skipped", ty.name());
             continue;
         };
-        let n_in = ty.block_size() * if ty.block_size() > 32 { 3 } else { 11 };
+        let n_in = ty.block_size() * n_blocks;
         let w = weight_bytes(ty, n_in, GEMM_ROWS, 3, true);
         let x = rnd(4, n_in * GEMM_TOKENS, 3.0);
         let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, GEMM_TOKENS);

@@ -10,10 +10,16 @@
 //! registers) are built once and used for every token; the activations are read in place.
 //! Panels are the rows one after another (`ROWS` weight rows, up to `TOKENS` activation
 //! rows): the matmul passes runs of rows in place.
+//!
+//! Q6_K runs a whole tile per call (`q6k_tile`): chunks of 8 super-blocks, every row over
+//! the chunk for all tokens (the chunk's activations stay in L1 across the rows), 4-code
+//! dots (`vpdpbusd`) of two 64-code chunks packed to i16 pairs for one `vpdpwssd` with the
+//! scales; its activation panels hold the codes interleaved to match, then each token's
+//! `d_a` per block. The lane integers and float steps are the one-row kernel's.
 
-use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB16, SUB32};
+use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB32};
 use super::kquants::{k4_scales_mins, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
-use super::{f16_at, f32_at, hsum_ps128, hsum_ps512};
+use super::{f16_at, hsum_ps128, hsum_ps512};
 use crate::simd::{GEMM_ROWS as ROWS, GEMM_TOKENS as TOKENS};
 use std::arch::x86_64::*;
 
@@ -25,6 +31,13 @@ const AUX_Q8S: usize = 0;
 const AUX_NYD: usize = 128;
 const AUX_YD: usize = 256;
 const _: () = assert!(TOKENS == 8);
+
+/// Super-blocks per chunk of the Q6_K tile: 8 tokens x 8 blocks of Q8_K (18.7 KB) stay in L1
+/// while the tile's rows go over them.
+const Q6K_CHUNK: usize = 8;
+
+/// Per super-block auxiliary data of a Q6_K activation panel: every token's `d_a` (8 f32).
+const Q6K_AUX_BLOCK: usize = 32;
 
 /// Bytes of the token rows of an activation panel (a multiple of 64).
 fn rows_bytes(n_in: usize) -> usize {
@@ -49,7 +62,7 @@ impl Ty {
     }
 
     pub(crate) fn act_panel_bytes(self, n_in: usize) -> usize {
-        rows_bytes(n_in) + if self.has_mins() { n_in / QK_K * AUX_BLOCK } else { 0 }
+        rows_bytes(n_in) + n_in / QK_K * if self.has_mins() { AUX_BLOCK } else { Q6K_AUX_BLOCK }
     }
 
     /// Q4_K and Q5_K (the types with `mins`, whose activation panels carry [`AUX_BLOCK`]s).
@@ -88,6 +101,36 @@ impl Ty {
                     blk[o..o + 4].copy_from_slice(&yd.to_le_bytes());
                 }
             }
+        } else {
+            // Q6_K: the codes of each chunk pair (0-1, 2-3) interleaved by 4-byte groups as
+            // the tile's `unpacklo/hi_epi32` of the weight codes (see `q6k_run`)
+            for t in 0..rows.len() {
+                for i in 0..nb {
+                    let qs = &mut panel[t * nb * Q8K_BYTES + i * Q8K_BYTES + Q8K_QS..][..QK_K];
+                    let orig: [u8; QK_K] = qs[..QK_K].try_into().unwrap();
+                    for p in 0..2 {
+                        let (a, b) = (&orig[128 * p..128 * p + 64], &orig[128 * p + 64..128 * p + 128]);
+                        for h in 0..2 {
+                            for l in 0..4 {
+                                for j in 0..4 {
+                                    let (src, g) = (if j % 2 == 0 { a } else { b }, 4 * l + 2 * h + j / 2);
+                                    let o = 128 * p + 64 * h + 16 * l + 4 * j;
+                                    qs[o..o + 4].copy_from_slice(&src[4 * g..4 * g + 4]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // Q6_K: every token's `d_a` per super-block (zeros for missing tokens)
+            let aux = &mut panel[rows_bytes(n_in)..rows_bytes(n_in) + nb * Q6K_AUX_BLOCK];
+            aux.fill(0);
+            for (t, row) in rows.iter().enumerate() {
+                for (i, blk) in aux.chunks_exact_mut(Q6K_AUX_BLOCK).enumerate() {
+                    let y = &row[i * Q8K_BYTES..];
+                    blk[t * 4..t * 4 + 4].copy_from_slice(&y[..4]);
+                }
+            }
         }
     }
 
@@ -100,6 +143,18 @@ impl Ty {
         let (nb, wrb, arb) = (n_in / QK_K, n_in / QK_K * self.block_bytes(), n_in / QK_K * Q8K_BYTES);
         assert!(super::has_avx2() && super::has_avx512() && (!vnni || super::has_avx512vnni()));
         assert!(n_in.is_multiple_of(QK_K) && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= self.act_panel_bytes(n_in));
+        if self == Ty::Q6K {
+            // SAFETY: the features (asserted above); `ROWS` rows of `nb` blocks at `w`, the
+            // token rows `0..n_tok` of `nb` blocks each at `a` (lengths asserted above).
+            unsafe {
+                if vnni {
+                    vnni::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, a[rows_bytes(n_in)..].as_ptr(), n_tok, out)
+                } else {
+                    bw::q6k_tile(nb, w.as_ptr(), wrb, a.as_ptr(), arb, a[rows_bytes(n_in)..].as_ptr(), n_tok, out)
+                }
+            }
+            return;
+        }
         let aux = a[rows_bytes(n_in)..].as_ptr();
         for (r, o) in out.iter_mut().enumerate() {
             let wr = w[r * wrb..].as_ptr();
@@ -114,10 +169,9 @@ impl Ty {
                             let v = match (self, vnni) {
                                 (Ty::Q4K, false) => bw::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
                                 (Ty::Q5K, false) => bw::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
-                                (Ty::Q6K, false) => bw::q6k::<$T>(nb, wr, std::array::from_fn(ap)),
                                 (Ty::Q4K, true) => vnni::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
                                 (Ty::Q5K, true) => vnni::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
-                                (Ty::Q6K, true) => vnni::q6k::<$T>(nb, wr, std::array::from_fn(ap)),
+                                (Ty::Q6K, _) => unreachable!(),
                             };
                             o[t0..t0 + $T].copy_from_slice(&v);
                             $T
@@ -151,8 +205,15 @@ fn copy_rows(rb: usize, n: usize, rows: &[&[u8]], panel: &mut [u8]) {
 }
 
 macro_rules! kquant_tiles {
-    ($features:literal, $madd_acc:expr) => {
+    ($features:literal, $madd_acc:expr, $dot4:expr) => {
         use super::*;
+
+        /// Per i32 lane: the dot of its 4 unsigned codes `q` (0..=63) with 4 signed bytes `y`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn dot4(q: __m512i, y: __m512i) -> __m512i {
+            ($dot4)(q, y)
+        }
 
         #[inline]
         #[target_feature(enable = $features)]
@@ -274,21 +335,70 @@ macro_rules! kquant_tiles {
             k4_finish::<T, Q>(&acc, &acc_m)
         }
 
-        /// Q6_K, as [`q4k`] (the -32 through `bsums`).
+        /// Q6_K: a whole tile (`ROWS` rows at `w`, `wrb` bytes apart, against tokens
+        /// `0..n_tok` at `a`, `arb` bytes apart), in chunks of [`Q6K_CHUNK`] super-blocks:
+        /// per chunk every row runs over the chunk's blocks for all tokens (the chunk's token
+        /// rows stay in L1 across the rows; each row's blocks are unpacked once per 8
+        /// tokens), its accumulators kept between chunks. Each output's float steps are the
+        /// one-row kernel's, in the same order (one fma per super-block, then `hsum_ps512`).
+        /// SAFETY: the features; the rows and token rows hold `nb` blocks each.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn q6k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T]) -> [f32; T] {
+        pub(super) unsafe fn q6k_tile(nb: usize, w: *const u8, wrb: usize, a: *const u8, arb: usize, aux: *const u8, n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
+            let mut acc = [[_mm512_setzero_ps(); TOKENS]; ROWS];
+            let mut i0 = 0;
+            while i0 < nb {
+                let i1 = (i0 + Q6K_CHUNK).min(nb);
+                for (r, accr) in acc.iter_mut().enumerate() {
+                    let wr = w.add(r * wrb);
+                    let mut t0 = 0;
+                    while t0 < n_tok {
+                        let ap = |t: usize| a.add((t0 + t) * arb);
+                        macro_rules! run {
+                            ($T:literal) => {{
+                                let accs: &mut [__m512; $T] = (&mut accr[t0..t0 + $T]).try_into().unwrap();
+                                q6k_run::<$T>(i0, i1, wr, std::array::from_fn(ap), aux.add(t0 * 4), accs);
+                                $T
+                            }};
+                        }
+                        t0 += match n_tok - t0 {
+                            8.. => run!(8),
+                            7 => run!(7),
+                            6 => run!(6),
+                            5 => run!(5),
+                            4 => run!(4),
+                            3 => run!(3),
+                            2 => run!(2),
+                            _ => run!(1),
+                        };
+                    }
+                }
+                i0 = i1;
+            }
+            for (o, accr) in out.iter_mut().zip(&acc) {
+                for t in 0..n_tok {
+                    o[t] = hsum_ps512(accr[t]);
+                }
+            }
+        }
+
+        /// Blocks `i0..i1` of Q6_K row `w` against `T` Q8_K rows, into `accs` (`acc = fma(d_a
+        /// * d_w, sumi, acc)` per block; `sumi` the one-row kernel's lane integers, its
+        /// `-32 * (sc · bsums)` term folded in as a first `madd` with `-32 * sc`).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn q6k_run<const T: usize>(i0: usize, i1: usize, w: *const u8, a: [*const u8; T], yd: *const u8, accs: &mut [__m512; T]) {
             let m3 = _mm512_set1_epi8(3);
             let m15 = _mm512_set1_epi8(15);
-            let mut acc = [_mm512_setzero_ps(); T];
-            for i in 0..nb {
+            let mut acc = *accs;
+            for i in i0..i1 {
                 let x = w.add(i * 210);
-                let dw = f16_at(x.add(208));
+                // d_a * d_w of the T tokens (tokens past the panel's: zeros), as the one-row
+                // kernel's scalar products (same bits)
+                let mut dv = [0f32; 8];
+                _mm256_storeu_ps(dv.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(yd.add(i * Q6K_AUX_BLOCK) as *const f32), _mm256_set1_ps(f16_at(x.add(208)))));
                 let sc16 = _mm256_cvtepi8_epi16(load16(x.add(192)));
-                let scb = [
-                    _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)),
-                    _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc16)),
-                ];
-                let sc: [__m512i; 4] = std::array::from_fn(|k| scale_vec(scb[k / 2], &SUB16[k % 2]));
+                // -32 * sc: |sc| <= 128, so it fits i16
+                let scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
                 let q: [__m512i; 4] = std::array::from_fn(|k| {
                     let h = k / 2;
                     let ql = load64(x.add(64 * h));
@@ -303,20 +413,41 @@ macro_rules! kquant_tiles {
                         )
                     }
                 });
+                // chunk pairs (0, 1), (2, 3): 4-code groups interleaved (`A` = groups 4L, 4L + 1
+                // of each 128-bit lane L, `B` = 4L + 2, 4L + 3, chunk `ka` / `kb` alternating;
+                // the panel's codes alike), so that `packs_epi32` of their 4-code dots puts
+                // (D(ka, l), D(kb, l)) in output lane l's i16 pair; the scales (sc[4ka + L],
+                // sc[4kb + L]) to match. |D| <= 4 * 63 * 128 fits i16: the same lane integers.
+                let qa: [__m512i; 2] = std::array::from_fn(|p| _mm512_unpacklo_epi32(q[2 * p], q[2 * p + 1]));
+                let qb: [__m512i; 2] = std::array::from_fn(|p| _mm512_unpackhi_epi32(q[2 * p], q[2 * p + 1]));
+                let lidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+                let sp: [__m512i; 2] = std::array::from_fn(|p| {
+                    let s8 = if p == 0 { _mm256_castsi256_si128(sc16) } else { _mm256_extracti128_si256::<1>(sc16) };
+                    let pairs = _mm_unpacklo_epi16(s8, _mm_srli_si128::<8>(s8));
+                    _mm512_permutexvar_epi32(lidx, _mm512_castsi128_si512(pairs))
+                });
                 for t in 0..T {
                     let y = a[t].add(i * Q8K_BYTES);
-                    let d = f32_at(y) * dw;
-                    let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, load32(y.add(Q8K_BSUMS))));
-                    let mut sumi = _mm512_setzero_si512();
-                    for k in 0..4 {
-                        let p = _mm512_maddubs_epi16(q[k], load64(y.add(Q8K_QS + 64 * k)));
-                        sumi = madd_acc(sumi, sc[k], p);
+                    let d = _mm512_set1_ps(dv[t]);
+                    // lanes 0..7: -32 * (sc[2l] * bsums[2l] + sc[2l + 1] * bsums[2l + 1]); 8..15: 0
+                    // (two chains, chunks 0-1 and 2-3: the same lane integers)
+                    let mut sumi = _mm512_zextsi256_si512(_mm256_madd_epi16(scm, load32(y.add(Q8K_BSUMS))));
+                    let mut sumi2 = _mm512_setzero_si512();
+                    for p in 0..2 {
+                        let da = dot4(qa[p], load64(y.add(Q8K_QS + 128 * p)));
+                        let db = dot4(qb[p], load64(y.add(Q8K_QS + 128 * p + 64)));
+                        let v = _mm512_packs_epi32(da, db);
+                        if p == 0 {
+                            sumi = madd_acc(sumi, sp[p], v);
+                        } else {
+                            sumi2 = madd_acc(sumi2, sp[p], v);
+                        }
                     }
-                    let sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(off));
-                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[t]);
+                    let sumi = _mm512_add_epi32(sumi, sumi2);
+                    acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[t]);
                 }
             }
-            std::array::from_fn(|t| hsum_ps512(acc[t]))
+            *accs = acc;
         }
     };
 }
@@ -325,6 +456,9 @@ macro_rules! kquant_tiles {
 mod bw {
     kquant_tiles!("avx2,fma,f16c,avx512f,avx512bw,avx512vl", |acc: __m512i, s: __m512i, p: __m512i| {
         _mm512_add_epi32(acc, _mm512_madd_epi16(s, p))
+    }, |q: __m512i, y: __m512i| {
+        // no saturation: 2 * 63 * 128 < 32768
+        _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), _mm512_set1_epi16(1))
     });
 }
 
@@ -338,6 +472,14 @@ mod vnni {
         // enabled and detected.
         unsafe {
             std::arch::asm!("vpdpwssd {acc}, {s}, {p}", acc = inout(zmm_reg) acc, s = in(zmm_reg) s, p = in(zmm_reg) p,
+                options(pure, nomem, nostack, preserves_flags));
+        }
+        acc
+    }, |q: __m512i, y: __m512i| {
+        let mut acc = _mm512_setzero_si512();
+        // SAFETY: as above (`vpdpbusd`: unsigned `q` times signed `y`, 4 per lane, exact)
+        unsafe {
+            std::arch::asm!("vpdpbusd {acc}, {q}, {y}", acc = inout(zmm_reg) acc, q = in(zmm_reg) q, y = in(zmm_reg) y,
                 options(pure, nomem, nostack, preserves_flags));
         }
         acc
