@@ -19,7 +19,7 @@ fn f16_bits(v: f32) -> [u8; 2] {
 }
 
 fn q8(x: &[f32], out: &mut [u8], block_bytes: usize, with_sum: bool) -> Result<()> {
-    if x.len() % 32 != 0 || out.len() != x.len() / 32 * block_bytes {
+    if !x.len().is_multiple_of(32) || out.len() != x.len() / 32 * block_bytes {
         return Err(CoreError::Shape(format!("q8 activation row of {} values into {} bytes", x.len(), out.len())));
     }
     let qoff = if with_sum { 4 } else { 2 };

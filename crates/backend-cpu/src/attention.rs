@@ -41,7 +41,7 @@ pub(crate) fn attention(
     out: &mut [f32],
 ) -> Result<()> {
     let hd = p.head_dim;
-    if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || p.n_head % p.n_kv_head != 0 {
+    if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
         return Err(CoreError::Shape(format!(
             "attention: {} heads / {} kv heads of {hd} vs cache {} x {}",
             p.n_head, p.n_kv_head, kv.spec.n_kv_head, kv.spec.head_dim

@@ -119,7 +119,7 @@ impl CpuKv {
             .checked_mul(spec.block_size)
             .and_then(|n| n.checked_mul(spec.n_kv_head * spec.head_dim))
             .ok_or_else(|| CoreError::OutOfMemory("KV cache size overflows".into()))?;
-        if matches!(spec.ty, KvType::Q8_0 | KvType::Q4_0) && spec.head_dim % 32 != 0 {
+        if matches!(spec.ty, KvType::Q8_0 | KvType::Q4_0) && !spec.head_dim.is_multiple_of(32) {
             return Err(CoreError::Unsupported(format!(
                 "{} KV cache needs a head dimension that is a multiple of 32, not {}",
                 spec.ty.name(),

@@ -70,7 +70,7 @@ pub(crate) fn moe_matmul(
     out: &mut [f32],
 ) -> Result<()> {
     let n_in = w.n_in;
-    if n_expert == 0 || w.n_out % n_expert != 0 {
+    if n_expert == 0 || !w.n_out.is_multiple_of(n_expert) {
         return Err(CoreError::Shape(format!("moe_matmul: {} rows are not {n_expert} experts", w.n_out)));
     }
     let n_out = w.n_out / n_expert;
@@ -78,7 +78,7 @@ pub(crate) fn moe_matmul(
         return Err(CoreError::Shape(format!("moe_matmul output: {} values, expected {}", out.len(), routes.len() * n_out)));
     }
     let n_src = x.len() / n_in.max(1);
-    if x.len() % n_in != 0 || (!x_per_token && n_src != routes.len()) {
+    if !x.len().is_multiple_of(n_in) || (!x_per_token && n_src != routes.len()) {
         return Err(CoreError::Shape(format!("moe_matmul input: {} values for {} routes of {n_in}", x.len(), routes.len())));
     }
     let mut xs: Vec<f32> = Vec::new();
@@ -105,7 +105,7 @@ pub(crate) fn moe_combine(y: &[f32], routes: &[Route], out: &mut [f32]) -> Resul
     if routes.is_empty() {
         return Ok(());
     }
-    if y.len() % routes.len() != 0 {
+    if !y.len().is_multiple_of(routes.len()) {
         return Err(CoreError::Shape(format!("moe_combine: {} values for {} routes", y.len(), routes.len())));
     }
     let d = y.len() / routes.len();

@@ -26,7 +26,7 @@ const ROPE_PAR_MIN_TOKENS: usize = 32;
 pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
     let g = w.as_f32()?;
     let d = g.len();
-    if x.len() % d != 0 {
+    if !x.len().is_multiple_of(d) {
         return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len())));
     }
     let body = |(xr, or): (&[f32], &mut [f32])| {
@@ -64,7 +64,7 @@ fn rope_cache(pos: u32, p: &RopeParams, cache: &mut [(f32, f32)]) {
 const MAX_ROT: usize = 1024;
 
 pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: usize, hd: usize, p: &RopeParams) -> Result<()> {
-    if p.n_rot > hd || p.n_rot % 2 != 0 || p.n_rot > MAX_ROT {
+    if p.n_rot > hd || !p.n_rot.is_multiple_of(2) || p.n_rot > MAX_ROT {
         return Err(CoreError::Shape(format!("rope: n_rot {} vs head_dim {hd}", p.n_rot)));
     }
     if let Some(f) = &p.freq_factors {

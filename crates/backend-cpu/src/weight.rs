@@ -61,7 +61,7 @@ impl CpuWeight {
     /// Expert `e` of a weight holding `n_expert` stacked matrices (a 3-D GGUF tensor
     /// `(n_in, n_out, n_expert)`): a zero-copy view of its `n_out / n_expert` rows.
     pub fn expert(&self, e: usize, n_expert: usize) -> Result<CpuWeight> {
-        if n_expert == 0 || self.n_out % n_expert != 0 || e >= n_expert {
+        if n_expert == 0 || !self.n_out.is_multiple_of(n_expert) || e >= n_expert {
             return Err(CoreError::Shape(format!("expert {e} of {n_expert} in a weight of {} rows", self.n_out)));
         }
         let n = self.n_out / n_expert;
@@ -85,7 +85,7 @@ impl CpuWeight {
     /// whose rows do not start on a group boundary (it takes the vec_dot path).
     pub(crate) fn packed(&self, be: &crate::CpuBackend, ty: crate::simd::repack::RepackTy) -> Option<&[u8]> {
         use crate::simd::repack::{repack_into, R};
-        if self.row0 % R != 0 {
+        if !self.row0.is_multiple_of(R) {
             return None;
         }
         let gb = ty.group_bytes(self.n_in);

@@ -69,7 +69,7 @@ pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax:
     if ne == 0 || p.n_used == 0 || p.n_used > ne {
         return Err(CoreError::Model(format!("MoE routing: {} of {ne} experts per token", p.n_used)));
     }
-    if logits.len() % ne != 0 {
+    if !logits.len().is_multiple_of(ne) {
         return Err(CoreError::Shape(format!("router logits: {} values are not rows of {ne}", logits.len())));
     }
     if let Some(b) = bias {
@@ -97,7 +97,7 @@ pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax:
         let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
         if p.norm_weights {
             // ggml_sum_rows sums in f64; the clamp keeps a zero sum finite
-            let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103515625e-5);
+            let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
             w.iter_mut().for_each(|x| *x /= s);
         }
         if p.scale != 0.0 && p.scale != 1.0 {

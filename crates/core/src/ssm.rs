@@ -50,9 +50,9 @@ impl SsmParams {
             && self.n_head > 0
             && self.n_group > 0
             && self.d_state > 0
-            && self.d_inner % self.n_head == 0
-            && self.d_inner % self.n_group == 0
-            && self.n_head % self.n_group == 0;
+            && self.d_inner.is_multiple_of(self.n_head)
+            && self.d_inner.is_multiple_of(self.n_group)
+            && self.n_head.is_multiple_of(self.n_group);
         if ok {
             Ok(())
         } else {

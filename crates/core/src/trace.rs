@@ -29,7 +29,7 @@ pub fn trace(name: &str, layer: usize, values: &[f32]) {
     let sq: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
     let head: Vec<String> = values.iter().take(4).map(|v| format!("{v:.6}")).collect();
     eprintln!("trace {name:>14} L{layer:<3} n={:<8} sum={sum:.6e} sq={sq:.6e} [{}]", values.len(), head.join(", "));
-    if let Some(w) = row_width().filter(|w| values.len() % w == 0) {
+    if let Some(w) = row_width().filter(|w| values.len().is_multiple_of(*w)) {
         for (r, row) in values.chunks(w).enumerate() {
             let s: f64 = row.iter().map(|&v| v as f64).sum();
             let q: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();

@@ -217,7 +217,7 @@ pub(crate) fn tensor_nbytes(name: &str, ty: QuantType, dims: &[u64]) -> Result<u
         n = n.checked_mul(d).filter(|&n| n <= i64::MAX as u64).ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
     }
     let bs = ty.block_size() as u64;
-    if dims[0] % bs != 0 {
+    if !dims[0].is_multiple_of(bs) {
         return Err(bad(format!(
             "first dimension {} is not a multiple of the {} block size {bs}",
             dims[0],

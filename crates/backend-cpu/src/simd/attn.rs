@@ -100,7 +100,7 @@ fn r16(x: f32) -> f32 {
 /// to f16 values; `acc`: f16 values (as f32) of the unnormalized output.
 pub fn vec_f16_run(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if q16.len() % 8 == 0 && super::Level::Avx2 <= super::detected_level() {
+    if q16.len().is_multiple_of(8) && super::Level::Avx2 <= super::detected_level() {
         // SAFETY: AVX2+FMA+F16C are present (the detected level implies them); the kernel
         // checks every length it reads.
         unsafe { super::x86::attn::vec_f16_run(q16, k, v, run, sc, st, acc) };
@@ -218,7 +218,7 @@ fn dot_f16_ggml(a: &[f32], b: &[f16]) -> f32 {
 /// `acc, st` updated over `run` in f32 (prompt batches, or an f32 cache).
 pub fn f32_run(q: &[f32], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if q.len() % 8 == 0 && super::Level::Avx2 <= super::detected_level() {
+    if q.len().is_multiple_of(8) && super::Level::Avx2 <= super::detected_level() {
         // SAFETY: as in `vec_f16_run`.
         unsafe {
             match (k, v) {

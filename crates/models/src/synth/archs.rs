@@ -275,7 +275,7 @@ fn check(p: &ArchPreset) -> Result<(), SynthError> {
     if (p.pattern.contains('E') || (p.n_expert > 0 && !single)) && (p.n_used == 0 || p.n_used > p.n_expert) {
         return bad(format!("{} of {} experts", p.n_used, p.n_expert));
     }
-    if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+    if p.n_head_kv == 0 || !p.n_head.is_multiple_of(p.n_head_kv) {
         return bad("bad head layout".into());
     }
     Ok(())

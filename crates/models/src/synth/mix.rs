@@ -188,7 +188,7 @@ impl MixPlanner {
         let n = self.p.n_layer;
         let cat = category(name);
         if cat == Category::Output || (cat == Category::TokenEmbd && self.p.tied_embeddings) {
-            return if nx % default.block_size() as u64 != 0 {
+            return if !nx.is_multiple_of(default.block_size() as u64) {
                 T::Q8_0
             } else if default != T::Q8_0 {
                 T::Q6_K
@@ -239,7 +239,7 @@ impl MixPlanner {
 /// llama-quant.cpp's `tensor_type_fallback` for rows of `nx` elements.
 pub(crate) fn fallback(t: QuantType, nx: u64) -> QuantType {
     use QuantType as T;
-    if nx % t.block_size() as u64 == 0 {
+    if nx.is_multiple_of(t.block_size() as u64) {
         return t;
     }
     let f = match t {
@@ -249,7 +249,7 @@ pub(crate) fn fallback(t: QuantType, nx: u64) -> QuantType {
         T::Q6_K => T::Q8_0,
         other => other,
     };
-    if nx % f.block_size() as u64 == 0 {
+    if nx.is_multiple_of(f.block_size() as u64) {
         f
     } else {
         T::F16

@@ -164,7 +164,7 @@ fn effective_preset(spec: &SynthSpec) -> Result<Preset, SynthError> {
         }
         p = p.with_layers(n);
     }
-    if p.n_head == 0 || p.n_head_kv == 0 || p.n_embd % p.n_head != 0 || p.n_head % p.n_head_kv != 0 {
+    if p.n_head == 0 || p.n_head_kv == 0 || !p.n_embd.is_multiple_of(p.n_head) || !p.n_head.is_multiple_of(p.n_head_kv) {
         return Err(SynthError::Invalid(format!(
             "bad head layout: n_embd {} n_head {} n_head_kv {}",
             p.n_embd, p.n_head, p.n_head_kv

@@ -36,7 +36,7 @@ unsafe fn r16x8(x: __m256) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn vec_f16_run(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
     let hd = q16.len();
-    assert!(hd % 8 == 0 && acc.len() == hd);
+    assert!(hd.is_multiple_of(8) && acc.len() == hd);
     check_run(&run, hd, k.len());
     check_run(&run, hd, v.len());
     for j in 0..run.len {
@@ -60,7 +60,7 @@ pub(crate) unsafe fn vec_f16_run_multi<const G: usize>(
 ) {
     assert!(q16.len() == G && st.len() == G && acc.len() == G);
     let hd = q16[0].len();
-    assert!(hd % 8 == 0 && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    assert!(hd.is_multiple_of(8) && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
     check_run(&run, hd, k.len());
     check_run(&run, hd, v.len());
     let qp: [*const f32; G] = std::array::from_fn(|g| q16[g].as_ptr());
@@ -122,7 +122,7 @@ unsafe fn vec_f16_step(qp: *const f32, kr: *const f16, vr: *const f16, hd: usize
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn f32_run<T: Elem>(q: &[f32], k: &[T], v: &[T], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
     let hd = q.len();
-    assert!(hd % 8 == 0 && acc.len() == hd);
+    assert!(hd.is_multiple_of(8) && acc.len() == hd);
     check_run(&run, hd, k.len());
     check_run(&run, hd, v.len());
     let (qp, ap) = (q.as_ptr(), acc.as_mut_ptr());
@@ -236,7 +236,7 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
 ) {
     assert!(q16.len() == G && st.len() == G && acc.len() == G);
     let hd = q16[0].len();
-    assert!(hd % 16 == 0 && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    assert!(hd.is_multiple_of(16) && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
     check_run(&run, hd, k.len());
     check_run(&run, hd, v.len());
     let np = hd & !63;
