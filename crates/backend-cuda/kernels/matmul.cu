@@ -12,7 +12,16 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 }
 
 #define GEMV_WARPS 4
+// rows per warp and the unrolling of a lane's loop over its units (src/matmul.rs: GEMV_ROWS);
+// overridable for scripts/gemv-bench.py's variants
+#ifndef GEMV_ROWS
 #define GEMV_ROWS 2
+#endif
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 2
+#endif
+#define PRAGMA_(x) _Pragma(#x)
+#define UNROLL_(n) PRAGMA_(unroll n)
 
 // Sum the warps' partial dot products of each row group and write the rows.
 template <int NT>
@@ -53,7 +62,7 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ P, const u8* __res
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
     if (row0 < n_out) {
-#pragma unroll 2
+        UNROLL_(GEMV_UNROLL)
         for (int k = lane + 32 * sub; k < U; k += 32 * wpr) {
             int4 xa[NT], xb[NT];
             float2 xs[NT];

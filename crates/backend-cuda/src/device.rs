@@ -316,6 +316,7 @@ impl Device {
         self.stream.synchronize().map_err(drv("synchronizing after a download"))?;
         if let Ok(mut q) = self.queue.lock() {
             if let Some(h) = q.host.as_mut() {
+                h.steps += 1;
                 h.wait += t.elapsed().as_secs_f64();
             }
         }
@@ -367,7 +368,14 @@ impl Device {
         let args: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let pdl = self.pdl && self.gdc.contains(name);
         let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args, pdl };
-        self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?.push(rec);
+        let mut q = self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?;
+        if q.push(rec) {
+            // a full segment goes to the GPU now: it runs while the host records the next
+            let r = q.submit(&self.stream);
+            drop(q);
+            self.pool.release();
+            r?;
+        }
         Ok(())
     }
 
@@ -412,8 +420,9 @@ impl Drop for Device {
         if let Some(h) = self.queue.lock().ok().and_then(|mut q| q.host.take()) {
             let per = |x: f64| 1e6 * x / h.steps.max(1) as f64;
             eprintln!(
-                "\nCUDA host times (QUARREL_CUDA_HOST_TIME), {} steps: recording {:.0} us/step, submitting {:.0} us/step, waiting for the GPU {:.0} us/step",
+                "\nCUDA host times (QUARREL_CUDA_HOST_TIME), {} steps (downloads), {} segments: recording {:.0} us/step, submitting {:.0} us/step, waiting for the GPU {:.0} us/step",
                 h.steps,
+                h.segments,
                 per(h.record),
                 per(h.submit),
                 per(h.wait)
