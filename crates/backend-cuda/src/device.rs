@@ -505,6 +505,7 @@ pub fn gdc_kernel_names() -> Vec<String> {
             v.push(format!("gemv_{q}_{nt}"));
             v.push(format!("gemv3_{q}_{nt}"));
         }
+        v.push(format!("gemv3s_{q}_1"));
         v.push(format!("dequant_{q}"));
         v.push(format!("embed_{q}"));
     }

@@ -172,6 +172,41 @@ impl GemvGroup {
         self.items.len() < 3 && self.name == name && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
     }
 
+    /// Whether the group is exactly one token's gate GEMV into `g` then up GEMV into `u`, `n`
+    /// rows each (`n` a multiple of 32): `launch_swiglu` can add the SwiGLU.
+    pub(crate) fn is_swiglu_pair(&self, g: u64, u: u64, n: usize) -> bool {
+        self.nt == 1 && n % 32 == 0 && matches!(self.items.as_slice(), [a, b] if a.out == g && b.out == u && a.n_out == n && b.n_out == n)
+    }
+
+    /// The group (see `is_swiglu_pair`) and `out = silu(g) * u` (with its Q8 form at `oq`/`om`
+    /// when not 0) as one `gemv3s_*` launch; `cnt` holds n / 32 zeroed counters.
+    pub(crate) fn launch_swiglu(&self, dev: &Device, out: u64, oq: u64, om: u64, cnt: u64) -> Result<(), CudaError> {
+        let [a, b] = self.items.as_slice() else { return Err(CudaError::Shape("swiglu GEMV group: two matrices expected".into())) };
+        let n = a.n_out;
+        // the same split as the plain gemv3 launch of both matrices (same numerics)
+        let (wpr, _) = gemv_shape(2 * n);
+        let nb = n / (GEMV_ROWS * GEMV_WARPS / wpr);
+        let args = [
+            Arg::P(a.p),
+            Arg::P(a.m),
+            Arg::P(a.out),
+            Arg::P(b.p),
+            Arg::P(b.m),
+            Arg::P(b.out),
+            Arg::I(n as i32),
+            Arg::I(nb as i32),
+            Arg::P(self.xq),
+            Arg::P(self.xm),
+            Arg::I(self.units as i32),
+            Arg::I(wpr as i32),
+            Arg::P(out),
+            Arg::P(oq),
+            Arg::P(om),
+            Arg::P(cnt),
+        ];
+        dev.launch_now(&format!("gemv3s_{}_1", self.name), ((2 * nb) as u32, 1, 1), 128, 0, &args)
+    }
+
     /// One `gemv_*` launch, or one `gemv3_*` for two or three matrices.
     pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
