@@ -184,6 +184,9 @@ pub(crate) enum Held {
     /// RoPE of one buffer (the `rope` kernel's arguments, `x2` 0): the RoPE of another buffer
     /// by the same positions and parameters that follows (k after q) joins the launch.
     Rope { args: Vec<Arg>, n: u64 },
+    /// RoPE of q and k in one launch (the `rope` kernel's arguments, `x2` set; `n` pairs): a
+    /// `kv_store` of that k into an f32/f16 cache that follows joins it (`rope_kv_*`).
+    RopeQk { args: Vec<Arg>, n: u64 },
 }
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
@@ -347,7 +350,7 @@ impl Device {
             None => Ok(()),
             Some(Held::Add { x, y, n }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
             Some(Held::Gemv(g)) => g.launch(self),
-            Some(Held::Rope { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
+            Some(Held::Rope { args, n }) | Some(Held::RopeQk { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
         }
     }
 
@@ -448,8 +451,11 @@ impl Drop for Device {
     }
 }
 
+/// The module's source: `QUARREL_CUDA_NO_PREFETCH` (no L2 prefetch of GEMV weights before the
+/// PDL wait, for comparisons) becomes a define, so it is part of the cache key too.
 fn full_source() -> String {
-    SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect()
+    let defs = if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() { "#define GEMV_NO_PREFETCH 1\n" } else { "" };
+    defs.to_string() + &SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect::<String>()
 }
 
 /// FNV-1a, stable across builds (the cache key).
@@ -496,7 +502,7 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
         .map(|s| s.to_string())
         .collect();

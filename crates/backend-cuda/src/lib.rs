@@ -473,7 +473,8 @@ impl Backend for CudaBackend {
         if let Some(Held::Rope { args: mut first, n: n1 }) = self.dev.take_held_if(|h| matches!(h, Held::Rope { args: a, .. } if same(a))) {
             first[10] = Arg::P(xp);
             first[11] = Arg::I(n_head as i32);
-            return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
+            // held again: the kv_store of k that usually follows joins the launch
+            return Ok(self.dev.hold(Held::RopeQk { args: first, n: n1 + n })?);
         }
         if _keep.is_none() && !device::switches().no_fuse {
             return Ok(self.dev.hold(Held::Rope { args, n })?);
@@ -571,6 +572,21 @@ impl Backend for CudaBackend {
             Some(warps) => (warps as u64).div_ceil(8),
         };
         self.with_batch(batch, kv, None, |db| {
+            // RoPE of q and this k still held (whole heads rotated, same tokens): one launch
+            // rotates q and k and stores k and v (f32/f16 caches)
+            let fits = |a: &[Arg]| {
+                a[10].bits() == ks && a[3].bits() == n as u64 && a[5].bits() == a[6].bits() && (a[11].bits() * a[5].bits()) as usize == row
+            };
+            if rot == 0 {
+                if let Some(Held::RopeQk { args, n: pairs }) = self.dev.take_held_if(|h| matches!(h, Held::RopeQk { args, .. } if fits(args))) {
+                    // rope's arguments without n_rot (= hd) and x2's slot order kept
+                    let mut a: Vec<Arg> = args[..6].iter().chain(&args[7..12]).copied().collect();
+                    a.extend([Arg::P(kp), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32)]);
+                    let threads = pairs + (n * row) as u64;
+                    let kname = format!("rope_kv_{}", kv::kv_name(kv.spec.ty));
+                    return Ok(self.dev.launch_now(&kname, (threads.div_ceil(256) as u32, 1, 1), 256, 0, &a)?);
+                }
+            }
             let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32), Arg::P(koff)];
             self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
             Ok(())
