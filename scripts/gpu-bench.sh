@@ -47,7 +47,8 @@ if [ -n "${LLAMA_BIN:-}" ] && [ -x "$LLAMA_BIN/llama-bench" ]; then
 elif ls "$PARTS"/llamacuda.part* >/dev/null 2>&1; then
     mkdir -p "$WORK/llamabin"
     if cat "$PARTS"/llamacuda.part* | xz -d | tar -x -C "$WORK/llamabin"; then
-        LB="$WORK/llamabin/llama-bench"
+        LB="$WORK/llamabin/llamacuda/llama-bench"   # shared-library build; RPATH $ORIGIN
+        [ -x "$LB" ] || LB="$WORK/llamabin/llama-bench"
     else
         echo "unpacking the carried llama.cpp from $PARTS failed"
     fi
