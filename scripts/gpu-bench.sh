@@ -73,7 +73,7 @@ fi
 (
     for m in $MODELS; do
         p=${m%%:*}; q=${m#*:}; f="$WORK/models/$p-$q.gguf"
-        [ -s "$f" ] || "$Q" synth -p "$p" -q "$q" -t $((NPROC / 3 + 1)) "$f" >"$OUT/synth-$p-$q.log" 2>&1 || echo "synth $p $q failed" &
+        [ -s "$f" ] || "$Q" synth --fast -p "$p" -q "$q" -t $((NPROC / 3 + 1)) "$f" >"$OUT/synth-$p-$q.log" 2>&1 || echo "synth $p $q failed" &
     done
     wait
 ) &
