@@ -191,9 +191,11 @@ pub(crate) enum Held {
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
 /// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
-/// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count).
+/// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count),
+/// `QUARREL_CUDA_NO_FUSE2` (gate/up GEMVs + SwiGLU and RoPE + KV store as separate kernels).
 pub(crate) struct Switches {
     pub no_fuse: bool,
+    pub no_fuse2: bool,
     pub no_fused_q8: bool,
     pub no_gemm: bool,
 }
@@ -202,6 +204,7 @@ pub(crate) fn switches() -> &'static Switches {
     static S: std::sync::OnceLock<Switches> = std::sync::OnceLock::new();
     S.get_or_init(|| Switches {
         no_fuse: std::env::var_os("QUARREL_CUDA_NO_FUSE").is_some(),
+        no_fuse2: std::env::var_os("QUARREL_CUDA_NO_FUSE2").is_some(),
         no_fused_q8: std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some(),
         no_gemm: std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some(),
     })
@@ -318,6 +321,7 @@ impl Device {
         let t = std::time::Instant::now();
         self.stream.synchronize().map_err(drv("synchronizing after a download"))?;
         if let Ok(mut q) = self.queue.lock() {
+            q.idle = true;
             if let Some(h) = q.host.as_mut() {
                 h.steps += 1;
                 h.wait += t.elapsed().as_secs_f64();

@@ -46,6 +46,9 @@ pub struct Queue {
     graphs: Vec<(u64, Vec<Rec>, Graph)>,
     /// Submit once this many launches are queued (0: only at synchronization points).
     pub segment: usize,
+    /// The GPU waits for us (set after a download's synchronization): the next segment is cut
+    /// shorter so that the GPU starts sooner.
+    pub idle: bool,
     disabled: bool,
     /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
     pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
@@ -71,7 +74,7 @@ impl Default for Queue {
         let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
         let host = std::env::var_os("QUARREL_CUDA_HOST_TIME").map(|_| HostTimes::default());
         let segment = std::env::var("QUARREL_CUDA_SEGMENT").ok().and_then(|v| v.parse().ok()).unwrap_or(SEGMENT);
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment, disabled, profile, host, first: None }
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment, idle: true, disabled, profile, host, first: None }
     }
 }
 
@@ -82,7 +85,8 @@ impl Queue {
             self.first = Some(std::time::Instant::now());
         }
         self.recs.push(r);
-        self.segment > 0 && self.recs.len() >= self.segment
+        let limit = if self.idle { (self.segment / 3).max(MIN_GRAPH_LAUNCHES) } else { self.segment };
+        self.segment > 0 && self.recs.len() >= limit
     }
 
     fn launch_direct(recs: &[Rec], stream: &CudaStream) -> Result<(), CudaError> {
@@ -172,6 +176,7 @@ impl Queue {
 
     fn submit_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         let recs = std::mem::take(&mut self.recs);
+        self.idle &= recs.is_empty();
         let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES;
         if recs.is_empty() {
             return Ok(());

@@ -473,6 +473,9 @@ impl Backend for CudaBackend {
         if let Some(Held::Rope { args: mut first, n: n1 }) = self.dev.take_held_if(|h| matches!(h, Held::Rope { args: a, .. } if same(a))) {
             first[10] = Arg::P(xp);
             first[11] = Arg::I(n_head as i32);
+            if device::switches().no_fuse2 {
+                return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
+            }
             // held again: the kv_store of k that usually follows joins the launch
             return Ok(self.dev.hold(Held::RopeQk { args: first, n: n1 + n })?);
         }
@@ -491,7 +494,7 @@ impl Backend for CudaBackend {
         let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
         let (xq, xm) = self.q8_out(o, gate.len)?;
         // one token's gate and up GEMVs still held: one launch computes them and this
-        if gate.len / 32 <= SWIGLU_GROUPS {
+        if gate.len / 32 <= SWIGLU_GROUPS && !device::switches().no_fuse2 {
             let pair = |h: &Held| matches!(h, Held::Gemv(gr) if gr.is_swiglu_pair(g, u, gate.len));
             if let Some(Held::Gemv(gr)) = self.dev.take_held_if(pair) {
                 let cnt = self.swiglu_counters()?;
