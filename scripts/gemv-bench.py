@@ -52,7 +52,10 @@ def copy_bw():
     return 2 * n * 10 / (cp.cuda.get_elapsed_time(s, e) * 1e-3) / 1e9
 
 
-def wpr_policy(n_out, rows):
+def wpr_policy(n_out, rows, units):
+    """src/matmul.rs gemv_shape (quantized rows of `units` units)."""
+    if units >= 64:
+        return 4 if units >= 128 and n_out < 2400 else 2
     b1 = -(-n_out // (4 * rows))
     return 1 if b1 >= 1024 else (2 if b1 >= 512 else 4)
 
@@ -104,15 +107,15 @@ def main():
                         e.record(stream)
                         e.synchronize()
                     us = cp.cuda.get_elapsed_time(s, e) * 1e3 / a.reps
-                    tag = "*" if wpr == wpr_policy(n_out, rows) else ""
+                    tag = "*" if wpr == wpr_policy(n_out, rows, U) else ""
                     rows_res.append((us, v, wpr))
                     say(f"| {ty} | {n_in} | {n_out} | {wbytes / 1e6:.1f} | {v} | {wpr}{tag} | {us:.2f} | {wbytes / us / 1e3:.0f} |")
-            base = [r for r in rows_res if r[1] == "2x2" and r[2] == wpr_policy(n_out, 2)]
+            base = [r for r in rows_res if r[1] == "2x2" and r[2] == wpr_policy(n_out, 2, U)]
             b = min(rows_res)
             best.append((ty, n_in, n_out, wbytes, base[0][0] if base else float("nan"), b))
             del Ps, Ms
             cp.get_default_memory_pool().free_all_blocks()
-    say("\nsummary: current kernel (2x2, current wpr policy) vs the best variant")
+    say("\nsummary: current kernel (2x2, the wpr policy of src/matmul.rs) vs the best variant")
     say("| type | n_in | n_out | current us | GB/s | best us | GB/s | variant | wpr |")
     say("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for ty, n_in, n_out, wb, bu, (u, v, w) in best:

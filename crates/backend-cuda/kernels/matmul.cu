@@ -222,45 +222,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
         else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
     }
 
-// After a gemv3s block wrote its rows: the last of the blocks that cover a group of 32 rows (its
-// gate and up rows; a counter per group, reset by that block for the next launch) computes
-// out = silu(gate) * up for the group and its Q8 form, exactly as the `swiglu` kernel (ops.cu).
-__device__ __forceinline__ void swiglu_tail(const float* g, const float* u, float* __restrict__ out, i8* __restrict__ oq,
-                                            float2* __restrict__ om, u32* __restrict__ cnt, int blk, int wpr) {
-    __shared__ u32 last;
-    const int rpb = GEMV_ROWS * GEMV_WARPS / wpr;  // rows per block: divides 32
-    const int group = blk * rpb / 32;
-    __threadfence();  // this thread's row writes, visible to the block that finishes the group
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt + group, 1u) == 2u * (32 / rpb) - 1u;
-        if (last) cnt[group] = 0u;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-    __threadfence();
-    const int i = group * 32 + threadIdx.x;
-    float v = __ldcg(g + i);
-    float o = __fmul_rn(__fdiv_rn(v, 1.0f + expf(-v)), __ldcg(u + i));
-    out[i] = o;
-    if (oq) q8_store(o, oq, om, (u64)group);
-}
-
-// gemv3s_*: one token's gate and up GEMVs (n rows each, n a multiple of 32; blocks [0, nb) gate,
-// [nb, 2 nb) up, as gemv3) and the SwiGLU of their outputs (swiglu_tail) in one launch.
-#define GEMV_SWIGLU(NAME, QT)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(128) gemv3s_##NAME##_1(                                       \
-        const u8* P0, const u8* M0, float* g, const u8* P1, const u8* M1, float* u, int n, int nb, const i8* xq, \
-        const float2* xm, int U, int wpr, float* out, i8* oq, float2* om, u32* cnt) {                            \
-        const int b = blockIdx.x, up = b >= nb, bb = up ? b - nb : b;                                            \
-        const u8* P = up ? P1 : P0;                                                                              \
-        const u8* M = up ? M1 : M0;                                                                              \
-        gemv_prefetch<QT>(P, M, U, n, wpr, bb);                                                                  \
-        GDC();                                                                                                   \
-        gemv_q<QT, 1>(P, M, xq, xm, up ? u : g, U, n, wpr, bb);                                                  \
-        swiglu_tail(g, u, out, oq, om, cnt, bb, wpr);                                                            \
-    }
-#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8) GEMV_SWIGLU(NAME, QT)
+#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
 GEMV_Q_ALL(q4_0, QT_Q4_0)
 GEMV_Q_ALL(q4_1, QT_Q4_1)
 GEMV_Q_ALL(q5_0, QT_Q5_0)

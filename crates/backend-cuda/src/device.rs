@@ -192,7 +192,7 @@ pub(crate) enum Held {
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
 /// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
 /// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count),
-/// `QUARREL_CUDA_NO_FUSE2` (gate/up GEMVs + SwiGLU and RoPE + KV store as separate kernels).
+/// `QUARREL_CUDA_NO_FUSE2` (RoPE of q/k and the KV store as separate kernels).
 pub(crate) struct Switches {
     pub no_fuse: bool,
     pub no_fuse2: bool,
@@ -515,7 +515,6 @@ pub fn gdc_kernel_names() -> Vec<String> {
             v.push(format!("gemv_{q}_{nt}"));
             v.push(format!("gemv3_{q}_{nt}"));
         }
-        v.push(format!("gemv3s_{q}_1"));
         v.push(format!("dequant_{q}"));
         v.push(format!("embed_{q}"));
     }

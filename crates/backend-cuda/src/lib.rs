@@ -84,13 +84,7 @@ pub struct CudaBackend {
     qcache: Mutex<Option<matmul::QCache>>,
     /// Expert selections per layer and expert (`moe_selections`).
     moe_counts: Mutex<Vec<Vec<u64>>>,
-    /// Zeroed per-group counters of the fused gate/up GEMV + SwiGLU (`gemv3s_*`), which leaves
-    /// them zeroed; allocated once, never resized (a queued launch may hold the pointer).
-    swiglu_cnt: Mutex<Option<device::DevMem>>,
 }
-
-/// Counters of `swiglu_cnt`: SwiGLUs of up to 32 x this many values fuse with their GEMVs.
-const SWIGLU_GROUPS: usize = 1 << 16;
 
 impl CudaBackend {
     /// The backend on GPU `ordinal`: kernels are compiled (or read from the cache) here.
@@ -109,7 +103,6 @@ impl CudaBackend {
             freq_factors: Mutex::new(Vec::new()),
             qcache: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
-            swiglu_cnt: Mutex::new(None),
         })
     }
 
@@ -229,16 +222,6 @@ impl CudaBackend {
         }
         let m = self.dev.upload_async(positions)?;
         Ok((m.ptr(), Some(m)))
-    }
-
-    fn swiglu_counters(&self) -> Result<u64> {
-        let mut g = self.swiglu_cnt.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
-        if g.is_none() {
-            let m = device::DevMem::alloc(&self.dev, 4 * SWIGLU_GROUPS)?;
-            self.dev.memset0(m.ptr, 4 * SWIGLU_GROUPS)?;
-            *g = Some(m);
-        }
-        Ok(g.as_ref().map_or(0, |m| m.ptr))
     }
 
     fn freq_factors_ptr(&self, ff: &Option<Vec<f32>>) -> Result<u64> {
@@ -493,14 +476,6 @@ impl Backend for CudaBackend {
         let n = gate.len as u64;
         let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
         let (xq, xm) = self.q8_out(o, gate.len)?;
-        // one token's gate and up GEMVs still held: one launch computes them and this
-        if gate.len / 32 <= SWIGLU_GROUPS && !device::switches().no_fuse2 {
-            let pair = |h: &Held| matches!(h, Held::Gemv(gr) if gr.is_swiglu_pair(g, u, gate.len));
-            if let Some(Held::Gemv(gr)) = self.dev.take_held_if(pair) {
-                let cnt = self.swiglu_counters()?;
-                return Ok(gr.launch_swiglu(&self.dev, o, xq, xm, cnt)?);
-            }
-        }
         self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
         Ok(())
     }
