@@ -59,7 +59,7 @@ fn main() {
     println!("| type | n_in | n_out | tokens | MMQ us | cuBLAS-f16 us | cuBLAS/MMQ | MMQ weight GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|");
     // Mistral-7B's matrices: q/o, k/v, gate/up, down
     let shapes = [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096)];
-    for ty in [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K] {
+    for ty in [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K, QuantType::Q5_K, QuantType::Q8_0] {
         for &(n_in, n_out) in &shapes {
             let g = weight(ty, n_in, n_out);
             let w = be.load_weight(WeightSource { gguf: &g, name: "w" }).expect("load");

@@ -3,7 +3,7 @@
 //! ```text
 //!  x (n_tok, n_in) f32 ──quantize_q8──► xq int8 + xm {d, d·Σq} per 32 values (shared with the GEMV)
 //!  W repacked (weight.rs) ─┐
-//!                          ├─ mmq_<type>_<NT>: 64 rows x 16·NT tokens per block, mma.sync
+//!                          ├─ mmq_<type>_<NT>: 128 rows x 16·NT tokens per block, mma.sync
 //!  (xq, xm) ───────────────┘  m16n8k32 s8 -> exact s32 sums per unit, f32 scale epilogue
 //!                             ──► out (n_tok, n_out), or split-K partials ──mmq_reduce──► out
 //! ```
@@ -21,12 +21,16 @@ use crate::weight::{CudaWeight, DevType};
 use std::sync::Mutex;
 
 /// Weight rows per block (MMQ_BM in mmq.cu).
-const BM: usize = 64;
+const BM: usize = 128;
 /// Units staged per iteration (MMQ_KU in mmq.cu).
 const KU: usize = 8;
-/// Blocks that keep an H100-class GPU (132 SMs) busy with loads in flight (about six
-/// resident blocks each); smaller grids get split-K.
-const TARGET_BLOCKS: usize = 792;
+/// Threads per block (MMQ_THREADS in mmq.cu).
+const THREADS: u32 = 256;
+/// Row stride of the shared int8 tiles in 4-byte words (MMQ_WS in mmq.cu).
+const WS: usize = KU * 8 + 4;
+/// Blocks that keep an H100-class GPU (132 SMs, one or two resident blocks each) busy;
+/// smaller grids get split-K.
+const TARGET_BLOCKS: usize = 264;
 
 /// Up to this many tokens a quantized matmul takes MMQ; above, the f16 cuBLAS GEMM
 /// (`QUARREL_CUDA_MMQ_MAX` overrides; 0 turns MMQ off). Measured on an H100 (Mistral-7B shape,
@@ -42,13 +46,19 @@ pub fn mmq_max_tokens() -> usize {
 
 /// n8 tiles per warp (the block covers 16·NT tokens): the smallest tile that holds the batch.
 fn nt_for(n_tok: usize) -> usize {
-    if n_tok <= 16 {
-        1
-    } else if n_tok <= 32 {
-        2
-    } else {
-        4
+    match n_tok {
+        0..=16 => 1,
+        17..=32 => 2,
+        33..=64 => 4,
+        _ => 8,
     }
+}
+
+/// Dynamic shared memory of `mmq_<type>_<nt>`: the weight tile (int8 rows + a float4 of
+/// scales per unit) and two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
+fn smem_bytes(nt: usize) -> u32 {
+    let bn = 16 * nt;
+    (4 * BM * WS + 16 * KU * BM + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
 }
 
 /// (NT, grid, units per split, splits) for a matmul.
@@ -57,9 +67,11 @@ fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (usize, (u32, u32, u32), us
     let (bx, by) = (n_out.div_ceil(BM), n_tok.div_ceil(16 * nt));
     let units = n_in / 32;
     let iters = units.div_ceil(KU);
-    // split K while the grid is small; the partial sums (written and read back) stay well
-    // below the weight bytes: splits <= n_in / (16 n_tok)
-    let splits = TARGET_BLOCKS.div_ceil(bx * by).min(iters).min(n_in / (16 * n_tok)).clamp(1, 8);
+    // split K while the grid is small, each split keeping at least two stages; the partial
+    // sums (written and read back) stay at or below the weight bytes: splits <= n_in / (8 n_tok),
+    // except for grids that would leave most of the GPU idle
+    let traffic = (n_in / (8 * n_tok)).max(if bx * by < TARGET_BLOCKS / 4 { 4 } else { 1 });
+    let splits = TARGET_BLOCKS.div_ceil(bx * by).min(iters / 2).min(traffic).clamp(1, 8);
     let k_per = iters.div_ceil(splits) * KU;
     let splits = units.div_ceil(k_per);
     (nt, (bx as u32, by as u32, splits as u32), k_per, splits)
@@ -111,8 +123,8 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
     dev.launch(
         &format!("mmq_{name}_{nt}"),
         grid,
-        128,
-        0,
+        THREADS,
+        smem_bytes(nt),
         &[
             Arg::P(p),
             Arg::P(m),
@@ -135,7 +147,7 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
 pub fn kernel_names() -> Vec<String> {
     let mut v = vec!["mmq_reduce".to_string()];
     for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
-        for nt in [1, 2, 4] {
+        for nt in [1, 2, 4, 8] {
             v.push(format!("mmq_{q}_{nt}"));
         }
     }
@@ -209,6 +221,14 @@ mod tests {
             assert_eq!(grid.2 as usize, splits);
             assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");
             assert!(grid.0 as usize * BM >= n_out && grid.1 as usize * 16 * nt >= n_tok);
+        }
+    }
+
+    #[test]
+    fn tiles_fit_in_shared_memory() {
+        // sm_90: 227 KiB of shared memory per block
+        for nt in [1, 2, 4, 8] {
+            assert!(smem_bytes(nt) as usize <= 227 * 1024, "nt {nt}: {} bytes", smem_bytes(nt));
         }
     }
 

@@ -56,7 +56,7 @@ fn mmq_matches_twin_cpu_and_gemv() {
     let cpu = CpuBackend::new(0).unwrap();
     // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
     // (544 = 17 units, legacy only), split-K (few blocks, long rows), a full-size tile
-    let shapes = [(512usize, 70usize, 9usize), (544, 70, 17), (2048, 70, 33), (256, 200, 100), (4096, 130, 64), (1024, 512, 300)];
+    let shapes = [(512usize, 70usize, 9usize), (544, 70, 17), (2048, 70, 33), (256, 200, 100), (4096, 130, 64), (1024, 512, 300), (768, 130, 40), (2304, 260, 129)];
     eprintln!("| type | n_in | n_out | n_tok | nmse vs twin | vs CPU | vs GEMV |\n|---|---:|---:|---:|---:|---:|---:|");
     for (si, &(n_in, n_out, n_tok)) in shapes.iter().enumerate() {
         for (ti, &ty) in TYPES.iter().enumerate() {
