@@ -9,8 +9,8 @@
 //   others: out += xd * (s * I) + o * xs
 // with the integer sums exact (the GEMV's and the CPU's block sums) and f32 scale products.
 //
-// Tile: MMQ_BM (128) weight rows x 16 * NT tokens per block of 8 warps (4 along the rows x 2
-// along the tokens); a warp holds 32 rows (two m16 tiles) x 8 * NT tokens (NT n8 tiles). One
+// Tile: 32·WM weight rows x 16·NT tokens per block of 2·WM warps (WM along the rows x 2 along
+// the tokens); a warp holds 32 rows (two m16 tiles) x 8·NT tokens (NT n8 tiles). One
 // stage is MMQ_KU (8) units (256 values: one K-quant super-block per row):
 //   - weights: each thread loads the raw bytes of 4 consecutive units of one row into
 //     registers one stage ahead (the loads fly while the tensor cores work on the current
@@ -23,10 +23,8 @@
 // every scale has at most 21 significant bits). Few blocks (small batches): the units are split
 // over blockIdx.z into partial outputs that mmq_reduce sums.
 
-#define MMQ_BM 128
 #define MMQ_KU 8
 #define MMQ_WS (MMQ_KU * 8 + 4)
-#define MMQ_THREADS 256
 #define MMQ_MAGIC_I 0x4B400000
 #define MMQ_MAGIC_F 12582912.0f
 
@@ -192,11 +190,11 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
     return u;
 }
 
-template <int QT, int NT>
+template <int QT, int NT, int WM>
 __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                     const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok,
                                     int k_per) {
-    constexpr int BN = 16 * NT;
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM, MMQ_THREADS = 64 * WM;
     extern __shared__ int4 smem4[];
     int* ws = (int*)smem4;                                     // [MMQ_BM][MMQ_WS]
     float4* wsc = (float4*)(ws + MMQ_BM * MMQ_WS);             // [MMQ_KU][MMQ_BM]: s0, -s0·M, s1 | o, -s1·M
@@ -343,13 +341,16 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             }
 }
 
-#define MMQ(NAME, QT, NT)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 1) mmq_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
-                                                                        const float2* xm, float* out, int U,      \
-                                                                        int n_out, int n_tok, int k_per) {        \
-        mmq<QT, NT>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                   \
+// Blocks per multiprocessor the register budget allows: with two or more, one block decodes
+// its weights while another is on the tensor cores.
+#define MMQ(NAME, QT, NT, WM, MINB)                                                                                \
+    extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_##NAME##_##NT##_##WM(                          \
+        const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
+        mmq<QT, NT, WM>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                \
     }
-#define MMQ_ALL(NAME, QT) MMQ(NAME, QT, 1) MMQ(NAME, QT, 2) MMQ(NAME, QT, 4) MMQ(NAME, QT, 8)
+#define MMQ_ALL(NAME, QT)                                                                                          \
+    MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
+    MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2)
 MMQ_ALL(q4_0, QT_Q4_0)
 MMQ_ALL(q4_1, QT_Q4_1)
 MMQ_ALL(q5_0, QT_Q5_0)

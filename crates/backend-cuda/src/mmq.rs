@@ -20,17 +20,13 @@ use crate::unit::{load_unit, Unit};
 use crate::weight::{CudaWeight, DevType};
 use std::sync::Mutex;
 
-/// Weight rows per block (MMQ_BM in mmq.cu).
-const BM: usize = 128;
 /// Units staged per iteration (MMQ_KU in mmq.cu).
 const KU: usize = 8;
-/// Threads per block (MMQ_THREADS in mmq.cu).
-const THREADS: u32 = 256;
 /// Row stride of the shared int8 tiles in 4-byte words (MMQ_WS in mmq.cu).
 const WS: usize = KU * 8 + 4;
-/// Blocks that keep an H100-class GPU (132 SMs, one or two resident blocks each) busy;
-/// smaller grids get split-K.
-const TARGET_BLOCKS: usize = 264;
+/// Multiprocessors of an H100-class GPU: grids smaller than about two blocks per
+/// multiprocessor get split-K.
+const SMS: usize = 132;
 
 /// Up to this many tokens a quantized matmul takes MMQ; above, the f16 cuBLAS GEMM
 /// (`QUARREL_CUDA_MMQ_MAX` overrides; 0 turns MMQ off). Measured on an H100 (Mistral-7B shape,
@@ -44,37 +40,72 @@ pub fn mmq_max_tokens() -> usize {
     std::env::var("QUARREL_CUDA_MMQ_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(MMQ_MAX_TOKENS)
 }
 
-/// n8 tiles per warp (the block covers 16·NT tokens): the smallest tile that holds the batch.
-fn nt_for(n_tok: usize) -> usize {
-    match n_tok {
-        0..=16 => 1,
-        17..=32 => 2,
-        33..=64 => 4,
-        _ => 8,
+/// A kernel's tile: NT n8 tiles per warp (16·NT tokens per block), WM warps along the rows
+/// (32·WM rows, 64·WM threads per block), and how many such blocks share a multiprocessor
+/// (`__launch_bounds__` in mmq.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tile {
+    nt: usize,
+    wm: usize,
+}
+
+impl Tile {
+    /// The smallest token tile that holds the batch; 128-row blocks of 8 warps up to 64 tokens,
+    /// 64-row blocks of 4 warps (two per multiprocessor) for the 128-token tile.
+    /// `QUARREL_CUDA_MMQ_NT` / `QUARREL_CUDA_MMQ_WM` override (measurements).
+    fn for_tokens(n_tok: usize) -> Tile {
+        let env = |k: &str, ok: &[usize]| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|v| ok.contains(v));
+        let nt = env("QUARREL_CUDA_MMQ_NT", &[1, 2, 4, 8]).unwrap_or(match n_tok {
+            0..=16 => 1,
+            17..=32 => 2,
+            33..=64 => 4,
+            _ => 8,
+        });
+        let wm = env("QUARREL_CUDA_MMQ_WM", &[2, 4]).unwrap_or(if nt == 8 { 2 } else { 4 });
+        Tile { nt, wm }
+    }
+    fn rows(self) -> usize {
+        32 * self.wm
+    }
+    fn tokens(self) -> usize {
+        16 * self.nt
+    }
+    fn threads(self) -> u32 {
+        64 * self.wm as u32
+    }
+    /// Resident blocks per multiprocessor (the kernels' `__launch_bounds__`).
+    fn per_sm(self) -> usize {
+        match (self.wm, self.nt) {
+            (4, 1 | 2) => 2,
+            (4, _) => 1,
+            (_, 8) => 2,
+            (_, 4) => 3,
+            _ => 4,
+        }
+    }
+    /// Dynamic shared memory: the weight tile (int8 rows + a float4 of scales per unit) and
+    /// two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
+    fn smem_bytes(self) -> u32 {
+        let (bm, bn) = (self.rows(), self.tokens());
+        (4 * bm * WS + 16 * KU * bm + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
     }
 }
 
-/// Dynamic shared memory of `mmq_<type>_<nt>`: the weight tile (int8 rows + a float4 of
-/// scales per unit) and two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
-fn smem_bytes(nt: usize) -> u32 {
-    let bn = 16 * nt;
-    (4 * BM * WS + 16 * KU * BM + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
-}
-
-/// (NT, grid, units per split, splits) for a matmul.
-fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (usize, (u32, u32, u32), usize, usize) {
-    let nt = nt_for(n_tok);
-    let (bx, by) = (n_out.div_ceil(BM), n_tok.div_ceil(16 * nt));
+/// (tile, grid, units per split, splits) for a matmul.
+fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (Tile, (u32, u32, u32), usize, usize) {
+    let t = Tile::for_tokens(n_tok);
+    let (bx, by) = (n_out.div_ceil(t.rows()), n_tok.div_ceil(t.tokens()));
     let units = n_in / 32;
     let iters = units.div_ceil(KU);
-    // split K while the grid is small, each split keeping at least two stages; the partial
-    // sums (written and read back) stay at or below the weight bytes: splits <= n_in / (8 n_tok),
-    // except for grids that would leave most of the GPU idle
-    let traffic = (n_in / (8 * n_tok)).max(if bx * by < TARGET_BLOCKS / 4 { 4 } else { 1 });
-    let splits = TARGET_BLOCKS.div_ceil(bx * by).min(iters / 2).min(traffic).clamp(1, 8);
+    // split K while the grid leaves multiprocessors idle, each split keeping at least two
+    // stages; the partial sums (written and read back) stay at or below the weight bytes:
+    // splits <= n_in / (8 n_tok), except for grids that would leave most of the GPU idle
+    let target = 2 * SMS * t.per_sm();
+    let traffic = (n_in / (8 * n_tok)).max(if bx * by < target / 4 { 4 } else { 1 });
+    let splits = target.div_ceil(bx * by).min(iters / 2).min(traffic).clamp(1, 8);
     let k_per = iters.div_ceil(splits) * KU;
     let splits = units.div_ceil(k_per);
-    (nt, (bx as u32, by as u32, splits as u32), k_per, splits)
+    (t, (bx as u32, by as u32, splits as u32), k_per, splits)
 }
 
 /// `out (n_tok, n_out) = x · Wᵀ` through MMQ; `x` f32 on the device. Quantized weights only.
@@ -116,15 +147,15 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
         *g = Some(c);
     }
     let c = g.as_ref().expect("set above");
-    let (nt, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+    let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok);
     let n = n_tok * n_out;
     let part = if splits > 1 { Some(dev.scratch(4 * n * splits)?) } else { None };
     let dst = part.as_ref().map_or(out, |p| p.ptr());
     dev.launch(
-        &format!("mmq_{name}_{nt}"),
+        &format!("mmq_{name}_{}_{}", tile.nt, tile.wm),
         grid,
-        THREADS,
-        smem_bytes(nt),
+        tile.threads(),
+        tile.smem_bytes(),
         &[
             Arg::P(p),
             Arg::P(m),
@@ -148,7 +179,8 @@ pub fn kernel_names() -> Vec<String> {
     let mut v = vec!["mmq_reduce".to_string()];
     for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
         for nt in [1, 2, 4, 8] {
-            v.push(format!("mmq_{q}_{nt}"));
+            v.push(format!("mmq_{q}_{nt}_2"));
+            v.push(format!("mmq_{q}_{nt}_4"));
         }
     }
     v
@@ -216,19 +248,24 @@ mod tests {
     #[test]
     fn shapes_cover_every_unit_once() {
         for (n_in, n_out, n_tok) in [(4096, 4096, 512), (4096, 4096, 32), (14336, 4096, 128), (512, 70, 33), (544, 70, 9), (32, 8, 3)] {
-            let (nt, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+            let (t, grid, k_per, splits) = shape(n_in, n_out, n_tok);
             let u = n_in / 32;
             assert_eq!(grid.2 as usize, splits);
             assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");
-            assert!(grid.0 as usize * BM >= n_out && grid.1 as usize * 16 * nt >= n_tok);
+            assert!(grid.0 as usize * t.rows() >= n_out && grid.1 as usize * t.tokens() >= n_tok);
         }
     }
 
     #[test]
     fn tiles_fit_in_shared_memory() {
-        // sm_90: 227 KiB of shared memory per block
+        // sm_90: 227 KiB of shared memory per block, 228 KiB per multiprocessor (1 KiB of it
+        // reserved per block)
         for nt in [1, 2, 4, 8] {
-            assert!(smem_bytes(nt) as usize <= 227 * 1024, "nt {nt}: {} bytes", smem_bytes(nt));
+            for wm in [2, 4] {
+                let t = Tile { nt, wm };
+                let b = t.smem_bytes() as usize;
+                assert!(b <= 227 * 1024 && t.per_sm() * (b + 1024) <= 228 * 1024, "{t:?}: {b} bytes");
+            }
         }
     }
 
