@@ -28,16 +28,23 @@ const WS: usize = KU * 8 + 4;
 /// multiprocessor get split-K.
 const SMS: usize = 132;
 
-/// Up to this many tokens a quantized matmul takes MMQ; above, the f16 cuBLAS GEMM
-/// (`QUARREL_CUDA_MMQ_MAX` overrides; 0 turns MMQ off). Measured on an H100 (Mistral-7B shape,
-/// Q4_K_M, same run): MMQ lost to cuBLAS-f16 at 32 tokens per step (batched decode 1,963 vs
-/// 2,289 t/s), 128 (3,080 vs 4,848) and 512 (pp512 4,932 vs 11,631), by a margin that grows with
-/// the token count; one n-tile (16 tokens) keeps the Q8 numerics of decode and the CPU for short
-/// prompts and small batches where the two paths cost about the same.
-pub const MMQ_MAX_TOKENS: usize = 16;
+/// Up to this many tokens a quantized matmul takes MMQ whatever its shape; up to
+/// `MMQ_SMALL_MATRIX_TOKENS` when the matrix is small; above, the f16 cuBLAS GEMM. Measured on
+/// an H100 (`examples/mmq_bench.rs`, Mistral-7B shapes, 2026-11-22): the small-batch kernels
+/// (up to 32 tokens) against cuBLAS-f16 over cached f16 weights; the tiled kernels win up to 64
+/// tokens only on matrices of at most 4096 x 2048 (k/v projections: 1.2-1.3x) and lose on the
+/// others from 48 tokens on (0.6x at 64, 0.25-0.45x at 128-512 tokens).
+pub const MMQ_MAX_TOKENS: usize = 32;
+/// See `MMQ_MAX_TOKENS`.
+pub const MMQ_SMALL_MATRIX_TOKENS: usize = 64;
 
-pub fn mmq_max_tokens() -> usize {
-    std::env::var("QUARREL_CUDA_MMQ_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(MMQ_MAX_TOKENS)
+/// Whether a matmul of `n_tok` tokens over an `n_out x n_in` quantized weight takes MMQ
+/// (`QUARREL_CUDA_MMQ_MAX=<tokens>` instead: MMQ up to that many tokens, 0 never).
+pub fn mmq_wins(n_in: usize, n_out: usize, n_tok: usize) -> bool {
+    if let Some(max) = std::env::var("QUARREL_CUDA_MMQ_MAX").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return n_tok <= max;
+    }
+    n_tok <= MMQ_MAX_TOKENS || (n_tok <= MMQ_SMALL_MATRIX_TOKENS && n_in * n_out <= 4096 * 2048)
 }
 
 /// A kernel's tile: NT n8 tiles per warp (16·NT tokens per block), WM warps along the rows
@@ -108,6 +115,32 @@ fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (Tile, (u32, u32, u32), usi
     (t, (bx as u32, by as u32, splits as u32), k_per, splits)
 }
 
+/// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
+const SMALL_WARPS: usize = 8;
+/// Up to this many tokens the small-batch kernels (`mmq_small.cu`: fragments straight from
+/// the weights, no shared-memory tile) run instead of the tiled ones.
+pub const SMALL_MAX_TOKENS: usize = 32;
+
+/// Whether `n_tok` tokens take the small-batch kernels (`QUARREL_CUDA_MMQ_SMALL=0`: never).
+fn small_enabled(n_tok: usize) -> bool {
+    n_tok <= SMALL_MAX_TOKENS && !std::env::var("QUARREL_CUDA_MMQ_SMALL").is_ok_and(|v| v == "0")
+}
+
+/// (n8 tiles, grid, units per split, splits) of the small-batch kernels: 32 rows per block of
+/// SMALL_WARPS warps (warp w takes every SMALL_WARPS-th stage of the block's units); split K
+/// until about two blocks per multiprocessor run, keeping four stages per split and the
+/// partial sums at or below the weight bytes.
+fn small_shape(n_in: usize, n_out: usize, n_tok: usize) -> (usize, (u32, u32, u32), usize, usize) {
+    let nt = n_tok.div_ceil(8);
+    let bx = n_out.div_ceil(32);
+    let units = n_in / 32;
+    let iters = units.div_ceil(KU);
+    let splits = (2 * SMS).div_ceil(bx).min(iters / 4).min(n_in / (8 * n_tok)).clamp(1, 8);
+    let k_per = iters.div_ceil(splits) * KU;
+    let splits = units.div_ceil(k_per);
+    (nt, (bx as u32, 1, splits as u32), k_per, splits)
+}
+
 /// `out (n_tok, n_out) = x · Wᵀ` through MMQ; `x` f32 on the device. Quantized weights only.
 pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let DevType::Quant(name) = w.dev_ty else {
@@ -147,15 +180,21 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
         *g = Some(c);
     }
     let c = g.as_ref().expect("set above");
-    let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+    let (kernel, grid, threads, smem, k_per, splits) = if small_enabled(n_tok) {
+        let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
+        (format!("mmqs_{name}_{nt}"), grid, 32 * SMALL_WARPS as u32, 0, k_per, splits)
+    } else {
+        let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+        (format!("mmq_{name}_{}_{}", tile.nt, tile.wm), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
+    };
     let n = n_tok * n_out;
     let part = if splits > 1 { Some(dev.scratch(4 * n * splits)?) } else { None };
     let dst = part.as_ref().map_or(out, |p| p.ptr());
     dev.launch(
-        &format!("mmq_{name}_{}_{}", tile.nt, tile.wm),
+        &kernel,
         grid,
-        tile.threads(),
-        tile.smem_bytes(),
+        threads,
+        smem,
         &[
             Arg::P(p),
             Arg::P(m),
@@ -181,6 +220,9 @@ pub fn kernel_names() -> Vec<String> {
         for nt in [1, 2, 4, 8] {
             v.push(format!("mmq_{q}_{nt}_2"));
             v.push(format!("mmq_{q}_{nt}_4"));
+        }
+        for nt in 1..=SMALL_MAX_TOKENS / 8 {
+            v.push(format!("mmqs_{q}_{nt}"));
         }
     }
     v
@@ -253,6 +295,17 @@ mod tests {
             assert_eq!(grid.2 as usize, splits);
             assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");
             assert!(grid.0 as usize * t.rows() >= n_out && grid.1 as usize * t.tokens() >= n_tok);
+        }
+    }
+
+    #[test]
+    fn small_shapes_cover_every_unit_once() {
+        for (n_in, n_out, n_tok) in [(4096, 4096, 32), (4096, 1024, 9), (14336, 4096, 17), (544, 70, 32), (32, 8, 1), (256, 33, 24)] {
+            let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
+            let u = n_in / 32;
+            assert_eq!(grid.2 as usize, splits);
+            assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");
+            assert!(grid.0 as usize * 32 >= n_out && grid.1 == 1 && nt * 8 >= n_tok && nt <= SMALL_MAX_TOKENS / 8);
         }
     }
 
