@@ -1,4 +1,5 @@
-// MMQ for small token counts (up to 32: batched decode), where the matmul is bound by reading
+// MMQ for small token counts (up to 32: batched decode; opt-in, QUARREL_CUDA_MMQ_SMALL=1: on an
+// H100 they lose to the tiled kernels of mmq.cu at 24-32 tokens), where the matmul is bound by reading
 // the weights: no shared-memory weight tile and no barriers in the main loop. Each warp reads
 // its mma fragments straight from the repacked weights (thread (g, tig) of an m16 tile needs
 // ints tig and 4 + tig of a unit's 8, i.e. values 4·tig .. 4·tig + 3 and 16 + 4·tig ..: one or

@@ -30,10 +30,11 @@ const SMS: usize = 132;
 
 /// Up to this many tokens a quantized matmul takes MMQ whatever its shape; up to
 /// `MMQ_SMALL_MATRIX_TOKENS` when the matrix is small; above, the f16 cuBLAS GEMM. Measured on
-/// an H100 (`examples/mmq_bench.rs`, Mistral-7B shapes, 2026-11-22): the small-batch kernels
-/// (up to 32 tokens) against cuBLAS-f16 over cached f16 weights; the tiled kernels win up to 64
-/// tokens only on matrices of at most 4096 x 2048 (k/v projections: 1.2-1.3x) and lose on the
-/// others from 48 tokens on (0.6x at 64, 0.25-0.45x at 128-512 tokens).
+/// an H100 (`examples/mmq_bench.rs` and `quarrel batched-bench`, Mistral-7B Q4_K_M shapes,
+/// 2026-11-22): at 16-32 tokens MMQ is level with cuBLAS-f16 over cached f16 weights per matrix
+/// (0.75-1.8x by shape) and ahead end to end (32 sequences: 3,655 vs 3,406 t/s); on matrices of
+/// at most 4096 x 2048 (k/v projections) about level up to 64 tokens (0.95-1.3x); on the others
+/// behind from 48 tokens on (0.6-0.8x at 64, 0.25-0.5x at 128-512 tokens).
 pub const MMQ_MAX_TOKENS: usize = 32;
 /// See `MMQ_MAX_TOKENS`.
 pub const MMQ_SMALL_MATRIX_TOKENS: usize = 64;
@@ -118,12 +119,15 @@ fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (Tile, (u32, u32, u32), usi
 /// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
 const SMALL_WARPS: usize = 8;
 /// Up to this many tokens the small-batch kernels (`mmq_small.cu`: fragments straight from
-/// the weights, no shared-memory tile) run instead of the tiled ones.
+/// the weights, no shared-memory tile) can run instead of the tiled ones.
 pub const SMALL_MAX_TOKENS: usize = 32;
 
-/// Whether `n_tok` tokens take the small-batch kernels (`QUARREL_CUDA_MMQ_SMALL=0`: never).
+/// Whether `n_tok` tokens take the small-batch kernels: only with `QUARREL_CUDA_MMQ_SMALL=1`.
+/// Measured on an H100 (2026-11-22, Mistral-7B shapes): they lose to the tiled kernels at 24-32
+/// tokens (q4_K 4096x4096, 32 tokens: 27.3 vs 18.6 us; 14336x4096: 63.7 vs 43.0 us) and are
+/// level at 16; batched decode of 32 sequences 2,838 t/s with them vs 3,655 without.
 fn small_enabled(n_tok: usize) -> bool {
-    n_tok <= SMALL_MAX_TOKENS && !std::env::var("QUARREL_CUDA_MMQ_SMALL").is_ok_and(|v| v == "0")
+    n_tok <= SMALL_MAX_TOKENS && std::env::var("QUARREL_CUDA_MMQ_SMALL").is_ok_and(|v| v == "1")
 }
 
 /// (n8 tiles, grid, units per split, splits) of the small-batch kernels: 32 rows per block of
