@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 7] = [
+const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("mmq_small.cu", include_str!("../kernels/mmq_small.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("ssm.cu", include_str!("../kernels/ssm.cu")),
 ];
@@ -541,6 +543,7 @@ pub fn kernel_names() -> Vec<String> {
     // MMQ, MoE and SSM kernels do not begin with GDC(): launched in plain stream order
     let mut v = gdc_kernel_names();
     v.extend(crate::mmq::kernel_names());
+    v.extend(crate::batch::kernel_names());
     v.extend(crate::moe::kernel_names());
     v.extend(crate::ssm::kernel_names());
     v

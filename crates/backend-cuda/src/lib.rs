@@ -612,12 +612,20 @@ impl Backend for CudaBackend {
             // repeat exactly and replay as a graph
             let blocks = db.n_tiles * p.n_head;
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
-            let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
+            // decode batches of several sequences: one warp per (sequence, KV head) serves its
+            // query heads (batch.rs: gqa_decode)
+            let gqa = if one { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
+            let (name, grid, n_split, smem) = match gqa {
+                Some(g) => (g.name, g.grid, g.n_split, g.smem),
+                None => {
+                    let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
+                    (name, (db.n_tiles as u32, p.n_head as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
+                }
+            };
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            let smem = (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32;
             self.dev.launch(
                 &name,
-                (db.n_tiles as u32, p.n_head as u32, n_split as u32),
+                grid,
                 32,
                 smem,
                 &[

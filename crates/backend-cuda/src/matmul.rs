@@ -5,7 +5,7 @@
 //!                            float W:     x ──gemv_<type>_<NT> (f32 FMA)──► out
 //!  more tokens:              W ──dequant_<type>──► W16 (scratch) ┐
 //!                            x ──tof16_f32──► x16                ├─ cuBLAS GemmEx (f16 in, f32 accumulate) ──► out
-//!  quantized W, up to mmq::mmq_max_tokens(): MMQ (mmq.rs), Q8 activations on the int8 tensor cores
+//!  quantized W where mmq::mmq_wins (by shape): MMQ (mmq.rs), Q8 activations on the int8 tensor cores
 //! ```
 
 use crate::device::{Arg, DevMem, Device, Held, PoolMem};
@@ -77,7 +77,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     }
     if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm {
         gemv(dev, qc, w, x, n_tok, out)
-    } else if matches!(w.dev_ty, DevType::Quant(_)) && n_tok <= crate::mmq::mmq_max_tokens() {
+    } else if matches!(w.dev_ty, DevType::Quant(_)) && crate::mmq::mmq_wins(w.n_in, w.n_out, n_tok) {
         crate::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
