@@ -3,6 +3,16 @@
 // positions 32 at a time (K/V rows gathered through the block table into shared memory as
 // f32), keeps an online softmax per query, and writes a partial (m, l, acc). `attn_combine`
 // merges the splits (split-K over long contexts).
+//
+// Two numeric flavours, as the CPU backend (after ggml's CPU flash attention):
+// - `vec` (q16 != 0: f16 cache, short sequences): ggml's vector path. q rounded to f16, scores
+//   in `ggml_vec_dot_f16`'s AVX-512 summation order (`dot_ggml`), and the softmax folded in
+//   position by position with the V accumulator rounded to f16 after every update
+//   (`ggml_vec_scale_f16` / `ggml_vec_mad_f16`: f32 FMA, f16 storage). The running maximum
+//   each position sees is an exclusive prefix max over the 32 scores (a warp scan), so every
+//   lane computes its own position's exp once and the sequential part is two shuffles, an FMA
+//   and the f16 rounding per value.
+// - otherwise all f32, the softmax folded in once per 32 positions.
 
 #define ATT_QT 8
 
@@ -108,6 +118,35 @@ __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __
     }
 }
 
+// q·k as `ggml_vec_dot_f16` sums it in ggml's AVX-512 build (the CPU backend's
+// `dot_f16_ggml`): 64 FMA accumulators (4 x 16 lanes) over 64-value steps, folded pairwise
+// (0+2, 1+3, then together), the 16 lanes reduced as a tree (8, 4, 2+2), and the values past
+// the last whole step added in f64.
+__device__ __forceinline__ float dot_ggml(const float* __restrict__ q, const float* __restrict__ k, int hd) {
+    const int np = hd & ~63;
+    float x[16];
+#pragma unroll
+    for (int l = 0; l < 16; l++) {
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        for (int i = 0; i < np; i += 64) {
+            a0 = __fmaf_rn(q[i + l], k[i + l], a0);
+            a1 = __fmaf_rn(q[i + 16 + l], k[i + 16 + l], a1);
+            a2 = __fmaf_rn(q[i + 32 + l], k[i + 32 + l], a2);
+            a3 = __fmaf_rn(q[i + 48 + l], k[i + 48 + l], a3);
+        }
+        x[l] = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
+    }
+#pragma unroll
+    for (int l = 0; l < 8; l++) x[l] = __fadd_rn(x[l], x[l + 8]);
+#pragma unroll
+    for (int l = 0; l < 4; l++) x[l] = __fadd_rn(x[l], x[l + 4]);
+    double sum = (double)__fadd_rn(__fadd_rn(x[0], x[2]), __fadd_rn(x[1], x[3]));
+    for (int i = np; i < hd; i++) sum += (double)__fmul_rn(q[i], k[i]);
+    return (float)sum;
+}
+
+__device__ __forceinline__ float r16(float x) { return h2f(f2h(x)); }
+
 // meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
 // part: per (token, head, split): [m, l, acc[hd]].
 template <int KT, int DPL, int QT>
@@ -122,6 +161,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
     const u32 t0 = tiles[3 * tile], nq = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
     const int kvh = h / (n_head / n_kv_head);
+    const bool vec = KT == KV_F16 && q16;
     float* Qs = sm;                    // [QT][hd]
     float* Ks = Qs + QT * hd;      // [32][hd + 1]
     float* Vs = Ks + 32 * (hd + 1);    // [32][hd + 1]
@@ -160,11 +200,17 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
         for (int i = 0; i < QT; i++) s[i] = 0.f;
         if (lane < nr) {
-            for (int d = 0; d < hd; d++) {
-                float k = Ks[lane * (hd + 1) + d];
+            if (vec) {
 #pragma unroll
                 for (int i = 0; i < QT; i++)
-                    if (i < nq) s[i] += Qs[i * hd + d] * k;
+                    if (i < nq) s[i] = dot_ggml(Qs + i * hd, Ks + lane * (hd + 1), hd);
+            } else {
+                for (int d = 0; d < hd; d++) {
+                    float k = Ks[lane * (hd + 1) + d];
+#pragma unroll
+                    for (int i = 0; i < QT; i++)
+                        if (i < nq) s[i] += Qs[i * hd + d] * k;
+                }
             }
         }
 #pragma unroll
@@ -173,11 +219,48 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
             int pq = (int)pos[t0 + i];
             int lq = window > 0 ? max(0, pq + 1 - window) : 0;
             bool valid = lane < nr && p <= pq && p >= lq;
-            float sc = s[i] * scale;
-            if (softcap > 0.f) sc = softcap * tanhf(sc / softcap);
+            float sc = __fmul_rn(s[i], scale);
+            if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
             sc = valid ? sc : -INF;
             float tmax = warp_max(sc);
             if (tmax == -INF) continue;
+            if (vec) {
+                // the maximum position j sees: m and the scores before j (exclusive prefix max)
+                float x = sc;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    float y = __shfl_up_sync(0xffffffffu, x, o);
+                    if (lane >= o) x = fmaxf(x, y);
+                }
+                float ex = __shfl_up_sync(0xffffffffu, x, 1);
+                ex = fmaxf(lane == 0 ? -INF : ex, m[i]);
+                // a new maximum rescales the accumulator by ms and adds v with weight 1;
+                // otherwise v is added with weight exp(score - m); masked positions add nothing
+                float ms = 1.f, w = 0.f;
+                if (valid) {
+                    if (sc > ex) {
+                        ms = expf(ex - sc);
+                        w = 1.f;
+                    } else {
+                        w = expf(sc - ex);
+                    }
+                }
+                for (int j = 0; j < nr; j++) {
+                    float msj = __shfl_sync(0xffffffffu, ms, j), wj = __shfl_sync(0xffffffffu, w, j);
+                    if (msj != 1.f) {
+#pragma unroll
+                        for (int d = 0; d < DPL; d++) acc[i][d] = r16(__fmul_rn(acc[i][d], msj));
+                    }
+#pragma unroll
+                    for (int d = 0; d < DPL; d++) {
+                        int dd = lane + 32 * d;
+                        if (dd < hd) acc[i][d] = r16(__fmaf_rn(Vs[j * (hd + 1) + dd], wj, acc[i][d]));
+                    }
+                    l[i] = __fmaf_rn(l[i], msj, wj);
+                }
+                m[i] = fmaxf(m[i], tmax);
+                continue;
+            }
             float mn = fmaxf(m[i], tmax);
             float pj = valid ? expf(sc - mn) : 0.f;
             float corr = expf(m[i] - mn);
@@ -248,7 +331,8 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
             L += ps[1] * w;
             O += ps[2 + d] * w;
         }
-        float o = L > 0.f ? O / L : 0.f;
+        // times the reciprocal, as the CPU backend normalizes
+        float o = L > 0.f ? __fmul_rn(O, __fdiv_rn(1.f, L)) : 0.f;
         out[th * hd + d] = o;
         if (xq) q8_store(o, xq, xm, (th * hd + d) / 32);
     }

@@ -583,7 +583,11 @@ impl Backend for CudaBackend {
         let rot = kv_rotation(&kv.spec)?;
         // the CPU rounds q to f16 for sequences shorter than 64 tokens over an f16 cache
         // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
-        let q16 = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
+        // (kernels/attention.cu: ggml's vector-path numerics, the V accumulator in f16);
+        // QUARREL_CUDA_ATTN_F32=1: all-f32 attention (faster to compare, not the CPU's numbers)
+        static ATTN_F32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let f32_only = *ATTN_F32.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_F32").is_ok_and(|v| v == "1"));
+        let q16 = !f32_only && kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));

@@ -64,7 +64,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     }
     if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm {
         gemv(dev, qc, w, x, n_tok, out)
-    } else if matches!(w.dev_ty, DevType::Quant(_)) && n_tok <= crate::mmq::mmq_max_tokens() {
+    } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || n_tok <= crate::mmq::mmq_max_tokens()) {
         crate::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)

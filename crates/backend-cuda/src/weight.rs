@@ -46,6 +46,25 @@ pub struct CudaWeight {
     pub bytes: usize,
     /// An f16 copy for the prefill GEMM, made on first use when memory allows.
     pub(crate) f16: std::sync::Mutex<Option<DevMem>>,
+    /// Multiply with decode's numerics at every token count (MMQ for quantized weights, never
+    /// the f16 GEMM): set for models with experts or recurrent layers (`exact_prefill`), whose
+    /// discrete routing choices and carried state must see the same numbers in a prefill as
+    /// token by token.
+    pub exact: bool,
+}
+
+/// Whether `g`'s weights multiply with decode's numerics at every token count: the file has
+/// experts (`{arch}.expert_count` > 0) or Mamba2 layers (`{arch}.ssm.state_size`), unless
+/// `QUARREL_CUDA_MOE_EXACT=0` (then a long prefill takes the f16 tensor-core GEMM: faster, and
+/// a near-tie in a router may pick another expert than token-by-token decode would).
+pub fn exact_prefill(g: &quarrel_gguf::Gguf) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_EXACT").is_ok_and(|v| v == "0")) {
+        return false;
+    }
+    let Ok(arch) = g.architecture() else { return false };
+    let experts = g.get_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) > 0;
+    experts || g.get(&format!("{arch}.ssm.state_size")).is_some()
 }
 
 impl CudaWeight {
@@ -62,9 +81,10 @@ impl CudaWeight {
         let n_out = (info.n_elements() / info.dims[0].max(1)) as usize;
         let bytes = g.tensor_bytes(info);
         let ty = info.ty;
+        let exact = exact_prefill(g);
         if info.dims.len() == 1 {
             let v = dequant(ty, bytes, n_in, src.name)?;
-            return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v);
+            return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v, exact);
         }
         let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && n_in % 8 != 0 { None } else { repack(ty, bytes) };
         let Some((dev_ty, p, m)) = repacked else {
@@ -74,7 +94,7 @@ impl CudaWeight {
             // no kernel for this type: f16 copy
             let v = dequant(ty, bytes, n_in * n_out, src.name)?;
             let h: Vec<u16> = v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
-            return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h);
+            return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h, exact);
         };
         let total = p.len() + m.as_ref().map_or(0, |m| m.len());
         Ok(CudaWeight {
@@ -86,11 +106,13 @@ impl CudaWeight {
             m: m.map(|m| DevMem::upload(dev, &m)).transpose()?,
             bytes: total,
             f16: Default::default(),
+            exact,
         })
     }
 
-    fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T]) -> Result<CudaWeight, CudaError> {
-        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default() })
+    #[allow(clippy::too_many_arguments)]
+    fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T], exact: bool) -> Result<CudaWeight, CudaError> {
+        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default(), exact })
     }
 }
 
