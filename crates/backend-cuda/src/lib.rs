@@ -33,6 +33,7 @@
 mod batch;
 pub mod device;
 mod error;
+pub mod experts;
 mod graph;
 mod kv;
 mod matmul;
@@ -84,6 +85,8 @@ pub struct CudaBackend {
     qcache: Mutex<Option<matmul::QCache>>,
     /// Expert selections per layer and expert (`moe_selections`).
     moe_counts: Mutex<Vec<Vec<u64>>>,
+    /// Device bytes for expert tensors (`set_expert_budget`) and the expert cache's counters.
+    experts: experts::ExpertBudget,
 }
 
 impl CudaBackend {
@@ -103,7 +106,21 @@ impl CudaBackend {
             freq_factors: Mutex::new(Vec::new()),
             qcache: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
+            experts: experts::ExpertBudget::new(None),
         })
+    }
+
+    /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
+    /// the experts beyond it stay in pinned host memory and the most recently routed are
+    /// cached on the device (see `experts`). `None`: no limit (experts that do not fit in
+    /// device memory are offloaded all the same, instead of failing the load).
+    pub fn set_expert_budget(&self, bytes: Option<usize>) {
+        self.experts.set(bytes);
+    }
+
+    /// What the expert cache did so far (hits, uploads).
+    pub fn expert_stats(&self) -> experts::ExpertStats {
+        self.experts.stats()
     }
 
     /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
@@ -271,7 +288,14 @@ impl Backend for CudaBackend {
 
     fn load_weight(&self, src: WeightSource<'_>) -> Result<CudaWeight> {
         self.dev.bind()?;
-        Ok(CudaWeight::load(&self.dev, src)?)
+        CudaWeight::load(&self.dev, src, &self.experts).map_err(|e| match e {
+            CudaError::OutOfMemory(m) => CoreError::OutOfMemory(format!(
+                "out of GPU memory loading {}: {m}{}",
+                src.name,
+                if src.name.contains("_exps") { "" } else { " (--expert-budget keeps experts in host memory; this is a dense weight, so the model needs a larger GPU or the CPU)" }
+            )),
+            e => e.into(),
+        })
     }
 
     fn weight_dims(&self, w: &CudaWeight) -> (usize, usize) {
@@ -379,6 +403,9 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         check_len("matmul input", x.len, n_tok * w.n_in)?;
         check_len("matmul output", out.len, n_tok * w.n_out)?;
+        if w.offload.is_some() {
+            return Err(CoreError::Unsupported("a plain matmul over an expert tensor kept in host memory (moe_matmul only)".into()));
+        }
         let xp = self.rd(x)?;
         let op = self.wr(out);
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
@@ -658,7 +685,7 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
-        Ok(moe::moe_matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes, x_per_token, op)?)
+        Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op)?)
     }
 
     fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {

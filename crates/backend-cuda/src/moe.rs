@@ -10,9 +10,12 @@
 //! The expert weights are one 3-D tensor `(n_in, n_out, n_expert)` in the repacked device
 //! layout, whose rows are contiguous: expert `e` starts `e · n_out` rows in. Every expert
 //! matmul runs MMQ (exact integer block sums over Q8 activations, as the dense matmuls).
+//! Expert tensors beyond `--expert-budget` live in host memory (`experts::Offload`): each
+//! routed expert is taken from its device slot, uploaded first when it is not cached.
 
 use crate::device::{Arg, Device};
 use crate::error::CudaError;
+use crate::experts::ExpertBudget;
 use crate::matmul::QCache;
 use crate::mmq;
 use crate::weight::{CudaWeight, DevType};
@@ -38,6 +41,7 @@ pub fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, 
 pub(crate) fn moe_matmul(
     dev: &Device,
     qc: &Mutex<Option<QCache>>,
+    budget: &ExpertBudget,
     w: &CudaWeight,
     n_expert: usize,
     x: u64,
@@ -85,12 +89,18 @@ pub(crate) fn moe_matmul(
     let (pb, m_b) = mmq::unit_bytes(name)?;
     let mut o = 0usize;
     for (e, idx) in &groups {
-        let row0 = (e * n_out * units) as u64;
-        let p = w.p.ptr + row0 * pb.0 / pb.1;
-        let m = if m_b == 0 { 0 } else { w.m_ptr() + row0 * m_b };
         let xo = xs.ptr() + (4 * o * n_in) as u64;
         let yo = ys.ptr() + (4 * o * n_out) as u64;
-        mmq::mmq_raw(dev, qc, name, p, m, n_in, n_out, xo, idx.len(), yo)?;
+        if let Some(off) = &w.offload {
+            // kept in host memory: the expert's cached slot (uploaded when missing)
+            let ex = off.expert(dev, budget, *e, idx.len())?;
+            mmq::mmq_raw(dev, qc, name, ex.p, ex.m, n_in, n_out, xo, idx.len(), yo)?;
+        } else {
+            let row0 = (e * n_out * units) as u64;
+            let p = w.p.ptr + row0 * pb.0 / pb.1;
+            let m = if m_b == 0 { 0 } else { w.m_ptr() + row0 * m_b };
+            mmq::mmq_raw(dev, qc, name, p, m, n_in, n_out, xo, idx.len(), yo)?;
+        }
         o += idx.len();
     }
     clear(qc);

@@ -11,6 +11,7 @@
 
 use crate::device::{DevMem, Device};
 use crate::error::CudaError;
+use crate::experts::{ExpertBudget, Offload};
 use quarrel_core::{QuantType, WeightSource};
 
 /// How the kernels read a weight.
@@ -51,6 +52,9 @@ pub struct CudaWeight {
     /// discrete routing choices and carried state must see the same numbers in a prefill as
     /// token by token.
     pub exact: bool,
+    /// A 3-D expert tensor beyond the expert budget: in host memory, hot experts cached on the
+    /// device (`p`, `m` are then placeholders).
+    pub(crate) offload: Option<crate::experts::Offload>,
 }
 
 /// Whether `g`'s weights multiply with decode's numerics at every token count: the file has
@@ -72,7 +76,9 @@ impl CudaWeight {
         self.m.as_ref().map_or(0, |m| m.ptr)
     }
 
-    pub(crate) fn load(dev: &Device, src: WeightSource<'_>) -> Result<CudaWeight, CudaError> {
+    /// Upload `src`; a 3-D expert tensor that does not fit `budget` (or device memory) stays
+    /// in host memory (`experts::Offload`).
+    pub(crate) fn load(dev: &Device, src: WeightSource<'_>, budget: &ExpertBudget) -> Result<CudaWeight, CudaError> {
         let g = src.gguf;
         let info = g
             .tensor_info(src.name)
@@ -97,6 +103,27 @@ impl CudaWeight {
             return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h, exact);
         };
         let total = p.len() + m.as_ref().map_or(0, |m| m.len());
+        let experts = info.dims.len() == 3 && matches!(dev_ty, DevType::Quant(_));
+        if experts {
+            let n_expert = info.dims[2] as usize;
+            // fits the budget: resident, unless the device itself is full (then offloaded
+            // without slots rather than failing the load)
+            let (resident, slots_from) = if budget.take(total) {
+                match (DevMem::upload(dev, &p), m.as_ref().map(|m| DevMem::upload(dev, m)).transpose()) {
+                    (Ok(pd), Ok(md)) => (Some((pd, md)), None),
+                    (Err(CudaError::OutOfMemory(_)), _) | (_, Err(CudaError::OutOfMemory(_))) => (None, None),
+                    (Err(e), _) | (_, Err(e)) => return Err(e),
+                }
+            } else {
+                (None, Some(budget))
+            };
+            let (pd, md, off) = match resident {
+                Some((pd, md)) => (pd, md, None),
+                None => (DevMem::alloc(dev, 256)?, None, Some(Offload::new(dev, slots_from, &p, m.as_deref(), n_expert)?)),
+            };
+            let bytes = off.as_ref().map_or(total, |o| o.device_bytes());
+            return Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: pd, m: md, bytes, f16: Default::default(), exact, offload: off });
+        }
         Ok(CudaWeight {
             ty,
             dev_ty,
@@ -107,12 +134,13 @@ impl CudaWeight {
             bytes: total,
             f16: Default::default(),
             exact,
+            offload: None,
         })
     }
 
     #[allow(clippy::too_many_arguments)]
     fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T], exact: bool) -> Result<CudaWeight, CudaError> {
-        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default(), exact })
+        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default(), exact, offload: None })
     }
 }
 
