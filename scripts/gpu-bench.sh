@@ -47,7 +47,8 @@ if [ -n "${LLAMA_BIN:-}" ] && [ -x "$LLAMA_BIN/llama-bench" ]; then
 elif ls "$PARTS"/llamacuda.part* >/dev/null 2>&1; then
     mkdir -p "$WORK/llamabin"
     if cat "$PARTS"/llamacuda.part* | xz -d | tar -x -C "$WORK/llamabin"; then
-        LB="$WORK/llamabin/llama-bench"
+        LB="$WORK/llamabin/llamacuda/llama-bench"   # shared-library build; RPATH $ORIGIN
+        [ -x "$LB" ] || LB="$WORK/llamabin/llama-bench"
     else
         echo "unpacking the carried llama.cpp from $PARTS failed"
     fi
@@ -72,7 +73,7 @@ fi
 (
     for m in $MODELS; do
         p=${m%%:*}; q=${m#*:}; f="$WORK/models/$p-$q.gguf"
-        [ -s "$f" ] || "$Q" synth -p "$p" -q "$q" -t $((NPROC / 3 + 1)) "$f" >"$OUT/synth-$p-$q.log" 2>&1 || echo "synth $p $q failed" &
+        [ -s "$f" ] || "$Q" synth --fast -p "$p" -q "$q" -t $((NPROC / 3 + 1)) "$f" >"$OUT/synth-$p-$q.log" 2>&1 || echo "synth $p $q failed" &
     done
     wait
 ) &

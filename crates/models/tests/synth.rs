@@ -335,3 +335,36 @@ fn llama_cpp_loads_synthetic_models() {
         eprintln!("llama.cpp ran {preset} {ft}: {:?}", String::from_utf8_lossy(&out.stdout));
     }
 }
+
+#[test]
+fn row_pool_copies_pool_rows_and_keeps_the_layout() {
+    use quarrel_models::synth::{write_synth_with, WriteOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec::new(tiny(), Ftype::Q4_K_M).seed(3);
+    let (full, pooled) = (dir.path().join("full.gguf"), dir.path().join("pooled.gguf"));
+    synth(&spec, &full);
+    let pool = 4;
+    write_synth_with(&spec, WriteOptions { row_pool: pool }, &pooled, &mut |_, _| {}).unwrap();
+    let (gf, gp) = (Gguf::open(&full).unwrap(), Gguf::open(&pooled).unwrap());
+    assert_eq!(gf.file_size(), gp.file_size());
+    let mut copied = 0;
+    for t in gf.tensors() {
+        let tp = gp.tensor_info(&t.name).unwrap();
+        assert_eq!((t.ty, &t.dims, t.offset), (tp.ty, &tp.dims, tp.offset), "{}", t.name);
+        let (a, b) = (gf.tensor_bytes(t), gp.tensor_bytes(tp));
+        let row = t.ty.row_bytes(t.dims[0] as usize).unwrap();
+        let n_rows = a.len() / row;
+        if n_rows <= pool {
+            assert!(a == b, "{}: small tensors are drawn in full", t.name);
+            continue;
+        }
+        // the pool is the full file's first rows; every other row is one of them
+        assert!(a[..pool * row] == b[..pool * row], "{}", t.name);
+        for r in pool..n_rows {
+            let got = &b[r * row..(r + 1) * row];
+            assert!((0..pool).any(|k| got == &b[k * row..(k + 1) * row]), "{} row {r} is not a pool row", t.name);
+            copied += 1;
+        }
+    }
+    assert!(copied > 0);
+}

@@ -2,8 +2,8 @@
 //! (library: `quarrel_models::synth`).
 
 use anyhow::{bail, Context, Result};
-use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec, ARCH_PRESETS};
-use quarrel_models::synth::{presets, write_synth, Ftype, Preset, SynthSpec};
+use quarrel_models::synth::archs::{write_arch_synth_with, ArchPreset, ArchSynthSpec, ARCH_PRESETS};
+use quarrel_models::synth::{presets, write_synth_with, Ftype, Preset, SynthSpec, WriteOptions};
 use std::path::PathBuf;
 
 /// Write a random-weights model with a real model's shapes, metadata and quantization mix.
@@ -49,6 +49,11 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Benchmark files in seconds: each tensor's first 256 rows are drawn and quantized, the
+    /// other rows copy one of them (chosen by the row's seed). Same shapes, types and value
+    /// statistics; rows are not independent. Not for fixtures.
+    #[arg(long)]
+    pub fast: bool,
     /// Worker threads for generating and quantizing weights (default: all cores).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     pub threads: usize,
@@ -113,7 +118,7 @@ pub fn main(a: Args) -> Result<()> {
         .progress_chars("=> "),
     );
     bar.set_prefix(format!("{} {}", preset.name, ftype));
-    let summary = write_synth(&spec, &out, &mut |done, total| {
+    let summary = write_synth_with(&spec, WriteOptions { row_pool: if a.fast { 256 } else { 0 } }, &out, &mut |done, total| {
         if bar.length() != Some(total) {
             bar.set_length(total);
         }
@@ -142,6 +147,10 @@ pub fn main(a: Args) -> Result<()> {
     Ok(())
 }
 
+fn opts(a: &Args) -> WriteOptions {
+    WriteOptions { row_pool: if a.fast { 256 } else { 0 } }
+}
+
 fn main_arch(p: &ArchPreset, ftype: Ftype, a: &Args, out: &std::path::Path) -> Result<()> {
     if let Some(arch) = a.arch.as_deref().filter(|&x| x != p.arch) {
         bail!("preset {} is a {} model, not {arch}", p.name, p.arch);
@@ -151,7 +160,7 @@ fn main_arch(p: &ArchPreset, ftype: Ftype, a: &Args, out: &std::path::Path) -> R
     }
     let spec = ArchSynthSpec { preset: *p, ftype, seed: a.seed, vocab_from: a.vocab_from.clone() };
     let bar = if a.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(0) };
-    let s = write_arch_synth(&spec, out, &mut |done, total| {
+    let s = write_arch_synth_with(&spec, opts(a), out, &mut |done, total| {
         if bar.length() != Some(total) {
             bar.set_length(total);
         }

@@ -14,7 +14,7 @@
 //! the file type's default type, with llama-quantize's fallback where rows do not fit.
 
 use super::mix::fallback;
-use super::{type_counts, vocab, write_plan, Ftype, Init, PlannedTensor, SynthError, NORM_STD};
+use super::{type_counts, vocab, write_plan, Ftype, Init, PlannedTensor, SynthError, WriteOptions, NORM_STD};
 use quarrel_gguf::{QuantType, Value, ValueType};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -488,6 +488,16 @@ pub struct ArchSummary {
 
 /// Write the model `spec` describes to `out` (see [`super::write_synth`] for the format).
 pub fn write_arch_synth(spec: &ArchSynthSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<ArchSummary, SynthError> {
+    write_arch_synth_with(spec, WriteOptions::default(), out, progress)
+}
+
+/// [`write_arch_synth`] with generation options.
+pub fn write_arch_synth_with(
+    spec: &ArchSynthSpec,
+    opts: WriteOptions,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ArchSummary, SynthError> {
     let start = Instant::now();
     let mut p = spec.preset;
     check(&p)?;
@@ -498,7 +508,7 @@ pub fn write_arch_synth(spec: &ArchSynthSpec, out: &Path, progress: &mut dyn FnM
     p.n_vocab = vocab.n_tokens;
     let plan = arch_tensor_plan(&p, spec.ftype);
     let meta = metadata(&p, spec.ftype, spec.seed, &vocab);
-    let file_size = write_plan(&plan, meta, spec.seed, out, progress)?;
+    let file_size = write_plan(&plan, meta, spec.seed, opts, out, progress)?;
     Ok(ArchSummary {
         preset: p,
         n_tensors: plan.len(),
