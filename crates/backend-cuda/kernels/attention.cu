@@ -236,13 +236,14 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
                 ex = fmaxf(lane == 0 ? -INF : ex, m[i]);
                 // a new maximum rescales the accumulator by ms and adds v with weight 1;
                 // otherwise v is added with weight exp(score - m); masked positions add nothing
+                // exp correctly rounded (through f64), as glibc's expf, which ggml calls, nearly always is
                 float ms = 1.f, w = 0.f;
                 if (valid) {
                     if (sc > ex) {
-                        ms = expf(ex - sc);
+                        ms = (float)exp((double)__fsub_rn(ex, sc));
                         w = 1.f;
                     } else {
-                        w = expf(sc - ex);
+                        w = (float)exp((double)__fsub_rn(sc, ex));
                     }
                 }
                 for (int j = 0; j < nr; j++) {
