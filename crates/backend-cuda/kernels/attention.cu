@@ -149,31 +149,39 @@ __device__ __forceinline__ float r16(float x) { return h2f(f2h(x)); }
 
 // meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
 // part: per (token, head, split): [m, l, acc[hd]].
-template <int KT, int DPL, int QT>
+// HG (decode, one token per tile): the warp's queries are hp heads h0.. of that token sharing
+// one KV head (blockIdx.y = head group), so K/V rows are loaded once for them and the per-query
+// chains interleave; else its queries are the tile's tokens for head blockIdx.y. Each query's
+// arithmetic is the same either way.
+template <int KT, int DPL, int QT, bool HG>
 __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
                                           int hd, int bs, float scale, float softcap, int window, int rot, int q16,
-                                          const float* __restrict__ koff) {
+                                          const float* __restrict__ koff, int hp) {
     GDC();
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
-    const u32 t0 = tiles[3 * tile], nq = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
-    const int kvh = h / (n_head / n_kv_head);
+    const u32 t0 = tiles[3 * tile], seq = tiles[3 * tile + 2];
+    // queries of this warp: tokens t0.. of head h, or heads h * hp.. of token t0
+    const u32 nq = HG ? (u32)hp : tiles[3 * tile + 1];
+#define QTOK(i) (HG ? t0 : t0 + (i))
+#define QHEAD(i) (HG ? h * hp + (i) : h)
+    const int kvh = QHEAD(0) / (n_head / n_kv_head);
     const bool vec = KT == KV_F16 && q16;
     float* Qs = sm;                    // [QT][hd]
     float* Ks = Qs + QT * hd;      // [32][hd + 1]
     float* Vs = Ks + 32 * (hd + 1);    // [32][hd + 1]
     int hi = 0, lo = 0x7fffffff;
     for (u32 i = 0; i < nq; i++) {
-        int p = (int)pos[t0 + i];
+        int p = (int)pos[QTOK(i)];
         hi = max(hi, p);
         lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
     }
     // q16: q rounded to f16 first, as the CPU's (ggml's) f16 vector path for short sequences does
     for (u32 i = lane; i < nq * hd; i += 32) {
-        float qv = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+        float qv = q[((u64)QTOK(i / hd) * n_head + QHEAD(i / hd)) * hd + i % hd];
         Qs[i] = KT == KV_F16 && q16 ? h2f(f2h(qv)) : qv;
     }
     // this split's share of the tile's positions, in whole runs of 32
@@ -213,19 +221,24 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
                 }
             }
         }
+        if (vec) {
+            // ggml's vector path: per query, the maximum position j sees is m and the scores
+            // before j (an exclusive prefix max over the lanes); a new maximum rescales the
+            // accumulator by ms and adds v with weight 1, otherwise v is added with weight
+            // exp(score - m); masked positions (and queries past nq) add nothing (w = 0, ms = 1)
+            float msv[QT], wv[QT];
+            bool anynew = false;
 #pragma unroll
-        for (int i = 0; i < QT; i++) {
-            if (i >= nq) break;
-            int pq = (int)pos[t0 + i];
-            int lq = window > 0 ? max(0, pq + 1 - window) : 0;
-            bool valid = lane < nr && p <= pq && p >= lq;
-            float sc = __fmul_rn(s[i], scale);
-            if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
-            sc = valid ? sc : -INF;
-            float tmax = warp_max(sc);
-            if (tmax == -INF) continue;
-            if (vec) {
-                // the maximum position j sees: m and the scores before j (exclusive prefix max)
+            for (int i = 0; i < QT; i++) {
+                msv[i] = 1.f;
+                wv[i] = 0.f;
+                if (i >= nq) continue;
+                int pq = (int)pos[QTOK(i)];
+                int lq = window > 0 ? max(0, pq + 1 - window) : 0;
+                bool valid = lane < nr && p <= pq && p >= lq;
+                float sc = __fmul_rn(s[i], scale);
+                if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
+                sc = valid ? sc : -INF;
                 float x = sc;
 #pragma unroll
                 for (int o = 1; o < 32; o <<= 1) {
@@ -234,34 +247,65 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
                 }
                 float ex = __shfl_up_sync(0xffffffffu, x, 1);
                 ex = fmaxf(lane == 0 ? -INF : ex, m[i]);
-                // a new maximum rescales the accumulator by ms and adds v with weight 1;
-                // otherwise v is added with weight exp(score - m); masked positions add nothing
                 // exp correctly rounded (through f64), as glibc's expf, which ggml calls, nearly always is
-                float ms = 1.f, w = 0.f;
                 if (valid) {
                     if (sc > ex) {
-                        ms = (float)exp((double)__fsub_rn(ex, sc));
-                        w = 1.f;
+                        msv[i] = (float)exp((double)__fsub_rn(ex, sc));
+                        wv[i] = 1.f;
+                        anynew = true;
                     } else {
-                        w = (float)exp((double)__fsub_rn(sc, ex));
+                        wv[i] = (float)exp((double)__fsub_rn(sc, ex));
                     }
                 }
-                for (int j = 0; j < nr; j++) {
-                    float msj = __shfl_sync(0xffffffffu, ms, j), wj = __shfl_sync(0xffffffffu, w, j);
-                    if (msj != 1.f) {
-#pragma unroll
-                        for (int d = 0; d < DPL; d++) acc[i][d] = r16(__fmul_rn(acc[i][d], msj));
-                    }
-#pragma unroll
-                    for (int d = 0; d < DPL; d++) {
-                        int dd = lane + 32 * d;
-                        if (dd < hd) acc[i][d] = r16(__fmaf_rn(Vs[j * (hd + 1) + dd], wj, acc[i][d]));
-                    }
-                    l[i] = __fmaf_rn(l[i], msj, wj);
-                }
-                m[i] = fmaxf(m[i], tmax);
-                continue;
+                m[i] = fmaxf(m[i], __shfl_sync(0xffffffffu, x, 31));
             }
+            if (__any_sync(0xffffffffu, anynew)) {
+                for (int j = 0; j < nr; j++) {
+#pragma unroll
+                    for (int i = 0; i < QT; i++) {
+                        float msj = __shfl_sync(0xffffffffu, msv[i], j), wj = __shfl_sync(0xffffffffu, wv[i], j);
+                        if (msj != 1.f) {
+#pragma unroll
+                            for (int d = 0; d < DPL; d++) acc[i][d] = r16(__fmul_rn(acc[i][d], msj));
+                        }
+#pragma unroll
+                        for (int d = 0; d < DPL; d++) {
+                            int dd = lane + 32 * d;
+                            if (dd < hd) acc[i][d] = r16(__fmaf_rn(Vs[j * (hd + 1) + dd], wj, acc[i][d]));
+                        }
+                        l[i] = __fmaf_rn(l[i], msj, wj);
+                    }
+                }
+            } else {
+                // no new maximum in these 32 positions (the usual case): straight-line updates,
+                // the queries' chains interleaved (l·1 + w is the FMA's value)
+                for (int j = 0; j < nr; j++) {
+#pragma unroll
+                    for (int i = 0; i < QT; i++) {
+                        float wj = __shfl_sync(0xffffffffu, wv[i], j);
+#pragma unroll
+                        for (int d = 0; d < DPL; d++) {
+                            int dd = lane + 32 * d;
+                            if (dd < hd) acc[i][d] = r16(__fmaf_rn(Vs[j * (hd + 1) + dd], wj, acc[i][d]));
+                        }
+                        l[i] = __fadd_rn(l[i], wj);
+                    }
+                }
+            }
+            __syncwarp();
+            continue;
+        }
+#pragma unroll
+        for (int i = 0; i < QT; i++) {
+            if (i >= nq) break;
+            int pq = (int)pos[QTOK(i)];
+            int lq = window > 0 ? max(0, pq + 1 - window) : 0;
+            bool valid = lane < nr && p <= pq && p >= lq;
+            float sc = __fmul_rn(s[i], scale);
+            if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
+            sc = valid ? sc : -INF;
+            float tmax = warp_max(sc);
+            if (tmax == -INF) continue;
             float mn = fmaxf(m[i], tmax);
             float pj = valid ? expf(sc - mn) : 0.f;
             float corr = expf(m[i] - mn);
@@ -283,7 +327,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
     for (int i = 0; i < QT; i++) {
         if (i >= nq) break;
-        float* o = part + (((u64)(t0 + i) * n_head + h) * n_split + split) * (hd + 2);
+        float* o = part + (((u64)QTOK(i) * n_head + QHEAD(i)) * n_split + split) * (hd + 2);
         if (lane == 0) {
             o[0] = m[i];
             o[1] = l[i];
@@ -296,17 +340,23 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     }
 }
 
-// attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode).
-#define ATTN(NAME, KT, DPL)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(                                           \
-        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, const float* koff) { \
-        attn_part<KT, DPL, ATT_QT>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff); \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(                                          \
-        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, const float* koff) { \
-        attn_part<KT, DPL, 1>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff); \
+#undef QTOK
+#undef QHEAD
+
+// attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode);
+// attn1g_*: one token, up to ATT_QT heads of one KV head per warp (decode with grouped heads).
+#define ATTN_ARGS                                                                                                  \
+    const float *q, const u8 *K, const u8 *V, float *part, const u32 *tiles, const u32 *pos, const u32 *bt_off,     \
+        const u32 *bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, \
+        const float *koff, int hp
+#define ATTN_PASS q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff, hp
+#define ATTN(NAME, KT, DPL)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(ATTN_ARGS) {                              \
+        attn_part<KT, DPL, ATT_QT, false>(ATTN_PASS);                                                                \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(ATTN_ARGS) { attn_part<KT, DPL, 1, false>(ATTN_PASS); } \
+    extern "C" __global__ void __launch_bounds__(32) attn1g_##NAME##_##DPL(ATTN_ARGS) {                            \
+        attn_part<KT, DPL, ATT_QT, true>(ATTN_PASS);                                                                 \
     }
 #define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
 ATTN_ALL(f32, KV_F32)

@@ -511,6 +511,7 @@ pub fn gdc_kernel_names() -> Vec<String> {
         for dpl in [2, 4, 8] {
             v.push(format!("attn_{k}_{dpl}"));
             v.push(format!("attn1_{k}_{dpl}"));
+            v.push(format!("attn1g_{k}_{dpl}"));
         }
     }
     v

@@ -605,8 +605,16 @@ impl Backend for CudaBackend {
         }
         // every sequence one token (decode): the kernel for one query per tile
         let one = batch.seqs.iter().all(|s| s.len <= 1);
-        let qt = if one { 1 } else { batch::ATT_QT };
-        let name = format!("attn{}_{}_{dpl}", if one { "1" } else { "" }, kv::kv_name(kv.spec.ty));
+        // decode with grouped heads: a warp takes hp heads of one KV head (K/V read once for them)
+        let group = p.n_head / p.n_kv_head;
+        let hp = if one { (1..=batch::ATT_QT.min(group)).rev().find(|d| group % d == 0).unwrap_or(1) } else { 1 };
+        let qt = if one { hp } else { batch::ATT_QT };
+        let kind = match (one, hp > 1) {
+            (true, true) => "1g",
+            (true, false) => "1",
+            _ => "",
+        };
+        let name = format!("attn{kind}_{}_{dpl}", kv::kv_name(kv.spec.ty));
         let rot = kv_rotation(&kv.spec)?;
         // the CPU rounds q to f16 for sequences shorter than 64 tokens over an f16 cache
         // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
@@ -622,14 +630,14 @@ impl Backend for CudaBackend {
             // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
             // (each block sizes its share from the positions on the device), so decode steps
             // repeat exactly and replay as a graph
-            let blocks = db.n_tiles * p.n_head;
+            let blocks = db.n_tiles * p.n_head / hp;
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
             let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
             let smem = (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32;
             self.dev.launch(
                 &name,
-                (db.n_tiles as u32, p.n_head as u32, n_split as u32),
+                (db.n_tiles as u32, (p.n_head / hp) as u32, n_split as u32),
                 32,
                 smem,
                 &[
@@ -651,6 +659,7 @@ impl Backend for CudaBackend {
                     Arg::I(rot as i32),
                     Arg::I(q16 as i32),
                     Arg::P(koff),
+                    Arg::I(hp as i32),
                 ],
             )?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
