@@ -524,6 +524,7 @@ pub fn kernel_names() -> Vec<String> {
     let mut v = gdc_kernel_names();
     v.extend(crate::mmq::kernel_names());
     v.extend(crate::moe::kernel_names());
+    v.extend(crate::moe_dev::kernel_names());
     v.extend(crate::ssm::kernel_names());
     v
 }

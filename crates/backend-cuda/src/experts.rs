@@ -25,6 +25,8 @@ use std::sync::Mutex;
 /// file order: earlier layers' experts stay resident first).
 pub struct ExpertBudget {
     left: Mutex<Option<usize>>,
+    /// Some expert tensor lives in host memory (decode then routes on the host).
+    offloaded: std::sync::atomic::AtomicBool,
     hits: AtomicU64,
     uploads: AtomicU64,
     upload_bytes: AtomicU64,
@@ -42,7 +44,7 @@ pub struct ExpertStats {
 
 impl ExpertBudget {
     pub fn new(bytes: Option<usize>) -> ExpertBudget {
-        ExpertBudget { left: Mutex::new(bytes), hits: AtomicU64::new(0), uploads: AtomicU64::new(0), upload_bytes: AtomicU64::new(0) }
+        ExpertBudget { left: Mutex::new(bytes), offloaded: Default::default(), hits: AtomicU64::new(0), uploads: AtomicU64::new(0), upload_bytes: AtomicU64::new(0) }
     }
 
     /// Set the budget (`None`: unlimited) for the weights loaded from now on.
@@ -76,6 +78,15 @@ impl ExpertBudget {
             *left -= n * slice;
         }
         n
+    }
+
+    /// Whether some expert tensor was kept in host memory.
+    pub fn any_offloaded(&self) -> bool {
+        self.offloaded.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mark_offloaded(&self) {
+        self.offloaded.store(true, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> ExpertStats {

@@ -39,6 +39,7 @@ mod kv;
 mod matmul;
 pub mod mmq;
 mod moe;
+mod moe_dev;
 mod ssm;
 pub mod unit;
 mod weight;
@@ -87,6 +88,8 @@ pub struct CudaBackend {
     moe_counts: Mutex<Vec<Vec<u64>>>,
     /// Device bytes for expert tensors (`set_expert_budget`) and the expert cache's counters.
     experts: experts::ExpertBudget,
+    /// Routing on the device for decode steps (`moe_dev`).
+    router: moe_dev::DevRouter,
 }
 
 impl CudaBackend {
@@ -107,6 +110,7 @@ impl CudaBackend {
             qcache: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
             experts: experts::ExpertBudget::new(None),
+            router: Default::default(),
         })
     }
 
@@ -116,6 +120,22 @@ impl CudaBackend {
     /// device memory are offloaded all the same, instead of failing the load).
     pub fn set_expert_budget(&self, bytes: Option<usize>) {
         self.experts.set(bytes);
+    }
+
+    /// Route `logits (n_tok, n_expert)` with the device router (`moe_dev`, as decode steps do)
+    /// and download the routes: the kernel against `quarrel_core::moe::route_reference`.
+    pub fn moe_route_on_device(&self, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+        self.dev.bind()?;
+        let n_tok = logits.len / p.n_expert.max(1);
+        if p.n_expert == 0 || p.n_used == 0 || p.n_used > p.n_expert.min(8) || p.n_expert > 1024 || logits.len != n_tok * p.n_expert {
+            return Err(CoreError::Shape(format!("device routing of {} logits, {} of {} experts", logits.len, p.n_used, p.n_expert)));
+        }
+        let bias = match bias {
+            Some(b) => self.rd(b)?,
+            None => 0,
+        };
+        let ph = self.router.route(&self.dev, None, self.rd(logits)?, n_tok, bias, p)?;
+        Ok(self.router.download_last(&self.dev, &ph)?)
     }
 
     /// What the expert cache did so far (hits, uploads).
@@ -678,6 +698,15 @@ impl Backend for CudaBackend {
 
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;
+        let n_tok = logits.len / p.n_expert.max(1);
+        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p, self.experts.any_offloaded()) {
+            let bias = match bias {
+                Some(b) if b.len == p.n_expert => self.rd(b)?,
+                Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),
+                None => 0,
+            };
+            return Ok(self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?);
+        }
         let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
         let b: Option<Vec<f32>> = match bias {
             Some(b) => Some(self.dev.download(self.rd(b)?, b.len)?),
@@ -687,13 +716,18 @@ impl Backend for CudaBackend {
     }
 
     fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
-        Ok(self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.clone())
+        let mut c = self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.clone();
+        self.router.add_counts(&self.dev, &mut c)?;
+        Ok(c)
     }
 
     fn moe_matmul(&self, w: &CudaWeight, n_expert: usize, x: &CudaBuf, routes: &[Route], x_per_token: bool, out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
+        if moe_dev::on_device(routes) {
+            return Ok(self.router.matmul(&self.dev, w, n_expert, xp, x.len, routes.len(), x_per_token, op)?);
+        }
         Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op)?)
     }
 
@@ -701,6 +735,9 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let yp = self.rd(y)?;
         let op = self.rw(out)?;
+        if moe_dev::on_device(routes) {
+            return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len)?);
+        }
         Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len)?)
     }
 

@@ -117,6 +117,9 @@ impl CudaWeight {
             } else {
                 (None, Some(budget))
             };
+            if resident.is_none() {
+                budget.mark_offloaded();
+            }
             let (pd, md, off) = match resident {
                 Some((pd, md)) => (pd, md, None),
                 None => (DevMem::alloc(dev, 256)?, None, Some(Offload::new(dev, slots_from, &p, m.as_deref(), n_expert)?)),
