@@ -625,10 +625,16 @@ impl Backend for CudaBackend {
         }
         // every sequence one token (decode): the kernel for one query per tile
         let one = batch.seqs.iter().all(|s| s.len <= 1);
-        // decode with grouped heads: a warp takes hp heads of one KV head (K/V read once for them)
+        // QUARREL_CUDA_ATTN_GROUP=1: decode warps take hp heads of one KV head (K/V read once for
+        // them). Off by default: H100 2026-11-22, TinyLlama at depth 2048 the grouped decode
+        // kernel took 42 us (f32) / 167 us (f16 vector path) against 23 / 35 us ungrouped (a
+        // warp per head keeps 8x more warps in flight under the 32-split cap)
+        static GROUP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let grouped = *GROUP.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_GROUP").is_ok_and(|v| v == "1"));
         let group = p.n_head / p.n_kv_head;
-        let hp = if one { (1..=batch::ATT_QT.min(group)).rev().find(|d| group % d == 0).unwrap_or(1) } else { 1 };
-        let qt = if one { hp } else { batch::ATT_QT };
+        let hp = if one && grouped { (1..=batch::ATT_QT.min(group)).rev().find(|d| group % d == 0).unwrap_or(1) } else { 1 };
+        // shared memory holds ATT_QT query rows in the tiled and grouped kernels (Ks follows them)
+        let qt = if one && hp == 1 { 1 } else { batch::ATT_QT };
         let kind = match (one, hp > 1) {
             (true, true) => "1g",
             (true, false) => "1",
