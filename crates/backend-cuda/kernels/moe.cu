@@ -167,3 +167,32 @@ extern "C" __global__ void moe_combine_dev(const float* __restrict__ y, const fl
     for (u32 r = t * n_used; r < (t + 1) * n_used; r++) a += y[(u64)r * d + i] * w[r];
     out[g] = a;
 }
+
+// Expert GEMV over chunks of 8 routes of one expert (prefill steps with few routes per expert):
+// chunk c (blockIdx.y) multiplies the 8 gathered rows c * 8 .. of x (Q8: xq, xm) by its
+// expert's planes wp[c] / wm[c] into rows c * 8 .. of out; padding rows repeat a real row and
+// are dropped by moe_unpad_rows. Per row the arithmetic of the decode GEMV (gemv_q's tokens
+// accumulate independently), so a prefill's experts give decode's bits.
+#define MOE_GEMV8(NAME, QT)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) moe_gemv8_##NAME(const u64* __restrict__ wp, const u64* __restrict__ wm, \
+        const i8* __restrict__ xq, const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr) {      \
+        const u64 c = blockIdx.y;                                                                                      \
+        gemv_q<QT, 8>((const u8*)wp[c], (const u8*)wm[c], xq + c * 8 * U * 32, xm + c * 8 * U, out + c * 8 * n_out, U, n_out, wpr, blockIdx.x); \
+    }
+MOE_GEMV8(q4_0, QT_Q4_0)
+MOE_GEMV8(q4_1, QT_Q4_1)
+MOE_GEMV8(q5_0, QT_Q5_0)
+MOE_GEMV8(q5_1, QT_Q5_1)
+MOE_GEMV8(q8_0, QT_Q8_0)
+MOE_GEMV8(q4_K, QT_Q4_K)
+MOE_GEMV8(q5_K, QT_Q5_K)
+MOE_GEMV8(q6_K, QT_Q6_K)
+
+// out[dst[j] * d + i] = y[src[j] * d + i]: the real rows of the chunked result, to route order.
+extern "C" __global__ void moe_unpad_rows(const float* __restrict__ y, const u32* __restrict__ src, const u32* __restrict__ dst,
+                                          float* __restrict__ out, int d, int n) {
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (u64)n * d) return;
+    u64 j = g / d, i = g % d;
+    out[(u64)dst[j] * d + i] = y[(u64)src[j] * d + i];
+}

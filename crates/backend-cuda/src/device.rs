@@ -525,6 +525,7 @@ pub fn kernel_names() -> Vec<String> {
     v.extend(crate::mmq::kernel_names());
     v.extend(crate::moe::kernel_names());
     v.extend(crate::moe_dev::kernel_names());
+    v.extend(crate::moe_chunk::kernel_names());
     v.extend(crate::ssm::kernel_names());
     v
 }

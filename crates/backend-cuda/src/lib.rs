@@ -39,6 +39,7 @@ mod kv;
 mod matmul;
 pub mod mmq;
 mod moe;
+mod moe_chunk;
 mod moe_dev;
 mod ssm;
 pub mod unit;

@@ -5,7 +5,8 @@
 //!  x ──gather_rows (grouped by expert)──► xs ──mmq per expert (weight rows of that expert)──► ys
 //!  ys ──moe_scatter_rows──► out (route order)
 //!  (steps of at most GEMV_MAX_TOKENS tokens instead: x ──quantize_q8──► moe_gemv, every route's
-//!   row of its expert in one launch, written in route order)
+//!   row of its expert in one launch, written in route order; few routes per expert:
+//!   moe_chunk's chunked GEMV, one launch)
 //!  y (routes, d) ──moe_combine (per token, route order)──► out[token] += weight · y
 //! ```
 //!
@@ -72,6 +73,10 @@ pub(crate) fn moe_matmul(
     let n_tok = routes.iter().map(|r| r.token as usize + 1).max().unwrap_or(0);
     if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in % 32 == 0 {
         return moe_gemv(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+    }
+    // few routes per expert (many experts): chunked GEMV, one launch (moe_chunk)
+    if n_in % 32 == 0 && crate::moe_chunk::applies(routes.len(), groups.len()) && !no_chunk() {
+        return crate::moe_chunk::matmul(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
     }
     let (mut src, mut dst) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
     for (_, idx) in &groups {
@@ -147,15 +152,9 @@ fn moe_gemv(
         let src: Vec<u32> = rows.iter().map(|r| r.2).collect();
         let dst: Vec<u32> = rows.iter().map(|r| r.3).collect();
         let (wp_d, wm_d, src_d, dst_d) = (dev.upload_async(&wp)?, dev.upload_async(&wm)?, dev.upload_async(&src)?, dev.upload_async(&dst)?);
-        // warps per row group as the dense GEMV: split rows over more warps while the grid is small
-        let blocks1 = n_out.div_ceil(8) * rows.len();
-        let wpr = if blocks1 >= 1024 {
-            1
-        } else if blocks1 >= 512 {
-            2
-        } else {
-            4
-        };
+        // warps per row group by the matrix height alone (moe_chunk::wpr_for: the same sums as
+        // a prefill's chunked GEMV)
+        let wpr = crate::moe_chunk::wpr_for(n_out);
         let grid = (n_out.div_ceil(8 / wpr) as u32, rows.len() as u32, 1);
         dev.launch(
             &kernel,
@@ -215,6 +214,12 @@ fn moe_gemv(
             Ok(())
         }
     }
+}
+
+/// `QUARREL_CUDA_MOE_CHUNK=0`: prefill experts always through MMQ per expert.
+fn no_chunk() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_CHUNK").is_ok_and(|v| v == "0"))
 }
 
 fn clear(qc: &Mutex<Option<QCache>>) {

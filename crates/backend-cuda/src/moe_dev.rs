@@ -119,15 +119,8 @@ impl DevRouter {
         dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
         let (pb, m_b) = mmq::unit_bytes(name)?;
         let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
-        // warps per row group as the dense GEMV (moe::moe_gemv)
-        let blocks1 = n_out.div_ceil(8) * n_routes;
-        let wpr = if blocks1 >= 1024 {
-            1
-        } else if blocks1 >= 512 {
-            2
-        } else {
-            4
-        };
+        // warps per row group by the matrix height alone (as moe::moe_gemv and moe_chunk)
+        let wpr = crate::moe_chunk::wpr_for(n_out);
         dev.launch(
             &format!("moe_gemv_dev_{name}"),
             (n_out.div_ceil(8 / wpr) as u32, n_routes as u32, 1),
