@@ -65,7 +65,7 @@ impl DevRouter {
             if c.len() <= layer {
                 c.resize_with(layer + 1, || None);
             }
-            if c[layer].as_ref().is_none_or(|(ne, _)| *ne != p.n_expert) {
+            if !c[layer].as_ref().is_some_and(|(ne, _)| *ne == p.n_expert) {
                 let m = DevMem::alloc(dev, 8 * p.n_expert)?;
                 dev.memset0(m.ptr, 8 * p.n_expert)?;
                 c[layer] = Some((p.n_expert, m));
