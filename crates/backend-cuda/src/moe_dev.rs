@@ -48,7 +48,7 @@ pub fn on_device(routes: &[Route]) -> bool {
 pub fn applies(n_tok: usize, p: &MoeRouting, offloaded: bool) -> bool {
     static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let host = *HOST.get_or_init(|| std::env::var("QUARREL_CUDA_HOST_ROUTE").is_ok_and(|v| v == "1"));
-    !host && !offloaded && n_tok > 0 && n_tok <= crate::matmul::GEMV_MAX_TOKENS && p.n_used <= 8 && p.n_expert <= 1024
+    !host && !offloaded && n_tok > 0 && n_tok <= crate::matmul::GEMV_MAX_TOKENS && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
 }
 
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, CudaError> {
