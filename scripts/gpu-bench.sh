@@ -29,7 +29,7 @@ OUT="${OUT:-$WORK/out}"
 REPS="${REPS:-3}"
 MODELS="${MODELS:-mistral-7b:q4_0 mistral-7b:q4_k_m tinyllama-1.1b:q4_0}"
 DEVICE="${DEVICE:-cuda}"
-BATCHED="${BATCHED:-mistral-7b:q4_k_m}"
+BATCHED="${BATCHED-mistral-7b:q4_k_m}"   # set but empty: no batched comparison
 NPL="${NPL:-32,128}"
 TIMEOUT="${TIMEOUT:-300}"
 mkdir -p "$WORK/models" "$OUT"

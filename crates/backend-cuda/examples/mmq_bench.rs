@@ -2,7 +2,7 @@
 //! `mmq::MMQ_MAX_TOKENS`. Needs a CUDA GPU; no model file (weights are a random quantized
 //! 64-row block repeated to full height, which costs the kernels the same as real weights).
 //!
-//!     cargo run --release -p quarrel-cuda --example mmq_bench -- [n_tok,...] [reps]
+//!     cargo run --release -p quarrel-cuda --example mmq_bench -- [n_tok,...] [reps] [type,...]
 //!
 //! Prints one markdown row per (type, shape, tokens): microseconds per matmul for each path,
 //! the cuBLAS/MMQ time ratio (> 1: MMQ faster) and MMQ's weight-read bandwidth.
@@ -59,7 +59,12 @@ fn main() {
     println!("| type | n_in | n_out | tokens | MMQ us | cuBLAS-f16 us | cuBLAS/MMQ | MMQ weight GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|");
     // Mistral-7B's matrices: q/o, k/v, gate/up, down
     let shapes = [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096)];
-    for ty in [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K] {
+    let all = [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K, QuantType::Q5_K, QuantType::Q8_0];
+    let types: Vec<QuantType> = match args.get(3) {
+        Some(list) => all.into_iter().filter(|t| list.split(',').any(|n| n.eq_ignore_ascii_case(&t.to_string()))).collect(),
+        None => all.to_vec(),
+    };
+    for ty in types {
         for &(n_in, n_out) in &shapes {
             let g = weight(ty, n_in, n_out);
             let w = be.load_weight(WeightSource { gguf: &g, name: "w" }).expect("load");

@@ -12,7 +12,56 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 }
 
 #define GEMV_WARPS 4
+// rows per warp and the unrolling of a lane's loop over its units (src/matmul.rs: GEMV_ROWS);
+// overridable for scripts/gemv-bench.py's variants
+#ifndef GEMV_ROWS
 #define GEMV_ROWS 2
+#endif
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 2
+#endif
+#define PRAGMA_(x) _Pragma(#x)
+#define UNROLL_(n) PRAGMA_(unroll n)
+
+// Ask the L2 cache for `bytes` at `p` (Hopper's bulk prefetch; the range is trimmed to 16-byte
+// boundaries; a hint: nothing waits for it, nothing is read into registers).
+__device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes) {
+#if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_PREFETCH)
+    u64 a = (u64)p, s = (a + 15) & ~15ull, e = (a + bytes) & ~15ull;
+    if (e > s)
+        asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\tcp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(s), "r"((u32)(e - s))
+                     : "memory");
+#endif
+}
+
+// Bytes per unit of 32 values in the payload plane (P) and the meta plane (M) of quant type QT
+// (src/weight.rs: 16-byte nibble planes, K-quant super-blocks of 8 units, Q6_K padded to 224).
+template <int QT>
+__device__ __forceinline__ void unit_bytes(u32* pb, u32* mb) {
+    if (QT == QT_Q4_0) { *pb = 16; *mb = 2; }
+    else if (QT == QT_Q4_1) { *pb = 16; *mb = 4; }
+    else if (QT == QT_Q5_0 || QT == QT_Q5_1) { *pb = 16; *mb = 8; }
+    else if (QT == QT_Q8_0) { *pb = 32; *mb = 2; }
+    else if (QT == QT_Q4_K) { *pb = 18; *mb = 0; }
+    else if (QT == QT_Q5_K) { *pb = 22; *mb = 0; }
+    else { *pb = 28; *mb = 0; }  // Q6_K
+}
+
+// Before waiting for the previous kernel (PDL, see GDC in common.cuh): prefetch this block's
+// weight rows into L2. Weights never change during a step, so reading them early is safe, and
+// the DRAM streams them while the small kernel before (RMSNorm, SwiGLU, attention combine) runs.
+// One lane per row of each row group (the group's first warp) issues one bulk prefetch per plane.
+template <int QT>
+__device__ __forceinline__ void gemv_prefetch(const u8* P, const u8* M, int U, int n_out, int wpr, int blk) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp % wpr != 0 || lane >= GEMV_ROWS) return;
+    const int row = (blk * (GEMV_WARPS / wpr) + warp / wpr) * GEMV_ROWS + lane;
+    if (row >= n_out) return;
+    u32 pb, mb;
+    unit_bytes<QT>(&pb, &mb);
+    prefetch_l2(P + (u64)row * U * pb, (u64)U * pb);
+    if (mb > 0 && M) prefetch_l2(M + (u64)row * U * mb, (u64)U * mb);
+}
 
 // Sum the warps' partial dot products of each row group and write the rows.
 template <int NT>
@@ -53,7 +102,7 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ P, const u8* __res
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
     if (row0 < n_out) {
-#pragma unroll 2
+        UNROLL_(GEMV_UNROLL)
         for (int k = lane + 32 * sub; k < U; k += 32 * wpr) {
             int4 xa[NT], xb[NT];
             float2 xs[NT];
@@ -111,11 +160,14 @@ __device__ __forceinline__ void load8(const u8* __restrict__ W, u64 e, float* w)
 // Float weights, f32 activations; n_in a multiple of 8. Row groups and warps as in gemv_q.
 template <int WT, int NT>
 __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ out, int n_in, int n_out, int wpr) {
-    GDC();
     __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / wpr, sub = warp % wpr;
     const int row0 = (blockIdx.x * (GEMV_WARPS / wpr) + group) * GEMV_ROWS;
+    // as gemv_prefetch: the rows into L2 before waiting for the previous kernel
+    const u64 row_bytes = (u64)n_in * (WT == WT_F32 ? 4 : 2);
+    if (sub == 0 && lane < GEMV_ROWS && row0 + lane < n_out) prefetch_l2(W + (u64)(row0 + lane) * row_bytes, row_bytes);
+    GDC();
     float acc[GEMV_ROWS][NT];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
@@ -153,18 +205,23 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
 #define GEMV_Q(NAME, QT, NT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
                                                                          const float2* xm, float* out, int U, int n_out, int wpr) { \
+        gemv_prefetch<QT>(P, M, U, n_out, wpr, blockIdx.x);                                                      \
         GDC();                                                                                                   \
         gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr, blockIdx.x);                                            \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) gemv3_##NAME##_##NT(                                       \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
         const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr) {        \
-        GDC();                                                                                                   \
         int b = blockIdx.x;                                                                                      \
+        if (b < nb0) gemv_prefetch<QT>(P0, M0, U, n0, wpr, b);                                                   \
+        else if (b < nb0 + nb1) gemv_prefetch<QT>(P1, M1, U, n1, wpr, b - nb0);                                  \
+        else gemv_prefetch<QT>(P2, M2, U, n2, wpr, b - nb0 - nb1);                                               \
+        GDC();                                                                                                   \
         if (b < nb0) gemv_q<QT, NT>(P0, M0, xq, xm, o0, U, n0, wpr, b);                                          \
         else if (b < nb0 + nb1) gemv_q<QT, NT>(P1, M1, xq, xm, o1, U, n1, wpr, b - nb0);                          \
         else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
     }
+
 #define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
 GEMV_Q_ALL(q4_0, QT_Q4_0)
 GEMV_Q_ALL(q4_1, QT_Q4_1)

@@ -2,22 +2,31 @@
 // (mma.sync m16n8k32 s8 -> exact s32 sums per unit; Q6_K, whose halves have their own scales:
 // two m16n8k16), f32 accumulation with the scales.
 //
-// Weights are read in their repacked device layout through `load_unit` (common.cuh): a unit of
-// 32 values is 32 int8 q, scales s0 (values 0..15) / s1 (16..31) and an offset o. Activations
-// are the Q8 units `quantize_q8` writes: 32 int8 and {d, d * sum(q)} per unit. Per unit:
+// Weights are read in their repacked device layout (common.cuh): a unit of 32 values decodes
+// to 32 int8 q, scales s0 (values 0..15) / s1 (16..31) and an offset o. Activations are the Q8
+// units `quantize_q8` writes once per matmul: 32 int8 and {d, d * sum(q)} per unit. Per unit:
 //   Q6_K:   out += xd * (s0 * I0 + s1 * I1)            (I0, I1: integer sums of the halves)
-//   others: out += (float)(I0 + I1) * (s0 * xd) + o * xs
-// the same per-unit formula as the dp4a GEMV (matmul.cu), so decode and prefill agree.
+//   others: out += xd * (s * I) + o * xs
+// with the integer sums exact (the GEMV's and the CPU's block sums) and f32 scale products.
 //
-// Tile: MMQ_BM (64) weight rows x 16 * NT tokens per block of 4 warps (2 x 2); a warp holds
-// 32 rows (two m16 tiles) x 8 * NT tokens (NT n8 tiles). Each iteration stages MMQ_KU units of
-// the block's rows and tokens in shared memory (rows padded by 4 words: conflict-free
-// fragment loads), then runs MMQ_KU k32 steps (2 * MMQ_KU k16 steps for Q6_K). Few blocks (small batches): the units are
-// split over blockIdx.z into partial outputs that mmq_reduce sums.
+// Tile: 32·WM weight rows x 16·NT tokens per block of 2·WM warps (WM along the rows x 2 along
+// the tokens); a warp holds 32 rows (two m16 tiles) x 8·NT tokens (NT n8 tiles). One
+// stage is MMQ_KU (8) units (256 values: one K-quant super-block per row):
+//   - weights: each thread loads the raw bytes of 4 consecutive units of one row into
+//     registers one stage ahead (the loads fly while the tensor cores work on the current
+//     stage), then decodes them to int8 + scales in shared memory (rows padded by 4 words:
+//     conflict-free fragment loads);
+//   - activations: copied by cp.async into a double buffer, one stage ahead.
+// Integer to float without the slow I2F conversion: each mma starts from the accumulator
+// 0x4B400000 (the float 1.5 * 2^23), so its result read as a float is exactly 1.5 * 2^23 + I
+// (|I| < 2^22); fma(s, F, -s * 1.5 * 2^23) then gives round(s * I) (s * 1.5 * 2^23 is exact:
+// every scale has at most 21 significant bits). Few blocks (small batches): the units are split
+// over blockIdx.z into partial outputs that mmq_reduce sums.
 
-#define MMQ_BM 64
 #define MMQ_KU 8
 #define MMQ_WS (MMQ_KU * 8 + 4)
+#define MMQ_MAGIC_I 0x4B400000
+#define MMQ_MAGIC_F 12582912.0f
 
 // m16n8k32: a0/a1 = rows g / g + 8 at k 4·tig, a2/a3 the same at k 16 + 4·tig; b0/b1 likewise
 __device__ __forceinline__ void mma_s8_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
@@ -32,21 +41,165 @@ __device__ __forceinline__ void mma_s8_k16(int (&c)[4], int a0, int a1, int b0) 
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
-struct MmqScale {
-    float s0, s1, o;
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    int n = ok ? 16 : 0;  // 0: fill the 16 bytes with zeros
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    int n = ok ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(d), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Raw bytes of 4 consecutive units (k0 .. k0 + 3, k0 % 4 == 0) of one weight row.
+struct Quad {
+    uint4 v[8];
+    u32 m[8];
 };
 
-template <int QT, int NT>
+template <int QT>
+__device__ __forceinline__ void quad_load(Quad& q, const u8* __restrict__ P, const u8* __restrict__ M, u64 row, int k0, int ke, int U) {
+    if (QT <= QT_Q8_0) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const bool ok = k0 + j < ke;
+            const u64 g = row * (u64)U + (ok ? k0 + j : 0);
+            if (QT == QT_Q8_0) {
+                q.v[2 * j] = ok ? ((const uint4*)(P + g * 32))[0] : make_uint4(0, 0, 0, 0);
+                q.v[2 * j + 1] = ok ? ((const uint4*)(P + g * 32))[1] : make_uint4(0, 0, 0, 0);
+            } else {
+                q.v[j] = ok ? *(const uint4*)(P + g * 16) : make_uint4(0, 0, 0, 0);
+            }
+            if (QT == QT_Q4_0 || QT == QT_Q8_0) {
+                q.m[j] = ok ? (u32)((const u16*)M)[g] : 0u;
+            } else if (QT == QT_Q4_1) {
+                q.m[j] = ok ? ((const u32*)M)[g] : 0u;
+            } else {
+                uint2 mm = ok ? ((const uint2*)M)[g] : make_uint2(0, 0);
+                q.m[j] = mm.x;
+                q.m[4 + j] = mm.y;
+            }
+        }
+    } else {
+        // K types: U % 8 == 0 and splits on stage bounds, so the 4 units are all in or all out
+        const bool ok = k0 < ke;
+        const int SB = QT == QT_Q4_K ? 144 : (QT == QT_Q5_K ? 176 : 224);
+        const u8* b = P + (row * (u64)(U / 8) + (ok ? k0 / 8 : 0)) * SB;
+        const int h = (k0 % 8) / 4;  // which half of the super-block
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        if (QT == QT_Q4_K || QT == QT_Q5_K) {
+            const int QS = QT == QT_Q4_K ? 16 : 48;
+            q.v[0] = ok ? *(const uint4*)b : z;
+            const uint4* qs = (const uint4*)(b + QS + 64 * h);  // units 4h .. 4h + 3: 2 x 32 bytes
+#pragma unroll
+            for (int i = 0; i < 4; i++) q.v[1 + i] = ok ? qs[i] : z;
+            if (QT == QT_Q5_K) {
+                q.v[5] = ok ? ((const uint4*)(b + 16))[0] : z;
+                q.v[6] = ok ? ((const uint4*)(b + 16))[1] : z;
+            }
+        } else {
+            const uint4* ql = (const uint4*)(b + 64 * h);
+#pragma unroll
+            for (int i = 0; i < 4; i++) q.v[i] = ok ? ql[i] : z;
+            const uint4* qh = (const uint4*)(b + 128 + 32 * h);
+            q.v[4] = ok ? qh[0] : z;
+            q.v[5] = ok ? qh[1] : z;
+            q.m[0] = ok ? ((const u32*)(b + 192 + 8 * h))[0] : 0u;
+            q.m[1] = ok ? ((const u32*)(b + 192 + 8 * h))[1] : 0u;
+            q.m[2] = ok ? (u32)(*(const u16*)(b + 208)) : 0u;
+        }
+    }
+}
+
+// Unit j (0..3) of a quad; `h` is the super-block half for K types. Same decoding as
+// `load_unit` (common.cuh).
+template <int QT>
+__device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
+    Unit u;
+    if (QT == QT_Q4_0 || QT == QT_Q4_1 || QT == QT_Q5_0 || QT == QT_Q5_1) {
+        uint4 v = q.v[j];
+        if (QT == QT_Q4_0 || QT == QT_Q4_1) {
+            nibbles(v, u.q, QT == QT_Q4_0 ? 8 : 0);
+            if (QT == QT_Q4_0) {
+                u.s0 = h2f((u16)q.m[j]);
+                u.o = 0.f;
+            } else {
+                u.s0 = h2f((u16)(q.m[j] & 0xffff));
+                u.o = h2f((u16)(q.m[j] >> 16));
+            }
+        } else {
+            u32 qh = q.m[4 + j];
+            u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 lo = (w[i] & 0x0F0F0F0Fu) | hbits(qh, i);
+                u32 hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | hbits(qh, i + 4);
+                u32 c = QT == QT_Q5_0 ? 16 : 0;
+                u.q[i] = sub_bytes(lo, c);
+                u.q[i + 4] = sub_bytes(hi, c);
+            }
+            u.s0 = h2f((u16)(q.m[j] & 0xffff));
+            u.o = QT == QT_Q5_1 ? h2f((u16)(q.m[j] >> 16)) : 0.f;
+        }
+        u.s1 = u.s0;
+    } else if (QT == QT_Q8_0) {
+        uint4 a = q.v[2 * j], b = q.v[2 * j + 1];
+        u.q[0] = a.x; u.q[1] = a.y; u.q[2] = a.z; u.q[3] = a.w;
+        u.q[4] = b.x; u.q[5] = b.y; u.q[6] = b.z; u.q[7] = b.w;
+        u.s0 = u.s1 = h2f((u16)q.m[j]);
+        u.o = 0.f;
+    } else if (QT == QT_Q4_K || QT == QT_Q5_K) {
+        const int jj = 4 * h + j;  // unit within the super-block
+        uint4 hdr = q.v[0];
+        float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
+        int sc, m;
+        k_scale_min(jj, hdr.y, hdr.z, hdr.w, &sc, &m);
+        uint4 a = q.v[1 + 2 * (j / 2)], c = q.v[2 + 2 * (j / 2)];
+        u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        const int sh = 4 * (j & 1);
+        if (QT == QT_Q4_K) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) u.q[i] = (w[i] >> sh) & 0x0F0F0F0Fu;
+        } else {
+            uint4 h0 = q.v[5], h1 = q.v[6];
+            u32 hb[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) u.q[i] = ((w[i] >> sh) & 0x0F0F0F0Fu) | (((hb[i] >> jj) & 0x01010101u) << 4);
+        }
+        u.s0 = u.s1 = d * (float)sc;
+        u.o = -(dmin * (float)m);
+    } else {  // QT_Q6_K: unit 4h + j -> n = h, kk = j
+        const int kk = j;
+        uint4 l0 = q.v[2 * (kk & 1)], l1 = q.v[2 * (kk & 1) + 1], h0 = q.v[4], h1 = q.v[5];
+        u32 L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        u32 H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const int shl = 4 * (kk >> 1), shh = 2 * kk;
+#pragma unroll
+        for (int i = 0; i < 8; i++) u.q[i] = sub_bytes(((L[i] >> shl) & 0x0F0F0F0Fu) | (((H[i] >> shh) & 0x03030303u) << 4), 32);
+        const float d = h2f((u16)q.m[2]);
+        const u32 sw = q.m[kk / 2];  // scale bytes 2kk, 2kk + 1 of this half
+        u.s0 = d * (float)(int)(i8)((sw >> (16 * (kk & 1))) & 0xff);
+        u.s1 = d * (float)(int)(i8)((sw >> (16 * (kk & 1) + 8)) & 0xff);
+        u.o = 0.f;
+    }
+    return u;
+}
+
+template <int QT, int NT, int WM>
 __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                     const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok,
                                     int k_per) {
-    constexpr int BN = 16 * NT;
-    __shared__ int4 ws4[MMQ_BM * MMQ_WS / 4];  // int4: 16-byte aligned rows
-    __shared__ int4 xs4[BN * MMQ_WS / 4];
-    int* ws = (int*)ws4;
-    int* xs = (int*)xs4;
-    __shared__ MmqScale wsc[MMQ_BM * MMQ_KU];
-    __shared__ float2 xsc[BN * MMQ_KU];
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM, MMQ_THREADS = 64 * WM;
+    extern __shared__ int4 smem4[];
+    int* ws = (int*)smem4;                                     // [MMQ_BM][MMQ_WS]
+    float4* wsc = (float4*)(ws + MMQ_BM * MMQ_WS);             // [MMQ_KU][MMQ_BM]: s0, -s0·M, s1 | o, -s1·M
+    int* xs = (int*)(wsc + MMQ_KU * MMQ_BM);                   // [2][BN][MMQ_WS]
+    float2* xsc = (float2*)(xs + 2 * BN * MMQ_WS);             // [2][MMQ_KU][BN]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, tig = lane % 4;
     const int row0 = blockIdx.x * MMQ_BM, tok0 = blockIdx.y * BN;
@@ -54,6 +207,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
     // split K (blockIdx.z): units [kb, ke), partial sums to slice z of `out`
     const int kb = blockIdx.z * k_per, ke = min(U, kb + k_per);
     out += (u64)blockIdx.z * n_tok * n_out;
+    // this thread's weight quad: row lr, units 4·lh .. 4·lh + 3 of each stage
+    const int lr = tid / 2, lh = tid % 2;
+    const u64 wrow = (u64)min(row0 + lr, n_out - 1);
+
     float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -62,46 +219,63 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][n][i] = 0.f;
 
-    for (int k0 = kb; k0 < ke; k0 += MMQ_KU) {
-        // weights: MMQ_BM x MMQ_KU units, decoded to int8 + scales (units past the split are
-        // zeros); trip counts are compile-time constants so that every load is issued first
+    // activations of the stage at k0 into buffer `buf` (cp.async; units past ke are zeros,
+    // tokens past the end repeat the last one)
+    auto load_x = [&](int k0, int buf) {
+        int* xb = xs + buf * BN * MMQ_WS;
+        float2* xc = xsc + buf * MMQ_KU * BN;
 #pragma unroll
-        for (int j = 0; j < MMQ_BM * MMQ_KU / 128; j++) {
-            const int i = tid + 128 * j;
-            const int r = i / MMQ_KU, u = i % MMQ_KU, k = k0 + u;
-            int4* d = (int4*)&ws[r * MMQ_WS + u * 8];
-            if (k < ke) {
-                Unit un = load_unit<QT>(P, M, (u64)min(row0 + r, n_out - 1), k, U);
-                d[0] = make_int4(un.q[0], un.q[1], un.q[2], un.q[3]);
-                d[1] = make_int4(un.q[4], un.q[5], un.q[6], un.q[7]);
-                wsc[i] = MmqScale{un.s0, un.s1, un.o};
-            } else {
-                d[0] = d[1] = make_int4(0, 0, 0, 0);
-                wsc[i] = MmqScale{0.f, 0.f, 0.f};
+        for (int j = 0; j < BN * MMQ_KU * 2 / MMQ_THREADS; j++) {
+            const int i = tid + MMQ_THREADS * j;  // 16-byte chunk: token i / 16, unit (i / 2) % 8, half i % 2
+            const int t = i / 16, u = (i / 2) % MMQ_KU, hf = i % 2, k = k0 + u;
+            const bool ok = k < ke;
+            const u64 src = (u64)min(tok0 + t, n_tok - 1) * U + (ok ? k : 0);
+            cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + src * 32 + hf * 16, ok);
+        }
+        if (BN * MMQ_KU >= MMQ_THREADS || tid < BN * MMQ_KU) {
+#pragma unroll
+            for (int j = 0; j < (BN * MMQ_KU + MMQ_THREADS - 1) / MMQ_THREADS; j++) {
+                const int i = tid + MMQ_THREADS * j;  // token i % BN, unit i / BN
+                const int t = i % BN, u = i / BN, k = k0 + u;
+                const bool ok = k < ke;
+                const u64 src = (u64)min(tok0 + t, n_tok - 1) * U + (ok ? k : 0);
+                cp_async8(&xc[u * BN + t], xm + src, ok);
             }
         }
-        // activations: BN tokens x MMQ_KU units (tokens past the end repeat the last one)
+    };
+
+    Quad qd;
+    quad_load<QT>(qd, P, M, wrow, kb + 4 * lh, ke, U);
+    load_x(kb, 0);
+    cp_async_commit();
+
+    int buf = 0;
+    for (int k0 = kb; k0 < ke; k0 += MMQ_KU, buf ^= 1) {
+        // decode this stage's weights into shared memory (the last stage's readers are done)
 #pragma unroll
-        for (int j = 0; j < BN * MMQ_KU / 128; j++) {
-            const int i = tid + 128 * j;
-            const int t = i / MMQ_KU, u = i % MMQ_KU, k = k0 + u;
-            int4* d = (int4*)&xs[t * MMQ_WS + u * 8];
-            if (k < ke) {
-                u64 src = (u64)min(tok0 + t, n_tok - 1) * U + k;
-                const int4* sp = (const int4*)(xq + src * 32);
-                d[0] = sp[0];
-                d[1] = sp[1];
-                xsc[i] = xm[src];
-            } else {
-                d[0] = d[1] = make_int4(0, 0, 0, 0);
-                xsc[i] = make_float2(0.f, 0.f);
-            }
+        for (int j = 0; j < 4; j++) {
+            const Unit un = quad_unit<QT>(qd, j, lh);
+            const int u = 4 * lh + j;
+            int4* d = (int4*)&ws[lr * MMQ_WS + u * 8];
+            d[0] = make_int4(un.q[0], un.q[1], un.q[2], un.q[3]);
+            d[1] = make_int4(un.q[4], un.q[5], un.q[6], un.q[7]);
+            wsc[u * MMQ_BM + lr] = QT == QT_Q6_K ? make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.s1, -un.s1 * MMQ_MAGIC_F)
+                                                 : make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.o, 0.f);
         }
+        // the next stage: activations by cp.async, weights' raw bytes into registers
+        const bool more = k0 + MMQ_KU < ke;
+        if (more) load_x(k0 + MMQ_KU, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait1();
         __syncthreads();
+        if (more) quad_load<QT>(qd, P, M, wrow, k0 + MMQ_KU + 4 * lh, ke, U);
+
+        const int* xb = xs + buf * BN * MMQ_WS;
+        const float2* xc = xsc + buf * MMQ_KU * BN;
 #pragma unroll 2
         for (int u = 0; u < MMQ_KU; u++) {
-            int a[2][2][2];  // [m tile][half][register]
-            MmqScale wv[2][2];  // [m tile][row g / g + 8]
+            int a[2][2][2];     // [m tile][half][register]
+            float4 wv[2][2];    // [m tile][row g / g + 8]
 #pragma unroll
             for (int m = 0; m < 2; m++) {
                 const int r = wm + m * 16 + g;
@@ -110,36 +284,44 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
                     a[m][h][0] = ws[r * MMQ_WS + u * 8 + h * 4 + tig];
                     a[m][h][1] = ws[(r + 8) * MMQ_WS + u * 8 + h * 4 + tig];
                 }
-                wv[m][0] = wsc[r * MMQ_KU + u];
-                wv[m][1] = wsc[(r + 8) * MMQ_KU + u];
+                wv[m][0] = wsc[u * MMQ_BM + r];
+                wv[m][1] = wsc[u * MMQ_BM + r + 8];
             }
 #pragma unroll
             for (int n = 0; n < NT; n++) {
                 const int t = wn + n * 8 + g;
-                const int b0 = xs[t * MMQ_WS + u * 8 + tig];
-                const int b1 = xs[t * MMQ_WS + u * 8 + 4 + tig];
+                const int b0 = xb[t * MMQ_WS + u * 8 + tig];
+                const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];
                 const int tc = wn + n * 8 + 2 * tig;  // this thread's two token columns
-                const float2 x0 = xsc[tc * MMQ_KU + u], x1 = xsc[(tc + 1) * MMQ_KU + u];
+                const float4 x01 = *(const float4*)&xc[u * BN + tc];  // xd0, xs0, xd1, xs1
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
-                    int c0[4] = {0, 0, 0, 0};
+                    int c0[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
                     if (QT == QT_Q6_K) {
-                        int c1[4] = {0, 0, 0, 0};
+                        int c1[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
                         mma_s8_k16(c0, a[m][0][0], a[m][0][1], b0);
                         mma_s8_k16(c1, a[m][1][0], a[m][1][1], b1);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
-                            const MmqScale w = wv[m][i / 2];
-                            const float2 x = (i & 1) ? x1 : x0;
-                            acc[m][n][i] += x.x * (w.s0 * (float)c0[i] + w.s1 * (float)c1[i]);
+                            const float4 w = wv[m][i / 2];
+                            const float xd = (i & 1) ? x01.z : x01.x;
+                            const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
+                            const float t1 = fmaf(w.z, __int_as_float(c1[i]), w.w);
+                            acc[m][n][i] = fmaf(xd, t0 + t1, acc[m][n][i]);
                         }
                     } else {
                         mma_s8_k32(c0, a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
-                            const MmqScale w = wv[m][i / 2];
-                            const float2 x = (i & 1) ? x1 : x0;
-                            acc[m][n][i] += (float)c0[i] * (w.s0 * x.x) + w.o * x.y;
+                            const float4 w = wv[m][i / 2];
+                            const float xd = (i & 1) ? x01.z : x01.x;
+                            const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
+                            float v = fmaf(xd, t0, acc[m][n][i]);
+                            if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
+                                const float xsum = (i & 1) ? x01.w : x01.y;
+                                v = fmaf(w.z, xsum, v);
+                            }
+                            acc[m][n][i] = v;
                         }
                     }
                 }
@@ -159,13 +341,16 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             }
 }
 
-#define MMQ(NAME, QT, NT)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128, 4) mmq_##NAME##_##NT(const u8* P, const u8* M, const i8* xq,   \
-                                                                        const float2* xm, float* out, int U,      \
-                                                                        int n_out, int n_tok, int k_per) {        \
-        mmq<QT, NT>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                   \
+// Blocks per multiprocessor the register budget allows: with two or more, one block decodes
+// its weights while another is on the tensor cores.
+#define MMQ(NAME, QT, NT, WM, MINB)                                                                                \
+    extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_##NAME##_##NT##_##WM(                          \
+        const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
+        mmq<QT, NT, WM>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                \
     }
-#define MMQ_ALL(NAME, QT) MMQ(NAME, QT, 1) MMQ(NAME, QT, 2) MMQ(NAME, QT, 4)
+#define MMQ_ALL(NAME, QT)                                                                                          \
+    MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
+    MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2)
 MMQ_ALL(q4_0, QT_Q4_0)
 MMQ_ALL(q4_1, QT_Q4_1)
 MMQ_ALL(q5_0, QT_Q5_0)

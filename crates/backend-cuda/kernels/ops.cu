@@ -197,6 +197,24 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
     }
 }
 
+// Pair i of one head's row h rotated in place for position p; the indices and values written
+// go to (i0, y0), (i1, y1).
+__device__ __forceinline__ void rope_pair(float* __restrict__ h, u32 p, const float* __restrict__ ff, int i, int half, float theta_scale,
+                                          float freq_scale, int neox, int* i0, int* i1, float* y0, float* y1) {
+    float theta = (float)p;
+    for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
+    float f = ff ? ff[i] : 1.0f;
+    float a = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
+    float c = cosf(a), s = sinf(a);
+    *i0 = neox ? i : 2 * i;
+    *i1 = neox ? i + half : 2 * i + 1;
+    float x0 = h[*i0], x1 = h[*i1];
+    *y0 = fmaf(x0, c, -__fmul_rn(x1, s));
+    *y1 = fmaf(x0, s, __fmul_rn(x1, c));
+    h[*i0] = *y0;
+    h[*i1] = *y1;
+}
+
 // x (n_tok, n_head, hd) rotated in place; one thread per (token, head, pair). x2 non-null:
 // x2 (n_tok, n_head2, hd) too, by the same positions (q and k in one launch).
 extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ pos, const float* __restrict__ ff, int n_tok, int n_head,
@@ -215,16 +233,9 @@ extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ p
     int i = (int)(g % half);
     u64 th = g / half;  // token * n_head + head
     int t = (int)(th / n_head);
-    float theta = (float)pos[t];
-    for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
-    float f = ff ? ff[i] : 1.0f;
-    float a = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
-    float c = cosf(a), s = sinf(a);
-    float* h = x + th * hd;
-    int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-    float x0 = h[i0], x1 = h[i1];
-    h[i0] = fmaf(x0, c, -__fmul_rn(x1, s));
-    h[i1] = fmaf(x0, s, __fmul_rn(x1, c));
+    int i0, i1;
+    float y0, y1;
+    rope_pair(x + th * hd, pos[t], ff, i, half, theta_scale, freq_scale, neox, &i0, &i1, &y0, &y1);
 }
 
 // xq/xm non-null (n a multiple of 32): the output is also written as Q8.
@@ -394,3 +405,50 @@ KV_STORE(f32, KV_F32)
 KV_STORE(f16, KV_F16)
 KV_STORE(q8_0, KV_Q8_0)
 KV_STORE(q4_0, KV_Q4_0)
+// `rope` of q and k (whole heads rotated: n_rot == hd) and the store of k and v into an f32/f16
+// cache (as kv_store_*) in one launch: threads [0, nq) rotate q pairs, [nq, nq + nk) k pairs
+// (stored too), then one per v value. `row` = n_head2 * hd values per token.
+template <int KT>
+__device__ __forceinline__ void rope_kv(float* __restrict__ x, const u32* __restrict__ pos, const float* __restrict__ ff, int n_tok, int n_head,
+                                        int hd, float theta_scale, float freq_scale, int neox, float* __restrict__ x2, int n_head2,
+                                        u8* __restrict__ kd, u8* __restrict__ vd, const float* __restrict__ vs, const u32* __restrict__ slots,
+                                        int row) {
+    GDC();
+    const int half = hd / 2;
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 nq = (u64)n_tok * n_head * half, nk = (u64)n_tok * n_head2 * half;
+    int i0, i1;
+    float y0, y1;
+    if (g < nq) {
+        u64 th = g / half;
+        rope_pair(x + th * hd, pos[th / n_head], ff, (int)(g % half), half, theta_scale, freq_scale, neox, &i0, &i1, &y0, &y1);
+    } else if (g < nq + nk) {
+        g -= nq;
+        u64 th = g / half, t = th / n_head2;
+        rope_pair(x2 + th * hd, pos[t], ff, (int)(g % half), half, theta_scale, freq_scale, neox, &i0, &i1, &y0, &y1);
+        u64 e = (u64)slots[t] * row + (th % n_head2) * hd;
+        if (KT == KV_F32) {
+            ((float*)kd)[e + i0] = y0;
+            ((float*)kd)[e + i1] = y1;
+        } else {
+            ((u16*)kd)[e + i0] = f2h(y0);
+            ((u16*)kd)[e + i1] = f2h(y1);
+        }
+    } else {
+        g -= nq + nk;
+        if (g >= (u64)n_tok * row) return;
+        u64 t = g / row, i = g % row;
+        u64 e = (u64)slots[t] * row + i;
+        if (KT == KV_F32) ((float*)vd)[e] = vs[g];
+        else ((u16*)vd)[e] = f2h(vs[g]);
+    }
+}
+
+#define ROPE_KV(NAME, KT)                                                                                          \
+    extern "C" __global__ void rope_kv_##NAME(float* x, const u32* pos, const float* ff, int n_tok, int n_head, int hd, \
+                                              float theta_scale, float freq_scale, int neox, float* x2, int n_head2, u8* kd, \
+                                              u8* vd, const float* vs, const u32* slots, int row) {                    \
+        rope_kv<KT>(x, pos, ff, n_tok, n_head, hd, theta_scale, freq_scale, neox, x2, n_head2, kd, vd, vs, slots, row); \
+    }
+ROPE_KV(f32, KV_F32)
+ROPE_KV(f16, KV_F16)

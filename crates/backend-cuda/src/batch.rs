@@ -1,9 +1,73 @@
 //! A `ForwardBatch`'s index arrays on the device, uploaded once per batch and shared by
-//! `rope`, `kv_store` and `attention` of every layer (one upload per forward, no sync).
+//! `rope`, `kv_store` and `attention` of every layer (one upload per forward, no sync); and the
+//! choice of the grouped-query decode attention kernel for batches of many sequences
+//! (`kernels/attn_batch.cu`).
 
 use crate::device::{Device, PoolMem};
 use crate::error::CudaError;
-use quarrel_core::{ForwardBatch, SeqBatch};
+use quarrel_core::{ForwardBatch, KvType, SeqBatch};
+
+/// Warps the grouped-query decode kernel aims for (about 16 per multiprocessor of an H100).
+const GQA_WARPS: usize = 2048;
+
+/// A decode attention launch through `attng_*`: kernel name, grid, position splits and
+/// shared memory.
+pub(crate) struct GqaLaunch {
+    pub name: String,
+    pub grid: (u32, u32, u32),
+    pub n_split: usize,
+    pub smem: u32,
+}
+
+/// The grouped-query kernel for a decode batch (one token per sequence) of `n_seqs >= 2`
+/// sequences, when it applies: f32 / f16 cache, head_dim 64, 128 or 256, 2 to 8 query heads per
+/// KV head, and `QUARREL_CUDA_ATTN_GQA` not `0`. Splits over positions bring the grid to about
+/// `GQA_WARPS` warps (at most `max_splits`: they depend on the cache's size only, so decode
+/// steps repeat exactly and replay as a graph). `None`: the per-head kernel (`attn1_*`).
+pub(crate) fn gqa_decode(n_seqs: usize, ty: KvType, n_head: usize, n_kv_head: usize, hd: usize, max_splits: usize) -> Option<GqaLaunch> {
+    if n_seqs < 2 || n_kv_head == 0 || n_head % n_kv_head != 0 || std::env::var("QUARREL_CUDA_ATTN_GQA").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let g = n_head / n_kv_head;
+    let kt = match ty {
+        KvType::F32 => "f32",
+        KvType::F16 => "f16",
+        _ => return None,
+    };
+    let dpl = match hd {
+        64 => 2,
+        128 => 4,
+        256 => 8,
+        _ => return None,
+    };
+    let gm = match g {
+        2 => 2,
+        3 | 4 => 4,
+        5..=8 => 8,
+        _ => return None,
+    };
+    let blocks = n_seqs * n_kv_head;
+    let n_split = GQA_WARPS.div_ceil(blocks).clamp(1, max_splits.clamp(1, 32));
+    Some(GqaLaunch {
+        name: format!("attng_{kt}_{dpl}_{gm}"),
+        grid: (n_seqs as u32, n_kv_head as u32, n_split as u32),
+        n_split,
+        smem: (4 * g * hd) as u32,
+    })
+}
+
+/// Kernel names of `attn_batch.cu`.
+pub fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for kt in ["f32", "f16"] {
+        for dpl in [2, 4, 8] {
+            for gm in [2, 4, 8] {
+                v.push(format!("attng_{kt}_{dpl}_{gm}"));
+            }
+        }
+    }
+    v
+}
 
 /// Query tokens per attention tile (ATT_QT in attention.cu).
 pub const ATT_QT: usize = 8;

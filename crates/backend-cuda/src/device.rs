@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 7] = [
+const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
+    ("mmq_small.cu", include_str!("../kernels/mmq_small.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("ssm.cu", include_str!("../kernels/ssm.cu")),
 ];
@@ -184,13 +186,18 @@ pub(crate) enum Held {
     /// RoPE of one buffer (the `rope` kernel's arguments, `x2` 0): the RoPE of another buffer
     /// by the same positions and parameters that follows (k after q) joins the launch.
     Rope { args: Vec<Arg>, n: u64 },
+    /// RoPE of q and k in one launch (the `rope` kernel's arguments, `x2` set; `n` pairs): a
+    /// `kv_store` of that k into an f32/f16 cache that follows joins it (`rope_kv_*`).
+    RopeQk { args: Vec<Arg>, n: u64 },
 }
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
 /// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
-/// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count).
+/// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count),
+/// `QUARREL_CUDA_NO_FUSE2` (RoPE of q/k and the KV store as separate kernels).
 pub(crate) struct Switches {
     pub no_fuse: bool,
+    pub no_fuse2: bool,
     pub no_fused_q8: bool,
     pub no_gemm: bool,
 }
@@ -199,6 +206,7 @@ pub(crate) fn switches() -> &'static Switches {
     static S: std::sync::OnceLock<Switches> = std::sync::OnceLock::new();
     S.get_or_init(|| Switches {
         no_fuse: std::env::var_os("QUARREL_CUDA_NO_FUSE").is_some(),
+        no_fuse2: std::env::var_os("QUARREL_CUDA_NO_FUSE2").is_some(),
         no_fused_q8: std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some(),
         no_gemm: std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some(),
     })
@@ -315,7 +323,9 @@ impl Device {
         let t = std::time::Instant::now();
         self.stream.synchronize().map_err(drv("synchronizing after a download"))?;
         if let Ok(mut q) = self.queue.lock() {
+            q.idle = true;
             if let Some(h) = q.host.as_mut() {
+                h.steps += 1;
                 h.wait += t.elapsed().as_secs_f64();
             }
         }
@@ -346,7 +356,7 @@ impl Device {
             None => Ok(()),
             Some(Held::Add { x, y, n }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
             Some(Held::Gemv(g)) => g.launch(self),
-            Some(Held::Rope { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
+            Some(Held::Rope { args, n }) | Some(Held::RopeQk { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
         }
     }
 
@@ -367,7 +377,14 @@ impl Device {
         let args: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let pdl = self.pdl && self.gdc.contains(name);
         let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args, pdl };
-        self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?.push(rec);
+        let mut q = self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?;
+        if q.push(rec) {
+            // a full segment goes to the GPU now: it runs while the host records the next
+            let r = q.submit(&self.stream);
+            drop(q);
+            self.pool.release();
+            r?;
+        }
         Ok(())
     }
 
@@ -412,8 +429,9 @@ impl Drop for Device {
         if let Some(h) = self.queue.lock().ok().and_then(|mut q| q.host.take()) {
             let per = |x: f64| 1e6 * x / h.steps.max(1) as f64;
             eprintln!(
-                "\nCUDA host times (QUARREL_CUDA_HOST_TIME), {} steps: recording {:.0} us/step, submitting {:.0} us/step, waiting for the GPU {:.0} us/step",
+                "\nCUDA host times (QUARREL_CUDA_HOST_TIME), {} steps (downloads), {} segments: recording {:.0} us/step, submitting {:.0} us/step, waiting for the GPU {:.0} us/step",
                 h.steps,
+                h.segments,
                 per(h.record),
                 per(h.submit),
                 per(h.wait)
@@ -439,8 +457,11 @@ impl Drop for Device {
     }
 }
 
+/// The module's source: `QUARREL_CUDA_NO_PREFETCH` (no L2 prefetch of GEMV weights before the
+/// PDL wait, for comparisons) becomes a define, so it is part of the cache key too.
 fn full_source() -> String {
-    SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect()
+    let defs = if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() { "#define GEMV_NO_PREFETCH 1\n" } else { "" };
+    defs.to_string() + &SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect::<String>()
 }
 
 /// FNV-1a, stable across builds (the cache key).
@@ -487,7 +508,7 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -523,6 +544,7 @@ pub fn kernel_names() -> Vec<String> {
     // MMQ, MoE and SSM kernels do not begin with GDC(): launched in plain stream order
     let mut v = gdc_kernel_names();
     v.extend(crate::mmq::kernel_names());
+    v.extend(crate::batch::kernel_names());
     v.extend(crate::moe::kernel_names());
     v.extend(crate::moe_dev::kernel_names());
     v.extend(crate::moe_chunk::kernel_names());

@@ -1,14 +1,16 @@
-//! The launch queue: kernels are recorded as the model calls ops and submitted at the next
-//! synchronization point (a download). A step that repeats exactly (same kernels, grids and
-//! arguments: decode steps do, thanks to the pool's deterministic addresses and the device-side
-//! batch arrays) is captured once as a CUDA graph and replayed with one launch afterwards.
+//! The launch queue: kernels are recorded as the model calls ops and submitted in segments of
+//! `segment` launches (and at the next synchronization point, a download), so that the GPU runs
+//! the start of a step while the host still records the rest of it. A segment that repeats
+//! exactly (same kernels, grids and arguments: decode steps do, thanks to the pool's
+//! deterministic addresses and the device-side batch arrays) is captured once as a CUDA graph
+//! and replayed with one launch afterwards.
 
 use crate::error::{drv, CudaError};
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use std::sync::Arc;
 
 /// One recorded kernel launch.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Rec {
     pub func: usize,
     pub grid: (u32, u32, u32),
@@ -20,8 +22,12 @@ pub struct Rec {
     pub pdl: bool,
 }
 
-/// Graphs kept (a few step shapes alternate: e.g. batch sizes of the service).
-const MAX_GRAPHS: usize = 8;
+/// Graphs kept (a step is several segments; a few step shapes alternate, e.g. batch sizes of
+/// the service).
+const MAX_GRAPHS: usize = 192;
+/// Launches per submitted segment (`QUARREL_CUDA_SEGMENT`; 0: a whole step at once). Small
+/// enough that the GPU starts early, large enough that the gaps between graph launches stay few.
+const SEGMENT: usize = 48;
 /// Shorter queues are launched directly.
 const MIN_GRAPH_LAUNCHES: usize = 16;
 
@@ -35,9 +41,14 @@ pub struct Queue {
     recs: Vec<Rec>,
     /// Whether the queued step may become a graph.
     pub graphable: bool,
-    /// A step seen once (captured when it comes again).
-    seen: Vec<Vec<Rec>>,
-    graphs: Vec<(Vec<Rec>, Graph)>,
+    /// Segments seen once (captured when they come again), with their hashes.
+    seen: Vec<(u64, Vec<Rec>)>,
+    graphs: Vec<(u64, Vec<Rec>, Graph)>,
+    /// Submit once this many launches are queued (0: only at synchronization points).
+    pub segment: usize,
+    /// The GPU waits for us (set after a download's synchronization): the next segment is cut
+    /// shorter so that the GPU starts sooner.
+    pub idle: bool,
     disabled: bool,
     /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
     pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
@@ -47,10 +58,11 @@ pub struct Queue {
 }
 
 /// Host-side step times (seconds, summed): recording (first launch to submit), submitting
-/// (graph lookup and launch), waiting for the GPU in downloads.
+/// (graph lookup and launch), waiting for the GPU in downloads (`steps`: downloads).
 #[derive(Default, Debug)]
 pub struct HostTimes {
     pub steps: u64,
+    pub segments: u64,
     pub record: f64,
     pub submit: f64,
     pub wait: f64,
@@ -61,16 +73,20 @@ impl Default for Queue {
         let profile = std::env::var_os("QUARREL_CUDA_PROFILE").map(|_| Default::default());
         let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
         let host = std::env::var_os("QUARREL_CUDA_HOST_TIME").map(|_| HostTimes::default());
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), disabled, profile, host, first: None }
+        let segment = std::env::var("QUARREL_CUDA_SEGMENT").ok().and_then(|v| v.parse().ok()).unwrap_or(SEGMENT);
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment, idle: true, disabled, profile, host, first: None }
     }
 }
 
 impl Queue {
-    pub fn push(&mut self, r: Rec) {
+    /// Queue a launch; true when a segment is full (the caller submits it).
+    pub fn push(&mut self, r: Rec) -> bool {
         if self.host.is_some() && self.recs.is_empty() {
             self.first = Some(std::time::Instant::now());
         }
         self.recs.push(r);
+        let limit = if self.idle { (self.segment / 3).max(MIN_GRAPH_LAUNCHES) } else { self.segment };
+        self.segment > 0 && self.recs.len() >= limit
     }
 
     fn launch_direct(recs: &[Rec], stream: &CudaStream) -> Result<(), CudaError> {
@@ -151,7 +167,7 @@ impl Queue {
         let t = std::time::Instant::now();
         let r = self.submit_inner(stream);
         if let Some(h) = self.host.as_mut() {
-            h.steps += 1;
+            h.segments += 1;
             h.record += (t - first).as_secs_f64();
             h.submit += t.elapsed().as_secs_f64();
         }
@@ -160,6 +176,7 @@ impl Queue {
 
     fn submit_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         let recs = std::mem::take(&mut self.recs);
+        self.idle &= recs.is_empty();
         let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES;
         if recs.is_empty() {
             return Ok(());
@@ -170,18 +187,24 @@ impl Queue {
         if !graphable {
             return Self::launch_direct(&recs, stream);
         }
-        if let Some(i) = self.graphs.iter().position(|(k, _)| *k == recs) {
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            recs.hash(&mut h);
+            h.finish()
+        };
+        if let Some(i) = self.graphs.iter().position(|(h, k, _)| *h == hash && *k == recs) {
             let entry = self.graphs.remove(i);
-            entry.1 .0.launch().map_err(drv("graph launch"))?;
+            entry.2 .0.launch().map_err(drv("graph launch"))?;
             self.graphs.insert(0, entry);
             return Ok(());
         }
-        if let Some(i) = self.seen.iter().position(|k| *k == recs) {
+        if let Some(i) = self.seen.iter().position(|(h, k)| *h == hash && *k == recs) {
             self.seen.remove(i);
             match Self::capture(&recs, stream) {
                 Ok(Some(g)) => {
                     g.launch().map_err(drv("graph launch"))?;
-                    self.graphs.insert(0, (recs, Graph(g)));
+                    self.graphs.insert(0, (hash, recs, Graph(g)));
                     self.graphs.truncate(MAX_GRAPHS);
                     return Ok(());
                 }
@@ -198,7 +221,7 @@ impl Queue {
             }
         }
         Self::launch_direct(&recs, stream)?;
-        self.seen.insert(0, recs);
+        self.seen.insert(0, (hash, recs));
         self.seen.truncate(MAX_GRAPHS);
         Ok(())
     }

@@ -504,7 +504,11 @@ impl Backend for CudaBackend {
         if let Some(Held::Rope { args: mut first, n: n1 }) = self.dev.take_held_if(|h| matches!(h, Held::Rope { args: a, .. } if same(a))) {
             first[10] = Arg::P(xp);
             first[11] = Arg::I(n_head as i32);
-            return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
+            if device::switches().no_fuse2 {
+                return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
+            }
+            // held again: the kv_store of k that usually follows joins the launch
+            return Ok(self.dev.hold(Held::RopeQk { args: first, n: n1 + n })?);
         }
         if _keep.is_none() && !device::switches().no_fuse {
             return Ok(self.dev.hold(Held::Rope { args, n })?);
@@ -594,6 +598,21 @@ impl Backend for CudaBackend {
             Some(warps) => (warps as u64).div_ceil(8),
         };
         self.with_batch(batch, kv, None, |db| {
+            // RoPE of q and this k still held (whole heads rotated, same tokens): one launch
+            // rotates q and k and stores k and v (f32/f16 caches)
+            let fits = |a: &[Arg]| {
+                a[10].bits() == ks && a[3].bits() == n as u64 && a[5].bits() == a[6].bits() && (a[11].bits() * a[5].bits()) as usize == row
+            };
+            if rot == 0 {
+                if let Some(Held::RopeQk { args, n: pairs }) = self.dev.take_held_if(|h| matches!(h, Held::RopeQk { args, .. } if fits(args))) {
+                    // rope's arguments without n_rot (= hd) and x2's slot order kept
+                    let mut a: Vec<Arg> = args[..6].iter().chain(&args[7..12]).copied().collect();
+                    a.extend([Arg::P(kp), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32)]);
+                    let threads = pairs + (n * row) as u64;
+                    let kname = format!("rope_kv_{}", kv::kv_name(kv.spec.ty));
+                    return Ok(self.dev.launch_now(&kname, (threads.div_ceil(256) as u32, 1, 1), 256, 0, &a)?);
+                }
+            }
             let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32), Arg::P(koff)];
             self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
             Ok(())
@@ -659,15 +678,19 @@ impl Backend for CudaBackend {
             // repeat exactly and replay as a graph
             let blocks = db.n_tiles * p.n_head / hp;
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
-            let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
+            // decode batches of several sequences: one warp per (sequence, KV head) serves its
+            // query heads (batch.rs: gqa_decode; f32 accumulation, not the vector path's f16)
+            let gqa = if one && hp == 1 { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
+            let gqa_launch = gqa.is_some();
+            let (name, grid, n_split, smem) = match gqa {
+                Some(g) => (g.name, g.grid, g.n_split, g.smem),
+                None => {
+                    let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
+                    (name, (db.n_tiles as u32, (p.n_head / hp) as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
+                }
+            };
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            let smem = (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32;
-            self.dev.launch(
-                &name,
-                (db.n_tiles as u32, (p.n_head / hp) as u32, n_split as u32),
-                32,
-                smem,
-                &[
+            let args = [
                     Arg::P(qp),
                     Arg::P(kp),
                     Arg::P(vp),
@@ -687,8 +710,10 @@ impl Backend for CudaBackend {
                     Arg::I(q16 as i32),
                     Arg::P(koff),
                     Arg::I(hp as i32),
-                ],
-            )?;
+                ];
+            // attng_* (gqa) take attn1_*'s parameters without the last (hp)
+            let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
+            self.dev.launch(&name, grid, 32, smem, &args[..n_args])?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
             self.dev.launch(
                 "attn_combine",

@@ -5,7 +5,7 @@
 //!                            float W:     x ──gemv_<type>_<NT> (f32 FMA)──► out
 //!  more tokens:              W ──dequant_<type>──► W16 (scratch) ┐
 //!                            x ──tof16_f32──► x16                ├─ cuBLAS GemmEx (f16 in, f32 accumulate) ──► out
-//!  quantized W, up to mmq::mmq_max_tokens(): MMQ (mmq.rs), Q8 activations on the int8 tensor cores
+//!  quantized W where mmq::mmq_wins (by shape): MMQ (mmq.rs), Q8 activations on the int8 tensor cores
 //! ```
 
 use crate::device::{Arg, DevMem, Device, Held, PoolMem};
@@ -37,16 +37,29 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 const GEMV_WARPS: usize = 4;
 const GEMV_ROWS: usize = 2;
 
-/// Warps per row (1, 2 or 4) and the grid: matrices with few rows split each row's dot
-/// product over several warps so that at least ~1000 blocks run.
-fn gemv_shape(n_out: usize) -> (usize, (u32, u32, u32)) {
-    let blocks1 = n_out.div_ceil(GEMV_WARPS * GEMV_ROWS);
-    let wpr = if blocks1 >= 1024 {
-        1
-    } else if blocks1 >= 512 {
-        2
+/// Warps per row (1, 2 or 4) and the grid. Quantized rows of `units` units of 32 values: two
+/// warps per row (each lane then has at most a few units per row, all loads in flight), four
+/// for matrices of few rows (n_out < 2400) with rows of at least 128 units. H100 GEMV
+/// microbenchmark (scripts/gemv-bench.py, Q4_0 / Q4_K / Q6_K, 7B and 1B shapes): one warp per
+/// row was never the fastest, e.g. Q4_0 4096x28672 28.9 us with 1 warp, 25.9 with 2; Q6_K
+/// 4096x32000 48.4 vs 43.2. Float weights and short rows (< 64 units): by the block count, as
+/// before (enough blocks for ~1000 to run).
+fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
+    let wpr = if units >= 64 {
+        if units >= 128 && n_out < 2400 {
+            4
+        } else {
+            2
+        }
     } else {
-        4
+        let blocks1 = n_out.div_ceil(GEMV_WARPS * GEMV_ROWS);
+        if blocks1 >= 1024 {
+            1
+        } else if blocks1 >= 512 {
+            2
+        } else {
+            4
+        }
     };
     let rows_per_block = GEMV_ROWS * GEMV_WARPS / wpr;
     (wpr, (n_out.div_ceil(rows_per_block) as u32, 1, 1))
@@ -64,7 +77,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     }
     if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm {
         gemv(dev, qc, w, x, n_tok, out)
-    } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || n_tok <= crate::mmq::mmq_max_tokens()) {
+    } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
         crate::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
@@ -73,7 +86,9 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
 
 fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
-    let (wpr, grid) = gemv_shape(n_out);
+    // float weights: by the block count (units 0)
+    let units = if matches!(w.dev_ty, DevType::Quant(_)) { n_in / 32 } else { 0 };
+    let (wpr, grid) = gemv_shape(n_out, units);
     let name = w.dev_ty.name();
     match w.dev_ty {
         DevType::Quant(_) => {
@@ -176,12 +191,12 @@ impl GemvGroup {
     pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
         if let [i] = self.items.as_slice() {
-            let (wpr, grid) = gemv_shape(i.n_out);
+            let (wpr, grid) = gemv_shape(i.n_out, self.units);
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32), Arg::I(wpr as i32)];
             return dev.launch_now(&format!("gemv_{name}_{nt}"), grid, 128, 0, &args);
         }
         let total: usize = self.items.iter().map(|i| i.n_out).sum();
-        let (wpr, _) = gemv_shape(total);
+        let (wpr, _) = gemv_shape(total, self.units);
         let rows_per_block = GEMV_ROWS * GEMV_WARPS / wpr;
         let nb: Vec<usize> = self.items.iter().map(|i| i.n_out.div_ceil(rows_per_block)).collect();
         let mut args = Vec::with_capacity(19);
@@ -320,4 +335,27 @@ fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usiz
         )
     }
     .map_err(|e| CudaError::Blas(format!("SGEMM {n_out}x{n_tok}x{n_in}: {e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The grid covers every row; quantized rows of 64+ units never take one warp per row, and
+    /// four warps only where each still has whole 32-unit steps (128+ units) and rows are few.
+    #[test]
+    fn gemv_shape_covers_rows_and_follows_the_measured_policy() {
+        for units in [18usize, 48, 64, 128, 176, 448] {
+            for n_out in [1usize, 7, 576, 2048, 2399, 2400, 4096, 6144, 28672, 32000, 151936] {
+                let (wpr, grid) = gemv_shape(n_out, units);
+                assert!([1, 2, 4].contains(&wpr));
+                assert!(grid.0 as usize * GEMV_ROWS * GEMV_WARPS / wpr >= n_out, "{n_out} rows, {units} units");
+                if units >= 64 {
+                    assert_eq!(wpr, if units >= 128 && n_out < 2400 { 4 } else { 2 }, "{n_out} rows, {units} units");
+                }
+            }
+        }
+        assert_eq!(gemv_shape(32000, 0).0, 1);
+        assert_eq!(gemv_shape(4096, 0).0, 2);
+    }
 }

@@ -3,7 +3,7 @@
 //! ```text
 //!  x (n_tok, n_in) f32 ──quantize_q8──► xq int8 + xm {d, d·Σq} per 32 values (shared with the GEMV)
 //!  W repacked (weight.rs) ─┐
-//!                          ├─ mmq_<type>_<NT>: 64 rows x 16·NT tokens per block, mma.sync
+//!                          ├─ mmq_<type>_<NT>: 128 rows x 16·NT tokens per block, mma.sync
 //!  (xq, xm) ───────────────┘  m16n8k32 s8 -> exact s32 sums per unit, f32 scale epilogue
 //!                             ──► out (n_tok, n_out), or split-K partials ──mmq_reduce──► out
 //! ```
@@ -20,49 +20,129 @@ use crate::unit::{load_unit, Unit};
 use crate::weight::{CudaWeight, DevType};
 use std::sync::Mutex;
 
-/// Weight rows per block (MMQ_BM in mmq.cu).
-const BM: usize = 64;
 /// Units staged per iteration (MMQ_KU in mmq.cu).
 const KU: usize = 8;
-/// Blocks that keep an H100-class GPU (132 SMs) busy with loads in flight (about six
-/// resident blocks each); smaller grids get split-K.
-const TARGET_BLOCKS: usize = 792;
+/// Row stride of the shared int8 tiles in 4-byte words (MMQ_WS in mmq.cu).
+const WS: usize = KU * 8 + 4;
+/// Multiprocessors of an H100-class GPU: grids smaller than about two blocks per
+/// multiprocessor get split-K.
+const SMS: usize = 132;
 
-/// Up to this many tokens a quantized matmul takes MMQ; above, the f16 cuBLAS GEMM
-/// (`QUARREL_CUDA_MMQ_MAX` overrides; 0 turns MMQ off). Measured on an H100 (Mistral-7B shape,
-/// Q4_K_M, same run): MMQ lost to cuBLAS-f16 at 32 tokens per step (batched decode 1,963 vs
-/// 2,289 t/s), 128 (3,080 vs 4,848) and 512 (pp512 4,932 vs 11,631), by a margin that grows with
-/// the token count; one n-tile (16 tokens) keeps the Q8 numerics of decode and the CPU for short
-/// prompts and small batches where the two paths cost about the same.
-pub const MMQ_MAX_TOKENS: usize = 16;
+/// Up to this many tokens a quantized matmul takes MMQ whatever its shape; up to
+/// `MMQ_SMALL_MATRIX_TOKENS` when the matrix is small; above, the f16 cuBLAS GEMM. Measured on
+/// an H100 (`examples/mmq_bench.rs` and `quarrel batched-bench`, Mistral-7B Q4_K_M shapes,
+/// 2026-11-22): at 16-32 tokens MMQ is level with cuBLAS-f16 over cached f16 weights per matrix
+/// (0.75-1.8x by shape) and ahead end to end (32 sequences: 3,655 vs 3,406 t/s); on matrices of
+/// at most 4096 x 2048 (k/v projections) about level up to 64 tokens (0.95-1.3x); on the others
+/// behind from 48 tokens on (0.6-0.8x at 64, 0.25-0.5x at 128-512 tokens).
+pub const MMQ_MAX_TOKENS: usize = 32;
+/// See `MMQ_MAX_TOKENS`.
+pub const MMQ_SMALL_MATRIX_TOKENS: usize = 64;
 
-pub fn mmq_max_tokens() -> usize {
-    std::env::var("QUARREL_CUDA_MMQ_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(MMQ_MAX_TOKENS)
+/// Whether a matmul of `n_tok` tokens over an `n_out x n_in` quantized weight takes MMQ
+/// (`QUARREL_CUDA_MMQ_MAX=<tokens>` instead: MMQ up to that many tokens, 0 never).
+pub fn mmq_wins(n_in: usize, n_out: usize, n_tok: usize) -> bool {
+    if let Some(max) = std::env::var("QUARREL_CUDA_MMQ_MAX").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return n_tok <= max;
+    }
+    n_tok <= MMQ_MAX_TOKENS || (n_tok <= MMQ_SMALL_MATRIX_TOKENS && n_in * n_out <= 4096 * 2048)
 }
 
-/// n8 tiles per warp (the block covers 16·NT tokens): the smallest tile that holds the batch.
-fn nt_for(n_tok: usize) -> usize {
-    if n_tok <= 16 {
-        1
-    } else if n_tok <= 32 {
-        2
-    } else {
-        4
+/// A kernel's tile: NT n8 tiles per warp (16·NT tokens per block), WM warps along the rows
+/// (32·WM rows, 64·WM threads per block), and how many such blocks share a multiprocessor
+/// (`__launch_bounds__` in mmq.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tile {
+    nt: usize,
+    wm: usize,
+}
+
+impl Tile {
+    /// The smallest token tile that holds the batch; 128-row blocks of 8 warps up to 64 tokens,
+    /// 64-row blocks of 4 warps (two per multiprocessor) for the 128-token tile.
+    /// `QUARREL_CUDA_MMQ_NT` / `QUARREL_CUDA_MMQ_WM` override (measurements).
+    fn for_tokens(n_tok: usize) -> Tile {
+        let env = |k: &str, ok: &[usize]| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|v| ok.contains(v));
+        let nt = env("QUARREL_CUDA_MMQ_NT", &[1, 2, 4, 8]).unwrap_or(match n_tok {
+            0..=16 => 1,
+            17..=32 => 2,
+            33..=64 => 4,
+            _ => 8,
+        });
+        let wm = env("QUARREL_CUDA_MMQ_WM", &[2, 4]).unwrap_or(if nt == 8 { 2 } else { 4 });
+        Tile { nt, wm }
+    }
+    fn rows(self) -> usize {
+        32 * self.wm
+    }
+    fn tokens(self) -> usize {
+        16 * self.nt
+    }
+    fn threads(self) -> u32 {
+        64 * self.wm as u32
+    }
+    /// Resident blocks per multiprocessor (the kernels' `__launch_bounds__`).
+    fn per_sm(self) -> usize {
+        match (self.wm, self.nt) {
+            (4, 1 | 2) => 2,
+            (4, _) => 1,
+            (_, 8) => 2,
+            (_, 4) => 3,
+            _ => 4,
+        }
+    }
+    /// Dynamic shared memory: the weight tile (int8 rows + a float4 of scales per unit) and
+    /// two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
+    fn smem_bytes(self) -> u32 {
+        let (bm, bn) = (self.rows(), self.tokens());
+        (4 * bm * WS + 16 * KU * bm + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
     }
 }
 
-/// (NT, grid, units per split, splits) for a matmul.
-fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (usize, (u32, u32, u32), usize, usize) {
-    let nt = nt_for(n_tok);
-    let (bx, by) = (n_out.div_ceil(BM), n_tok.div_ceil(16 * nt));
+/// (tile, grid, units per split, splits) for a matmul.
+fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (Tile, (u32, u32, u32), usize, usize) {
+    let t = Tile::for_tokens(n_tok);
+    let (bx, by) = (n_out.div_ceil(t.rows()), n_tok.div_ceil(t.tokens()));
     let units = n_in / 32;
     let iters = units.div_ceil(KU);
-    // split K while the grid is small; the partial sums (written and read back) stay well
-    // below the weight bytes: splits <= n_in / (16 n_tok)
-    let splits = TARGET_BLOCKS.div_ceil(bx * by).min(iters).min(n_in / (16 * n_tok)).clamp(1, 8);
+    // split K while the grid leaves multiprocessors idle, each split keeping at least two
+    // stages; the partial sums (written and read back) stay at or below the weight bytes:
+    // splits <= n_in / (8 n_tok), except for grids that would leave most of the GPU idle
+    let target = 2 * SMS * t.per_sm();
+    let traffic = (n_in / (8 * n_tok)).max(if bx * by < target / 4 { 4 } else { 1 });
+    let splits = target.div_ceil(bx * by).min(iters / 2).min(traffic).clamp(1, 8);
     let k_per = iters.div_ceil(splits) * KU;
     let splits = units.div_ceil(k_per);
-    (nt, (bx as u32, by as u32, splits as u32), k_per, splits)
+    (t, (bx as u32, by as u32, splits as u32), k_per, splits)
+}
+
+/// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
+const SMALL_WARPS: usize = 8;
+/// Up to this many tokens the small-batch kernels (`mmq_small.cu`: fragments straight from
+/// the weights, no shared-memory tile) can run instead of the tiled ones.
+pub const SMALL_MAX_TOKENS: usize = 32;
+
+/// Whether `n_tok` tokens take the small-batch kernels: only with `QUARREL_CUDA_MMQ_SMALL=1`.
+/// Measured on an H100 (2026-11-22, Mistral-7B shapes): they lose to the tiled kernels at 24-32
+/// tokens (q4_K 4096x4096, 32 tokens: 27.3 vs 18.6 us; 14336x4096: 63.7 vs 43.0 us) and are
+/// level at 16; batched decode of 32 sequences 2,838 t/s with them vs 3,655 without.
+fn small_enabled(n_tok: usize) -> bool {
+    n_tok <= SMALL_MAX_TOKENS && std::env::var("QUARREL_CUDA_MMQ_SMALL").is_ok_and(|v| v == "1")
+}
+
+/// (n8 tiles, grid, units per split, splits) of the small-batch kernels: 32 rows per block of
+/// SMALL_WARPS warps (warp w takes every SMALL_WARPS-th stage of the block's units); split K
+/// until about two blocks per multiprocessor run, keeping four stages per split and the
+/// partial sums at or below the weight bytes.
+fn small_shape(n_in: usize, n_out: usize, n_tok: usize) -> (usize, (u32, u32, u32), usize, usize) {
+    let nt = n_tok.div_ceil(8);
+    let bx = n_out.div_ceil(32);
+    let units = n_in / 32;
+    let iters = units.div_ceil(KU);
+    let splits = (2 * SMS).div_ceil(bx).min(iters / 4).min(n_in / (8 * n_tok)).clamp(1, 8);
+    let k_per = iters.div_ceil(splits) * KU;
+    let splits = units.div_ceil(k_per);
+    (nt, (bx as u32, 1, splits as u32), k_per, splits)
 }
 
 /// `out (n_tok, n_out) = x · Wᵀ` through MMQ; `x` f32 on the device. Quantized weights only.
@@ -104,15 +184,21 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
         *g = Some(c);
     }
     let c = g.as_ref().expect("set above");
-    let (nt, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+    let (kernel, grid, threads, smem, k_per, splits) = if small_enabled(n_tok) {
+        let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
+        (format!("mmqs_{name}_{nt}"), grid, 32 * SMALL_WARPS as u32, 0, k_per, splits)
+    } else {
+        let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+        (format!("mmq_{name}_{}_{}", tile.nt, tile.wm), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
+    };
     let n = n_tok * n_out;
     let part = if splits > 1 { Some(dev.scratch(4 * n * splits)?) } else { None };
     let dst = part.as_ref().map_or(out, |p| p.ptr());
     dev.launch(
-        &format!("mmq_{name}_{nt}"),
+        &kernel,
         grid,
-        128,
-        0,
+        threads,
+        smem,
         &[
             Arg::P(p),
             Arg::P(m),
@@ -135,8 +221,12 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
 pub fn kernel_names() -> Vec<String> {
     let mut v = vec!["mmq_reduce".to_string()];
     for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
-        for nt in [1, 2, 4] {
-            v.push(format!("mmq_{q}_{nt}"));
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("mmq_{q}_{nt}_2"));
+            v.push(format!("mmq_{q}_{nt}_4"));
+        }
+        for nt in 1..=SMALL_MAX_TOKENS / 8 {
+            v.push(format!("mmqs_{q}_{nt}"));
         }
     }
     v
@@ -204,11 +294,35 @@ mod tests {
     #[test]
     fn shapes_cover_every_unit_once() {
         for (n_in, n_out, n_tok) in [(4096, 4096, 512), (4096, 4096, 32), (14336, 4096, 128), (512, 70, 33), (544, 70, 9), (32, 8, 3)] {
-            let (nt, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+            let (t, grid, k_per, splits) = shape(n_in, n_out, n_tok);
             let u = n_in / 32;
             assert_eq!(grid.2 as usize, splits);
             assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");
-            assert!(grid.0 as usize * BM >= n_out && grid.1 as usize * 16 * nt >= n_tok);
+            assert!(grid.0 as usize * t.rows() >= n_out && grid.1 as usize * t.tokens() >= n_tok);
+        }
+    }
+
+    #[test]
+    fn small_shapes_cover_every_unit_once() {
+        for (n_in, n_out, n_tok) in [(4096, 4096, 32), (4096, 1024, 9), (14336, 4096, 17), (544, 70, 32), (32, 8, 1), (256, 33, 24)] {
+            let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
+            let u = n_in / 32;
+            assert_eq!(grid.2 as usize, splits);
+            assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");
+            assert!(grid.0 as usize * 32 >= n_out && grid.1 == 1 && nt * 8 >= n_tok && nt <= SMALL_MAX_TOKENS / 8);
+        }
+    }
+
+    #[test]
+    fn tiles_fit_in_shared_memory() {
+        // sm_90: 227 KiB of shared memory per block, 228 KiB per multiprocessor (1 KiB of it
+        // reserved per block)
+        for nt in [1, 2, 4, 8] {
+            for wm in [2, 4] {
+                let t = Tile { nt, wm };
+                let b = t.smem_bytes() as usize;
+                assert!(b <= 227 * 1024 && t.per_sm() * (b + 1024) <= 228 * 1024, "{t:?}: {b} bytes");
+            }
         }
     }
 

@@ -152,9 +152,9 @@ fn moe_gemv(
         let src: Vec<u32> = rows.iter().map(|r| r.2).collect();
         let dst: Vec<u32> = rows.iter().map(|r| r.3).collect();
         let (wp_d, wm_d, src_d, dst_d) = (dev.upload_async(&wp)?, dev.upload_async(&wm)?, dev.upload_async(&src)?, dev.upload_async(&dst)?);
-        // warps per row group by the matrix height alone (moe_chunk::wpr_for: the same sums as
+        // warps per row group by the matrix shape alone (moe_chunk::wpr_for: the same sums as
         // a prefill's chunked GEMV)
-        let wpr = crate::moe_chunk::wpr_for(n_out);
+        let wpr = crate::moe_chunk::wpr_for(n_out, units);
         let grid = (n_out.div_ceil(8 / wpr) as u32, rows.len() as u32, 1);
         dev.launch(
             &kernel,

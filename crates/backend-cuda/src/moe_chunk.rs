@@ -26,9 +26,14 @@ pub const CHUNK: usize = 8;
 /// expert, whose tensor-core tiles pay off).
 pub const MAX_ROWS_PER_EXPERT: usize = 64;
 
-/// Warps per row group of the expert GEMVs: as the dense GEMV's rule for a matrix of `n_out`
-/// rows, independent of the number of routes (so decode and prefill share the reduction).
-pub fn wpr_for(n_out: usize) -> usize {
+/// Warps per row group of the expert GEMVs: the dense GEMV's measured rule (`matmul::gemv_shape`:
+/// rows of 64+ units two warps, four for 128+ units and under 2,400 rows; short rows by the
+/// block count), from the matrix shape only, never the number of routes, so decode and
+/// prefill share the reduction.
+pub fn wpr_for(n_out: usize, units: usize) -> usize {
+    if units >= 64 {
+        return if units >= 128 && n_out < 2400 { 4 } else { 2 };
+    }
     let blocks1 = n_out.div_ceil(8);
     if blocks1 >= 1024 {
         1
@@ -104,7 +109,7 @@ pub fn matmul(
     let ys = dev.scratch(4 * rows * n_out)?;
     let (pb, m_b) = mmq::unit_bytes(name)?;
     let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
-    let wpr = wpr_for(n_out);
+    let wpr = wpr_for(n_out, units);
     let kernel = format!("moe_gemv8_{name}");
     // chunks c0.. with their weight planes, one launch
     let launch = |c0: usize, planes: &[(u64, u64)]| -> Result<(), CudaError> {
@@ -207,8 +212,10 @@ mod tests {
         assert!(applies(6 * 512, 128)); // Nemotron-3-Nano pp512: 24 per expert
         assert!(!applies(2 * 512, 8)); // Mixtral pp512: 128 per expert (MMQ)
         assert!(!applies(0, 0));
-        assert_eq!(wpr_for(14336), 1);
-        assert_eq!(wpr_for(4096), 2);
-        assert_eq!(wpr_for(1856), 4);
+        assert_eq!(wpr_for(14336, 128), 2); // Mixtral gate/up
+        assert_eq!(wpr_for(1856, 84), 2); // Nemotron up (2688 inputs)
+        assert_eq!(wpr_for(2048, 448), 4); // down of a wide expert
+        assert_eq!(wpr_for(16384, 8), 1); // short rows: by the block count
+        assert_eq!(wpr_for(256, 8), 4);
     }
 }

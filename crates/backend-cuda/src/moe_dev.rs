@@ -119,8 +119,8 @@ impl DevRouter {
         dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
         let (pb, m_b) = mmq::unit_bytes(name)?;
         let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
-        // warps per row group by the matrix height alone (as moe::moe_gemv and moe_chunk)
-        let wpr = crate::moe_chunk::wpr_for(n_out);
+        // warps per row group by the matrix shape alone (as moe::moe_gemv and moe_chunk)
+        let wpr = crate::moe_chunk::wpr_for(n_out, units);
         dev.launch(
             &format!("moe_gemv_dev_{name}"),
             (n_out.div_ceil(8 / wpr) as u32, n_routes as u32, 1),

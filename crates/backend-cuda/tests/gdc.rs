@@ -4,12 +4,14 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 9] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/matmul.cu"),
     include_str!("../kernels/attention.cu"),
+    include_str!("../kernels/attn_batch.cu"),
     include_str!("../kernels/mmq.cu"),
+    include_str!("../kernels/mmq_small.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/ssm.cu"),
 ];

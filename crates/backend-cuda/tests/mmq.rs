@@ -1,7 +1,8 @@
 //! The MMQ kernels (quantized GEMM on the int8 tensor cores) against their plain-Rust twin
 //! (`quarrel_cuda::mmq::reference`, the same exact-integer formula) and against the CPU
 //! backend, for every quant type with a kernel, ragged shapes (row, token and unit tails) and
-//! the split-K path; plus MMQ == GEMV for the same tokens. Skips without a CUDA device.
+//! the split-K path, the tiled kernels and the opt-in small-batch ones (up to 32 tokens) for the
+//! same batches; plus MMQ == GEMV for the same tokens. Skips without a CUDA device.
 
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cpu::CpuBackend;
@@ -56,7 +57,7 @@ fn mmq_matches_twin_cpu_and_gemv() {
     let cpu = CpuBackend::new(0).unwrap();
     // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
     // (544 = 17 units, legacy only), split-K (few blocks, long rows), a full-size tile
-    let shapes = [(512usize, 70usize, 9usize), (544, 70, 17), (2048, 70, 33), (256, 200, 100), (4096, 130, 64), (1024, 512, 300)];
+    let shapes = [(512usize, 70usize, 9usize), (544, 70, 17), (2048, 70, 33), (256, 200, 100), (4096, 130, 64), (1024, 512, 300), (768, 130, 40), (2304, 260, 129), (4096, 200, 32), (768, 64, 24), (256, 40, 1)];
     eprintln!("| type | n_in | n_out | n_tok | nmse vs twin | vs CPU | vs GEMV |\n|---|---:|---:|---:|---:|---:|---:|");
     for (si, &(n_in, n_out, n_tok)) in shapes.iter().enumerate() {
         for (ti, &ty) in TYPES.iter().enumerate() {
@@ -78,6 +79,17 @@ fn mmq_matches_twin_cpu_and_gemv() {
             let mut ob = gpu.alloc(n_tok * n_out).unwrap();
             gpu.matmul_mmq(&w, &xb, n_tok, &mut ob).unwrap();
             let got = gpu.download(&ob).unwrap();
+            if n_tok <= quarrel_cuda::mmq::SMALL_MAX_TOKENS {
+                // the small-batch kernels (mmq_small.cu, opt-in) for the same batch
+                std::env::set_var("QUARREL_CUDA_MMQ_SMALL", "1");
+                let mut os = gpu.alloc(n_tok * n_out).unwrap();
+                gpu.matmul_mmq(&w, &xb, n_tok, &mut os).unwrap();
+                std::env::remove_var("QUARREL_CUDA_MMQ_SMALL");
+                let small = gpu.download(&os).unwrap();
+                let e = nmse(&twin, &small);
+                eprintln!("| {ty} | {n_in} | {n_out} | {n_tok} (small) | {e:.2e} | | |");
+                assert!(e <= tol::TWIN, "{ty} {n_in}x{n_out} n_tok {n_tok} small-batch kernel: nmse vs twin {e:.3e}");
+            }
 
             // the GEMV path, 8 tokens at a time
             let mut gemv = Vec::with_capacity(n_tok * n_out);

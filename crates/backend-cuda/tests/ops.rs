@@ -373,3 +373,71 @@ fn argmax_rows_matches_host() {
     let x = gpu.upload(&[1.0, 2.0, 3.0]).unwrap();
     assert!(gpu.argmax_rows(&x, 2).is_err());
 }
+
+/// RoPE of q and k followed by the store of k and v runs as one launch on f32/f16 caches when
+/// whole heads rotate (`rope_kv_*`): q, k and the attention over the cache equal the unfused
+/// launches bit for bit and the CPU within the attention bound (prefill of two sequences, then
+/// a decode token; both RoPE styles; partial rotation and quantized caches stay unfused).
+#[test]
+fn rope_and_kv_store_fused_match_unfused_and_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    fn run<B: Backend>(be: &B, ty: KvType, style: RopeStyle, n_rot: usize, fuse: bool) -> Vec<f32> {
+        let (n_head, n_kv_head, hd, bs) = (8, 2, 64, 16);
+        let spec = KvSpec { n_layer: 1, n_kv_head, head_dim: hd, block_size: bs, n_blocks: 24, ty };
+        let mut kv = be.alloc_kv(&spec).unwrap();
+        let rp = RopeParams { style, n_rot, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+        let p = AttnParams { n_head, n_kv_head, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sliding_window: None, softcap: None };
+        let (l0, l1) = (21usize, 40usize);
+        let pre = ForwardBatch {
+            tokens: vec![0; l0 + l1],
+            positions: (0..l0 as u32).chain(0..l1 as u32).collect(),
+            seqs: vec![
+                SeqBatch { start: 0, len: l0, block_table: vec![5, 2] },
+                SeqBatch { start: l0, len: l1, block_table: vec![1, 7, 3] },
+            ],
+            logits_rows: vec![],
+            state_slots: vec![],
+        };
+        let dec = ForwardBatch {
+            tokens: vec![0],
+            positions: vec![l1 as u32],
+            seqs: vec![SeqBatch { start: 0, len: 1, block_table: vec![1, 7, 3] }],
+            logits_rows: vec![0],
+            state_slots: vec![],
+        };
+        let mut all = vec![];
+        for (i, b) in [pre, dec].iter().enumerate() {
+            let n = b.n_tokens();
+            let mut q = be.upload(&rnd(n * n_head * hd, 31 + i as u64)).unwrap();
+            let mut k = be.upload(&rnd(n * n_kv_head * hd, 41 + i as u64)).unwrap();
+            let v = be.upload(&rnd(n * n_kv_head * hd, 51 + i as u64)).unwrap();
+            be.rope(&mut q, &b.positions, n_head, hd, &rp).unwrap();
+            be.rope(&mut k, &b.positions, n_kv_head, hd, &rp).unwrap();
+            if !fuse {
+                // a download submits the held RoPE launch: the store runs as its own kernel
+                be.download(&q).unwrap();
+            }
+            be.kv_store(&mut kv, 0, &k, &v, b).unwrap();
+            let mut o = be.alloc(n * n_head * hd).unwrap();
+            be.attention(&q, &kv, 0, b, &p, &mut o).unwrap();
+            all.extend(be.download(&q).unwrap());
+            all.extend(be.download(&k).unwrap());
+            all.extend(be.download(&o).unwrap());
+        }
+        all
+    }
+    for ty in KvType::ALL {
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            for n_rot in [64, 32] {
+                let plain = run(&gpu, ty, style, n_rot, false);
+                let fused = run(&gpu, ty, style, n_rot, true);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused), bits(&plain), "{} {style:?} n_rot {n_rot}: fused RoPE + KV store differs", ty.name());
+                let e = nmse(&run(&cpu, ty, style, n_rot, false), &plain);
+                eprintln!("rope + kv_store {} {style:?} n_rot {n_rot}: nmse vs CPU {e:.3e}", ty.name());
+                assert!(e <= tol::ATTENTION, "rope + kv_store {}: nmse {e:.3e}", ty.name());
+            }
+        }
+    }
+}

@@ -44,4 +44,8 @@ pub trait Model<B: Backend>: Send + Sync {
     fn hidden(&self, _be: &B, _batch: &ForwardBatch, _kv: &mut B::Kv) -> Result<Vec<f32>> {
         Err(quarrel_core::CoreError::Unsupported(format!("{}: hidden-state output", self.info().arch)))
     }
+    /// MoE routing and Mamba2 conv / scan time since load (zero for models without them).
+    fn op_times(&self) -> crate::layers::timing::OpTimes {
+        Default::default()
+    }
 }

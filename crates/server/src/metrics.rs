@@ -1,11 +1,13 @@
 //! Prometheus metrics: HTTP requests by route/model/status, errors by type, live HTTP and
 //! WebSocket connections, latency histograms (request, time to first token, inter-token),
 //! tokens in/out, and the engines' gauges (queue depth, batch size, KV usage) read from each
-//! loaded model's `EngineHandle::metrics()` at scrape time.
+//! loaded model's `EngineHandle::metrics()` at scrape time; for MoE and hybrid models also the
+//! expert selection counts and utilization per layer, routing / SSM conv / scan time, recurrent
+//! state bytes and the SSM non-finite counter.
 
 use crate::registry::{kv_bytes, Registry};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry as PromRegistry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry as PromRegistry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -24,6 +26,9 @@ pub struct Metrics {
     engine_counters: IntGaugeVec,
     models_loaded: IntGauge,
     model_bytes: IntGaugeVec,
+    op_seconds: GaugeVec,
+    expert_selections: IntGaugeVec,
+    expert_utilization: GaugeVec,
 }
 
 /// The model label of a response (set by handlers, read by the metrics middleware).
@@ -52,10 +57,19 @@ impl Metrics {
         )?;
         let tokens_in = IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens of finished requests"), &["model"])?;
         let tokens_out = IntCounterVec::new(Opts::new("generated_tokens_total", "Generated tokens"), &["model"])?;
-        let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached"), &["model", "gauge"])?;
-        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished"), &["model", "counter"])?;
+        let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached, kv_block_size, recurrent_state_bytes, state_checkpoints"), &["model", "gauge"])?;
+        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, prompt_tokens, generated_tokens, ssm_nonfinite"), &["model", "counter"])?;
         let models_loaded = IntGauge::new("models_loaded", "Models loaded")?;
         let model_bytes = IntGaugeVec::new(Opts::new("model_memory_bytes", "Resident bytes per loaded model (weights + KV cache)"), &["model"])?;
+        let op_seconds = GaugeVec::new(
+            Opts::new("engine_op_seconds", "Host wall time since load (monotonic) in MoE routing and Mamba2 conv / scan"),
+            &["model", "op"],
+        )?;
+        let expert_selections = IntGaugeVec::new(Opts::new("expert_selections", "MoE models: tokens routed to each expert since load"), &["model", "layer", "expert"])?;
+        let expert_utilization = GaugeVec::new(
+            Opts::new("expert_utilization", "MoE models: an expert's share of its layer's selections since load (0..1)"),
+            &["model", "layer", "expert"],
+        )?;
         for c in [&requests, &errors, &tokens_in, &tokens_out] {
             r.register(Box::new(c.clone()))?;
         }
@@ -65,7 +79,10 @@ impl Metrics {
         for g in [&http_active, &http_connections, &ws_active, &models_loaded] {
             r.register(Box::new(g.clone()))?;
         }
-        for g in [&engine, &engine_counters, &model_bytes] {
+        for g in [&engine, &engine_counters, &model_bytes, &expert_selections] {
+            r.register(Box::new(g.clone()))?;
+        }
+        for g in [&op_seconds, &expert_utilization] {
             r.register(Box::new(g.clone()))?;
         }
         Ok(Metrics {
@@ -84,6 +101,9 @@ impl Metrics {
             engine_counters,
             models_loaded,
             model_bytes,
+            op_seconds,
+            expert_selections,
+            expert_utilization,
         })
     }
 
@@ -92,6 +112,9 @@ impl Metrics {
         self.engine.reset();
         self.engine_counters.reset();
         self.model_bytes.reset();
+        self.op_seconds.reset();
+        self.expert_selections.reset();
+        self.expert_utilization.reset();
         let loaded = reg.loaded();
         self.models_loaded.set(loaded.len() as i64);
         for m in &loaded {
@@ -106,6 +129,8 @@ impl Metrics {
                 ("kv_blocks_total", e.kv_blocks_total),
                 ("kv_blocks_cached", e.kv_blocks_cached),
                 ("kv_block_size", e.kv_block_size),
+                ("recurrent_state_bytes", e.recurrent_state_bytes as usize),
+                ("state_checkpoints", e.state_checkpoints),
             ] {
                 self.engine.with_label_values(&[name, k]).set(v as i64);
             }
@@ -116,8 +141,21 @@ impl Metrics {
                 ("requests_finished", e.requests_finished_total),
                 ("prompt_tokens", e.prompt_tokens_total),
                 ("generated_tokens", e.generated_tokens_total),
+                ("ssm_nonfinite", e.ssm_nonfinite_total),
             ] {
                 self.engine_counters.with_label_values(&[name, k]).set(v as i64);
+            }
+            for (k, v) in [("moe_routing", e.moe_routing_seconds_total), ("ssm_conv", e.ssm_conv_seconds_total), ("ssm_scan", e.ssm_scan_seconds_total)] {
+                self.op_seconds.with_label_values(&[name, k]).set(v);
+            }
+            for (layer, row) in e.expert_selections.iter().enumerate() {
+                let sum: u64 = row.iter().sum();
+                let l = layer.to_string();
+                for (x, &n) in row.iter().enumerate() {
+                    let x = x.to_string();
+                    self.expert_selections.with_label_values(&[name, &l, &x]).set(n as i64);
+                    self.expert_utilization.with_label_values(&[name, &l, &x]).set(if sum > 0 { n as f64 / sum as f64 } else { 0.0 });
+                }
             }
             self.model_bytes.with_label_values(&[name]).set((m.entry.size_bytes + kv_bytes(m.info(), &m.handle)) as i64);
         }

@@ -125,3 +125,40 @@ async fn keys_gate_the_apis_but_not_the_probes() {
     // nothing loaded yet: not ready
     assert_eq!(call(&st, "GET", "/readyz", None, None).await.0, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_experts_and_recurrent_state_of_a_hybrid_moe_model() {
+    use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("nemo.gguf");
+    let spec = ArchSynthSpec { preset: *ArchPreset::by_name("tiny-nemotron-h-moe").unwrap(), ftype: Ftype::Q8_0, seed: 3, vocab_from: None };
+    write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
+    let size_bytes = std::fs::metadata(&path).unwrap().len();
+    let entry = ModelEntry { name: "nemo".into(), aliases: vec![], path, size_bytes };
+    let st = state(vec![entry], 0, 64, ServerConfig::default(), None);
+    let body = json!({"model": "nemo", "prompt": "hello there", "max_tokens": 4, "temperature": 0});
+    let (s, _, v) = call(&st, "POST", "/v1/completions", Some(body), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+
+    let req = Request::builder().uri("/metrics").body(Body::empty()).unwrap();
+    let resp = quarrel_server::routes::router(st.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = String::from_utf8(to_bytes(resp.into_body(), 1 << 24).await.unwrap().to_vec()).unwrap();
+    let values = |prefix: &str| -> Vec<f64> {
+        text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect()
+    };
+    // every routed token is counted once per selected expert: per MoE layer the counts sum to
+    // a multiple of the experts used per token, and the utilizations of a layer sum to 1
+    let sel = values("quarrel_expert_selections{");
+    assert!(!sel.is_empty() && sel.iter().sum::<f64>() > 0.0, "{text}");
+    let util: f64 = values("quarrel_expert_utilization{").iter().sum();
+    let moe_layers = text.lines().filter(|l| l.starts_with("quarrel_expert_utilization{") && l.contains("expert=\"0\"")).count();
+    assert!(moe_layers > 0 && (util - moe_layers as f64).abs() < 1e-6, "{util} over {moe_layers} layers");
+    for op in ["moe_routing", "ssm_conv", "ssm_scan"] {
+        let t = values(&format!("quarrel_engine_op_seconds{{model=\"nemo\",op=\"{op}\"}}"));
+        assert!(t.len() == 1 && t[0] > 0.0, "{op}: {t:?}");
+    }
+    let state_bytes = values("quarrel_engine{gauge=\"recurrent_state_bytes\",model=\"nemo\"}");
+    assert!(state_bytes.len() == 1 && state_bytes[0] > 0.0, "{text}");
+    assert_eq!(values("quarrel_engine_counter{counter=\"ssm_nonfinite\",model=\"nemo\"}"), vec![0.0]);
+}

@@ -77,6 +77,10 @@ impl<B: Backend> StepModel for EngineModel<B> {
         self.0.backend.moe_selections().ok().filter(|v| !v.is_empty())
     }
 
+    fn op_times(&self) -> quarrel_models::layers::timing::OpTimes {
+        self.0.model.op_times()
+    }
+
     fn state_stats(&self) -> Option<(u64, u64)> {
         (self.0.n_state_slots > 0).then(|| self.0.backend.state_stats(&self.0.kv).ok()).flatten()
     }

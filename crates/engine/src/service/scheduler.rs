@@ -43,6 +43,10 @@ pub trait StepModel {
     fn expert_selections(&self) -> Option<Vec<Vec<u64>>> {
         None
     }
+    /// MoE routing and Mamba2 conv / scan time since load.
+    fn op_times(&self) -> quarrel_models::layers::timing::OpTimes {
+        Default::default()
+    }
     /// Copy recurrent state slot `src` to `dst`.
     fn copy_state(&mut self, _src: u32, _dst: u32) -> Result<(), String> {
         Err("the model has no recurrent state".into())
@@ -638,6 +642,10 @@ impl<M: StepModel> Scheduler<M> {
         if let Some(sel) = self.model.expert_selections() {
             m.expert_selections = sel;
         }
+        let t = self.model.op_times();
+        m.moe_routing_seconds_total = t.moe_routing.time.as_secs_f64();
+        m.ssm_conv_seconds_total = t.ssm_conv.time.as_secs_f64();
+        m.ssm_scan_seconds_total = t.ssm_scan.time.as_secs_f64();
         if let Some((bytes, bad)) = self.model.state_stats() {
             m.recurrent_state_bytes = bytes;
             m.ssm_nonfinite_total = bad;

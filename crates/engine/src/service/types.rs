@@ -223,7 +223,7 @@ pub struct ModelSummary {
 }
 
 /// A snapshot of the step loop's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct EngineMetrics {
     pub queue_depth: usize,
     pub running: usize,
@@ -249,4 +249,9 @@ pub struct EngineMetrics {
     /// MoE models: tokens routed to each expert so far, `[layer][expert]` (empty rows for
     /// layers without experts); utilization = a count over its row's sum.
     pub expert_selections: Vec<Vec<u64>>,
+    /// Host wall time in MoE routing / Mamba2 conv / Mamba2 scan since load (exact on the CPU;
+    /// on CUDA the launch, or for routing the wait for the router logits: `layers::timing`).
+    pub moe_routing_seconds_total: f64,
+    pub ssm_conv_seconds_total: f64,
+    pub ssm_scan_seconds_total: f64,
 }

@@ -7,6 +7,7 @@ use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::SwiGluMlp;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn};
+use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
 use quarrel_core::trace::trace;
@@ -155,6 +156,12 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 impl<B: Backend> Model<B> for Llama<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn op_times(&self) -> OpTimes {
+        let mut t = OpTimes::default();
+        self.layers.iter().for_each(|l| t += l.ffn.op_times());
+        t
     }
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {

@@ -14,6 +14,7 @@ use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
 use crate::layers::mlp::ReluSqrMlp;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn, SharedExpert};
+use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
 use quarrel_core::trace::trace;
@@ -193,6 +194,18 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 impl<B: Backend> Model<B> for NemotronH<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn op_times(&self) -> OpTimes {
+        let mut t = OpTimes::default();
+        for l in &self.layers {
+            match &l.mixer {
+                Mixer::Mamba2(m) => t += m.op_times(),
+                Mixer::Ffn(f) => t += f.op_times(),
+                Mixer::Attention(_) => {}
+            }
+        }
+        t
     }
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {

@@ -21,6 +21,9 @@ pub struct Mamba2<B: Backend> {
     /// `(n_group, d_inner / n_group)`.
     pub ssm_norm: B::Buf,
     pub ssm_out: B::Weight,
+    /// Conv and scan time (metrics).
+    pub conv_timer: super::timing::OpTimer,
+    pub scan_timer: super::timing::OpTimer,
 }
 
 impl<B: Backend> Mamba2<B> {
@@ -41,7 +44,14 @@ impl<B: Backend> Mamba2<B> {
             ssm_dt_b: be.upload(&host_f32(g, &name("ssm_dt.bias"), p.n_head)?)?,
             ssm_norm: be.upload(&host_f32(g, &name("ssm_norm.weight"), p.d_inner)?)?,
             ssm_out: weight(be, g, &name("ssm_out.weight"), p.d_inner, n_embd)?,
+            conv_timer: Default::default(),
+            scan_timer: Default::default(),
         })
+    }
+
+    /// Conv and scan time since load.
+    pub fn op_times(&self) -> super::timing::OpTimes {
+        super::timing::OpTimes { ssm_conv: self.conv_timer.get(), ssm_scan: self.scan_timer.get(), ..Default::default() }
     }
 
     /// `x (n_tok, n_embd)` normalized input -> mixer output `(n_tok, n_embd)`; advances the
@@ -53,9 +63,9 @@ impl<B: Backend> Mamba2<B> {
         let mut zxbcdt = be.alloc(n * p.d_in_proj())?; // (n_tok, d_in_proj)
         be.matmul(&self.ssm_in, x, n, &mut zxbcdt)?;
         let mut xbc = be.alloc(n * p.conv_dim())?; // (n_tok, conv_dim)
-        be.ssm_conv(kv, layer, p, &zxbcdt, &self.ssm_conv1d, self.ssm_conv1d_b.as_ref(), batch, &mut xbc)?;
+        self.conv_timer.time(|| be.ssm_conv(kv, layer, p, &zxbcdt, &self.ssm_conv1d, self.ssm_conv1d_b.as_ref(), batch, &mut xbc))?;
         let mut y = be.alloc(n * p.d_inner)?; // (n_tok, n_head, head_dim)
-        let bad = be.ssm_scan(kv, layer, p, &xbc, &zxbcdt, &self.ssm_a, &self.ssm_d, &self.ssm_dt_b, batch, &mut y)?;
+        let bad = self.scan_timer.time(|| be.ssm_scan(kv, layer, p, &xbc, &zxbcdt, &self.ssm_a, &self.ssm_d, &self.ssm_dt_b, batch, &mut y))?;
         if quarrel_core::trace::enabled() {
             trace("mamba2_y_add_d", layer, &be.download(&y)?);
         }

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod mamba2;
 pub mod mlp;
 pub mod moe;
+pub mod timing;
 
 use quarrel_core::{Backend, CoreError, Result, WeightSource};
 use quarrel_gguf::Gguf;

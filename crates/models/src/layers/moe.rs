@@ -27,6 +27,8 @@ pub struct MoeFfn<B: Backend> {
     pub n_ff_exp: usize,
     /// Model layer (for the backend's per-layer selection counts).
     pub layer: usize,
+    /// Routing time (metrics).
+    pub route_timer: super::timing::OpTimer,
 }
 
 impl<B: Backend> MoeFfn<B> {
@@ -50,6 +52,7 @@ impl<B: Backend> MoeFfn<B> {
             routing,
             n_ff_exp,
             layer: il,
+            route_timer: Default::default(),
         })
     }
 
@@ -58,7 +61,7 @@ impl<B: Backend> MoeFfn<B> {
         let ne = self.routing.n_expert;
         let mut logits = be.alloc(n_tok * ne)?; // (n_tok, n_expert)
         be.matmul(&self.ffn_gate_inp, x, n_tok, &mut logits)?;
-        let routes = be.moe_route(self.layer, &logits, self.exp_probs_b.as_ref(), &self.routing)?; // n_tok * n_used
+        let routes = self.route_timer.time(|| be.moe_route(self.layer, &logits, self.exp_probs_b.as_ref(), &self.routing))?; // n_tok * n_used
         let r = routes.len();
         let mut up = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
         be.moe_matmul(&self.ffn_up_exps, ne, x, &routes, true, &mut up)?;
@@ -89,6 +92,16 @@ pub enum FeedForward<B: Backend> {
     ReluSqr(ReluSqrMlp<B>),
     /// Experts, plus an optional shared expert whose output is added.
     Moe(MoeFfn<B>, Option<SharedExpert<B>>),
+}
+
+impl<B: Backend> FeedForward<B> {
+    /// Routing time of an MoE feed-forward (zero for dense ones).
+    pub fn op_times(&self) -> super::timing::OpTimes {
+        match self {
+            FeedForward::Moe(m, _) => super::timing::OpTimes { moe_routing: m.route_timer.get(), ..Default::default() },
+            _ => Default::default(),
+        }
+    }
 }
 
 pub enum SharedExpert<B: Backend> {

@@ -1,0 +1,135 @@
+//! Decode attention for a batch of many sequences (one token each) through the grouped-query
+//! kernel (`kernels/attn_batch.cu`): against the CPU backend and against the per-head kernel
+//! (`QUARREL_CUDA_ATTN_GQA=0`), for f32 / f16 caches (q8_0 takes the per-head kernel either
+//! way), 2, 3 and 4 query heads per KV head, head_dim 64 and 128, sequences of 1 to 300
+//! positions in scattered cache blocks, with a sliding window and a soft cap. Skips without
+//! a CUDA device.
+
+use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
+use quarrel_cpu::CpuBackend;
+use quarrel_cuda::CudaBackend;
+
+/// NMSE bounds (Σ(a-b)²/Σa²).
+mod tol {
+    /// vs the CPU backend (ops.rs's attention bound)
+    pub const CPU: f64 = 1e-5;
+    /// vs the per-head GPU kernel: the same arithmetic per head, splits merged in another
+    /// grouping
+    pub const PER_HEAD: f64 = 1e-10;
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(b.iter().all(|v| v.is_finite()), "non-finite value");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+struct Case {
+    n_head: usize,
+    n_kv_head: usize,
+    hd: usize,
+    ty: KvType,
+    window: Option<usize>,
+    softcap: Option<f32>,
+}
+
+/// Prompts of `lens` tokens stored for every sequence, then one decode token each; returns
+/// the decode step's attention output.
+fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
+    let bs = 16;
+    let tables: Vec<Vec<u32>> = {
+        // blocks handed out round-robin over the sequences: every table is scattered
+        let need: Vec<usize> = lens.iter().map(|l| (l + 1).div_ceil(bs)).collect();
+        let mut t = vec![Vec::new(); lens.len()];
+        let mut next = 0u32;
+        for round in 0..*need.iter().max().unwrap() {
+            for (s, &n) in need.iter().enumerate() {
+                if round < n {
+                    t[s].push(next);
+                    next += 1;
+                }
+            }
+        }
+        t
+    };
+    let n_blocks = tables.iter().map(|t| t.len()).sum::<usize>() + 3;
+    let spec = KvSpec { n_layer: 1, n_kv_head: c.n_kv_head, head_dim: c.hd, block_size: bs, n_blocks, ty: c.ty };
+    let mut kv = be.alloc_kv(&spec).unwrap();
+    let row = c.n_kv_head * c.hd;
+    let mut pre = ForwardBatch::default();
+    for (s, &l) in lens.iter().enumerate() {
+        let start = pre.tokens.len();
+        pre.tokens.extend(std::iter::repeat(0).take(l));
+        pre.positions.extend(0..l as u32);
+        pre.seqs.push(SeqBatch { start, len: l, block_table: tables[s].clone() });
+    }
+    let n = pre.n_tokens();
+    let k = be.upload(&rnd(n * row, 11)).unwrap();
+    let v = be.upload(&rnd(n * row, 12)).unwrap();
+    be.kv_store(&mut kv, 0, &k, &v, &pre).unwrap();
+    let dec = ForwardBatch {
+        tokens: vec![0; lens.len()],
+        positions: lens.iter().map(|&l| l as u32).collect(),
+        seqs: (0..lens.len()).map(|s| SeqBatch { start: s, len: 1, block_table: tables[s].clone() }).collect(),
+        logits_rows: (0..lens.len()).collect(),
+        state_slots: vec![],
+    };
+    let k1 = be.upload(&rnd(lens.len() * row, 21)).unwrap();
+    let v1 = be.upload(&rnd(lens.len() * row, 22)).unwrap();
+    be.kv_store(&mut kv, 0, &k1, &v1, &dec).unwrap();
+    let p = AttnParams {
+        n_head: c.n_head,
+        n_kv_head: c.n_kv_head,
+        head_dim: c.hd,
+        scale: 1.0 / (c.hd as f32).sqrt(),
+        sliding_window: c.window,
+        softcap: c.softcap,
+    };
+    let q = be.upload(&rnd(lens.len() * c.n_head * c.hd, 23).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
+    let mut o = be.alloc(lens.len() * c.n_head * c.hd).unwrap();
+    be.attention(&q, &kv, 0, &dec, &p, &mut o).unwrap();
+    be.download(&o).unwrap()
+}
+
+#[test]
+fn batched_decode_attention_matches_cpu_and_per_head_kernel() {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    let cpu = CpuBackend::new(0).unwrap();
+    let lens = [1usize, 33, 70, 300, 9, 128, 64, 17];
+    let mut cases = Vec::new();
+    for ty in [KvType::F16, KvType::F32, KvType::Q8_0] {
+        for (n_head, n_kv_head, hd) in [(8, 2, 128), (4, 2, 64), (6, 2, 64), (32, 8, 128)] {
+            cases.push(Case { n_head, n_kv_head, hd, ty, window: None, softcap: None });
+        }
+        cases.push(Case { n_head: 8, n_kv_head: 2, hd: 128, ty, window: Some(40), softcap: None });
+        cases.push(Case { n_head: 8, n_kv_head: 2, hd: 64, ty, window: None, softcap: Some(5.0) });
+    }
+    for c in &cases {
+        let want = decode(&cpu, c, &lens);
+        let got = decode(&gpu, c, &lens);
+        std::env::set_var("QUARREL_CUDA_ATTN_GQA", "0");
+        let per_head = decode(&gpu, c, &lens);
+        std::env::remove_var("QUARREL_CUDA_ATTN_GQA");
+        let (e_cpu, e_ph) = (nmse(&want, &got), nmse(&per_head, &got));
+        let what = format!("{} heads {}/{} hd {} window {:?} softcap {:?}", c.ty.name(), c.n_head, c.n_kv_head, c.hd, c.window, c.softcap);
+        eprintln!("{what}: nmse vs CPU {e_cpu:.2e}, vs per-head kernel {e_ph:.2e}");
+        assert!(e_cpu <= tol::CPU, "{what}: nmse vs CPU {e_cpu:.3e}");
+        assert!(e_ph <= tol::PER_HEAD, "{what}: nmse vs per-head kernel {e_ph:.3e}");
+    }
+}
