@@ -3,6 +3,16 @@
 // positions 32 at a time (K/V rows gathered through the block table into shared memory as
 // f32), keeps an online softmax per query, and writes a partial (m, l, acc). `attn_combine`
 // merges the splits (split-K over long contexts).
+//
+// Two numeric flavours, as the CPU backend (after ggml's CPU flash attention):
+// - `vec` (q16 != 0: f16 cache, short sequences): ggml's vector path. q rounded to f16, scores
+//   in `ggml_vec_dot_f16`'s AVX-512 summation order (`dot_ggml`), and the softmax folded in
+//   position by position with the V accumulator rounded to f16 after every update
+//   (`ggml_vec_scale_f16` / `ggml_vec_mad_f16`: f32 FMA, f16 storage). The running maximum
+//   each position sees is an exclusive prefix max over the 32 scores (a warp scan), so every
+//   lane computes its own position's exp once and the sequential part is two shuffles, an FMA
+//   and the f16 rounding per value.
+// - otherwise all f32, the softmax folded in once per 32 positions.
 
 #define ATT_QT 8
 
@@ -108,32 +118,70 @@ __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __
     }
 }
 
+// q·k as `ggml_vec_dot_f16` sums it in ggml's AVX-512 build (the CPU backend's
+// `dot_f16_ggml`): 64 FMA accumulators (4 x 16 lanes) over 64-value steps, folded pairwise
+// (0+2, 1+3, then together), the 16 lanes reduced as a tree (8, 4, 2+2), and the values past
+// the last whole step added in f64.
+__device__ __forceinline__ float dot_ggml(const float* __restrict__ q, const float* __restrict__ k, int hd) {
+    const int np = hd & ~63;
+    float x[16];
+#pragma unroll
+    for (int l = 0; l < 16; l++) {
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        for (int i = 0; i < np; i += 64) {
+            a0 = __fmaf_rn(q[i + l], k[i + l], a0);
+            a1 = __fmaf_rn(q[i + 16 + l], k[i + 16 + l], a1);
+            a2 = __fmaf_rn(q[i + 32 + l], k[i + 32 + l], a2);
+            a3 = __fmaf_rn(q[i + 48 + l], k[i + 48 + l], a3);
+        }
+        x[l] = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
+    }
+#pragma unroll
+    for (int l = 0; l < 8; l++) x[l] = __fadd_rn(x[l], x[l + 8]);
+#pragma unroll
+    for (int l = 0; l < 4; l++) x[l] = __fadd_rn(x[l], x[l + 4]);
+    double sum = (double)__fadd_rn(__fadd_rn(x[0], x[2]), __fadd_rn(x[1], x[3]));
+    for (int i = np; i < hd; i++) sum += (double)__fmul_rn(q[i], k[i]);
+    return (float)sum;
+}
+
+__device__ __forceinline__ float r16(float x) { return h2f(f2h(x)); }
+
 // meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
 // part: per (token, head, split): [m, l, acc[hd]].
-template <int KT, int DPL, int QT>
+// HG (decode, one token per tile): the warp's queries are hp heads h0.. of that token sharing
+// one KV head (blockIdx.y = head group), so K/V rows are loaded once for them and the per-query
+// chains interleave; else its queries are the tile's tokens for head blockIdx.y. Each query's
+// arithmetic is the same either way.
+template <int KT, int DPL, int QT, bool HG>
 __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
                                           int hd, int bs, float scale, float softcap, int window, int rot, int q16,
-                                          const float* __restrict__ koff) {
+                                          const float* __restrict__ koff, int hp) {
     GDC();
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
-    const u32 t0 = tiles[3 * tile], nq = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
-    const int kvh = h / (n_head / n_kv_head);
+    const u32 t0 = tiles[3 * tile], seq = tiles[3 * tile + 2];
+    // queries of this warp: tokens t0.. of head h, or heads h * hp.. of token t0
+    const u32 nq = HG ? (u32)hp : tiles[3 * tile + 1];
+#define QTOK(i) (HG ? t0 : t0 + (i))
+#define QHEAD(i) (HG ? h * hp + (i) : h)
+    const int kvh = QHEAD(0) / (n_head / n_kv_head);
+    const bool vec = KT == KV_F16 && q16;
     float* Qs = sm;                    // [QT][hd]
     float* Ks = Qs + QT * hd;      // [32][hd + 1]
     float* Vs = Ks + 32 * (hd + 1);    // [32][hd + 1]
     int hi = 0, lo = 0x7fffffff;
     for (u32 i = 0; i < nq; i++) {
-        int p = (int)pos[t0 + i];
+        int p = (int)pos[QTOK(i)];
         hi = max(hi, p);
         lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
     }
     // q16: q rounded to f16 first, as the CPU's (ggml's) f16 vector path for short sequences does
     for (u32 i = lane; i < nq * hd; i += 32) {
-        float qv = q[((u64)(t0 + i / hd) * n_head + h) * hd + i % hd];
+        float qv = q[((u64)QTOK(i / hd) * n_head + QHEAD(i / hd)) * hd + i % hd];
         Qs[i] = KT == KV_F16 && q16 ? h2f(f2h(qv)) : qv;
     }
     // this split's share of the tile's positions, in whole runs of 32
@@ -160,21 +208,101 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
         for (int i = 0; i < QT; i++) s[i] = 0.f;
         if (lane < nr) {
-            for (int d = 0; d < hd; d++) {
-                float k = Ks[lane * (hd + 1) + d];
+            if (vec) {
 #pragma unroll
                 for (int i = 0; i < QT; i++)
-                    if (i < nq) s[i] += Qs[i * hd + d] * k;
+                    if (i < nq) s[i] = dot_ggml(Qs + i * hd, Ks + lane * (hd + 1), hd);
+            } else {
+                for (int d = 0; d < hd; d++) {
+                    float k = Ks[lane * (hd + 1) + d];
+#pragma unroll
+                    for (int i = 0; i < QT; i++)
+                        if (i < nq) s[i] += Qs[i * hd + d] * k;
+                }
             }
+        }
+        if (vec) {
+            // ggml's vector path: per query, the maximum position j sees is m and the scores
+            // before j (an exclusive prefix max over the lanes); a new maximum rescales the
+            // accumulator by ms and adds v with weight 1, otherwise v is added with weight
+            // exp(score - m); masked positions (and queries past nq) add nothing (w = 0, ms = 1)
+            float msv[QT], wv[QT];
+            bool anynew = false;
+#pragma unroll
+            for (int i = 0; i < QT; i++) {
+                msv[i] = 1.f;
+                wv[i] = 0.f;
+                if (i >= nq) continue;
+                int pq = (int)pos[QTOK(i)];
+                int lq = window > 0 ? max(0, pq + 1 - window) : 0;
+                bool valid = lane < nr && p <= pq && p >= lq;
+                float sc = __fmul_rn(s[i], scale);
+                if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
+                sc = valid ? sc : -INF;
+                float x = sc;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    float y = __shfl_up_sync(0xffffffffu, x, o);
+                    if (lane >= o) x = fmaxf(x, y);
+                }
+                float ex = __shfl_up_sync(0xffffffffu, x, 1);
+                ex = fmaxf(lane == 0 ? -INF : ex, m[i]);
+                // exp correctly rounded (through f64), as glibc's expf, which ggml calls, nearly always is
+                if (valid) {
+                    if (sc > ex) {
+                        msv[i] = (float)exp((double)__fsub_rn(ex, sc));
+                        wv[i] = 1.f;
+                        anynew = true;
+                    } else {
+                        wv[i] = (float)exp((double)__fsub_rn(sc, ex));
+                    }
+                }
+                m[i] = fmaxf(m[i], __shfl_sync(0xffffffffu, x, 31));
+            }
+            if (__any_sync(0xffffffffu, anynew)) {
+                for (int j = 0; j < nr; j++) {
+#pragma unroll
+                    for (int i = 0; i < QT; i++) {
+                        float msj = __shfl_sync(0xffffffffu, msv[i], j), wj = __shfl_sync(0xffffffffu, wv[i], j);
+                        if (msj != 1.f) {
+#pragma unroll
+                            for (int d = 0; d < DPL; d++) acc[i][d] = r16(__fmul_rn(acc[i][d], msj));
+                        }
+#pragma unroll
+                        for (int d = 0; d < DPL; d++) {
+                            int dd = lane + 32 * d;
+                            if (dd < hd) acc[i][d] = r16(__fmaf_rn(Vs[j * (hd + 1) + dd], wj, acc[i][d]));
+                        }
+                        l[i] = __fmaf_rn(l[i], msj, wj);
+                    }
+                }
+            } else {
+                // no new maximum in these 32 positions (the usual case): straight-line updates,
+                // the queries' chains interleaved (l·1 + w is the FMA's value)
+                for (int j = 0; j < nr; j++) {
+#pragma unroll
+                    for (int i = 0; i < QT; i++) {
+                        float wj = __shfl_sync(0xffffffffu, wv[i], j);
+#pragma unroll
+                        for (int d = 0; d < DPL; d++) {
+                            int dd = lane + 32 * d;
+                            if (dd < hd) acc[i][d] = r16(__fmaf_rn(Vs[j * (hd + 1) + dd], wj, acc[i][d]));
+                        }
+                        l[i] = __fadd_rn(l[i], wj);
+                    }
+                }
+            }
+            __syncwarp();
+            continue;
         }
 #pragma unroll
         for (int i = 0; i < QT; i++) {
             if (i >= nq) break;
-            int pq = (int)pos[t0 + i];
+            int pq = (int)pos[QTOK(i)];
             int lq = window > 0 ? max(0, pq + 1 - window) : 0;
             bool valid = lane < nr && p <= pq && p >= lq;
-            float sc = s[i] * scale;
-            if (softcap > 0.f) sc = softcap * tanhf(sc / softcap);
+            float sc = __fmul_rn(s[i], scale);
+            if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
             sc = valid ? sc : -INF;
             float tmax = warp_max(sc);
             if (tmax == -INF) continue;
@@ -199,7 +327,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
     for (int i = 0; i < QT; i++) {
         if (i >= nq) break;
-        float* o = part + (((u64)(t0 + i) * n_head + h) * n_split + split) * (hd + 2);
+        float* o = part + (((u64)QTOK(i) * n_head + QHEAD(i)) * n_split + split) * (hd + 2);
         if (lane == 0) {
             o[0] = m[i];
             o[1] = l[i];
@@ -212,17 +340,23 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     }
 }
 
-// attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode).
-#define ATTN(NAME, KT, DPL)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(                                           \
-        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, const float* koff) { \
-        attn_part<KT, DPL, ATT_QT>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff); \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(                                          \
-        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off, \
-        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, const float* koff) { \
-        attn_part<KT, DPL, 1>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff); \
+#undef QTOK
+#undef QHEAD
+
+// attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode);
+// attn1g_*: one token, up to ATT_QT heads of one KV head per warp (decode with grouped heads).
+#define ATTN_ARGS                                                                                                  \
+    const float *q, const u8 *K, const u8 *V, float *part, const u32 *tiles, const u32 *pos, const u32 *bt_off,     \
+        const u32 *bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, \
+        const float *koff, int hp
+#define ATTN_PASS q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff, hp
+#define ATTN(NAME, KT, DPL)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(ATTN_ARGS) {                              \
+        attn_part<KT, DPL, ATT_QT, false>(ATTN_PASS);                                                                \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(ATTN_ARGS) { attn_part<KT, DPL, 1, false>(ATTN_PASS); } \
+    extern "C" __global__ void __launch_bounds__(32) attn1g_##NAME##_##DPL(ATTN_ARGS) {                            \
+        attn_part<KT, DPL, ATT_QT, true>(ATTN_PASS);                                                                 \
     }
 #define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
 ATTN_ALL(f32, KV_F32)
@@ -248,7 +382,8 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
             L += ps[1] * w;
             O += ps[2 + d] * w;
         }
-        float o = L > 0.f ? O / L : 0.f;
+        // times the reciprocal, as the CPU backend normalizes
+        float o = L > 0.f ? __fmul_rn(O, __fdiv_rn(1.f, L)) : 0.f;
         out[th * hd + d] = o;
         if (xq) q8_store(o, xq, xm, (th * hd + d) / 32);
     }

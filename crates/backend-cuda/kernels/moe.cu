@@ -1,5 +1,6 @@
 // Mixture-of-experts helpers: rows scattered back to route order after the grouped-by-expert
-// matmul, the weighted combine of expert outputs per token, and relu² (Nemotron-H).
+// matmul, the weighted combine of expert outputs per token, relu² (Nemotron-H), and the routed
+// expert GEMV of decode steps.
 
 // out[dst[j] * d + i] = y[j * d + i]
 extern "C" __global__ void moe_scatter_rows(const float* __restrict__ y, const u32* __restrict__ dst, float* __restrict__ out, int d, int n) {
@@ -27,4 +28,171 @@ extern "C" __global__ void relu_sqr(float* __restrict__ x, u64 n) {
     if (g >= n) return;
     float v = fmaxf(x[g], 0.f);
     x[g] = v * v;
+}
+
+// Routed expert GEMV (decode, a few tokens): launch row j (blockIdx.y) computes
+// out[dst[j] * n_out + row] = W_j[row] · x[src[j]] over the weight planes at wp[j] / wm[j] (the
+// routed expert's rows: resident in the 3-D tensor, or its device slot when offloaded), with
+// x given as Q8 units (xq, xm; U units per row). Every route of a layer in one launch, each
+// computed exactly as the dense decode GEMV computes a row (matmul.cu's gemv_q).
+#define MOE_GEMV(NAME, QT)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) moe_gemv_##NAME(const u64* __restrict__ wp, const u64* __restrict__ wm, \
+        const u32* __restrict__ src, const u32* __restrict__ dst, const i8* __restrict__ xq, const float2* __restrict__ xm,   \
+        float* __restrict__ out, int U, int n_out, int wpr) {                                                          \
+        const int j = blockIdx.y;                                                                                      \
+        const u64 s = src[j];                                                                                          \
+        gemv_q<QT, 1>((const u8*)wp[j], (const u8*)wm[j], xq + s * U * 32, xm + s * U, out + (u64)dst[j] * n_out, U, n_out, wpr, blockIdx.x); \
+    }
+MOE_GEMV(q4_0, QT_Q4_0)
+MOE_GEMV(q4_1, QT_Q4_1)
+MOE_GEMV(q5_0, QT_Q5_0)
+MOE_GEMV(q5_1, QT_Q5_1)
+MOE_GEMV(q8_0, QT_Q8_0)
+MOE_GEMV(q4_K, QT_Q4_K)
+MOE_GEMV(q5_K, QT_Q5_K)
+MOE_GEMV(q6_K, QT_Q6_K)
+
+// a (value va, index a) ranks before b: larger first, NaN last, ties by the lower index
+// (quarrel_core::moe::route_with's order)
+__device__ __forceinline__ bool route_before(float va, int a, float vb, int b) {
+    bool na = va != va, nb = vb != vb;
+    if (na || nb) return na == nb ? a < b : nb;
+    return va > vb || (va == vb && a < b);
+}
+
+// The router on the device (decode steps): one warp per token (blockIdx.x), as
+// quarrel_core::moe::route_reference computes it: softmax (exp(x - max) correctly rounded, the
+// sum in f64, times 1/sum) or sigmoid; selection = probability + bias; the n_used best in
+// route_before's order; weights the unbiased probabilities, optionally divided by their f64 sum
+// (at least 2^-14) and scaled. Writes eids / wts token-major and counts each choice (counts
+// non-null).
+// Shared memory: 2 * n_expert floats; n_expert <= 1024.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, const float* __restrict__ bias, u32* __restrict__ eids,
+                                     float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_expert, int n_used,
+                                     int sigmoid, int norm, float scale) {
+    extern __shared__ float rs[];
+    float* probs = rs;
+    float* sel = rs + n_expert;
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float* row = logits + (u64)t * n_expert;
+    if (sigmoid) {
+        for (int e = lane; e < n_expert; e += 32) probs[e] = __fdiv_rn(1.f, __fadd_rn(1.f, (float)exp(-(double)row[e])));
+    } else {
+        float mx = -INF;
+        for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, row[e]);
+        mx = warp_max(mx);
+        double sum = 0.0;
+        for (int e = lane; e < n_expert; e += 32) {
+            float o = (float)exp((double)__fsub_rn(row[e], mx));
+            probs[e] = o;
+            sum += (double)o;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const float inv = (float)(1.0 / sum);
+        for (int e = lane; e < n_expert; e += 32) probs[e] = __fmul_rn(probs[e], inv);
+    }
+    for (int e = lane; e < n_expert; e += 32) sel[e] = bias ? __fadd_rn(probs[e], bias[e]) : probs[e];
+    __syncwarp();
+    u32 taken = 0;  // bit i: expert lane + 32 i chosen
+    float w[8];
+    int ch[8];
+    double wsum = 0.0;
+    for (int k = 0; k < n_used; k++) {
+        int best = -1;
+        float bv = 0.f;
+        for (int e = lane, i = 0; e < n_expert; e += 32, i++) {
+            if ((taken >> i) & 1u) continue;
+            if (best < 0 || route_before(sel[e], e, bv, best)) {
+                best = e;
+                bv = sel[e];
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            int ob = __shfl_xor_sync(0xffffffffu, best, o);
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            if (ob >= 0 && (best < 0 || route_before(ov, ob, bv, best))) {
+                best = ob;
+                bv = ov;
+            }
+        }
+        if (best % 32 == lane) taken |= 1u << (best / 32);
+        if (k < 8) {
+            ch[k] = best;
+            w[k] = probs[best];
+            wsum += (double)w[k];
+        }
+    }
+    if (lane == 0) {
+        const float s = fmaxf((float)wsum, 6.103515625e-5f);
+        for (int k = 0; k < n_used && k < 8; k++) {
+            float x = w[k];
+            if (norm) x = __fdiv_rn(x, s);
+            if (scale != 0.f && scale != 1.f) x = __fmul_rn(x, scale);
+            eids[(u64)t * n_used + k] = (u32)ch[k];
+            wts[(u64)t * n_used + k] = x;
+            if (counts) atomicAdd(counts + ch[k], 1ull);
+        }
+    }
+}
+
+// moe_gemv with the routes on the device (moe_route): launch row j is route j, expert eids[j]
+// at P + eid * slice_p (M + eid * slice_m), input row j / n_used (x per token) or j.
+#define MOE_GEMV_DEV(NAME, QT)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) moe_gemv_dev_##NAME(const u8* __restrict__ P, const u8* __restrict__ M, \
+        u64 slice_p, u64 slice_m, const u32* __restrict__ eids, int n_used, int per_token, const i8* __restrict__ xq,      \
+        const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr) {                               \
+        const int j = blockIdx.y;                                                                                      \
+        const u64 e = eids[j], s = per_token ? j / n_used : j;                                                         \
+        gemv_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
+    }
+MOE_GEMV_DEV(q4_0, QT_Q4_0)
+MOE_GEMV_DEV(q4_1, QT_Q4_1)
+MOE_GEMV_DEV(q5_0, QT_Q5_0)
+MOE_GEMV_DEV(q5_1, QT_Q5_1)
+MOE_GEMV_DEV(q8_0, QT_Q8_0)
+MOE_GEMV_DEV(q4_K, QT_Q4_K)
+MOE_GEMV_DEV(q5_K, QT_Q5_K)
+MOE_GEMV_DEV(q6_K, QT_Q6_K)
+
+// moe_combine with the routes on the device: token t's routes are t * n_used .. + n_used, in
+// order, weights w (the same sum, in the same order, as moe_combine).
+extern "C" __global__ void moe_combine_dev(const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out, int d,
+                                           int n_tok, int n_used) {
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (u64)n_tok * d) return;
+    u64 t = g / d, i = g % d;
+    float a = out[g];
+    for (u32 r = t * n_used; r < (t + 1) * n_used; r++) a += y[(u64)r * d + i] * w[r];
+    out[g] = a;
+}
+
+// Expert GEMV over chunks of 8 routes of one expert (prefill steps with few routes per expert):
+// chunk c (blockIdx.y) multiplies the 8 gathered rows c * 8 .. of x (Q8: xq, xm) by its
+// expert's planes wp[c] / wm[c] into rows c * 8 .. of out; padding rows repeat a real row and
+// are dropped by moe_unpad_rows. Per row the arithmetic of the decode GEMV (gemv_q's tokens
+// accumulate independently), so a prefill's experts give decode's bits.
+#define MOE_GEMV8(NAME, QT)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) moe_gemv8_##NAME(const u64* __restrict__ wp, const u64* __restrict__ wm, \
+        const i8* __restrict__ xq, const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr) {      \
+        const u64 c = blockIdx.y;                                                                                      \
+        gemv_q<QT, 8>((const u8*)wp[c], (const u8*)wm[c], xq + c * 8 * U * 32, xm + c * 8 * U, out + c * 8 * n_out, U, n_out, wpr, blockIdx.x); \
+    }
+MOE_GEMV8(q4_0, QT_Q4_0)
+MOE_GEMV8(q4_1, QT_Q4_1)
+MOE_GEMV8(q5_0, QT_Q5_0)
+MOE_GEMV8(q5_1, QT_Q5_1)
+MOE_GEMV8(q8_0, QT_Q8_0)
+MOE_GEMV8(q4_K, QT_Q4_K)
+MOE_GEMV8(q5_K, QT_Q5_K)
+MOE_GEMV8(q6_K, QT_Q6_K)
+
+// out[dst[j] * d + i] = y[src[j] * d + i]: the real rows of the chunked result, to route order.
+extern "C" __global__ void moe_unpad_rows(const float* __restrict__ y, const u32* __restrict__ src, const u32* __restrict__ dst,
+                                          float* __restrict__ out, int d, int n) {
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (u64)n * d) return;
+    u64 j = g / d, i = g % d;
+    out[(u64)dst[j] * d + i] = y[(u64)src[j] * d + i];
 }

@@ -532,6 +532,7 @@ pub fn gdc_kernel_names() -> Vec<String> {
         for dpl in [2, 4, 8] {
             v.push(format!("attn_{k}_{dpl}"));
             v.push(format!("attn1_{k}_{dpl}"));
+            v.push(format!("attn1g_{k}_{dpl}"));
         }
     }
     v
@@ -545,6 +546,8 @@ pub fn kernel_names() -> Vec<String> {
     v.extend(crate::mmq::kernel_names());
     v.extend(crate::batch::kernel_names());
     v.extend(crate::moe::kernel_names());
+    v.extend(crate::moe_dev::kernel_names());
+    v.extend(crate::moe_chunk::kernel_names());
     v.extend(crate::ssm::kernel_names());
     v
 }

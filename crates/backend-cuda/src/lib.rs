@@ -33,11 +33,14 @@
 mod batch;
 pub mod device;
 mod error;
+pub mod experts;
 mod graph;
 mod kv;
 mod matmul;
 pub mod mmq;
 mod moe;
+mod moe_chunk;
+mod moe_dev;
 mod ssm;
 pub mod unit;
 mod weight;
@@ -84,6 +87,10 @@ pub struct CudaBackend {
     qcache: Mutex<Option<matmul::QCache>>,
     /// Expert selections per layer and expert (`moe_selections`).
     moe_counts: Mutex<Vec<Vec<u64>>>,
+    /// Device bytes for expert tensors (`set_expert_budget`) and the expert cache's counters.
+    experts: experts::ExpertBudget,
+    /// Routing on the device for decode steps (`moe_dev`).
+    router: moe_dev::DevRouter,
 }
 
 impl CudaBackend {
@@ -103,7 +110,38 @@ impl CudaBackend {
             freq_factors: Mutex::new(Vec::new()),
             qcache: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
+            experts: experts::ExpertBudget::new(None),
+            router: Default::default(),
         })
+    }
+
+    /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
+    /// the experts beyond it stay in pinned host memory and the most recently routed are
+    /// cached on the device (see `experts`). `None`: no limit (experts that do not fit in
+    /// device memory are offloaded all the same, instead of failing the load).
+    pub fn set_expert_budget(&self, bytes: Option<usize>) {
+        self.experts.set(bytes);
+    }
+
+    /// Route `logits (n_tok, n_expert)` with the device router (`moe_dev`, as decode steps do)
+    /// and download the routes: the kernel against `quarrel_core::moe::route_reference`.
+    pub fn moe_route_on_device(&self, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+        self.dev.bind()?;
+        let n_tok = logits.len / p.n_expert.max(1);
+        if p.n_expert == 0 || p.n_used == 0 || p.n_used > p.n_expert.min(8) || p.n_expert > 1024 || logits.len != n_tok * p.n_expert {
+            return Err(CoreError::Shape(format!("device routing of {} logits, {} of {} experts", logits.len, p.n_used, p.n_expert)));
+        }
+        let bias = match bias {
+            Some(b) => self.rd(b)?,
+            None => 0,
+        };
+        let ph = self.router.route(&self.dev, None, self.rd(logits)?, n_tok, bias, p)?;
+        Ok(self.router.download_last(&self.dev, &ph)?)
+    }
+
+    /// What the expert cache did so far (hits, uploads).
+    pub fn expert_stats(&self) -> experts::ExpertStats {
+        self.experts.stats()
     }
 
     /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
@@ -271,7 +309,14 @@ impl Backend for CudaBackend {
 
     fn load_weight(&self, src: WeightSource<'_>) -> Result<CudaWeight> {
         self.dev.bind()?;
-        Ok(CudaWeight::load(&self.dev, src)?)
+        CudaWeight::load(&self.dev, src, &self.experts).map_err(|e| match e {
+            CudaError::OutOfMemory(m) => CoreError::OutOfMemory(format!(
+                "out of GPU memory loading {}: {m}{}",
+                src.name,
+                if src.name.contains("_exps") { "" } else { " (--expert-budget keeps experts in host memory; this is a dense weight, so the model needs a larger GPU or the CPU)" }
+            )),
+            e => e.into(),
+        })
     }
 
     fn weight_dims(&self, w: &CudaWeight) -> (usize, usize) {
@@ -379,6 +424,9 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         check_len("matmul input", x.len, n_tok * w.n_in)?;
         check_len("matmul output", out.len, n_tok * w.n_out)?;
+        if w.offload.is_some() {
+            return Err(CoreError::Unsupported("a plain matmul over an expert tensor kept in host memory (moe_matmul only)".into()));
+        }
         let xp = self.rd(x)?;
         let op = self.wr(out);
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
@@ -597,12 +645,30 @@ impl Backend for CudaBackend {
         }
         // every sequence one token (decode): the kernel for one query per tile
         let one = batch.seqs.iter().all(|s| s.len <= 1);
-        let qt = if one { 1 } else { batch::ATT_QT };
-        let name = format!("attn{}_{}_{dpl}", if one { "1" } else { "" }, kv::kv_name(kv.spec.ty));
+        // QUARREL_CUDA_ATTN_GROUP=1: decode warps take hp heads of one KV head (K/V read once for
+        // them). Off by default: H100 2026-11-22, TinyLlama at depth 2048 the grouped decode
+        // kernel took 42 us (f32) / 167 us (f16 vector path) against 23 / 35 us ungrouped (a
+        // warp per head keeps 8x more warps in flight under the 32-split cap)
+        static GROUP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let grouped = *GROUP.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_GROUP").is_ok_and(|v| v == "1"));
+        let group = p.n_head / p.n_kv_head;
+        let hp = if one && grouped { (1..=batch::ATT_QT.min(group)).rev().find(|d| group % d == 0).unwrap_or(1) } else { 1 };
+        // shared memory holds ATT_QT query rows in the tiled and grouped kernels (Ks follows them)
+        let qt = if one && hp == 1 { 1 } else { batch::ATT_QT };
+        let kind = match (one, hp > 1) {
+            (true, true) => "1g",
+            (true, false) => "1",
+            _ => "",
+        };
+        let name = format!("attn{kind}_{}_{dpl}", kv::kv_name(kv.spec.ty));
         let rot = kv_rotation(&kv.spec)?;
         // the CPU rounds q to f16 for sequences shorter than 64 tokens over an f16 cache
         // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
-        let q16 = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
+        // (kernels/attention.cu: ggml's vector-path numerics, the V accumulator in f16);
+        // QUARREL_CUDA_ATTN_F32=1: all-f32 attention (faster to compare, not the CPU's numbers)
+        static ATTN_F32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let f32_only = *ATTN_F32.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_F32").is_ok_and(|v| v == "1"));
+        let q16 = !f32_only && kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
@@ -610,25 +676,21 @@ impl Backend for CudaBackend {
             // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
             // (each block sizes its share from the positions on the device), so decode steps
             // repeat exactly and replay as a graph
-            let blocks = db.n_tiles * p.n_head;
+            let blocks = db.n_tiles * p.n_head / hp;
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
             // decode batches of several sequences: one warp per (sequence, KV head) serves its
-            // query heads (batch.rs: gqa_decode)
-            let gqa = if one { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
+            // query heads (batch.rs: gqa_decode; f32 accumulation, not the vector path's f16)
+            let gqa = if one && hp == 1 { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
+            let gqa_launch = gqa.is_some();
             let (name, grid, n_split, smem) = match gqa {
                 Some(g) => (g.name, g.grid, g.n_split, g.smem),
                 None => {
                     let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
-                    (name, (db.n_tiles as u32, p.n_head as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
+                    (name, (db.n_tiles as u32, (p.n_head / hp) as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
                 }
             };
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            self.dev.launch(
-                &name,
-                grid,
-                32,
-                smem,
-                &[
+            let args = [
                     Arg::P(qp),
                     Arg::P(kp),
                     Arg::P(vp),
@@ -647,8 +709,11 @@ impl Backend for CudaBackend {
                     Arg::I(rot as i32),
                     Arg::I(q16 as i32),
                     Arg::P(koff),
-                ],
-            )?;
+                    Arg::I(hp as i32),
+                ];
+            // attng_* (gqa) take attn1_*'s parameters without the last (hp)
+            let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
+            self.dev.launch(&name, grid, 32, smem, &args[..n_args])?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
             self.dev.launch(
                 "attn_combine",
@@ -665,6 +730,15 @@ impl Backend for CudaBackend {
 
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;
+        let n_tok = logits.len / p.n_expert.max(1);
+        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p, self.experts.any_offloaded()) {
+            let bias = match bias {
+                Some(b) if b.len == p.n_expert => self.rd(b)?,
+                Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),
+                None => 0,
+            };
+            return Ok(self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?);
+        }
         let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
         let b: Option<Vec<f32>> = match bias {
             Some(b) => Some(self.dev.download(self.rd(b)?, b.len)?),
@@ -674,20 +748,28 @@ impl Backend for CudaBackend {
     }
 
     fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
-        Ok(self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.clone())
+        let mut c = self.moe_counts.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.clone();
+        self.router.add_counts(&self.dev, &mut c)?;
+        Ok(c)
     }
 
     fn moe_matmul(&self, w: &CudaWeight, n_expert: usize, x: &CudaBuf, routes: &[Route], x_per_token: bool, out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
-        Ok(moe::moe_matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes, x_per_token, op)?)
+        if moe_dev::on_device(routes) {
+            return Ok(self.router.matmul(&self.dev, w, n_expert, xp, x.len, routes.len(), x_per_token, op)?);
+        }
+        Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op)?)
     }
 
     fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
         let yp = self.rd(y)?;
         let op = self.rw(out)?;
+        if moe_dev::on_device(routes) {
+            return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len)?);
+        }
         Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len)?)
     }
 

@@ -77,7 +77,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     }
     if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm {
         gemv(dev, qc, w, x, n_tok, out)
-    } else if matches!(w.dev_ty, DevType::Quant(_)) && crate::mmq::mmq_wins(w.n_in, w.n_out, n_tok) {
+    } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
         crate::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)

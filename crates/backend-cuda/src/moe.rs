@@ -4,15 +4,21 @@
 //!  router logits ──download──► host router (quarrel_core::moe::route_with) ──► routes
 //!  x ──gather_rows (grouped by expert)──► xs ──mmq per expert (weight rows of that expert)──► ys
 //!  ys ──moe_scatter_rows──► out (route order)
+//!  (steps of at most GEMV_MAX_TOKENS tokens instead: x ──quantize_q8──► moe_gemv, every route's
+//!   row of its expert in one launch, written in route order; few routes per expert:
+//!   moe_chunk's chunked GEMV, one launch)
 //!  y (routes, d) ──moe_combine (per token, route order)──► out[token] += weight · y
 //! ```
 //!
 //! The expert weights are one 3-D tensor `(n_in, n_out, n_expert)` in the repacked device
 //! layout, whose rows are contiguous: expert `e` starts `e · n_out` rows in. Every expert
 //! matmul runs MMQ (exact integer block sums over Q8 activations, as the dense matmuls).
+//! Expert tensors beyond `--expert-budget` live in host memory (`experts::Offload`): each
+//! routed expert is taken from its device slot, uploaded first when it is not cached.
 
 use crate::device::{Arg, Device};
 use crate::error::CudaError;
+use crate::experts::ExpertBudget;
 use crate::matmul::QCache;
 use crate::mmq;
 use crate::weight::{CudaWeight, DevType};
@@ -38,6 +44,7 @@ pub fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, 
 pub(crate) fn moe_matmul(
     dev: &Device,
     qc: &Mutex<Option<QCache>>,
+    budget: &ExpertBudget,
     w: &CudaWeight,
     n_expert: usize,
     x: u64,
@@ -62,6 +69,15 @@ pub(crate) fn moe_matmul(
         return Ok(());
     }
     let groups = group_by_expert(routes, n_expert)?;
+    // decode-sized steps: one routed-expert GEMV launch (no gather / scatter, no per-expert MMQ)
+    let n_tok = routes.iter().map(|r| r.token as usize + 1).max().unwrap_or(0);
+    if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in % 32 == 0 {
+        return moe_gemv(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+    }
+    // few routes per expert (many experts): chunked GEMV, one launch (moe_chunk)
+    if n_in % 32 == 0 && crate::moe_chunk::applies(routes.len(), groups.len()) && !no_chunk() {
+        return crate::moe_chunk::matmul(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+    }
     let (mut src, mut dst) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
     for (_, idx) in &groups {
         for &i in idx {
@@ -85,16 +101,125 @@ pub(crate) fn moe_matmul(
     let (pb, m_b) = mmq::unit_bytes(name)?;
     let mut o = 0usize;
     for (e, idx) in &groups {
-        let row0 = (e * n_out * units) as u64;
-        let p = w.p.ptr + row0 * pb.0 / pb.1;
-        let m = if m_b == 0 { 0 } else { w.m_ptr() + row0 * m_b };
         let xo = xs.ptr() + (4 * o * n_in) as u64;
         let yo = ys.ptr() + (4 * o * n_out) as u64;
-        mmq::mmq_raw(dev, qc, name, p, m, n_in, n_out, xo, idx.len(), yo)?;
+        if let Some(off) = &w.offload {
+            // kept in host memory: the expert's cached slot (uploaded when missing)
+            let ex = off.expert(dev, budget, *e, idx.len())?;
+            mmq::mmq_raw(dev, qc, name, ex.p, ex.m, n_in, n_out, xo, idx.len(), yo)?;
+        } else {
+            let row0 = (e * n_out * units) as u64;
+            let p = w.p.ptr + row0 * pb.0 / pb.1;
+            let m = if m_b == 0 { 0 } else { w.m_ptr() + row0 * m_b };
+            mmq::mmq_raw(dev, qc, name, p, m, n_in, n_out, xo, idx.len(), yo)?;
+        }
         o += idx.len();
     }
     clear(qc);
     dev.launch_1d("moe_scatter_rows", (n * n_out) as u64, &[Arg::P(ys.ptr()), Arg::P(dst_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)])
+}
+
+/// Routed expert GEMV (`moe_gemv_<type>`): x quantized to Q8 once, then every route's row of
+/// its expert in one launch. Offloaded experts: their slots when all of this step's experts
+/// fit in them at once, else one launch per expert right after its upload.
+#[allow(clippy::too_many_arguments)]
+fn moe_gemv(
+    dev: &Device,
+    budget: &ExpertBudget,
+    w: &CudaWeight,
+    name: &str,
+    n_out: usize,
+    x: u64,
+    n_src: usize,
+    routes: &[Route],
+    x_per_token: bool,
+    groups: &[(usize, Vec<usize>)],
+    out: u64,
+) -> Result<(), CudaError> {
+    let n_in = w.n_in;
+    let units = n_in / 32;
+    let nb = n_src * units;
+    let xq = dev.scratch(n_src * n_in)?;
+    let xm = dev.scratch(nb * 8)?;
+    dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+    let (pb, m_b) = mmq::unit_bytes(name)?;
+    let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
+    let kernel = format!("moe_gemv_{name}");
+    // one launch over `rows`: (weight planes, source row, output row)
+    let launch = |rows: &[(u64, u64, u32, u32)]| -> Result<(), CudaError> {
+        let wp: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let wm: Vec<u64> = rows.iter().map(|r| r.1).collect();
+        let src: Vec<u32> = rows.iter().map(|r| r.2).collect();
+        let dst: Vec<u32> = rows.iter().map(|r| r.3).collect();
+        let (wp_d, wm_d, src_d, dst_d) = (dev.upload_async(&wp)?, dev.upload_async(&wm)?, dev.upload_async(&src)?, dev.upload_async(&dst)?);
+        // warps per row group by the matrix shape alone (moe_chunk::wpr_for: the same sums as
+        // a prefill's chunked GEMV)
+        let wpr = crate::moe_chunk::wpr_for(n_out, units);
+        let grid = (n_out.div_ceil(8 / wpr) as u32, rows.len() as u32, 1);
+        dev.launch(
+            &kernel,
+            grid,
+            128,
+            0,
+            &[
+                Arg::P(wp_d.ptr()),
+                Arg::P(wm_d.ptr()),
+                Arg::P(src_d.ptr()),
+                Arg::P(dst_d.ptr()),
+                Arg::P(xq.ptr()),
+                Arg::P(xm.ptr()),
+                Arg::P(out),
+                Arg::I(units as i32),
+                Arg::I(n_out as i32),
+                Arg::I(wpr as i32),
+            ],
+        )
+    };
+    let row = |i: usize, p: u64, m: u64| -> Result<(u64, u64, u32, u32), CudaError> {
+        let s = if x_per_token { routes[i].token as usize } else { i };
+        if s >= n_src {
+            return Err(CudaError::Shape(format!("moe_matmul: input row {s} of {n_src}")));
+        }
+        Ok((p, m, s as u32, i as u32))
+    };
+    match &w.offload {
+        None => {
+            let mut rows = Vec::with_capacity(routes.len());
+            for (e, idx) in groups {
+                let p = w.p.ptr + *e as u64 * slice_p;
+                let m = if m_b == 0 { 0 } else { w.m_ptr() + *e as u64 * slice_m };
+                for &i in idx {
+                    rows.push(row(i, p, m)?);
+                }
+            }
+            launch(&rows)
+        }
+        Some(off) if off.slots >= groups.len() => {
+            // every expert of the step in a slot at once (the newest ticks: none evicts another)
+            let mut rows = Vec::with_capacity(routes.len());
+            for (e, idx) in groups {
+                let ex = off.expert(dev, budget, *e, idx.len())?;
+                for &i in idx {
+                    rows.push(row(i, ex.p, ex.m)?);
+                }
+            }
+            launch(&rows)
+        }
+        Some(off) => {
+            for (e, idx) in groups {
+                let ex = off.expert(dev, budget, *e, idx.len())?;
+                let rows = idx.iter().map(|&i| row(i, ex.p, ex.m)).collect::<Result<Vec<_>, _>>()?;
+                launch(&rows)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `QUARREL_CUDA_MOE_CHUNK=0`: prefill experts always through MMQ per expert.
+fn no_chunk() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_CHUNK").is_ok_and(|v| v == "0"))
 }
 
 fn clear(qc: &Mutex<Option<QCache>>) {
@@ -157,5 +282,7 @@ pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32],
 
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
-    ["moe_scatter_rows", "moe_combine", "relu_sqr"].iter().map(|s| s.to_string()).collect()
+    let mut v: Vec<String> = ["moe_scatter_rows", "moe_combine", "relu_sqr"].iter().map(|s| s.to_string()).collect();
+    v.extend(["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"].iter().map(|t| format!("moe_gemv_{t}")));
+    v
 }

@@ -11,6 +11,7 @@
 
 use crate::device::{DevMem, Device};
 use crate::error::CudaError;
+use crate::experts::{ExpertBudget, Offload};
 use quarrel_core::{QuantType, WeightSource};
 
 /// How the kernels read a weight.
@@ -46,6 +47,28 @@ pub struct CudaWeight {
     pub bytes: usize,
     /// An f16 copy for the prefill GEMM, made on first use when memory allows.
     pub(crate) f16: std::sync::Mutex<Option<DevMem>>,
+    /// Multiply with decode's numerics at every token count (MMQ for quantized weights, never
+    /// the f16 GEMM): set for models with experts or recurrent layers (`exact_prefill`), whose
+    /// discrete routing choices and carried state must see the same numbers in a prefill as
+    /// token by token.
+    pub exact: bool,
+    /// A 3-D expert tensor beyond the expert budget: in host memory, hot experts cached on the
+    /// device (`p`, `m` are then placeholders).
+    pub(crate) offload: Option<crate::experts::Offload>,
+}
+
+/// Whether `g`'s weights multiply with decode's numerics at every token count: the file has
+/// experts (`{arch}.expert_count` > 0) or Mamba2 layers (`{arch}.ssm.state_size`), unless
+/// `QUARREL_CUDA_MOE_EXACT=0` (then a long prefill takes the f16 tensor-core GEMM: faster, and
+/// a near-tie in a router may pick another expert than token-by-token decode would).
+pub fn exact_prefill(g: &quarrel_gguf::Gguf) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_EXACT").is_ok_and(|v| v == "0")) {
+        return false;
+    }
+    let Ok(arch) = g.architecture() else { return false };
+    let experts = g.get_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) > 0;
+    experts || g.get(&format!("{arch}.ssm.state_size")).is_some()
 }
 
 impl CudaWeight {
@@ -53,7 +76,9 @@ impl CudaWeight {
         self.m.as_ref().map_or(0, |m| m.ptr)
     }
 
-    pub(crate) fn load(dev: &Device, src: WeightSource<'_>) -> Result<CudaWeight, CudaError> {
+    /// Upload `src`; a 3-D expert tensor that does not fit `budget` (or device memory) stays
+    /// in host memory (`experts::Offload`).
+    pub(crate) fn load(dev: &Device, src: WeightSource<'_>, budget: &ExpertBudget) -> Result<CudaWeight, CudaError> {
         let g = src.gguf;
         let info = g
             .tensor_info(src.name)
@@ -62,9 +87,10 @@ impl CudaWeight {
         let n_out = (info.n_elements() / info.dims[0].max(1)) as usize;
         let bytes = g.tensor_bytes(info);
         let ty = info.ty;
+        let exact = exact_prefill(g);
         if info.dims.len() == 1 {
             let v = dequant(ty, bytes, n_in, src.name)?;
-            return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v);
+            return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v, exact);
         }
         let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && n_in % 8 != 0 { None } else { repack(ty, bytes) };
         let Some((dev_ty, p, m)) = repacked else {
@@ -74,9 +100,33 @@ impl CudaWeight {
             // no kernel for this type: f16 copy
             let v = dequant(ty, bytes, n_in * n_out, src.name)?;
             let h: Vec<u16> = v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
-            return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h);
+            return Self::plain(dev, ty, DevType::F16, n_in, n_out, &h, exact);
         };
         let total = p.len() + m.as_ref().map_or(0, |m| m.len());
+        let experts = info.dims.len() == 3 && matches!(dev_ty, DevType::Quant(_));
+        if experts {
+            let n_expert = info.dims[2] as usize;
+            // fits the budget: resident, unless the device itself is full (then offloaded
+            // without slots rather than failing the load)
+            let (resident, slots_from) = if budget.take(total) {
+                match (DevMem::upload(dev, &p), m.as_ref().map(|m| DevMem::upload(dev, m)).transpose()) {
+                    (Ok(pd), Ok(md)) => (Some((pd, md)), None),
+                    (Err(CudaError::OutOfMemory(_)), _) | (_, Err(CudaError::OutOfMemory(_))) => (None, None),
+                    (Err(e), _) | (_, Err(e)) => return Err(e),
+                }
+            } else {
+                (None, Some(budget))
+            };
+            if resident.is_none() {
+                budget.mark_offloaded();
+            }
+            let (pd, md, off) = match resident {
+                Some((pd, md)) => (pd, md, None),
+                None => (DevMem::alloc(dev, 256)?, None, Some(Offload::new(dev, slots_from, &p, m.as_deref(), n_expert)?)),
+            };
+            let bytes = off.as_ref().map_or(total, |o| o.device_bytes());
+            return Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: pd, m: md, bytes, f16: Default::default(), exact, offload: off });
+        }
         Ok(CudaWeight {
             ty,
             dev_ty,
@@ -86,11 +136,14 @@ impl CudaWeight {
             m: m.map(|m| DevMem::upload(dev, &m)).transpose()?,
             bytes: total,
             f16: Default::default(),
+            exact,
+            offload: None,
         })
     }
 
-    fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T]) -> Result<CudaWeight, CudaError> {
-        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default() })
+    #[allow(clippy::too_many_arguments)]
+    fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T], exact: bool) -> Result<CudaWeight, CudaError> {
+        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default(), exact, offload: None })
     }
 }
 

@@ -39,6 +39,11 @@ pub struct ModelArgs {
     /// CPU), cpu, or cuda[:N].
     #[arg(long = "device", default_value = "auto")]
     pub device: String,
+    /// GPU memory for a mixture-of-experts model's expert weights (e.g. 8G): experts beyond it
+    /// stay in host memory and the most recently routed are cached on the GPU (default: all on
+    /// the GPU while they fit).
+    #[arg(long = "expert-budget", value_parser = parse_bytes)]
+    pub expert_budget: Option<usize>,
 }
 
 impl ModelArgs {
@@ -67,7 +72,7 @@ impl ModelArgs {
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {} on {device}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(100));
-        let engine = load_engine(device, self.threads, &path, opts);
+        let engine = load_engine(device, self.threads, &path, opts, self.expert_budget);
         spinner.finish_and_clear();
         let engine = engine?;
         with_engine!(ref &engine, e => {
@@ -152,12 +157,14 @@ macro_rules! with_engine {
 }
 pub(crate) use with_engine;
 
-/// Load `path` on `device` (`threads` for the CPU backend).
-pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineOptions) -> Result<AnyEngine> {
+/// Load `path` on `device` (`threads` for the CPU backend; `expert_budget`: GPU bytes for
+/// expert weights, the CPU keeps them all in its mapping).
+pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineOptions, expert_budget: Option<usize>) -> Result<AnyEngine> {
     Ok(match device {
         DeviceSel::Cpu => AnyEngine::Cpu(load_on(CpuBackend::new(threads)?, path, opts)?),
         DeviceSel::Cuda(n) => {
             let be = CudaBackend::new(n).with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
+            be.set_expert_budget(expert_budget);
             AnyEngine::Cuda(load_on(be, path, opts)?)
         }
     })

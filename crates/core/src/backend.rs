@@ -110,6 +110,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Route `logits (n_tok, n_expert)` of model layer `layer` (plus the optional selection
     /// `bias (n_expert)`): `n_tok * n_used` routes, token-major (see
     /// `quarrel_core::moe::route_reference`). Backends count selections per (layer, expert).
+    /// A device backend may keep the experts and weights on the device and return routes whose
+    /// `expert` / `weight` are placeholders (token order intact) that only its own `moe_matmul`
+    /// and `moe_combine` resolve: pass the routes back unchanged, do not read them.
     fn moe_route(&self, _layer: usize, _logits: &Self::Buf, _bias: Option<&Self::Buf>, _p: &MoeRouting) -> Result<Vec<Route>> {
         Err(CoreError::Unsupported(format!("{}: moe_route", self.name())))
     }

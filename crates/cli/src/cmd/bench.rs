@@ -76,6 +76,9 @@ pub struct Args {
     /// Compute device: auto (CUDA GPU when present, else CPU), cpu, or cuda[:N].
     #[arg(long = "device", default_value = "auto")]
     pub device: String,
+    /// GPU memory for expert weights (as `quarrel run --expert-budget`).
+    #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
+    pub expert_budget: Option<usize>,
     /// Skip the warm-up run before each test.
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
@@ -286,7 +289,7 @@ pub fn main(a: Args) -> Result<()> {
             if a.profile && device != crate::common::DeviceSel::Cpu {
                 bail!("--profile times ops on the CPU backend only (use --device cpu)");
             }
-            crate::common::with_engine!(crate::common::load_engine(device, t, path, opts.clone())?, engine => {
+            crate::common::with_engine!(crate::common::load_engine(device, t, path, opts.clone(), a.expert_budget)?, engine => {
                 let load_ms = t0.elapsed().as_secs_f64() * 1e3;
                 let info = engine.model.info().clone();
                 let model_size: u64 = engine.gguf.tensors().iter().map(|x| x.n_bytes).sum();

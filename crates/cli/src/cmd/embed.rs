@@ -186,6 +186,7 @@ pub fn main(a: Args) -> Result<()> {
         batch: a.ubatch,
         kv_mem: None,
         device: a.device.clone(),
+        expert_budget: None,
     };
     let Some((data, meta, dataset)) = endpoints else {
         let engine = model.spawn_service(ServiceOptions::default())?;

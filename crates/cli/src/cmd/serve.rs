@@ -42,6 +42,9 @@ pub struct Args {
     pub batch: usize,
     #[arg(long = "device", default_value = "auto")]
     pub device: String,
+    /// GPU memory for mixture-of-experts weights (as `quarrel run --expert-budget`).
+    #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
+    pub expert_budget: Option<usize>,
     /// Most sequences decoding at once per model.
     #[arg(long, default_value_t = 64)]
     pub parallel: usize,
@@ -239,7 +242,7 @@ pub fn main(a: Args) -> Result<()> {
     let loader = CliLoader {
         explicit: explicit.clone(),
         models_dir: a.models_dir.clone(),
-        args: ModelArgs { model: None, threads: a.threads, ctx: a.ctx, kv_type: a.kv_type.clone(), batch: a.batch, kv_mem: a.kv_mem, device: a.device.clone() },
+        args: ModelArgs { model: None, threads: a.threads, ctx: a.ctx, kv_type: a.kv_type.clone(), batch: a.batch, kv_mem: a.kv_mem, device: a.device.clone(), expert_budget: a.expert_budget },
         opts,
         kv_seqs: a.kv_seqs,
     };

@@ -1,0 +1,190 @@
+//! MoE routing on the device for decode-sized steps: no download, no host round trip per layer,
+//! so a decode step stays one submission (and a replayable graph).
+//!
+//! ```text
+//!  logits (n_tok, n_expert) ──moe_route──► eids, wts (n_tok · n_used, token-major) + counts[layer]
+//!  moe_route returns placeholder routes (token, DEVICE_EXPERT, NaN): the trait's routes in
+//!  number and token order, whose experts and weights live on the device until
+//!  moe_matmul (moe_gemv_dev_<type>) and moe_combine (moe_combine_dev) read them.
+//! ```
+//!
+//! The kernel computes what `quarrel_core::moe::route_reference` computes (the host path of
+//! prefill steps): exp correctly rounded as glibc's expf (nearly always), the softmax sum in f64
+//! (another order: the same f32 result but in the rarest cases), the same tie and NaN order.
+//! Used when every expert tensor is resident (no `--expert-budget` offload), at most
+//! `GEMV_MAX_TOKENS` tokens, at most 8 experts per token and 1024 experts;
+//! `QUARREL_CUDA_HOST_ROUTE=1` keeps routing on the host.
+
+use crate::device::{Arg, DevMem, Device, PoolMem};
+use crate::error::CudaError;
+use crate::mmq;
+use crate::weight::{CudaWeight, DevType};
+use quarrel_core::{Gating, MoeRouting, Route};
+use std::sync::Mutex;
+
+/// The expert of a placeholder route (its real expert is on the device).
+pub const DEVICE_EXPERT: u32 = u32::MAX;
+
+/// The last device routing (the layer being computed) and the per-layer selection counts.
+#[derive(Default)]
+pub struct DevRouter {
+    last: Mutex<Option<DevRoutes>>,
+    counts: Mutex<Vec<Option<(usize, DevMem)>>>,
+}
+
+struct DevRoutes {
+    eids: PoolMem,
+    wts: PoolMem,
+    n_tok: usize,
+    n_used: usize,
+}
+
+/// Whether placeholder routes stand for a device routing.
+pub fn on_device(routes: &[Route]) -> bool {
+    routes.first().is_some_and(|r| r.expert == DEVICE_EXPERT)
+}
+
+/// Whether a step of `n_tok` tokens routes on the device.
+pub fn applies(n_tok: usize, p: &MoeRouting, offloaded: bool) -> bool {
+    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let host = *HOST.get_or_init(|| std::env::var("QUARREL_CUDA_HOST_ROUTE").is_ok_and(|v| v == "1"));
+    !host && !offloaded && n_tok > 0 && n_tok <= crate::matmul::GEMV_MAX_TOKENS && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, CudaError> {
+    m.lock().map_err(|_| CudaError::Driver("MoE router lock poisoned".into()))
+}
+
+impl DevRouter {
+    /// Route `n_tok` rows of `logits` (device pointer) for model layer `layer` (`None`: not
+    /// counted).
+    pub fn route(&self, dev: &Device, layer: Option<usize>, logits: u64, n_tok: usize, bias: u64, p: &MoeRouting) -> Result<Vec<Route>, CudaError> {
+        let n = n_tok * p.n_used;
+        let counts = if let Some(layer) = layer {
+            let mut c = lock(&self.counts)?;
+            if c.len() <= layer {
+                c.resize_with(layer + 1, || None);
+            }
+            if !c[layer].as_ref().is_some_and(|(ne, _)| *ne == p.n_expert) {
+                let m = DevMem::alloc(dev, 8 * p.n_expert)?;
+                dev.memset0(m.ptr, 8 * p.n_expert)?;
+                c[layer] = Some((p.n_expert, m));
+            }
+            c[layer].as_ref().map(|(_, m)| m.ptr).unwrap_or(0)
+        } else {
+            0
+        };
+        let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
+        dev.launch(
+            "moe_route",
+            (n_tok as u32, 1, 1),
+            32,
+            (8 * p.n_expert) as u32,
+            &[
+                Arg::P(logits),
+                Arg::P(bias),
+                Arg::P(eids.ptr()),
+                Arg::P(wts.ptr()),
+                Arg::P(counts),
+                Arg::I(p.n_expert as i32),
+                Arg::I(p.n_used as i32),
+                Arg::I((p.gating == Gating::Sigmoid) as i32),
+                Arg::I(p.norm_weights as i32),
+                Arg::F(p.scale),
+            ],
+        )?;
+        *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used });
+        Ok((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect())
+    }
+
+    /// The routes' expert matmul: `out (routes, n_out)` from `x` (per token or per route).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(&self, dev: &Device, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64) -> Result<(), CudaError> {
+        let last = lock(&self.last)?;
+        let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
+        let DevType::Quant(name) = w.dev_ty else {
+            return Err(CudaError::Unsupported(format!("expert weights of type {} (quantized types only)", w.ty)));
+        };
+        if w.offload.is_some() {
+            return Err(CudaError::Unsupported("device routes over experts kept in host memory".into()));
+        }
+        let (n_in, n_out) = (w.n_in, w.n_out / n_expert.max(1));
+        let n_src = if x_per_token { r.n_tok } else { n_routes };
+        if n_in % 32 != 0 || x_len != n_src * n_in {
+            return Err(CudaError::Shape(format!("moe_matmul input: {x_len} values for {n_src} rows of {n_in}")));
+        }
+        let units = n_in / 32;
+        let nb = n_src * units;
+        let (xq, xm) = (dev.scratch(n_src * n_in)?, dev.scratch(nb * 8)?);
+        dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+        let (pb, m_b) = mmq::unit_bytes(name)?;
+        let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
+        // warps per row group by the matrix shape alone (as moe::moe_gemv and moe_chunk)
+        let wpr = crate::moe_chunk::wpr_for(n_out, units);
+        dev.launch(
+            &format!("moe_gemv_dev_{name}"),
+            (n_out.div_ceil(8 / wpr) as u32, n_routes as u32, 1),
+            128,
+            0,
+            &[
+                Arg::P(w.p.ptr),
+                Arg::P(w.m_ptr()),
+                Arg::U64(slice_p),
+                Arg::U64(slice_m),
+                Arg::P(r.eids.ptr()),
+                Arg::I(r.n_used as i32),
+                Arg::I(x_per_token as i32),
+                Arg::P(xq.ptr()),
+                Arg::P(xm.ptr()),
+                Arg::P(out),
+                Arg::I(units as i32),
+                Arg::I(n_out as i32),
+                Arg::I(wpr as i32),
+            ],
+        )
+    }
+
+    /// `out[token] += weight · y[route]` over the device routes.
+    pub fn combine(&self, dev: &Device, y: u64, y_len: usize, n_routes: usize, out: u64, out_len: usize) -> Result<(), CudaError> {
+        let last = lock(&self.last)?;
+        let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
+        let d = y_len / n_routes.max(1);
+        if d == 0 || y_len != d * n_routes || out_len != r.n_tok * d {
+            return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
+        }
+        dev.launch_1d("moe_combine_dev", out_len as u64, &[Arg::P(y), Arg::P(r.wts.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(r.n_tok as i32), Arg::I(r.n_used as i32)])
+    }
+
+    /// The last routing's experts and weights, downloaded (tests: the kernel vs its host twin).
+    pub fn download_last(&self, dev: &Device, placeholders: &[Route]) -> Result<Vec<Route>, CudaError> {
+        let last = lock(&self.last)?;
+        let r = last.as_ref().filter(|r| r.n_tok * r.n_used == placeholders.len()).ok_or_else(|| CudaError::Shape("no device routing to download".into()))?;
+        let e: Vec<u32> = dev.download(r.eids.ptr(), placeholders.len())?;
+        let w: Vec<f32> = dev.download(r.wts.ptr(), placeholders.len())?;
+        Ok(placeholders.iter().zip(e.iter().zip(&w)).map(|(p, (&expert, &weight))| Route { token: p.token, expert, weight }).collect())
+    }
+
+    /// Selections counted on the device, added into `counts[layer][expert]`.
+    pub fn add_counts(&self, dev: &Device, counts: &mut Vec<Vec<u64>>) -> Result<(), CudaError> {
+        let c = lock(&self.counts)?;
+        for (layer, m) in c.iter().enumerate() {
+            let Some((ne, m)) = m else { continue };
+            let v: Vec<u64> = dev.download(m.ptr, *ne)?;
+            if counts.len() <= layer {
+                counts.resize(layer + 1, Vec::new());
+            }
+            if counts[layer].len() < *ne {
+                counts[layer].resize(*ne, 0);
+            }
+            counts[layer].iter_mut().zip(&v).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+}
+
+/// Kernel names this module launches.
+pub fn kernel_names() -> Vec<String> {
+    let mut v = vec!["moe_route".to_string(), "moe_combine_dev".to_string()];
+    v.extend(["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"].iter().map(|t| format!("moe_gemv_dev_{t}")));
+    v
+}
