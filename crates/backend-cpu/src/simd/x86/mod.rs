@@ -17,6 +17,8 @@
 //! | `repack.rs`        | AVX-512 VNNI tiles over 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K (`simd::repack`) |
 //! | `repack_avx2.rs`   | their AVX2 twins (bit-identical)                                 |
 //! | `attn.rs`          | AVX2: attention runs bit-identical to `simd::attn`'s twins       |
+//! | `attn512.rs`       | AVX-512: decode attention (f16 cache), chunked, bit-identical      |
+//! | `expf.rs`          | AVX-512: 16-lane `expf` bit-identical to glibc's (softmax)       |
 //!
 //! No `vpgatherdd`: with the gather-data-sampling microcode fix (Skylake .. Ice Lake /
 //! Tiger Lake) a gather costs ~20 ns, so block scales are loaded with scalar loads. The
@@ -29,6 +31,8 @@
 //! `assert!`), so the raw-pointer loads inside stay within the slices.
 
 pub(crate) mod attn;
+pub(crate) mod attn512;
+pub(crate) mod expf;
 mod avx512_kquants;
 mod avx512_legacy;
 mod float;

@@ -1,0 +1,177 @@
+//! AVX-512 decode attention over an f16 cache (llama.cpp's "vector" path) for the heads that
+//! share a KV head, bit-identical per head to `simd::attn::vec_f16_run_ref`.
+//!
+//! llama.cpp walks the positions one by one: score, running max, `expf`, then the f16 V
+//! accumulator update. Only the last step depends on the previous position, so this kernel
+//! splits a run into chunks of [`CH`] positions and does, per chunk:
+//!
+//! ```text
+//!  1. scores of all CH positions (ggml_vec_dot_f16's AVX-512 order; K chunk widened once
+//!     for all heads; positions independent, so they overlap in the pipeline)
+//!  2. per head, in position order: the running max m and the exp argument of each position
+//!     (m_old - s at a new max, s - m otherwise), then all CH exponentials at once (`expf`,
+//!     16 lanes, bit-identical to libm's), then S = S·ms + w in position order
+//!  3. per 64 dims: the heads' V accumulators held in registers over the chunk's positions:
+//!     acc = r16(acc·ms) at a new max, acc = r16(fma(v, w, acc)) (V chunk widened once)
+//! ```
+//!
+//! Every float operation of a head is the reference's, in the reference's order per lane.
+
+use crate::simd::attn::{check_run, Online, Run, Scoring};
+use half::f16;
+use std::arch::x86_64::*;
+
+/// Positions per chunk (one 16-lane `expf` per head).
+const CH: usize = 16;
+
+/// Round 16 lanes to f16 values (nearest even), kept as f32.
+#[inline(always)]
+unsafe fn r16x16(x: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+#[inline(always)]
+unsafe fn widen(p: *const f16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// Per-chunk factors of `G` heads: `ms` (1 unless a new max), `w` (1 at a new max).
+struct Factors<const G: usize> {
+    ms: [[f32; CH]; G],
+    w: [[f32; CH]; G],
+    new_max: [u32; G],
+}
+
+/// `simd::attn::vec_f16_run` for `G` heads sharing a KV head (`hd % 16 == 0`). `vexp`:
+/// exponentials by [`super::expf::exp16`] (callers pass true only where it matches libm).
+///
+/// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
+    q16: &[&[f32]],
+    k: &[f16],
+    v: &[f16],
+    run: Run,
+    sc: Scoring,
+    st: &mut [Online],
+    acc: &mut [&mut [f32]],
+    vexp: bool,
+) {
+    assert!(q16.len() == G && st.len() == G && acc.len() == G);
+    let hd = q16[0].len();
+    assert!(hd.is_multiple_of(16) && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    check_run(&run, hd, k.len());
+    check_run(&run, hd, v.len());
+    let qp: [*const f32; G] = std::array::from_fn(|g| q16[g].as_ptr());
+    let ap: [*mut f32; G] = std::array::from_fn(|g| acc[g].as_mut_ptr());
+    let row = |j: usize| run.start + j * run.stride;
+    let mut j0 = 0;
+    while j0 < run.len {
+        let n = (run.len - j0).min(CH);
+        let mut s = [[0f32; CH]; G];
+        for jj in 0..n {
+            let sc_j = scores::<G>(&qp, k.as_ptr().add(row(j0 + jj)), hd, sc);
+            for g in 0..G {
+                s[g][jj] = sc_j[g];
+            }
+        }
+        let mut f = Factors { ms: [[1.0; CH]; G], w: [[1.0; CH]; G], new_max: [0; G] };
+        for g in 0..G {
+            let st = &mut st[g];
+            let mut x = [0f32; CH];
+            for jj in 0..n {
+                let sj = s[g][jj];
+                if sj > st.m {
+                    x[jj] = st.m - sj;
+                    st.m = sj;
+                    f.new_max[g] |= 1 << jj;
+                } else {
+                    x[jj] = sj - st.m;
+                }
+            }
+            if vexp {
+                super::expf::exp_slice(&mut x[..n]);
+            } else {
+                x[..n].iter_mut().for_each(|e| *e = e.exp());
+            }
+            for jj in 0..n {
+                if f.new_max[g] >> jj & 1 != 0 {
+                    f.ms[g][jj] = x[jj];
+                } else {
+                    f.w[g][jj] = x[jj];
+                }
+                // S = S*ms + vs, contracted to an FMA by ggml's compiler
+                st.s = st.s.mul_add(f.ms[g][jj], f.w[g][jj]);
+            }
+        }
+        let vrow = |jj: usize| v.as_ptr().add(row(j0 + jj));
+        let mut d = 0;
+        while d + 64 <= hd {
+            v_update::<G, 4>(&ap, d, n, &vrow, &f);
+            d += 64;
+        }
+        while d < hd {
+            v_update::<G, 1>(&ap, d, n, &vrow, &f);
+            d += 16;
+        }
+        j0 += n;
+    }
+}
+
+/// The `G` heads' scores of the K row at `kr`: `ggml_vec_dot_f16`'s four 16-lane
+/// accumulators per head, folded as ggml's AVX-512 build folds them, the tail in f64.
+#[inline(always)]
+unsafe fn scores<const G: usize>(qp: &[*const f32; G], kr: *const f16, hd: usize, sc: Scoring) -> [f32; G] {
+    let np = hd & !63;
+    let mut a = [[_mm512_setzero_ps(); 4]; G];
+    let mut i = 0;
+    while i < np {
+        let kw: [__m512; 4] = std::array::from_fn(|c| widen(kr.add(i + 16 * c)));
+        for g in 0..G {
+            for c in 0..4 {
+                a[g][c] = _mm512_fmadd_ps(_mm512_loadu_ps(qp[g].add(i + 16 * c)), kw[c], a[g][c]);
+            }
+        }
+        i += 64;
+    }
+    std::array::from_fn(|g| {
+        let x = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][2]), _mm512_add_ps(a[g][1], a[g][3]));
+        let t8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))));
+        let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
+        let c = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        let mut sum = _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c))) as f64;
+        for d in np..hd {
+            sum += (*qp[g].add(d) * (*kr.add(d)).to_f32()) as f64;
+        }
+        sc.apply(sum as f32)
+    })
+}
+
+/// Dims `d..d + 16·C` of the heads' accumulators over the chunk's `n` positions, held in
+/// registers (`vrow(jj)`: the V row of position `jj`).
+#[inline(always)]
+unsafe fn v_update<const G: usize, const C: usize>(ap: &[*mut f32; G], d: usize, n: usize, vrow: impl Fn(usize) -> *const f16, f: &Factors<G>) {
+    let mut a: [[__m512; C]; G] = std::array::from_fn(|g| std::array::from_fn(|c| _mm512_loadu_ps(ap[g].add(d + 16 * c))));
+    for jj in 0..n {
+        let vr = vrow(jj).add(d);
+        let vw: [__m512; C] = std::array::from_fn(|c| widen(vr.add(16 * c)));
+        for g in 0..G {
+            if f.new_max[g] >> jj & 1 != 0 {
+                let m = _mm512_set1_ps(f.ms[g][jj]);
+                for c in 0..C {
+                    a[g][c] = r16x16(_mm512_mul_ps(a[g][c], m));
+                }
+            }
+            let w = _mm512_set1_ps(f.w[g][jj]);
+            for c in 0..C {
+                a[g][c] = r16x16(_mm512_fmadd_ps(vw[c], w, a[g][c]));
+            }
+        }
+    }
+    for g in 0..G {
+        for c in 0..C {
+            _mm512_storeu_ps(ap[g].add(d + 16 * c), a[g][c]);
+        }
+    }
+}
