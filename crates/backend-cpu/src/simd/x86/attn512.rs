@@ -15,7 +15,8 @@
 //!     acc = r16(acc·ms) at a new max, acc = r16(fma(v, w, acc)) (V chunk widened once)
 //! ```
 //!
-//! Every float operation of a head is the reference's, in the reference's order per lane.
+//! (Helpers are `inline(always)` and use no closures: a closure would not inherit the
+//! target features, and its intrinsics would become calls.) Every float operation of a head is the reference's, in the reference's order per lane.
 
 use crate::simd::attn::{check_run, Online, Run, Scoring};
 use half::f16;
@@ -127,7 +128,10 @@ unsafe fn scores<const G: usize>(qp: &[*const f32; G], kr: *const f16, hd: usize
     let mut a = [[_mm512_setzero_ps(); 4]; G];
     let mut i = 0;
     while i < np {
-        let kw: [__m512; 4] = std::array::from_fn(|c| widen(kr.add(i + 16 * c)));
+        let mut kw = [_mm512_setzero_ps(); 4];
+        for c in 0..4 {
+            kw[c] = widen(kr.add(i + 16 * c));
+        }
         for g in 0..G {
             for c in 0..4 {
                 a[g][c] = _mm512_fmadd_ps(_mm512_loadu_ps(qp[g].add(i + 16 * c)), kw[c], a[g][c]);
@@ -135,7 +139,8 @@ unsafe fn scores<const G: usize>(qp: &[*const f32; G], kr: *const f16, hd: usize
         }
         i += 64;
     }
-    std::array::from_fn(|g| {
+    let mut out = [0f32; G];
+    for g in 0..G {
         let x = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][2]), _mm512_add_ps(a[g][1], a[g][3]));
         let t8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))));
         let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
@@ -144,18 +149,27 @@ unsafe fn scores<const G: usize>(qp: &[*const f32; G], kr: *const f16, hd: usize
         for d in np..hd {
             sum += (*qp[g].add(d) * (*kr.add(d)).to_f32()) as f64;
         }
-        sc.apply(sum as f32)
-    })
+        out[g] = sc.apply(sum as f32);
+    }
+    out
 }
 
 /// Dims `d..d + 16·C` of the heads' accumulators over the chunk's `n` positions, held in
 /// registers (`vrow(jj)`: the V row of position `jj`).
 #[inline(always)]
 unsafe fn v_update<const G: usize, const C: usize>(ap: &[*mut f32; G], d: usize, n: usize, vrow: impl Fn(usize) -> *const f16, f: &Factors<G>) {
-    let mut a: [[__m512; C]; G] = std::array::from_fn(|g| std::array::from_fn(|c| _mm512_loadu_ps(ap[g].add(d + 16 * c))));
+    let mut a = [[_mm512_setzero_ps(); C]; G];
+    for g in 0..G {
+        for c in 0..C {
+            a[g][c] = _mm512_loadu_ps(ap[g].add(d + 16 * c));
+        }
+    }
     for jj in 0..n {
         let vr = vrow(jj).add(d);
-        let vw: [__m512; C] = std::array::from_fn(|c| widen(vr.add(16 * c)));
+        let mut vw = [_mm512_setzero_ps(); C];
+        for c in 0..C {
+            vw[c] = widen(vr.add(16 * c));
+        }
         for g in 0..G {
             if f.new_max[g] >> jj & 1 != 0 {
                 let m = _mm512_set1_ps(f.ms[g][jj]);

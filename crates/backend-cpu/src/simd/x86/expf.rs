@@ -71,19 +71,18 @@ const TOP_LIMIT: u32 = 0x42a;
 /// 8 lanes of the main path (`x` already known to be in range).
 #[inline(always)]
 unsafe fn main8(x: __m256, tab: &[__m512i; 4]) -> __m256 {
-    let c = |b: u64| _mm512_set1_pd(f64::from_bits(b));
     let xd = _mm512_cvtps_pd(x);
-    let kd = _mm512_fmadd_pd(c(INV_LN2_N), xd, c(SHIFT));
+    let kd = _mm512_fmadd_pd(_mm512_set1_pd(f64::from_bits(INV_LN2_N)), xd, _mm512_set1_pd(f64::from_bits(SHIFT)));
     let ki = _mm512_castpd_si512(kd);
-    let kd = _mm512_sub_pd(kd, c(SHIFT));
-    let r = _mm512_fmsub_pd(c(INV_LN2_N), xd, kd);
+    let kd = _mm512_sub_pd(kd, _mm512_set1_pd(f64::from_bits(SHIFT)));
+    let r = _mm512_fmsub_pd(_mm512_set1_pd(f64::from_bits(INV_LN2_N)), xd, kd);
     let lo = _mm512_permutex2var_epi64(tab[0], ki, tab[1]);
     let hi = _mm512_permutex2var_epi64(tab[2], ki, tab[3]);
     let t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
     let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
-    let z = _mm512_fmadd_pd(r, c(C0), c(C1));
+    let z = _mm512_fmadd_pd(r, _mm512_set1_pd(f64::from_bits(C0)), _mm512_set1_pd(f64::from_bits(C1)));
     let r2 = _mm512_mul_pd(r, r);
-    let y = _mm512_fmadd_pd(r, c(C2), _mm512_set1_pd(1.0));
+    let y = _mm512_fmadd_pd(r, _mm512_set1_pd(f64::from_bits(C2)), _mm512_set1_pd(1.0));
     let y = _mm512_fmadd_pd(z, r2, y);
     _mm512_cvtpd_ps(_mm512_mul_pd(y, s))
 }
@@ -93,7 +92,13 @@ unsafe fn main8(x: __m256, tab: &[__m512i; 4]) -> __m256 {
 /// SAFETY: AVX-512F.
 #[target_feature(enable = "avx2,fma,avx512f")]
 pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
-    let tab: [__m512i; 4] = std::array::from_fn(|i| _mm512_loadu_si512(TAB.as_ptr().add(8 * i) as *const _));
+    let p = TAB.as_ptr();
+    let tab = [
+        _mm512_loadu_si512(p as *const _),
+        _mm512_loadu_si512(p.add(8) as *const _),
+        _mm512_loadu_si512(p.add(16) as *const _),
+        _mm512_loadu_si512(p.add(24) as *const _),
+    ];
     let lo = main8(_mm512_castps512_ps256(x), &tab);
     let hi = main8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))), &tab);
     let y = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi)));
