@@ -5,10 +5,11 @@
 //! Several tokens with a GEMM kernel for the type ([`simd::gemm_fn`]): activations are
 //! repacked into panels of [`GEMM_TOKENS`] tokens, each task repacks its rows into panels of
 //! [`GEMM_ROWS`] rows and runs tiles over them (token panels outer, so a panel stays in
-//! cache while the task's rows go by). Tasks split rows, and tokens too where there are few
-//! row chunks. Every output has the bits the one-row kernel gives it.
+//! cache while the task's rows go by). From `WIDE_MIN_TOKENS` tokens on, types with wide
+//! tiles use panels of [`GEMM_WIDE_TOKENS`] tokens instead. Tasks split rows, and tokens too
+//! where there are few row chunks. Every output has the bits the one-row kernel gives it.
 
-use crate::simd::{self, Dot4Fn, DotFn, Gemm, Gemv8Fn, GEMM_ROWS, GEMM_TOKENS, GEMV_ROWS};
+use crate::simd::{self, Dot4Fn, DotFn, Gemm, Gemv8Fn, GEMM_ROWS, GEMM_TOKENS, GEMM_WIDE_TOKENS, GEMV_ROWS};
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::Result;
 use std::cell::RefCell;
@@ -194,21 +195,39 @@ const MIN_PANELS_PER_TASK: usize = 8;
 /// Tasks wanted per thread (the pool hands them out one at a time).
 const TASKS_PER_THREAD: usize = 8;
 
+/// Fewest tokens for the wide tiles ([`Gemm::tile_wide`], 16 tokens; fewer tokens leave
+/// lanes idle, and below this the 8-token tiles do less work).
+const WIDE_MIN_TOKENS: usize = 12;
+
+/// `QUARREL_NO_WIDE_GEMM` (any value, read once): only the 8-token tiles (A/B runs).
+fn no_wide() -> bool {
+    static NO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NO.get_or_init(|| std::env::var_os("QUARREL_NO_WIDE_GEMM").is_some())
+}
+
 /// `out[t * n_out + r]` for all tokens through the GEMM tiles (`xq`: quantized activations,
 /// `arb` bytes per token).
 fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
-    let (n_in, apb) = (w.n_in, g.act_panel_bytes(w.n_in));
+    let n_in = w.n_in;
+    // the wide tiles where the kind has them and there are tokens enough
+    let wide = g.has_wide() && n_tok >= WIDE_MIN_TOKENS && !no_wide();
+    let gt = if wide { GEMM_WIDE_TOKENS } else { GEMM_TOKENS };
+    let apb = if wide { g.wide_act_panel_bytes(n_in) } else { g.act_panel_bytes(n_in) };
     // activation panels are always packed (once per call, shared by every task)
-    let n_groups = n_tok.div_ceil(GEMM_TOKENS);
-    let tokens = |gi: usize| gi * GEMM_TOKENS..(gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
+    let n_groups = n_tok.div_ceil(gt);
+    let tokens = |gi: usize| gi * gt..(gi * gt + gt).min(n_tok);
     with_scratch(Scratch::Act, n_groups * apb, |act| {
         let pack = |gi: usize, panel: &mut [u8]| {
-            let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
+            let mut rows: [&[u8]; GEMM_WIDE_TOKENS] = [&[]; GEMM_WIDE_TOKENS];
             let ts = tokens(gi);
             for (k, t) in ts.clone().enumerate() {
                 rows[k] = &xq[t * arb..(t + 1) * arb];
             }
-            g.pack_act(n_in, &rows[..ts.len()], panel);
+            if wide {
+                g.pack_act_wide(n_in, &rows[..ts.len()], panel);
+            } else {
+                g.pack_act(n_in, &rows[..ts.len()], panel);
+            }
         };
         let act = &mut act[..n_groups * apb];
         if n_groups >= 4 {
@@ -218,17 +237,19 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
         }
         let act: &[u8] = act;
         let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
-        run_tasks(be, g, w, n_tok, &act_panel, out);
+        run_tasks(be, g, w, n_tok, gt, &act_panel, out);
     });
 }
 
 /// The tasks of [`gemm`]: row panels x token groups over the weight's panels (packed on
 /// its first GEMM and kept).
-fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
+/// `gt`: tokens per activation panel ([`GEMM_TOKENS`], or [`GEMM_WIDE_TOKENS`] for the wide
+/// tiles).
+fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, gt: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let (wbytes, wrb, wpb) = (w.bytes(), w.row_bytes(), g.weight_panel_bytes(n_in));
     let raw = g.raw_panels();
-    let n_groups = n_tok.div_ceil(GEMM_TOKENS);
+    let n_groups = n_tok.div_ceil(gt);
     let n_panels = n_out.div_ceil(GEMM_ROWS);
     let want_tasks = TASKS_PER_THREAD * be.n_threads().max(1);
     let ppt = n_panels.div_ceil(want_tasks).clamp(MIN_PANELS_PER_TASK.min(n_panels), MAX_PANELS_PER_TASK);
@@ -268,18 +289,28 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
             let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
             let width = (p1 - p0) * GEMM_ROWS;
             // width <= MAX_PANELS_PER_TASK * GEMM_ROWS (ppt is clamped to it)
-            let mut stage = [0f32; GEMM_TOKENS * MAX_PANELS_PER_TASK * GEMM_ROWS];
+            let mut stage = [0f32; GEMM_WIDE_TOKENS * MAX_PANELS_PER_TASK * GEMM_ROWS];
             for gi in g0..g1 {
-                let t0 = gi * GEMM_TOKENS;
-                let nt = GEMM_TOKENS.min(n_tok - t0);
+                let t0 = gi * gt;
+                let nt = gt.min(n_tok - t0);
                 let ap = act_panel(gi);
                 for p in p0..p1 {
-                    let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
-                    g.tile(n_in, w_panel(p), ap, nt, &mut tile);
                     let c = (p - p0) * GEMM_ROWS;
-                    for (r, row) in tile.iter().enumerate() {
-                        for (t, &v) in row.iter().enumerate() {
-                            stage[t * width + c + r] = v;
+                    if gt == GEMM_WIDE_TOKENS {
+                        let mut tile = [[0f32; GEMM_WIDE_TOKENS]; GEMM_ROWS];
+                        g.tile_wide(n_in, w_panel(p), ap, nt, &mut tile);
+                        for (r, row) in tile.iter().enumerate() {
+                            for (t, &v) in row[..nt].iter().enumerate() {
+                                stage[t * width + c + r] = v;
+                            }
+                        }
+                    } else {
+                        let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+                        g.tile(n_in, w_panel(p), ap, nt, &mut tile);
+                        for (r, row) in tile.iter().enumerate() {
+                            for (t, &v) in row.iter().enumerate() {
+                                stage[t * width + c + r] = v;
+                            }
                         }
                     }
                 }

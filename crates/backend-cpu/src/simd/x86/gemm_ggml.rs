@@ -37,7 +37,7 @@ const _: () = assert!(TOKENS == 8);
 const QK: usize = 32;
 /// Bytes per block of a weight panel: codes, d, m (a multiple of 32, so that no 32-byte
 /// load crosses a cache line in a 64-byte aligned panel).
-const W_BLOCK: usize = ROWS * 32 + 2 * ROWS * 4;
+pub(super) const W_BLOCK: usize = ROWS * 32 + 2 * ROWS * 4;
 /// Offsets within an activation panel block.
 const A_D: usize = PAIRS * 64;
 const A_EXTRA: usize = 2 * PAIRS * 64;
@@ -65,7 +65,7 @@ impl Ty {
         }
     }
 
-    fn ab(self) -> usize {
+    pub(super) fn ab(self) -> usize {
         match self {
             Ty::Q4_1 => 36,
             _ => 34,

@@ -1,0 +1,166 @@
+//! Wide GEMM tiles (AVX-512 VNNI) for Q4_0, Q4_1 and Q8_0 weights: [`ROWS`] weight rows x
+//! [`WIDE_TOKENS`] tokens, every output bit-identical to the llama.cpp-order one-row kernels
+//! (`ggml_order.rs`), like `gemm_ggml`'s tiles, in fewer instructions per product.
+//!
+//! The one-row kernel keeps, per output, 8 lanes (lane `j` sums elements `4j..4j+4` of each
+//! block) and does per block `acc = fma(d_w·d_a, float(lane sums), acc)`. Here a 512-bit
+//! register holds lane `j` of one weight row for 16 tokens (token `t` in element `t`), so:
+//!
+//! ```text
+//!  per block, row r, lane j:  sums = vpdpbusd(start_j, broadcast(row r bytes 4j..4j+4), y_j)
+//!                             acc[r][j] = fma(P_r, sums - 1.5·2^23, acc[r][j])
+//!  P_r = d_w(r) · d_a(t) over the tokens: one multiply per row and block (not per lane)
+//!  end: hsum_float_8 of lanes 0..8 = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), 16 tokens at once
+//! ```
+//!
+//! Integer lane sums become floats without `vcvtdq2ps` (which shares a port with
+//! `vpdpbusd`): the panel's start value carries `0x4B40_0000` (1.5·2^23 as a float), so the
+//! sum's bits read as a float are exactly `1.5·2^23 + sum` (|sum| < 2^22), and one exact
+//! subtraction leaves `float(sum)`. Three vector instructions per 64 products where the
+//! 2-token-pair tiles of `gemm_ggml` need four. Start values: Q4_0 `-8·Σy`, Q8_0 `-128·Σy`
+//! (the unsigned-weights trick of `gemm_ggml`), Q4_1 none (plus Q4_1's `summs` per token).
+//!
+//! Weight panels are `gemm_ggml`'s; activation panels, per block:
+//!
+//! ```text
+//!  y: 8 lanes x 16 tokens x 4 bytes | d_a: 16 f32 | Q4_1: s_a 16 f32 ; Q4_0/Q8_0: start 8 x 16 i32
+//! ```
+
+#![allow(clippy::needless_range_loop)] // index loops over the tile's registers
+
+use super::gemm_ggml::{Ty, ROWS, W_BLOCK};
+use super::f32_at;
+use std::arch::x86_64::*;
+
+/// Tokens per wide tile (and per wide activation panel).
+pub(crate) const WIDE_TOKENS: usize = 16;
+const QK: usize = 32;
+/// `1.5·2^23`: integers `k` with |k| < 2^22 added to its bits read back as `1.5·2^23 + k`.
+const MAGIC: i32 = 0x4B40_0000;
+const MAGIC_F: f32 = 12_582_912.0;
+/// Offsets within a wide activation panel block.
+const A_D: usize = 8 * 64;
+const A_EXTRA: usize = A_D + 64;
+
+impl Ty {
+    fn wide_block(self) -> usize {
+        match self {
+            Ty::Q4_1 => A_EXTRA + 64,
+            _ => A_EXTRA + 8 * 64,
+        }
+    }
+
+    pub(crate) fn wide_act_panel_bytes(self, n_in: usize) -> usize {
+        n_in / QK * self.wide_block()
+    }
+
+    /// Repack up to [`WIDE_TOKENS`] quantized activation rows (the weight's vec_dot_type)
+    /// into a wide activation panel; missing tokens are zeros.
+    pub(crate) fn pack_act_wide(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        let (nb, ab, pb) = (n_in / QK, self.ab(), self.wide_block());
+        assert!(n_in.is_multiple_of(QK) && rows.len() <= WIDE_TOKENS && panel.len() >= nb * pb);
+        let qo = ab - QK;
+        let off = self != Ty::Q4_1;
+        for b in 0..nb {
+            let dst = &mut panel[b * pb..(b + 1) * pb];
+            dst.fill(0);
+            if off {
+                for o in (A_EXTRA..pb).step_by(4) {
+                    dst[o..o + 4].copy_from_slice(&MAGIC.to_le_bytes());
+                }
+            }
+        }
+        let c = if self == Ty::Q4_0 { 8 } else { 128 };
+        for (t, row) in rows.iter().enumerate() {
+            assert!(row.len() >= nb * ab);
+            for b in 0..nb {
+                let src = &row[b * ab..(b + 1) * ab];
+                let dst = &mut panel[b * pb..(b + 1) * pb];
+                let y = &src[qo..];
+                for j in 0..8 {
+                    dst[64 * j + 4 * t..64 * j + 4 * t + 4].copy_from_slice(&y[4 * j..4 * j + 4]);
+                }
+                dst[A_D + 4 * t..A_D + 4 * t + 4].copy_from_slice(&f16(src, 0).to_le_bytes());
+                if off {
+                    for j in 0..8 {
+                        let s: i32 = y[4 * j..4 * j + 4].iter().map(|&v| v as i8 as i32).sum();
+                        let o = A_EXTRA + 64 * j + 4 * t;
+                        dst[o..o + 4].copy_from_slice(&(MAGIC - c * s).to_le_bytes());
+                    }
+                } else {
+                    dst[A_EXTRA + 4 * t..A_EXTRA + 4 * t + 4].copy_from_slice(&f16(src, 2).to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// `out[r][t]` = the one-row kernel's dot of weight row `r` of the (`gemm_ggml`) weight
+    /// panel with token `t` of the wide activation panel, for `t < n_tok`.
+    pub(crate) fn tile_wide(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; WIDE_TOKENS]; ROWS]) {
+        let nb = n_in / QK;
+        assert!(super::gemm_ggml::supported());
+        assert!(w.len() >= nb * W_BLOCK && a.len() >= nb * self.wide_block() && (1..=WIDE_TOKENS).contains(&n_tok));
+        let (wp, ap, pb) = (w.as_ptr(), a.as_ptr(), self.wide_block());
+        for r0 in (0..ROWS).step_by(2) {
+            let mut o = [[0f32; WIDE_TOKENS]; 2];
+            // SAFETY: the CPU has the features (asserted); the panels hold `nb` blocks
+            // (asserted), which is all the kernel reads; rows r0, r0 + 1 < ROWS.
+            unsafe {
+                match self {
+                    Ty::Q4_1 => tile2::<false, true>(nb, wp, r0, ap, pb, &mut o),
+                    _ => tile2::<true, false>(nb, wp, r0, ap, pb, &mut o),
+                }
+            }
+            for rr in 0..2 {
+                out[r0 + rr][..n_tok].copy_from_slice(&o[rr][..n_tok]);
+            }
+        }
+    }
+}
+
+fn f16(src: &[u8], o: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([src[o], src[o + 1]])).to_f32()
+}
+
+/// Rows `r0`, `r0 + 1` of the weight panel against the 16 tokens of the activation panel.
+/// `OFF`: start values from the panel (Q4_0, Q8_0); `M`: Q4_1's `summs`.
+///
+/// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL/VNNI; `w` and `a` readable for `nb` panel blocks
+/// (`pb` bytes each for `a`); `r0 + 1 < ROWS`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile2<const OFF: bool, const M: bool>(nb: usize, w: *const u8, r0: usize, a: *const u8, pb: usize, out: &mut [[f32; WIDE_TOKENS]; 2]) {
+    let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+    let mut summs = [_mm512_setzero_ps(); 2];
+    let magic_f = _mm512_set1_ps(MAGIC_F);
+    for b in 0..nb {
+        let wb = w.add(b * W_BLOCK);
+        let ab = a.add(b * pb);
+        let da = _mm512_loadu_ps(ab.add(A_D) as *const f32);
+        for rr in 0..2 {
+            let r = r0 + rr;
+            let p = _mm512_mul_ps(_mm512_set1_ps(f32_at(wb.add(ROWS * 32 + 4 * r))), da);
+            for j in 0..8 {
+                let u = _mm512_set1_epi32((wb.add(32 * r + 4 * j) as *const i32).read_unaligned());
+                let y = _mm512_loadu_si512(ab.add(64 * j) as *const _);
+                let start = if OFF { _mm512_loadu_si512(ab.add(A_EXTRA + 64 * j) as *const _) } else { _mm512_set1_epi32(MAGIC) };
+                let sums = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_dpbusd_epi32(start, u, y)), magic_f);
+                acc[rr][j] = _mm512_fmadd_ps(p, sums, acc[rr][j]);
+            }
+            if M {
+                let m = _mm512_set1_ps(f32_at(wb.add(ROWS * 36 + 4 * r)));
+                summs[rr] = _mm512_fmadd_ps(m, _mm512_loadu_ps(ab.add(A_EXTRA) as *const f32), summs[rr]);
+            }
+        }
+    }
+    for rr in 0..2 {
+        let a = &acc[rr];
+        let b0 = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
+        let b1 = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
+        let mut s = _mm512_add_ps(b0, b1);
+        if M {
+            // `+ summs` only for Q4_1: adding 0.0 would turn -0.0 into +0.0
+            s = _mm512_add_ps(s, summs[rr]);
+        }
+        _mm512_storeu_ps(out[rr].as_mut_ptr(), s);
+    }
+}
