@@ -235,6 +235,12 @@ unsafe fn tile<const TP: usize, const OFF: bool, const M: bool>(
     for b in 0..nb {
         let wb = w.add(b * W_BLOCK);
         let ab = a.add(b * a_block);
+        // the next weight panel (the caller's next tile), spread over the blocks: panels
+        // larger than the L2 cache stream from memory
+        let next = w.wrapping_add((nb + b) * W_BLOCK);
+        for o in (0..W_BLOCK).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(o) as *const i8);
+        }
         let mut y = [_mm512_setzero_si512(); TP];
         let mut da = [_mm512_setzero_ps(); TP];
         for p in 0..TP {

@@ -135,6 +135,14 @@ unsafe fn tile2<const OFF: bool, const M: bool>(nb: usize, w: *const u8, r0: usi
     for b in 0..nb {
         let wb = w.add(b * W_BLOCK);
         let ab = a.add(b * pb);
+        if r0 == 0 {
+            // the next weight panel (the caller's next tile), spread over the blocks: panels
+            // larger than the L2 cache stream from memory
+            let next = w.wrapping_add((nb + b) * W_BLOCK);
+            for o in (0..W_BLOCK).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(o) as *const i8);
+            }
+        }
         let da = _mm512_loadu_ps(ab.add(A_D) as *const f32);
         for rr in 0..2 {
             let r = r0 + rr;
