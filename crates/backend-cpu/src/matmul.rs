@@ -286,39 +286,31 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, gt: usiz
                 (false, _) => &panels[p * wpb..(p + 1) * wpb],
             };
             // the task's outputs of one token group, token-major, copied out row by row
-            let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
-            let width = (p1 - p0) * GEMM_ROWS;
-            // width <= MAX_PANELS_PER_TASK * GEMM_ROWS (ppt is clamped to it)
-            let mut stage = [0f32; GEMM_WIDE_TOKENS * MAX_PANELS_PER_TASK * GEMM_ROWS];
+            // each tile's outputs go straight to `out`, GEMM_ROWS consecutive floats per token
+            let put = |t: usize, p: usize, col: [f32; GEMM_ROWS]| {
+                let nr = GEMM_ROWS.min(n_out - p * GEMM_ROWS);
+                // SAFETY: token t and rows p * GEMM_ROWS.. + nr belong to this task alone;
+                // t * n_out + p * GEMM_ROWS + nr <= n_tok * n_out = out.len().
+                unsafe { out_ptr.write_slice(t * n_out + p * GEMM_ROWS, &col[..nr]) };
+            };
             for gi in g0..g1 {
                 let t0 = gi * gt;
                 let nt = gt.min(n_tok - t0);
                 let ap = act_panel(gi);
                 for p in p0..p1 {
-                    let c = (p - p0) * GEMM_ROWS;
                     if gt == GEMM_WIDE_TOKENS {
                         let mut tile = [[0f32; GEMM_WIDE_TOKENS]; GEMM_ROWS];
                         g.tile_wide(n_in, w_panel(p), ap, nt, &mut tile);
-                        for (r, row) in tile.iter().enumerate() {
-                            for (t, &v) in row[..nt].iter().enumerate() {
-                                stage[t * width + c + r] = v;
-                            }
+                        for t in 0..nt {
+                            put(t0 + t, p, std::array::from_fn(|r| tile[r][t]));
                         }
                     } else {
                         let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
                         g.tile(n_in, w_panel(p), ap, nt, &mut tile);
-                        for (r, row) in tile.iter().enumerate() {
-                            for (t, &v) in row.iter().enumerate() {
-                                stage[t * width + c + r] = v;
-                            }
+                        for t in 0..nt {
+                            put(t0 + t, p, std::array::from_fn(|r| tile[r][t]));
                         }
                     }
-                }
-                for t in 0..nt {
-                    let src = &stage[t * width..t * width + (rb - ra)];
-                    // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task
-                    // alone; (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
-                    unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
                 }
             }
         })
