@@ -7,7 +7,8 @@
 //!
 //! ```text
 //!  1. scores of all CH positions (ggml_vec_dot_f16's AVX-512 order; K chunk widened once
-//!     for all heads; positions independent, so they overlap in the pipeline)
+//!     for all heads; positions independent, so they overlap in the pipeline; the horizontal
+//!     sums of four positions share one shuffle tree)
 //!  2. per head, in position order: the running max m and the exp argument of each position
 //!     (m_old - s at a new max, s - m otherwise), then all CH exponentials at once (`expf`,
 //!     16 lanes, bit-identical to libm's), then S = S·ms + w in position order
@@ -71,11 +72,31 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
     while j0 < run.len {
         let n = (run.len - j0).min(CH);
         let mut s = [[0f32; CH]; G];
-        for jj in 0..n {
-            let sc_j = scores::<G>(&qp, k.as_ptr().add(row(j0 + jj)), hd, sc);
-            for g in 0..G {
-                s[g][jj] = sc_j[g];
+        let np = hd & !63;
+        let mut jj = 0;
+        while jj < n {
+            // four positions at a time: their horizontal sums share the shuffles
+            let k4 = (n - jj).min(4);
+            let mut x = [[_mm512_setzero_ps(); 4]; G];
+            for q in 0..k4 {
+                let xs = lane_sums::<G>(&qp, k.as_ptr().add(row(j0 + jj + q)), np);
+                for g in 0..G {
+                    x[g][q] = xs[g];
+                }
             }
+            for g in 0..G {
+                let mut lanes = [0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), reduce4(x[g]));
+                for q in 0..k4 {
+                    let kr = k.as_ptr().add(row(j0 + jj + q));
+                    let mut sum = lanes[4 * q] as f64;
+                    for d in np..hd {
+                        sum += (*qp[g].add(d) * (*kr.add(d)).to_f32()) as f64;
+                    }
+                    s[g][jj + q] = sc.apply(sum as f32);
+                }
+            }
+            jj += k4;
         }
         let mut f = Factors { ms: [[1.0; CH]; G], w: [[1.0; CH]; G], new_max: [0; G] };
         for g in 0..G {
@@ -120,11 +141,11 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
     }
 }
 
-/// The `G` heads' scores of the K row at `kr`: `ggml_vec_dot_f16`'s four 16-lane
-/// accumulators per head, folded as ggml's AVX-512 build folds them, the tail in f64.
+/// The `G` heads' 16-lane partial dot products with the K row at `kr` over its first `np`
+/// (a multiple of 64) dims: `ggml_vec_dot_f16`'s four 16-lane accumulators per head, folded
+/// as ggml's AVX-512 build folds them ((0 + 2) + (1 + 3)).
 #[inline(always)]
-unsafe fn scores<const G: usize>(qp: &[*const f32; G], kr: *const f16, hd: usize, sc: Scoring) -> [f32; G] {
-    let np = hd & !63;
+unsafe fn lane_sums<const G: usize>(qp: &[*const f32; G], kr: *const f16, np: usize) -> [__m512; G] {
     let mut a = [[_mm512_setzero_ps(); 4]; G];
     let mut i = 0;
     while i < np {
@@ -139,19 +160,26 @@ unsafe fn scores<const G: usize>(qp: &[*const f32; G], kr: *const f16, hd: usize
         }
         i += 64;
     }
-    let mut out = [0f32; G];
+    let mut out = [_mm512_setzero_ps(); G];
     for g in 0..G {
-        let x = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][2]), _mm512_add_ps(a[g][1], a[g][3]));
-        let t8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))));
-        let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
-        let c = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-        let mut sum = _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c))) as f64;
-        for d in np..hd {
-            sum += (*qp[g].add(d) * (*kr.add(d)).to_f32()) as f64;
-        }
-        out[g] = sc.apply(sum as f32);
+        out[g] = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][2]), _mm512_add_ps(a[g][1], a[g][3]));
     }
     out
+}
+
+/// `_mm512_reduce_add_ps`'s tree (as ggml folds a 16-lane sum: 8 + 8, 4 + 4, then
+/// (0 + 2) + (1 + 3)) of four vectors at once: element `4q` of the result is vector `q`'s
+/// sum, with the reference's additions pairing the same lanes.
+#[inline(always)]
+unsafe fn reduce4(x: [__m512; 4]) -> __m512 {
+    // [x0 lo256 + hi256 | x1 lo256 + hi256], [x2 .. | x3 ..]
+    let a01 = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x[0], x[1]), _mm512_shuffle_f32x4::<0xEE>(x[0], x[1]));
+    let a23 = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x[2], x[3]), _mm512_shuffle_f32x4::<0xEE>(x[2], x[3]));
+    // 128-bit lane q: vector q's low 128 + high 128 of its 256-bit sum
+    let t4 = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a01, a23), _mm512_shuffle_f32x4::<0xDD>(a01, a23));
+    // per lane: (0 + 2, 1 + 3), then their sum in element 0
+    let c = _mm512_add_ps(t4, _mm512_permute_ps::<0xEE>(t4));
+    _mm512_add_ps(c, _mm512_permute_ps::<0x01>(c))
 }
 
 /// Dims `d..d + 16·C` of the heads' accumulators over the chunk's `n` positions, held in
