@@ -161,11 +161,12 @@ enum Scratch {
     Quant,
     Act,
     Weights,
+    Stage,
 }
 
 thread_local! {
     /// This thread's panel storage, kept between calls (grown as needed).
-    static SCRATCH: [RefCell<Vec<Line>>; 3] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
+    static SCRATCH: [RefCell<Vec<Line>>; 4] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
 }
 
 /// `f` on at least `n` bytes of 64-byte aligned scratch of this thread (contents left from
@@ -286,33 +287,40 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, gt: usiz
                 (false, _) => &panels[p * wpb..(p + 1) * wpb],
             };
             // the task's outputs of one token group, token-major, copied out row by row
-            // each tile's outputs go straight to `out`, GEMM_ROWS consecutive floats per token
-            let put = |t: usize, p: usize, col: [f32; GEMM_ROWS]| {
-                let nr = GEMM_ROWS.min(n_out - p * GEMM_ROWS);
-                // SAFETY: token t and rows p * GEMM_ROWS.. + nr belong to this task alone;
-                // t * n_out + p * GEMM_ROWS + nr <= n_tok * n_out = out.len().
-                unsafe { out_ptr.write_slice(t * n_out + p * GEMM_ROWS, &col[..nr]) };
-            };
-            for gi in g0..g1 {
-                let t0 = gi * gt;
-                let nt = gt.min(n_tok - t0);
-                let ap = act_panel(gi);
-                for p in p0..p1 {
-                    if gt == GEMM_WIDE_TOKENS {
-                        let mut tile = [[0f32; GEMM_WIDE_TOKENS]; GEMM_ROWS];
-                        g.tile_wide(n_in, w_panel(p), ap, nt, &mut tile);
-                        for t in 0..nt {
-                            put(t0 + t, p, std::array::from_fn(|r| tile[r][t]));
-                        }
-                    } else {
-                        let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
-                        g.tile(n_in, w_panel(p), ap, nt, &mut tile);
-                        for t in 0..nt {
-                            put(t0 + t, p, std::array::from_fn(|r| tile[r][t]));
+            // the task's outputs of one token group, token-major, copied out row by row (one
+            // contiguous store per token: scattered 16-byte stores to n_tok rows cost more)
+            let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
+            let width = (p1 - p0) * GEMM_ROWS;
+            with_scratch(Scratch::Stage, gt * width * 4, |bytes| {
+                // SAFETY: 64-byte aligned scratch of at least gt * width f32 (any bits are
+                // valid f32); every entry read below is written by a tile first.
+                let stage = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, gt * width) };
+                for gi in g0..g1 {
+                    let t0 = gi * gt;
+                    let nt = gt.min(n_tok - t0);
+                    let ap = act_panel(gi);
+                    for p in p0..p1 {
+                        let c = (p - p0) * GEMM_ROWS;
+                        if gt == GEMM_WIDE_TOKENS {
+                            g.tile_wide(n_in, w_panel(p), ap, nt, &mut stage[c..], width);
+                        } else {
+                            let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+                            g.tile(n_in, w_panel(p), ap, nt, &mut tile);
+                            for (r, row) in tile.iter().enumerate() {
+                                for (t, &v) in row[..nt].iter().enumerate() {
+                                    stage[t * width + c + r] = v;
+                                }
+                            }
                         }
                     }
+                    for t in 0..nt {
+                        let src = &stage[t * width..t * width + (rb - ra)];
+                        // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task
+                        // alone; (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
+                        unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
+                    }
                 }
-            }
+            });
         })
     }));
 }

@@ -260,14 +260,17 @@ fn wide_tiles_match_dot() {
                 // deliberately unaligned panel
                 let mut ap = vec![0u8; g.wide_act_panel_bytes(n_in) + 1];
                 g.pack_act_wide(n_in, &arows, &mut ap[1..]);
-                let mut out = [[f32::NAN; WT]; GEMM_ROWS];
-                g.tile_wide(n_in, &wp, &ap[1..], nt, &mut out);
-                for (r, row) in out.iter().enumerate() {
-                    for (t, v) in row.iter().enumerate() {
-                        if t < nt {
-                            assert_eq!(v.to_bits(), want[t * GEMM_ROWS + r].to_bits(), "{} raw {raw} nt {nt} row {r} token {t}", ty.name());
+                // token-major rows of ld floats, the first GEMM_ROWS written
+                let ld = GEMM_ROWS + 3;
+                let mut out = vec![f32::NAN; WT * ld];
+                g.tile_wide(n_in, &wp, &ap[1..], nt, &mut out, ld);
+                for t in 0..WT {
+                    for c in 0..ld {
+                        let v = out[t * ld + c];
+                        if t < nt && c < GEMM_ROWS {
+                            assert_eq!(v.to_bits(), want[t * GEMM_ROWS + c].to_bits(), "{} raw {raw} nt {nt} row {c} token {t}", ty.name());
                         } else {
-                            assert!(v.is_nan(), "entry past n_tok written");
+                            assert!(v.is_nan(), "entry past n_tok / GEMM_ROWS written");
                         }
                     }
                 }

@@ -397,9 +397,11 @@ impl Gemm {
     }
 
     /// [`Gemm::tile`] over a wide activation panel (`n_tok` in 1..=[`GEMM_WIDE_TOKENS`]),
-    /// the same bits per output. Panics without wide tiles.
-    pub fn tile_wide(&self, n_in: usize, w_panel: &[u8], a_panel: &[u8], n_tok: usize, out: &mut [[f32; GEMM_WIDE_TOKENS]; GEMM_ROWS]) {
-        self.kind.tile_wide(n_in, w_panel, a_panel, n_tok, out)
+    /// the same bits per output, written token-major: `out[t * ld + r]` for `t < n_tok`,
+    /// `r <` [`GEMM_ROWS`] (other entries are left as they are). Panics without wide tiles
+    /// or if `ld < GEMM_ROWS` or `out` is shorter than `(n_tok - 1) * ld + GEMM_ROWS`.
+    pub fn tile_wide(&self, n_in: usize, w_panel: &[u8], a_panel: &[u8], n_tok: usize, out: &mut [f32], ld: usize) {
+        self.kind.tile_wide(n_in, w_panel, a_panel, n_tok, out, ld)
     }
 }
 
@@ -435,7 +437,7 @@ impl Gemm {
     pub fn pack_act_wide(&self, _: usize, _: &[&[u8]], _: &mut [u8]) {
         match self.never {}
     }
-    pub fn tile_wide(&self, _: usize, _: &[u8], _: &[u8], _: usize, _: &mut [[f32; GEMM_WIDE_TOKENS]; GEMM_ROWS]) {
+    pub fn tile_wide(&self, _: usize, _: &[u8], _: &[u8], _: usize, _: &mut [f32], _: usize) {
         match self.never {}
     }
 }

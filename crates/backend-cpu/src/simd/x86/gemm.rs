@@ -4,7 +4,7 @@
 //! AVX-512 one-row kernels); `gemm_wide` adds 16-token tiles for the first family.
 
 use super::{gemm_ggml, gemm_kquants, gemm_rows};
-use crate::simd::{Level, GEMM_ROWS, GEMM_TOKENS, GEMM_WIDE_TOKENS};
+use crate::simd::{Level, GEMM_ROWS, GEMM_TOKENS};
 use quarrel_core::QuantType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,9 +111,9 @@ impl Kind {
     }
 
     /// Panics for a kind without wide tiles.
-    pub(crate) fn tile_wide(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; GEMM_WIDE_TOKENS]; GEMM_ROWS]) {
+    pub(crate) fn tile_wide(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32], ld: usize) {
         match self {
-            Kind::Ggml(t) => t.tile_wide(n_in, w, a, n_tok, out),
+            Kind::Ggml(t) => t.tile_wide(n_in, w, a, n_tok, out, ld),
             _ => panic!("no wide GEMM tiles for {self:?}"),
         }
     }

@@ -61,58 +61,60 @@ impl Ty {
         assert!(n_in.is_multiple_of(QK) && rows.len() <= WIDE_TOKENS && panel.len() >= nb * pb);
         let qo = ab - QK;
         let off = self != Ty::Q4_1;
+        let c = if self == Ty::Q4_0 { 8 } else { 128 };
+        // every byte of the panel written once (missing tokens: zeros, start MAGIC)
         for b in 0..nb {
             let dst = &mut panel[b * pb..(b + 1) * pb];
-            dst.fill(0);
-            if off {
-                for o in (A_EXTRA..pb).step_by(4) {
-                    dst[o..o + 4].copy_from_slice(&MAGIC.to_le_bytes());
-                }
-            }
-        }
-        let c = if self == Ty::Q4_0 { 8 } else { 128 };
-        for (t, row) in rows.iter().enumerate() {
-            assert!(row.len() >= nb * ab);
-            for b in 0..nb {
-                let src = &row[b * ab..(b + 1) * ab];
-                let dst = &mut panel[b * pb..(b + 1) * pb];
-                let y = &src[qo..];
-                for j in 0..8 {
-                    dst[64 * j + 4 * t..64 * j + 4 * t + 4].copy_from_slice(&y[4 * j..4 * j + 4]);
-                }
-                dst[A_D + 4 * t..A_D + 4 * t + 4].copy_from_slice(&f16(src, 0).to_le_bytes());
-                if off {
-                    for j in 0..8 {
-                        let s: i32 = y[4 * j..4 * j + 4].iter().map(|&v| v as i8 as i32).sum();
-                        let o = A_EXTRA + 64 * j + 4 * t;
-                        dst[o..o + 4].copy_from_slice(&(MAGIC - c * s).to_le_bytes());
+            for t in 0..WIDE_TOKENS {
+                let put = |dst: &mut [u8], o: usize, v: [u8; 4]| dst[o + 4 * t..o + 4 * t + 4].copy_from_slice(&v);
+                match rows.get(t) {
+                    Some(row) => {
+                        assert!(row.len() >= nb * ab);
+                        let src = &row[b * ab..(b + 1) * ab];
+                        let y = &src[qo..qo + QK];
+                        for j in 0..8 {
+                            put(dst, 64 * j, [y[4 * j], y[4 * j + 1], y[4 * j + 2], y[4 * j + 3]]);
+                            if off {
+                                let s: i32 = y[4 * j..4 * j + 4].iter().map(|&v| v as i8 as i32).sum();
+                                put(dst, A_EXTRA + 64 * j, (MAGIC - c * s).to_le_bytes());
+                            }
+                        }
+                        put(dst, A_D, f16(src, 0).to_le_bytes());
+                        if !off {
+                            put(dst, A_EXTRA, f16(src, 2).to_le_bytes());
+                        }
                     }
-                } else {
-                    dst[A_EXTRA + 4 * t..A_EXTRA + 4 * t + 4].copy_from_slice(&f16(src, 2).to_le_bytes());
+                    None => {
+                        for j in 0..8 {
+                            put(dst, 64 * j, [0; 4]);
+                            if off {
+                                put(dst, A_EXTRA + 64 * j, MAGIC.to_le_bytes());
+                            }
+                        }
+                        put(dst, A_D, [0; 4]);
+                        if !off {
+                            put(dst, A_EXTRA, [0; 4]);
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// `out[r][t]` = the one-row kernel's dot of weight row `r` of the (`gemm_ggml`) weight
-    /// panel with token `t` of the wide activation panel, for `t < n_tok`.
-    pub(crate) fn tile_wide(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; WIDE_TOKENS]; ROWS]) {
+    /// `out[t * ld + r]` = the one-row kernel's dot of weight row `r` (< [`ROWS`]) of the
+    /// (`gemm_ggml`) weight panel with token `t` (< `n_tok`) of the wide activation panel
+    /// (token-major, as the matmul's output is; other entries are left as they are).
+    pub(crate) fn tile_wide(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32], ld: usize) {
         let nb = n_in / QK;
         assert!(super::gemm_ggml::supported());
         assert!(w.len() >= nb * W_BLOCK && a.len() >= nb * self.wide_block() && (1..=WIDE_TOKENS).contains(&n_tok));
-        let (wp, ap, pb) = (w.as_ptr(), a.as_ptr(), self.wide_block());
-        for r0 in (0..ROWS).step_by(2) {
-            let mut o = [[0f32; WIDE_TOKENS]; 2];
-            // SAFETY: the CPU has the features (asserted); the panels hold `nb` blocks
-            // (asserted), which is all the kernel reads; rows r0, r0 + 1 < ROWS.
-            unsafe {
-                match self {
-                    Ty::Q4_1 => tile2::<false, true>(nb, wp, r0, ap, pb, &mut o),
-                    _ => tile2::<true, false>(nb, wp, r0, ap, pb, &mut o),
-                }
-            }
-            for rr in 0..2 {
-                out[r0 + rr][..n_tok].copy_from_slice(&o[rr][..n_tok]);
+        assert!(ld >= ROWS && out.len() >= (n_tok - 1) * ld + ROWS);
+        // SAFETY: the CPU has the features (asserted); the panels hold `nb` blocks and `out`
+        // the n_tok rows of ROWS floats `ld` apart (asserted), which is all the kernel touches.
+        unsafe {
+            match self {
+                Ty::Q4_1 => tile4::<false, true>(nb, w.as_ptr(), a.as_ptr(), self.wide_block(), n_tok, out.as_mut_ptr(), ld),
+                _ => tile4::<true, false>(nb, w.as_ptr(), a.as_ptr(), self.wide_block(), n_tok, out.as_mut_ptr(), ld),
             }
         }
     }
@@ -122,13 +124,41 @@ fn f16(src: &[u8], o: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([src[o], src[o + 1]])).to_f32()
 }
 
-/// Rows `r0`, `r0 + 1` of the weight panel against the 16 tokens of the activation panel.
+/// All [`ROWS`] rows of the weight panel against the 16 tokens of the activation panel, two
+/// rows at a time, the results transposed to token-major rows of `ld` floats at `out`.
 /// `OFF`: start values from the panel (Q4_0, Q8_0); `M`: Q4_1's `summs`.
 ///
 /// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL/VNNI; `w` and `a` readable for `nb` panel blocks
-/// (`pb` bytes each for `a`); `r0 + 1 < ROWS`.
+/// (`pb` bytes each for `a`); `out + t * ld` writable for ROWS floats, t < n_tok.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile2<const OFF: bool, const M: bool>(nb: usize, w: *const u8, r0: usize, a: *const u8, pb: usize, out: &mut [[f32; WIDE_TOKENS]; 2]) {
+unsafe fn tile4<const OFF: bool, const M: bool>(nb: usize, w: *const u8, a: *const u8, pb: usize, n_tok: usize, out: *mut f32, ld: usize) {
+    let [r0, r1] = tile2::<OFF, M>(nb, w, 0, a, pb);
+    let [r2, r3] = tile2::<OFF, M>(nb, w, 2, a, pb);
+    // 4x4 transposes within each 128-bit lane: t[m] lane k = rows 0..4 of token 4k + m
+    let (x, y) = (_mm512_unpacklo_ps(r0, r1), _mm512_unpackhi_ps(r0, r1));
+    let (z, v) = (_mm512_unpacklo_ps(r2, r3), _mm512_unpackhi_ps(r2, r3));
+    let pd = _mm512_castps_pd;
+    let t = [
+        _mm512_castpd_ps(_mm512_unpacklo_pd(pd(x), pd(z))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(pd(x), pd(z))),
+        _mm512_castpd_ps(_mm512_unpacklo_pd(pd(y), pd(v))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(pd(y), pd(v))),
+    ];
+    for (m, tm) in t.iter().enumerate() {
+        let lanes = [_mm512_extractf32x4_ps::<0>(*tm), _mm512_extractf32x4_ps::<1>(*tm), _mm512_extractf32x4_ps::<2>(*tm), _mm512_extractf32x4_ps::<3>(*tm)];
+        for (k, l) in lanes.iter().enumerate() {
+            let tok = 4 * k + m;
+            if tok < n_tok {
+                _mm_storeu_ps(out.add(tok * ld), *l);
+            }
+        }
+    }
+}
+
+/// Rows `r0`, `r0 + 1` of the weight panel against the 16 tokens: one vector of 16 tokens'
+/// results per row.
+#[inline(always)]
+unsafe fn tile2<const OFF: bool, const M: bool>(nb: usize, w: *const u8, r0: usize, a: *const u8, pb: usize) -> [__m512; 2] {
     let mut acc = [[_mm512_setzero_ps(); 8]; 2];
     let mut summs = [_mm512_setzero_ps(); 2];
     let magic_f = _mm512_set1_ps(MAGIC_F);
@@ -160,15 +190,16 @@ unsafe fn tile2<const OFF: bool, const M: bool>(nb: usize, w: *const u8, r0: usi
             }
         }
     }
+    let mut res = [_mm512_setzero_ps(); 2];
     for rr in 0..2 {
         let a = &acc[rr];
         let b0 = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
         let b1 = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
-        let mut s = _mm512_add_ps(b0, b1);
+        res[rr] = _mm512_add_ps(b0, b1);
         if M {
             // `+ summs` only for Q4_1: adding 0.0 would turn -0.0 into +0.0
-            s = _mm512_add_ps(s, summs[rr]);
+            res[rr] = _mm512_add_ps(res[rr], summs[rr]);
         }
-        _mm512_storeu_ps(out[rr].as_mut_ptr(), s);
     }
+    res
 }
