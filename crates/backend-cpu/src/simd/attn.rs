@@ -109,6 +109,24 @@ pub fn vec_f16_run(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st:
     vec_f16_run_ref(q16, k, v, run, sc, st, acc)
 }
 
+/// Hint the cache to load `x[start..start + n]` (clamped to `x`): a run of cached rows the
+/// next call will read. Does nothing where there is no prefetch instruction.
+#[inline]
+pub fn prefetch<T>(x: &[T], start: usize, n: usize) {
+    let end = (start + n).min(x.len());
+    if start >= end {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (p, bytes) = (x[start..end].as_ptr() as *const i8, (end - start) * std::mem::size_of::<T>());
+        for o in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch of an address inside `x` (prefetches never fault anyway).
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(o)) };
+        }
+    }
+}
+
 /// Reference twin of [`vec_f16_run`].
 pub fn vec_f16_run_ref(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
     let hd = q16.len();
