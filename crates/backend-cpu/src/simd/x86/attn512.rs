@@ -19,6 +19,8 @@
 //! (Helpers are `inline(always)` and use no closures: a closure would not inherit the
 //! target features, and its intrinsics would become calls.) Every float operation of a head is the reference's, in the reference's order per lane.
 
+#![allow(clippy::needless_range_loop)] // index loops over the kernel's registers
+
 use crate::simd::attn::{check_run, Online, Run, Scoring};
 use half::f16;
 use std::arch::x86_64::*;
