@@ -9,9 +9,9 @@
 //!  1. scores of all CH positions (ggml_vec_dot_f16's AVX-512 order; K chunk widened once
 //!     for all heads; positions independent, so they overlap in the pipeline; the horizontal
 //!     sums of four positions share one shuffle tree)
-//!  2. per head, in position order: the running max m and the exp argument of each position
-//!     (m_old - s at a new max, s - m otherwise), then all CH exponentials at once (`expf`,
-//!     16 lanes, bit-identical to libm's), then S = S·ms + w in position order
+//!  2. per head: the running max m as a prefix scan over the chunk and the exp argument of
+//!     each position (m_old - s at a new max, s - m otherwise), all CH exponentials at once
+//!     (`expf`, 16 lanes, bit-identical to libm's), then S = S·ms + w in position order
 //!  3. per 64 dims: the heads' V accumulators held in registers over the chunk's positions:
 //!     acc = r16(acc·ms) at a new max, acc = r16(fma(v, w, acc)) (V chunk widened once)
 //! ```
@@ -103,6 +103,10 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
         let mut f = Factors { ms: [[1.0; CH]; G], w: [[1.0; CH]; G], new_max: [0; G] };
         for g in 0..G {
             let st = &mut st[g];
+            if vexp {
+                f.new_max[g] = factors16(&s[g], n, st, &mut f.ms[g], &mut f.w[g]);
+                continue;
+            }
             let mut x = [0f32; CH];
             for jj in 0..n {
                 let sj = s[g][jj];
@@ -114,11 +118,7 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
                     x[jj] = sj - st.m;
                 }
             }
-            if vexp {
-                super::expf::exp_slice(&mut x[..n]);
-            } else {
-                x[..n].iter_mut().for_each(|e| *e = e.exp());
-            }
+            x[..n].iter_mut().for_each(|e| *e = e.exp());
             for jj in 0..n {
                 if f.new_max[g] >> jj & 1 != 0 {
                     f.ms[g][jj] = x[jj];
@@ -141,6 +141,52 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
         }
         j0 += n;
     }
+}
+
+/// One head's factors for the chunk's `n` (1..=16) scores `s`, vectorized: the running max
+/// as a prefix scan (ties keep the earlier value, NaN scores never count, as `s > m` in the
+/// reference), each position's exponent argument (`m_old - s` at a new max, `s - m`
+/// otherwise), 16 `expf` at once, `ms` / `w`, then `S = S·ms + w` in position order.
+/// Returns the new-max positions as bits.
+#[inline(always)]
+unsafe fn factors16(s: &[f32; CH], n: usize, st: &mut Online, ms: &mut [f32; CH], w: &mut [f32; CH]) -> u32 {
+    let valid = ((1u32 << n) - 1) as __mmask16;
+    let ninf = _mm512_castps_si512(_mm512_set1_ps(f32::NEG_INFINITY));
+    let sv = _mm512_loadu_ps(s.as_ptr());
+    // lanes past n and NaN scores never become the max
+    let ordered = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(valid, sv, sv);
+    let mut m = _mm512_mask_blend_epi32(ordered, ninf, _mm512_castps_si512(sv));
+    // inclusive prefix max: lane j combined with lane j - k; `max_ps` returns its second
+    // operand (the earlier value) on ties, as the reference keeps its max unless s > m
+    macro_rules! c {
+        ($x:expr) => {
+            _mm512_castsi512_ps($x)
+        };
+    }
+    m = _mm512_castps_si512(_mm512_max_ps(c!(m), c!(_mm512_alignr_epi32::<15>(m, ninf))));
+    m = _mm512_castps_si512(_mm512_max_ps(c!(m), c!(_mm512_alignr_epi32::<14>(m, ninf))));
+    m = _mm512_castps_si512(_mm512_max_ps(c!(m), c!(_mm512_alignr_epi32::<12>(m, ninf))));
+    m = _mm512_castps_si512(_mm512_max_ps(c!(m), c!(_mm512_alignr_epi32::<8>(m, ninf))));
+    let m_in = _mm512_set1_ps(st.m);
+    let incl = _mm512_max_ps(c!(m), m_in);
+    // the max before each position
+    let prev = c!(_mm512_alignr_epi32::<15>(_mm512_castps_si512(incl), _mm512_castps_si512(m_in)));
+    let new_max = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(valid, sv, prev);
+    // s - m, negated (exactly m - s: nonzero there) at a new max
+    let d = _mm512_castps_si512(_mm512_sub_ps(sv, prev));
+    let x = _mm512_mask_xor_epi32(d, new_max, d, _mm512_set1_epi32(i32::MIN));
+    let e = super::expf::exp16(_mm512_maskz_mov_ps(valid, c!(x)));
+    let one = _mm512_set1_ps(1.0);
+    _mm512_storeu_ps(ms.as_mut_ptr(), _mm512_mask_blend_ps(new_max, one, e));
+    _mm512_storeu_ps(w.as_mut_ptr(), _mm512_mask_blend_ps(new_max, e, one));
+    let mut lanes = [0f32; CH];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), incl);
+    st.m = lanes[n - 1];
+    for jj in 0..n {
+        // S = S*ms + vs, contracted to an FMA by ggml's compiler
+        st.s = st.s.mul_add(ms[jj], w[jj]);
+    }
+    new_max as u32
 }
 
 /// The `G` heads' 16-lane partial dot products with the K row at `kr` over its first `np`

@@ -90,6 +90,7 @@ unsafe fn main8(x: __m256, tab: &[__m512i; 4]) -> __m256 {
 /// `expf` of 16 lanes, each bit-identical to glibc's FMA `expf` (see the module doc).
 ///
 /// SAFETY: AVX-512F.
+#[inline]
 #[target_feature(enable = "avx2,fma,avx512f")]
 pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
     let p = TAB.as_ptr();
