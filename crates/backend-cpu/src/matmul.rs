@@ -6,8 +6,9 @@
 //! repacked into panels of [`GEMM_TOKENS`] tokens, each task repacks its rows into panels of
 //! [`GEMM_ROWS`] rows and runs tiles over them (token panels outer, so a panel stays in
 //! cache while the task's rows go by). From `WIDE_MIN_TOKENS` tokens on, types with wide
-//! tiles use panels of [`GEMM_WIDE_TOKENS`] tokens instead. Tasks split rows, and tokens too
-//! where there are few row chunks. Every output has the bits the one-row kernel gives it.
+//! tiles use panels of [`GEMM_WIDE_TOKENS`] tokens instead, quantized and packed straight
+//! from the f32 activations in one parallel pass. Tasks split rows, and tokens too where
+//! there are few row chunks. Every output has the bits the one-row kernel gives it.
 
 use crate::simd::{self, Dot4Fn, DotFn, Gemm, Gemv8Fn, GEMM_ROWS, GEMM_TOKENS, GEMM_WIDE_TOKENS, GEMV_ROWS};
 use crate::{CpuBackend, CpuWeight};
@@ -69,6 +70,9 @@ pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f
 }
 
 pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<()> {
+    if let Some(g) = wide_gemm(be, w, n_tok) {
+        return gemm_wide_f32(be, g, w, x, n_tok, out);
+    }
     let act_ty = w.ty.vec_dot_type();
     let arb = act_ty.row_bytes(w.n_in).unwrap_or(0);
     // the quantized activations live in this thread's scratch (no allocation per call)
@@ -206,29 +210,92 @@ fn no_wide() -> bool {
     *NO.get_or_init(|| std::env::var_os("QUARREL_NO_WIDE_GEMM").is_some())
 }
 
-/// `out[t * n_out + r]` for all tokens through the GEMM tiles (`xq`: quantized activations,
-/// `arb` bytes per token).
+/// The GEMM kernels when `matmul_quantized` would run the wide tiles for this weight and
+/// token count (no repacked form in use, a GEMM kind with wide tiles, tokens enough).
+fn wide_gemm(be: &CpuBackend, w: &CpuWeight, n_tok: usize) -> Option<Gemm> {
+    if n_tok < WIDE_MIN_TOKENS || no_wide() {
+        return None;
+    }
+    if let Some(rt) = simd::repack::enabled(w.ty) {
+        if w.packed(be, rt).is_some() {
+            return None;
+        }
+    }
+    simd::gemm_fn(w.ty).filter(|g| n_tok >= g.min_tokens() && g.has_wide())
+}
+
+/// The wide-tile GEMM from f32 activations: one parallel pass quantizes (per 32-block, as
+/// the row quantizer does: its blocks are independent) and packs the activation panels,
+/// tasks splitting tokens groups x block ranges; then the tiles ([`run_tasks`]).
+fn gemm_wide_f32(be: &CpuBackend, g: Gemm, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<()> {
+    const QK: usize = 32;
+    let (n_in, act_ty) = (w.n_in, w.ty.vec_dot_type());
+    let nb = n_in / QK;
+    let abb = act_ty
+        .row_bytes(QK)
+        .ok_or_else(|| quarrel_core::CoreError::Shape(format!("no {} blocks of {QK}", act_ty.name())))?;
+    let (apb, pbb) = (g.wide_act_panel_bytes(n_in), g.wide_act_panel_bytes(QK));
+    let n_groups = n_tok.div_ceil(GEMM_WIDE_TOKENS);
+    let fast = simd::quantize_row_fn_ggml_x86(act_ty);
+    // a few tasks per thread over (token group, block range)
+    let want = (4 * be.n_threads().max(1)).div_ceil(n_groups);
+    let bpt = nb.div_ceil(want).max(1);
+    let chunks = nb.div_ceil(bpt);
+    let err = std::sync::Mutex::new(None);
+    with_scratch(Scratch::Act, n_groups * apb, |act| {
+        let act_ptr = act.as_mut_ptr() as usize;
+        be.for_each_task(n_groups * chunks, &|task| {
+            let (gi, c) = (task / chunks, task % chunks);
+            let (b0, b1) = (c * bpt, ((c + 1) * bpt).min(nb));
+            let ts = gi * GEMM_WIDE_TOKENS..(gi * GEMM_WIDE_TOKENS + GEMM_WIDE_TOKENS).min(n_tok);
+            let qb = (b1 - b0) * abb;
+            with_scratch(Scratch::Quant, ts.len() * qb, |q| {
+                for (k, t) in ts.clone().enumerate() {
+                    let (xs, qs) = (&x[t * n_in + b0 * QK..t * n_in + b1 * QK], &mut q[k * qb..(k + 1) * qb]);
+                    match fast {
+                        Some(f) => f(xs, qs),
+                        None => {
+                            if let Err(e) = crate::actquant::quantize_row(act_ty, xs, qs) {
+                                *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                            }
+                        }
+                    }
+                }
+                let mut rows: [&[u8]; GEMM_WIDE_TOKENS] = [&[]; GEMM_WIDE_TOKENS];
+                for (k, r) in rows.iter_mut().take(ts.len()).enumerate() {
+                    *r = &q[k * qb..(k + 1) * qb];
+                }
+                // SAFETY: blocks b0..b1 of group gi's panel belong to this task alone, and lie
+                // within the n_groups * apb bytes of `act`, which outlives the tasks.
+                let panel = unsafe { std::slice::from_raw_parts_mut((act_ptr as *mut u8).add(gi * apb + b0 * pbb), (b1 - b0) * pbb) };
+                g.pack_act_wide((b1 - b0) * QK, &rows[..ts.len()], panel);
+            })
+        });
+        let act: &[u8] = &act[..n_groups * apb];
+        let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
+        run_tasks(be, g, w, n_tok, GEMM_WIDE_TOKENS, &act_panel, out);
+    });
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `out[t * n_out + r]` for all tokens through the 8-token GEMM tiles (`xq`: quantized
+/// activations, `arb` bytes per token; the wide tiles start from f32: [`gemm_wide_f32`]).
 fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
-    let n_in = w.n_in;
-    // the wide tiles where the kind has them and there are tokens enough
-    let wide = g.has_wide() && n_tok >= WIDE_MIN_TOKENS && !no_wide();
-    let gt = if wide { GEMM_WIDE_TOKENS } else { GEMM_TOKENS };
-    let apb = if wide { g.wide_act_panel_bytes(n_in) } else { g.act_panel_bytes(n_in) };
+    let (n_in, apb) = (w.n_in, g.act_panel_bytes(w.n_in));
     // activation panels are always packed (once per call, shared by every task)
-    let n_groups = n_tok.div_ceil(gt);
-    let tokens = |gi: usize| gi * gt..(gi * gt + gt).min(n_tok);
+    let n_groups = n_tok.div_ceil(GEMM_TOKENS);
+    let tokens = |gi: usize| gi * GEMM_TOKENS..(gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
     with_scratch(Scratch::Act, n_groups * apb, |act| {
         let pack = |gi: usize, panel: &mut [u8]| {
-            let mut rows: [&[u8]; GEMM_WIDE_TOKENS] = [&[]; GEMM_WIDE_TOKENS];
+            let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
             let ts = tokens(gi);
             for (k, t) in ts.clone().enumerate() {
                 rows[k] = &xq[t * arb..(t + 1) * arb];
             }
-            if wide {
-                g.pack_act_wide(n_in, &rows[..ts.len()], panel);
-            } else {
-                g.pack_act(n_in, &rows[..ts.len()], panel);
-            }
+            g.pack_act(n_in, &rows[..ts.len()], panel);
         };
         let act = &mut act[..n_groups * apb];
         if n_groups >= 4 {
@@ -238,7 +305,7 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
         }
         let act: &[u8] = act;
         let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
-        run_tasks(be, g, w, n_tok, gt, &act_panel, out);
+        run_tasks(be, g, w, n_tok, GEMM_TOKENS, &act_panel, out);
     });
 }
 
