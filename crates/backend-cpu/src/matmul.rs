@@ -271,6 +271,9 @@ fn gemm_wide_f32(be: &CpuBackend, g: Gemm, w: &CpuWeight, x: &[f32], n_tok: usiz
                 g.pack_act_wide((b1 - b0) * QK, &rows[..ts.len()], panel);
             })
         });
+        if err.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            return;
+        }
         let act: &[u8] = &act[..n_groups * apb];
         let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
         run_tasks(be, g, w, n_tok, GEMM_WIDE_TOKENS, &act_panel, out);
