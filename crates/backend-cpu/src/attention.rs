@@ -116,6 +116,14 @@ pub(crate) fn attention(
                     while j <= pos {
                         let j_end = ((j / bs + 1) * bs).min(pos + 1);
                         if let Some((KvRows::F16(k), KvRows::F16(v))) = rows {
+                            if j_end <= pos {
+                                // the next block's K and V runs (cache blocks lie anywhere in
+                                // the pool: the hardware prefetchers start over on each)
+                                let next = kv.row_offset(&seq.block_table, j_end, kvh);
+                                let n = ((j_end / bs + 1) * bs).min(pos + 1) - j_end;
+                                attn::prefetch(k, next, n * hd);
+                                attn::prefetch(v, next, n * hd);
+                            }
                             let run = Run { start: kv.row_offset(&seq.block_table, j, kvh), stride: hd, len: j_end - j };
                             attn::vec_f16_run_multi(&q16s[..nh], k, v, run, sc, &mut sts[..nh], &mut acc[..nh]);
                         }

@@ -5,10 +5,12 @@
 //! Several tokens with a GEMM kernel for the type ([`simd::gemm_fn`]): activations are
 //! repacked into panels of [`GEMM_TOKENS`] tokens, each task repacks its rows into panels of
 //! [`GEMM_ROWS`] rows and runs tiles over them (token panels outer, so a panel stays in
-//! cache while the task's rows go by). Tasks split rows, and tokens too where there are few
-//! row chunks. Every output has the bits the one-row kernel gives it.
+//! cache while the task's rows go by). From `WIDE_MIN_TOKENS` tokens on, types with wide
+//! tiles use panels of [`GEMM_WIDE_TOKENS`] tokens instead, quantized and packed straight
+//! from the f32 activations in one parallel pass. Tasks split rows, and tokens too where
+//! there are few row chunks. Every output has the bits the one-row kernel gives it.
 
-use crate::simd::{self, Dot4Fn, DotFn, Gemm, Gemv8Fn, GEMM_ROWS, GEMM_TOKENS, GEMV_ROWS};
+use crate::simd::{self, Dot4Fn, DotFn, Gemm, Gemv8Fn, GEMM_ROWS, GEMM_TOKENS, GEMM_WIDE_TOKENS, GEMV_ROWS};
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::Result;
 use std::cell::RefCell;
@@ -68,6 +70,9 @@ pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f
 }
 
 pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<()> {
+    if let Some(g) = wide_gemm(be, w, n_tok) {
+        return gemm_wide_f32(be, g, w, x, n_tok, out);
+    }
     let act_ty = w.ty.vec_dot_type();
     let arb = act_ty.row_bytes(w.n_in).unwrap_or(0);
     // the quantized activations live in this thread's scratch (no allocation per call)
@@ -160,11 +165,12 @@ enum Scratch {
     Quant,
     Act,
     Weights,
+    Stage,
 }
 
 thread_local! {
     /// This thread's panel storage, kept between calls (grown as needed).
-    static SCRATCH: [RefCell<Vec<Line>>; 3] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
+    static SCRATCH: [RefCell<Vec<Line>>; 4] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
 }
 
 /// `f` on at least `n` bytes of 64-byte aligned scratch of this thread (contents left from
@@ -194,8 +200,92 @@ const MIN_PANELS_PER_TASK: usize = 8;
 /// Tasks wanted per thread (the pool hands them out one at a time).
 const TASKS_PER_THREAD: usize = 8;
 
-/// `out[t * n_out + r]` for all tokens through the GEMM tiles (`xq`: quantized activations,
-/// `arb` bytes per token).
+/// Fewest tokens for the wide tiles ([`Gemm::tile_wide`], 16 tokens; fewer tokens leave
+/// lanes idle, and below this the 8-token tiles do less work).
+const WIDE_MIN_TOKENS: usize = 12;
+
+/// `QUARREL_NO_WIDE_GEMM` (any value, read once): only the 8-token tiles (A/B runs).
+fn no_wide() -> bool {
+    static NO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NO.get_or_init(|| std::env::var_os("QUARREL_NO_WIDE_GEMM").is_some())
+}
+
+/// The GEMM kernels when `matmul_quantized` would run the wide tiles for this weight and
+/// token count (no repacked form in use, a GEMM kind with wide tiles, tokens enough).
+fn wide_gemm(be: &CpuBackend, w: &CpuWeight, n_tok: usize) -> Option<Gemm> {
+    if n_tok < WIDE_MIN_TOKENS || no_wide() {
+        return None;
+    }
+    if let Some(rt) = simd::repack::enabled(w.ty) {
+        if w.packed(be, rt).is_some() {
+            return None;
+        }
+    }
+    simd::gemm_fn(w.ty).filter(|g| n_tok >= g.min_tokens() && g.has_wide())
+}
+
+/// The wide-tile GEMM from f32 activations: one parallel pass quantizes (per 32-block, as
+/// the row quantizer does: its blocks are independent) and packs the activation panels,
+/// tasks splitting tokens groups x block ranges; then the tiles ([`run_tasks`]).
+fn gemm_wide_f32(be: &CpuBackend, g: Gemm, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<()> {
+    const QK: usize = 32;
+    let (n_in, act_ty) = (w.n_in, w.ty.vec_dot_type());
+    let nb = n_in / QK;
+    let abb = act_ty
+        .row_bytes(QK)
+        .ok_or_else(|| quarrel_core::CoreError::Shape(format!("no {} blocks of {QK}", act_ty.name())))?;
+    let (apb, pbb) = (g.wide_act_panel_bytes(n_in), g.wide_act_panel_bytes(QK));
+    let n_groups = n_tok.div_ceil(GEMM_WIDE_TOKENS);
+    let fast = simd::quantize_row_fn_ggml_x86(act_ty);
+    // a few tasks per thread over (token group, block range)
+    let want = (4 * be.n_threads().max(1)).div_ceil(n_groups);
+    let bpt = nb.div_ceil(want).max(1);
+    let chunks = nb.div_ceil(bpt);
+    let err = std::sync::Mutex::new(None);
+    with_scratch(Scratch::Act, n_groups * apb, |act| {
+        let act_ptr = act.as_mut_ptr() as usize;
+        be.for_each_task(n_groups * chunks, &|task| {
+            let (gi, c) = (task / chunks, task % chunks);
+            let (b0, b1) = (c * bpt, ((c + 1) * bpt).min(nb));
+            let ts = gi * GEMM_WIDE_TOKENS..(gi * GEMM_WIDE_TOKENS + GEMM_WIDE_TOKENS).min(n_tok);
+            let qb = (b1 - b0) * abb;
+            with_scratch(Scratch::Quant, ts.len() * qb, |q| {
+                for (k, t) in ts.clone().enumerate() {
+                    let (xs, qs) = (&x[t * n_in + b0 * QK..t * n_in + b1 * QK], &mut q[k * qb..(k + 1) * qb]);
+                    match fast {
+                        Some(f) => f(xs, qs),
+                        None => {
+                            if let Err(e) = crate::actquant::quantize_row(act_ty, xs, qs) {
+                                *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                            }
+                        }
+                    }
+                }
+                let mut rows: [&[u8]; GEMM_WIDE_TOKENS] = [&[]; GEMM_WIDE_TOKENS];
+                for (k, r) in rows.iter_mut().take(ts.len()).enumerate() {
+                    *r = &q[k * qb..(k + 1) * qb];
+                }
+                // SAFETY: blocks b0..b1 of group gi's panel belong to this task alone, and lie
+                // within the n_groups * apb bytes of `act`, which outlives the tasks.
+                let panel = unsafe { std::slice::from_raw_parts_mut((act_ptr as *mut u8).add(gi * apb + b0 * pbb), (b1 - b0) * pbb) };
+                g.pack_act_wide((b1 - b0) * QK, &rows[..ts.len()], panel);
+            })
+        });
+        if err.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            return;
+        }
+        let act: &[u8] = &act[..n_groups * apb];
+        let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
+        run_tasks(be, g, w, n_tok, GEMM_WIDE_TOKENS, &act_panel, out);
+    });
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `out[t * n_out + r]` for all tokens through the 8-token GEMM tiles (`xq`: quantized
+/// activations, `arb` bytes per token; the wide tiles start from f32: [`gemm_wide_f32`]).
 fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
     let (n_in, apb) = (w.n_in, g.act_panel_bytes(w.n_in));
     // activation panels are always packed (once per call, shared by every task)
@@ -218,17 +308,19 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
         }
         let act: &[u8] = act;
         let act_panel = |gi: usize| &act[gi * apb..(gi + 1) * apb];
-        run_tasks(be, g, w, n_tok, &act_panel, out);
+        run_tasks(be, g, w, n_tok, GEMM_TOKENS, &act_panel, out);
     });
 }
 
 /// The tasks of [`gemm`]: row panels x token groups over the weight's panels (packed on
 /// its first GEMM and kept).
-fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
+/// `gt`: tokens per activation panel ([`GEMM_TOKENS`], or [`GEMM_WIDE_TOKENS`] for the wide
+/// tiles).
+fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, gt: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let (wbytes, wrb, wpb) = (w.bytes(), w.row_bytes(), g.weight_panel_bytes(n_in));
     let raw = g.raw_panels();
-    let n_groups = n_tok.div_ceil(GEMM_TOKENS);
+    let n_groups = n_tok.div_ceil(gt);
     let n_panels = n_out.div_ceil(GEMM_ROWS);
     let want_tasks = TASKS_PER_THREAD * be.n_threads().max(1);
     let ppt = n_panels.div_ceil(want_tasks).clamp(MIN_PANELS_PER_TASK.min(n_panels), MAX_PANELS_PER_TASK);
@@ -265,31 +357,40 @@ fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, act_pane
                 (false, _) => &panels[p * wpb..(p + 1) * wpb],
             };
             // the task's outputs of one token group, token-major, copied out row by row
+            // the task's outputs of one token group, token-major, copied out row by row (one
+            // contiguous store per token: scattered 16-byte stores to n_tok rows cost more)
             let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
             let width = (p1 - p0) * GEMM_ROWS;
-            // width <= MAX_PANELS_PER_TASK * GEMM_ROWS (ppt is clamped to it)
-            let mut stage = [0f32; GEMM_TOKENS * MAX_PANELS_PER_TASK * GEMM_ROWS];
-            for gi in g0..g1 {
-                let t0 = gi * GEMM_TOKENS;
-                let nt = GEMM_TOKENS.min(n_tok - t0);
-                let ap = act_panel(gi);
-                for p in p0..p1 {
-                    let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
-                    g.tile(n_in, w_panel(p), ap, nt, &mut tile);
-                    let c = (p - p0) * GEMM_ROWS;
-                    for (r, row) in tile.iter().enumerate() {
-                        for (t, &v) in row.iter().enumerate() {
-                            stage[t * width + c + r] = v;
+            with_scratch(Scratch::Stage, gt * width * 4, |bytes| {
+                // SAFETY: 64-byte aligned scratch of at least gt * width f32 (any bits are
+                // valid f32); every entry read below is written by a tile first.
+                let stage = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, gt * width) };
+                for gi in g0..g1 {
+                    let t0 = gi * gt;
+                    let nt = gt.min(n_tok - t0);
+                    let ap = act_panel(gi);
+                    for p in p0..p1 {
+                        let c = (p - p0) * GEMM_ROWS;
+                        if gt == GEMM_WIDE_TOKENS {
+                            g.tile_wide(n_in, w_panel(p), ap, nt, &mut stage[c..], width);
+                        } else {
+                            let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+                            g.tile(n_in, w_panel(p), ap, nt, &mut tile);
+                            for (r, row) in tile.iter().enumerate() {
+                                for (t, &v) in row[..nt].iter().enumerate() {
+                                    stage[t * width + c + r] = v;
+                                }
+                            }
                         }
                     }
+                    for t in 0..nt {
+                        let src = &stage[t * width..t * width + (rb - ra)];
+                        // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task
+                        // alone; (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
+                        unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
+                    }
                 }
-                for t in 0..nt {
-                    let src = &stage[t * width..t * width + (rb - ra)];
-                    // SAFETY: tokens t0..t0 + nt and rows ra..rb belong to this task
-                    // alone; (t0 + t) * n_out + rb <= n_tok * n_out = out.len().
-                    unsafe { out_ptr.write_slice((t0 + t) * n_out + ra, src) };
-                }
-            }
+            });
         })
     }));
 }

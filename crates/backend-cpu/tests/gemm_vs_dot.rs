@@ -226,3 +226,58 @@ fn gemm_tiles_match_dot() {
         }
     }
 }
+
+/// The wide tile kernel (16 tokens) directly, against the one-row kernel, for every token
+/// count, where the type has one.
+#[test]
+fn wide_tiles_match_dot() {
+    use simd::GEMM_WIDE_TOKENS as WT;
+    let mut checked = 0;
+    for (&ty, n_blocks) in TYPES[..N_GEMM].iter().flat_map(|ty| [(ty, 1), (ty, 3), (ty, 18), (ty, 48)]) {
+        let Some(g) = simd::gemm_fn(ty).filter(|g| g.has_wide()) else {
+            continue;
+        };
+        checked += 1;
+        let n_in = ty.block_size() * n_blocks;
+        for raw in [false, true] {
+            let w = weight_bytes(ty, n_in, GEMM_ROWS, 5 + n_blocks as u64, raw);
+            let mut x = rnd(6 + n_blocks as u64, n_in * WT, 3.0);
+            for (t, row) in x.chunks_mut(n_in).enumerate() {
+                row[(t * 5) % n_in] *= 1.0 + 3.0 * t as f32;
+            }
+            let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, WT);
+            let act = ty.vec_dot_type();
+            let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
+            let mut xq = vec![0u8; arb * WT];
+            for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
+                quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
+            }
+            let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
+            let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
+            g.pack_weights(n_in, &wrows, &mut wp);
+            for nt in 1..=WT {
+                let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
+                // deliberately unaligned panel
+                let mut ap = vec![0u8; g.wide_act_panel_bytes(n_in) + 1];
+                g.pack_act_wide(n_in, &arows, &mut ap[1..]);
+                // token-major rows of ld floats, the first GEMM_ROWS written
+                let ld = GEMM_ROWS + 3;
+                let mut out = vec![f32::NAN; WT * ld];
+                g.tile_wide(n_in, &wp, &ap[1..], nt, &mut out, ld);
+                for t in 0..WT {
+                    for c in 0..ld {
+                        let v = out[t * ld + c];
+                        if t < nt && c < GEMM_ROWS {
+                            assert_eq!(v.to_bits(), want[t * GEMM_ROWS + c].to_bits(), "{} raw {raw} nt {nt} row {c} token {t}", ty.name());
+                        } else {
+                            assert!(v.is_nan(), "entry past n_tok / GEMM_ROWS written");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Q4_0, Q4_1 and Q8_0 have wide tiles wherever their GEMM kernels exist
+    let expect = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0].iter().filter(|&&t| simd::gemm_fn(t).is_some()).count() * 4;
+    assert_eq!(checked, expect);
+}

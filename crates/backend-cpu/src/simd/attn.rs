@@ -109,6 +109,24 @@ pub fn vec_f16_run(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st:
     vec_f16_run_ref(q16, k, v, run, sc, st, acc)
 }
 
+/// Hint the cache to load `x[start..start + n]` (clamped to `x`): a run of cached rows the
+/// next call will read. Does nothing where there is no prefetch instruction.
+#[inline]
+pub fn prefetch<T>(x: &[T], start: usize, n: usize) {
+    let end = (start + n).min(x.len());
+    if start >= end {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (p, bytes) = (x[start..end].as_ptr() as *const i8, (end - start) * std::mem::size_of::<T>());
+        for o in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch of an address inside `x` (prefetches never fault anyway).
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(o)) };
+        }
+    }
+}
+
 /// Reference twin of [`vec_f16_run`].
 pub fn vec_f16_run_ref(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
     let hd = q16.len();
@@ -142,12 +160,15 @@ pub fn vec_f16_run_multi(q16: &[&[f32]], k: &[f16], v: &[f16], run: Run, sc: Sco
     #[cfg(target_arch = "x86_64")]
     if q16.first().is_some_and(|q0| q0.len() % 16 == 0) && super::Level::Avx512 <= super::detected_level() {
         // SAFETY: AVX-512F/BW/VL present (the detected level); the kernel checks every length.
+        // exponentials 16 at a time where that reproduces libm's `expf` bit for bit
+        let vexp = super::x86::expf::matches_libm();
         unsafe {
+            use super::x86::attn512::vec_f16_run_multi_avx512 as kernel;
             match q16.len() {
-                1 => super::x86::attn::vec_f16_run_multi_avx512::<1>(q16, k, v, run, sc, st, acc),
-                2 => super::x86::attn::vec_f16_run_multi_avx512::<2>(q16, k, v, run, sc, st, acc),
-                3 => super::x86::attn::vec_f16_run_multi_avx512::<3>(q16, k, v, run, sc, st, acc),
-                _ => super::x86::attn::vec_f16_run_multi_avx512::<4>(q16, k, v, run, sc, st, acc),
+                1 => kernel::<1>(q16, k, v, run, sc, st, acc, vexp),
+                2 => kernel::<2>(q16, k, v, run, sc, st, acc, vexp),
+                3 => kernel::<3>(q16, k, v, run, sc, st, acc, vexp),
+                _ => kernel::<4>(q16, k, v, run, sc, st, acc, vexp),
             }
         }
         return;

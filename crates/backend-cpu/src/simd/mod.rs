@@ -292,6 +292,8 @@ pub fn reference_dot(ty: QuantType, n: usize, w: &[u8], a: &[u8]) -> f32 {
 pub const GEMM_ROWS: usize = 4;
 /// Tokens of one [`Gemm::tile`] (and of one activation panel).
 pub const GEMM_TOKENS: usize = 8;
+/// Tokens of one [`Gemm::tile_wide`] (and of one wide activation panel).
+pub const GEMM_WIDE_TOKENS: usize = 16;
 
 /// GEMM micro-kernels for one weight type (prompt processing): a tile of [`GEMM_ROWS`]
 /// weight rows x [`GEMM_TOKENS`] tokens whose every output has exactly the bits of the
@@ -376,6 +378,31 @@ impl Gemm {
     pub fn tile(&self, n_in: usize, w_panel: &[u8], a_panel: &[u8], n_tok: usize, out: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
         self.kind.tile(n_in, w_panel, a_panel, n_tok, out)
     }
+
+    /// Whether there are wide tiles ([`GEMM_WIDE_TOKENS`] tokens over the same weight
+    /// panels, fewer instructions per product; Q4_0, Q4_1, Q8_0).
+    pub fn has_wide(&self) -> bool {
+        self.kind.has_wide()
+    }
+
+    /// Bytes of a wide activation panel (a multiple of 64); 0 without wide tiles.
+    pub fn wide_act_panel_bytes(&self, n_in: usize) -> usize {
+        self.kind.wide_act_panel_bytes(n_in)
+    }
+
+    /// [`Gemm::pack_act`] for up to [`GEMM_WIDE_TOKENS`] rows into a wide panel. Panics on
+    /// short buffers or without wide tiles ([`Gemm::has_wide`]).
+    pub fn pack_act_wide(&self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        self.kind.pack_act_wide(n_in, rows, panel)
+    }
+
+    /// [`Gemm::tile`] over a wide activation panel (`n_tok` in 1..=[`GEMM_WIDE_TOKENS`]),
+    /// the same bits per output, written token-major: `out[t * ld + r]` for `t < n_tok`,
+    /// `r <` [`GEMM_ROWS`] (other entries are left as they are). Panics without wide tiles
+    /// or if `ld < GEMM_ROWS` or `out` is shorter than `(n_tok - 1) * ld + GEMM_ROWS`.
+    pub fn tile_wide(&self, n_in: usize, w_panel: &[u8], a_panel: &[u8], n_tok: usize, out: &mut [f32], ld: usize) {
+        self.kind.tile_wide(n_in, w_panel, a_panel, n_tok, out, ld)
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -399,6 +426,18 @@ impl Gemm {
         match self.never {}
     }
     pub fn tile(&self, _: usize, _: &[u8], _: &[u8], _: usize, _: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
+        match self.never {}
+    }
+    pub fn has_wide(&self) -> bool {
+        match self.never {}
+    }
+    pub fn wide_act_panel_bytes(&self, _: usize) -> usize {
+        match self.never {}
+    }
+    pub fn pack_act_wide(&self, _: usize, _: &[&[u8]], _: &mut [u8]) {
+        match self.never {}
+    }
+    pub fn tile_wide(&self, _: usize, _: &[u8], _: &[u8], _: usize, _: &mut [f32], _: usize) {
         match self.never {}
     }
 }

@@ -1,7 +1,7 @@
 //! The GEMM kernel families behind `simd::Gemm`: `gemm_ggml` (Q4_0, Q4_1, Q8_0 in
 //! llama.cpp's order, AVX-512 VNNI), `gemm_rows` (Q5_0, Q5_1 in the order of the AVX2
 //! one-row kernels, AVX-512 VNNI) and `gemm_kquants` (Q4_K, Q5_K, Q6_K in the order of the
-//! AVX-512 one-row kernels).
+//! AVX-512 one-row kernels); `gemm_wide` adds 16-token tiles for the first family.
 
 use super::{gemm_ggml, gemm_kquants, gemm_rows};
 use crate::simd::{Level, GEMM_ROWS, GEMM_TOKENS};
@@ -87,6 +87,34 @@ impl Kind {
             Kind::Ggml(t) => t.pack_weights(n_in, rows, panel),
             Kind::Rows(t) => t.pack_weights(n_in, rows, panel),
             Kind::KQuant(t, _) => t.pack_weights(n_in, rows, panel),
+        }
+    }
+
+    /// Whether the kind has 16-token tiles (`gemm_wide`).
+    pub(crate) fn has_wide(self) -> bool {
+        matches!(self, Kind::Ggml(_))
+    }
+
+    pub(crate) fn wide_act_panel_bytes(self, n_in: usize) -> usize {
+        match self {
+            Kind::Ggml(t) => t.wide_act_panel_bytes(n_in),
+            _ => 0,
+        }
+    }
+
+    /// Panics for a kind without wide tiles.
+    pub(crate) fn pack_act_wide(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        match self {
+            Kind::Ggml(t) => t.pack_act_wide(n_in, rows, panel),
+            _ => panic!("no wide GEMM tiles for {self:?}"),
+        }
+    }
+
+    /// Panics for a kind without wide tiles.
+    pub(crate) fn tile_wide(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32], ld: usize) {
+        match self {
+            Kind::Ggml(t) => t.tile_wide(n_in, w, a, n_tok, out, ld),
+            _ => panic!("no wide GEMM tiles for {self:?}"),
         }
     }
 

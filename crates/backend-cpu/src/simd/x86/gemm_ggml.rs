@@ -37,7 +37,7 @@ const _: () = assert!(TOKENS == 8);
 const QK: usize = 32;
 /// Bytes per block of a weight panel: codes, d, m (a multiple of 32, so that no 32-byte
 /// load crosses a cache line in a 64-byte aligned panel).
-const W_BLOCK: usize = ROWS * 32 + 2 * ROWS * 4;
+pub(super) const W_BLOCK: usize = ROWS * 32 + 2 * ROWS * 4;
 /// Offsets within an activation panel block.
 const A_D: usize = PAIRS * 64;
 const A_EXTRA: usize = 2 * PAIRS * 64;
@@ -65,7 +65,7 @@ impl Ty {
         }
     }
 
-    fn ab(self) -> usize {
+    pub(super) fn ab(self) -> usize {
         match self {
             Ty::Q4_1 => 36,
             _ => 34,
@@ -235,6 +235,12 @@ unsafe fn tile<const TP: usize, const OFF: bool, const M: bool>(
     for b in 0..nb {
         let wb = w.add(b * W_BLOCK);
         let ab = a.add(b * a_block);
+        // the next weight panel (the caller's next tile), spread over the blocks: panels
+        // larger than the L2 cache stream from memory
+        let next = w.wrapping_add((nb + b) * W_BLOCK);
+        for o in (0..W_BLOCK).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(o) as *const i8);
+        }
         let mut y = [_mm512_setzero_si512(); TP];
         let mut da = [_mm512_setzero_ps(); TP];
         for p in 0..TP {
