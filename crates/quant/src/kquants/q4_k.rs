@@ -35,11 +35,29 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Shared tail of the Q4_K / Q5_K reference quantizers: quantize the 8
-/// sub-block (scale, min) pairs to 6 bits against their maxima, write
+/// The part of the Q4_K / Q5_K reference quantizers they share, for one block `x`: the
+/// (scale, min) search of each 32-element sub-block, then
+/// [`finish_scales_and_requantize`]. Writes `d`, `dmin` and the scales into `y` and leaves
+/// the quants (`0..=params.nmax`) in `l`, for the caller to pack.
+pub(crate) fn quantize_scales_and_mins(x: &[f32], params: Qkx2Params, l: &mut [u8; QK_K], y: &mut [u8]) {
+    let mut laux = [0u8; 32];
+    let mut weights = [0f32; 32];
+    let mut mins = [0f32; 8];
+    let mut scales = [0f32; 8];
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        rms_plus_abs_weights(xs, &mut weights);
+        let (s, m) = make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
+        scales[j] = s;
+        mins[j] = m;
+    }
+    finish_scales_and_requantize(x, &scales, &mins, params.nmax, l, y);
+}
+
+/// Quantize the 8 sub-block (scale, min) pairs to 6 bits against their maxima, write
 /// `d`, `dmin` and the packed scales, then re-quantize every element against
 /// the rounded scales into `l` (values `0..=nmax`).
-pub(crate) fn finish_scales_and_requantize(
+fn finish_scales_and_requantize(
     x: &[f32],
     scales: &[f32; 8],
     mins: &[f32; 8],
@@ -102,20 +120,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         use_mad: false,
     };
     let mut l = [0u8; QK_K];
-    let mut laux = [0u8; 32];
-    let mut weights = [0f32; 32];
-    let mut mins = [0f32; 8];
-    let mut scales = [0f32; 8];
     for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        for j in 0..8 {
-            let xs = &x[32 * j..32 * j + 32];
-            rms_plus_abs_weights(xs, &mut weights);
-            let (s, m) =
-                make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
-            scales[j] = s;
-            mins[j] = m;
-        }
-        finish_scales_and_requantize(x, &scales, &mins, 15, &mut l, y);
+        quantize_scales_and_mins(x, params, &mut l, y);
         let qs = &mut y[Q4_K_QS_OFF..Q4_K_QS_OFF + QK_K / 2];
         for (i, j) in (0..QK_K).step_by(64).enumerate() {
             for k in 0..32 {

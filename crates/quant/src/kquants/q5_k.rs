@@ -1,8 +1,8 @@
 //! Q5_K: `{ f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }`.
 //! Like Q4_K with a 5th bit: element `l` of sub-block `j` takes bit `j` of `qh[l]`.
 
-use super::q4_k::{finish_scales_and_requantize, k_block_dot};
-use super::{get_scale_min_k4, make_qkx2_quants, rms_plus_abs_weights, Qkx2Params};
+use super::q4_k::{k_block_dot, quantize_scales_and_mins};
+use super::{get_scale_min_k4, Qkx2Params};
 use crate::layout::*;
 
 /// Elements per block.
@@ -47,20 +47,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         use_mad: false,
     };
     let mut l = [0u8; QK_K];
-    let mut laux = [0u8; 32];
-    let mut weights = [0f32; 32];
-    let mut mins = [0f32; 8];
-    let mut scales = [0f32; 8];
     for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        for j in 0..8 {
-            let xs = &x[32 * j..32 * j + 32];
-            rms_plus_abs_weights(xs, &mut weights);
-            let (s, m) =
-                make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
-            scales[j] = s;
-            mins[j] = m;
-        }
-        finish_scales_and_requantize(x, &scales, &mins, 31, &mut l, y);
+        quantize_scales_and_mins(x, params, &mut l, y);
 
         y[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8].fill(0);
         let mut m1 = 1u8;
