@@ -147,7 +147,7 @@ pub(crate) fn scales_and_mins(s: &[u8]) -> ([i32; 8], [i32; 8]) {
 /// Common body of the Q4_K / Q5_K dot products once the unsigned quants of
 /// one block are expanded into `aux8`: returns `(aux32 lanes, sumi of mins)`.
 #[inline]
-pub(crate) fn k_block_dot(
+fn k_block_dot(
     aux8: &[i32; QK_K],
     q8: &[u8],
     bsums_block: &[u8],
@@ -169,13 +169,7 @@ pub(crate) fn k_block_dot(
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q4_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q4_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
-    let mut sums = [0f32; 8];
-    let mut sumf = 0.0f32;
-    let mut aux8 = [0i32; QK_K];
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
-    {
+    vec_dot_scale_min(w, a, BLOCK_BYTES, |x, aux8| {
         let q4 = &x[Q4_K_QS_OFF..Q4_K_QS_OFF + QK_K / 2];
         for j in 0..QK_K / 64 {
             for l in 0..32 {
@@ -183,6 +177,21 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 aux8[64 * j + 32 + l] = (q4[32 * j + l] >> 4) as i32;
             }
         }
+    })
+}
+
+// Q5_K keeps `d`, `dmin` and the scales where Q4_K does: one dot-product body serves both.
+const _: () = assert!(Q5_K_D_OFF == Q4_K_D_OFF && Q5_K_DMIN_OFF == Q4_K_DMIN_OFF && Q5_K_SCALES_OFF == Q4_K_SCALES_OFF);
+
+/// The Q4_K / Q5_K dot product against Q8_K once `unpack` has expanded a weight block's
+/// unsigned quants into `aux8` (ggml's order: 8 lanes of scaled sums, minus `dmin` times
+/// the mins against `bsums`).
+pub(crate) fn vec_dot_scale_min(w: &[u8], a: &[u8], block_bytes: usize, unpack: impl Fn(&[u8], &mut [i32; QK_K])) -> f32 {
+    let mut sums = [0f32; 8];
+    let mut sumf = 0.0f32;
+    let mut aux8 = [0i32; QK_K];
+    for (x, y) in w.chunks_exact(block_bytes).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+        unpack(x, &mut aux8);
         let (aux32, sumi) = k_block_dot(
             &aux8,
             &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K],
