@@ -303,9 +303,75 @@ fn response_body(id: &str, object: &str, created: u64, model: &str, choices: Vec
     })
 }
 
-/// The last streamed chunk when `stream_options.include_usage` is set: no choices, the usage.
-fn usage_chunk(id: &str, object: &str, created: u64, model: &str, usages: Vec<quarrel_engine::Usage>) -> Value {
-    json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage_json(&total_usage(usages.into_iter()))})
+/// The envelope of an endpoint's streamed chunks.
+struct ChunkHead {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    /// Chat chunks carry `system_fingerprint`.
+    fingerprint: bool,
+}
+
+impl ChunkHead {
+    /// A chunk with one choice.
+    fn chunk(&self, choice: Value) -> Value {
+        let mut v = json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model});
+        if self.fingerprint {
+            v["system_fingerprint"] = json!("quarrel");
+        }
+        v["choices"] = json!([choice]);
+        v
+    }
+
+    /// The last chunk when `stream_options.include_usage` is set: no choices, the usage.
+    fn usage(&self, usages: Vec<quarrel_engine::Usage>) -> Value {
+        json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": [],
+               "usage": usage_json(&total_usage(usages.into_iter()))})
+    }
+}
+
+/// The SSE response of streamed choices: the `opening` choice objects, then per event of
+/// choice `i` the choice object `token` makes of a piece of text (none: nothing to send) or
+/// `done` makes of the finish reason, error bodies as they come, the usage chunk when asked
+/// for, and `[DONE]`.
+fn sse_choices(
+    head: ChunkHead,
+    streams: Vec<Tracked>,
+    opening: Vec<Value>,
+    include_usage: bool,
+    token: impl Fn(usize, String, Option<&TokenLogprob>) -> Option<Value> + Send + 'static,
+    done: impl Fn(usize, &str) -> Value + Send + 'static,
+) -> Response {
+    let model = head.model.clone();
+    let mut events_in = merged(streams);
+    let events = async_stream::stream! {
+        for choice in opening {
+            yield sse_json(&head.chunk(choice));
+        }
+        let mut usages = vec![];
+        while let Some((i, ev)) = events_in.next().await {
+            match ev {
+                StreamEvent::Token { text, logprob, .. } => {
+                    if let Some(choice) = token(i, text, logprob.as_ref()) {
+                        yield sse_json(&head.chunk(choice));
+                    }
+                }
+                StreamEvent::Done { finish_reason, usage, .. } => {
+                    usages.push(usage);
+                    yield sse_json(&head.chunk(done(i, finish_str(finish_reason))));
+                }
+                StreamEvent::Error(e) => {
+                    yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
+                }
+            }
+        }
+        if include_usage {
+            yield sse_json(&head.usage(usages));
+        }
+        yield Ok(Event::default().data("[DONE]"));
+    };
+    labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model)
 }
 
 fn request_id(prefix: &str) -> String {
@@ -337,45 +403,17 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
         let body = response_body(&id, "chat.completion", created, &model, choices, &all);
         return Ok(labeled(Json(body).into_response(), &model));
     }
-    let include_usage = req.gen.include_usage();
-    let mut events_in = merged(streams);
-    let m2 = model.clone();
-    let events = async_stream::stream! {
-        let chunk = |i: usize, delta: Value, lp: Value, finish: Value| json!({
-            "id": id, "object": "chat.completion.chunk", "created": created, "model": m2,
-            "system_fingerprint": "quarrel",
-            "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-        });
-        for i in 0..n {
-            yield sse_json(&chunk(i, json!({"role": "assistant", "content": ""}), Value::Null, Value::Null));
-        }
-        let mut usages = vec![];
-        while let Some((i, ev)) = events_in.next().await {
-            match ev {
-                StreamEvent::Token { text, logprob, .. } => {
-                    let lp = match (&logprob, want_lp) {
-                        (Some(l), true) => json!({"content": [chat_logprob(l)]}),
-                        _ => Value::Null,
-                    };
-                    if !text.is_empty() || !lp.is_null() {
-                        yield sse_json(&chunk(i, json!({"content": text}), lp, Value::Null));
-                    }
-                }
-                StreamEvent::Done { finish_reason, usage, .. } => {
-                    usages.push(usage);
-                    yield sse_json(&chunk(i, json!({}), Value::Null, json!(finish_str(finish_reason))));
-                }
-                StreamEvent::Error(e) => {
-                    yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
-                }
-            }
-        }
-        if include_usage {
-            yield sse_json(&usage_chunk(&id, "chat.completion.chunk", created, &m2, usages));
-        }
-        yield Ok(Event::default().data("[DONE]"));
+    let head = ChunkHead { id, object: "chat.completion.chunk", created, model, fingerprint: true };
+    let opening = (0..n).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}));
+    let token = move |i: usize, text: String, logprob: Option<&TokenLogprob>| {
+        let lp = match (logprob, want_lp) {
+            (Some(l), true) => json!({"content": [chat_logprob(l)]}),
+            _ => Value::Null,
+        };
+        (!text.is_empty() || !lp.is_null()).then(|| json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}))
     };
-    Ok(labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model))
+    let done = |i: usize, finish: &str| json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish});
+    Ok(sse_choices(head, streams, opening.collect(), req.gen.include_usage(), token, done))
 }
 
 #[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest, tag = "openai",
@@ -405,47 +443,21 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
         let body = response_body(&id, "text_completion", created, &model, choices, &all);
         return Ok(labeled(Json(body).into_response(), &model));
     }
-    let include_usage = req.gen.include_usage();
     let want_lp = req.logprobs.is_some();
-    let mut events_in = merged(streams);
-    let m2 = model.clone();
-    let events = async_stream::stream! {
-        let chunk = |i: usize, text: &str, lp: Value, finish: Value| json!({
-            "id": id, "object": "text_completion", "created": created, "model": m2,
-            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}],
-        });
-        if !echo_text.is_empty() {
-            for i in 0..n {
-                yield sse_json(&chunk(i, &echo_text, Value::Null, Value::Null));
-            }
-        }
-        let mut usages = vec![];
-        while let Some((i, ev)) = events_in.next().await {
-            match ev {
-                StreamEvent::Token { text, logprob, .. } => {
-                    let lp = match (&logprob, want_lp) {
-                        (Some(l), true) => completion_logprobs(std::slice::from_ref(l), 0),
-                        _ => Value::Null,
-                    };
-                    if !text.is_empty() || !lp.is_null() {
-                        yield sse_json(&chunk(i, &text, lp, Value::Null));
-                    }
-                }
-                StreamEvent::Done { finish_reason, usage, .. } => {
-                    usages.push(usage);
-                    yield sse_json(&chunk(i, "", Value::Null, json!(finish_str(finish_reason))));
-                }
-                StreamEvent::Error(e) => {
-                    yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
-                }
-            }
-        }
-        if include_usage {
-            yield sse_json(&usage_chunk(&id, "text_completion", created, &m2, usages));
-        }
-        yield Ok(Event::default().data("[DONE]"));
+    let head = ChunkHead { id, object: "text_completion", created, model, fingerprint: false };
+    let opening = match echo_text.is_empty() {
+        true => vec![],
+        false => (0..n).map(|i| json!({"index": i, "text": echo_text, "logprobs": null, "finish_reason": null})).collect(),
     };
-    Ok(labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model))
+    let token = move |i: usize, text: String, logprob: Option<&TokenLogprob>| {
+        let lp = match (logprob, want_lp) {
+            (Some(l), true) => completion_logprobs(std::slice::from_ref(l), 0),
+            _ => Value::Null,
+        };
+        (!text.is_empty() || !lp.is_null()).then(|| json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}))
+    };
+    let done = |i: usize, finish: &str| json!({"index": i, "text": "", "logprobs": null, "finish_reason": finish});
+    Ok(sse_choices(head, streams, opening, req.gen.include_usage(), token, done))
 }
 
 fn model_obj(name: &str, created: u64) -> Value {
