@@ -34,3 +34,24 @@ pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
     let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
     num / den.max(1e-30)
 }
+
+/// Per-position logits of two runs of the same tokens agree: same length, finite, NMSE at
+/// most `tol` at every position. `what` names the comparison in the failure message.
+pub fn assert_logits_close(what: &str, a: &[Vec<f32>], b: &[Vec<f32>], tol: f64) {
+    assert_eq!(a.len(), b.len(), "{what}: {} vs {} positions", a.len(), b.len());
+    for (p, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(x.iter().all(|v| v.is_finite()), "{what}: non-finite logits at position {p}");
+        let e = nmse(x, y);
+        assert!(e <= tol, "{what}: position {p}: nmse {e}");
+    }
+}
+
+/// One batched forward of `seqs` gives each sequence the logits it gets alone.
+pub fn assert_batch_equals_singles(what: &str, e: &mut Engine<CpuBackend>, seqs: &[Vec<u32>], tol: f64) {
+    let batched = e.forward_batch(seqs).unwrap();
+    assert_eq!(batched.len(), seqs.len(), "{what}: one result per sequence");
+    for (s, toks) in seqs.iter().enumerate() {
+        let alone = e.eval_all(toks).unwrap();
+        assert_logits_close(&format!("{what}: sequence {s}: batched vs alone"), &batched[s], &alone, tol);
+    }
+}

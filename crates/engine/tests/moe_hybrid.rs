@@ -51,24 +51,10 @@ fn prefill_equals_decode_and_batch_equals_singles() {
         let mut chunked = engine(&path, EngineOptions { n_ctx: 64, n_batch: 7, ..Default::default() });
         let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 500).collect();
         let a = whole.eval_all(&ids).unwrap();
-        let b = single.eval_all(&ids).unwrap();
-        let c = chunked.eval_all(&ids).unwrap();
-        for (p, ((x, y), z)) in a.iter().zip(&b).zip(&c).enumerate() {
-            assert!(x.iter().all(|v| v.is_finite()), "{name}: non-finite logits at {p}");
-            let e = nmse(x, y);
-            assert!(e <= 1e-5, "{name}: position {p}: prefill vs decode nmse {e}");
-            let e = nmse(x, z);
-            assert!(e <= 1e-5, "{name}: position {p}: prefill vs chunks of 7 nmse {e}");
-        }
+        assert_logits_close(&format!("{name}: prefill vs decode"), &a, &single.eval_all(&ids).unwrap(), 1e-5);
+        assert_logits_close(&format!("{name}: prefill vs chunks of 7"), &a, &chunked.eval_all(&ids).unwrap(), 1e-5);
         let seqs: Vec<Vec<u32>> = (0..8).map(|s| ids[s..s + 5 + 3 * s].to_vec()).collect();
-        let batched = whole.forward_batch(&seqs).unwrap();
-        for (s, toks) in seqs.iter().enumerate() {
-            let alone = whole.eval_all(toks).unwrap();
-            for (p, (x, y)) in batched[s].iter().zip(&alone).enumerate() {
-                let e = nmse(x, y);
-                assert!(e <= 1e-5, "{name}: sequence {s} position {p}: batched vs alone nmse {e}");
-            }
-        }
+        assert_batch_equals_singles(name, &mut whole, &seqs, 1e-5);
     }
 }
 
@@ -140,10 +126,6 @@ fn full_size_widths_on_few_layers() {
         let mut whole = engine(&path, EngineOptions { n_ctx: 32, ..Default::default() });
         let mut single = engine(&path, EngineOptions { n_ctx: 32, n_batch: 1, ..Default::default() });
         let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
-        for (pos, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!(x.iter().all(|v| v.is_finite()), "{}: non-finite logits", p.name);
-            let e = nmse(x, y);
-            assert!(e <= 1e-5, "{}: position {pos}: prefill vs decode nmse {e}", p.name);
-        }
+        assert_logits_close(&format!("{}: prefill vs decode", p.name), &a, &b, 1e-5);
     }
 }

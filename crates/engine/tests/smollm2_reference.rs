@@ -50,12 +50,8 @@ fn prefill_equals_token_by_token_decode() {
     let mut whole = engine(&path, EngineOptions { n_ctx: 128, n_batch: 512, ..Default::default() });
     let mut single = engine(&path, EngineOptions { n_ctx: 128, n_batch: 1, ..Default::default() });
     let ids = whole.tokenize("The quick brown fox jumps over the lazy dog because it wanted to", true);
-    let a = whole.eval_all(&ids).unwrap();
-    let b = single.eval_all(&ids).unwrap();
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        let e = nmse(x, y);
-        assert!(e < 1e-6, "position {i}: nmse {e}");
-    }
+    let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
+    assert_logits_close("prefill vs decode", &a, &b, 1e-6);
 }
 
 #[test]
@@ -66,14 +62,7 @@ fn batch_of_sequences_equals_singles() {
         .iter()
         .map(|t| e.tokenize(t, true))
         .collect();
-    let batched = e.forward_batch(&seqs).unwrap();
-    for (s, ids) in seqs.iter().enumerate() {
-        let single = e.eval_all(ids).unwrap();
-        for (p, (x, y)) in batched[s].iter().zip(&single).enumerate() {
-            let err = nmse(x, y);
-            assert!(err < 1e-6, "sequence {s} position {p}: nmse {err}");
-        }
-    }
+    assert_batch_equals_singles("smollm2", &mut e, &seqs, 1e-6);
 }
 
 #[test]

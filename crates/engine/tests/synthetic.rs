@@ -21,22 +21,10 @@ fn prefill_equals_decode_and_batch_equals_singles_on_synthetic_models() {
         let mut whole = engine(&path, EngineOptions { n_ctx: 96, n_batch: 512, n_seq: 4, ..Default::default() });
         let mut single = engine(&path, EngineOptions { n_ctx: 96, n_batch: 1, ..Default::default() });
         let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 500).collect();
-        let a = whole.eval_all(&ids).unwrap();
-        let b = single.eval_all(&ids).unwrap();
-        for (p, (x, y)) in a.iter().zip(&b).enumerate() {
-            let e = nmse(x, y);
-            assert!(e < 1e-10, "{ftype}: position {p}: prefill vs decode nmse {e}");
-            assert!(x.iter().all(|v| v.is_finite()));
-        }
+        let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
+        assert_logits_close(&format!("{ftype}: prefill vs decode"), &a, &b, 1e-10);
         let seqs: Vec<Vec<u32>> = vec![ids[..10].to_vec(), ids[3..20].to_vec(), ids[7..12].to_vec()];
-        let batched = whole.forward_batch(&seqs).unwrap();
-        for (s, toks) in seqs.iter().enumerate() {
-            let alone = whole.eval_all(toks).unwrap();
-            for (p, (x, y)) in batched[s].iter().zip(&alone).enumerate() {
-                let e = nmse(x, y);
-                assert!(e < 1e-10, "{ftype}: sequence {s} position {p}: batched vs single nmse {e}");
-            }
-        }
+        assert_batch_equals_singles(ftype, &mut whole, &seqs, 1e-10);
     }
 }
 

@@ -25,6 +25,7 @@
 //! | `kquants`     | Q2_K..Q6_K, Q8_K (256-element super-blocks) + shared scale search  |
 //! | `nonlinear`   | IQ4_NL, MXFP4 codebooks, E8M0 scales                               |
 //! | `rotate`      | 32-point Walsh–Hadamard rotation (outlier spreading for quantized KV) |
+//! | `scan`        | block statistics the reference quantizers share (signed absmax, min/max) |
 //! | `lib` (here)  | `QuantError`, size validation, `dequantize`/`quantize`/`vec_dot` dispatch |
 //!
 //! Per-type kernels live in public modules re-exported at the root
@@ -38,6 +39,7 @@ pub mod layout;
 pub mod legacy;
 pub mod nonlinear;
 pub mod rotate;
+mod scan;
 mod table;
 
 pub use float::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32};

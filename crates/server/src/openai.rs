@@ -83,16 +83,14 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// `POST /v1/chat/completions` body.
+/// The fields `/v1/chat/completions` and `/v1/completions` share: streaming, the number of
+/// choices, and the sampling knobs (flattened into both request bodies).
 #[derive(Deserialize, ToSchema, Debug)]
-pub struct ChatRequest {
-    pub model: Option<String>,
-    pub messages: Vec<ChatMessageIn>,
+pub struct Generation {
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub max_tokens: Option<i64>,
-    pub max_completion_tokens: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     /// Extension: top-k (0 = off).
@@ -101,12 +99,50 @@ pub struct ChatRequest {
     pub min_p: Option<f64>,
     pub seed: Option<i64>,
     pub stop: Option<StringOrList>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// Number of choices (1..=16).
+    pub n: Option<u32>,
+}
+
+impl Generation {
+    /// The engine's knobs (OpenAI's default temperature 1.0), with the endpoint's own
+    /// `max_tokens` and `logprobs` reading.
+    fn knobs(&self, max_tokens: Option<i64>, logprobs: Option<usize>) -> Knobs {
+        Knobs {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            max_tokens,
+            seed: self.seed,
+            stop: self.stop.clone().map(StringOrList::into_vec).unwrap_or_default(),
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logprobs,
+            default_temperature: 1.0,
+            ..Default::default()
+        }
+    }
+
+    fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}
+
+/// `POST /v1/chat/completions` body. Named apart in the OpenAPI document from ollama's
+/// `ChatRequest`, which would otherwise take its place there.
+#[derive(Deserialize, ToSchema, Debug)]
+#[schema(as = ChatCompletionRequest)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessageIn>,
+    #[serde(flatten)]
+    pub gen: Generation,
+    pub max_completion_tokens: Option<i64>,
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<usize>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub n: Option<u32>,
     /// Only `{"type": "text"}` is supported.
     #[schema(value_type = Object)]
     pub response_format: Option<Value>,
@@ -155,23 +191,12 @@ impl PromptIn {
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: PromptIn,
-    #[serde(default)]
-    pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
-    pub max_tokens: Option<i64>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f64>,
-    pub seed: Option<i64>,
-    pub stop: Option<StringOrList>,
+    #[serde(flatten)]
+    pub gen: Generation,
     /// Number of most likely alternatives to report per token (0..=20).
     pub logprobs: Option<usize>,
     #[serde(default)]
     pub echo: bool,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub n: Option<u32>,
 }
 
 /// Most choices per request.
@@ -269,6 +294,86 @@ fn completion_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
     })
 }
 
+/// A whole (non-streamed) response: its choices and the usage over all of them.
+fn response_body(id: &str, object: &str, created: u64, model: &str, choices: Vec<Value>, all: &[Collected]) -> Value {
+    json!({
+        "id": id, "object": object, "created": created, "model": model, "choices": choices,
+        "usage": usage_json(&total_usage(all.iter().map(|c| c.usage))),
+        "system_fingerprint": "quarrel",
+    })
+}
+
+/// The envelope of an endpoint's streamed chunks.
+struct ChunkHead {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    /// Chat chunks carry `system_fingerprint`.
+    fingerprint: bool,
+}
+
+impl ChunkHead {
+    /// A chunk with one choice.
+    fn chunk(&self, choice: Value) -> Value {
+        let mut v = json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model});
+        if self.fingerprint {
+            v["system_fingerprint"] = json!("quarrel");
+        }
+        v["choices"] = json!([choice]);
+        v
+    }
+
+    /// The last chunk when `stream_options.include_usage` is set: no choices, the usage.
+    fn usage(&self, usages: Vec<quarrel_engine::Usage>) -> Value {
+        json!({"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": [],
+               "usage": usage_json(&total_usage(usages.into_iter()))})
+    }
+}
+
+/// The SSE response of streamed choices: the `opening` choice objects, then per event of
+/// choice `i` the choice object `token` makes of a piece of text (none: nothing to send) or
+/// `done` makes of the finish reason, error bodies as they come, the usage chunk when asked
+/// for, and `[DONE]`.
+fn sse_choices(
+    head: ChunkHead,
+    streams: Vec<Tracked>,
+    opening: Vec<Value>,
+    include_usage: bool,
+    token: impl Fn(usize, String, Option<&TokenLogprob>) -> Option<Value> + Send + 'static,
+    done: impl Fn(usize, &str) -> Value + Send + 'static,
+) -> Response {
+    let model = head.model.clone();
+    let mut events_in = merged(streams);
+    let events = async_stream::stream! {
+        for choice in opening {
+            yield sse_json(&head.chunk(choice));
+        }
+        let mut usages = vec![];
+        while let Some((i, ev)) = events_in.next().await {
+            match ev {
+                StreamEvent::Token { text, logprob, .. } => {
+                    if let Some(choice) = token(i, text, logprob.as_ref()) {
+                        yield sse_json(&head.chunk(choice));
+                    }
+                }
+                StreamEvent::Done { finish_reason, usage, .. } => {
+                    usages.push(usage);
+                    yield sse_json(&head.chunk(done(i, finish_str(finish_reason))));
+                }
+                StreamEvent::Error(e) => {
+                    yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
+                }
+            }
+        }
+        if include_usage {
+            yield sse_json(&head.usage(usages));
+        }
+        yield Ok(Event::default().data("[DONE]"));
+    };
+    labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model)
+}
+
 fn request_id(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
@@ -276,28 +381,15 @@ fn request_id(prefix: &str) -> String {
 #[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest, tag = "openai",
     responses((status = 200, description = "chat.completion, or SSE chat.completion.chunk events"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
-    let n = check_n(req.n)?;
+    let n = check_n(req.gen.n)?;
     check_unsupported(&req.response_format, &req.tools)?;
-    let knobs = Knobs {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        max_tokens: req.max_completion_tokens.or(req.max_tokens),
-        seed: req.seed,
-        stop: req.stop.map(StringOrList::into_vec).unwrap_or_default(),
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        logprobs: req.logprobs.then_some(req.top_logprobs.unwrap_or(0)),
-        default_temperature: 1.0,
-        ..Default::default()
-    };
+    let knobs = req.gen.knobs(req.max_completion_tokens.or(req.gen.max_tokens), req.logprobs.then_some(req.top_logprobs.unwrap_or(0)));
     let msgs = to_chat(req.messages)?;
     let (model, streams) = start_n(&state, req.model.as_deref(), Prompt::Chat(msgs), &knobs, n).await?;
     let id = request_id("chatcmpl");
     let created = unix_now();
     let want_lp = req.logprobs;
-    if !req.stream {
+    if !req.gen.stream {
         let all = collect_all(streams).await?;
         let choices: Vec<Value> = all
             .iter()
@@ -308,73 +400,27 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
                        "finish_reason": c.finish.map(finish_str)})
             })
             .collect();
-        let body = json!({
-            "id": id, "object": "chat.completion", "created": created, "model": model, "choices": choices,
-            "usage": usage_json(&total_usage(all.iter().map(|c| c.usage))),
-            "system_fingerprint": "quarrel",
-        });
+        let body = response_body(&id, "chat.completion", created, &model, choices, &all);
         return Ok(labeled(Json(body).into_response(), &model));
     }
-    let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-    let mut events_in = merged(streams);
-    let m2 = model.clone();
-    let events = async_stream::stream! {
-        let chunk = |i: usize, delta: Value, lp: Value, finish: Value| json!({
-            "id": id, "object": "chat.completion.chunk", "created": created, "model": m2,
-            "system_fingerprint": "quarrel",
-            "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-        });
-        for i in 0..n {
-            yield sse_json(&chunk(i, json!({"role": "assistant", "content": ""}), Value::Null, Value::Null));
-        }
-        let mut usages = vec![];
-        while let Some((i, ev)) = events_in.next().await {
-            match ev {
-                StreamEvent::Token { text, logprob, .. } => {
-                    let lp = match (&logprob, want_lp) {
-                        (Some(l), true) => json!({"content": [chat_logprob(l)]}),
-                        _ => Value::Null,
-                    };
-                    if !text.is_empty() || !lp.is_null() {
-                        yield sse_json(&chunk(i, json!({"content": text}), lp, Value::Null));
-                    }
-                }
-                StreamEvent::Done { finish_reason, usage, .. } => {
-                    usages.push(usage);
-                    yield sse_json(&chunk(i, json!({}), Value::Null, json!(finish_str(finish_reason))));
-                }
-                StreamEvent::Error(e) => {
-                    yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
-                }
-            }
-        }
-        if include_usage {
-            yield sse_json(&json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": m2,
-                "choices": [], "usage": usage_json(&total_usage(usages.into_iter()))}));
-        }
-        yield Ok(Event::default().data("[DONE]"));
+    let head = ChunkHead { id, object: "chat.completion.chunk", created, model, fingerprint: true };
+    let opening = (0..n).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}));
+    let token = move |i: usize, text: String, logprob: Option<&TokenLogprob>| {
+        let lp = match (logprob, want_lp) {
+            (Some(l), true) => json!({"content": [chat_logprob(l)]}),
+            _ => Value::Null,
+        };
+        (!text.is_empty() || !lp.is_null()).then(|| json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}))
     };
-    Ok(labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model))
+    let done = |i: usize, finish: &str| json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish});
+    Ok(sse_choices(head, streams, opening.collect(), req.gen.include_usage(), token, done))
 }
 
 #[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest, tag = "openai",
     responses((status = 200, description = "text_completion, or SSE events"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
-    let n = check_n(req.n)?;
-    let knobs = Knobs {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        max_tokens: Some(req.max_tokens.unwrap_or(16)),
-        seed: req.seed,
-        stop: req.stop.map(StringOrList::into_vec).unwrap_or_default(),
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        logprobs: req.logprobs,
-        default_temperature: 1.0,
-        ..Default::default()
-    };
+    let n = check_n(req.gen.n)?;
+    let knobs = req.gen.knobs(Some(req.gen.max_tokens.unwrap_or(16)), req.logprobs);
     let prompt = req.prompt.into_prompt()?;
     let echo_text = match (&prompt, req.echo) {
         (Prompt::Text(t), true) => t.clone(),
@@ -384,7 +430,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
     let (model, streams) = start_n(&state, req.model.as_deref(), prompt, &knobs, n).await?;
     let id = request_id("cmpl");
     let created = unix_now();
-    if !req.stream {
+    if !req.gen.stream {
         let all = collect_all(streams).await?;
         let choices: Vec<Value> = all
             .iter()
@@ -394,55 +440,24 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
                 json!({"index": i, "text": format!("{echo_text}{}", c.text), "logprobs": lp, "finish_reason": c.finish.map(finish_str)})
             })
             .collect();
-        let body = json!({
-            "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices,
-            "usage": usage_json(&total_usage(all.iter().map(|c| c.usage))),
-            "system_fingerprint": "quarrel",
-        });
+        let body = response_body(&id, "text_completion", created, &model, choices, &all);
         return Ok(labeled(Json(body).into_response(), &model));
     }
-    let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
     let want_lp = req.logprobs.is_some();
-    let mut events_in = merged(streams);
-    let m2 = model.clone();
-    let events = async_stream::stream! {
-        let chunk = |i: usize, text: &str, lp: Value, finish: Value| json!({
-            "id": id, "object": "text_completion", "created": created, "model": m2,
-            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}],
-        });
-        if !echo_text.is_empty() {
-            for i in 0..n {
-                yield sse_json(&chunk(i, &echo_text, Value::Null, Value::Null));
-            }
-        }
-        let mut usages = vec![];
-        while let Some((i, ev)) = events_in.next().await {
-            match ev {
-                StreamEvent::Token { text, logprob, .. } => {
-                    let lp = match (&logprob, want_lp) {
-                        (Some(l), true) => completion_logprobs(std::slice::from_ref(l), 0),
-                        _ => Value::Null,
-                    };
-                    if !text.is_empty() || !lp.is_null() {
-                        yield sse_json(&chunk(i, &text, lp, Value::Null));
-                    }
-                }
-                StreamEvent::Done { finish_reason, usage, .. } => {
-                    usages.push(usage);
-                    yield sse_json(&chunk(i, "", Value::Null, json!(finish_str(finish_reason))));
-                }
-                StreamEvent::Error(e) => {
-                    yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
-                }
-            }
-        }
-        if include_usage {
-            yield sse_json(&json!({"id": id, "object": "text_completion", "created": created, "model": m2,
-                "choices": [], "usage": usage_json(&total_usage(usages.into_iter()))}));
-        }
-        yield Ok(Event::default().data("[DONE]"));
+    let head = ChunkHead { id, object: "text_completion", created, model, fingerprint: false };
+    let opening = match echo_text.is_empty() {
+        true => vec![],
+        false => (0..n).map(|i| json!({"index": i, "text": echo_text, "logprobs": null, "finish_reason": null})).collect(),
     };
-    Ok(labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model))
+    let token = move |i: usize, text: String, logprob: Option<&TokenLogprob>| {
+        let lp = match (logprob, want_lp) {
+            (Some(l), true) => completion_logprobs(std::slice::from_ref(l), 0),
+            _ => Value::Null,
+        };
+        (!text.is_empty() || !lp.is_null()).then(|| json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}))
+    };
+    let done = |i: usize, finish: &str| json!({"index": i, "text": "", "logprobs": null, "finish_reason": finish});
+    Ok(sse_choices(head, streams, opening, req.gen.include_usage(), token, done))
 }
 
 fn model_obj(name: &str, created: u64) -> Value {
@@ -466,4 +481,77 @@ pub async fn list_models(State(state): State<AppState>) -> Json<Value> {
 pub async fn get_model(State(state): State<AppState>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
     let e = state.registry.find_entry(&model).ok_or_else(|| ApiError::model_not_found(&model))?;
     Ok(Json(model_obj(&e.name, unix_now())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use utoipa::OpenApi;
+
+    /// Every property name of `schema`, following `$ref`s and `allOf` (how the flattened
+    /// [`Generation`] fields appear).
+    fn properties(doc: &Value, schema: &Value, out: &mut BTreeSet<String>) {
+        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+            let name = r.strip_prefix("#/components/schemas/").expect("local schema ref");
+            let target = &doc["components"]["schemas"][name];
+            assert!(!target.is_null(), "dangling $ref {r}");
+            return properties(doc, target, out);
+        }
+        if let Some(Value::Object(p)) = schema.get("properties") {
+            out.extend(p.keys().cloned());
+        }
+        for part in schema.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+            properties(doc, part, out);
+        }
+    }
+
+    fn body_fields(doc: &Value, path: &str) -> BTreeSet<String> {
+        let schema = &doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"];
+        assert!(!schema.is_null(), "{path}: no request body schema");
+        let mut out = BTreeSet::new();
+        properties(doc, schema, &mut out);
+        out
+    }
+
+    #[test]
+    fn openapi_request_bodies_list_the_shared_and_own_fields() {
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
+        let shared = ["stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "n"];
+        let chat = body_fields(&doc, "/v1/chat/completions");
+        let completion = body_fields(&doc, "/v1/completions");
+        for f in shared.iter().chain(&["model", "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools"]) {
+            assert!(chat.contains(*f), "chat request schema lacks {f}: {chat:?}");
+        }
+        for f in shared.iter().chain(&["model", "prompt", "logprobs", "echo"]) {
+            assert!(completion.contains(*f), "completion request schema lacks {f}: {completion:?}");
+        }
+        assert!(!completion.contains("messages") && !chat.contains("prompt") && !chat.contains("keep_alive"));
+        // ollama's chat body keeps its own schema
+        let ollama_chat = body_fields(&doc, "/api/chat");
+        assert!(ollama_chat.contains("options") && ollama_chat.contains("keep_alive"), "{ollama_chat:?}");
+    }
+
+    #[test]
+    fn shared_fields_reach_the_knobs_of_both_endpoints() {
+        let chat: ChatRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, "top_k": 7, "stop": "x",
+            "max_tokens": 9, "max_completion_tokens": 11, "logprobs": true, "top_logprobs": 2, "n": 3, "stream": true,
+            "stream_options": {"include_usage": true}, "seed": 4, "presence_penalty": 0.25,
+        }))
+        .unwrap();
+        let k = chat.gen.knobs(chat.max_completion_tokens.or(chat.gen.max_tokens), chat.logprobs.then_some(2));
+        assert_eq!((k.temperature, k.top_k, k.max_tokens, k.seed, k.logprobs), (Some(0.5), Some(7), Some(11), Some(4), Some(2)));
+        assert_eq!((k.stop, k.presence_penalty, k.default_temperature), (vec!["x".to_string()], Some(0.25), 1.0));
+        assert!(chat.gen.stream && chat.gen.include_usage() && chat.gen.n == Some(3));
+
+        let c: CompletionRequest = serde_json::from_value(json!({"prompt": "a", "top_p": 0.9, "stop": ["y", "z"], "logprobs": 3, "echo": true})).unwrap();
+        let k = c.gen.knobs(c.gen.max_tokens, c.logprobs);
+        assert_eq!((k.top_p, k.logprobs, k.max_tokens, k.stop.len()), (Some(0.9), Some(3), None, 2));
+        assert!(c.echo && !c.gen.stream && !c.gen.include_usage());
+
+        // wrong types inside the flattened fields are still errors
+        assert!(serde_json::from_value::<ChatRequest>(json!({"messages": [], "temperature": "hot"})).is_err());
+        assert!(serde_json::from_value::<CompletionRequest>(json!({"prompt": "a", "max_tokens": "ten"})).is_err());
+    }
 }

@@ -3,10 +3,23 @@
 //! each type runs (verbatim string literals, so the dispatch to the hand-written splitters
 //! by exact string comparison works as it does there).
 
-/// llama.cpp's `llama_vocab_pre_type`, for the types whose regexes we can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum PreKind {
+macro_rules! pre_kinds {
+    ($($kind:ident),* $(,)?) => {
+        /// llama.cpp's `llama_vocab_pre_type`, for the types whose regexes we can run.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[allow(missing_docs)]
+        pub enum PreKind {
+            $($kind),*
+        }
+
+        impl PreKind {
+            /// Every type, in declaration order.
+            pub const ALL: &'static [PreKind] = &[$(PreKind::$kind),*];
+        }
+    };
+}
+
+pre_kinds! {
     Default,
     Llama3,
     Jais2,

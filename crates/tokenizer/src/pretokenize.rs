@@ -287,62 +287,12 @@ mod tests {
 
     #[test]
     fn every_supported_kind_compiles() {
-        let all = [
-            Default,
-            Llama3,
-            Jais2,
-            Dbrx,
-            Smaug,
-            DeepseekLlm,
-            Deepseek3Llm,
-            HunyuanDense,
-            JoyaiLlm,
-            HyV4,
-            Spark25,
-            Youtu,
-            DeepseekCoder,
-            Falcon,
-            Starcoder,
-            Refact,
-            CommandR,
-            Smollm,
-            Codeshell,
-            Exaone,
-            Minerva,
-            Mellum2,
-            Gpt2,
-            Mpt,
-            Olmo,
-            Jais,
-            Trillion,
-            GraniteDocling,
-            Stablelm2,
-            Qwen2,
-            Hunyuan,
-            SolarOpen,
-            Qwen35,
-            Poro,
-            Bloom,
-            Gpt3Finnish,
-            Chatglm4,
-            Viking,
-            Tekken,
-            Chameleon,
-            Gpt4o,
-            MinimaxM2,
-            GraniteEmbMulti,
-            Superbpe,
-            Bailingmoe,
-            SeedCoder,
-            Ufakzeka,
-            Grok2,
-            Laguna,
-            ExaoneMoe,
-            Minicpm5,
-        ];
-        for k in all {
+        let text = "Hello, wörld!  It's 12345 ünïcode\t\n\n  中文 🤖 ÀÉ x\u{3000}y";
+        for &k in PreKind::ALL {
+            if unsupported_reason(k).is_some() {
+                continue;
+            }
             let p = PreTokenizer::new(k).unwrap_or_else(|e| panic!("{k:?}: {e}"));
-            let text = "Hello, wörld!  It's 12345 ünïcode\t\n\n  中文 🤖 ÀÉ x\u{3000}y";
             let words = p.split(text);
             assert_eq!(words.concat(), text, "{k:?}");
         }

@@ -62,6 +62,34 @@ const N: u32 = b'\n' as u32;
 const SP: u32 = b' ' as u32;
 const APOS: u32 = b'\'' as u32;
 
+/// Run `scan` over each of the current pieces (`offsets`), as a [`Seg`] that pushes the
+/// new word lengths into the output.
+fn split_pieces(cpts: &[char], flags: &[Flags], offsets: &[usize], mut scan: impl FnMut(&mut Seg<'_>, &mut Vec<usize>)) -> Vec<usize> {
+    let mut out = Vec::with_capacity(offsets.len());
+    let mut start = 0;
+    for &offset in offsets {
+        let mut s = Seg { cpts, flags, ini: start, end: start + offset, prev_end: start };
+        start += offset;
+        scan(&mut s, &mut out);
+    }
+    out
+}
+
+/// The scanners' last alternatives, `\s+(?!\S)|\s+` over the `nws` whitespace codepoints
+/// at `pos`, else the single codepoint there: ends that word and returns where it ends.
+#[inline]
+fn whitespace_or_one(s: &mut Seg, pos: usize, nws: usize, out: &mut Vec<usize>) -> usize {
+    let end = if nws > 1 && s.cpt(pos + nws) != OUT {
+        pos + nws - 1 // \s+(?!\S): leave the last space to the next word
+    } else if nws > 0 {
+        pos + nws // \s+
+    } else {
+        pos + 1
+    };
+    s.add(end, out);
+    end
+}
+
 /// `'s|'t|'re|'ve|'m|'ll|'d` (case-insensitive when `fold`); returns the match length.
 #[inline]
 fn contraction(s: &Seg, pos: usize, fold: bool) -> Option<usize> {
@@ -85,23 +113,13 @@ fn contraction(s: &Seg, pos: usize, fold: bool) -> Option<usize> {
 
 /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usize> {
-    let mut out = Vec::with_capacity(offsets.len());
-    let mut start = 0;
-    for &offset in offsets {
-        let mut s = Seg {
-            cpts,
-            flags,
-            ini: start,
-            end: start + offset,
-            prev_end: start,
-        };
-        start += offset;
+    split_pieces(cpts, flags, offsets, |s, out| {
         let mut pos = s.ini;
         while pos < s.end {
             let cpt = s.cpt(pos);
             let f = s.fl(pos);
-            if let Some(len) = contraction(&s, pos, false) {
-                pos += s.add(pos + len, &mut out);
+            if let Some(len) = contraction(s, pos, false) {
+                pos += s.add(pos + len, out);
                 continue;
             }
             let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
@@ -111,7 +129,7 @@ pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usi
                     pos += 1;
                     f2 = s.fl(pos);
                 }
-                s.add(pos, &mut out);
+                s.add(pos, out);
                 continue;
             }
             if f2.is_number() {
@@ -120,7 +138,7 @@ pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usi
                     pos += 1;
                     f2 = s.fl(pos);
                 }
-                s.add(pos, &mut out);
+                s.add(pos, out);
                 continue;
             }
             if !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
@@ -129,28 +147,16 @@ pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usi
                     pos += 1;
                     f2 = s.fl(pos);
                 }
-                s.add(pos, &mut out);
+                s.add(pos, out);
                 continue;
             }
             let mut nws = 0;
             while s.fl(pos + nws).is_whitespace() {
                 nws += 1;
             }
-            if nws > 1 && s.cpt(pos + nws) != OUT {
-                pos += nws - 1;
-                s.add(pos, &mut out);
-                continue;
-            }
-            if nws > 0 {
-                pos += nws;
-                s.add(pos, &mut out);
-                continue;
-            }
-            pos += 1;
-            s.add(pos, &mut out);
+            pos = whitespace_or_one(s, pos, nws, out);
         }
-    }
-    out
+    })
 }
 
 /// Which variant of the Llama-3-like scanner.
@@ -169,23 +175,13 @@ enum Variant {
 fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) -> Vec<usize> {
     let marks = v == Variant::Qwen35;
     let wordish = |f: Flags| f.is_letter() || (marks && f.is_mark());
-    let mut out = Vec::with_capacity(offsets.len());
-    let mut start = 0;
-    for &offset in offsets {
-        let mut s = Seg {
-            cpts,
-            flags,
-            ini: start,
-            end: start + offset,
-            prev_end: start,
-        };
-        start += offset;
+    split_pieces(cpts, flags, offsets, |s, out| {
         let mut pos = s.ini;
         while pos < s.end {
             let cpt = s.cpt(pos);
             let f = s.fl(pos);
-            if let Some(len) = contraction(&s, pos, true) {
-                pos += s.add(pos + len, &mut out);
+            if let Some(len) = contraction(s, pos, true) {
+                pos += s.add(pos + len, out);
                 continue;
             }
             // [^\r\n\p{L}\p{N}]?\p{L}+
@@ -194,7 +190,7 @@ fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) ->
                 while wordish(s.fl(pos)) {
                     pos += 1;
                 }
-                s.add(pos, &mut out);
+                s.add(pos, out);
                 continue;
             }
             // \p{N}{1,3} or \p{N}
@@ -204,14 +200,14 @@ fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) ->
                     while s.fl(pos).is_number() {
                         pos += 1;
                         if pos - ini >= 3 {
-                            s.add(pos, &mut out);
+                            s.add(pos, out);
                             ini = pos;
                         }
                     }
                 } else {
                     pos += 1;
                 }
-                s.add(pos, &mut out);
+                s.add(pos, out);
                 continue;
             }
             // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (llama.cpp tests the first codepoint's flags
@@ -231,7 +227,7 @@ fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) ->
                     pos += 1;
                     c2 = s.cpt(pos);
                 }
-                s.add(pos, &mut out);
+                s.add(pos, out);
                 continue;
             }
             let mut nws = 0;
@@ -246,26 +242,12 @@ fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) ->
             // \s*[\r\n]+
             if last_rn > 0 {
                 pos = last_rn;
-                s.add(pos, &mut out);
+                s.add(pos, out);
                 continue;
             }
-            // \s+(?!\S)
-            if nws > 1 && s.cpt(pos + nws) != OUT {
-                pos += nws - 1;
-                s.add(pos, &mut out);
-                continue;
-            }
-            // \s+
-            if nws > 0 {
-                pos += nws;
-                s.add(pos, &mut out);
-                continue;
-            }
-            pos += 1;
-            s.add(pos, &mut out);
+            pos = whitespace_or_one(s, pos, nws, out);
         }
-    }
-    out
+    })
 }
 
 pub(crate) fn llama3(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usize> {

@@ -10,15 +10,15 @@
 //!                               └─ norm ─► output ─► ÷ logit_scale ─► logits
 //! ```
 
+use super::common::{attn_scale, n_params, reject_tensors, trace, Head};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
 use crate::layers::mlp::SwiGluMlp;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn, SharedExpert};
 use crate::layers::timing::OpTimes;
-use crate::layers::{opt_weight, weight};
+use crate::layers::weight;
 use crate::{Model, ModelInfo};
-use quarrel_core::trace::trace;
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -118,23 +118,12 @@ pub struct Layer<B: Backend> {
 pub struct Granite<B: Backend> {
     pub cfg: Config,
     info: ModelInfo,
-    token_embd: B::Weight,
-    output_norm: B::Weight,
-    output: Option<B::Weight>,
+    head: Head<B>,
     layers: Vec<Layer<B>>,
 }
 
-/// Reject optional tensors this implementation does not apply (biases), instead of
-/// silently computing something else.
-fn reject_biases(g: &Gguf, il: usize) -> Result<()> {
-    for t in ["attn_output.bias", "attn_q.bias", "ffn_up.bias", "ffn_gate.bias", "ffn_down.bias"] {
-        let name = format!("blk.{il}.{t}");
-        if g.tensor_info(&name).is_some() {
-            return Err(CoreError::Unsupported(format!("tensor {name}")));
-        }
-    }
-    Ok(())
-}
+/// Biases this implementation does not apply.
+const UNSUPPORTED: [&str; 5] = ["attn_output.bias", "attn_q.bias", "ffn_up.bias", "ffn_gate.bias", "ffn_down.bias"];
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
@@ -142,7 +131,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let rope = RopeParams { style: RopeStyle::Normal, n_rot: c.n_rot, freq_base: c.rope_freq_base, freq_scale: 1.0, freq_factors: None };
     let mut layers = Vec::with_capacity(c.n_layer);
     for il in 0..c.n_layer {
-        reject_biases(g, il)?;
+        reject_tensors(g, il, &UNSUPPORTED)?;
         let mixer = match (c.n_head_kv[il], &c.ssm) {
             (0, Some(p)) => Mixer::Mamba2(Mamba2::load(be, g, il, c.n_embd, *p)?),
             (kv, _) => {
@@ -150,7 +139,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
                     n_head: c.n_head,
                     n_kv_head: kv,
                     head_dim: c.head_dim,
-                    scale: if c.attention_scale == 0.0 { 1.0 / (c.head_dim as f32).sqrt() } else { c.attention_scale },
+                    scale: attn_scale(c.attention_scale, c.head_dim),
                     sliding_window: None,
                     softcap: None,
                 };
@@ -183,20 +172,13 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
         n_ctx_train: c.n_ctx_train,
         n_kv_head: c.n_head_kv.iter().copied().max().unwrap_or(0).max(1),
         head_dim: c.head_dim,
-        n_params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+        n_params: n_params(g),
         recurrent: match &c.ssm {
             Some(p) => c.n_head_kv.iter().map(|&kv| (kv == 0).then_some(*p)).collect(),
             None => vec![],
         },
     };
-    Ok(Box::new(Granite {
-        token_embd: weight(be, g, "token_embd.weight", c.n_embd, c.n_vocab)?,
-        output_norm: weight(be, g, "output_norm.weight", c.n_embd, 1)?,
-        output: opt_weight(be, g, "output.weight", c.n_embd, c.n_vocab)?,
-        cfg,
-        info,
-        layers,
-    }))
+    Ok(Box::new(Granite { head: Head::load(be, g, c.n_embd, c.n_vocab)?, cfg, info, layers }))
 }
 
 impl<B: Backend> Model<B> for Granite<B> {
@@ -217,10 +199,8 @@ impl<B: Backend> Model<B> for Granite<B> {
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
         let c = &self.cfg;
-        let rows = batch.logits_rows.len();
         let normed = self.final_hidden(be, batch, kv)?;
-        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
-        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
+        let mut logits = self.head.logits(be, &normed, batch.logits_rows.len(), c.n_vocab)?; // (rows, n_vocab)
         if c.logit_scale != 0.0 {
             be.scale(&mut logits, 1.0 / c.logit_scale)?;
         }
@@ -237,8 +217,7 @@ impl<B: Backend> Granite<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();
-        let mut x = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
-        be.embed(&self.token_embd, &batch.tokens, &mut x)?;
+        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
         if c.embedding_scale != 0.0 {
             be.scale(&mut x, c.embedding_scale)?;
         }
@@ -249,31 +228,20 @@ impl<B: Backend> Granite<B> {
                 Mixer::Attention(at) => at.forward(be, il, &h, batch, kv, c.n_embd)?,
                 Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, c.n_embd)?.0,
             }; // (n_tok, n_embd)
-            if quarrel_core::trace::enabled() {
-                trace("mixer_out", il, &be.download(&a)?);
-            }
+            trace(be, "mixer_out", il, &a)?;
             if c.residual_scale != 0.0 {
                 be.scale(&mut a, c.residual_scale)?;
             }
             be.add(&mut x, &a)?;
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let mut f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
-            if quarrel_core::trace::enabled() {
-                trace("ffn_out", il, &be.download(&f)?);
-            }
+            trace(be, "ffn_out", il, &f)?;
             if c.residual_scale != 0.0 {
                 be.scale(&mut f, c.residual_scale)?;
             }
             be.add(&mut x, &f)?;
-            if quarrel_core::trace::enabled() {
-                trace("l_out", il, &be.download(&x)?);
-            }
+            trace(be, "l_out", il, &x)?;
         }
-        let rows = batch.logits_rows.len();
-        let mut sel = be.alloc(rows * c.n_embd)?; // (rows, n_embd)
-        be.gather_rows(&x, c.n_embd, &batch.logits_rows, &mut sel)?;
-        let mut normed = be.alloc(rows * c.n_embd)?;
-        be.rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed)?;
-        Ok(normed)
+        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
     }
 }

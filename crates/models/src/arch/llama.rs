@@ -3,14 +3,14 @@
 //! Mixtral-style experts (`ffn_gate_inp` + `ffn_{gate,up,down}_exps`, softmax top-k,
 //! renormalized) where the file has them.
 
+use super::common::{n_params, trace, Head};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::SwiGluMlp;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn};
 use crate::layers::timing::OpTimes;
-use crate::layers::{opt_weight, weight};
+use crate::layers::weight;
 use crate::{Model, ModelInfo};
-use quarrel_core::trace::trace;
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -88,19 +88,14 @@ pub struct Layer<B: Backend> {
 pub struct Llama<B: Backend> {
     pub cfg: Config,
     info: ModelInfo,
-    token_embd: B::Weight,
-    output_norm: B::Weight,
-    /// `output.weight`, or None when tied to `token_embd`.
-    output: Option<B::Weight>,
+    head: Head<B>,
     layers: Vec<Layer<B>>,
 }
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
     let c = &cfg;
-    let token_embd = weight(be, g, "token_embd.weight", c.n_embd, c.n_vocab)?;
-    let output_norm = weight(be, g, "output_norm.weight", c.n_embd, 1)?;
-    let output = opt_weight(be, g, "output.weight", c.n_embd, c.n_vocab)?;
+    let head = Head::load(be, g, c.n_embd, c.n_vocab)?;
     let freq_factors = match g.tensor_info("rope_freqs.weight") {
         None => None,
         Some(info) => {
@@ -147,10 +142,10 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
         n_ctx_train: c.n_ctx_train,
         n_kv_head: c.n_head_kv,
         head_dim: c.head_dim,
-        n_params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+        n_params: n_params(g),
         recurrent: vec![],
     };
-    Ok(Box::new(Llama { cfg, info, token_embd, output_norm, output, layers }))
+    Ok(Box::new(Llama { cfg, info, head, layers }))
 }
 
 impl<B: Backend> Model<B> for Llama<B> {
@@ -165,21 +160,13 @@ impl<B: Backend> Model<B> for Llama<B> {
     }
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let c = &self.cfg;
-        let rows = batch.logits_rows.len();
         let normed = self.final_hidden(be, batch, kv)?;
-        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
-        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
-        be.download(&logits)
+        be.download(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?)
     }
 
     fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
-        let c = &self.cfg;
-        let rows = batch.logits_rows.len();
         let normed = self.final_hidden(be, batch, kv)?;
-        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
-        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
-        be.argmax_rows(&logits, c.n_vocab)
+        be.argmax_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab)
     }
 
     fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
@@ -193,8 +180,7 @@ impl<B: Backend> Llama<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();
-        let mut x = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
-        be.embed(&self.token_embd, &batch.tokens, &mut x)?;
+        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
         let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
         for (il, l) in self.layers.iter().enumerate() {
             be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
@@ -202,19 +188,10 @@ impl<B: Backend> Llama<B> {
             be.add(&mut x, &a)?;
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
-            if quarrel_core::trace::enabled() {
-                trace("ffn_out", il, &be.download(&f)?);
-            }
+            trace(be, "ffn_out", il, &f)?;
             be.add(&mut x, &f)?;
-            if quarrel_core::trace::enabled() {
-                trace("l_out", il, &be.download(&x)?);
-            }
+            trace(be, "l_out", il, &x)?;
         }
-        let rows = batch.logits_rows.len();
-        let mut sel = be.alloc(rows * c.n_embd)?; // (rows, n_embd)
-        be.gather_rows(&x, c.n_embd, &batch.logits_rows, &mut sel)?;
-        let mut normed = be.alloc(rows * c.n_embd)?;
-        be.rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed)?;
-        Ok(normed)
+        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
     }
 }

@@ -1,5 +1,6 @@
 //! One file per GGUF `general.architecture`.
 
+pub mod common;
 pub mod granite;
 pub mod granitehybrid;
 pub mod granitemoe;

@@ -9,15 +9,15 @@
 //!  tokens ─embed─► x ─ per layer: x += (mamba2 | attention | ffn | moe+shexp)(rmsnorm x) ─► norm ─► output
 //! ```
 
+use super::common::{attn_scale, n_params, reject_tensors, trace, Head};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
 use crate::layers::mlp::ReluSqrMlp;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn, SharedExpert};
 use crate::layers::timing::OpTimes;
-use crate::layers::{opt_weight, weight};
+use crate::layers::weight;
 use crate::{Model, ModelInfo};
-use quarrel_core::trace::trace;
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -122,9 +122,7 @@ pub struct Layer<B: Backend> {
 pub struct NemotronH<B: Backend> {
     pub cfg: Config,
     info: ModelInfo,
-    token_embd: B::Weight,
-    output_norm: B::Weight,
-    output: Option<B::Weight>,
+    head: Head<B>,
     layers: Vec<Layer<B>>,
 }
 
@@ -136,12 +134,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let mut layers = Vec::with_capacity(c.n_layer);
     let mut max_kv = 1;
     for (il, kind) in c.kinds.iter().enumerate() {
-        for t in ["ffn_latent_down.weight", "attn_output.bias", "ffn_up.bias", "ffn_down.bias"] {
-            let name = format!("blk.{il}.{t}");
-            if g.tensor_info(&name).is_some() {
-                return Err(CoreError::Unsupported(format!("tensor {name}")));
-            }
-        }
+        reject_tensors(g, il, &["ffn_latent_down.weight", "attn_output.bias", "ffn_up.bias", "ffn_down.bias"])?;
         let mixer = match *kind {
             LayerKind::Mamba2 => Mixer::Mamba2(Mamba2::load(be, g, il, c.n_embd, c.ssm)?),
             LayerKind::Attention { n_head, n_head_kv } => {
@@ -150,7 +143,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
                     n_head,
                     n_kv_head: n_head_kv,
                     head_dim: c.head_dim,
-                    scale: if c.attention_scale == 0.0 { 1.0 / (c.head_dim as f32).sqrt() } else { c.attention_scale },
+                    scale: attn_scale(c.attention_scale, c.head_dim),
                     sliding_window: None,
                     softcap: None,
                 };
@@ -178,17 +171,10 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
         n_ctx_train: c.n_ctx_train,
         n_kv_head: max_kv,
         head_dim: c.head_dim,
-        n_params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+        n_params: n_params(g),
         recurrent: c.kinds.iter().map(|k| (*k == LayerKind::Mamba2).then_some(c.ssm)).collect(),
     };
-    Ok(Box::new(NemotronH {
-        token_embd: weight(be, g, "token_embd.weight", c.n_embd, c.n_vocab)?,
-        output_norm: weight(be, g, "output_norm.weight", c.n_embd, 1)?,
-        output: opt_weight(be, g, "output.weight", c.n_embd, c.n_vocab)?,
-        cfg,
-        info,
-        layers,
-    }))
+    Ok(Box::new(NemotronH { head: Head::load(be, g, c.n_embd, c.n_vocab)?, cfg, info, layers }))
 }
 
 impl<B: Backend> Model<B> for NemotronH<B> {
@@ -209,12 +195,8 @@ impl<B: Backend> Model<B> for NemotronH<B> {
     }
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let c = &self.cfg;
-        let rows = batch.logits_rows.len();
         let normed = self.final_hidden(be, batch, kv)?;
-        let mut logits = be.alloc(rows * c.n_vocab)?; // (rows, n_vocab)
-        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), &normed, rows, &mut logits)?;
-        be.download(&logits)
+        be.download(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?)
     }
 
     fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
@@ -227,32 +209,20 @@ impl<B: Backend> NemotronH<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();
-        let mut x = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
-        be.embed(&self.token_embd, &batch.tokens, &mut x)?;
+        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
         let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
         for (il, l) in self.layers.iter().enumerate() {
             be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
-            if quarrel_core::trace::enabled() {
-                trace("attn_norm", il, &be.download(&h)?);
-            }
+            trace(be, "attn_norm", il, &h)?;
             let out = match &l.mixer {
                 Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, c.n_embd)?.0,
                 Mixer::Attention(a) => a.forward(be, il, &h, batch, kv, c.n_embd)?,
                 Mixer::Ffn(f) => f.forward(be, &h, n, c.n_embd)?,
             }; // (n_tok, n_embd)
-            if quarrel_core::trace::enabled() {
-                trace("mixer_out", il, &be.download(&out)?);
-            }
+            trace(be, "mixer_out", il, &out)?;
             be.add(&mut x, &out)?;
-            if quarrel_core::trace::enabled() {
-                trace("l_out", il, &be.download(&x)?);
-            }
+            trace(be, "l_out", il, &x)?;
         }
-        let rows = batch.logits_rows.len();
-        let mut sel = be.alloc(rows * c.n_embd)?; // (rows, n_embd)
-        be.gather_rows(&x, c.n_embd, &batch.logits_rows, &mut sel)?;
-        let mut normed = be.alloc(rows * c.n_embd)?;
-        be.rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed)?;
-        Ok(normed)
+        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
     }
 }

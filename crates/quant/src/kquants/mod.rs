@@ -17,6 +17,8 @@ pub mod q5_k;
 pub mod q6_k;
 pub mod q8_k;
 
+use crate::scan::signed_absmax;
+
 /// `GROUP_MAX_EPS` in ggml-quants.c: groups whose max |x| is below are "all zero".
 pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
@@ -29,23 +31,23 @@ pub fn nearest_int(fval: f32) -> i32 {
     (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
 }
 
+/// The signed value of largest magnitude of a group, or None (with `l` zeroed) when the
+/// group is "all zero" (below [`GROUP_MAX_EPS`]): the start of the symmetric searches.
+#[inline]
+fn group_max(x: &[f32], l: &mut [i8]) -> Option<f32> {
+    let (amax, max) = signed_absmax(x);
+    if amax < GROUP_MAX_EPS {
+        l[..x.len()].fill(0);
+        return None;
+    }
+    Some(max)
+}
+
 /// `make_qx_quants` for `qw == NULL` (symmetric quantization into
 /// `[-nmax, nmax-1]`, stored with `+nmax` offset in `l`). Returns the scale.
 pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8], rmse_type: i32) -> f32 {
     let n = x.len();
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
-        l[..n].fill(0);
-        return 0.0;
-    }
+    let Some(max) = group_max(x, l) else { return 0.0 };
     let clamp = |v: i32| v.clamp(-nmax, nmax - 1);
     let mut iscale = -(nmax as f32) / max;
     if rmse_type == 0 {
@@ -113,19 +115,7 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8], rmse_type: i32)
 /// `[-nmax, nmax-1]` stored with `+nmax` offset. Returns the scale.
 pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], l: &mut [i8], do_rmse: bool) -> f32 {
     let n = x.len();
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
-        l[..n].fill(0);
-        return 0.0;
-    }
+    let Some(max) = group_max(x, l) else { return 0.0 };
     let clamp = |v: i32| v.clamp(-nmax, nmax - 1);
     let iscale = -(nmax as f32) / max;
     if do_rmse {

@@ -35,11 +35,29 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Shared tail of the Q4_K / Q5_K reference quantizers: quantize the 8
-/// sub-block (scale, min) pairs to 6 bits against their maxima, write
+/// The part of the Q4_K / Q5_K reference quantizers they share, for one block `x`: the
+/// (scale, min) search of each 32-element sub-block, then
+/// [`finish_scales_and_requantize`]. Writes `d`, `dmin` and the scales into `y` and leaves
+/// the quants (`0..=params.nmax`) in `l`, for the caller to pack.
+pub(crate) fn quantize_scales_and_mins(x: &[f32], params: Qkx2Params, l: &mut [u8; QK_K], y: &mut [u8]) {
+    let mut laux = [0u8; 32];
+    let mut weights = [0f32; 32];
+    let mut mins = [0f32; 8];
+    let mut scales = [0f32; 8];
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        rms_plus_abs_weights(xs, &mut weights);
+        let (s, m) = make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
+        scales[j] = s;
+        mins[j] = m;
+    }
+    finish_scales_and_requantize(x, &scales, &mins, params.nmax, l, y);
+}
+
+/// Quantize the 8 sub-block (scale, min) pairs to 6 bits against their maxima, write
 /// `d`, `dmin` and the packed scales, then re-quantize every element against
 /// the rounded scales into `l` (values `0..=nmax`).
-pub(crate) fn finish_scales_and_requantize(
+fn finish_scales_and_requantize(
     x: &[f32],
     scales: &[f32; 8],
     mins: &[f32; 8],
@@ -102,20 +120,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         use_mad: false,
     };
     let mut l = [0u8; QK_K];
-    let mut laux = [0u8; 32];
-    let mut weights = [0f32; 32];
-    let mut mins = [0f32; 8];
-    let mut scales = [0f32; 8];
     for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        for j in 0..8 {
-            let xs = &x[32 * j..32 * j + 32];
-            rms_plus_abs_weights(xs, &mut weights);
-            let (s, m) =
-                make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
-            scales[j] = s;
-            mins[j] = m;
-        }
-        finish_scales_and_requantize(x, &scales, &mins, 15, &mut l, y);
+        quantize_scales_and_mins(x, params, &mut l, y);
         let qs = &mut y[Q4_K_QS_OFF..Q4_K_QS_OFF + QK_K / 2];
         for (i, j) in (0..QK_K).step_by(64).enumerate() {
             for k in 0..32 {
@@ -141,7 +147,7 @@ pub(crate) fn scales_and_mins(s: &[u8]) -> ([i32; 8], [i32; 8]) {
 /// Common body of the Q4_K / Q5_K dot products once the unsigned quants of
 /// one block are expanded into `aux8`: returns `(aux32 lanes, sumi of mins)`.
 #[inline]
-pub(crate) fn k_block_dot(
+fn k_block_dot(
     aux8: &[i32; QK_K],
     q8: &[u8],
     bsums_block: &[u8],
@@ -163,13 +169,7 @@ pub(crate) fn k_block_dot(
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q4_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q4_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
-    let mut sums = [0f32; 8];
-    let mut sumf = 0.0f32;
-    let mut aux8 = [0i32; QK_K];
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
-    {
+    vec_dot_scale_min(w, a, BLOCK_BYTES, |x, aux8| {
         let q4 = &x[Q4_K_QS_OFF..Q4_K_QS_OFF + QK_K / 2];
         for j in 0..QK_K / 64 {
             for l in 0..32 {
@@ -177,6 +177,21 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 aux8[64 * j + 32 + l] = (q4[32 * j + l] >> 4) as i32;
             }
         }
+    })
+}
+
+// Q5_K keeps `d`, `dmin` and the scales where Q4_K does: one dot-product body serves both.
+const _: () = assert!(Q5_K_D_OFF == Q4_K_D_OFF && Q5_K_DMIN_OFF == Q4_K_DMIN_OFF && Q5_K_SCALES_OFF == Q4_K_SCALES_OFF);
+
+/// The Q4_K / Q5_K dot product against Q8_K once `unpack` has expanded a weight block's
+/// unsigned quants into `aux8` (ggml's order: 8 lanes of scaled sums, minus `dmin` times
+/// the mins against `bsums`).
+pub(crate) fn vec_dot_scale_min(w: &[u8], a: &[u8], block_bytes: usize, unpack: impl Fn(&[u8], &mut [i32; QK_K])) -> f32 {
+    let mut sums = [0f32; 8];
+    let mut sumf = 0.0f32;
+    let mut aux8 = [0i32; QK_K];
+    for (x, y) in w.chunks_exact(block_bytes).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+        unpack(x, &mut aux8);
         let (aux32, sumi) = k_block_dot(
             &aux8,
             &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K],

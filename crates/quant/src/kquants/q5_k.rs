@@ -1,8 +1,8 @@
 //! Q5_K: `{ f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }`.
 //! Like Q4_K with a 5th bit: element `l` of sub-block `j` takes bit `j` of `qh[l]`.
 
-use super::q4_k::{finish_scales_and_requantize, k_block_dot};
-use super::{get_scale_min_k4, make_qkx2_quants, rms_plus_abs_weights, Qkx2Params};
+use super::q4_k::{quantize_scales_and_mins, vec_dot_scale_min};
+use super::{get_scale_min_k4, Qkx2Params};
 use crate::layout::*;
 
 /// Elements per block.
@@ -47,20 +47,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         use_mad: false,
     };
     let mut l = [0u8; QK_K];
-    let mut laux = [0u8; 32];
-    let mut weights = [0f32; 32];
-    let mut mins = [0f32; 8];
-    let mut scales = [0f32; 8];
     for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        for j in 0..8 {
-            let xs = &x[32 * j..32 * j + 32];
-            rms_plus_abs_weights(xs, &mut weights);
-            let (s, m) =
-                make_qkx2_quants(xs, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
-            scales[j] = s;
-            mins[j] = m;
-        }
-        finish_scales_and_requantize(x, &scales, &mins, 31, &mut l, y);
+        quantize_scales_and_mins(x, params, &mut l, y);
 
         y[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8].fill(0);
         let mut m1 = 1u8;
@@ -89,13 +77,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert_geometry("q5_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
     assert_geometry("q5_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
-    let mut sums = [0f32; 8];
-    let mut sumf = 0.0f32;
-    let mut aux8 = [0i32; QK_K];
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
-    {
+    vec_dot_scale_min(w, a, BLOCK_BYTES, |x, aux8| {
         let q4 = &x[Q5_K_QS_OFF..Q5_K_QS_OFF + QK_K / 2];
         let hm = &x[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8];
         for j in 0..QK_K / 64 {
@@ -107,22 +89,5 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 aux8[64 * j + 32 + l] = (q4[32 * j + l] >> 4) as i32 + hb;
             }
         }
-        let (aux32, sumi) = k_block_dot(
-            &aux8,
-            &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K],
-            &y[Q8_K_BSUMS_OFF..],
-            &x[Q5_K_SCALES_OFF..Q5_K_SCALES_OFF + K_SCALE_SIZE],
-        );
-        let yd = read_f32(y, Q8_K_D_OFF);
-        let d = read_f16(x, Q5_K_D_OFF) * yd;
-        for (s, &v) in sums.iter_mut().zip(&aux32) {
-            *s += d * v as f32;
-        }
-        let dmin = read_f16(x, Q5_K_DMIN_OFF) * yd;
-        sumf -= dmin * sumi as f32;
-    }
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    })
 }

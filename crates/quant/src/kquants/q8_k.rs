@@ -29,15 +29,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q8_K", QK, BLOCK_BYTES, src.len(), dst.len());
     for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in x {
-            let ax = v.abs();
-            if ax > amax {
-                amax = ax;
-                max = v;
-            }
-        }
+        let (amax, max) = crate::scan::signed_absmax(x);
         if amax == 0.0 {
             y.fill(0);
             continue;

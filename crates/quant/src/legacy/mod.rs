@@ -22,3 +22,60 @@ pub(crate) fn q5_high_bits(qh: u32, j: usize) -> (u8, u8) {
     let xh_1 = ((qh >> (j + 12)) & 0x10) as u8;
     (xh_0, xh_1)
 }
+
+/// Half a 32-element block: element `j` pairs with element `j + HALF` in one byte.
+const HALF: usize = 16;
+
+/// Elements `j` and `j + 16` of a 4-bit block: the low and high nibble of `qs[j]`.
+#[inline]
+pub(crate) fn q4_pair(qs: &[u8], j: usize) -> (u8, u8) {
+    (qs[j] & 0x0F, qs[j] >> 4)
+}
+
+/// Elements `j` and `j + 16` of a 5-bit block: the nibbles of `qs[j]` plus their `qh` bits.
+#[inline]
+pub(crate) fn q5_pair(qs: &[u8], qh: u32, j: usize) -> (u8, u8) {
+    let (xh_0, xh_1) = q5_high_bits(qh, j);
+    ((qs[j] & 0x0F) | xh_0, (qs[j] >> 4) | xh_1)
+}
+
+/// Store the 5-bit values of elements `j` (`xi0`) and `j + 16` (`xi1`): their nibbles in
+/// `qs[j]`, their 5th bits in `qh` — the inverse of [`q5_pair`].
+#[inline]
+pub(crate) fn q5_pack(qs: &mut [u8], qh: &mut u32, j: usize, xi0: u8, xi1: u8) {
+    qs[j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+    *qh |= (((xi0 & 0x10) >> 4) as u32) << j;
+    *qh |= (((xi1 & 0x10) >> 4) as u32) << (j + HALF);
+}
+
+/// One block of `y.len() == 32` values: element pair `pair(j)` through `value`.
+#[inline]
+pub(crate) fn dequantize_pairs(y: &mut [f32], pair: impl Fn(usize) -> (u8, u8), value: impl Fn(u8) -> f32) {
+    for j in 0..HALF {
+        let (x0, x1) = pair(j);
+        y[j] = value(x0);
+        y[j + HALF] = value(x1);
+    }
+}
+
+/// ggml's `sumi0 + sumi1` of the legacy dot products: the 16 element pairs `pair(j)` of a
+/// 32-element block against the `i8` quants `yq` (integer, exact).
+#[inline]
+pub(crate) fn dot_pairs(yq: &[u8], pair: impl Fn(usize) -> (i32, i32)) -> i32 {
+    let (mut sumi0, mut sumi1) = (0i32, 0i32);
+    for j in 0..HALF {
+        let (x0, x1) = pair(j);
+        sumi0 += x0 * yq[j] as i8 as i32;
+        sumi1 += x1 * yq[j + HALF] as i8 as i32;
+    }
+    sumi0 + sumi1
+}
+
+/// One Q8_0 / Q8_1 block `b` (`f16 d` first, the `i8` quants from `qs_off`): `d * q`.
+#[inline]
+pub(crate) fn dequantize_i8(b: &[u8], qs_off: usize, y: &mut [f32]) {
+    let d = crate::layout::read_f16(b, 0);
+    for (o, &q) in y.iter_mut().zip(&b[qs_off..]) {
+        *o = q as i8 as f32 * d;
+    }
+}

@@ -1,6 +1,8 @@
 //! Q4_0: `{ f16 d; u8 qs[16] }`, value = `d * (nibble - 8)`.
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
+use crate::scan::signed_absmax;
+use super::{dequantize_pairs, dot_pairs, q4_pair};
 use crate::layout::{
     assert_geometry, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0,
 };
@@ -15,13 +17,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     assert_geometry("q4_0", QK, BLOCK_BYTES, dst.len(), src.len());
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         let d = read_f16(b, 0);
-        let qs = &b[2..];
-        for j in 0..QK / 2 {
-            let x0 = (qs[j] & 0x0F) as i32 - 8;
-            let x1 = (qs[j] >> 4) as i32 - 8;
-            y[j] = x0 as f32 * d;
-            y[j + QK / 2] = x1 as f32 * d;
-        }
+        dequantize_pairs(y, |j| q4_pair(&b[2..], j), |q| (q as i32 - 8) as f32 * d);
     }
 }
 
@@ -30,14 +26,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q4_0", QK, BLOCK_BYTES, src.len(), dst.len());
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let (_, max) = signed_absmax(x);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);
@@ -59,12 +48,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 pub fn quantize_row_mse(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q4_0", QK, BLOCK_BYTES, src.len(), dst.len());
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let mut max = 0.0f32;
-        for &v in x {
-            if max.abs() < v.abs() {
-                max = v;
-            }
-        }
+        let (_, max) = signed_absmax(x);
         let (mut best_d, mut best_err) = (0.0f32, f32::INFINITY);
         if max != 0.0 {
             for sign in [-1.0f32, 1.0] {
@@ -107,16 +91,10 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(BLOCK_BYTES)
         .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
     {
-        let (xq, yq) = (&x[2..], &y[2..]);
-        let mut sumi0 = 0i32;
-        let mut sumi1 = 0i32;
-        for j in 0..QK / 2 {
-            let v0 = (xq[j] & 0x0F) as i32 - 8;
-            let v1 = (xq[j] >> 4) as i32 - 8;
-            sumi0 += v0 * yq[j] as i8 as i32;
-            sumi1 += v1 * yq[j + QK / 2] as i8 as i32;
-        }
-        let sumi = sumi0 + sumi1;
+        let sumi = dot_pairs(&y[2..], |j| {
+            let (v0, v1) = q4_pair(&x[2..], j);
+            (v0 as i32 - 8, v1 as i32 - 8)
+        });
         sumf += sumi as f32 * read_f16(x, 0) * read_f16(y, 0);
     }
     sumf

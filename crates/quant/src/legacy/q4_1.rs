@@ -1,5 +1,7 @@
 //! Q4_1: `{ f16 d; f16 m; u8 qs[16] }`, value = `d * nibble + m`.
 
+use super::{dequantize_pairs, dot_pairs, q4_pair};
+use crate::scan::min_max;
 use crate::layout::{
     assert_geometry, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1,
 };
@@ -15,13 +17,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         let d = read_f16(b, 0);
         let m = read_f16(b, 2);
-        let qs = &b[4..];
-        for j in 0..QK / 2 {
-            let x0 = (qs[j] & 0x0F) as f32;
-            let x1 = (qs[j] >> 4) as f32;
-            y[j] = x0 * d + m;
-            y[j + QK / 2] = x1 * d + m;
-        }
+        dequantize_pairs(y, |j| q4_pair(&b[4..], j), |q| q as f32 * d + m);
     }
 }
 
@@ -30,16 +26,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q4_1", QK, BLOCK_BYTES, src.len(), dst.len());
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let mut min = f32::MAX;
-        let mut max = -f32::MAX;
-        for &v in x {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);
@@ -63,16 +50,10 @@ pub fn vec_dot_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .chunks_exact(BLOCK_BYTES)
         .zip(a.chunks_exact(BLOCK_Q8_1_SIZE))
     {
-        let (xq, yq) = (&x[4..], &y[4..]);
-        let mut sumi0 = 0i32;
-        let mut sumi1 = 0i32;
-        for j in 0..QK / 2 {
-            let v0 = (xq[j] & 0x0F) as i32;
-            let v1 = (xq[j] >> 4) as i32;
-            sumi0 += v0 * yq[j] as i8 as i32;
-            sumi1 += v1 * yq[j + QK / 2] as i8 as i32;
-        }
-        let sumi = sumi0 + sumi1;
+        let sumi = dot_pairs(&y[4..], |j| {
+            let (v0, v1) = q4_pair(&x[4..], j);
+            (v0 as i32, v1 as i32)
+        });
         sumf += (read_f16(x, 0) * read_f16(y, 0)) * sumi as f32 + read_f16(x, 2) * read_f16(y, 2);
     }
     sumf

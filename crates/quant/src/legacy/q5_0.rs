@@ -1,7 +1,8 @@
 //! Q5_0: `{ f16 d; u8 qh[4]; u8 qs[16] }`, value = `d * (q - 16)` where the
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
-use super::q5_high_bits;
+use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair};
+use crate::scan::signed_absmax;
 use crate::layout::{
     assert_geometry, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0,
 };
@@ -17,14 +18,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         let d = read_f16(b, 0);
         let qh = read_u32(b, 2);
-        let qs = &b[6..];
-        for j in 0..QK / 2 {
-            let (xh_0, xh_1) = q5_high_bits(qh, j);
-            let x0 = ((qs[j] & 0x0F) | xh_0) as i32 - 16;
-            let x1 = ((qs[j] >> 4) | xh_1) as i32 - 16;
-            y[j] = x0 as f32 * d;
-            y[j + QK / 2] = x1 as f32 * d;
-        }
+        dequantize_pairs(y, |j| q5_pair(&b[6..], qh, j), |q| (q as i32 - 16) as f32 * d);
     }
 }
 
@@ -32,14 +26,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q5_0", QK, BLOCK_BYTES, src.len(), dst.len());
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let (_, max) = signed_absmax(x);
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);
@@ -49,9 +36,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
             let x1 = x[QK / 2 + j] * id;
             let xi0 = ((x0 + 16.5) as i8).min(31) as u8;
             let xi1 = ((x1 + 16.5) as i8).min(31) as u8;
-            b[6 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
-            qh |= (((xi0 & 0x10) >> 4) as u32) << j;
-            qh |= (((xi1 & 0x10) >> 4) as u32) << (j + QK / 2);
+            q5_pack(&mut b[6..], &mut qh, j, xi0, xi1);
         }
         b[2..6].copy_from_slice(&qh.to_le_bytes());
     }
@@ -67,17 +52,10 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
     {
         let qh = read_u32(x, 2);
-        let (xq, yq) = (&x[6..], &y[2..]);
-        let mut sumi0 = 0i32;
-        let mut sumi1 = 0i32;
-        for j in 0..QK / 2 {
-            let (xh_0, xh_1) = q5_high_bits(qh, j);
-            let x0 = ((xq[j] & 0x0F) | xh_0) as i32 - 16;
-            let x1 = ((xq[j] >> 4) | xh_1) as i32 - 16;
-            sumi0 += x0 * yq[j] as i8 as i32;
-            sumi1 += x1 * yq[j + QK / 2] as i8 as i32;
-        }
-        let sumi = sumi0 + sumi1;
+        let sumi = dot_pairs(&y[2..], |j| {
+            let (x0, x1) = q5_pair(&x[6..], qh, j);
+            (x0 as i32 - 16, x1 as i32 - 16)
+        });
         sumf += (read_f16(x, 0) * read_f16(y, 0)) * sumi as f32;
     }
     sumf

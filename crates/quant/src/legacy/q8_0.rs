@@ -1,6 +1,7 @@
 //! Q8_0: `{ f16 d; i8 qs[32] }`, value = `d * q`. Used for weights, for the
 //! activations of Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4 dot products, and for KV caches.
 
+use crate::scan::absmax_c;
 use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_Q8_0_SIZE, QK8_0};
 
 /// Elements per block.
@@ -12,10 +13,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q8_0_SIZE;
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     assert_geometry("q8_0", QK, BLOCK_BYTES, dst.len(), src.len());
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
-        let d = read_f16(b, 0);
-        for (o, &q) in y.iter_mut().zip(&b[2..]) {
-            *o = q as i8 as f32 * d;
-        }
+        super::dequantize_i8(b, 2, y);
     }
 }
 
@@ -23,11 +21,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q8_0", QK, BLOCK_BYTES, src.len(), dst.len());
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let mut amax = 0.0f32;
-        for &v in x {
-            // ggml's MAX(a, b) = a > b ? a : b (NaN propagates like in C)
-            amax = if amax > v.abs() { amax } else { v.abs() };
-        }
+        let amax = absmax_c(x);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);

@@ -2,7 +2,8 @@
 //! Activation partner of Q4_1/Q5_1 (the `s` term folds in their `m` offsets).
 //! ggml has no `dequantize_row_q8_1`; ours is the obvious `d * q`.
 
-use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_Q8_1_SIZE, QK8_1};
+use crate::scan::absmax_c;
+use crate::layout::{assert_geometry, write_f16, BLOCK_Q8_1_SIZE, QK8_1};
 
 /// Elements per block.
 pub const QK: usize = QK8_1;
@@ -13,10 +14,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q8_1_SIZE;
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     assert_geometry("q8_1", QK, BLOCK_BYTES, dst.len(), src.len());
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
-        let d = read_f16(b, 0);
-        for (o, &q) in y.iter_mut().zip(&b[4..]) {
-            *o = q as i8 as f32 * d;
-        }
+        super::dequantize_i8(b, 4, y);
     }
 }
 
@@ -24,11 +22,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     assert_geometry("q8_1", QK, BLOCK_BYTES, src.len(), dst.len());
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let mut amax = 0.0f32;
-        for &v in x {
-            // ggml's MAX(a, b) = a > b ? a : b (NaN propagates like in C)
-            amax = if amax > v.abs() { amax } else { v.abs() };
-        }
+        let amax = absmax_c(x);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);

@@ -1,0 +1,88 @@
+//! What the architecture files share: the embedding / output head (token embeddings in,
+//! output norm of the rows that need logits, output projection — tied to the embeddings when
+//! the file has no `output.weight`), the traced intermediate, and the checks every loader
+//! makes. Each arch file keeps its own layer loop: that is "what this arch does".
+//!
+//! ```text
+//!  tokens ─Head::embed─► x ─(arch's layers)─► Head::norm_rows ─► Head::logits ─► logits
+//! ```
+
+use crate::layers::{opt_weight, weight};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Result};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+/// `token_embd`, `output_norm` and `output` (None when tied to `token_embd`).
+pub struct Head<B: Backend> {
+    pub token_embd: B::Weight,
+    pub output_norm: B::Weight,
+    pub output: Option<B::Weight>,
+}
+
+impl<B: Backend> Head<B> {
+    pub fn load(be: &B, g: &Arc<Gguf>, n_embd: usize, n_vocab: usize) -> Result<Head<B>> {
+        Ok(Head {
+            token_embd: weight(be, g, "token_embd.weight", n_embd, n_vocab)?,
+            output_norm: weight(be, g, "output_norm.weight", n_embd, 1)?,
+            output: opt_weight(be, g, "output.weight", n_embd, n_vocab)?,
+        })
+    }
+
+    /// The batch's token embeddings: `(n_tok, n_embd)`.
+    pub fn embed(&self, be: &B, batch: &ForwardBatch, n_embd: usize) -> Result<B::Buf> {
+        let mut x = be.alloc(batch.n_tokens() * n_embd)?; // (n_tok, n_embd)
+        be.embed(&self.token_embd, &batch.tokens, &mut x)?;
+        Ok(x)
+    }
+
+    /// The `logits_rows` of the last hidden state `x`, RMS-normed: `(rows, n_embd)`.
+    pub fn norm_rows(&self, be: &B, x: &B::Buf, batch: &ForwardBatch, n_embd: usize, rms_eps: f32) -> Result<B::Buf> {
+        let rows = batch.logits_rows.len();
+        let mut sel = be.alloc(rows * n_embd)?; // (rows, n_embd)
+        be.gather_rows(x, n_embd, &batch.logits_rows, &mut sel)?;
+        let mut normed = be.alloc(rows * n_embd)?; // (rows, n_embd)
+        be.rms_norm(&sel, &self.output_norm, rms_eps, &mut normed)?;
+        Ok(normed)
+    }
+
+    /// The output projection of `rows` normed rows: `(rows, n_vocab)`.
+    pub fn logits(&self, be: &B, normed: &B::Buf, rows: usize, n_vocab: usize) -> Result<B::Buf> {
+        let mut logits = be.alloc(rows * n_vocab)?; // (rows, n_vocab)
+        be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), normed, rows, &mut logits)?;
+        Ok(logits)
+    }
+}
+
+/// Record a named intermediate of layer `il` (downloads only when tracing is on).
+pub fn trace<B: Backend>(be: &B, name: &str, il: usize, t: &B::Buf) -> Result<()> {
+    if quarrel_core::trace::enabled() {
+        quarrel_core::trace::trace(name, il, &be.download(t)?);
+    }
+    Ok(())
+}
+
+/// Every weight's element count: `ModelInfo::n_params`.
+pub fn n_params(g: &Gguf) -> u64 {
+    g.tensors().iter().map(|t| t.n_elements()).sum()
+}
+
+/// `attention.scale` from the file, 0 meaning the usual `1 / sqrt(head_dim)`.
+pub fn attn_scale(file_scale: f32, head_dim: usize) -> f32 {
+    if file_scale == 0.0 {
+        1.0 / (head_dim as f32).sqrt()
+    } else {
+        file_scale
+    }
+}
+
+/// Reject optional tensors of layer `il` that this implementation does not apply (biases,
+/// extra projections), instead of silently computing something else.
+pub fn reject_tensors(g: &Gguf, il: usize, suffixes: &[&str]) -> Result<()> {
+    for t in suffixes {
+        let name = format!("blk.{il}.{t}");
+        if g.tensor_info(&name).is_some() {
+            return Err(CoreError::Unsupported(format!("tensor {name}")));
+        }
+    }
+    Ok(())
+}
