@@ -107,7 +107,10 @@ fn smollm2_greedy_texts_match_cpu() {
     let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/greedy.json")).unwrap()).unwrap();
     let opts = EngineOptions { n_ctx: 512, ..Default::default() };
     let mut cpu = engine(CpuBackend::new(0).unwrap(), &path, opts.clone());
-    let mut gpu = engine(CudaBackend::new(0).unwrap(), &path, opts);
+    // the CPU backend's attention numerics (llama.cpp's), not the default all-f32 attention
+    let be = CudaBackend::new(0).unwrap();
+    be.set_exact_attention(true);
+    let mut gpu = engine(be, &path, opts);
     let cases = fx["cases"].as_array().unwrap();
     let (mut same_cpu, mut same_ref) = (0, 0);
     for c in cases {
