@@ -492,7 +492,19 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
         return Err(CudaError::NoDevice("NVRTC (libnvrtc.so) not found: install the CUDA toolkit's runtime compiler or add it to LD_LIBRARY_PATH".into()));
     }
     let opts = CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Compile(format!("{e}")))?;
+    // first use on this GPU architecture / build: NVRTC takes minutes (~2 min on one core,
+    // 2026-11-22); say so instead of looking hung (a spinner on a terminal, else one line)
+    let msg = format!("compiling the CUDA kernels for {arch} (first use; cached in {})", cache_dir().display());
+    let bar = indicatif::ProgressBar::new_spinner().with_message(msg.clone());
+    if bar.is_hidden() {
+        eprintln!("{msg} ...");
+    }
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let t0 = std::time::Instant::now();
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Compile(format!("{e}")));
+    bar.finish_and_clear();
+    let ptx = ptx?;
+    eprintln!("compiled the CUDA kernels for {arch} in {:.0} s", t0.elapsed().as_secs_f64());
     if std::fs::create_dir_all(cache_dir()).is_ok() {
         let tmp = file.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, ptx.to_src()).is_ok() {
