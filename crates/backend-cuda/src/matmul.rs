@@ -26,6 +26,22 @@ impl QCache {
         Ok(QCache { x, n, xq: dev.scratch(n)?, xm: dev.scratch(n / 32 * 8)? })
     }
 }
+
+/// The Q8 form (`xq`, `xm` pointers) of `n_tok` rows of `n_in` values at `x`: the cached one
+/// when the op that wrote `x` (or a matmul before) left it, else quantized now and cached.
+/// Not reused when the matmul writes over its own input.
+pub(crate) fn q8_activations(dev: &Device, qc: &Mutex<Option<QCache>>, x: u64, n_tok: usize, n_in: usize, out: u64) -> Result<(u64, u64), CudaError> {
+    let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
+    let hit = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in) && x != out;
+    if !hit {
+        let c = QCache::new(dev, x, n_tok * n_in)?;
+        let nb = (n_tok * (n_in / 32)) as u32;
+        dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(c.xq.ptr()), Arg::P(c.xm.ptr()), Arg::I(nb as i32)])?;
+        *g = Some(c);
+    }
+    let c = g.as_ref().expect("set above");
+    Ok((c.xq.ptr(), c.xm.ptr()))
+}
 use crate::error::CudaError;
 use crate::weight::{CudaWeight, DevType};
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
@@ -93,17 +109,7 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
     match w.dev_ty {
         DevType::Quant(_) => {
             let units = n_in / 32;
-            let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
-            let hit = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in) && x != out;
-            if !hit {
-                let c = QCache::new(dev, x, n_tok * n_in)?;
-                let nb = (n_tok * units) as u32;
-                dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(c.xq.ptr()), Arg::P(c.xm.ptr()), Arg::I(nb as i32)])?;
-                *g = Some(c);
-            }
-            let c = g.as_ref().expect("set above");
-            let (xq, xm) = (c.xq.ptr(), c.xm.ptr());
-            drop(g);
+            let (xq, xm) = q8_activations(dev, qc, x, n_tok, n_in, out)?;
             if matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse {
                 // held: q/k/v (gate/up) that follow over the same input join one launch
                 let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out };

@@ -175,15 +175,7 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
         return Ok(());
     }
     let units = n_in / 32;
-    let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
-    let hit = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in) && x != out;
-    if !hit {
-        let c = QCache::new(dev, x, n_tok * n_in)?;
-        let nb = (n_tok * units) as u32;
-        dev.launch("quantize_q8", (nb.div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(c.xq.ptr()), Arg::P(c.xm.ptr()), Arg::I(nb as i32)])?;
-        *g = Some(c);
-    }
-    let c = g.as_ref().expect("set above");
+    let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
     let (kernel, grid, threads, smem, k_per, splits) = if small_enabled(n_tok) {
         let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
         (format!("mmqs_{name}_{nt}"), grid, 32 * SMALL_WARPS as u32, 0, k_per, splits)
@@ -202,8 +194,8 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
         &[
             Arg::P(p),
             Arg::P(m),
-            Arg::P(c.xq.ptr()),
-            Arg::P(c.xm.ptr()),
+            Arg::P(xq),
+            Arg::P(xm),
             Arg::P(dst),
             Arg::I(units as i32),
             Arg::I(n_out as i32),
