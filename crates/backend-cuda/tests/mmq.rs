@@ -4,6 +4,8 @@
 //! the split-K path, the tiled kernels and the opt-in small-batch ones (up to 32 tokens) for the
 //! same batches; plus MMQ == GEMV for the same tokens. Skips without a CUDA device.
 
+mod common;
+use common::{nmse, rnd};
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::{repack, CudaBackend};
@@ -25,23 +27,7 @@ mod tol {
 const TYPES: [QuantType; 8] =
     [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K];
 
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    assert!(b.iter().all(|v| v.is_finite()), "non-finite value");
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
 
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn is_k(ty: QuantType) -> bool {
     matches!(ty, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K)

@@ -2,6 +2,8 @@
 //! table. Needs a CUDA device: without one each test prints a skip and returns, so CI (no GPU)
 //! still builds and runs the rest. `scripts/gpu-test.sh` runs them on a GPU machine.
 
+mod common;
+use common::{nmse, rnd};
 use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeStyle, SeqBatch, WeightSource};
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
@@ -34,24 +36,7 @@ fn cuda() -> Option<CudaBackend> {
     Some(CudaBackend::new(0).expect("CUDA backend"))
 }
 
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-    assert!(b.iter().all(|v| v.is_finite()), "non-finite value");
-    num / den.max(1e-30)
-}
 
-/// Deterministic pseudo-random values in [-1, 1).
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 const N_IN: usize = 512;
 const N_OUT: usize = 70;
