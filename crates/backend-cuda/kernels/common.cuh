@@ -44,6 +44,33 @@ __device__ __forceinline__ u16 f2h(float f) {
 
 __device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
+// 2^k as a float for -126 <= k <= 127 (exact).
+__device__ __forceinline__ float exp2i(int k) { return __int_as_float((k + 127) << 23); }
+
+// ggml's vectorized exp (`ggml_v_expf`, the AVX-512 build's) operation by operation, as the CPU
+// backend's twin (crates/backend-cpu/src/ggml_math.rs `expf_ggml`): the same fused
+// multiply-adds and roundings, so the same bits. `j * 2^n` in two exact-power steps (scalef).
+__device__ __forceinline__ float expf_ggml(float x) {
+    const float r = __int_as_float(0x4B400000);  // 0x1.8p23
+    float z = fmaf(x, __int_as_float(0x3FB8AA3B), r);
+    float n = __fsub_rn(z, r);
+    float b = fmaf(-n, __int_as_float(0x35BFBE8E), fmaf(-n, __int_as_float(0x3F317200), x));
+    float u = __fmul_rn(b, b);
+    float j = fmaf(fmaf(fmaf(__int_as_float(0x3C072010), b, __int_as_float(0x3D2B9F17)), u,
+                        fmaf(__int_as_float(0x3E2AAF33), b, __int_as_float(0x3EFFFEDB))),
+                   u, fmaf(__int_as_float(0x3F7FFFF6), b, 1.0f));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INF;
+    int ni = (int)n, half = ni / 2;
+    return __fmul_rn(__fmul_rn(j, exp2i(half)), exp2i(ni - half));
+}
+
+// ggml's vectorized SiLU (`ggml_v_silu`): x / (1 + expf_ggml(-x)).
+__device__ __forceinline__ float silu_ggml(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf_ggml(__fsub_rn(0.0f, x)))); }
+
+// libm's expf, which ggml calls outside its vector loops (glibc's is correctly rounded in all
+// but rare cases): through f64.
+__device__ __forceinline__ float expf_libm(float x) { return (float)exp((double)x); }
+
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int r;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));

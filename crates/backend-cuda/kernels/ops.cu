@@ -205,7 +205,11 @@ __device__ __forceinline__ void rope_pair(float* __restrict__ h, u32 p, const fl
     for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
     float f = ff ? ff[i] : 1.0f;
     float a = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
-    float c = cosf(a), s = sinf(a);
+    // cos / sin rounded from f64: the correctly rounded values, which glibc's cosf / sinf (the
+    // CPU backend's, ggml's) give for all but ~1% of angles; CUDA's own are up to 2 ulp off
+    double sd, cd;
+    sincos((double)a, &sd, &cd);
+    float c = (float)cd, s = (float)sd;
     *i0 = neox ? i : 2 * i;
     *i1 = neox ? i + half : 2 * i + 1;
     float x0 = h[*i0], x1 = h[*i1];
@@ -239,13 +243,16 @@ extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ p
 }
 
 // xq/xm non-null (n a multiple of 32): the output is also written as Q8.
+// ggml_vec_swiglu_f32's numerics (the CPU backend's): ggml_v_silu on the values of the whole
+// 16-wide vectors, libm's expf on the last n % 16.
 extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, u64 n,
                                   i8* __restrict__ xq, float2* __restrict__ xm) {
     GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = g[i];
-    float o = __fmul_rn(__fdiv_rn(v, 1.0f + expf(-v)), u[i]);
+    float s = i < (n & ~15ull) ? silu_ggml(v) : __fdiv_rn(v, __fadd_rn(1.0f, expf_libm(-v)));
+    float o = __fmul_rn(s, u[i]);
     out[i] = o;
     if (xq) q8_store(o, xq, xm, i / 32);
 }

@@ -2,9 +2,11 @@
 // grouped RMSNorm (quarrel_core::ssm reference semantics, ggml's operation order).
 // Sequences of a batch: seq[4 * s + {0,1,2,3}] = {state slot, first token, tokens, fresh}.
 
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+// The CPU backend's numerics (ggml's AVX-512 build): SiLU as ggml_v_silu where ggml vectorizes
+// it, libm's expf / logf (correctly rounded, through f64) elsewhere, no contracted products.
+__device__ __forceinline__ float silu_libm(float v) { return __fdiv_rn(v, __fadd_rn(1.0f, expf_libm(-v))); }
 
-__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : (float)log((double)__fadd_rn(1.0f, expf_libm(x))); }
 
 // One thread per (sequence, channel): window = carried state (d_conv - 1 values, oldest
 // first) then the sequence's inputs; out = silu(sum_i win[t + i] * w[ch, i] + bias[ch]).
@@ -24,7 +26,9 @@ extern "C" __global__ void ssm_conv(const float* __restrict__ zx, const float* _
         win[nc - 1] = zx[(u64)(t0 + t) * dp + col0 + ch];
         float acc = 0.f;
         for (int i = 0; i < nc; i++) acc = fmaf(win[i], wc[i], acc);
-        out[(u64)(t0 + t) * cd + ch] = silu_f(acc + b);
+        float v = __fadd_rn(acc, b);
+        // ggml_v_silu on each row's 16-wide vectors, libm on the rest
+        out[(u64)(t0 + t) * cd + ch] = ch < (cd & ~15) ? silu_ggml(v) : silu_libm(v);
         for (int i = 0; i < nc - 1; i++) win[i] = win[i + 1];
     }
     for (int i = 0; i < nc - 1; i++) st[i] = win[i];
@@ -56,23 +60,45 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
         const float* row = xbc + (u64)(t0 + t) * cd;
         const float* B = row + d_inner + gr * ds;
         const float* C = row + d_inner + (n_group + gr) * ds;
-        float dt = softplus_f(zx[(u64)(t0 + t) * dp + dt_col + h] + bb);
-        float da = expf(dt * a);
+        float dt = softplus_f(__fadd_rn(zx[(u64)(t0 + t) * dp + dt_col + h], bb));
+        float da = expf_libm(__fmul_rn(dt, a));
         float x = row[hi];
-        float xdt = x * dt;
-        float sum = 0.f;
+        float xdt = __fmul_rn(x, dt);
+        // y = s . C in the CPU's order (ggml's AVX-512 build): four 16-lane FMA accumulators over
+        // 64-wide steps (lane L: k = 64 i + L into accumulator L, k = 64 i + 32 + L into L + 32),
+        // folded as _mm512_reduce_add_ps, then the last ds % 64 values one by one
+        const int np = ds & ~63;
+        float acc_a = 0.f, acc_b = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             int k = lane + 32 * j;
             if (k < ds) {
-                float v = sv[j] * da + B[k] * xdt;
-                sum = fmaf(v, C[k], sum);
+                float v = __fadd_rn(__fmul_rn(sv[j], da), __fmul_rn(B[k], xdt));
                 sv[j] = v;
                 nbad += !isfinite(v);
+                if (k < np) {
+                    if (j % 2 == 0) acc_a = fmaf(v, C[k], acc_a);
+                    else acc_b = fmaf(v, C[k], acc_b);
+                }
             }
         }
-        sum = warp_sum(sum);
-        if (lane == 0) y[(u64)(t0 + t) * d_inner + hi] = sum + x * dd;
+        // x[l] = (acc0 + acc2) + (acc1 + acc3): lanes l < 16 hold acc0, acc2; lanes l + 16 acc1, acc3
+        float f = __fadd_rn(acc_a, acc_b);
+        f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 16));
+        f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 8));
+        f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 4));
+        f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 2));
+        f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 1));
+        float sum = f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            for (int l = 0; l < 32; l++) {
+                int k = l + 32 * j;
+                if (k < np || k >= ds) continue;
+                sum = fmaf(__shfl_sync(0xffffffffu, sv[j], l), C[k], sum);
+            }
+        }
+        if (lane == 0) y[(u64)(t0 + t) * d_inner + hi] = __fadd_rn(sum, __fmul_rn(x, dd));
     }
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -83,30 +109,34 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
 }
 
 // One block per (token, group): v = silu(z) * y over the group's gs values,
-// out = v / sqrt(mean(v²) + eps) * w.
+// out = (v * (1 / sqrt(mean(v²) + eps))) * w, the squares (rounded to f32) summed in f64 as the
+// CPU backend does (ggml's rms_norm).
 extern "C" __global__ void ssm_gated_norm(const float* __restrict__ y, const float* __restrict__ zx, const float* __restrict__ w,
                                           float* __restrict__ out, int d_inner, int n_group, int dp, float eps) {
-    __shared__ float part[32];
+    __shared__ double part[32];
     const int t = blockIdx.x, g = blockIdx.y, gs = d_inner / n_group;
     const float* yr = y + (u64)t * d_inner + g * gs;
     const float* zr = zx + (u64)t * dp + g * gs;
-    float ss = 0.f;
+    double ss = 0.0;
     for (int i = threadIdx.x; i < gs; i += blockDim.x) {
-        float v = silu_f(zr[i]) * yr[i];
-        ss += v * v;
+        float v = __fmul_rn(silu_ggml(zr[i]), yr[i]);
+        ss += (double)__fmul_rn(v, v);
     }
-    ss = warp_sum(ss);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
     __syncthreads();
     if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
-        v = warp_sum(v);
+        double v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (threadIdx.x == 0) part[0] = v;
     }
     __syncthreads();
-    const float scale = rsqrtf(part[0] / gs + eps);
+    const float scale = __fdiv_rn(1.0f, sqrtf(__fadd_rn((float)(part[0] / (double)gs), eps)));
     float* o = out + (u64)t * d_inner + g * gs;
-    for (int i = threadIdx.x; i < gs; i += blockDim.x) o[i] = silu_f(zr[i]) * yr[i] * scale * w[g * gs + i];
+    for (int i = threadIdx.x; i < gs; i += blockDim.x)
+        o[i] = __fmul_rn(__fmul_rn(__fmul_rn(silu_ggml(zr[i]), yr[i]), scale), w[g * gs + i]);
 }
 
 // Copy `n` floats (state slot copies).
