@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
@@ -18,6 +18,7 @@ const SOURCES: [(&str, &str); 9] = [
     ("mmq_small.cu", include_str!("../kernels/mmq_small.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("ssm.cu", include_str!("../kernels/ssm.cu")),
+    ("exact.cu", include_str!("../kernels/exact.cu")),
 ];
 
 /// Whether a CUDA driver library can be loaded and reports at least one device.
@@ -561,5 +562,6 @@ pub fn kernel_names() -> Vec<String> {
     v.extend(crate::moe_dev::kernel_names());
     v.extend(crate::moe_chunk::kernel_names());
     v.extend(crate::ssm::kernel_names());
+    v.extend(crate::exact::kernel_names());
     v
 }

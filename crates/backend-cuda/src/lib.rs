@@ -23,6 +23,7 @@
 //! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
 //! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
 //! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
+//! | `exact`   | exact numerics: Q4_0 / Q4_1 / Q8_0 matmuls in the CPU backend's float order |
 //! | `unit`    | reference twin of the kernels' weight decoding (property-tested without a GPU) |
 //! | `error`   | `CudaError` -> `CoreError` |
 //!
@@ -33,6 +34,7 @@
 mod batch;
 pub mod device;
 mod error;
+mod exact;
 pub mod experts;
 mod graph;
 mod kv;
@@ -116,7 +118,7 @@ impl CudaBackend {
             moe_counts: Mutex::new(Vec::new()),
             experts: experts::ExpertBudget::new(None),
             router: Default::default(),
-            exact_attn: std::env::var("QUARREL_CUDA_ATTN_EXACT").is_ok_and(|v| v == "1").into(),
+            exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
         })
     }
 
@@ -126,6 +128,18 @@ impl CudaBackend {
     /// accumulates in f32 throughout: more accurate and, on an H100, 10-15% faster decode
     /// (2026-11-22: Mistral-7B Q4_0 tg128 377.7 vs 340.7 t/s, TinyLlama 1,137 vs 975).
     pub fn set_exact_attention(&self, on: bool) {
+        self.set_exact_numerics(on);
+    }
+
+    /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them
+    /// bit for bit (`QUARREL_CUDA_EXACT=1` at creation): the attention of
+    /// `set_exact_attention` (one pass over the positions, no split-K, no grouped decode
+    /// kernel) and the Q4_0 / Q4_1 / Q8_0 matmuls in the CPU's float order at every token
+    /// count (`exact.rs`; slower than the GEMV / MMQ / cuBLAS paths), every other matmul
+    /// through the decode GEMV at every token count (a prefill then multiplies exactly as
+    /// token-by-token decode does), MoE routing on the host (the CPU's router). Element-wise ops,
+    /// RMSNorm, embeddings and the activation quantization have the CPU's bits always.
+    pub fn set_exact_numerics(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -443,6 +457,9 @@ impl Backend for CudaBackend {
         }
         let xp = self.rd(x)?;
         let op = self.wr(out);
+        if self.exact_attn.load(Ordering::Relaxed) {
+            return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
+        }
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
     }
 
@@ -693,12 +710,15 @@ impl Backend for CudaBackend {
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
             // decode batches of several sequences: one warp per (sequence, KV head) serves its
             // query heads (batch.rs: gqa_decode; f32 accumulation, not the vector path's f16)
-            let gqa = if one && hp == 1 { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
+            // (not in exact mode's vector path: ggml accumulates V in f16, position by position)
+            let gqa = if one && hp == 1 && !q16 { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
             let gqa_launch = gqa.is_some();
             let (name, grid, n_split, smem) = match gqa {
                 Some(g) => (g.name, g.grid, g.n_split, g.smem),
                 None => {
-                    let n_split = 512usize.div_ceil(blocks).clamp(1, max_splits.min(32));
+                    // exact mode's vector path: one pass over the positions (ggml's f16 V
+                    // accumulator is rounded position by position; splits would regroup it)
+                    let n_split = if q16 { 1 } else { 512usize.div_ceil(blocks).clamp(1, max_splits.min(32)) };
                     (name, (db.n_tiles as u32, (p.n_head / hp) as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
                 }
             };
@@ -744,7 +764,9 @@ impl Backend for CudaBackend {
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;
         let n_tok = logits.len / p.n_expert.max(1);
-        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p, self.experts.any_offloaded()) {
+        // exact numerics: the host router (the CPU's, bit for bit) at every token count
+        let exact = self.exact_attn.load(Ordering::Relaxed);
+        if !exact && p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p, self.experts.any_offloaded()) {
             let bias = match bias {
                 Some(b) if b.len == p.n_expert => self.rd(b)?,
                 Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),

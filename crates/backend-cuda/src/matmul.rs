@@ -100,7 +100,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     }
 }
 
-fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     // float weights: by the block count (units 0)
     let units = if matches!(w.dev_ty, DevType::Quant(_)) { n_in / 32 } else { 0 };

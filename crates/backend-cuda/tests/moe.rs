@@ -20,6 +20,10 @@ const VS_LLAMA: f64 = 1e-4;
 /// The first position (it attends only to itself, so attention rounding cannot enter) and the
 /// attention-free tiny-mamba2 at every position: the MoE and SSM ops alone vs llama.cpp.
 const OPS_EXACT: f64 = 1e-9;
+/// Prefill vs decode, batched vs alone, with exact numerics (`set_exact_numerics`: every matmul
+/// through the decode GEMVs at every token count, host routing, one-pass attention): the
+/// issue's bound.
+const SELF_CONSISTENT_EXACT: f64 = 1e-5;
 /// Prefill vs decode, batched vs alone, on the GPU, for models with experts or Mamba2 layers:
 /// their matmuls take Q8 activations at every token count (MMQ in a prefill, the dp4a GEMVs in
 /// decode: exact integer block sums, the block scales summed in another float order) and
@@ -63,6 +67,13 @@ fn synth(name: &str, dir: &Path, ftype: Ftype) -> PathBuf {
 
 fn engine(path: &Path, opts: EngineOptions) -> Engine<CudaBackend> {
     Engine::load(CudaBackend::new(0).unwrap(), path, opts).unwrap()
+}
+
+/// With exact numerics on or off.
+fn engine_mode(path: &Path, opts: EngineOptions, exact: bool) -> Engine<CudaBackend> {
+    let be = CudaBackend::new(0).unwrap();
+    be.set_exact_numerics(exact);
+    Engine::load(be, path, opts).unwrap()
 }
 
 /// With llama.cpp's CPU attention numerics (what the fixtures were made with).
@@ -130,11 +141,19 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
         return;
     }
     let dir = tmpdir("moe-self");
-    for (name, ftype) in PRESETS.iter().flat_map(|n| [(n, Ftype::Q8_0), (n, Ftype::Q4_K_M)]) {
+    let (mut report, mut failures) = (vec![], vec![]);
+    for (name, ftype, exact) in PRESETS.iter().flat_map(|n| [(n, Ftype::Q8_0, true), (n, Ftype::Q4_K_M, true), (n, Ftype::Q8_0, false), (n, Ftype::Q4_K_M, false)]) {
         let path = synth(name, &dir, ftype);
-        let bound = if *name == "tiny-granite" { SELF_CONSISTENT_DENSE } else { SELF_CONSISTENT };
-        let mut whole = engine(&path, EngineOptions { n_ctx: 64, n_batch: 512, n_seq: 8, ..Default::default() });
-        let mut single = engine(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() });
+        let bound = if exact {
+            SELF_CONSISTENT_EXACT
+        } else if *name == "tiny-granite" {
+            SELF_CONSISTENT_DENSE
+        } else {
+            SELF_CONSISTENT
+        };
+        let mode = if exact { "exact" } else { "default" };
+        let mut whole = engine_mode(&path, EngineOptions { n_ctx: 64, n_batch: 512, n_seq: 8, ..Default::default() }, exact);
+        let mut single = engine_mode(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() }, exact);
         let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 500).collect();
         let a = whole.eval_all(&ids).unwrap();
         let b = single.eval_all(&ids).unwrap();
@@ -143,7 +162,9 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
             assert!(x.iter().chain(y).all(|v| v.is_finite()), "{name} {}: non-finite logits at {p}", ftype.name());
             let e = nmse(x, y);
             worst = worst.max(e);
-            assert!(e <= bound, "{name} {}: position {p}: prefill vs decode nmse {e:.3e}", ftype.name());
+            if e > bound {
+                failures.push(format!("{name} {} {mode}: position {p}: prefill vs decode nmse {e:.3e}", ftype.name()));
+            }
         }
         let seqs: Vec<Vec<u32>> = (0..8).map(|s| ids[s..s + 5 + 3 * s].to_vec()).collect();
         let batched = whole.forward_batch(&seqs).unwrap();
@@ -151,12 +172,17 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
             let alone = whole.eval_all(toks).unwrap();
             for (p, (x, y)) in batched[s].iter().zip(&alone).enumerate() {
                 let e = nmse(x, y);
-                assert!(e <= bound, "{name} {}: sequence {s} position {p}: batched vs alone nmse {e:.3e}", ftype.name());
+                if e > bound {
+                    failures.push(format!("{name} {} {mode}: sequence {s} position {p}: batched vs alone nmse {e:.3e}", ftype.name()));
+                }
             }
         }
-        eprintln!("{name} {}: prefill vs decode worst nmse {worst:.2e}", ftype.name());
+        report.push(format!("{name} {} {mode}: prefill vs decode worst nmse {worst:.2e}", ftype.name()));
+        eprintln!("{}", report.last().unwrap());
     }
+    eprintln!("{}", report.join("\n"));
     let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// `--expert-budget`: with room for no experts at all (every routed expert staged from host
