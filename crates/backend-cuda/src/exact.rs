@@ -1,8 +1,8 @@
 //! Exact numerics (`CudaBackend::set_exact_numerics`): matmuls whose every output has the CPU
-//! backend's bits, for the weight types whose CPU kernels follow llama.cpp's x86 float order
-//! (Q4_0, Q4_1, Q8_0: `kernels/exact.cu`). Activations are quantized as for the GEMV
-//! (`matmul::q8_activations`: the CPU's Q8_0 / Q8_1 bytes); then eight lanes per output row
-//! walk the row's blocks in order with the CPU's 8-lane FMA accumulator and horizontal sum.
+//! backend's bits, for the weight types whose CPU float order is reproduced
+//! (`kernels/exact.cu`: Q4_1 and Q8_0 in ggml's vec_dot order, Q4_0 in llama.cpp's repacked
+//! order). Activations are quantized as for the GEMV (`matmul::q8_activations`: the CPU's
+//! Q8_0 / Q8_1 bytes); then eight lanes per output row walk the row's blocks in order.
 //! Other types take the decode GEMV at every token count (8 tokens a launch), so a prefill
 //! multiplies exactly as decode does (the GEMV's sums do not depend on the token count).
 //!

@@ -14,11 +14,19 @@ use std::path::{Path, PathBuf};
 /// differences of 1e-7 flip single Q8 steps that random-weight models amplify to ~1e-3
 /// (a kernel bug gives O(1)).
 const LOGITS_NMSE: f64 = 5e-3;
-/// The same with exact numerics (`set_exact_numerics`): Q4_0 / Q4_1 / Q8_0 matmuls, attention,
-/// element-wise ops and activation quantization give the CPU's bits; what is left are RoPE's
-/// cos / sin (1 ulp apart on ~1% of angles) and the K-quant matmuls (Q6_K `output` in every
-/// quantized mix but q8_0: Q8_K activations on the CPU, 32-value Q8 blocks on the GPU).
-const LOGITS_NMSE_EXACT: f64 = 5e-3;
+/// The same with exact numerics (`set_exact_numerics`), per mix: Q4_0 / Q4_1 / Q8_0 matmuls,
+/// attention, element-wise ops and activation quantization give the CPU's bits (RoPE's cos /
+/// sin, 1 ulp apart on ~1% of angles, vanish in the f16 rounding of q and k), so the q8_0 mix
+/// is bit-exact (H100 2026-11-22: 0); float weights differ by f32 vs f16 activations (9e-8,
+/// 4e-6); the other mixes by their K-quant matmuls (Q6_K `output` everywhere, K types in the
+/// K mixes: Q8_K activations on the CPU, 32-value Q8 blocks on the GPU; 8e-5 .. 2e-3).
+fn logits_nmse_exact(ftype: &str) -> f64 {
+    match ftype {
+        "q8_0" => 1e-12,
+        "f32" | "f16" => 1e-5,
+        _ => LOGITS_NMSE,
+    }
+}
 
 fn has_gpu() -> bool {
     let n = quarrel_cuda::device_count();
@@ -88,7 +96,7 @@ fn synthetic_models_logits_match_cpu() {
             let x = engine(be, &path, EngineOptions { n_batch, ..opts.clone() }).eval_all(&ids).unwrap();
             for (p, (u, v)) in a.iter().zip(&x).enumerate() {
                 let e = nmse(u, v);
-                assert!(e < LOGITS_NMSE_EXACT, "{ftype} exact, n_batch {n_batch}, position {p}: nmse {e:.3e}");
+                assert!(e <= logits_nmse_exact(ftype), "{ftype} exact, n_batch {n_batch}, position {p}: nmse {e:.3e}");
                 if n_batch == 512 {
                     worst_x.0 = worst_x.0.max(e);
                 } else {
