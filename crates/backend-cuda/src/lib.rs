@@ -43,6 +43,7 @@ pub mod mmq;
 mod moe;
 mod moe_chunk;
 mod moe_dev;
+mod nvrtc;
 mod ssm;
 pub mod unit;
 mod weight;
