@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("=== {name}");
         let logits = if gpu {
             let be = CudaBackend::new(0)?;
-            be.set_exact_attention(exact);
+            be.set_exact_numerics(exact);
             Engine::load(be, path.as_ref(), opts(n_batch))?.eval_all(&ids)?
         } else {
             Engine::load(CpuBackend::new(0)?, path.as_ref(), opts(n_batch))?.eval_all(&ids)?

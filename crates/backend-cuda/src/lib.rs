@@ -95,9 +95,13 @@ pub struct CudaBackend {
     /// Routing on the device for decode steps (`moe_dev`).
     router: moe_dev::DevRouter,
     /// Attention over f16 caches with ggml's CPU vector-path numerics (f16 q and V
-    /// accumulator for sequences under 64 tokens) instead of f32 throughout
-    /// (`QUARREL_CUDA_ATTN_EXACT=1` at creation, or `set_exact_attention`).
+    /// accumulator for sequences under 64 tokens, one pass over the positions) instead of f32
+    /// throughout (`QUARREL_CUDA_ATTN_EXACT=1` or `QUARREL_CUDA_EXACT=1` at creation,
+    /// `set_exact_attention`, `set_exact_numerics`).
     exact_attn: std::sync::atomic::AtomicBool,
+    /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
+    /// count, host MoE routing (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
+    exact_mm: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -120,6 +124,7 @@ impl CudaBackend {
             experts: experts::ExpertBudget::new(None),
             router: Default::default(),
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
+            exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
         })
     }
 
@@ -129,7 +134,7 @@ impl CudaBackend {
     /// accumulates in f32 throughout: more accurate and, on an H100, 10-15% faster decode
     /// (2026-11-22: Mistral-7B Q4_0 tg128 377.7 vs 340.7 t/s, TinyLlama 1,137 vs 975).
     pub fn set_exact_attention(&self, on: bool) {
-        self.set_exact_numerics(on);
+        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them
@@ -142,6 +147,7 @@ impl CudaBackend {
     /// RMSNorm, embeddings and the activation quantization have the CPU's bits always.
     pub fn set_exact_numerics(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.exact_mm.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
@@ -458,7 +464,7 @@ impl Backend for CudaBackend {
         }
         let xp = self.rd(x)?;
         let op = self.wr(out);
-        if self.exact_attn.load(Ordering::Relaxed) {
+        if self.exact_mm.load(Ordering::Relaxed) {
             return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
@@ -766,7 +772,7 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let n_tok = logits.len / p.n_expert.max(1);
         // exact numerics: the host router (the CPU's, bit for bit) at every token count
-        let exact = self.exact_attn.load(Ordering::Relaxed);
+        let exact = self.exact_mm.load(Ordering::Relaxed);
         if !exact && p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p, self.experts.any_offloaded()) {
             let bias = match bias {
                 Some(b) if b.len == p.n_expert => self.rd(b)?,

@@ -75,10 +75,10 @@ fn engine_mode(path: &Path, opts: EngineOptions, exact: bool) -> Engine<CudaBack
     Engine::load(be, path, opts).unwrap()
 }
 
-/// With llama.cpp's CPU attention numerics (what the fixtures were made with).
+/// With exact numerics: llama.cpp's CPU attention and matmul float order (what the fixtures were made with).
 fn engine_exact(path: &Path, opts: EngineOptions) -> Engine<CudaBackend> {
     let be = CudaBackend::new(0).unwrap();
-    be.set_exact_attention(true);
+    be.set_exact_numerics(true);
     Engine::load(be, path, opts).unwrap()
 }
 
