@@ -11,13 +11,13 @@ extern "C" __global__ void moe_scatter_rows(const float* __restrict__ y, const u
 }
 
 // out[t * d + i] += sum over the token's routes r (in route order) of w[r] * y[ridx[r] * d + i];
-// a token's routes are ridx[off[t] .. off[t + 1]].
+// a token's routes are ridx[off[t] .. off[t + 1]]. fresh: out holds zeros (not read).
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const u32* __restrict__ ridx, const float* __restrict__ w,
-                                       const u32* __restrict__ off, float* __restrict__ out, int d, int n_tok) {
+                                       const u32* __restrict__ off, float* __restrict__ out, int d, int n_tok, int fresh) {
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_tok * d) return;
     u64 t = g / d, i = g % d;
-    float a = out[g];
+    float a = fresh ? 0.f : out[g];
     for (u32 r = off[t]; r < off[t + 1]; r++) a += y[(u64)ridx[r] * d + i] * w[r];
     out[g] = a;
 }
@@ -159,11 +159,11 @@ MOE_GEMV_DEV(q6_K, QT_Q6_K)
 // moe_combine with the routes on the device: token t's routes are t * n_used .. + n_used, in
 // order, weights w (the same sum, in the same order, as moe_combine).
 extern "C" __global__ void moe_combine_dev(const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out, int d,
-                                           int n_tok, int n_used) {
+                                           int n_tok, int n_used, int fresh) {
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_tok * d) return;
     u64 t = g / d, i = g % d;
-    float a = out[g];
+    float a = fresh ? 0.f : out[g];
     for (u32 r = t * n_used; r < (t + 1) * n_used; r++) a += y[(u64)r * d + i] * w[r];
     out[g] = a;
 }

@@ -41,6 +41,7 @@ pub mod mmq;
 mod moe;
 mod moe_chunk;
 mod moe_dev;
+mod moe_id;
 mod ssm;
 pub mod unit;
 mod weight;
@@ -771,7 +772,7 @@ impl Backend for CudaBackend {
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
         if moe_dev::on_device(routes) {
-            return Ok(self.router.matmul(&self.dev, w, n_expert, xp, x.len, routes.len(), x_per_token, op)?);
+            return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op)?);
         }
         Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op)?)
     }
@@ -779,11 +780,13 @@ impl Backend for CudaBackend {
     fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
         let yp = self.rd(y)?;
-        let op = self.rw(out)?;
+        // an output still pending its zero fill is written by the combine (no fill launch)
+        let fresh = out.zero_pending.load(Ordering::Acquire) && !routes.is_empty();
+        let op = if fresh { self.wr(out) } else { self.rw(out)? };
         if moe_dev::on_device(routes) {
-            return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len)?);
+            return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len, fresh)?);
         }
-        Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len)?)
+        Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len, fresh)?)
     }
 
     fn relu_sqr(&self, x: &mut CudaBuf) -> Result<()> {

@@ -116,6 +116,20 @@ fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (Tile, (u32, u32, u32), usi
     (t, (bx as u32, by as u32, splits as u32), k_per, splits)
 }
 
+/// The grouped expert kernels' tile (`mmq_id_<type>_<NT>_<WM>`) for work items of up to
+/// `per_item` routes: (kernel suffix, rows per block, routes per item, threads, dynamic shared
+/// bytes). The token tile is the smallest of 16 / 32 / 64 / 128 holding `per_item` (the
+/// average routes per routed expert), as `Tile::for_tokens`.
+pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
+    let t = match per_item {
+        0..=16 => Tile { nt: 1, wm: 4 },
+        17..=32 => Tile { nt: 2, wm: 4 },
+        33..=64 => Tile { nt: 4, wm: 4 },
+        _ => Tile { nt: 8, wm: 2 },
+    };
+    (format!("{}_{}", t.nt, t.wm), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
+}
+
 /// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
 const SMALL_WARPS: usize = 8;
 /// Up to this many tokens the small-batch kernels (`mmq_small.cu`: fragments straight from
@@ -216,6 +230,9 @@ pub fn kernel_names() -> Vec<String> {
         for nt in [1, 2, 4, 8] {
             v.push(format!("mmq_{q}_{nt}_2"));
             v.push(format!("mmq_{q}_{nt}_4"));
+        }
+        for (nt, wm) in [(1, 4), (2, 4), (4, 4), (8, 2)] {
+            v.push(format!("mmq_id_{q}_{nt}_{wm}"));
         }
         for nt in 1..=SMALL_MAX_TOKENS / 8 {
             v.push(format!("mmqs_{q}_{nt}"));

@@ -17,6 +17,7 @@
 
 use crate::device::{Arg, DevMem, Device, PoolMem};
 use crate::error::CudaError;
+use crate::matmul::QCache;
 use crate::mmq;
 use crate::weight::{CudaWeight, DevType};
 use quarrel_core::{Gating, MoeRouting, Route};
@@ -99,7 +100,7 @@ impl DevRouter {
 
     /// The routes' expert matmul: `out (routes, n_out)` from `x` (per token or per route).
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, dev: &Device, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64) -> Result<(), CudaError> {
+    pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64) -> Result<(), CudaError> {
         let last = lock(&self.last)?;
         let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         let DevType::Quant(name) = w.dev_ty else {
@@ -114,9 +115,8 @@ impl DevRouter {
             return Err(CudaError::Shape(format!("moe_matmul input: {x_len} values for {n_src} rows of {n_in}")));
         }
         let units = n_in / 32;
-        let nb = n_src * units;
-        let (xq, xm) = (dev.scratch(n_src * n_in)?, dev.scratch(nb * 8)?);
-        dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+        // the cached Q8 form of x: the gate and up matmuls (and a shared expert's) share one
+        let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_src, n_in, out)?;
         let (pb, m_b) = mmq::unit_bytes(name)?;
         let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
         // warps per row group by the matrix shape alone (as moe::moe_gemv and moe_chunk)
@@ -134,8 +134,8 @@ impl DevRouter {
                 Arg::P(r.eids.ptr()),
                 Arg::I(r.n_used as i32),
                 Arg::I(x_per_token as i32),
-                Arg::P(xq.ptr()),
-                Arg::P(xm.ptr()),
+                Arg::P(xq),
+                Arg::P(xm),
                 Arg::P(out),
                 Arg::I(units as i32),
                 Arg::I(n_out as i32),
@@ -145,14 +145,16 @@ impl DevRouter {
     }
 
     /// `out[token] += weight · y[route]` over the device routes.
-    pub fn combine(&self, dev: &Device, y: u64, y_len: usize, n_routes: usize, out: u64, out_len: usize) -> Result<(), CudaError> {
+    /// `fresh`: `out` holds zeros (not yet written): written, never read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn combine(&self, dev: &Device, y: u64, y_len: usize, n_routes: usize, out: u64, out_len: usize, fresh: bool) -> Result<(), CudaError> {
         let last = lock(&self.last)?;
         let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         let d = y_len / n_routes.max(1);
         if d == 0 || y_len != d * n_routes || out_len != r.n_tok * d {
             return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
         }
-        dev.launch_1d("moe_combine_dev", out_len as u64, &[Arg::P(y), Arg::P(r.wts.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(r.n_tok as i32), Arg::I(r.n_used as i32)])
+        dev.launch_1d("moe_combine_dev", out_len as u64, &[Arg::P(y), Arg::P(r.wts.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(r.n_tok as i32), Arg::I(r.n_used as i32), Arg::I(fresh as i32)])
     }
 
     /// The last routing's experts and weights, downloaded (tests: the kernel vs its host twin).

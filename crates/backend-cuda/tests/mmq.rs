@@ -119,3 +119,76 @@ fn mmq_rejects_float_weights() {
     let mut o = gpu.alloc(40).unwrap();
     assert!(gpu.matmul_mmq(&w, &x, 10, &mut o).is_err());
 }
+
+/// The grouped expert MMQ (`mmq_id`, one launch over every expert's routes: prefill steps'
+/// `moe_matmul`) against the twin per route on that route's expert, for every type: skewed
+/// routings (one expert takes most routes: several work items of one expert; experts with
+/// none), per-token and per-route inputs, row tails, and every token tile (16 to 128 routes
+/// per expert on average). Also the per-expert MMQ and chunked-GEMV paths it replaced
+/// (`QUARREL_CUDA_MOE_PREFILL=mmq|chunk` are read once per process, so only the default runs).
+#[test]
+fn grouped_expert_mmq_matches_twin_per_route() {
+    use quarrel_core::Route;
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    // (n_in, n_out per expert, experts, tokens, used per token, skew)
+    let shapes = [(256usize, 70usize, 8usize, 40usize, 2usize, false), (512, 130, 16, 100, 4, true), (768, 64, 4, 200, 2, false), (256, 200, 32, 300, 6, true), (1024, 96, 8, 64, 8, false)];
+    eprintln!("| type | n_in | n_out | experts | tokens x used | nmse vs twin |\n|---|---:|---:|---:|---:|---:|");
+    for (si, &(n_in, n_out, ne, n_tok, used, skew)) in shapes.iter().enumerate() {
+        for (ti, &ty) in TYPES.iter().enumerate() {
+            if is_k(ty) && n_in % 256 != 0 {
+                continue;
+            }
+            let v: Vec<f32> = rnd(n_in * n_out * ne, 5000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
+            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+            let mut wr = GgufWriter::new();
+            wr.add_tensor("w", &[n_in as u64, n_out as u64, ne as u64], ty).unwrap();
+            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+            // routes: `used` distinct experts per token; skewed: expert 1 on every token
+            let mut s = 0x9e37_79b9u64 + si as u64;
+            let mut next = || {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s
+            };
+            let mut routes = Vec::new();
+            for t in 0..n_tok {
+                let mut chosen: Vec<u32> = if skew { vec![1] } else { vec![] };
+                while chosen.len() < used {
+                    let e = (next() % ne as u64) as u32;
+                    if !chosen.contains(&e) {
+                        chosen.push(e);
+                    }
+                }
+                routes.extend(chosen.into_iter().map(|e| Route { token: t as u32, expert: e, weight: 1.0 }));
+            }
+            let eb = bytes.len() / ne;
+            let twin_row = |e: usize, x: &[f32]| {
+                let (t, p, m) = repack(ty, &bytes[e * eb..(e + 1) * eb]).unwrap();
+                quarrel_cuda::mmq::reference(t, &p, &m.unwrap_or_default(), n_in, n_out, x, 1)
+            };
+            for per_token in [true, false] {
+                let n_src = if per_token { n_tok } else { routes.len() };
+                let x = rnd(n_src * n_in, 91 + si as u64 + per_token as u64);
+                let xb = gpu.upload(&x).unwrap();
+                let mut ob = gpu.alloc(routes.len() * n_out).unwrap();
+                gpu.moe_matmul(&w, ne, &xb, &routes, per_token, &mut ob).unwrap();
+                let got = gpu.download(&ob).unwrap();
+                let mut want = Vec::with_capacity(got.len());
+                for (i, r) in routes.iter().enumerate() {
+                    let row = if per_token { r.token as usize } else { i };
+                    want.extend(twin_row(r.expert as usize, &x[row * n_in..(row + 1) * n_in]));
+                }
+                let e = nmse(&want, &got);
+                eprintln!("| {ty} | {n_in} | {n_out} | {ne} | {n_tok} x {used}{} | {e:.2e} |", if per_token { "" } else { " (per route)" });
+                assert!(got.iter().all(|v| v.is_finite()), "{ty} shape {si}: non-finite output");
+                assert!(e <= tol::TWIN, "{ty} {n_in}x{n_out}x{ne} {n_tok} tokens: grouped expert MMQ nmse vs twin {e:.3e}");
+            }
+        }
+    }
+}
