@@ -42,6 +42,7 @@ mod moe;
 mod moe_chunk;
 mod moe_dev;
 mod moe_id;
+mod moe_route;
 mod ssm;
 pub mod unit;
 mod weight;

@@ -290,7 +290,7 @@ pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], 
 
 /// The router on the host (`quarrel_core::moe`), counting each layer's expert selections.
 pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32], bias: Option<&[f32]>, p: &quarrel_core::MoeRouting) -> quarrel_core::Result<Vec<Route>> {
-    let routes = quarrel_core::moe::route_reference(logits, bias, p)?;
+    let routes = crate::moe_route::route_fast(logits, bias, p)?;
     let mut c = counts.lock().map_err(|_| quarrel_core::CoreError::Backend("lock poisoned".into()))?;
     if c.len() <= layer {
         c.resize(layer + 1, Vec::new());
