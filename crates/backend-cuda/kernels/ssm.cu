@@ -166,8 +166,8 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
         const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dtb, const u32* __restrict__ seq,
         float* __restrict__ state, float* __restrict__ y, unsigned long long* __restrict__ bad, int n_head, int hd, int ds,
         int n_group, int dp, int dt_col) {
-    extern __shared__ float sm[];
-    float* sB = sm;                     // [SCAN_T][ds]
+    extern __shared__ float scan_sm[];
+    float* sB = scan_sm;                     // [SCAN_T][ds]
     float* sC = sB + SCAN_T * ds;       // [SCAN_T][ds]
     float* sx = sC + SCAN_T * ds;       // [SCAN_T][8]
     float* sdt = sx + SCAN_T * 8;       // [SCAN_T]
