@@ -43,6 +43,7 @@ mod moe_chunk;
 mod moe_dev;
 mod moe_id;
 mod moe_route;
+mod nvrtc;
 mod ssm;
 pub mod unit;
 mod weight;
