@@ -361,6 +361,9 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
 #define MMQ_ALL(NAME, QT)                                                                                          \
     MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
     MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2)
+// The dense kernels in the "mmq" NVRTC unit, the grouped expert ones (below) in "mmq_id"
+// (MMQ_ID_UNIT): two units compiled in parallel instead of one twice as long.
+#ifndef MMQ_ID_UNIT
 MMQ_ALL(q4_0, QT_Q4_0)
 MMQ_ALL(q4_1, QT_Q4_1)
 MMQ_ALL(q5_0, QT_Q5_0)
@@ -369,6 +372,7 @@ MMQ_ALL(q8_0, QT_Q8_0)
 MMQ_ALL(q4_K, QT_Q4_K)
 MMQ_ALL(q5_K, QT_Q5_K)
 MMQ_ALL(q6_K, QT_Q6_K)
+#endif
 
 // Grouped expert matmul (ggml's mul_mat_id idea): one launch over (row block: blockIdx.x,
 // work item: blockIdx.y). Work item w = items[3w .. 3w + 2]: the expert's payload and meta
@@ -386,6 +390,7 @@ MMQ_ALL(q6_K, QT_Q6_K)
     }
 #define MMQ_ID_ALL(NAME, QT)                                                                                       \
     MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2)
+#ifdef MMQ_ID_UNIT
 MMQ_ID_ALL(q4_0, QT_Q4_0)
 MMQ_ID_ALL(q4_1, QT_Q4_1)
 MMQ_ID_ALL(q5_0, QT_Q5_0)
@@ -394,6 +399,7 @@ MMQ_ID_ALL(q8_0, QT_Q8_0)
 MMQ_ID_ALL(q4_K, QT_Q4_K)
 MMQ_ID_ALL(q5_K, QT_Q5_K)
 MMQ_ID_ALL(q6_K, QT_Q6_K)
+#endif
 
 // Sum of the split-K slices (fixed order: deterministic): out[i] = sum_z part[z * n + i].
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, float* __restrict__ out, int splits, u64 n) {
