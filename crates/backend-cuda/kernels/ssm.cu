@@ -159,15 +159,15 @@ extern "C" __global__ void ssm_conv_state(const float* __restrict__ zx, const u3
 // one head of one sequence; chunks of SCAN_T tokens of B, C, x, dt and exp(dt·A) are staged in
 // shared memory by the whole block (coalesced, all loads in flight), then each warp runs its
 // row over the chunk as ssm_scan does (the same state layout over the lanes, the same
-// expressions, the same warp sum: the same bits). Needs hd % 8 == 0. Dynamic shared memory:
+// expressions, the same warp sum: the same bits). Needs hd % 8 == 0 and ds % 4 == 0. Dynamic shared memory:
 // SCAN_T · (2 · ds + 8 + 2) floats.
 #define SCAN_T 32
 extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __restrict__ xbc, const float* __restrict__ zx,
         const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dtb, const u32* __restrict__ seq,
         float* __restrict__ state, float* __restrict__ y, unsigned long long* __restrict__ bad, int n_head, int hd, int ds,
         int n_group, int dp, int dt_col) {
-    extern __shared__ float scan_sm[];
-    float* sB = scan_sm;                     // [SCAN_T][ds]
+    extern __shared__ float4 scan_sm4[];
+    float* sB = (float*)scan_sm4;            // [SCAN_T][ds]
     float* sC = sB + SCAN_T * ds;       // [SCAN_T][ds]
     float* sx = sC + SCAN_T * ds;       // [SCAN_T][8]
     float* sdt = sx + SCAN_T * 8;       // [SCAN_T]
@@ -189,11 +189,18 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
     for (u32 c0 = 0; c0 < nt; c0 += SCAN_T) {
         const int n = min((int)(nt - c0), SCAN_T);
         __syncthreads();  // the last chunk's readers are done
-        for (int i = tid; i < n * ds; i += 256) {
-            const int t = i / ds, k = i % ds;
-            const float* row = xbc + (u64)(t0 + c0 + t) * cd + d_inner;
-            sB[i] = row[gr * ds + k];
-            sC[i] = row[(n_group + gr) * ds + k];
+        // B and C rows: warp wp takes tokens wp, wp + 8, .., its lanes the float4s of a row
+        // (ds % 4 == 0 and cd % 4 == 0, checked on the host: 16-byte aligned rows)
+        const int ds4 = ds / 4;
+#pragma unroll 4
+        for (int t = wp; t < n; t += 8) {
+            const float4* row = (const float4*)(xbc + (u64)(t0 + c0 + t) * cd + d_inner);
+            float4* b4 = (float4*)(sB + t * ds);
+            float4* c4 = (float4*)(sC + t * ds);
+            for (int i = lane; i < ds4; i += 32) {
+                b4[i] = row[gr * ds4 + i];
+                c4[i] = row[(n_group + gr) * ds4 + i];
+            }
         }
         if (tid < n * 8) sx[tid] = xbc[(u64)(t0 + c0 + tid / 8) * cd + hi0 + tid % 8];
         if (tid < n) {

@@ -24,23 +24,64 @@ use std::sync::Mutex;
 /// Largest grid height (work items per launch).
 const MAX_ITEMS: usize = 65535;
 
+/// Token tiles of the grouped kernels (`mmq::id_tile`): routes per work item.
+pub const TILES: [usize; 4] = [16, 32, 64, 128];
+
+/// Cost of a work item in routes' worth of work beyond its token slots (reading and decoding
+/// its expert's weight rows, filling the pipeline): larger tiles amortize it, smaller ones
+/// waste fewer slots.
+const ITEM_COST: usize = 32;
+
+/// How `cnt` routes of one expert are cut into items: tile indices into `TILES`, the
+/// cheapest by `ITEM_COST` (full 128-route items while more than 128 are left, then the best
+/// mix for the rest: 130 routes = 128 + 16, 40 = 64, 20 = 32, 10 = 16).
+pub fn split(cnt: usize) -> Vec<usize> {
+    // best[r]: (cost, first tile) for r <= 128 routes
+    let big = TILES[TILES.len() - 1];
+    let mut best = vec![(0usize, 0usize); big + 1];
+    for r in 1..=big {
+        best[r] = (0..TILES.len()).map(|t| (TILES[t] + ITEM_COST + best[r.saturating_sub(TILES[t])].0, t)).min().unwrap_or((usize::MAX, 0));
+    }
+    let mut out = Vec::new();
+    let mut r = cnt;
+    while r > big {
+        out.push(TILES.len() - 1);
+        r -= big;
+    }
+    while r > 0 {
+        let t = best[r].1;
+        out.push(t);
+        r = r.saturating_sub(TILES[t]);
+    }
+    out
+}
+
+/// One work item: `cnt` routes of `expert` at `off` in src / dst, in tile `tile` of `TILES`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub expert: usize,
+    pub off: u32,
+    pub cnt: u32,
+    pub tile: usize,
+}
+
 /// The grouped layout of `groups` (expert, route indices): per grouped route its activation
-/// row (`src`) and output row (`dst`, the route index); per work item (expert, offset, count)
-/// with counts of at most `per_item`.
+/// row (`src`) and output row (`dst`, the route index); the work items (`split` per expert).
 #[derive(Debug, PartialEq)]
 pub struct Plan {
     pub src: Vec<u32>,
     pub dst: Vec<u32>,
-    pub items: Vec<(usize, u32, u32)>,
+    pub items: Vec<Item>,
 }
 
-pub fn plan(groups: &[(usize, Vec<usize>)], routes: &[Route], x_per_token: bool, n_src: usize, per_item: usize) -> Result<Plan, CudaError> {
+pub fn plan(groups: &[(usize, Vec<usize>)], routes: &[Route], x_per_token: bool, n_src: usize) -> Result<Plan, CudaError> {
     let mut p = Plan { src: Vec::with_capacity(routes.len()), dst: Vec::with_capacity(routes.len()), items: vec![] };
-    let per_item = per_item.max(1);
     for (e, idx) in groups {
-        for ch in idx.chunks(per_item) {
-            p.items.push((*e, p.src.len() as u32, ch.len() as u32));
-            for &i in ch {
+        let mut at = 0usize;
+        for t in split(idx.len()) {
+            let n = TILES[t].min(idx.len() - at);
+            p.items.push(Item { expert: *e, off: p.src.len() as u32, cnt: n as u32, tile: t });
+            for &i in &idx[at..at + n] {
                 let s = if x_per_token { routes[i].token as usize } else { i };
                 if s >= n_src {
                     return Err(CudaError::Shape(format!("moe_matmul: input row {s} of {n_src}")));
@@ -48,6 +89,7 @@ pub fn plan(groups: &[(usize, Vec<usize>)], routes: &[Route], x_per_token: bool,
                 p.src.push(s as u32);
                 p.dst.push(i as u32);
             }
+            at += n;
         }
     }
     Ok(p)
@@ -74,38 +116,37 @@ pub(crate) fn matmul(
     }
     let n_in = w.n_in;
     let units = n_in / 32;
-    let (suffix, rows, per_item, threads, smem) = mmq::id_tile(routes.len().div_ceil(groups.len()));
-    let plan = plan(groups, routes, x_per_token, n_src, per_item)?;
+    let plan = plan(groups, routes, x_per_token, n_src)?;
     let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_src, n_in, out)?;
     let (src_d, dst_d) = (dev.upload_async(&plan.src)?, dev.upload_async(&plan.dst)?);
     let (pb, m_b) = mmq::unit_bytes(name)?;
     let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
-    let kernel = format!("mmq_id_{name}_{suffix}");
-    // items i0.. with their experts' planes, in launches of at most MAX_ITEMS
-    let launch = |i0: usize, planes: &[(u64, u64)]| -> Result<(), CudaError> {
-        for (c, pl) in planes.chunks(MAX_ITEMS).enumerate() {
-            let mut v = Vec::with_capacity(3 * pl.len());
-            for (k, &(p, m)) in pl.iter().enumerate() {
-                let (_, off, cnt) = plan.items[i0 + c * MAX_ITEMS + k];
-                v.extend([p, m, off as u64 | (cnt as u64) << 32]);
+    // `items` with their experts' planes: one launch per tile (at most MAX_ITEMS items each)
+    let launch = |items: &[(Item, u64, u64)]| -> Result<(), CudaError> {
+        for t in 0..TILES.len() {
+            let mine: Vec<&(Item, u64, u64)> = items.iter().filter(|it| it.0.tile == t).collect();
+            let (suffix, rows, _, threads, smem) = mmq::id_tile(TILES[t]);
+            let kernel = format!("mmq_id_{name}_{suffix}");
+            for chunk in mine.chunks(MAX_ITEMS) {
+                let v: Vec<u64> = chunk.iter().flat_map(|(it, p, m)| [*p, *m, it.off as u64 | (it.cnt as u64) << 32]).collect();
+                let it = dev.upload_async(&v)?;
+                dev.launch(
+                    &kernel,
+                    (n_out.div_ceil(rows) as u32, chunk.len() as u32, 1),
+                    threads,
+                    smem,
+                    &[Arg::P(it.ptr()), Arg::P(src_d.ptr()), Arg::P(dst_d.ptr()), Arg::P(xq), Arg::P(xm), Arg::P(out), Arg::I(units as i32), Arg::I(n_out as i32)],
+                )?;
             }
-            let it = dev.upload_async(&v)?;
-            dev.launch(
-                &kernel,
-                (n_out.div_ceil(rows) as u32, pl.len() as u32, 1),
-                threads,
-                smem,
-                &[Arg::P(it.ptr()), Arg::P(src_d.ptr()), Arg::P(dst_d.ptr()), Arg::P(xq), Arg::P(xm), Arg::P(out), Arg::I(units as i32), Arg::I(n_out as i32)],
-            )?;
         }
         Ok(())
     };
+    let resident = |e: usize| (w.p.ptr + e as u64 * slice_p, if m_b == 0 { 0 } else { w.m_ptr() + e as u64 * slice_m });
     match &w.offload {
-        None => {
-            let planes: Vec<(u64, u64)> =
-                plan.items.iter().map(|&(e, _, _)| (w.p.ptr + e as u64 * slice_p, if m_b == 0 { 0 } else { w.m_ptr() + e as u64 * slice_m })).collect();
-            launch(0, &planes)
-        }
+        None => launch(&plan.items.iter().map(|it| {
+            let (p, m) = resident(it.expert);
+            (*it, p, m)
+        }).collect::<Vec<_>>()),
         Some(off) if off.slots >= groups.len() => {
             // every expert of the step in a slot at once (the newest ticks: none evicts another)
             let mut at = vec![(0u64, 0u64); off.n_expert];
@@ -113,18 +154,17 @@ pub(crate) fn matmul(
                 let ex = off.expert(dev, budget, *e, idx.len())?;
                 at[*e] = (ex.p, ex.m);
             }
-            let planes: Vec<(u64, u64)> = plan.items.iter().map(|&(e, _, _)| at[e]).collect();
-            launch(0, &planes)
+            launch(&plan.items.iter().map(|it| (*it, at[it.expert].0, at[it.expert].1)).collect::<Vec<_>>())
         }
         Some(off) => {
             // one expert at a time, each launched right after its upload
             let mut i = 0;
             while i < plan.items.len() {
-                let e = plan.items[i].0;
-                let n = plan.items[i..].iter().take_while(|it| it.0 == e).count();
-                let rows_e: u32 = plan.items[i..i + n].iter().map(|it| it.2).sum();
+                let e = plan.items[i].expert;
+                let n = plan.items[i..].iter().take_while(|it| it.expert == e).count();
+                let rows_e: u32 = plan.items[i..i + n].iter().map(|it| it.cnt).sum();
                 let ex = off.expert(dev, budget, e, rows_e as usize)?;
-                launch(i, &vec![(ex.p, ex.m); n])?;
+                launch(&plan.items[i..i + n].iter().map(|it| (*it, ex.p, ex.m)).collect::<Vec<_>>())?;
                 i += n;
             }
             Ok(())
@@ -141,26 +181,44 @@ mod tests {
     }
 
     #[test]
+    fn split_takes_the_cheapest_tiles() {
+        let routes = |v: &[usize]| v.iter().map(|&t| TILES[t]).collect::<Vec<_>>();
+        assert_eq!(routes(&split(10)), vec![16]);
+        assert_eq!(routes(&split(20)), vec![32]);
+        assert_eq!(routes(&split(40)), vec![64]);
+        assert_eq!(routes(&split(128)), vec![128]);
+        assert_eq!(routes(&split(130)), vec![128, 16]);
+        assert!(split(0).is_empty());
+        for cnt in 1..600 {
+            let s = split(cnt);
+            let cap: usize = s.iter().map(|&t| TILES[t]).sum();
+            // every route placed, no item left empty
+            assert!(cap >= cnt && cap - TILES[*s.last().unwrap()] < cnt, "{cnt}: {s:?}");
+        }
+    }
+
+    #[test]
     fn plan_maps_every_route_once_in_items_of_one_expert() {
-        // 11 routes of expert 2 (items of 4: 4 + 4 + 3), 1 of expert 5
-        let routes: Vec<Route> = (0..12).map(|i| r(i / 2, if i == 7 { 5 } else { 2 })).collect();
+        // 150 routes of expert 2 (items of 128 + 32), 1 of expert 5
+        let routes: Vec<Route> = (0..151).map(|i| r(i / 2, if i == 7 { 5 } else { 2 })).collect();
         let groups = crate::moe::group_by_expert(&routes, 6).unwrap();
-        let p = plan(&groups, &routes, true, 6, 4).unwrap();
-        assert_eq!(p.items, vec![(2, 0, 4), (2, 4, 4), (2, 8, 3), (5, 11, 1)]);
+        let p = plan(&groups, &routes, true, 76).unwrap();
+        let items: Vec<(usize, u32, u32, usize)> = p.items.iter().map(|it| (it.expert, it.off, it.cnt, TILES[it.tile])).collect();
+        assert_eq!(items, vec![(2, 0, 128, 128), (2, 128, 22, 32), (5, 150, 1, 16)]);
         let mut seen = p.dst.clone();
         seen.sort();
-        assert_eq!(seen, (0..12).collect::<Vec<u32>>());
-        for &(e, off, cnt) in &p.items {
-            for j in off..off + cnt {
+        assert_eq!(seen, (0..151).collect::<Vec<u32>>());
+        for it in &p.items {
+            assert!(it.cnt as usize <= TILES[it.tile]);
+            for j in it.off..it.off + it.cnt {
                 let i = p.dst[j as usize] as usize;
-                assert_eq!(routes[i].expert as usize, e);
+                assert_eq!(routes[i].expert as usize, it.expert);
                 assert_eq!(p.src[j as usize], routes[i].token, "input row of route {i}");
             }
         }
         // per route input (down projection): source row = route index
-        let p2 = plan(&groups, &routes, false, 12, 16).unwrap();
+        let p2 = plan(&groups, &routes, false, 151).unwrap();
         assert_eq!(p2.src, p2.dst);
-        assert_eq!(p2.items.len(), 2);
-        assert!(plan(&groups, &routes, true, 3, 4).is_err(), "token past the input");
+        assert!(plan(&groups, &routes, true, 3).is_err(), "token past the input");
     }
 }

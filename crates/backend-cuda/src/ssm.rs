@@ -201,7 +201,7 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
     let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;
-    if n > n_seq && p.head_dim() % 8 == 0 && n_seq * p.d_inner / 8 <= i32::MAX as usize {
+    if n > n_seq && p.head_dim() % 8 == 0 && p.d_state % 4 == 0 && n_seq * p.d_inner / 8 <= i32::MAX as usize {
         // prefill: inputs staged per chunk of tokens, 8 rows of a head per block
         return dev.launch(
             "ssm_scan_chunk",
