@@ -380,10 +380,13 @@ MMQ_ALL(q6_K, QT_Q6_K)
 // activation rows src[..] (Q8: xq, xm; a token or a route), output rows dst[..] (route order).
 // Every unit of a row in one block (no split K); per route the same integer block sums and
 // scale products as the dense MMQ and the decode GEMV.
+// n_items (or null): the item count lives on the device (items planned by moe_plan); blocks
+// past it return at once.
 #define MMQ_ID(NAME, QT, NT, WM, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_id_##NAME##_##NT##_##WM(                       \
         const u64* __restrict__ items, const u32* __restrict__ src, const u32* __restrict__ dst, const i8* xq,     \
-        const float2* xm, float* out, int U, int n_out) {                                                          \
+        const float2* xm, float* out, int U, int n_out, const u32* __restrict__ n_items) {                         \
+        if (n_items && blockIdx.y >= *n_items) return;                                                             \
         const u64* it = items + 3 * (u64)blockIdx.y;                                                               \
         const u32 off = (u32)it[2], cnt = (u32)(it[2] >> 32);                                                      \
         mmq<QT, NT, WM, true>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \

@@ -747,13 +747,19 @@ impl Backend for CudaBackend {
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;
         let n_tok = logits.len / p.n_expert.max(1);
-        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p, self.experts.any_offloaded()) {
+        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p) {
             let bias = match bias {
                 Some(b) if b.len == p.n_expert => self.rd(b)?,
                 Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),
                 None => 0,
             };
-            return Ok(self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?);
+            let routes = self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?;
+            if !self.experts.any_offloaded() {
+                return Ok(routes);
+            }
+            // experts in host memory: the host needs the routes to stage them (the same
+            // router's numbers as a resident run)
+            return Ok(self.router.download_last(&self.dev, &routes)?);
         }
         let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
         let b: Option<Vec<f32>> = match bias {

@@ -56,6 +56,20 @@ pub fn split(cnt: usize) -> Vec<usize> {
     out
 }
 
+/// `split`'s first tile for 0..=128 routes (the device planner's table, `moe_plan`): the
+/// split of r routes is t = table[r] (r > 128: the 128 tile), then the split of r - TILES[t].
+pub fn split_table() -> Vec<u8> {
+    (0..=TILES[TILES.len() - 1]).map(|r| split(r).first().map_or(0, |&t| t as u8)).collect()
+}
+
+/// Work items per tile class that a device plan of `n_routes` routes over `n_expert` experts
+/// can need: one item of each smaller tile per expert at most (two of a tile never cost less
+/// than one of the next), full 128-route items besides.
+pub fn max_items(n_routes: usize, n_expert: usize) -> [usize; 4] {
+    let e = n_expert.min(n_routes);
+    [e, e, e, n_routes / TILES[3] + e]
+}
+
 /// One work item: `cnt` routes of `expert` at `off` in src / dst, in tile `tile` of `TILES`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Item {
@@ -135,7 +149,7 @@ pub(crate) fn matmul(
                     (n_out.div_ceil(rows) as u32, chunk.len() as u32, 1),
                     threads,
                     smem,
-                    &[Arg::P(it.ptr()), Arg::P(src_d.ptr()), Arg::P(dst_d.ptr()), Arg::P(xq), Arg::P(xm), Arg::P(out), Arg::I(units as i32), Arg::I(n_out as i32)],
+                    &[Arg::P(it.ptr()), Arg::P(src_d.ptr()), Arg::P(dst_d.ptr()), Arg::P(xq), Arg::P(xm), Arg::P(out), Arg::I(units as i32), Arg::I(n_out as i32), Arg::P(0)],
                 )?;
             }
         }
@@ -195,6 +209,26 @@ mod tests {
             // every route placed, no item left empty
             assert!(cap >= cnt && cap - TILES[*s.last().unwrap()] < cnt, "{cnt}: {s:?}");
         }
+    }
+
+    #[test]
+    fn split_table_walk_equals_split_and_bounds_hold() {
+        let tab = split_table();
+        for cnt in 0..700usize {
+            let mut walk = vec![];
+            let mut r = cnt;
+            while r > 0 {
+                let t = if r > 128 { 3 } else { tab[r] as usize };
+                walk.push(t);
+                r = r.saturating_sub(TILES[t]);
+            }
+            assert_eq!(walk, split(cnt), "{cnt}");
+            let per: Vec<usize> = (0..4).map(|t| walk.iter().filter(|&&w| w == t).count()).collect();
+            assert!(per[..3].iter().all(|&n| n <= 1), "{cnt}: {walk:?}");
+        }
+        // a routing that needs the most items of every class fits the bounds
+        let m = max_items(6 * 512, 128);
+        assert!(m[3] >= 6 * 512 / 128 + 128 && m[0] == 128);
     }
 
     #[test]

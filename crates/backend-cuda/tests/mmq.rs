@@ -192,3 +192,74 @@ fn grouped_expert_mmq_matches_twin_per_route() {
         }
     }
 }
+
+/// Prefill steps routed on the device (`moe_route` placeholders, `moe_plan` grouping the routes
+/// and cutting work items on the device) give the same bits as the host-planned grouped MMQ
+/// over the same routes downloaded, for every type, per-token and per-route inputs, skewed and
+/// even routings; and the device combine equals the host combine. Also holds the result to
+/// the twin.
+#[test]
+fn device_planned_expert_mmq_equals_host_planned() {
+    use quarrel_core::{Gating, MoeRouting};
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    // (n_in, n_out per expert, experts, used, tokens, logit bias toward expert 0: skew)
+    let shapes = [(256usize, 70usize, 8usize, 2usize, 40usize, 0.0f32), (512, 130, 64, 6, 300, 4.0), (256, 64, 128, 6, 200, 0.0), (1024, 96, 4, 2, 700, 3.0)];
+    for (si, &(n_in, n_out, ne, used, n_tok, skew)) in shapes.iter().enumerate() {
+        for (ti, &ty) in TYPES.iter().enumerate() {
+            if is_k(ty) && n_in % 256 != 0 {
+                continue;
+            }
+            let v: Vec<f32> = rnd(n_in * n_out * ne, 7000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
+            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+            let mut wr = GgufWriter::new();
+            wr.add_tensor("w", &[n_in as u64, n_out as u64, ne as u64], ty).unwrap();
+            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+            let mut logits = rnd(n_tok * ne, 300 + si as u64);
+            logits.iter_mut().step_by(ne).for_each(|l| *l += skew);
+            let lb = gpu.upload(&logits).unwrap();
+            let p = MoeRouting { n_expert: ne, n_used: used, gating: Gating::Softmax, norm_weights: true, scale: 0.0 };
+            let placeholders = gpu.moe_route(0, &lb, None, &p).unwrap();
+            let real = gpu.moe_route_on_device(&lb, None, &p).unwrap();
+            assert_eq!(placeholders.len(), real.len());
+            let eb = bytes.len() / ne;
+            for per_token in [true, false] {
+                let n_src = if per_token { n_tok } else { real.len() };
+                let x = rnd(n_src * n_in, 41 + si as u64 + per_token as u64);
+                let xb = gpu.upload(&x).unwrap();
+                // the device routing again (moe_route_on_device replaced the router's last one)
+                let ph = gpu.moe_route(0, &lb, None, &p).unwrap();
+                let mut od = gpu.alloc(real.len() * n_out).unwrap();
+                gpu.moe_matmul(&w, ne, &xb, &ph, per_token, &mut od).unwrap();
+                let dev_planned = gpu.download(&od).unwrap();
+                let mut oh = gpu.alloc(real.len() * n_out).unwrap();
+                gpu.moe_matmul(&w, ne, &xb, &real, per_token, &mut oh).unwrap();
+                let host_planned = gpu.download(&oh).unwrap();
+                assert!(dev_planned.iter().zip(&host_planned).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} shape {si} per_token {per_token}: device-planned != host-planned");
+                let mut want = Vec::with_capacity(host_planned.len());
+                for (i, r) in real.iter().enumerate() {
+                    let row = if per_token { r.token as usize } else { i };
+                    let (t, pl, m) = repack(ty, &bytes[r.expert as usize * eb..(r.expert as usize + 1) * eb]).unwrap();
+                    want.extend(quarrel_cuda::mmq::reference(t, &pl, &m.unwrap_or_default(), n_in, n_out, &x[row * n_in..(row + 1) * n_in], 1));
+                }
+                let e = nmse(&want, &dev_planned);
+                assert!(e <= tol::TWIN, "{ty} shape {si}: device-planned expert MMQ nmse vs twin {e:.3e}");
+                if !per_token {
+                    // the combine over device routes equals the host combine over the same routes
+                    let yb = gpu.upload(&host_planned).unwrap();
+                    let mut cd = gpu.alloc(n_tok * n_out).unwrap();
+                    gpu.moe_combine(&yb, &ph, &mut cd).unwrap();
+                    let mut ch = gpu.alloc(n_tok * n_out).unwrap();
+                    gpu.moe_combine(&yb, &real, &mut ch).unwrap();
+                    let (a, b) = (gpu.download(&cd).unwrap(), gpu.download(&ch).unwrap());
+                    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty} shape {si}: device combine != host combine");
+                }
+            }
+            eprintln!("device-planned == host-planned: {ty} {n_in}x{n_out}x{ne}, {n_tok} tokens x {used}");
+        }
+    }
+}
