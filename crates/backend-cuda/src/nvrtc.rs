@@ -33,11 +33,14 @@ pub(crate) struct Unit {
     pub defines: &'static str,
 }
 
-/// The units (`scripts/cuda-kernel-check.py` reads this table: keep one unit per line).
+/// The units (`scripts/cuda-kernel-check.py` reads this table: keep one unit per line). The f16
+/// attention kernels (with ggml's exact vector path) take longest: one unit per DPL.
 pub(crate) const UNITS: &[Unit] = &[
     Unit { name: "ops", files: &["ops.cu"], defines: "" },
     Unit { name: "attn_f32", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
-    Unit { name: "attn_f16", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n" },
+    Unit { name: "attn_f16_2", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
+    Unit { name: "attn_f16_4", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },
+    Unit { name: "attn_f16_8", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 8\n" },
     Unit { name: "attn_q8_0", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q8_0\n" },
     Unit { name: "attn_q4_0", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q4_0\n" },
     Unit { name: "attn_batch", files: &["ops.cu", "attn_batch.cu"], defines: "" },
