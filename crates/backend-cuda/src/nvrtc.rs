@@ -47,6 +47,7 @@ pub(crate) const UNITS: &[Unit] = &[
     Unit { name: "attn_batch", files: &["ops.cu", "attn_batch.cu"], defines: "" },
     Unit { name: "matmul", files: &["matmul.cu", "moe.cu"], defines: "" },
     Unit { name: "mmq", files: &["mmq.cu", "mmq_small.cu"], defines: "" },
+    Unit { name: "mmq_id", files: &["mmq.cu"], defines: "#define MMQ_ID_UNIT\n" },
     Unit { name: "ssm", files: &["ssm.cu"], defines: "" },
     Unit { name: "exact", files: &["exact.cu"], defines: "" },
 ];
