@@ -51,14 +51,17 @@ __device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const flo
 // d a multiple of 4 (16-byte rows): each thread takes 4 consecutive values per step, the first
 // NORM_IT steps kept in registers (all of a row of up to 4 * NORM_IT * blockDim values), so the
 // row is read once with all loads in flight; 8 lanes make one Q8 block of the output.
+// `row`: the row this block normalizes (blockIdx.x for the norm kernels; the GEMV tails of
+// matmul.cu pass theirs). y is read through L2 (ld.cg): the fused GEMV tail reads values that
+// other blocks of the same kernel wrote.
 __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
-                                            float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
+                                            float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm, u64 row) {
     __shared__ double part[32];
     const int n4 = d / 4;
-    float4* xr = (float4*)(x + (u64)blockIdx.x * d);
-    const float4* yr = y ? (const float4*)(y + (u64)blockIdx.x * d) : nullptr;
+    float4* xr = (float4*)(x + row * d);
+    const float4* yr = y ? (const float4*)(y + row * d) : nullptr;
     const float4* w4 = (const float4*)w;
-    float4* orow = (float4*)(out + (u64)blockIdx.x * d);
+    float4* orow = (float4*)(out + row * d);
     const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
     float4 v[NORM_IT], wv[NORM_IT];
     double ss = 0.0;
@@ -68,7 +71,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
         v[it] = c < n4 ? xr[c] : z;
         wv[it] = c < n4 ? w4[c] : z;
         if (yr && c < n4) {
-            float4 b = yr[c];
+            float4 b = __ldcg(yr + c);
             v[it] = make_float4(__fadd_rn(v[it].x, b.x), __fadd_rn(v[it].y, b.y), __fadd_rn(v[it].z, b.z), __fadd_rn(v[it].w, b.w));
             xr[c] = v[it];
         }
@@ -83,7 +86,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
     for (int c = NORM_IT * blockDim.x + threadIdx.x; c < n4; c += blockDim.x) {
         float4 a = xr[c];
         if (yr) {
-            float4 b = yr[c];
+            float4 b = __ldcg(yr + c);
             a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
             xr[c] = a;
         }
@@ -124,7 +127,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
             if (c < n4) {
-                u64 e = (u64)blockIdx.x * d + 4 * (u64)c;
+                u64 e = row * d + 4 * (u64)c;
                 *(u32*)(xq + e) = (u32)(u8)q0 | ((u32)(u8)q1 << 8) | ((u32)(u8)q2 << 16) | ((u32)(u8)q3 << 24);
                 if (threadIdx.x % 8 == 0) xm[e / 32] = make_float2(h2f(f2h(dd)), h2f(f2h(dd * (float)sum)));
             }
@@ -134,7 +137,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
 
 __device__ __forceinline__ void norm_row(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
                                          int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
-    if (d % 4 == 0 && blockDim.x % 32 == 0) norm_row_v4(x, y, w, out, d, eps, xq, xm);
+    if (d % 4 == 0 && blockDim.x % 32 == 0) norm_row_v4(x, y, w, out, d, eps, xq, xm, blockIdx.x);
     else norm_row_scalar(x, y, w, out, d, eps, xq, xm);
 }
 
@@ -244,8 +247,7 @@ extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __re
     GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = g[i];
-    float o = __fmul_rn(__fdiv_rn(v, 1.0f + expf(-v)), u[i]);
+    float o = swiglu_val(g[i], u[i]);
     out[i] = o;
     if (xq) q8_store(o, xq, xm, i / 32);
 }
