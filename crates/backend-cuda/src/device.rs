@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
+    ("sample.cu", include_str!("../kernels/sample.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
@@ -559,7 +560,7 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
         .map(|s| s.to_string())
         .collect();

@@ -4,9 +4,10 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 9] = [
+const SOURCES: [&str; 10] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
+    include_str!("../kernels/sample.cu"),
     include_str!("../kernels/matmul.cu"),
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/attn_batch.cu"),
