@@ -271,7 +271,7 @@ template <int NT>
 __device__ __forceinline__ void norm_tail(float* x, const float* y, const float* w, float* out, int d, float eps, i8* oq, float2* om, u32* cnt) {
     if (!arrive_last(cnt, gridDim.x)) return;
     for (int t = 0; t < NT; t++) {
-        norm_row_v4(x, y, w, out, d, eps, oq, om, (u64)t);
+        norm_row_v4<1>(x, y, w, out, d, eps, oq, om, (u64)t);
         __syncthreads();  // the row's block sum (shared) is read before the next row writes it
     }
 }

@@ -51,9 +51,11 @@ __device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const flo
 // d a multiple of 4 (16-byte rows): each thread takes 4 consecutive values per step, the first
 // NORM_IT steps kept in registers (all of a row of up to 4 * NORM_IT * blockDim values), so the
 // row is read once with all loads in flight; 8 lanes make one Q8 block of the output.
+// IT: steps kept in registers (the GEMV tails take 1: fewer registers for the whole GEMV kernel).
 // `row`: the row this block normalizes (blockIdx.x for the norm kernels; the GEMV tails of
 // matmul.cu pass theirs). y is read through L2 (ld.cg): the fused GEMV tail reads values that
 // other blocks of the same kernel wrote.
+template <int IT = NORM_IT>
 __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
                                             float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm, u64 row) {
     __shared__ double part[32];
@@ -63,10 +65,10 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
     const float4* w4 = (const float4*)w;
     float4* orow = (float4*)(out + row * d);
     const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 v[NORM_IT], wv[NORM_IT];
+    float4 v[IT], wv[IT];
     double ss = 0.0;
 #pragma unroll
-    for (int it = 0; it < NORM_IT; it++) {
+    for (int it = 0; it < IT; it++) {
         int c = it * blockDim.x + threadIdx.x;
         v[it] = c < n4 ? xr[c] : z;
         wv[it] = c < n4 ? w4[c] : z;
@@ -77,13 +79,13 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
         }
     }
 #pragma unroll
-    for (int it = 0; it < NORM_IT; it++) {
+    for (int it = 0; it < IT; it++) {
         ss += (double)__fmul_rn(v[it].x, v[it].x);
         ss += (double)__fmul_rn(v[it].y, v[it].y);
         ss += (double)__fmul_rn(v[it].z, v[it].z);
         ss += (double)__fmul_rn(v[it].w, v[it].w);
     }
-    for (int c = NORM_IT * blockDim.x + threadIdx.x; c < n4; c += blockDim.x) {
+    for (int c = IT * blockDim.x + threadIdx.x; c < n4; c += blockDim.x) {
         float4 a = xr[c];
         if (yr) {
             float4 b = __ldcg(yr + c);
@@ -101,9 +103,9 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
     for (int it = 0; it < steps; it++) {
         int c = it * blockDim.x + threadIdx.x;
         float4 a = z, b = z;
-        if (it < NORM_IT) {
+        if (it < IT) {
 #pragma unroll
-            for (int k = 0; k < NORM_IT; k++)
+            for (int k = 0; k < IT; k++)
                 if (k == it) {
                     a = v[k];
                     b = wv[k];
