@@ -6,6 +6,12 @@ print errors, registers and spills per kernel. Catches compile errors before dev
     python3 -m pip download --no-deps -d /tmp/nvw "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-nvcc==13.0.*"
     mkdir -p /tmp/nv && (cd /tmp/nv && for f in /tmp/nvw/*.whl; do unzip -qo $f; done)
     LD_LIBRARY_PATH=/tmp/nv/nvidia/cu13/lib python3 scripts/cuda-kernel-check.py [--nv /tmp/nv/nvidia/cu13] [--arch 90]
+
+--define NAME=VALUE (repeatable) prepends `#define NAME VALUE` as src/device.rs `full_source`
+does for its switches (QUARREL_CUDA_NO_PREFETCH -> GEMV_NO_PREFETCH=1, QUARREL_CUDA_GEMV_MINB=n ->
+GEMV_MINB=n; give them in that order). --cache DIR writes the backend's kernel cache files for
+that source: <fnv>-compute_<arch>.ptx and <fnv>-sm_<arch>.cubin; copied to $QUARREL_HOME/cuda
+on a GPU machine of that arch, the backend loads the cubin: no NVRTC, no JIT at start.
 """
 import argparse, ctypes, os, re, subprocess, sys, tempfile
 
@@ -13,10 +19,16 @@ root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ap = argparse.ArgumentParser()
 ap.add_argument("--nv", default="/tmp/nv/nvidia/cu13")
 ap.add_argument("--arch", default="90")
+ap.add_argument("--define", action="append", default=[])
+ap.add_argument("--cache", default=None)
 a = ap.parse_args()
 dev_rs = open(os.path.join(root, "crates/backend-cuda/src/device.rs")).read()
 names = re.findall(r'\("([\w.]+)", include_str!\("\.\./kernels/', dev_rs)
-src = "".join(f"// ---- {n}\n{open(os.path.join(root, 'crates/backend-cuda/kernels', n)).read()}\n" for n in names)
+defs = "".join("#define {} {}\n".format(*d.split("=", 1)) for d in a.define)
+src = defs + "".join(f"// ---- {n}\n{open(os.path.join(root, 'crates/backend-cuda/kernels', n)).read()}\n" for n in names)
+fnv = 0xCBF29CE484222325
+for b in src.encode():
+    fnv = ((fnv ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
 lib = ctypes.CDLL(os.path.join(a.nv, "lib/libnvrtc.so.13"))
 prog = ctypes.c_void_p()
 assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"quarrel.cu", 0, None, None) == 0
@@ -35,6 +47,11 @@ lib.nvrtcGetPTX(prog, ptx)
 with tempfile.TemporaryDirectory() as d:
     open(f"{d}/k.ptx", "wb").write(ptx.value)
     r = subprocess.run([os.path.join(a.nv, "bin/ptxas"), f"-arch=sm_{a.arch}", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"], capture_output=True, text=True)
+    if a.cache and r.returncode == 0:
+        os.makedirs(a.cache, exist_ok=True)
+        open(os.path.join(a.cache, f"{fnv:016x}-compute_{a.arch}.ptx"), "wb").write(ptx.value)
+        open(os.path.join(a.cache, f"{fnv:016x}-sm_{a.arch}.cubin"), "wb").write(open(f"{d}/k.cubin", "rb").read())
+        print(f"cache: {a.cache}/{fnv:016x}-{{compute,sm}}_{a.arch}")
 fn = None
 for line in r.stderr.splitlines():
     m = re.search(r"Compiling entry function '(\w+)'", line)

@@ -87,10 +87,6 @@ __device__ __forceinline__ void q8_store(float v, i8* __restrict__ xq, float2* _
     if (lane == 0) xm[b] = make_float2(h2f(f2h(d)), h2f(f2h(d * (float)sum)));
 }
 
-// SwiGLU of one value, ggml's arithmetic: silu(g) * u with silu(g) = g / (1 + e^-g)
-// (ops.cu's swiglu and the fused gate/up GEMV tail of matmul.cu).
-__device__ __forceinline__ float swiglu_val(float g, float u) { return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u); }
-
 // ---------------------------------------------------------------------------------------------
 // Quantized weights on the device (see src/weight.rs for the host-side repacking).
 // A weight of n_out rows of n_in values is read in units of 32 values; unit g = row * U + k.

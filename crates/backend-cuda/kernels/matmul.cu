@@ -20,6 +20,11 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 2
 #endif
+// one-token GEMVs: at least GEMV_MINB blocks per multiprocessor (QUARREL_CUDA_GEMV_MINB)
+#ifndef GEMV_MINB
+#define GEMV_MINB 1
+#endif
+#define GEMV_MINB_(NT) ((NT) == 1 ? GEMV_MINB : 1)
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL_(n) PRAGMA_(unroll n)
 
@@ -203,13 +208,13 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
 // gemv3_*: up to three matrices of the same type and input (q/k/v, gate/up) in one launch;
 // blocks [0, nb0) compute matrix 0, [nb0, nb0 + nb1) matrix 1, the rest matrix 2.
 #define GEMV_Q(NAME, QT, NT)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
+    extern "C" __global__ void __launch_bounds__(128, GEMV_MINB_(NT)) gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
                                                                          const float2* xm, float* out, int U, int n_out, int wpr) { \
         gemv_prefetch<QT>(P, M, U, n_out, wpr, blockIdx.x);                                                      \
         GDC();                                                                                                   \
         gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr, blockIdx.x);                                            \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) gemv3_##NAME##_##NT(                                       \
+    extern "C" __global__ void __launch_bounds__(128, GEMV_MINB_(NT)) gemv3_##NAME##_##NT(                                       \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
         const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr) {        \
         int b = blockIdx.x;                                                                                      \
@@ -222,82 +227,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
         else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
     }
 
-// ---- Decode tails: the block that finishes a piece of a GEMV's output last completes what the
-// next op would do with it, in the same launch (src/fused.rs). Arrival counters: a zeroed device
-// array shared by these kernels (each launch sets the counters it used back to 0; launches
-// touch them only after their PDL wait, so two never overlap on them).
-
-// Every thread of the block calls this after the block's outputs are written. True (in every
-// thread) in the block that arrives `need`-th at *cnt; that block then reads the other blocks'
-// outputs through L2 (__ldcg), never the L1.
-__device__ __forceinline__ bool arrive_last(u32* cnt, u32 need) {
-    __shared__ u32 last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u32 old = atomicAdd(cnt, 1u);
-        last = old == need - 1 ? 1u : 0u;
-        if (last) *cnt = 0u;
-    }
-    __syncthreads();
-    const bool l = last != 0u;
-    if (l) __threadfence();
-    return l;
-}
-
-// gemvglu: gate (blocks [0, nb)) and up (blocks [nb, 2 nb)) of the same type and input, then
-// h = swiglu(gate, up) and its Q8 form (hq, hm) per 32 rows (n_out a multiple of 32): the last
-// of the blocks covering a 32-row chunk in both matrices computes the chunk for all NT tokens
-// (ops.cu swiglu's arithmetic: swiglu_val, q8_store), so the chunks finish while the GEMV runs.
-template <int NT>
-__device__ __forceinline__ void glu_tail(const float* g, const float* u, float* h, int n_out, int wpr, int lb, i8* hq, float2* hm, u32* cnt) {
-    const int rpb = GEMV_ROWS * GEMV_WARPS / wpr;  // rows per block: 8, 4 or 2, a divisor of 32
-    const int c0 = lb * rpb / 32 * 32;
-    const int rows = min(32, n_out - c0);
-    if (!arrive_last(cnt + c0 / 32, 2 * ((rows + rpb - 1) / rpb))) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int t = warp; t < NT; t += GEMV_WARPS) {
-        const u64 i = (u64)t * n_out + c0 + lane;
-        const float o = swiglu_val(__ldcg(g + i), __ldcg(u + i));
-        h[i] = o;
-        if (hq) q8_store(o, hq, hm, i / 32);
-    }
-}
-
-// gemvn: the GEMV's output y (NT rows of n_out), then x += y and out = RMSNorm(x) * w with its
-// Q8 form (oq, om; null: none) in the last block to finish (ops.cu add_rms_norm's arithmetic:
-// norm_row_v4), instead of an add_rms_norm launch after the GEMV.
-template <int NT>
-__device__ __forceinline__ void norm_tail(float* x, const float* y, const float* w, float* out, int d, float eps, i8* oq, float2* om, u32* cnt) {
-    if (!arrive_last(cnt, gridDim.x)) return;
-    for (int t = 0; t < NT; t++) {
-        norm_row_v4<1>(x, y, w, out, d, eps, oq, om, (u64)t);
-        __syncthreads();  // the row's block sum (shared) is read before the next row writes it
-    }
-}
-
-#define GEMV_TAILS(NAME, QT, NT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) gemvglu_##NAME##_##NT(                                      \
-        const u8* P0, const u8* M0, const u8* P1, const u8* M1, float* g, float* u, float* h, int n_out, int nb,   \
-        const i8* xq, const float2* xm, int U, int wpr, i8* hq, float2* hm, u32* cnt) {                            \
-        const bool up = (int)blockIdx.x >= nb;                                                                    \
-        const int lb = up ? blockIdx.x - nb : blockIdx.x;                                                          \
-        gemv_prefetch<QT>(up ? P1 : P0, up ? M1 : M0, U, n_out, wpr, lb);                                          \
-        GDC();                                                                                                     \
-        gemv_q<QT, NT>(up ? P1 : P0, up ? M1 : M0, xq, xm, up ? u : g, U, n_out, wpr, lb);                         \
-        glu_tail<NT>(g, u, h, n_out, wpr, lb, hq, hm, cnt);                                                        \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) gemvn_##NAME##_##NT(                                        \
-        const u8* P, const u8* M, const i8* xq, const float2* xm, float* y, int U, int n_out, int wpr, float* x,    \
-        const float* w, float* out, float eps, i8* oq, float2* om, u32* cnt) {                                     \
-        gemv_prefetch<QT>(P, M, U, n_out, wpr, blockIdx.x);                                                        \
-        GDC();                                                                                                     \
-        gemv_q<QT, NT>(P, M, xq, xm, y, U, n_out, wpr, blockIdx.x);                                                \
-        norm_tail<NT>(x, y, w, out, n_out, eps, oq, om, cnt);                                                      \
-    }
-
-#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8) \
-    GEMV_TAILS(NAME, QT, 1) GEMV_TAILS(NAME, QT, 2) GEMV_TAILS(NAME, QT, 4) GEMV_TAILS(NAME, QT, 8)
+#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
 GEMV_Q_ALL(q4_0, QT_Q4_0)
 GEMV_Q_ALL(q4_1, QT_Q4_1)
 GEMV_Q_ALL(q5_0, QT_Q5_0)

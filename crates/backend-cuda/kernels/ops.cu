@@ -51,44 +51,39 @@ __device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const flo
 // d a multiple of 4 (16-byte rows): each thread takes 4 consecutive values per step, the first
 // NORM_IT steps kept in registers (all of a row of up to 4 * NORM_IT * blockDim values), so the
 // row is read once with all loads in flight; 8 lanes make one Q8 block of the output.
-// IT: steps kept in registers (the GEMV tails take 1: fewer registers for the whole GEMV kernel).
-// `row`: the row this block normalizes (blockIdx.x for the norm kernels; the GEMV tails of
-// matmul.cu pass theirs). y is read through L2 (ld.cg): the fused GEMV tail reads values that
-// other blocks of the same kernel wrote.
-template <int IT = NORM_IT>
 __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
-                                            float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm, u64 row) {
+                                            float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
     __shared__ double part[32];
     const int n4 = d / 4;
-    float4* xr = (float4*)(x + row * d);
-    const float4* yr = y ? (const float4*)(y + row * d) : nullptr;
+    float4* xr = (float4*)(x + (u64)blockIdx.x * d);
+    const float4* yr = y ? (const float4*)(y + (u64)blockIdx.x * d) : nullptr;
     const float4* w4 = (const float4*)w;
-    float4* orow = (float4*)(out + row * d);
+    float4* orow = (float4*)(out + (u64)blockIdx.x * d);
     const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 v[IT], wv[IT];
+    float4 v[NORM_IT], wv[NORM_IT];
     double ss = 0.0;
 #pragma unroll
-    for (int it = 0; it < IT; it++) {
+    for (int it = 0; it < NORM_IT; it++) {
         int c = it * blockDim.x + threadIdx.x;
         v[it] = c < n4 ? xr[c] : z;
         wv[it] = c < n4 ? w4[c] : z;
         if (yr && c < n4) {
-            float4 b = __ldcg(yr + c);
+            float4 b = yr[c];
             v[it] = make_float4(__fadd_rn(v[it].x, b.x), __fadd_rn(v[it].y, b.y), __fadd_rn(v[it].z, b.z), __fadd_rn(v[it].w, b.w));
             xr[c] = v[it];
         }
     }
 #pragma unroll
-    for (int it = 0; it < IT; it++) {
+    for (int it = 0; it < NORM_IT; it++) {
         ss += (double)__fmul_rn(v[it].x, v[it].x);
         ss += (double)__fmul_rn(v[it].y, v[it].y);
         ss += (double)__fmul_rn(v[it].z, v[it].z);
         ss += (double)__fmul_rn(v[it].w, v[it].w);
     }
-    for (int c = IT * blockDim.x + threadIdx.x; c < n4; c += blockDim.x) {
+    for (int c = NORM_IT * blockDim.x + threadIdx.x; c < n4; c += blockDim.x) {
         float4 a = xr[c];
         if (yr) {
-            float4 b = __ldcg(yr + c);
+            float4 b = yr[c];
             a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
             xr[c] = a;
         }
@@ -103,9 +98,9 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
     for (int it = 0; it < steps; it++) {
         int c = it * blockDim.x + threadIdx.x;
         float4 a = z, b = z;
-        if (it < IT) {
+        if (it < NORM_IT) {
 #pragma unroll
-            for (int k = 0; k < IT; k++)
+            for (int k = 0; k < NORM_IT; k++)
                 if (k == it) {
                     a = v[k];
                     b = wv[k];
@@ -129,7 +124,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
             if (c < n4) {
-                u64 e = row * d + 4 * (u64)c;
+                u64 e = (u64)blockIdx.x * d + 4 * (u64)c;
                 *(u32*)(xq + e) = (u32)(u8)q0 | ((u32)(u8)q1 << 8) | ((u32)(u8)q2 << 16) | ((u32)(u8)q3 << 24);
                 if (threadIdx.x % 8 == 0) xm[e / 32] = make_float2(h2f(f2h(dd)), h2f(f2h(dd * (float)sum)));
             }
@@ -139,7 +134,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
 
 __device__ __forceinline__ void norm_row(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
                                          int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
-    if (d % 4 == 0 && blockDim.x % 32 == 0) norm_row_v4(x, y, w, out, d, eps, xq, xm, blockIdx.x);
+    if (d % 4 == 0 && blockDim.x % 32 == 0) norm_row_v4(x, y, w, out, d, eps, xq, xm);
     else norm_row_scalar(x, y, w, out, d, eps, xq, xm);
 }
 
@@ -258,7 +253,8 @@ extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __re
     GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float o = swiglu_val(g[i], u[i]);
+    float v = g[i];
+    float o = __fmul_rn(__fdiv_rn(v, 1.0f + expf(-v)), u[i]);
     out[i] = o;
     if (xq) q8_store(o, xq, xm, i / 32);
 }

@@ -73,17 +73,6 @@ impl Drop for DevMem {
     }
 }
 
-/// `bytes` of device memory set to zero (before a `Device` exists: the context is bound).
-fn alloc_zeroed(bytes: usize) -> Result<DevMem, CudaError> {
-    // SAFETY: plain cuMemAlloc of a positive size, then a synchronous memset of all of it.
-    unsafe {
-        let ptr = result::malloc_sync(bytes.max(256)).map_err(drv("allocating the tail counters"))?;
-        let m = DevMem { ptr, bytes };
-        result::memset_d8_sync(ptr, 0, bytes.max(256)).map_err(drv("zeroing the tail counters"))?;
-        Ok(m)
-    }
-}
-
 fn oom_or(e: result::DriverError, bytes: usize, dev: &Device) -> CudaError {
     if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
         let (free, total) = dev.ctx.mem_get_info().unwrap_or((0, 0));
@@ -187,9 +176,6 @@ pub struct Device {
     pdl: bool,
     /// `gdc_kernel_names()`: the kernels that may be launched so.
     gdc: std::collections::HashSet<String>,
-    /// Zeroed arrival counters of the fused GEMV tails (`fused::COUNTERS` of them; every launch
-    /// leaves the ones it used at 0).
-    pub(crate) counters: DevMem,
 }
 
 /// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
@@ -204,17 +190,12 @@ pub(crate) enum Held {
     /// RoPE of q and k in one launch (the `rope` kernel's arguments, `x2` set; `n` pairs): a
     /// `kv_store` of that k into an f32/f16 cache that follows joins it (`rope_kv_*`).
     RopeQk { args: Vec<Arg>, n: u64 },
-    /// A one-matrix GEMV group then `x += its output` (`n` values): an RMSNorm of `x` that
-    /// follows becomes the GEMV's tail (`gemvn_*`, src/fused.rs).
-    GemvAdd { group: crate::matmul::GemvGroup, x: u64, n: u64 },
 }
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
 /// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
 /// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count),
 /// `QUARREL_CUDA_NO_FUSE2` (RoPE of q/k and the KV store as separate kernels).
-/// `QUARREL_CUDA_NO_GLU` (SwiGLU as its own kernel, not the gate/up GEMV's tail),
-/// `QUARREL_CUDA_NO_NORM_TAIL` (add + RMSNorm as their own kernel, not the GEMV's tail),
 /// `QUARREL_CUDA_SKIP=name,prefix,...` (kernels whose names start so are not launched at all:
 /// for timing what each kernel costs inside a step; the results are wrong then).
 pub(crate) struct Switches {
@@ -222,8 +203,6 @@ pub(crate) struct Switches {
     pub no_fuse2: bool,
     pub no_fused_q8: bool,
     pub no_gemm: bool,
-    pub no_glu: bool,
-    pub no_norm_tail: bool,
     pub skip: Vec<String>,
 }
 
@@ -234,8 +213,6 @@ pub(crate) fn switches() -> &'static Switches {
         no_fuse2: std::env::var_os("QUARREL_CUDA_NO_FUSE2").is_some(),
         no_fused_q8: std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some(),
         no_gemm: std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some(),
-        no_glu: std::env::var_os("QUARREL_CUDA_NO_GLU").is_some(),
-        no_norm_tail: std::env::var_os("QUARREL_CUDA_NO_NORM_TAIL").is_some(),
         skip: std::env::var("QUARREL_CUDA_SKIP").map(|v| v.split(',').filter(|s| !s.is_empty()).map(String::from).collect()).unwrap_or_default(),
     })
 }
@@ -264,8 +241,6 @@ impl Device {
             funcs.insert(name, f);
         }
         let pdl = cc.0 >= 9 && std::env::var("QUARREL_CUDA_PDL").map_or(true, |v| v != "0");
-        ctx.bind_to_thread().map_err(drv("binding the context"))?;
-        let counters = alloc_zeroed(4 * crate::fused::COUNTERS)?;
         Ok(Device {
             ctx,
             stream,
@@ -278,7 +253,6 @@ impl Device {
             held: Mutex::new(None),
             pdl,
             gdc: gdc_kernel_names().into_iter().collect(),
-            counters,
         })
     }
 
@@ -388,11 +362,6 @@ impl Device {
             Some(Held::Add { x, y, n }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
             Some(Held::Gemv(g)) => g.launch(self),
             Some(Held::Rope { args, n }) | Some(Held::RopeQk { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
-            Some(Held::GemvAdd { group, x, n }) => {
-                group.launch(self)?;
-                let y = group.single_out().unwrap_or(0);
-                self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)])
-            }
         }
     }
 
@@ -498,10 +467,18 @@ impl Drop for Device {
 }
 
 /// The module's source: `QUARREL_CUDA_NO_PREFETCH` (no L2 prefetch of GEMV weights before the
-/// PDL wait, for comparisons) becomes a define, so it is part of the cache key too.
+/// PDL wait, for comparisons) becomes a define, so it is part of the cache key too; so does
+/// `QUARREL_CUDA_GEMV_MINB=<n>`: one-token GEMV kernels compiled for at least n resident blocks
+/// per multiprocessor (`__launch_bounds__(128, n)`: fewer registers, more warps in flight).
 fn full_source() -> String {
-    let defs = if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() { "#define GEMV_NO_PREFETCH 1\n" } else { "" };
-    defs.to_string() + &SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect::<String>()
+    let mut defs = String::new();
+    if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() {
+        defs += "#define GEMV_NO_PREFETCH 1\n";
+    }
+    if let Some(n) = std::env::var("QUARREL_CUDA_GEMV_MINB").ok().and_then(|v| v.parse::<u32>().ok()).filter(|&n| (1..=16).contains(&n)) {
+        defs += &format!("#define GEMV_MINB {n}\n");
+    }
+    defs + &SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect::<String>()
 }
 
 /// FNV-1a, stable across builds (the cache key).
@@ -524,6 +501,12 @@ fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
     let src = full_source();
     let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
     let file = cache_dir().join(format!("{:016x}-{arch}.ptx", fnv(&src)));
+    // a cubin of the same source for this GPU (made ahead by scripts/cuda-kernel-check.py
+    // --cache): no NVRTC and no JIT compilation by the driver at load
+    let cubin = cache_dir().join(format!("{:016x}-sm_{}{}.cubin", fnv(&src), cc.0, cc.1));
+    if let Ok(bin) = std::fs::read(&cubin) {
+        return Ok(Ptx::from_binary(bin));
+    }
     if let Ok(ptx) = std::fs::read_to_string(&file) {
         return Ok(Ptx::from_src(ptx));
     }
@@ -568,8 +551,6 @@ pub fn gdc_kernel_names() -> Vec<String> {
         for nt in [1, 2, 4, 8] {
             v.push(format!("gemv_{q}_{nt}"));
             v.push(format!("gemv3_{q}_{nt}"));
-            v.push(format!("gemvglu_{q}_{nt}"));
-            v.push(format!("gemvn_{q}_{nt}"));
         }
         v.push(format!("dequant_{q}"));
         v.push(format!("embed_{q}"));

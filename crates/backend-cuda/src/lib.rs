@@ -34,7 +34,6 @@ mod batch;
 pub mod device;
 mod error;
 pub mod experts;
-mod fused;
 mod graph;
 mod kv;
 mod matmul;
@@ -494,12 +493,6 @@ impl Backend for CudaBackend {
         // a decode step normalizes one row: more threads per row shorten the block
         let threads = (d / 4).div_ceil(32).clamp(4, 32) as u32 * 32;
         let n = x.len as u64;
-        // the GEMV and the residual add just before (held by `add`): the GEMV's tail
-        if let Some(Held::GemvAdd { group, .. }) =
-            self.dev.take_held_if(|h| matches!(h, Held::GemvAdd { group, x, n: hn } if *x == xp && *hn == n && fused::norm_fits(group, n, d)))
-        {
-            return Ok(fused::launch_norm(&self.dev, &group, xp, w.p.ptr, op, eps, xq, xm)?);
-        }
         // the residual add just before (held by `add`) runs in the same kernel
         if let Some(Held::Add { y, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
             let args = [Arg::P(xp), Arg::P(y), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
@@ -573,12 +566,6 @@ impl Backend for CudaBackend {
         let n = gate.len as u64;
         let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
         let (xq, xm) = self.q8_out(o, gate.len)?;
-        // gate and up just before (one held GEMV group): SwiGLU in its tail
-        if !device::switches().no_glu {
-            if let Some(Held::Gemv(group)) = self.dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if fused::glu_fits(gr, g, u, gate.len))) {
-                return Ok(fused::launch_glu(&self.dev, &group, o, xq, xm)?);
-            }
-        }
         self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
         Ok(())
     }
@@ -589,14 +576,6 @@ impl Backend for CudaBackend {
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
         if n > 0 && !device::switches().no_fuse {
-            // y from a held one-matrix GEMV: both held, an RMSNorm of x that follows becomes
-            // the GEMV's tail (`gemvn_*`)
-            if !device::switches().no_norm_tail {
-                if let Some(Held::Gemv(group)) = self.dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.single_out() == Some(yp) && gr.nt * gr.items[0].n_out == n as usize))
-                {
-                    return Ok(self.dev.hold(Held::GemvAdd { group, x: xp, n })?);
-                }
-            }
             // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`)
             return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n })?);
         }

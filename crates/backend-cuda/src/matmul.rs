@@ -50,8 +50,8 @@ use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
 pub const GEMV_MAX_TOKENS: usize = 8;
 
 /// GEMV_WARPS and GEMV_ROWS in matmul.cu.
-pub(crate) const GEMV_WARPS: usize = 4;
-pub(crate) const GEMV_ROWS: usize = 2;
+const GEMV_WARPS: usize = 4;
+const GEMV_ROWS: usize = 2;
 
 /// Warps per row (1, 2 or 4) and the grid. Quantized rows of `units` units of 32 values: two
 /// warps per row (each lane then has at most a few units per row, all loads in flight), four
@@ -60,7 +60,7 @@ pub(crate) const GEMV_ROWS: usize = 2;
 /// row was never the fastest, e.g. Q4_0 4096x28672 28.9 us with 1 warp, 25.9 with 2; Q6_K
 /// 4096x32000 48.4 vs 43.2. Float weights and short rows (< 64 units): by the block count, as
 /// before (enough blocks for ~1000 to run).
-pub(crate) fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
+fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
     let wpr = if units >= 64 {
         if units >= 128 && n_out < 2400 {
             4
@@ -172,31 +172,23 @@ fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok:
 
 /// One matrix of a held GEMV group.
 pub(crate) struct GemvItem {
-    pub p: u64,
-    pub m: u64,
-    pub out: u64,
-    pub n_out: usize,
+    p: u64,
+    m: u64,
+    out: u64,
+    n_out: usize,
 }
 
 /// Quantized GEMVs of one weight type over the same Q8 input, launched together.
 pub(crate) struct GemvGroup {
-    pub name: &'static str,
-    pub nt: usize,
-    pub xq: u64,
-    pub xm: u64,
-    pub units: usize,
-    pub items: Vec<GemvItem>,
+    name: &'static str,
+    nt: usize,
+    xq: u64,
+    xm: u64,
+    units: usize,
+    items: Vec<GemvItem>,
 }
 
 impl GemvGroup {
-    /// The output of a one-matrix group.
-    pub(crate) fn single_out(&self) -> Option<u64> {
-        match self.items.as_slice() {
-            [i] => Some(i.out),
-            _ => None,
-        }
-    }
-
     fn accepts(&self, name: &str, nt: usize, xq: u64, units: usize, out: u64) -> bool {
         self.items.len() < 3 && self.name == name && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
     }

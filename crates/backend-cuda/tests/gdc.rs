@@ -47,7 +47,18 @@ fn kernels(src: &str) -> Vec<(String, String)> {
         let paren = head.find('(').unwrap();
         // `__launch_bounds__(128) name(`: the name follows the attribute's parentheses
         let (name_from, name_to) = if head[..paren].contains("__launch_bounds__") {
-            let close = head.find(')').unwrap() + 1;
+            // the attribute's matching `)` (its arguments may hold parentheses)
+            let mut depth = 0;
+            let close = paren
+                + head[paren..]
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        depth += (c == '(') as i32 - (c == ')') as i32;
+                        depth == 0
+                    })
+                    .unwrap()
+                    .0
+                + 1;
             let p2 = close + head[close..].find('(').unwrap();
             (close, p2)
         } else {
