@@ -64,7 +64,8 @@ fn kernels(src: &str) -> Vec<(String, String)> {
         } else {
             ("extern \"C\" __global__ void".len(), paren)
         };
-        let name = head[name_from..name_to].trim().to_string();
+        // the last word before the parameters (a launch-bounds macro may come first)
+        let name = head[name_from..name_to].split_whitespace().last().unwrap_or("").to_string();
         out.push((name, body(src, start).to_string()));
         at = start + 1;
     }
