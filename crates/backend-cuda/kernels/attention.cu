@@ -358,11 +358,37 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     extern "C" __global__ void __launch_bounds__(32) attn1g_##NAME##_##DPL(ATTN_ARGS) {                            \
         attn_part<KT, DPL, ATT_QT, true>(ATTN_PASS);                                                                 \
     }
-#define ATTN_ALL(NAME, KT) ATTN(NAME, KT, 2) ATTN(NAME, KT, 4) ATTN(NAME, KT, 8)
+// ATTN_DPL (src/nvrtc.rs): only one DPL's kernels in this unit
+#if !defined(ATTN_DPL) || ATTN_DPL == 2
+#define ATTN_2(NAME, KT) ATTN(NAME, KT, 2)
+#else
+#define ATTN_2(NAME, KT)
+#endif
+#if !defined(ATTN_DPL) || ATTN_DPL == 4
+#define ATTN_4(NAME, KT) ATTN(NAME, KT, 4)
+#else
+#define ATTN_4(NAME, KT)
+#endif
+#if !defined(ATTN_DPL) || ATTN_DPL == 8
+#define ATTN_8(NAME, KT) ATTN(NAME, KT, 8)
+#else
+#define ATTN_8(NAME, KT)
+#endif
+#define ATTN_ALL(NAME, KT) ATTN_2(NAME, KT) ATTN_4(NAME, KT) ATTN_8(NAME, KT)
+// ATTN_KV (src/nvrtc.rs): only one KV type's kernels in this unit (the units compile in
+// parallel; these templates are the slowest part of the whole build)
+#if !defined(ATTN_KV) || ATTN_KV == KV_F32
 ATTN_ALL(f32, KV_F32)
+#endif
+#if !defined(ATTN_KV) || ATTN_KV == KV_F16
 ATTN_ALL(f16, KV_F16)
+#endif
+#if !defined(ATTN_KV) || ATTN_KV == KV_Q8_0
 ATTN_ALL(q8_0, KV_Q8_0)
+#endif
+#if !defined(ATTN_KV) || ATTN_KV == KV_Q4_0
 ATTN_ALL(q4_0, KV_Q4_0)
+#endif
 
 // One block per (token, head): merge the splits' partials into out (n_tok, n_head, hd).
 // xq/xm non-null (blockDim == hd, a multiple of 32): the output is also written as Q8.

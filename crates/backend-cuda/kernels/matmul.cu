@@ -20,17 +20,6 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 2
 #endif
-// Launch bounds of the GEMV kernels. GEMV_MINB (QUARREL_CUDA_GEMV_MINB) asks the one-token
-// Q4_0 / Q4_1 GEMVs for at least that many resident blocks per multiprocessor (fewer registers,
-// more loads in flight); ptxas sm_90: 12 fits them in 40 registers without spills, the K and
-// 5-bit types would spill, so they keep the plain bound (an explicit minimum of 1 changes their
-// register allocation too: 48-80 registers instead of 44-56).
-#define GEMV_LB_PLAIN __launch_bounds__(128)
-#ifdef GEMV_MINB
-#define GEMV_LB_TUNED __launch_bounds__(128, GEMV_MINB)
-#else
-#define GEMV_LB_TUNED GEMV_LB_PLAIN
-#endif
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL_(n) PRAGMA_(unroll n)
 
@@ -213,14 +202,14 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
 
 // gemv3_*: up to three matrices of the same type and input (q/k/v, gate/up) in one launch;
 // blocks [0, nb0) compute matrix 0, [nb0, nb0 + nb1) matrix 1, the rest matrix 2.
-#define GEMV_Q(NAME, QT, NT, LB)                                                                                   \
-    extern "C" __global__ void LB gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
+#define GEMV_Q(NAME, QT, NT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
                                                                          const float2* xm, float* out, int U, int n_out, int wpr) { \
         gemv_prefetch<QT>(P, M, U, n_out, wpr, blockIdx.x);                                                      \
         GDC();                                                                                                   \
         gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr, blockIdx.x);                                            \
     }                                                                                                            \
-    extern "C" __global__ void LB gemv3_##NAME##_##NT(                                       \
+    extern "C" __global__ void __launch_bounds__(128) gemv3_##NAME##_##NT(                                       \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
         const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr) {        \
         int b = blockIdx.x;                                                                                      \
@@ -233,16 +222,15 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
         else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
     }
 
-#define GEMV_Q_ALL(NAME, QT, LB1) \
-    GEMV_Q(NAME, QT, 1, LB1) GEMV_Q(NAME, QT, 2, GEMV_LB_PLAIN) GEMV_Q(NAME, QT, 4, GEMV_LB_PLAIN) GEMV_Q(NAME, QT, 8, GEMV_LB_PLAIN)
-GEMV_Q_ALL(q4_0, QT_Q4_0, GEMV_LB_TUNED)
-GEMV_Q_ALL(q4_1, QT_Q4_1, GEMV_LB_TUNED)
-GEMV_Q_ALL(q5_0, QT_Q5_0, GEMV_LB_PLAIN)
-GEMV_Q_ALL(q5_1, QT_Q5_1, GEMV_LB_PLAIN)
-GEMV_Q_ALL(q8_0, QT_Q8_0, GEMV_LB_PLAIN)
-GEMV_Q_ALL(q4_K, QT_Q4_K, GEMV_LB_PLAIN)
-GEMV_Q_ALL(q5_K, QT_Q5_K, GEMV_LB_PLAIN)
-GEMV_Q_ALL(q6_K, QT_Q6_K, GEMV_LB_PLAIN)
+#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
+GEMV_Q_ALL(q4_0, QT_Q4_0)
+GEMV_Q_ALL(q4_1, QT_Q4_1)
+GEMV_Q_ALL(q5_0, QT_Q5_0)
+GEMV_Q_ALL(q5_1, QT_Q5_1)
+GEMV_Q_ALL(q8_0, QT_Q8_0)
+GEMV_Q_ALL(q4_K, QT_Q4_K)
+GEMV_Q_ALL(q5_K, QT_Q5_K)
+GEMV_Q_ALL(q6_K, QT_Q6_K)
 
 #define GEMV_F(NAME, WT, NT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* W, const float* x, float* out, int n_in, \

@@ -190,10 +190,13 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
     return u;
 }
 
-template <int QT, int NT, int WM>
+// ID (grouped expert matmul, mmq_id_*): the block's tokens are rows src[0 .. n_tok) of the
+// activations and go to rows dst[0 .. n_tok) of `out` (no token tiles along blockIdx.y, no
+// split K: the wrapper points P, M, src, dst at the block's work item).
+template <int QT, int NT, int WM, bool ID = false>
 __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                     const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok,
-                                    int k_per) {
+                                    int k_per, const u32* __restrict__ src = nullptr, const u32* __restrict__ dst = nullptr) {
     constexpr int BN = 16 * NT, MMQ_BM = 32 * WM, MMQ_THREADS = 64 * WM;
     extern __shared__ int4 smem4[];
     int* ws = (int*)smem4;                                     // [MMQ_BM][MMQ_WS]
@@ -202,7 +205,14 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
     float2* xsc = (float2*)(xs + 2 * BN * MMQ_WS);             // [2][MMQ_KU][BN]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, tig = lane % 4;
-    const int row0 = blockIdx.x * MMQ_BM, tok0 = blockIdx.y * BN;
+    const int row0 = blockIdx.x * MMQ_BM, tok0 = ID ? 0 : blockIdx.y * BN;
+    // activation row of each of the block's token slots (slots past n_tok repeat the last)
+    __shared__ u32 xrow[BN];
+    for (int t = tid; t < BN; t += MMQ_THREADS) {
+        const int tt = min(tok0 + t, n_tok - 1);
+        xrow[t] = ID ? src[tt] : (u32)tt;
+    }
+    __syncthreads();
     const int wm = (warp / 2) * 32, wn = (warp % 2) * NT * 8;
     // split K (blockIdx.z): units [kb, ke), partial sums to slice z of `out`
     const int kb = blockIdx.z * k_per, ke = min(U, kb + k_per);
@@ -229,8 +239,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             const int i = tid + MMQ_THREADS * j;  // 16-byte chunk: token i / 16, unit (i / 2) % 8, half i % 2
             const int t = i / 16, u = (i / 2) % MMQ_KU, hf = i % 2, k = k0 + u;
             const bool ok = k < ke;
-            const u64 src = (u64)min(tok0 + t, n_tok - 1) * U + (ok ? k : 0);
-            cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + src * 32 + hf * 16, ok);
+            const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
+            cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + xi * 32 + hf * 16, ok);
         }
         if (BN * MMQ_KU >= MMQ_THREADS || tid < BN * MMQ_KU) {
 #pragma unroll
@@ -238,8 +248,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
                 const int i = tid + MMQ_THREADS * j;  // token i % BN, unit i / BN
                 const int t = i % BN, u = i / BN, k = k0 + u;
                 const bool ok = k < ke;
-                const u64 src = (u64)min(tok0 + t, n_tok - 1) * U + (ok ? k : 0);
-                cp_async8(&xc[u * BN + t], xm + src, ok);
+                const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
+                cp_async8(&xc[u * BN + t], xm + xi, ok);
             }
         }
     };
@@ -337,7 +347,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             for (int i = 0; i < 4; i++) {
                 const int row = row0 + wm + m * 16 + g + (i / 2) * 8;
                 const int tok = tok0 + wn + n * 8 + 2 * tig + (i & 1);
-                if (row < n_out && tok < n_tok) out[(u64)tok * n_out + row] = acc[m][n][i];
+                if (row < n_out && tok < n_tok) out[(u64)(ID ? dst[tok] : (u32)tok) * n_out + row] = acc[m][n][i];
             }
 }
 
@@ -351,6 +361,9 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
 #define MMQ_ALL(NAME, QT)                                                                                          \
     MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
     MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2)
+// The dense kernels in the "mmq" NVRTC unit, the grouped expert ones (below) in "mmq_id"
+// (MMQ_ID_UNIT): two units compiled in parallel instead of one twice as long.
+#ifndef MMQ_ID_UNIT
 MMQ_ALL(q4_0, QT_Q4_0)
 MMQ_ALL(q4_1, QT_Q4_1)
 MMQ_ALL(q5_0, QT_Q5_0)
@@ -359,6 +372,37 @@ MMQ_ALL(q8_0, QT_Q8_0)
 MMQ_ALL(q4_K, QT_Q4_K)
 MMQ_ALL(q5_K, QT_Q5_K)
 MMQ_ALL(q6_K, QT_Q6_K)
+#endif
+
+// Grouped expert matmul (ggml's mul_mat_id idea): one launch over (row block: blockIdx.x,
+// work item: blockIdx.y). Work item w = items[3w .. 3w + 2]: the expert's payload and meta
+// planes, then (offset | count << 32) into src / dst: at most 16·NT routes of that expert,
+// activation rows src[..] (Q8: xq, xm; a token or a route), output rows dst[..] (route order).
+// Every unit of a row in one block (no split K); per route the same integer block sums and
+// scale products as the dense MMQ and the decode GEMV.
+// n_items (or null): the item count lives on the device (items planned by moe_plan); blocks
+// past it return at once.
+#define MMQ_ID(NAME, QT, NT, WM, MINB)                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_id_##NAME##_##NT##_##WM(                       \
+        const u64* __restrict__ items, const u32* __restrict__ src, const u32* __restrict__ dst, const i8* xq,     \
+        const float2* xm, float* out, int U, int n_out, const u32* __restrict__ n_items) {                         \
+        if (n_items && blockIdx.y >= *n_items) return;                                                             \
+        const u64* it = items + 3 * (u64)blockIdx.y;                                                               \
+        const u32 off = (u32)it[2], cnt = (u32)(it[2] >> 32);                                                      \
+        mmq<QT, NT, WM, true>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \
+    }
+#define MMQ_ID_ALL(NAME, QT)                                                                                       \
+    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2)
+#ifdef MMQ_ID_UNIT
+MMQ_ID_ALL(q4_0, QT_Q4_0)
+MMQ_ID_ALL(q4_1, QT_Q4_1)
+MMQ_ID_ALL(q5_0, QT_Q5_0)
+MMQ_ID_ALL(q5_1, QT_Q5_1)
+MMQ_ID_ALL(q8_0, QT_Q8_0)
+MMQ_ID_ALL(q4_K, QT_Q4_K)
+MMQ_ID_ALL(q5_K, QT_Q5_K)
+MMQ_ID_ALL(q6_K, QT_Q6_K)
+#endif
 
 // Sum of the split-K slices (fixed order: deterministic): out[i] = sum_z part[z * n + i].
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, float* __restrict__ out, int splits, u64 n) {

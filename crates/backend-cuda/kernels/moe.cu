@@ -11,13 +11,13 @@ extern "C" __global__ void moe_scatter_rows(const float* __restrict__ y, const u
 }
 
 // out[t * d + i] += sum over the token's routes r (in route order) of w[r] * y[ridx[r] * d + i];
-// a token's routes are ridx[off[t] .. off[t + 1]].
+// a token's routes are ridx[off[t] .. off[t + 1]]. fresh: out holds zeros (not read).
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const u32* __restrict__ ridx, const float* __restrict__ w,
-                                       const u32* __restrict__ off, float* __restrict__ out, int d, int n_tok) {
+                                       const u32* __restrict__ off, float* __restrict__ out, int d, int n_tok, int fresh) {
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_tok * d) return;
     u64 t = g / d, i = g % d;
-    float a = out[g];
+    float a = fresh ? 0.f : out[g];
     for (u32 r = off[t]; r < off[t + 1]; r++) a += y[(u64)ridx[r] * d + i] * w[r];
     out[g] = a;
 }
@@ -159,11 +159,11 @@ MOE_GEMV_DEV(q6_K, QT_Q6_K)
 // moe_combine with the routes on the device: token t's routes are t * n_used .. + n_used, in
 // order, weights w (the same sum, in the same order, as moe_combine).
 extern "C" __global__ void moe_combine_dev(const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out, int d,
-                                           int n_tok, int n_used) {
+                                           int n_tok, int n_used, int fresh) {
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_tok * d) return;
     u64 t = g / d, i = g % d;
-    float a = out[g];
+    float a = fresh ? 0.f : out[g];
     for (u32 r = t * n_used; r < (t + 1) * n_used; r++) a += y[(u64)r * d + i] * w[r];
     out[g] = a;
 }
@@ -195,4 +195,66 @@ extern "C" __global__ void moe_unpad_rows(const float* __restrict__ y, const u32
     if (g >= (u64)n * d) return;
     u64 j = g / d, i = g % d;
     out[(u64)dst[j] * d + i] = y[(u64)src[j] * d + i];
+}
+
+// The grouped expert matmul's work items from device routes (prefill steps routed by
+// moe_route, no host round trip): eids[j] (j < n_routes, token-major, n_used per token) ->
+// src / dst (routes grouped by expert: activation row j / n_used or j, output row j) and per
+// token tile class t (16 << t routes) the items {expert planes, offset | count << 32} at
+// items[(t * max_items + k) * 3], their count n_items[t]. split_tab[r] (r <= 128): the first
+// tile of the cheapest split of r routes (moe_id::split: full 128-route items first). Routes of
+// an expert land in its items in any order: each route's sums do not depend on the others.
+// One block of 1024 threads; shared memory 2 * n_expert u32.
+extern "C" __global__ void __launch_bounds__(1024) moe_plan(const u32* __restrict__ eids, int n_routes, int n_used, int per_token,
+        int n_expert, const u8* P, const u8* M, u64 slice_p, u64 slice_m, const u8* __restrict__ split_tab, u32* __restrict__ src,
+        u32* __restrict__ dst, u64* __restrict__ items, int max_items, u32* __restrict__ n_items) {
+    extern __shared__ u32 plan_sm[];
+    u32* cnt = plan_sm;
+    u32* base = plan_sm + n_expert;
+    __shared__ u32 ncls[4];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int e = tid; e < n_expert; e += nt) cnt[e] = 0;
+    if (tid < 4) ncls[tid] = 0;
+    __syncthreads();
+    for (int j = tid; j < n_routes; j += nt) {
+        const u32 e = eids[j];
+        if (e < (u32)n_expert) atomicAdd(&cnt[e], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        u32 s = 0;
+        for (int e = 0; e < n_expert; e++) {
+            base[e] = s;
+            s += cnt[e];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < n_expert; e += nt) {
+        u32 r = cnt[e], off = base[e];
+        const u64 p = (u64)(P + (u64)e * slice_p), m = M ? (u64)(M + (u64)e * slice_m) : 0ull;
+        while (r > 0) {
+            const int t = r > 128 ? 3 : split_tab[r];
+            const u32 n = min(r, 16u << t);
+            const u32 k = atomicAdd(&ncls[t], 1u);
+            if (k < (u32)max_items) {
+                u64* it = items + ((u64)t * max_items + k) * 3;
+                it[0] = p;
+                it[1] = m;
+                it[2] = (u64)off | ((u64)n << 32);
+            }
+            off += n;
+            r -= n;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < n_expert; e += nt) cnt[e] = 0;
+    __syncthreads();
+    for (int j = tid; j < n_routes; j += nt) {
+        const u32 e = eids[j];
+        if (e >= (u32)n_expert) continue;
+        const u32 pos = base[e] + atomicAdd(&cnt[e], 1u);
+        src[pos] = per_token ? (u32)(j / n_used) : (u32)j;
+        dst[pos] = (u32)j;
+    }
+    if (tid < 4) n_items[tid] = min(ncls[tid], (u32)max_items);
 }

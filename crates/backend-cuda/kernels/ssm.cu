@@ -114,3 +114,127 @@ extern "C" __global__ void copy_f32(const float* __restrict__ src, float* __rest
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g < n) dst[g] = src[g];
 }
+
+// ssm_conv for prefill steps: one thread per (token: blockIdx.x, channel), every token at once
+// (the window of token t: the inputs t - nc + 1 .. t, before the sequence's first token its
+// carried state), the same sum in the same order as ssm_conv. tokseq[token] = its sequence (or
+// ~0u: none). The carried state is left alone: ssm_conv_state updates it afterwards.
+extern "C" __global__ void ssm_conv_par(const float* __restrict__ zx, const float* __restrict__ w, const float* __restrict__ bias,
+                                        const u32* __restrict__ seq, const u32* __restrict__ tokseq, const float* __restrict__ state,
+                                        float* __restrict__ out, int cd, int nc, int dp, int col0) {
+    const int ch = blockIdx.y * blockDim.x + threadIdx.x;
+    const u32 g = blockIdx.x, s = tokseq[g];
+    if (ch >= cd || s == ~0u) return;
+    const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], fresh = seq[4 * s + 3];
+    const int t = (int)(g - t0);
+    const float* st = state + ((u64)slot * cd + ch) * (nc - 1);
+    const float* wc = w + (u64)ch * nc;
+    float acc = 0.f;
+    for (int i = 0; i < nc; i++) {
+        const int p = t - (nc - 1) + i;
+        const float v = p >= 0 ? zx[(u64)(t0 + p) * dp + col0 + ch] : (fresh ? 0.f : st[p + nc - 1]);
+        acc = fmaf(v, wc[i], acc);
+    }
+    out[(u64)g * cd + ch] = silu_f(acc + (bias ? bias[ch] : 0.f));
+}
+
+// The carried conv state after a step: per (sequence, channel) the last nc - 1 inputs of
+// (old state, the sequence's tokens), as ssm_conv leaves it.
+extern "C" __global__ void ssm_conv_state(const float* __restrict__ zx, const u32* __restrict__ seq, float* __restrict__ state, int n_seq,
+                                          int cd, int nc, int dp, int col0) {
+    u64 gi = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= (u64)n_seq * cd) return;
+    const int s = (int)(gi / cd), ch = (int)(gi % cd);
+    const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
+    float* st = state + ((u64)slot * cd + ch) * (nc - 1);
+    float win[8];
+    for (int i = 0; i < nc - 1; i++) {
+        const int p = (int)nt - (nc - 1) + i;
+        win[i] = p >= 0 ? zx[(u64)(t0 + p) * dp + col0 + ch] : (fresh ? 0.f : st[p + nc - 1]);
+    }
+    for (int i = 0; i < nc - 1; i++) st[i] = win[i];
+}
+
+// ssm_scan for prefill steps: a block of 8 warps takes 8 consecutive rows (hi0 .. hi0 + 7) of
+// one head of one sequence; chunks of SCAN_T tokens of B, C, x, dt and exp(dt·A) are staged in
+// shared memory by the whole block (coalesced, all loads in flight), then each warp runs its
+// row over the chunk as ssm_scan does (the same state layout over the lanes, the same
+// expressions, the same warp sum: the same bits). Needs hd % 8 == 0 and ds % 4 == 0. Dynamic shared memory:
+// SCAN_T · (2 · ds + 8 + 2) floats.
+#define SCAN_T 32
+extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __restrict__ xbc, const float* __restrict__ zx,
+        const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dtb, const u32* __restrict__ seq,
+        float* __restrict__ state, float* __restrict__ y, unsigned long long* __restrict__ bad, int n_head, int hd, int ds,
+        int n_group, int dp, int dt_col) {
+    extern __shared__ float4 scan_sm4[];
+    float* sB = (float*)scan_sm4;            // [SCAN_T][ds]
+    float* sC = sB + SCAN_T * ds;       // [SCAN_T][ds]
+    float* sx = sC + SCAN_T * ds;       // [SCAN_T][8]
+    float* sdt = sx + SCAN_T * 8;       // [SCAN_T]
+    float* sda = sdt + SCAN_T;          // [SCAN_T]
+    const int tid = threadIdx.x, lane = tid % 32, wp = tid / 32;
+    const int d_inner = n_head * hd, cd = d_inner + 2 * n_group * ds, hpg = n_head / n_group;
+    const int rows8 = d_inner / 8;
+    const int s = blockIdx.x / rows8, hi0 = (blockIdx.x % rows8) * 8, hi = hi0 + wp, h = hi0 / hd, gr = h / hpg;
+    const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
+    float* st = state + ((u64)slot * d_inner + hi) * ds;
+    float sv[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int k = lane + 32 * j;
+        sv[j] = (k < ds && !fresh) ? st[k] : 0.f;
+    }
+    const float a = A[h], dd = D[h], bb = dtb[h];
+    unsigned long long nbad = 0;
+    for (u32 c0 = 0; c0 < nt; c0 += SCAN_T) {
+        const int n = min((int)(nt - c0), SCAN_T);
+        __syncthreads();  // the last chunk's readers are done
+        // B and C rows: warp wp takes tokens wp, wp + 8, .., its lanes the float4s of a row
+        // (ds % 4 == 0 and cd % 4 == 0, checked on the host: 16-byte aligned rows)
+        const int ds4 = ds / 4;
+#pragma unroll 4
+        for (int t = wp; t < n; t += 8) {
+            const float4* row = (const float4*)(xbc + (u64)(t0 + c0 + t) * cd + d_inner);
+            float4* b4 = (float4*)(sB + t * ds);
+            float4* c4 = (float4*)(sC + t * ds);
+            for (int i = lane; i < ds4; i += 32) {
+                b4[i] = row[gr * ds4 + i];
+                c4[i] = row[(n_group + gr) * ds4 + i];
+            }
+        }
+        if (tid < n * 8) sx[tid] = xbc[(u64)(t0 + c0 + tid / 8) * cd + hi0 + tid % 8];
+        if (tid < n) {
+            const float dt = softplus_f(zx[(u64)(t0 + c0 + tid) * dp + dt_col + h] + bb);
+            sdt[tid] = dt;
+            sda[tid] = expf(dt * a);
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int t = 0; t < n; t++) {
+            const float* B = sB + t * ds;
+            const float* C = sC + t * ds;
+            const float dt = sdt[t], da = sda[t];
+            const float x = sx[t * 8 + wp];
+            const float xdt = x * dt;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int k = lane + 32 * j;
+                if (k < ds) {
+                    float v = sv[j] * da + B[k] * xdt;
+                    sum = fmaf(v, C[k], sum);
+                    sv[j] = v;
+                    nbad += !isfinite(v);
+                }
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) y[(u64)(t0 + c0 + t) * d_inner + hi] = sum + x * dd;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int k = lane + 32 * j;
+        if (k < ds) st[k] = sv[j];
+    }
+    if (nbad) atomicAdd(bad, nbad);
+}

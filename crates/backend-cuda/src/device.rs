@@ -1,25 +1,11 @@
-//! The device: context, stream, kernels (NVRTC, cached on disk), raw memory and a buffer pool.
+//! The device: context, stream, kernel modules (compiled by `nvrtc`), raw memory and a buffer pool.
 
 use crate::error::{drv, CudaError};
+use crate::nvrtc;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
-use cudarc::nvrtc::{CompileOptions, Ptx};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-/// Kernel sources, embedded in the binary; compiled together as one module.
-const SOURCES: [(&str, &str); 10] = [
-    ("common.cuh", include_str!("../kernels/common.cuh")),
-    ("ops.cu", include_str!("../kernels/ops.cu")),
-    ("sample.cu", include_str!("../kernels/sample.cu")),
-    ("matmul.cu", include_str!("../kernels/matmul.cu")),
-    ("attention.cu", include_str!("../kernels/attention.cu")),
-    ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
-    ("mmq.cu", include_str!("../kernels/mmq.cu")),
-    ("mmq_small.cu", include_str!("../kernels/mmq_small.cu")),
-    ("moe.cu", include_str!("../kernels/moe.cu")),
-    ("ssm.cu", include_str!("../kernels/ssm.cu")),
-];
 
 /// Whether a CUDA driver library can be loaded and reports at least one device.
 pub fn device_count() -> usize {
@@ -165,7 +151,7 @@ pub struct Device {
     pub name: String,
     pub cc: (i32, i32),
     pub pool: Arc<Pool>,
-    _module: Arc<CudaModule>,
+    _modules: Vec<Arc<CudaModule>>,
     funcs: HashMap<String, CudaFunction>,
     queue: Mutex<crate::graph::Queue>,
     /// A launch held back because the next op may absorb it (`Held`); any other launch and
@@ -195,7 +181,7 @@ pub(crate) enum Held {
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
 /// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
 /// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count),
-/// `QUARREL_CUDA_NO_FUSE2` (RoPE of q/k and the KV store as separate kernels).
+/// `QUARREL_CUDA_NO_FUSE2` (RoPE of q/k and the KV store as separate kernels),
 /// `QUARREL_CUDA_SKIP=name,prefix,...` (kernels whose names start so are not launched at all:
 /// for timing what each kernel costs inside a step; the results are wrong then).
 pub(crate) struct Switches {
@@ -233,11 +219,21 @@ impl Device {
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let cc = ctx.compute_capability().map_err(drv("compute capability"))?;
-        let ptx = compile(cc)?;
-        let module = ctx.load_module(ptx).map_err(drv("loading the kernel module"))?;
+        let mut modules = Vec::new();
+        for (unit, code) in nvrtc::UNITS.iter().zip(nvrtc::compile_all(cc)?) {
+            let module = match ctx.load_module(code) {
+                Ok(m) => m,
+                // a CUBIN the driver cannot take (NVRTC newer than the driver): PTX, JIT-compiled
+                Err(_) => ctx.load_module(nvrtc::compile_unit(unit, cc, nvrtc::Target::Ptx)?).map_err(drv("loading a kernel module"))?,
+            };
+            modules.push(module);
+        }
         let mut funcs = HashMap::new();
         for name in kernel_names() {
-            let f = module.load_function(&name).map_err(drv("kernel lookup"))?;
+            let f = modules
+                .iter()
+                .find_map(|m| m.load_function(&name).ok())
+                .ok_or_else(|| CudaError::Driver(format!("kernel {name} is in no compiled unit (src/nvrtc.rs UNITS)")))?;
             funcs.insert(name, f);
         }
         let pdl = cc.0 >= 9 && std::env::var("QUARREL_CUDA_PDL").map_or(true, |v| v != "0");
@@ -247,7 +243,7 @@ impl Device {
             name,
             cc,
             pool: Arc::new(Pool::default()),
-            _module: module,
+            _modules: modules,
             funcs,
             queue: Mutex::new(Default::default()),
             held: Mutex::new(None),
@@ -464,77 +460,6 @@ impl Drop for Device {
             }
         }
     }
-}
-
-/// The module's source: `QUARREL_CUDA_NO_PREFETCH` (no L2 prefetch of GEMV weights before the
-/// PDL wait, for comparisons) becomes a define, so it is part of the cache key too; so does
-/// `QUARREL_CUDA_GEMV_MINB=<n>`: one-token GEMV kernels compiled for at least n resident blocks
-/// per multiprocessor (`__launch_bounds__(128, n)`: fewer registers, more warps in flight).
-fn full_source() -> String {
-    let mut defs = String::new();
-    if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() {
-        defs += "#define GEMV_NO_PREFETCH 1\n";
-    }
-    if let Some(n) = std::env::var("QUARREL_CUDA_GEMV_MINB").ok().and_then(|v| v.parse::<u32>().ok()).filter(|&n| (1..=16).contains(&n)) {
-        defs += &format!("#define GEMV_MINB {n}\n");
-    }
-    defs + &SOURCES.iter().map(|(name, s)| format!("// ---- {name}\n{s}\n")).collect::<String>()
-}
-
-/// FNV-1a, stable across builds (the cache key).
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
-}
-
-fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("QUARREL_CUDA_CACHE") {
-        return PathBuf::from(d);
-    }
-    if let Some(h) = std::env::var_os("QUARREL_HOME") {
-        return PathBuf::from(h).join("cuda");
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/quarrel/cuda")).unwrap_or_else(|| std::env::temp_dir().join("quarrel-cuda"))
-}
-
-/// PTX for `cc`: from the disk cache (keyed by source hash and arch) or compiled by NVRTC.
-fn compile(cc: (i32, i32)) -> Result<Ptx, CudaError> {
-    let src = full_source();
-    let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
-    let file = cache_dir().join(format!("{:016x}-{arch}.ptx", fnv(&src)));
-    // a cubin of the same source for this GPU (made ahead by scripts/cuda-kernel-check.py
-    // --cache): no NVRTC and no JIT compilation by the driver at load
-    let cubin = cache_dir().join(format!("{:016x}-sm_{}{}.cubin", fnv(&src), cc.0, cc.1));
-    if let Ok(bin) = std::fs::read(&cubin) {
-        return Ok(Ptx::from_binary(bin));
-    }
-    if let Ok(ptx) = std::fs::read_to_string(&file) {
-        return Ok(Ptx::from_src(ptx));
-    }
-    // SAFETY: only probes for the shared library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(CudaError::NoDevice("NVRTC (libnvrtc.so) not found: install the CUDA toolkit's runtime compiler or add it to LD_LIBRARY_PATH".into()));
-    }
-    let opts = CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
-    // first use on this GPU architecture / build: NVRTC takes minutes (~2 min on one core,
-    // 2026-11-22); say so instead of looking hung (a spinner on a terminal, else one line)
-    let msg = format!("compiling the CUDA kernels for {arch} (first use; cached in {})", cache_dir().display());
-    let bar = indicatif::ProgressBar::new_spinner().with_message(msg.clone());
-    if bar.is_hidden() {
-        eprintln!("{msg} ...");
-    }
-    bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    let t0 = std::time::Instant::now();
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Compile(format!("{e}")));
-    bar.finish_and_clear();
-    let ptx = ptx?;
-    eprintln!("compiled the CUDA kernels for {arch} in {:.0} s", t0.elapsed().as_secs_f64());
-    if std::fs::create_dir_all(cache_dir()).is_ok() {
-        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, ptx.to_src()).is_ok() {
-            let _ = std::fs::rename(&tmp, &file);
-        }
-    }
-    Ok(ptx)
 }
 
 /// The kernels that begin with `GDC()` (kernels/common.cuh: wait for the previous grid before

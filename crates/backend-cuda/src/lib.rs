@@ -41,6 +41,9 @@ pub mod mmq;
 mod moe;
 mod moe_chunk;
 mod moe_dev;
+mod moe_id;
+mod moe_route;
+mod nvrtc;
 mod sample;
 mod ssm;
 pub mod unit;
@@ -772,13 +775,19 @@ impl Backend for CudaBackend {
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;
         let n_tok = logits.len / p.n_expert.max(1);
-        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p, self.experts.any_offloaded()) {
+        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p) {
             let bias = match bias {
                 Some(b) if b.len == p.n_expert => self.rd(b)?,
                 Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),
                 None => 0,
             };
-            return Ok(self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?);
+            let routes = self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?;
+            if !self.experts.any_offloaded() {
+                return Ok(routes);
+            }
+            // experts in host memory: the host needs the routes to stage them (the same
+            // router's numbers as a resident run)
+            return Ok(self.router.download_last(&self.dev, &routes)?);
         }
         let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
         let b: Option<Vec<f32>> = match bias {
@@ -799,7 +808,7 @@ impl Backend for CudaBackend {
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
         if moe_dev::on_device(routes) {
-            return Ok(self.router.matmul(&self.dev, w, n_expert, xp, x.len, routes.len(), x_per_token, op)?);
+            return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op)?);
         }
         Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op)?)
     }
@@ -807,11 +816,13 @@ impl Backend for CudaBackend {
     fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
         let yp = self.rd(y)?;
-        let op = self.rw(out)?;
+        // an output still pending its zero fill is written by the combine (no fill launch)
+        let fresh = out.zero_pending.load(Ordering::Acquire) && !routes.is_empty();
+        let op = if fresh { self.wr(out) } else { self.rw(out)? };
         if moe_dev::on_device(routes) {
-            return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len)?);
+            return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len, fresh)?);
         }
-        Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len)?)
+        Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len, fresh)?)
     }
 
     fn relu_sqr(&self, x: &mut CudaBuf) -> Result<()> {

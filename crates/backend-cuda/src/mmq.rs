@@ -116,6 +116,20 @@ fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (Tile, (u32, u32, u32), usi
     (t, (bx as u32, by as u32, splits as u32), k_per, splits)
 }
 
+/// The grouped expert kernels' tile (`mmq_id_<type>_<NT>_<WM>`) for work items of up to
+/// `per_item` routes: (kernel suffix, rows per block, routes per item, threads, dynamic shared
+/// bytes). The token tile is the smallest of 16 / 32 / 64 / 128 holding `per_item` (the
+/// average routes per routed expert), as `Tile::for_tokens`.
+pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
+    let t = match per_item {
+        0..=16 => Tile { nt: 1, wm: 4 },
+        17..=32 => Tile { nt: 2, wm: 4 },
+        33..=64 => Tile { nt: 4, wm: 4 },
+        _ => Tile { nt: 8, wm: 2 },
+    };
+    (format!("{}_{}", t.nt, t.wm), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
+}
+
 /// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
 const SMALL_WARPS: usize = 8;
 /// Up to this many tokens the small-batch kernels (`mmq_small.cu`: fragments straight from
@@ -217,6 +231,9 @@ pub fn kernel_names() -> Vec<String> {
             v.push(format!("mmq_{q}_{nt}_2"));
             v.push(format!("mmq_{q}_{nt}_4"));
         }
+        for (nt, wm) in [(1, 4), (2, 4), (4, 4), (8, 2)] {
+            v.push(format!("mmq_id_{q}_{nt}_{wm}"));
+        }
         for nt in 1..=SMALL_MAX_TOKENS / 8 {
             v.push(format!("mmqs_{q}_{nt}"));
         }
@@ -312,7 +329,8 @@ mod tests {
         for nt in [1, 2, 4, 8] {
             for wm in [2, 4] {
                 let t = Tile { nt, wm };
-                let b = t.smem_bytes() as usize;
+                // dynamic, plus the static row-index table (a u32 per token slot)
+                let b = t.smem_bytes() as usize + 4 * t.tokens();
                 assert!(b <= 227 * 1024 && t.per_sm() * (b + 1024) <= 228 * 1024, "{t:?}: {b} bytes");
             }
         }

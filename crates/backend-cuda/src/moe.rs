@@ -2,8 +2,9 @@
 //!
 //! ```text
 //!  router logits ──download──► host router (quarrel_core::moe::route_with) ──► routes
-//!  x ──gather_rows (grouped by expert)──► xs ──mmq per expert (weight rows of that expert)──► ys
-//!  ys ──moe_scatter_rows──► out (route order)
+//!  x ──quantize_q8 (once)──► moe_id: one grouped MMQ launch (every expert's routes) ──► out
+//!  (QUARREL_CUDA_MOE_PREFILL=mmq: x ──gather_rows (grouped by expert)──► xs ──mmq per expert
+//!   ──► ys ──moe_scatter_rows──► out (route order); =chunk: moe_chunk's chunked GEMV)
 //!  (steps of at most GEMV_MAX_TOKENS tokens instead: x ──quantize_q8──► moe_gemv, every route's
 //!   row of its expert in one launch, written in route order; few routes per expert:
 //!   moe_chunk's chunked GEMV, one launch)
@@ -74,9 +75,16 @@ pub(crate) fn moe_matmul(
     if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in % 32 == 0 {
         return moe_gemv(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
     }
-    // few routes per expert (many experts): chunked GEMV, one launch (moe_chunk)
-    if n_in % 32 == 0 && crate::moe_chunk::applies(routes.len(), groups.len()) && !no_chunk() {
-        return crate::moe_chunk::matmul(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+    match prefill_path() {
+        // one grouped MMQ launch over every expert's routes (moe_id)
+        Prefill::Grouped if n_in % 32 == 0 => {
+            return crate::moe_id::matmul(dev, qc, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+        }
+        // few routes per expert: chunked GEMV, one launch (moe_chunk: decode's bits)
+        Prefill::Chunked if n_in % 32 == 0 && crate::moe_chunk::applies(routes.len(), groups.len()) => {
+            return crate::moe_chunk::matmul(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+        }
+        _ => {}
     }
     let (mut src, mut dst) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
     for (_, idx) in &groups {
@@ -216,10 +224,25 @@ fn moe_gemv(
     }
 }
 
-/// `QUARREL_CUDA_MOE_CHUNK=0`: prefill experts always through MMQ per expert.
-fn no_chunk() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_CHUNK").is_ok_and(|v| v == "0"))
+/// How prefill steps multiply their experts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prefill {
+    /// One grouped MMQ launch per matrix (the default).
+    Grouped,
+    /// `QUARREL_CUDA_MOE_PREFILL=chunk`: the chunked GEMV where few routes per expert (decode's
+    /// bits), else MMQ per expert.
+    Chunked,
+    /// `QUARREL_CUDA_MOE_PREFILL=mmq`: one MMQ call per expert.
+    PerExpert,
+}
+
+fn prefill_path() -> Prefill {
+    static P: std::sync::OnceLock<Prefill> = std::sync::OnceLock::new();
+    *P.get_or_init(|| match std::env::var("QUARREL_CUDA_MOE_PREFILL").as_deref() {
+        Ok("chunk") => Prefill::Chunked,
+        Ok("mmq") => Prefill::PerExpert,
+        _ => Prefill::Grouped,
+    })
 }
 
 fn clear(qc: &Mutex<Option<QCache>>) {
@@ -229,7 +252,8 @@ fn clear(qc: &Mutex<Option<QCache>>) {
 }
 
 /// `out[token] += weight · y[i]` for every route `i` (per token in route order, as the CPU).
-pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], out: u64, out_len: usize) -> Result<(), CudaError> {
+/// `fresh`: `out` holds zeros (not yet written): written, never read.
+pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], out: u64, out_len: usize, fresh: bool) -> Result<(), CudaError> {
     if routes.is_empty() {
         return Ok(());
     }
@@ -260,13 +284,13 @@ pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], 
     dev.launch_1d(
         "moe_combine",
         out_len as u64,
-        &[Arg::P(y), Arg::P(r_d.ptr()), Arg::P(w_d.ptr()), Arg::P(o_d.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(n_tok as i32)],
+        &[Arg::P(y), Arg::P(r_d.ptr()), Arg::P(w_d.ptr()), Arg::P(o_d.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(n_tok as i32), Arg::I(fresh as i32)],
     )
 }
 
 /// The router on the host (`quarrel_core::moe`), counting each layer's expert selections.
 pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32], bias: Option<&[f32]>, p: &quarrel_core::MoeRouting) -> quarrel_core::Result<Vec<Route>> {
-    let routes = quarrel_core::moe::route_reference(logits, bias, p)?;
+    let routes = crate::moe_route::route_fast(logits, bias, p)?;
     let mut c = counts.lock().map_err(|_| quarrel_core::CoreError::Backend("lock poisoned".into()))?;
     if c.len() <= layer {
         c.resize(layer + 1, Vec::new());

@@ -1,8 +1,11 @@
-//! MoE routing on the device for decode-sized steps: no download, no host round trip per layer,
-//! so a decode step stays one submission (and a replayable graph).
+//! MoE routing on the device: no download, no host round trip per layer, so a decode step
+//! stays one submission (and a replayable graph) and a prefill's host recording overlaps the
+//! GPU instead of waiting for it at every MoE layer.
 //!
 //! ```text
 //!  logits (n_tok, n_expert) ──moe_route──► eids, wts (n_tok · n_used, token-major) + counts[layer]
+//!  decode (<= GEMV_MAX_TOKENS tokens): moe_gemv_dev, every route's row of its expert, one launch
+//!  prefill: eids ──moe_plan (grouped by expert, work items per token tile)──► mmq_id per tile
 //!  moe_route returns placeholder routes (token, DEVICE_EXPERT, NaN): the trait's routes in
 //!  number and token order, whose experts and weights live on the device until
 //!  moe_matmul (moe_gemv_dev_<type>) and moe_combine (moe_combine_dev) read them.
@@ -11,12 +14,14 @@
 //! The kernel computes what `quarrel_core::moe::route_reference` computes (the host path of
 //! prefill steps): exp correctly rounded as glibc's expf (nearly always), the softmax sum in f64
 //! (another order: the same f32 result but in the rarest cases), the same tie and NaN order.
-//! Used when every expert tensor is resident (no `--expert-budget` offload), at most
-//! `GEMV_MAX_TOKENS` tokens, at most 8 experts per token and 1024 experts;
-//! `QUARREL_CUDA_HOST_ROUTE=1` keeps routing on the host.
+//! Used for at most 8 experts per token and 1024 experts; with expert tensors in host memory
+//! (`--expert-budget`) the routes are downloaded (the host stages the routed experts) and the
+//! host paths run with them. `QUARREL_CUDA_HOST_ROUTE=1` keeps routing on the host,
+//! `QUARREL_CUDA_PREFILL_HOST_ROUTE=1` for steps of more than `GEMV_MAX_TOKENS` tokens only.
 
 use crate::device::{Arg, DevMem, Device, PoolMem};
 use crate::error::CudaError;
+use crate::matmul::QCache;
 use crate::mmq;
 use crate::weight::{CudaWeight, DevType};
 use quarrel_core::{Gating, MoeRouting, Route};
@@ -45,10 +50,13 @@ pub fn on_device(routes: &[Route]) -> bool {
 }
 
 /// Whether a step of `n_tok` tokens routes on the device.
-pub fn applies(n_tok: usize, p: &MoeRouting, offloaded: bool) -> bool {
+pub fn applies(n_tok: usize, p: &MoeRouting) -> bool {
     static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let host = *HOST.get_or_init(|| std::env::var("QUARREL_CUDA_HOST_ROUTE").is_ok_and(|v| v == "1"));
-    !host && !offloaded && n_tok > 0 && n_tok <= crate::matmul::GEMV_MAX_TOKENS && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
+    static PREFILL_HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let prefill_host = *PREFILL_HOST.get_or_init(|| std::env::var("QUARREL_CUDA_PREFILL_HOST_ROUTE").is_ok_and(|v| v == "1"));
+    let max_tok = if prefill_host { crate::matmul::GEMV_MAX_TOKENS } else { usize::MAX };
+    !host && n_tok > 0 && n_tok <= max_tok && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
 }
 
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, CudaError> {
@@ -99,7 +107,7 @@ impl DevRouter {
 
     /// The routes' expert matmul: `out (routes, n_out)` from `x` (per token or per route).
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, dev: &Device, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64) -> Result<(), CudaError> {
+    pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64) -> Result<(), CudaError> {
         let last = lock(&self.last)?;
         let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         let DevType::Quant(name) = w.dev_ty else {
@@ -114,11 +122,14 @@ impl DevRouter {
             return Err(CudaError::Shape(format!("moe_matmul input: {x_len} values for {n_src} rows of {n_in}")));
         }
         let units = n_in / 32;
-        let nb = n_src * units;
-        let (xq, xm) = (dev.scratch(n_src * n_in)?, dev.scratch(nb * 8)?);
-        dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+        // the cached Q8 form of x: the gate and up matmuls (and a shared expert's) share one
+        let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_src, n_in, out)?;
         let (pb, m_b) = mmq::unit_bytes(name)?;
         let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
+        if r.n_tok > crate::matmul::GEMV_MAX_TOKENS {
+            // a prefill: work items planned on the device, one grouped MMQ launch per tile
+            return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
+        }
         // warps per row group by the matrix shape alone (as moe::moe_gemv and moe_chunk)
         let wpr = crate::moe_chunk::wpr_for(n_out, units);
         dev.launch(
@@ -134,8 +145,8 @@ impl DevRouter {
                 Arg::P(r.eids.ptr()),
                 Arg::I(r.n_used as i32),
                 Arg::I(x_per_token as i32),
-                Arg::P(xq.ptr()),
-                Arg::P(xm.ptr()),
+                Arg::P(xq),
+                Arg::P(xm),
                 Arg::P(out),
                 Arg::I(units as i32),
                 Arg::I(n_out as i32),
@@ -145,14 +156,16 @@ impl DevRouter {
     }
 
     /// `out[token] += weight · y[route]` over the device routes.
-    pub fn combine(&self, dev: &Device, y: u64, y_len: usize, n_routes: usize, out: u64, out_len: usize) -> Result<(), CudaError> {
+    /// `fresh`: `out` holds zeros (not yet written): written, never read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn combine(&self, dev: &Device, y: u64, y_len: usize, n_routes: usize, out: u64, out_len: usize, fresh: bool) -> Result<(), CudaError> {
         let last = lock(&self.last)?;
         let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         let d = y_len / n_routes.max(1);
         if d == 0 || y_len != d * n_routes || out_len != r.n_tok * d {
             return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
         }
-        dev.launch_1d("moe_combine_dev", out_len as u64, &[Arg::P(y), Arg::P(r.wts.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(r.n_tok as i32), Arg::I(r.n_used as i32)])
+        dev.launch_1d("moe_combine_dev", out_len as u64, &[Arg::P(y), Arg::P(r.wts.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(r.n_tok as i32), Arg::I(r.n_used as i32), Arg::I(fresh as i32)])
     }
 
     /// The last routing's experts and weights, downloaded (tests: the kernel vs its host twin).
@@ -182,9 +195,84 @@ impl DevRouter {
     }
 }
 
+/// The grouped expert MMQ over device routes (`moe_plan` then `mmq_id_<type>_<tile>` per token
+/// tile class, the item counts read on the device): `moe_id`'s arithmetic without the host.
+#[allow(clippy::too_many_arguments)]
+fn grouped(
+    dev: &Device,
+    w: &CudaWeight,
+    name: &str,
+    eids: &PoolMem,
+    n_used: usize,
+    n_expert: usize,
+    n_routes: usize,
+    x_per_token: bool,
+    (xq, xm): (u64, u64),
+    (slice_p, slice_m): (u64, u64),
+    units: usize,
+    n_out: usize,
+    out: u64,
+) -> Result<(), CudaError> {
+    use crate::moe_id::{max_items, split_table, TILES};
+    let bound = max_items(n_routes, n_expert);
+    let max = *bound.iter().max().unwrap_or(&1);
+    let (src, dst) = (dev.scratch(4 * n_routes)?, dev.scratch(4 * n_routes)?);
+    let items = dev.scratch(8 * 3 * TILES.len() * max)?;
+    let n_items = dev.scratch(4 * TILES.len())?;
+    let tab = dev.upload_async(&split_table())?;
+    if bound.iter().any(|&b| b > 65535) {
+        return Err(CudaError::Shape(format!("{n_routes} routes in one step: too many work items for one launch")));
+    }
+    let m_ptr = w.m_ptr();
+    dev.launch(
+        "moe_plan",
+        (1, 1, 1),
+        1024,
+        (8 * n_expert) as u32,
+        &[
+            Arg::P(eids.ptr()),
+            Arg::I(n_routes as i32),
+            Arg::I(n_used as i32),
+            Arg::I(x_per_token as i32),
+            Arg::I(n_expert as i32),
+            Arg::P(w.p.ptr),
+            Arg::P(m_ptr),
+            Arg::U64(slice_p),
+            Arg::U64(slice_m),
+            Arg::P(tab.ptr()),
+            Arg::P(src.ptr()),
+            Arg::P(dst.ptr()),
+            Arg::P(items.ptr()),
+            Arg::I(max as i32),
+            Arg::P(n_items.ptr()),
+        ],
+    )?;
+    for (t, &b) in bound.iter().enumerate() {
+        let (suffix, rows, _, threads, smem) = mmq::id_tile(TILES[t]);
+        dev.launch(
+            &format!("mmq_id_{name}_{suffix}"),
+            (n_out.div_ceil(rows) as u32, b.clamp(1, 65535) as u32, 1),
+            threads,
+            smem,
+            &[
+                Arg::P(items.ptr() + (8 * 3 * t * max) as u64),
+                Arg::P(src.ptr()),
+                Arg::P(dst.ptr()),
+                Arg::P(xq),
+                Arg::P(xm),
+                Arg::P(out),
+                Arg::I(units as i32),
+                Arg::I(n_out as i32),
+                Arg::P(n_items.ptr() + 4 * t as u64),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
-    let mut v = vec!["moe_route".to_string(), "moe_combine_dev".to_string()];
+    let mut v = vec!["moe_route".to_string(), "moe_combine_dev".to_string(), "moe_plan".to_string()];
     v.extend(["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"].iter().map(|t| format!("moe_gemv_dev_{t}")));
     v
 }

@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!  zxbcdt (n_tok, d_in_proj) ──ssm_conv (carried conv state)──► xbc (n_tok, conv_dim)
+//!     (prefill: ssm_conv_par, every token at once, then ssm_conv_state)
 //!  xbc + dt (zxbcdt's last n_head columns) ──ssm_scan (carried ssm state)──► y (n_tok, d_inner)
+//!     (prefill: ssm_scan_chunk, inputs staged in shared memory per chunk of 32 tokens)
 //!  y, z (zxbcdt's first d_inner columns) ──ssm_gated_norm──► out (n_tok, d_inner)
 //! ```
 //!
@@ -20,6 +22,8 @@ use quarrel_core::{ForwardBatch, SsmParams, StateSpec};
 /// Largest `d_conv` and `d_state` the kernels hold in registers.
 const MAX_D_CONV: usize = 8;
 const MAX_D_STATE: usize = 256;
+/// Tokens per staged chunk of `ssm_scan_chunk` (SCAN_T in ssm.cu).
+const SCAN_T: usize = 32;
 
 pub struct CudaState {
     pub spec: StateSpec,
@@ -126,6 +130,39 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
     let state = st.conv[layer].as_ref().expect("checked by seqs").ptr;
+    if n > n_seq && n <= i32::MAX as usize {
+        // prefill: every token in parallel, then the carried state
+        let mut tokseq = vec![u32::MAX; n];
+        for (i, sq) in batch.seqs.iter().enumerate() {
+            let span = tokseq.get_mut(sq.start..sq.start + sq.len).ok_or_else(|| CudaError::Shape(format!("sequence tokens {}..{} of {n}", sq.start, sq.start + sq.len)))?;
+            span.iter_mut().for_each(|v| *v = i as u32);
+        }
+        let ts = dev.upload_async(&tokseq)?;
+        dev.launch(
+            "ssm_conv_par",
+            (n as u32, cd.div_ceil(128) as u32, 1),
+            128,
+            0,
+            &[
+                Arg::P(zx.0),
+                Arg::P(w.0),
+                Arg::P(bias.map_or(0, |b| b.0)),
+                Arg::P(seq.ptr()),
+                Arg::P(ts.ptr()),
+                Arg::P(state),
+                Arg::P(out.0),
+                Arg::I(cd as i32),
+                Arg::I(p.d_conv as i32),
+                Arg::I(dp as i32),
+                Arg::I(p.d_inner as i32),
+            ],
+        )?;
+        return dev.launch_1d(
+            "ssm_conv_state",
+            (n_seq * cd) as u64,
+            &[Arg::P(zx.0), Arg::P(seq.ptr()), Arg::P(state), Arg::I(n_seq as i32), Arg::I(cd as i32), Arg::I(p.d_conv as i32), Arg::I(dp as i32), Arg::I(p.d_inner as i32)],
+        );
+    }
     dev.launch_1d(
         "ssm_conv",
         (n_seq * cd) as u64,
@@ -164,6 +201,32 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
     let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;
+    if n > n_seq && p.head_dim() % 8 == 0 && p.d_state % 4 == 0 && n_seq * p.d_inner / 8 <= i32::MAX as usize {
+        // prefill: inputs staged per chunk of tokens, 8 rows of a head per block
+        return dev.launch(
+            "ssm_scan_chunk",
+            ((n_seq * p.d_inner / 8) as u32, 1, 1),
+            256,
+            (4 * SCAN_T * (2 * p.d_state + 10)) as u32,
+            &[
+                Arg::P(s.xbc.0),
+                Arg::P(s.zx.0),
+                Arg::P(s.a.0),
+                Arg::P(s.d.0),
+                Arg::P(s.dt_bias.0),
+                Arg::P(seq.ptr()),
+                Arg::P(state),
+                Arg::P(y.0),
+                Arg::P(st.bad.ptr),
+                Arg::I(p.n_head as i32),
+                Arg::I(p.head_dim() as i32),
+                Arg::I(p.d_state as i32),
+                Arg::I(p.n_group as i32),
+                Arg::I(dp as i32),
+                Arg::I((dp - p.n_head) as i32),
+            ],
+        );
+    }
     let warps = (n_seq * p.d_inner) as u64;
     let blocks = warps.div_ceil(8);
     if blocks > u32::MAX as u64 {
@@ -207,7 +270,10 @@ pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, o
         return Ok(());
     }
     let gs = p.d_inner / p.n_group;
-    let threads = (gs.div_ceil(32) * 32).clamp(32, 256) as u32;
+    // one block per (token, group): up to 1024 threads (a decode step has one token: a single
+    // block over the whole group, Granite-4's 3,072 values); from the group size only, so
+    // prefill and decode sum alike
+    let threads = (gs.div_ceil(32) * 32).clamp(32, 1024) as u32;
     dev.launch(
         "ssm_gated_norm",
         (n as u32, p.n_group as u32, 1),
@@ -219,5 +285,5 @@ pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, o
 
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
-    ["ssm_conv", "ssm_scan", "ssm_gated_norm", "copy_f32"].iter().map(|s| s.to_string()).collect()
+    ["ssm_conv", "ssm_conv_par", "ssm_conv_state", "ssm_scan", "ssm_scan_chunk", "ssm_gated_norm", "copy_f32"].iter().map(|s| s.to_string()).collect()
 }

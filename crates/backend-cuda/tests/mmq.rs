@@ -119,3 +119,147 @@ fn mmq_rejects_float_weights() {
     let mut o = gpu.alloc(40).unwrap();
     assert!(gpu.matmul_mmq(&w, &x, 10, &mut o).is_err());
 }
+
+/// The grouped expert MMQ (`mmq_id`, one launch over every expert's routes: prefill steps'
+/// `moe_matmul`) against the twin per route on that route's expert, for every type: skewed
+/// routings (one expert takes most routes: several work items of one expert; experts with
+/// none), per-token and per-route inputs, row tails, and every token tile (16 to 128 routes
+/// per expert on average). Also the per-expert MMQ and chunked-GEMV paths it replaced
+/// (`QUARREL_CUDA_MOE_PREFILL=mmq|chunk` are read once per process, so only the default runs).
+#[test]
+fn grouped_expert_mmq_matches_twin_per_route() {
+    use quarrel_core::Route;
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    // (n_in, n_out per expert, experts, tokens, used per token, skew)
+    let shapes = [(256usize, 70usize, 8usize, 40usize, 2usize, false), (512, 130, 16, 100, 4, true), (768, 64, 4, 200, 2, false), (256, 200, 32, 300, 6, true), (1024, 96, 8, 64, 8, false)];
+    eprintln!("| type | n_in | n_out | experts | tokens x used | nmse vs twin |\n|---|---:|---:|---:|---:|---:|");
+    for (si, &(n_in, n_out, ne, n_tok, used, skew)) in shapes.iter().enumerate() {
+        for (ti, &ty) in TYPES.iter().enumerate() {
+            if is_k(ty) && n_in % 256 != 0 {
+                continue;
+            }
+            let v: Vec<f32> = rnd(n_in * n_out * ne, 5000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
+            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+            let mut wr = GgufWriter::new();
+            wr.add_tensor("w", &[n_in as u64, n_out as u64, ne as u64], ty).unwrap();
+            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+            // routes: `used` distinct experts per token; skewed: expert 1 on every token
+            let mut s = 0x9e37_79b9u64 + si as u64;
+            let mut next = || {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s
+            };
+            let mut routes = Vec::new();
+            for t in 0..n_tok {
+                let mut chosen: Vec<u32> = if skew { vec![1] } else { vec![] };
+                while chosen.len() < used {
+                    let e = (next() % ne as u64) as u32;
+                    if !chosen.contains(&e) {
+                        chosen.push(e);
+                    }
+                }
+                routes.extend(chosen.into_iter().map(|e| Route { token: t as u32, expert: e, weight: 1.0 }));
+            }
+            let eb = bytes.len() / ne;
+            let twin_row = |e: usize, x: &[f32]| {
+                let (t, p, m) = repack(ty, &bytes[e * eb..(e + 1) * eb]).unwrap();
+                quarrel_cuda::mmq::reference(t, &p, &m.unwrap_or_default(), n_in, n_out, x, 1)
+            };
+            for per_token in [true, false] {
+                let n_src = if per_token { n_tok } else { routes.len() };
+                let x = rnd(n_src * n_in, 91 + si as u64 + per_token as u64);
+                let xb = gpu.upload(&x).unwrap();
+                let mut ob = gpu.alloc(routes.len() * n_out).unwrap();
+                gpu.moe_matmul(&w, ne, &xb, &routes, per_token, &mut ob).unwrap();
+                let got = gpu.download(&ob).unwrap();
+                let mut want = Vec::with_capacity(got.len());
+                for (i, r) in routes.iter().enumerate() {
+                    let row = if per_token { r.token as usize } else { i };
+                    want.extend(twin_row(r.expert as usize, &x[row * n_in..(row + 1) * n_in]));
+                }
+                let e = nmse(&want, &got);
+                eprintln!("| {ty} | {n_in} | {n_out} | {ne} | {n_tok} x {used}{} | {e:.2e} |", if per_token { "" } else { " (per route)" });
+                assert!(got.iter().all(|v| v.is_finite()), "{ty} shape {si}: non-finite output");
+                assert!(e <= tol::TWIN, "{ty} {n_in}x{n_out}x{ne} {n_tok} tokens: grouped expert MMQ nmse vs twin {e:.3e}");
+            }
+        }
+    }
+}
+
+/// Prefill steps routed on the device (`moe_route` placeholders, `moe_plan` grouping the routes
+/// and cutting work items on the device) give the same bits as the host-planned grouped MMQ
+/// over the same routes downloaded, for every type, per-token and per-route inputs, skewed and
+/// even routings; and the device combine equals the host combine. Also holds the result to
+/// the twin.
+#[test]
+fn device_planned_expert_mmq_equals_host_planned() {
+    use quarrel_core::{Gating, MoeRouting};
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    // (n_in, n_out per expert, experts, used, tokens, logit bias toward expert 0: skew)
+    let shapes = [(256usize, 70usize, 8usize, 2usize, 40usize, 0.0f32), (512, 130, 64, 6, 300, 4.0), (256, 64, 128, 6, 200, 0.0), (1024, 96, 4, 2, 700, 3.0)];
+    for (si, &(n_in, n_out, ne, used, n_tok, skew)) in shapes.iter().enumerate() {
+        for (ti, &ty) in TYPES.iter().enumerate() {
+            if is_k(ty) && n_in % 256 != 0 {
+                continue;
+            }
+            let v: Vec<f32> = rnd(n_in * n_out * ne, 7000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
+            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+            let mut wr = GgufWriter::new();
+            wr.add_tensor("w", &[n_in as u64, n_out as u64, ne as u64], ty).unwrap();
+            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+            let mut logits = rnd(n_tok * ne, 300 + si as u64);
+            logits.iter_mut().step_by(ne).for_each(|l| *l += skew);
+            let lb = gpu.upload(&logits).unwrap();
+            let p = MoeRouting { n_expert: ne, n_used: used, gating: Gating::Softmax, norm_weights: true, scale: 0.0 };
+            let placeholders = gpu.moe_route(0, &lb, None, &p).unwrap();
+            let real = gpu.moe_route_on_device(&lb, None, &p).unwrap();
+            assert_eq!(placeholders.len(), real.len());
+            let eb = bytes.len() / ne;
+            for per_token in [true, false] {
+                let n_src = if per_token { n_tok } else { real.len() };
+                let x = rnd(n_src * n_in, 41 + si as u64 + per_token as u64);
+                let xb = gpu.upload(&x).unwrap();
+                // the device routing again (moe_route_on_device replaced the router's last one)
+                let ph = gpu.moe_route(0, &lb, None, &p).unwrap();
+                let mut od = gpu.alloc(real.len() * n_out).unwrap();
+                gpu.moe_matmul(&w, ne, &xb, &ph, per_token, &mut od).unwrap();
+                let dev_planned = gpu.download(&od).unwrap();
+                let mut oh = gpu.alloc(real.len() * n_out).unwrap();
+                gpu.moe_matmul(&w, ne, &xb, &real, per_token, &mut oh).unwrap();
+                let host_planned = gpu.download(&oh).unwrap();
+                assert!(dev_planned.iter().zip(&host_planned).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} shape {si} per_token {per_token}: device-planned != host-planned");
+                let mut want = Vec::with_capacity(host_planned.len());
+                for (i, r) in real.iter().enumerate() {
+                    let row = if per_token { r.token as usize } else { i };
+                    let (t, pl, m) = repack(ty, &bytes[r.expert as usize * eb..(r.expert as usize + 1) * eb]).unwrap();
+                    want.extend(quarrel_cuda::mmq::reference(t, &pl, &m.unwrap_or_default(), n_in, n_out, &x[row * n_in..(row + 1) * n_in], 1));
+                }
+                let e = nmse(&want, &dev_planned);
+                assert!(e <= tol::TWIN, "{ty} shape {si}: device-planned expert MMQ nmse vs twin {e:.3e}");
+                if !per_token {
+                    // the combine over device routes equals the host combine over the same routes
+                    let yb = gpu.upload(&host_planned).unwrap();
+                    let mut cd = gpu.alloc(n_tok * n_out).unwrap();
+                    gpu.moe_combine(&yb, &ph, &mut cd).unwrap();
+                    let mut ch = gpu.alloc(n_tok * n_out).unwrap();
+                    gpu.moe_combine(&yb, &real, &mut ch).unwrap();
+                    let (a, b) = (gpu.download(&cd).unwrap(), gpu.download(&ch).unwrap());
+                    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty} shape {si}: device combine != host combine");
+                }
+            }
+            eprintln!("device-planned == host-planned: {ty} {n_in}x{n_out}x{ne}, {n_tok} tokens x {used}");
+        }
+    }
+}
