@@ -150,13 +150,11 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
     norm_row(x, y, w, out, d, eps, xq, xm);
 }
 
-// One block per row of `dim` values: out[row] = the index of the largest value, the first on
-// ties, NaN never chosen (except at index 0, where the host loop `v > best` would keep it).
-extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int dim) {
-    GDC();
+// The index of the largest of r[0..dim) in every thread of the block: the first on ties, NaN
+// never chosen (except at index 0, where the host loop `v > best` would keep it).
+__device__ __forceinline__ u32 row_argmax(const float* __restrict__ r, int dim) {
     __shared__ float bv[32];
     __shared__ int bi[32];
-    const float* r = x + (u64)blockIdx.x * dim;
     float best = -INF;
     int idx = 0x7fffffff;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -193,8 +191,19 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
                 idx = oi;
             }
         }
-        if (threadIdx.x == 0) out[blockIdx.x] = (r[0] != r[0] || idx == 0x7fffffff) ? 0u : (u32)idx;
+        if (threadIdx.x == 0) bi[0] = (r[0] != r[0] || idx == 0x7fffffff) ? 0 : idx;
     }
+    __syncthreads();
+    const u32 a = (u32)bi[0];
+    __syncthreads();  // bi may be reused by the caller's next call
+    return a;
+}
+
+// One block per row of `dim` values: out[row] = row_argmax of the row.
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int dim) {
+    GDC();
+    u32 a = row_argmax(x + (u64)blockIdx.x * dim, dim);
+    if (threadIdx.x == 0) out[blockIdx.x] = a;
 }
 
 // Pair i of one head's row h rotated in place for position p; the indices and values written

@@ -181,12 +181,15 @@ pub(crate) enum Held {
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
 /// `QUARREL_CUDA_NO_FUSE` (no held-op fusion), `QUARREL_CUDA_NO_FUSED_Q8` (activations quantized
 /// by a separate kernel), `QUARREL_CUDA_NO_GEMM` (GEMV for every token count),
-/// `QUARREL_CUDA_NO_FUSE2` (RoPE of q/k and the KV store as separate kernels).
+/// `QUARREL_CUDA_NO_FUSE2` (RoPE of q/k and the KV store as separate kernels),
+/// `QUARREL_CUDA_SKIP=name,prefix,...` (kernels whose names start so are not launched at all:
+/// for timing what each kernel costs inside a step; the results are wrong then).
 pub(crate) struct Switches {
     pub no_fuse: bool,
     pub no_fuse2: bool,
     pub no_fused_q8: bool,
     pub no_gemm: bool,
+    pub skip: Vec<String>,
 }
 
 pub(crate) fn switches() -> &'static Switches {
@@ -196,6 +199,7 @@ pub(crate) fn switches() -> &'static Switches {
         no_fuse2: std::env::var_os("QUARREL_CUDA_NO_FUSE2").is_some(),
         no_fused_q8: std::env::var_os("QUARREL_CUDA_NO_FUSED_Q8").is_some(),
         no_gemm: std::env::var_os("QUARREL_CUDA_NO_GEMM").is_some(),
+        skip: std::env::var("QUARREL_CUDA_SKIP").map(|v| v.split(',').filter(|s| !s.is_empty()).map(String::from).collect()).unwrap_or_default(),
     })
 }
 
@@ -366,6 +370,10 @@ impl Device {
     /// `launch` without submitting the held launch first.
     pub(crate) fn launch_now(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<(), CudaError> {
         let f = self.func(name)?;
+        let skip = &switches().skip;
+        if !skip.is_empty() && skip.iter().any(|p| name.starts_with(p.as_str())) {
+            return Ok(());
+        }
         if smem > 48 * 1024 {
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                 .map_err(drv("shared memory attribute"))?;
@@ -460,7 +468,7 @@ impl Drop for Device {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
         .iter()
         .map(|s| s.to_string())
         .collect();

@@ -46,6 +46,7 @@ mod moe_dev;
 mod moe_id;
 mod moe_route;
 mod nvrtc;
+mod sample;
 mod ssm;
 pub mod unit;
 mod weight;
@@ -224,6 +225,18 @@ impl CudaBackend {
         }
         self.synchronize()?;
         Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64())
+    }
+
+    /// A download of ids ended the step (as `download`): drop the step's cached arrays so that
+    /// the next step allocates from the same pool state (same pointers: its graph replays).
+    fn step_end(&self) -> Result<()> {
+        if let Ok(mut g) = self.batch.lock() {
+            *g = None;
+        }
+        if let Ok(mut g) = self.qcache.lock() {
+            *g = None;
+        }
+        Ok(self.dev.flush()?)
     }
 
     fn buf(&self, n: usize) -> Result<CudaBuf> {
@@ -409,14 +422,29 @@ impl Backend for CudaBackend {
         let ids = self.dev.scratch(4 * rows)?;
         self.dev.launch("argmax_rows", (rows as u32, 1, 1), 1024, 0, &[Arg::P(xp), Arg::P(ids.ptr()), Arg::I(dim as i32)])?;
         let v = self.dev.download::<u32>(ids.ptr(), rows)?;
-        // as `download`: the step ends here
-        if let Ok(mut g) = self.batch.lock() {
-            *g = None;
+        self.step_end()?;
+        Ok(v)
+    }
+
+    fn sample_rows(&self, x: &CudaBuf, dim: usize, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
+        self.dev.bind()?;
+        if dim == 0 || x.len != dim * rows.len() {
+            return Err(CoreError::Shape(format!("sample_rows: {} values are not {} rows of {dim}", x.len, rows.len())));
         }
-        if let Ok(mut g) = self.qcache.lock() {
-            *g = None;
+        if rows.is_empty() {
+            return Ok(vec![]);
         }
-        self.dev.flush()?;
+        if rows.iter().all(|r| r.temperature <= 0.0 && r.penalties.is_empty()) {
+            return self.argmax_rows(x, dim);
+        }
+        if !rows.iter().all(|r| r.device_ok()) {
+            // top-k unbounded: the chain on the host
+            let v = self.download(x)?;
+            return Ok(v.chunks(dim).zip(rows).map(|(l, r)| quarrel_core::sample_row_ref(l, r)).collect());
+        }
+        let xp = self.rd(x)?;
+        let v = sample::sample(&self.dev, xp, dim, rows)?;
+        self.step_end()?;
         Ok(v)
     }
 

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 pub(crate) const FILES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
+    ("sample.cu", include_str!("../kernels/sample.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
@@ -37,7 +38,7 @@ pub(crate) struct Unit {
 /// The units (`scripts/cuda-kernel-check.py` reads this table: keep one unit per line). The f16
 /// attention kernels (with ggml's exact vector path) take longest: one unit per DPL.
 pub(crate) const UNITS: &[Unit] = &[
-    Unit { name: "ops", files: &["ops.cu"], defines: "" },
+    Unit { name: "ops", files: &["ops.cu", "sample.cu"], defines: "" },
     Unit { name: "attn_f32", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
     Unit { name: "attn_f16_2", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
     Unit { name: "attn_f16_4", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },

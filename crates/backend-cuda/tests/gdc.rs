@@ -4,9 +4,10 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 9] = [
+const SOURCES: [&str; 10] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
+    include_str!("../kernels/sample.cu"),
     include_str!("../kernels/matmul.cu"),
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/attn_batch.cu"),
@@ -46,13 +47,25 @@ fn kernels(src: &str) -> Vec<(String, String)> {
         let paren = head.find('(').unwrap();
         // `__launch_bounds__(128) name(`: the name follows the attribute's parentheses
         let (name_from, name_to) = if head[..paren].contains("__launch_bounds__") {
-            let close = head.find(')').unwrap() + 1;
+            // the attribute's matching `)` (its arguments may hold parentheses)
+            let mut depth = 0;
+            let close = paren
+                + head[paren..]
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        depth += (c == '(') as i32 - (c == ')') as i32;
+                        depth == 0
+                    })
+                    .unwrap()
+                    .0
+                + 1;
             let p2 = close + head[close..].find('(').unwrap();
             (close, p2)
         } else {
             ("extern \"C\" __global__ void".len(), paren)
         };
-        let name = head[name_from..name_to].trim().to_string();
+        // the last word before the parameters (a launch-bounds macro may come first)
+        let name = head[name_from..name_to].split_whitespace().last().unwrap_or("").to_string();
         out.push((name, body(src, start).to_string()));
         at = start + 1;
     }

@@ -14,6 +14,7 @@
 //! | `rope`    | RoPE parameters (style, base, scaling) |
 //! | `moe`     | MoE routing parameters, `Route`, the host reference router |
 //! | `ssm`     | Mamba2 shapes, recurrent `StateSpec`, reference conv / scan / gated norm |
+//! | `sample`  | `SampleRow`: one row's sampling chain; `sample_row_ref`, the reference of `Backend::sample_rows` |
 //! | `error`   | `CoreError` |
 //! | `trace`   | named intermediates for golden diffs (no-op unless enabled) |
 
@@ -24,6 +25,7 @@ mod error;
 pub mod moe;
 pub mod ssm;
 mod rope;
+pub mod sample;
 pub mod trace;
 
 pub use backend::{argmax, AttnParams, Backend, WeightSource};
@@ -33,4 +35,5 @@ pub use error::{CoreError, Result};
 pub use moe::{Gating, MoeRouting, Route};
 pub use ssm::{SsmParams, StateSpec};
 pub use rope::{RopeParams, RopeStyle};
+pub use sample::{sample_row_ref, SampleRow, SAMPLE_MAX_K};
 pub use quarrel_quant::QuantType;

@@ -113,16 +113,18 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Completion, EngineError> {
         let mut timings = Timings { prompt_tokens: prompt.len(), ..Default::default() };
         let t0 = Instant::now();
-        // plain greedy picks need no logits on the host: the backend returns the token ids
-        let on_device = params.sampling.is_plain_greedy();
-        let (mut logits, mut next) = if on_device {
-            (vec![], self.run_sequence_argmax(table, prompt, 0)?)
-        } else {
-            (self.run_sequence(table, prompt, 0, &[prompt.len() - 1])?.pop().unwrap_or_default(), 0)
-        };
-        timings.prompt_time = t0.elapsed();
+        // picks need no logits on the host: the backend returns the token ids (plain greedy:
+        // `argmax_rows`; else `sample_rows` with the chain and the draw of the request's RNG)
+        let greedy = params.sampling.is_plain_greedy();
         let mut sampler = Sampler::new(params.sampling.clone());
         let mut history = prompt.to_vec();
+        let mut next = if greedy {
+            self.run_sequence_pick(table, prompt, 0, None)?
+        } else {
+            let row = sampler.row(&history);
+            self.run_sequence_pick(table, prompt, 0, Some(&row))?
+        };
+        timings.prompt_time = t0.elapsed();
         let mut detok = self.tokenizer.detokenizer();
         let mut stops = StopMatcher::new(&params.stop);
         let mut text = String::new();
@@ -130,7 +132,7 @@ impl<B: Backend> Engine<B> {
         let mut t_first = Instant::now();
         let mut hit_stop = false;
         let finish = loop {
-            let tok = if on_device { next } else { sampler.sample(&logits, &history) };
+            let tok = next;
             if tokens.is_empty() {
                 timings.time_to_first_token = t0.elapsed();
                 t_first = Instant::now();
@@ -162,11 +164,12 @@ impl<B: Backend> Engine<B> {
             if pos + 1 >= self.opts.n_ctx {
                 break FinishReason::ContextFull;
             }
-            if on_device {
-                next = self.run_sequence_argmax(table, &[tok], pos)?;
+            next = if greedy {
+                self.run_sequence_pick(table, &[tok], pos, None)?
             } else {
-                logits = self.run_sequence(table, &[tok], pos, &[0])?.pop().unwrap_or_default();
-            }
+                let row = sampler.row(&history);
+                self.run_sequence_pick(table, &[tok], pos, Some(&row))?
+            };
         };
         if !hit_stop {
             // release what the detokenizer and the stop matcher held back

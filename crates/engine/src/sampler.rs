@@ -1,8 +1,10 @@
 //! Token sampling: penalties, top-k, top-p, min-p, temperature, seeded draws; greedy at T = 0.
 //!
 //! The chain follows llama.cpp's default order: penalties -> top-k -> top-p -> min-p ->
-//! temperature -> draw.
+//! temperature -> draw; `quarrel_core::sample_row_ref` runs it (and `Backend::sample_rows` on
+//! a device): the sampler turns the parameters and history into a `SampleRow` and draws `r`.
 
+use quarrel_core::{sample_row_ref, SampleRow};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -130,70 +132,37 @@ impl Sampler {
             // plain greedy: no copy of the logits
             return argmax(logits);
         }
-        let mut logits = logits.to_vec();
-        self.apply_penalties(&mut logits, history);
-        let p = self.params.clone();
-        if p.temperature <= 0.0 {
-            return argmax(&logits);
-        }
-        // candidates sorted by logit, descending
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
-            cand.truncate(k);
-        }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let probs = softmax(&cand.iter().map(|c| c.1).collect::<Vec<_>>());
-        // top-p: smallest prefix with cumulative probability >= top_p
-        let mut keep = cand.len();
-        if p.top_p < 1.0 {
-            let mut cum = 0.0;
-            for (i, &pr) in probs.iter().enumerate() {
-                cum += pr;
-                if cum >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        // min-p: drop tokens below min_p * p(max)
-        if p.min_p > 0.0 {
-            let thr = p.min_p * probs[0];
-            keep = keep.min(probs.iter().take_while(|&&pr| pr >= thr).count().max(1));
-        }
-        cand.truncate(keep.max(1));
-        let scaled: Vec<f32> = cand.iter().map(|c| c.1 / p.temperature).collect();
-        let probs = softmax(&scaled);
-        let r: f32 = self.rng.gen();
-        let mut cum = 0.0;
-        for (i, &pr) in probs.iter().enumerate() {
-            cum += pr;
-            if r < cum {
-                return cand[i].0;
-            }
-        }
-        cand[cand.len() - 1].0
+        let row = self.row(history);
+        sample_row_ref(logits, &row)
     }
 
-    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+    /// The chain for the next pick given `history` (`Backend::sample_rows` / `sample_row_ref`):
+    /// the penalty window's token counts and, when it samples (temperature > 0), the next
+    /// uniform draw of the request's RNG. One call per pick keeps the draws in step with
+    /// `sample`.
+    pub fn row(&mut self, history: &[u32]) -> SampleRow {
         let p = &self.params;
-        if p.penalty_last_n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0) {
-            return;
-        }
-        let window = &history[history.len().saturating_sub(p.penalty_last_n)..];
-        let mut counts: HashMap<u32, u32> = HashMap::new();
-        for &t in window {
-            *counts.entry(t).or_default() += 1;
-        }
-        for (&t, &n) in &counts {
-            let Some(l) = logits.get_mut(t as usize) else { continue };
-            if *l > 0.0 {
-                *l /= p.repeat_penalty;
-            } else {
-                *l *= p.repeat_penalty;
+        let mut penalties = vec![];
+        if p.penalty_last_n > 0 && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) {
+            let window = &history[history.len().saturating_sub(p.penalty_last_n)..];
+            let mut counts: HashMap<u32, u32> = HashMap::new();
+            for &t in window {
+                *counts.entry(t).or_default() += 1;
             }
-            *l -= n as f32 * p.frequency_penalty + p.presence_penalty;
+            penalties = counts.into_iter().collect();
+            penalties.sort_unstable();
+        }
+        let r = if p.temperature > 0.0 { self.rng.gen() } else { 0.0 };
+        SampleRow {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repeat_penalty: p.repeat_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            penalties,
+            r,
         }
     }
 }

@@ -39,6 +39,13 @@ pub trait Model<B: Backend>: Send + Sync {
         let n = self.info().n_vocab.max(1);
         Ok(self.forward(be, batch, kv)?.chunks(n).map(quarrel_core::argmax).collect())
     }
+    /// Like `forward`, but returns the token each logits row's sampling chain picks
+    /// (`Backend::sample_rows`: a device backend returns only the ids). Default: `forward`,
+    /// then the reference chain per row.
+    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
+        let n = self.info().n_vocab.max(1);
+        Ok(self.forward(be, batch, kv)?.chunks(n).zip(rows).map(|(l, r)| quarrel_core::sample_row_ref(l, r)).collect())
+    }
     /// Like `forward`, but returns the final normalized hidden states `(rows, n_embd)` of the
     /// `logits_rows` instead of logits (what embeddings are pooled from).
     fn hidden(&self, _be: &B, _batch: &ForwardBatch, _kv: &mut B::Kv) -> Result<Vec<f32>> {

@@ -169,6 +169,11 @@ impl<B: Backend> Model<B> for Llama<B> {
         be.argmax_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab)
     }
 
+    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.sample_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab, rows)
+    }
+
     fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
         let normed = self.final_hidden(be, batch, kv)?;
         be.download(&normed)
