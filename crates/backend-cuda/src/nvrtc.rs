@@ -12,7 +12,7 @@ use std::ffi::{c_char, CString};
 use std::path::PathBuf;
 
 /// Kernel sources, embedded in the binary. `common.cuh` opens every unit.
-pub(crate) const FILES: [(&str, &str); 10] = [
+pub(crate) const FILES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
