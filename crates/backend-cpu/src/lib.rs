@@ -64,6 +64,11 @@ impl CpuBackend {
         self.n_threads
     }
 
+    /// The thread pool's profile counters (zero unless `QUARREL_CPU_PROFILE=1`).
+    pub fn pool_stats(&self) -> pool::PoolStats {
+        self.spin.stats()
+    }
+
     /// `f(i, chunk_i)` over the `chunk`-sized pieces of `data`, in parallel on the spin pool.
     pub(crate) fn par_chunks_mut<T: Send>(&self, data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
         let chunk = chunk.max(1);
@@ -145,6 +150,15 @@ impl Backend for CpuBackend {
         check_len("matmul input", x.len(), n_tok * w.n_in)?;
         check_len("matmul output", out.len(), n_tok * w.n_out)?;
         matmul::matmul(self, w, x, n_tok, out)
+    }
+
+    fn matmul_many(&self, ws: &[&CpuWeight], x: &Vec<f32>, n_tok: usize, outs: &mut [&mut Vec<f32>]) -> Result<()> {
+        check_len("matmul_many outputs", outs.len(), ws.len())?;
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            check_len("matmul input", x.len(), n_tok * w.n_in)?;
+            check_len("matmul output", o.len(), n_tok * w.n_out)?;
+        }
+        matmul::matmul_many(self, ws, x, n_tok, outs)
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<()> {

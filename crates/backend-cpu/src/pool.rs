@@ -10,6 +10,7 @@
 //! lock is taken unless a worker sleeps.
 
 use std::cell::UnsafeCell;
+use std::time::Instant;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, SeqCst}};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -40,6 +41,38 @@ struct Shared {
     lock: Mutex<()>,
     wake: Condvar,
     stop: Padded<AtomicBool>,
+    /// `QUARREL_CPU_PROFILE` counters (None: off).
+    prof: Option<Box<Prof>>,
+    /// When the current generation was published (profiling only).
+    started: UnsafeCell<Option<Instant>>,
+}
+
+/// Where a pool's time goes (`QUARREL_CPU_PROFILE=1`): runs, the caller's own task time, its
+/// wait for the workers after its last task, the workers' task time and their start latency
+/// (publish -> first task). Nanoseconds, summed over runs (and workers).
+#[derive(Default)]
+struct Prof {
+    runs: AtomicU64,
+    tasks: AtomicU64,
+    caller_work: AtomicU64,
+    caller_wait: AtomicU64,
+    worker_work: AtomicU64,
+    worker_start: AtomicU64,
+}
+
+/// A snapshot of a pool's profile counters (all zero unless `QUARREL_CPU_PROFILE` was set
+/// when the pool was made).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Parallel regions run (calls of `run` with 2+ tasks and a worker).
+    pub runs: u64,
+    pub tasks: u64,
+    /// The calling thread's time in tasks, and waiting for the workers after its last task.
+    pub caller_work_ns: u64,
+    pub caller_wait_ns: u64,
+    /// The workers' time in tasks, and from a region's publication to their first task.
+    pub worker_work_ns: u64,
+    pub worker_start_ns: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -74,6 +107,8 @@ impl SpinPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             stop: Padded(AtomicBool::new(false)),
+            prof: std::env::var_os("QUARREL_CPU_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Box::default()),
+            started: UnsafeCell::new(None),
         });
         let workers = (1..n_threads.max(1))
             .map(|i| {
@@ -89,6 +124,19 @@ impl SpinPool {
 
     pub fn n_threads(&self) -> usize {
         self.workers.len() + 1
+    }
+
+    /// The profile counters so far (see [`PoolStats`]).
+    pub fn stats(&self) -> PoolStats {
+        let Some(p) = self.shared.prof.as_deref() else { return PoolStats::default() };
+        PoolStats {
+            runs: p.runs.load(Relaxed),
+            tasks: p.tasks.load(Relaxed),
+            caller_work_ns: p.caller_work.load(Relaxed),
+            caller_wait_ns: p.caller_wait.load(Relaxed),
+            worker_work_ns: p.worker_work.load(Relaxed),
+            worker_start_ns: p.worker_start.load(Relaxed),
+        }
     }
 
     /// Run `f(0..n_tasks)` on the caller and the workers; returns when all tasks are done.
@@ -108,6 +156,9 @@ impl SpinPool {
         s.next.store(0, Relaxed);
         s.n_tasks.store(n_tasks, Relaxed);
         s.busy.store(self.workers.len(), Relaxed);
+        let t0 = s.prof.as_ref().map(|_| Instant::now());
+        // SAFETY: as `job`: no worker reads it before the generation bump below.
+        unsafe { *s.started.get() = t0 };
         // SeqCst: ordered before the `sleeping` load (a worker going to sleep increments
         // `sleeping`, then re-checks the generation under the lock)
         s.generation.fetch_add(1, SeqCst);
@@ -116,9 +167,16 @@ impl SpinPool {
             s.wake.notify_all();
         }
         drain(s, f);
+        let t1 = t0.map(|_| Instant::now());
         let mut spins = 0u32;
         while s.busy.load(Acquire) != 0 {
             backoff(&mut spins);
+        }
+        if let (Some(p), Some(t0), Some(t1)) = (s.prof.as_deref(), t0, t1) {
+            p.runs.fetch_add(1, Relaxed);
+            p.tasks.fetch_add(n_tasks as u64, Relaxed);
+            p.caller_work.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
+            p.caller_wait.fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
         }
         // SAFETY: as above (all workers are out of this generation).
         unsafe { *s.job.get() = None };
@@ -178,8 +236,15 @@ fn worker(s: &Shared) {
         // it again until we count ourselves out below.
         let job = unsafe { *s.job.get() };
         if let Some(SendJob(j)) = job {
+            // SAFETY: written before the generation bump, like `job`.
+            let t0 = unsafe { *s.started.get() };
+            let t1 = t0.map(|_| Instant::now());
             // SAFETY: `run` keeps the closure alive until `busy` reaches zero.
             drain(s, unsafe { &*j });
+            if let (Some(p), Some(t0), Some(t1)) = (s.prof.as_deref(), t0, t1) {
+                p.worker_start.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
+                p.worker_work.fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
+            }
         }
         s.busy.fetch_sub(1, AcqRel);
     }
