@@ -331,16 +331,34 @@ pub(crate) fn matmul_many(be: &CpuBackend, ws: &[&CpuWeight], x: &[f32], n_tok: 
 /// `w`'s kept GEMM panels for `g` (packed on this first use), or None where the panel budget
 /// does not keep them (the caller then runs a plain [`matmul`]).
 fn kept_panels<'w>(be: &CpuBackend, g: Gemm, w: &'w CpuWeight) -> Option<&'w [u8]> {
-    let bytes = w.n_out.div_ceil(GEMM_ROWS) * g.weight_panel_bytes(w.n_in);
+    let bytes = w.n_out.div_ceil(GEMM_ROWS) * stored_panel_bytes(g, w);
     w.kept_gemm_panels(bytes, |v| pack_weight_panels(be, g, w, v))
 }
 
-/// Fill `v` with `w`'s GEMM weight panels ([`GEMM_ROWS`] rows each), in parallel.
+/// Whether `w`'s panels are compact ([`Gemm::compact_panel_bytes`], expanded per task): where
+/// the kind has compact panels and they are kept (an expert view's per-call panels are not
+/// worth compacting).
+fn compact_panels(g: Gemm, w: &CpuWeight) -> bool {
+    !w.is_view() && g.compact_panel_bytes(w.n_in).is_some()
+}
+
+/// Bytes of one of `w`'s GEMM weight panels as stored (see [`compact_panels`]).
+fn stored_panel_bytes(g: Gemm, w: &CpuWeight) -> usize {
+    match compact_panels(g, w) {
+        true => g.compact_panel_bytes(w.n_in).unwrap_or_else(|| g.weight_panel_bytes(w.n_in)),
+        false => g.weight_panel_bytes(w.n_in),
+    }
+}
+
+/// Fill `v` with `w`'s GEMM weight panels ([`GEMM_ROWS`] rows each, compact where
+/// [`compact_panels`]), in parallel.
 fn pack_weight_panels(be: &CpuBackend, g: Gemm, w: &CpuWeight, v: &mut [u8]) {
     let (n_in, n_out) = (w.n_in, w.n_out);
-    let (wbytes, wrb, wpb) = (w.bytes(), w.row_bytes(), g.weight_panel_bytes(n_in));
-    be.par_chunks_mut(v, wpb, &|p, panel| {
-        if panel.len() < wpb {
+    let (wbytes, wrb) = (w.bytes(), w.row_bytes());
+    let compact = compact_panels(g, w);
+    let spb = stored_panel_bytes(g, w);
+    be.par_chunks_mut(v, spb, &|p, panel| {
+        if panel.len() < spb {
             return; // the rounding tail of the panel storage
         }
         let mut rows: [&[u8]; GEMM_ROWS] = [&[]; GEMM_ROWS];
@@ -348,7 +366,11 @@ fn pack_weight_panels(be: &CpuBackend, g: Gemm, w: &CpuWeight, v: &mut [u8]) {
         for (k, r) in (p * GEMM_ROWS..r1).enumerate() {
             rows[k] = &wbytes[r * wrb..(r + 1) * wrb];
         }
-        g.pack_weights(n_in, &rows[..r1 - p * GEMM_ROWS], panel);
+        if compact {
+            g.pack_weights_compact(n_in, &rows[..r1 - p * GEMM_ROWS], panel);
+        } else {
+            g.pack_weights(n_in, &rows[..r1 - p * GEMM_ROWS], panel);
+        }
     });
 }
 
@@ -386,13 +408,13 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
 /// the wide tiles).
 fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, gt: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
     let n_panels = w.n_out.div_ceil(GEMM_ROWS);
-    let bytes = if g.raw_panels() { 0 } else { n_panels * g.weight_panel_bytes(w.n_in) };
+    let bytes = if g.raw_panels() { 0 } else { n_panels * stored_panel_bytes(g, w) };
     let out = SyncPtr(out.as_mut_ptr());
     w.with_gemm_panels(bytes, |v| pack_weight_panels(be, g, w, v), |panels| run_jobs(be, g, &[Job { w, panels, out }], n_tok, gt, act_panel));
 }
 
-/// One weight of [`run_jobs`]: its panels (empty for raw kinds) and where its
-/// `(n_tok, n_out)` output goes.
+/// One weight of [`run_jobs`]: its kept panels (empty for raw kinds, compact where the kind
+/// has compact panels) and where its `(n_tok, n_out)` output goes.
 struct Job<'a> {
     w: &'a CpuWeight,
     panels: &'a [u8],
@@ -426,11 +448,22 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
         let ji = first_task.partition_point(|&f| f <= rt) - 1;
         let Job { w, panels, out } = &jobs[ji];
         let (n_out, np) = (w.n_out, n_panels[ji]);
+        let compact = !raw && compact_panels(g, w);
+        let spb = stored_panel_bytes(g, w);
         let (wbytes, wrb) = (w.bytes(), w.row_bytes());
         let p0 = (rt - first_task[ji]) * ppt;
         let (p1, g1) = ((p0 + ppt).min(np), (g0 + gpt).min(n_groups));
         let short = raw && p1 == np && n_out % GEMM_ROWS != 0;
-        with_scratch(Scratch::Weights, usize::from(short) * wpb, |wp| {
+        // compact panels are expanded here: each one right before its tiles where the task
+        // has one token group (it stays in L1), else all of the task's panels first
+        let one_group = g1 - g0 == 1;
+        let scratch = if compact { if one_group { wpb } else { (p1 - p0) * wpb } } else { usize::from(short) * wpb };
+        with_scratch(Scratch::Weights, scratch, |wp| {
+            if compact && !one_group {
+                for p in p0..p1 {
+                    g.expand_panel(n_in, &panels[p * spb..(p + 1) * spb], &mut wp[(p - p0) * wpb..(p - p0 + 1) * wpb]);
+                }
+            }
             if short {
                 let mut rows: [&[u8]; GEMM_ROWS] = [&[]; GEMM_ROWS];
                 let r0 = (np - 1) * GEMM_ROWS;
@@ -439,12 +472,7 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                 }
                 g.pack_weights(n_in, &rows[..n_out - r0], &mut wp[..wpb]);
             }
-            let wp: &[u8] = wp;
-            let w_panel = |p: usize| match (raw, (p + 1) * GEMM_ROWS <= n_out) {
-                (true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
-                (true, false) => &wp[..wpb],
-                (false, _) => &panels[p * wpb..(p + 1) * wpb],
-            };
+            let wp = &mut wp[..scratch];
             // the task's outputs of one token group, token-major, copied out row by row (one
             // contiguous store per token: scattered 16-byte stores to n_tok rows cost more)
             let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
@@ -459,11 +487,23 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                     let ap = act_panel(gi);
                     for p in p0..p1 {
                         let c = (p - p0) * GEMM_ROWS;
+                        // the tiles' panel `p`: a one-group task's compact panel is expanded
+                        // into the scratch now (it stays in L1 for its tile)
+                        if compact && one_group {
+                            g.expand_panel(n_in, &panels[p * spb..(p + 1) * spb], &mut wp[..wpb]);
+                        }
+                        let w_panel: &[u8] = match (compact, raw, (p + 1) * GEMM_ROWS <= n_out) {
+                            (true, _, _) if one_group => &wp[..wpb],
+                            (true, _, _) => &wp[(p - p0) * wpb..(p - p0 + 1) * wpb],
+                            (false, true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
+                            (false, true, false) => &wp[..wpb],
+                            (false, false, _) => &panels[p * wpb..(p + 1) * wpb],
+                        };
                         if gt == GEMM_WIDE_TOKENS {
-                            g.tile_wide(n_in, w_panel(p), ap, nt, &mut stage[c..], width);
+                            g.tile_wide(n_in, w_panel, ap, nt, &mut stage[c..], width);
                         } else {
                             let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
-                            g.tile(n_in, w_panel(p), ap, nt, &mut tile);
+                            g.tile(n_in, w_panel, ap, nt, &mut tile);
                             for (r, row) in tile.iter().enumerate() {
                                 for (t, &v) in row[..nt].iter().enumerate() {
                                     stage[t * width + c + r] = v;

@@ -153,6 +153,11 @@ impl CpuWeight {
         as_bytes(v).get(..bytes)
     }
 
+    /// Whether this is a per-call view of one expert (nothing is kept on it).
+    pub(crate) fn is_view(&self) -> bool {
+        self.view
+    }
+
     pub fn row_bytes(&self) -> usize {
         self.ty.row_bytes(self.n_in).expect("validated at load")
     }
