@@ -199,6 +199,23 @@ impl SpinPool {
     }
 }
 
+/// The calling thread's CPU time (Linux `CLOCK_THREAD_CPUTIME_ID`; elsewhere wall time since
+/// the first call): for profiles on a busy machine, where wall time counts other processes.
+pub fn thread_cpu_time() -> std::time::Duration {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid clock id and out pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed()
+    }
+}
+
 /// Spin briefly, then yield the core: on an oversubscribed machine a waiting thread must not
 /// keep the thread it waits for off the CPU.
 #[inline]

@@ -4,7 +4,8 @@
 //! on a [`ProfiledBackend`] over the CPU backend, counting only the generation phase, the
 //! thread counts alternating round by round (the machine's load changes; only ratios from
 //! one run mean anything). Prints ms per decode step by op kind, the best round per thread
-//! count. A benchmark, not a test.
+//! count; with one thread ops are timed by the thread's CPU time and the step total is too
+//! (what the busy machine's scheduling does not inflate). A benchmark, not a test.
 use quarrel_cpu::CpuBackend;
 use quarrel_engine::{Engine, EngineOptions, OpKind, ProfiledBackend};
 use std::collections::BTreeMap;
@@ -24,7 +25,10 @@ fn main() {
         .iter()
         .map(|&t| {
             let opts = EngineOptions { n_ctx: npp + ntg, n_seq: pl, ..Default::default() };
-            let mut e = Engine::from_gguf(ProfiledBackend::new(CpuBackend::new(t).unwrap()), gguf.clone(), opts).expect("loading");
+            // one thread: time ops by its CPU time (robust on a busy machine), else wall time
+            let be = CpuBackend::new(t).unwrap();
+            let be = if t == 1 { ProfiledBackend::with_clock(be, quarrel_cpu::pool::thread_cpu_time) } else { ProfiledBackend::new(be) };
+            let mut e = Engine::from_gguf(be, gguf.clone(), opts).expect("loading");
             e.bench_batched(16, 4, pl).expect("warm-up");
             e
         })
@@ -39,14 +43,18 @@ fn main() {
     for _ in 0..rounds {
         for (i, e) in engines.iter_mut().enumerate() {
             let mut p0 = [0u64; 6];
+            let mut c0 = Duration::ZERO;
             let r = e
                 .bench_batched_with(npp, ntg, pl, &mut |b| {
                     b.reset();
                     p0 = pool(b);
+                    c0 = quarrel_cpu::pool::thread_cpu_time();
                 })
                 .expect("bench");
+            let c1 = quarrel_cpu::pool::thread_cpu_time();
             let p1 = pool(&e.backend);
-            let step = r.t_tg * 1e3 / ntg as f64;
+            let t_tg = if threads[i] == 1 { (c1 - c0).as_secs_f64() } else { r.t_tg };
+            let step = t_tg * 1e3 / ntg as f64;
             if best[i].as_ref().map_or(true, |(s, _, _)| step < *s) {
                 let st = e.backend.stats().into_iter().map(|(k, s)| (k, s.calls, s.time)).collect();
                 best[i] = Some((step, st, std::array::from_fn(|k| p1[k] - p0[k])));
