@@ -1,5 +1,6 @@
-//! The matmul with compact kept panels (`QUARREL_COMPACT_PANELS=1`, set before the first
-//! matmul of this test binary) against the one-row kernels: every output the same bits.
+//! The matmul with compact kept panels (the default; Q4_0 through them with
+//! `QUARREL_NO_REPACK=1`, set before the first matmul of this test binary) against the one-row
+//! kernels: every output the same bits.
 
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cpu::simd;
@@ -52,8 +53,7 @@ fn check(ty: QuantType, n_in: usize, n_out: usize, n_tok: usize, threads: usize,
 
 #[test]
 fn compact_panels_give_the_one_row_kernels_bits() {
-    // SAFETY: set before any thread of this binary reads the environment (the only test here)
-    std::env::set_var("QUARREL_COMPACT_PANELS", "1");
+    // set before any thread of this binary reads the environment (the only test here)
     std::env::set_var("QUARREL_NO_REPACK", "1");
     let g = simd::gemm_fn(QuantType::Q4_1);
     if !g.is_some_and(|g| g.compact_panel_bytes(64).is_some()) {

@@ -368,13 +368,11 @@ impl Gemm {
     }
 
     /// Bytes of a *compact* weight panel where kept panels are compact (Q4_0, Q4_1: half the
-    /// bytes, [`Gemm::expand_panel`] before the tiles), else None. Opt-in:
-    /// `QUARREL_COMPACT_PANELS=1` (read once). Cache-resident the expansion costs ~10% of a
-    /// 16-token tile's time (576x1536 Q4_1: 0.145 vs 0.133 ms); it pays only where the
-    /// panels' memory traffic limits the tiles (and it halves the panels' memory).
+    /// bytes, [`Gemm::expand_panel`] before the tiles), else None.
+    /// `QUARREL_NO_COMPACT_PANELS` (any value, read once): None (A/B runs).
     pub fn compact_panel_bytes(&self, n_in: usize) -> Option<usize> {
-        static ON: OnceLock<bool> = OnceLock::new();
-        if !*ON.get_or_init(|| std::env::var("QUARREL_COMPACT_PANELS").is_ok_and(|v| !v.is_empty() && v != "0")) {
+        static NO: OnceLock<bool> = OnceLock::new();
+        if *NO.get_or_init(|| std::env::var_os("QUARREL_NO_COMPACT_PANELS").is_some()) {
             return None;
         }
         self.kind.compact_panel_bytes(n_in)
