@@ -83,6 +83,34 @@ impl CpuBackend {
         });
     }
 
+    /// A vector of `n` values written by `fill(offset, piece)` over its pieces: in parallel
+    /// for large buffers on a pool of 2+ threads (a decode step of many sequences zeroes or
+    /// copies a few MB per layer and step on the caller otherwise).
+    fn filled(&self, n: usize, fill: &(dyn Fn(usize, &mut [std::mem::MaybeUninit<f32>]) + Sync)) -> Vec<f32> {
+        const PAR_MIN: usize = 1 << 14;
+        const PIECE: usize = 1 << 13;
+        let mut v: Vec<f32> = Vec::with_capacity(n);
+        let spare = &mut v.spare_capacity_mut()[..n];
+        if self.n_threads > 1 && n >= PAR_MIN {
+            self.par_chunks_mut(spare, PIECE, &|i, piece| fill(i * PIECE, piece));
+        } else {
+            fill(0, spare);
+        }
+        // SAFETY: `fill` wrote every one of the first n values (each piece exactly once).
+        unsafe { v.set_len(n) };
+        v
+    }
+
+    /// A copy of `src` ([`CpuBackend::filled`]).
+    fn copied(&self, src: &[f32]) -> Vec<f32> {
+        self.filled(src.len(), &|at, piece| {
+            let len = piece.len();
+            for (d, &s) in piece.iter_mut().zip(&src[at..at + len]) {
+                d.write(s);
+            }
+        })
+    }
+
     /// Run `f(0..n_tasks)` on the spin pool (the caller takes part).
     pub(crate) fn for_each_task(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         self.spin.run(n_tasks, f)
@@ -123,15 +151,19 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, n: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; n])
+        Ok(self.filled(n, &|_, out: &mut [std::mem::MaybeUninit<f32>]| {
+            out.iter_mut().for_each(|v| {
+                v.write(0.0);
+            })
+        }))
     }
 
     fn upload(&self, src: &[f32]) -> Result<Vec<f32>> {
-        Ok(src.to_vec())
+        Ok(self.copied(src))
     }
 
     fn download(&self, src: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(src.clone())
+        Ok(self.copied(src))
     }
 
     fn buf_len(&self, b: &Vec<f32>) -> usize {

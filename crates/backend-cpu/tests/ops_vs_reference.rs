@@ -156,3 +156,20 @@ fn row_ops_are_bit_identical_on_any_thread_count() {
         }
     }
 }
+
+/// alloc zeroes and upload / download copy exactly, also where large buffers are filled in
+/// parallel pieces.
+#[test]
+fn buffers_are_zeroed_and_copied_on_any_thread_count() {
+    for threads in [1, 2, 3] {
+        let be = CpuBackend::new(threads).unwrap();
+        for n in [0usize, 1, 100, (1 << 14) - 1, 1 << 14, (1 << 14) + 8191, 3 * (1 << 13) + 5, 200_000] {
+            let z = be.alloc(n).unwrap();
+            assert!(z.len() == n && z.iter().all(|v| v.to_bits() == 0), "alloc {n}, {threads} threads");
+            let x = rnd(n as u64, n, 4.0);
+            let up = be.upload(&x).unwrap();
+            let down = be.download(&up).unwrap();
+            assert!(down.len() == n && down.iter().zip(&x).all(|(a, b)| a.to_bits() == b.to_bits()), "copy {n}, {threads} threads");
+        }
+    }
+}
