@@ -24,7 +24,7 @@ const ROPE_PAR_MIN_TOKENS: usize = 32;
 /// With a pool of 2+ threads, RMSNorm and RoPE also run in parallel from this many rows (a
 /// decode step of many sequences: a parallel region costs well under a microsecond while
 /// the pool's threads are awake, the rows several; one sequence's step stays on the caller).
-const PAR_MIN_ROWS: usize = 4;
+const PAR_MIN_ROWS: usize = 8;
 
 /// ggml's rms_norm (sum of squares in f64), then multiplied by the weight.
 pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
