@@ -6,8 +6,10 @@
 //!                         one kernel for 1..N tokens (simd::repack), ──► out
 //!  W other (mmapped GGUF rows) ─┬─ decode (few tokens): contiguous row runs per task, 8-row GEMV /
 //!                         │    4-row / 1-row dot kernels ──► out
-//!                         └─ prefill: packed activation panels x weight panels (packed once
-//!                              per weight), GEMM tiles
+//!                         └─ prefill / many sequences: packed activation panels x weight
+//!                              panels (packed once per weight; Q4_0/Q4_1 kept compact and
+//!                              expanded per task), GEMM tiles; `matmul_many`: weights sharing
+//!                              an input in one parallel job
 //!  every kernel: run-time dispatched (AVX2 / AVX-512 / VNNI), else quant's reference twin
 //! ```
 //!
@@ -19,7 +21,7 @@
 //! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
 //! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
-//! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
+//! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; the caller never waits for a worker that has not joined |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
