@@ -233,7 +233,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, batch: &ForwardBatch) -> Result<()> {
-        kv.store(layer, k, v, batch)
+        kv.store_on(self, layer, k, v, batch)
     }
 
     fn attention(&self, q: &Vec<f32>, kv: &CpuKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut Vec<f32>) -> Result<()> {

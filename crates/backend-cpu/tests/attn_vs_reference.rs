@@ -268,3 +268,39 @@ fn many_decode_tokens_equal_each_alone() {
         }
     }
 }
+
+/// kv_store of many tokens of several sequences, written in parallel on a pool, leaves the
+/// same cache as one thread's store (read back through attention, bit for bit).
+#[test]
+fn parallel_kv_store_equals_sequential() {
+    let (one, pool) = (CpuBackend::new(1).unwrap(), CpuBackend::new(3).unwrap());
+    let (nh, nkv, hd, bs) = (6, 3, 64, 16);
+    let spec = KvSpec { n_layer: 2, n_kv_head: nkv, head_dim: hd, block_size: bs, n_blocks: 16, ty: KvType::F16 };
+    let (mut a, mut b) = (one.alloc_kv(&spec).unwrap(), pool.alloc_kv(&spec).unwrap());
+    // three sequences of 9, 20 and 1 tokens, scattered blocks
+    let tables = [vec![7u32], vec![3, 12], vec![0]];
+    let lens = [9usize, 20, 1];
+    let mut batch = ForwardBatch::default();
+    for (s, &l) in lens.iter().enumerate() {
+        let start = batch.tokens.len();
+        for p in 0..l {
+            batch.tokens.push(0);
+            batch.positions.push(p as u32);
+        }
+        batch.seqs.push(SeqBatch { start, len: l, block_table: tables[s].clone() });
+    }
+    let n = batch.n_tokens();
+    let (k, v) = (rnd(31, n * nkv * hd, 3.0), rnd(32, n * nkv * hd, 3.0));
+    one.kv_store(&mut a, 1, &k, &v, &batch).unwrap();
+    pool.kv_store(&mut b, 1, &k, &v, &batch).unwrap();
+    let q = rnd(33, n * nh * hd, 2.0);
+    let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: None, softcap: None };
+    let (mut oa, mut ob) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+    one.attention(&q, &a, 1, &batch, &p, &mut oa).unwrap();
+    one.attention(&q, &b, 1, &batch, &p, &mut ob).unwrap();
+    assert_eq!(bits(&oa), bits(&ob));
+    // a position without a block is still an error, not a panic
+    let mut bad = batch.clone();
+    bad.positions[3] = 40;
+    assert!(pool.kv_store(&mut b, 1, &k, &v, &bad).is_err());
+}
