@@ -139,6 +139,58 @@ impl CpuKv {
         ((block_table[pos / bs] as usize * self.spec.n_kv_head + kvh) * bs + pos % bs) * self.spec.head_dim
     }
 
+    /// [`CpuKv::store`], with the tokens' rows written in parallel on `be`'s pool where that
+    /// pays (an f16 cache, many tokens, 2+ threads, every token's slot a distinct one).
+    pub(crate) fn store_on(&mut self, be: &crate::CpuBackend, layer: usize, k: &[f32], v: &[f32], batch: &ForwardBatch) -> Result<()> {
+        const PAR_MIN_TOKENS: usize = 8;
+        let n = batch.n_tokens();
+        let f16_both = layer < self.spec.n_layer && matches!((&self.k[layer], &self.v[layer]), (Store::F16(_), Store::F16(_)));
+        if be.n_threads() < 2 || n < PAR_MIN_TOKENS || !f16_both {
+            return self.store(layer, k, v, batch);
+        }
+        let (hd, nkv, bs) = (self.spec.head_dim, self.spec.n_kv_head, self.spec.block_size);
+        let row = nkv * hd;
+        if k.len() != n * row || v.len() != k.len() {
+            return self.store(layer, k, v, batch); // its shape error
+        }
+        // each token's slot (block, position in block); all valid and distinct, else the
+        // sequential path (which reports a bad position; two writers of one slot keep its order)
+        let mut slots = Vec::with_capacity(n);
+        for s in &batch.seqs {
+            for t in s.start..s.start + s.len {
+                let pos = *batch.positions.get(t).ok_or_else(|| CoreError::Shape(format!("kv_store: token {t} has no position")))? as usize;
+                match s.block_table.get(pos / bs) {
+                    Some(&b) if (b as usize) < self.spec.n_blocks => slots.push((t, self.row_offset(&s.block_table, pos, 0))),
+                    _ => return self.store(layer, k, v, batch),
+                }
+            }
+        }
+        let mut sorted: Vec<usize> = slots.iter().map(|&(_, at)| at).collect();
+        sorted.sort_unstable();
+        if slots.len() != n || sorted.windows(2).any(|w| w[0] == w[1]) {
+            return self.store(layer, k, v, batch);
+        }
+        let (Store::F16(kd), Store::F16(vd)) = (&mut self.k[layer], &mut self.v[layer]) else { unreachable!("checked above") };
+        let (kp, vp, len) = (kd.as_mut_ptr() as usize, vd.as_mut_ptr() as usize, kd.len());
+        be.for_each_task(slots.len(), &|i| {
+            let (t, at0) = slots[i];
+            for kvh in 0..nkv {
+                // KV head kvh's row of this slot: `bs * hd` values after head kvh - 1's
+                let at = at0 + kvh * bs * hd;
+                debug_assert!(at + hd <= len);
+                // SAFETY: the slots are distinct, so every task writes its own rows of the
+                // caches (`hd` values at `at`, inside them: the block ids were checked), and
+                // `kd` / `vd` outlive the tasks.
+                let (kr, vr) = unsafe {
+                    (std::slice::from_raw_parts_mut((kp as *mut f16).add(at), hd), std::slice::from_raw_parts_mut((vp as *mut f16).add(at), hd))
+                };
+                kr.convert_from_f32_slice(&k[t * row + kvh * hd..t * row + (kvh + 1) * hd]);
+                vr.convert_from_f32_slice(&v[t * row + kvh * hd..t * row + (kvh + 1) * hd]);
+            }
+        });
+        Ok(())
+    }
+
     pub(crate) fn store(&mut self, layer: usize, k: &[f32], v: &[f32], batch: &ForwardBatch) -> Result<()> {
         let row = self.spec.n_kv_head * self.spec.head_dim;
         if layer >= self.spec.n_layer {

@@ -6,8 +6,10 @@
 //!                         one kernel for 1..N tokens (simd::repack), ──► out
 //!  W other (mmapped GGUF rows) ─┬─ decode (few tokens): contiguous row runs per task, 8-row GEMV /
 //!                         │    4-row / 1-row dot kernels ──► out
-//!                         └─ prefill: packed activation panels x weight panels (packed once
-//!                              per weight), GEMM tiles
+//!                         └─ prefill / many sequences: packed activation panels x weight
+//!                              panels (packed once per weight; Q4_0/Q4_1 kept compact and
+//!                              expanded per task), GEMM tiles; `matmul_many`: weights sharing
+//!                              an input in one parallel job
 //!  every kernel: run-time dispatched (AVX2 / AVX-512 / VNNI), else quant's reference twin
 //! ```
 //!
@@ -19,7 +21,7 @@
 //! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
 //! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
-//! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops |
+//! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; the caller never waits for a worker that has not joined |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
@@ -64,6 +66,11 @@ impl CpuBackend {
         self.n_threads
     }
 
+    /// The thread pool's profile counters (zero unless `QUARREL_CPU_PROFILE=1`).
+    pub fn pool_stats(&self) -> pool::PoolStats {
+        self.spin.stats()
+    }
+
     /// `f(i, chunk_i)` over the `chunk`-sized pieces of `data`, in parallel on the spin pool.
     pub(crate) fn par_chunks_mut<T: Send>(&self, data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
         let chunk = chunk.max(1);
@@ -76,6 +83,34 @@ impl CpuBackend {
             let piece = unsafe { std::slice::from_raw_parts_mut((ptr as *mut T).add(start), end - start) };
             f(i, piece)
         });
+    }
+
+    /// A vector of `n` values written by `fill(offset, piece)` over its pieces: in parallel
+    /// for large buffers on a pool of 2+ threads (a decode step of many sequences zeroes or
+    /// copies a few MB per layer and step on the caller otherwise).
+    fn filled(&self, n: usize, fill: &(dyn Fn(usize, &mut [std::mem::MaybeUninit<f32>]) + Sync)) -> Vec<f32> {
+        const PAR_MIN: usize = 1 << 14;
+        const PIECE: usize = 1 << 13;
+        let mut v: Vec<f32> = Vec::with_capacity(n);
+        let spare = &mut v.spare_capacity_mut()[..n];
+        if self.n_threads > 1 && n >= PAR_MIN {
+            self.par_chunks_mut(spare, PIECE, &|i, piece| fill(i * PIECE, piece));
+        } else {
+            fill(0, spare);
+        }
+        // SAFETY: `fill` wrote every one of the first n values (each piece exactly once).
+        unsafe { v.set_len(n) };
+        v
+    }
+
+    /// A copy of `src` ([`CpuBackend::filled`]).
+    fn copied(&self, src: &[f32]) -> Vec<f32> {
+        self.filled(src.len(), &|at, piece| {
+            let len = piece.len();
+            for (d, &s) in piece.iter_mut().zip(&src[at..at + len]) {
+                d.write(s);
+            }
+        })
     }
 
     /// Run `f(0..n_tasks)` on the spin pool (the caller takes part).
@@ -118,15 +153,19 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, n: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; n])
+        Ok(self.filled(n, &|_, out: &mut [std::mem::MaybeUninit<f32>]| {
+            out.iter_mut().for_each(|v| {
+                v.write(0.0);
+            })
+        }))
     }
 
     fn upload(&self, src: &[f32]) -> Result<Vec<f32>> {
-        Ok(src.to_vec())
+        Ok(self.copied(src))
     }
 
     fn download(&self, src: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(src.clone())
+        Ok(self.copied(src))
     }
 
     fn buf_len(&self, b: &Vec<f32>) -> usize {
@@ -145,6 +184,15 @@ impl Backend for CpuBackend {
         check_len("matmul input", x.len(), n_tok * w.n_in)?;
         check_len("matmul output", out.len(), n_tok * w.n_out)?;
         matmul::matmul(self, w, x, n_tok, out)
+    }
+
+    fn matmul_many(&self, ws: &[&CpuWeight], x: &Vec<f32>, n_tok: usize, outs: &mut [&mut Vec<f32>]) -> Result<()> {
+        check_len("matmul_many outputs", outs.len(), ws.len())?;
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            check_len("matmul input", x.len(), n_tok * w.n_in)?;
+            check_len("matmul output", o.len(), n_tok * w.n_out)?;
+        }
+        matmul::matmul_many(self, ws, x, n_tok, outs)
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<()> {
@@ -185,7 +233,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, batch: &ForwardBatch) -> Result<()> {
-        kv.store(layer, k, v, batch)
+        kv.store_on(self, layer, k, v, batch)
     }
 
     fn attention(&self, q: &Vec<f32>, kv: &CpuKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut Vec<f32>) -> Result<()> {

@@ -21,6 +21,10 @@ pub(crate) fn embed(table: &CpuWeight, tokens: &[u32], out: &mut [f32]) -> Resul
 const PAR_MIN_VALUES: usize = 1 << 16;
 /// RoPE runs in parallel from this many tokens on (each computes its own angle table).
 const ROPE_PAR_MIN_TOKENS: usize = 32;
+/// With a pool of 2+ threads, RMSNorm and RoPE also run in parallel from this many rows (a
+/// decode step of many sequences: a parallel region costs well under a microsecond while
+/// the pool's threads are awake, the rows several; one sequence's step stays on the caller).
+const PAR_MIN_ROWS: usize = 8;
 
 /// ggml's rms_norm (sum of squares in f64), then multiplied by the weight.
 pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
@@ -40,7 +44,7 @@ pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out:
     };
     // a parallel region costs a wake-up and a barrier: worth it for prompt batches, not for a
     // decode step's few rows
-    if x.len() >= PAR_MIN_VALUES {
+    if x.len() >= PAR_MIN_VALUES || (be.n_threads() > 1 && x.len() / d >= PAR_MIN_ROWS) {
         be.par_chunks_mut(out, d, &|i, or| body((&x[i * d..(i + 1) * d], or)));
     } else {
         x.chunks(d).zip(out.chunks_mut(d)).for_each(body);
@@ -79,7 +83,7 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
         rope_cache(positions[t], p, cache);
         rotate_heads(p.style, cache, xr, hd);
     };
-    if positions.len() >= ROPE_PAR_MIN_TOKENS {
+    if positions.len() >= ROPE_PAR_MIN_TOKENS || (be.n_threads() > 1 && positions.len() >= PAR_MIN_ROWS) {
         be.par_chunks_mut(x, row, &|i, xr| body((i, xr)));
     } else {
         x.chunks_mut(row).enumerate().for_each(body);
@@ -131,10 +135,14 @@ fn rotate_heads_impl(style: RopeStyle, cache: &[(f32, f32)], xr: &mut [f32], hd:
 }
 
 pub(crate) fn swiglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    // chunks of a multiple of 16 values: the SIMD kernel takes 16 at a time and the scalar
+    // tail only the whole buffer's last values, as on one thread (the same bits)
     const CHUNK: usize = 1 << 14;
-    if out.len() >= 4 * CHUNK {
-        be.par_chunks_mut(out, CHUNK, &|i, o| {
-            let r = i * CHUNK..i * CHUNK + o.len();
+    const SMALL_CHUNK: usize = 1 << 11;
+    let chunk = if out.len() >= 4 * CHUNK { CHUNK } else { SMALL_CHUNK };
+    if out.len() >= 4 * CHUNK || (be.n_threads() > 1 && out.len() >= 4 * SMALL_CHUNK) {
+        be.par_chunks_mut(out, chunk, &|i, o| {
+            let r = i * chunk..i * chunk + o.len();
             crate::ggml_math::swiglu(&gate[r.clone()], &up[r], o)
         });
     } else {

@@ -6,11 +6,18 @@
 //! once), then sleep on a condvar (so an idle engine burns no CPU).
 //!
 //! Per op, `run` publishes the job and bumps the generation (release); workers see the new
-//! generation (acquire), take tasks from one shared counter, and count themselves out. No
-//! lock is taken unless a worker sleeps.
+//! generation (acquire), *join* it, take tasks from one shared counter, and count themselves
+//! out. No lock is taken unless a worker sleeps.
+//!
+//! The caller never waits for a worker that has not started: after its own last task it
+//! closes the generation (a worker that has not joined by then skips it) and waits only for
+//! the workers that joined. On a machine with more runnable threads than cores a worker is
+//! often off its core when a job is published; the caller then runs the tasks itself instead
+//! of waiting a scheduler time slice for it.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, SeqCst}};
+use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst}};
 use std::sync::{Arc, Condvar, Mutex};
 
 type Job = *const (dyn Fn(usize) + Sync);
@@ -34,12 +41,45 @@ struct Shared {
     job: UnsafeCell<Option<SendJob>>,
     n_tasks: AtomicUsize,
     next: Padded<AtomicUsize>,
-    /// Workers still busy with the current generation.
-    busy: Padded<AtomicUsize>,
+    /// `(generation as u32) << 32 | CLOSED | workers in it`: who joined the current
+    /// generation, and whether it still takes workers.
+    joined: Padded<AtomicU64>,
     sleeping: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
     stop: Padded<AtomicBool>,
+    /// `QUARREL_CPU_PROFILE` counters (None: off).
+    prof: Option<Box<Prof>>,
+    /// When the current generation was published (profiling only).
+    started: UnsafeCell<Option<Instant>>,
+}
+
+/// Where a pool's time goes (`QUARREL_CPU_PROFILE=1`): runs, the caller's own task time, its
+/// wait for the workers after its last task, the workers' task time and their start latency
+/// (publish -> first task). Nanoseconds, summed over runs (and workers).
+#[derive(Default)]
+struct Prof {
+    runs: AtomicU64,
+    tasks: AtomicU64,
+    caller_work: AtomicU64,
+    caller_wait: AtomicU64,
+    worker_work: AtomicU64,
+    worker_start: AtomicU64,
+}
+
+/// A snapshot of a pool's profile counters (all zero unless `QUARREL_CPU_PROFILE` was set
+/// when the pool was made).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Parallel regions run (calls of `run` with 2+ tasks and a worker).
+    pub runs: u64,
+    pub tasks: u64,
+    /// The calling thread's time in tasks, and waiting for the workers after its last task.
+    pub caller_work_ns: u64,
+    pub caller_wait_ns: u64,
+    /// The workers' time in tasks, and from a region's publication to their first task.
+    pub worker_work_ns: u64,
+    pub worker_start_ns: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -57,6 +97,10 @@ pub struct SpinPool {
     running: Mutex<()>,
 }
 
+/// The `joined` bit saying that the generation takes no more workers.
+const CLOSED: u64 = 1 << 31;
+const COUNT: u64 = CLOSED - 1;
+
 /// Wait iterations (spins, then yields) before a worker goes to sleep.
 const SPINS: u32 = 1 << 12;
 
@@ -69,11 +113,13 @@ impl SpinPool {
             job: UnsafeCell::new(None),
             n_tasks: AtomicUsize::new(0),
             next: Padded(AtomicUsize::new(0)),
-            busy: Padded(AtomicUsize::new(0)),
+            joined: Padded(AtomicU64::new(CLOSED)),
             sleeping: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             stop: Padded(AtomicBool::new(false)),
+            prof: std::env::var_os("QUARREL_CPU_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Box::default()),
+            started: UnsafeCell::new(None),
         });
         let workers = (1..n_threads.max(1))
             .map(|i| {
@@ -91,6 +137,19 @@ impl SpinPool {
         self.workers.len() + 1
     }
 
+    /// The profile counters so far (see [`PoolStats`]).
+    pub fn stats(&self) -> PoolStats {
+        let Some(p) = self.shared.prof.as_deref() else { return PoolStats::default() };
+        PoolStats {
+            runs: p.runs.load(Relaxed),
+            tasks: p.tasks.load(Relaxed),
+            caller_work_ns: p.caller_work.load(Relaxed),
+            caller_wait_ns: p.caller_wait.load(Relaxed),
+            worker_work_ns: p.worker_work.load(Relaxed),
+            worker_start_ns: p.worker_start.load(Relaxed),
+        }
+    }
+
     /// Run `f(0..n_tasks)` on the caller and the workers; returns when all tasks are done.
     pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if self.workers.is_empty() || n_tasks <= 1 {
@@ -100,14 +159,20 @@ impl SpinPool {
         let _guard = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let s = &self.shared;
         // SAFETY: the lifetime is erased only for the duration of this call: we wait below
-        // until every worker has finished with this generation before `f` goes out of scope.
+        // until every worker that joined this generation has finished before `f` goes out of
+        // scope (the others never read it).
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
-        // SAFETY: every worker counted itself out of the last generation (busy == 0, acquired
-        // below), so none reads `job` until the release of the generation bump.
+        // SAFETY: the last generation is closed and every worker that joined it counted
+        // itself out (acquired below), so none reads `job` until it joins this one.
         unsafe { *s.job.get() = Some(SendJob(job)) };
         s.next.store(0, Relaxed);
         s.n_tasks.store(n_tasks, Relaxed);
-        s.busy.store(self.workers.len(), Relaxed);
+        // open: tagged with the generation about to be published, nobody in it
+        let gen = s.generation.load(Relaxed).wrapping_add(1);
+        s.joined.store((gen & 0xFFFF_FFFF) << 32, Release);
+        let t0 = s.prof.as_ref().map(|_| Instant::now());
+        // SAFETY: as `job`: no worker reads it before the generation bump below.
+        unsafe { *s.started.get() = t0 };
         // SeqCst: ordered before the `sleeping` load (a worker going to sleep increments
         // `sleeping`, then re-checks the generation under the lock)
         s.generation.fetch_add(1, SeqCst);
@@ -116,12 +181,38 @@ impl SpinPool {
             s.wake.notify_all();
         }
         drain(s, f);
+        let t1 = t0.map(|_| Instant::now());
+        // no more joiners; wait for those in it
+        s.joined.fetch_or(CLOSED, AcqRel);
         let mut spins = 0u32;
-        while s.busy.load(Acquire) != 0 {
+        while s.joined.load(Acquire) & COUNT != 0 {
             backoff(&mut spins);
         }
-        // SAFETY: as above (all workers are out of this generation).
+        if let (Some(p), Some(t0), Some(t1)) = (s.prof.as_deref(), t0, t1) {
+            p.runs.fetch_add(1, Relaxed);
+            p.tasks.fetch_add(n_tasks as u64, Relaxed);
+            p.caller_work.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
+            p.caller_wait.fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
+        }
+        // SAFETY: as above (the generation is closed and every worker in it is out).
         unsafe { *s.job.get() = None };
+    }
+}
+
+/// The calling thread's CPU time (Linux `CLOCK_THREAD_CPUTIME_ID`; elsewhere wall time since
+/// the first call): for profiles on a busy machine, where wall time counts other processes.
+pub fn thread_cpu_time() -> std::time::Duration {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid clock id and out pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed()
     }
 }
 
@@ -174,14 +265,40 @@ fn worker(s: &Shared) {
             s.sleeping.fetch_sub(1, SeqCst);
             spins = 0;
         }
+        if !join(s, seen) {
+            continue; // closed (or already over) before this worker got to it
+        }
         // SAFETY: `run` wrote `job` before the generation bump we acquired, and does not write
-        // it again until we count ourselves out below.
+        // it again until we, having joined, count ourselves out below.
         let job = unsafe { *s.job.get() };
         if let Some(SendJob(j)) = job {
-            // SAFETY: `run` keeps the closure alive until `busy` reaches zero.
+            // SAFETY: written before the generation bump, like `job`.
+            let t0 = unsafe { *s.started.get() };
+            let t1 = t0.map(|_| Instant::now());
+            // SAFETY: `run` keeps the closure alive until every worker that joined is out.
             drain(s, unsafe { &*j });
+            if let (Some(p), Some(t0), Some(t1)) = (s.prof.as_deref(), t0, t1) {
+                p.worker_start.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
+                p.worker_work.fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
+            }
         }
-        s.busy.fetch_sub(1, AcqRel);
+        s.joined.fetch_sub(1, AcqRel);
+    }
+}
+
+/// Join generation `gen` unless it is closed or over: true when this worker may run its tasks
+/// (and must then count itself out of `joined`).
+fn join(s: &Shared, gen: u64) -> bool {
+    let tag = (gen & 0xFFFF_FFFF) << 32;
+    let mut cur = s.joined.load(Acquire);
+    loop {
+        if cur & !(CLOSED | COUNT) != tag || cur & CLOSED != 0 {
+            return false;
+        }
+        match s.joined.compare_exchange_weak(cur, cur + 1, AcqRel, Acquire) {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
     }
 }
 
@@ -214,6 +331,34 @@ mod tests {
                 });
                 assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "threads {threads}, n {n}");
             }
+        }
+    }
+
+    #[test]
+    fn back_to_back_small_runs_lose_and_repeat_no_task() {
+        // workers join late, skip closed generations and race the next one's publication
+        for threads in 2..5 {
+            let p = SpinPool::new(threads);
+            let total = AtomicU32::new(0);
+            let mut want = 0;
+            for i in 0..10_000usize {
+                let n = 2 + i % 5;
+                want += n as u32;
+                let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+                p.run(n, &|k| {
+                    hits[k].fetch_add(1, SeqCst);
+                    total.fetch_add(1, SeqCst);
+                    // every other run's tasks take a few microseconds: workers join those
+                    if i % 2 == 1 {
+                        let t = std::time::Instant::now();
+                        while t.elapsed() < std::time::Duration::from_micros(2) {
+                            std::hint::spin_loop();
+                        }
+                    }
+                });
+                assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "threads {threads}, run {i}");
+            }
+            assert_eq!(total.load(SeqCst), want);
         }
     }
 

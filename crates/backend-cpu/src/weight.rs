@@ -134,6 +134,30 @@ impl CpuWeight {
         f(&as_bytes(v)[..bytes])
     }
 
+    /// The kept GEMM panels (`bytes` bytes, filled by `fill` on the first call), or None where
+    /// they are not kept (a view, or the panel budget spent): then nothing is packed here.
+    pub(crate) fn kept_gemm_panels(&self, bytes: usize, fill: impl FnOnce(&mut [u8])) -> Option<&[u8]> {
+        let as_bytes = |v: &[Line64]| -> &[u8] {
+            // SAFETY: `Line64` is 64 plain bytes without padding; the slice covers exactly `v`.
+            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
+        };
+        if self.panels.get().is_none() && (self.view || !reserve_panel_bytes(bytes)) {
+            return None;
+        }
+        let v = self.panels.get_or_init(|| {
+            let mut v = vec![Line64([0; 64]); bytes.div_ceil(64)];
+            // SAFETY: as above, writable.
+            fill(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) });
+            v
+        });
+        as_bytes(v).get(..bytes)
+    }
+
+    /// Whether this is a per-call view of one expert (nothing is kept on it).
+    pub(crate) fn is_view(&self) -> bool {
+        self.view
+    }
+
     pub fn row_bytes(&self) -> usize {
         self.ty.row_bytes(self.n_in).expect("validated at load")
     }

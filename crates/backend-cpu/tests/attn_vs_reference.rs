@@ -204,3 +204,103 @@ fn f16_decode_attention_matches_naive_softmax() {
         }
     }
 }
+
+/// Many decode tokens in one batch (one per sequence: the task-per-token path of the f16
+/// vector attention) against each token alone in its own batch (the task-per-KV-head path):
+/// the same bits, for GQA groups 1..=4, sliding windows, scattered block tables.
+#[test]
+fn many_decode_tokens_equal_each_alone() {
+    for (threads, nh, nkv, window) in [(2, 9, 3, None), (3, 8, 2, Some(7)), (2, 4, 4, None), (1, 12, 3, None), (2, 8, 2, Some(40))] {
+        let be = CpuBackend::new(threads).unwrap();
+        let (hd, bs, n_seq) = (64, 16, 13);
+        let n_blocks = 64;
+        let spec = KvSpec { n_layer: 1, n_kv_head: nkv, head_dim: hd, block_size: bs, n_blocks, ty: KvType::F16 };
+        let mut kv = be.alloc_kv(&spec).unwrap();
+        // sequence s has `len` cached positions before its decode token; blocks scattered
+        let lens: Vec<usize> = (0..n_seq).map(|s| 1 + (s * 37 + 11) % 60).collect();
+        let mut next_block = 0u32;
+        let tables: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&l| {
+                (0..(l + 1).div_ceil(bs))
+                    .map(|_| {
+                        next_block = (next_block + 23) % n_blocks as u32;
+                        next_block
+                    })
+                    .collect()
+            })
+            .collect();
+        let row = nkv * hd;
+        for (s, &l) in lens.iter().enumerate() {
+            let batch = ForwardBatch {
+                tokens: vec![0; l + 1],
+                positions: (0..=l as u32).collect(),
+                seqs: vec![SeqBatch { start: 0, len: l + 1, block_table: tables[s].clone() }],
+                logits_rows: vec![],
+                state_slots: vec![],
+            };
+            let (k, v) = (rnd(10 + s as u64, (l + 1) * row, 2.0), rnd(50 + s as u64, (l + 1) * row, 2.0));
+            be.kv_store(&mut kv, 0, &k, &v, &batch).unwrap();
+        }
+        let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: window, softcap: None };
+        let q = rnd(7, n_seq * nh * hd, 2.0);
+        let all = ForwardBatch {
+            tokens: vec![0; n_seq],
+            positions: lens.iter().map(|&l| l as u32).collect(),
+            seqs: (0..n_seq).map(|s| SeqBatch { start: s, len: 1, block_table: tables[s].clone() }).collect(),
+            logits_rows: vec![],
+            state_slots: vec![],
+        };
+        let mut out = vec![0f32; q.len()];
+        be.attention(&q, &kv, 0, &all, &p, &mut out).unwrap();
+        for s in 0..n_seq {
+            let one = ForwardBatch {
+                tokens: vec![0],
+                positions: vec![lens[s] as u32],
+                seqs: vec![SeqBatch { start: 0, len: 1, block_table: tables[s].clone() }],
+                logits_rows: vec![],
+                state_slots: vec![],
+            };
+            let qs = q[s * nh * hd..(s + 1) * nh * hd].to_vec();
+            let mut o = vec![0f32; qs.len()];
+            be.attention(&qs, &kv, 0, &one, &p, &mut o).unwrap();
+            assert_eq!(bits(&o), bits(&out[s * nh * hd..(s + 1) * nh * hd]), "threads {threads} heads {nh}/{nkv} window {window:?}: sequence {s}");
+        }
+    }
+}
+
+/// kv_store of many tokens of several sequences, written in parallel on a pool, leaves the
+/// same cache as one thread's store (read back through attention, bit for bit).
+#[test]
+fn parallel_kv_store_equals_sequential() {
+    let (one, pool) = (CpuBackend::new(1).unwrap(), CpuBackend::new(3).unwrap());
+    let (nh, nkv, hd, bs) = (6, 3, 64, 16);
+    let spec = KvSpec { n_layer: 2, n_kv_head: nkv, head_dim: hd, block_size: bs, n_blocks: 16, ty: KvType::F16 };
+    let (mut a, mut b) = (one.alloc_kv(&spec).unwrap(), pool.alloc_kv(&spec).unwrap());
+    // three sequences of 9, 20 and 1 tokens, scattered blocks
+    let tables = [vec![7u32], vec![3, 12], vec![0]];
+    let lens = [9usize, 20, 1];
+    let mut batch = ForwardBatch::default();
+    for (s, &l) in lens.iter().enumerate() {
+        let start = batch.tokens.len();
+        for p in 0..l {
+            batch.tokens.push(0);
+            batch.positions.push(p as u32);
+        }
+        batch.seqs.push(SeqBatch { start, len: l, block_table: tables[s].clone() });
+    }
+    let n = batch.n_tokens();
+    let (k, v) = (rnd(31, n * nkv * hd, 3.0), rnd(32, n * nkv * hd, 3.0));
+    one.kv_store(&mut a, 1, &k, &v, &batch).unwrap();
+    pool.kv_store(&mut b, 1, &k, &v, &batch).unwrap();
+    let q = rnd(33, n * nh * hd, 2.0);
+    let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: None, softcap: None };
+    let (mut oa, mut ob) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+    one.attention(&q, &a, 1, &batch, &p, &mut oa).unwrap();
+    one.attention(&q, &b, 1, &batch, &p, &mut ob).unwrap();
+    assert_eq!(bits(&oa), bits(&ob));
+    // a position without a block is still an error, not a panic
+    let mut bad = batch.clone();
+    bad.positions[3] = 40;
+    assert!(pool.kv_store(&mut b, 1, &k, &v, &bad).is_err());
+}

@@ -281,3 +281,73 @@ fn wide_tiles_match_dot() {
     let expect = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0].iter().filter(|&&t| simd::gemm_fn(t).is_some()).count() * 4;
     assert_eq!(checked, expect);
 }
+
+/// `matmul_many` (weights sharing their input: one quantization and one parallel job where the
+/// kernels allow) against the per-output kernels of each weight, and against `matmul` of each
+/// weight alone; a second type in the list must take the per-weight path and be right too.
+fn check_many(tys: &[QuantType], n_blocks: usize, n_outs: &[usize], n_tok: usize, threads: usize, seed: u64) -> Result<(), TestCaseError> {
+    let n_in = n_blocks * tys[0].block_size();
+    let be = CpuBackend::new(threads).unwrap();
+    let mut x = rnd(seed ^ 0x77, n_in * n_tok, 2.0);
+    for (t, row) in x.chunks_mut(n_in).enumerate() {
+        row[(t * 5) % n_in] *= 1.0 + t as f32;
+    }
+    let parts: Vec<(QuantType, usize, Vec<u8>, Arc<Gguf>)> = n_outs
+        .iter()
+        .enumerate()
+        .map(|(i, &n_out)| {
+            let ty = tys[i % tys.len()];
+            let w = weight_bytes(ty, n_in, n_out, seed + i as u64, i % 2 == 1);
+            let g = weight_file(ty, n_in, n_out, &w);
+            (ty, n_out, w, g)
+        })
+        .collect();
+    let ws: Vec<_> = parts.iter().map(|(_, _, _, g)| be.load_weight(WeightSource { gguf: g, name: "w" }).unwrap()).collect();
+    let mut outs: Vec<Vec<f32>> = n_outs.iter().map(|&n| vec![f32::NAN; n * n_tok]).collect();
+    {
+        let wr: Vec<&_> = ws.iter().collect();
+        let mut or: Vec<&mut Vec<f32>> = outs.iter_mut().collect();
+        be.matmul_many(&wr, &x, n_tok, &mut or).unwrap();
+    }
+    for (i, ((ty, n_out, w, _), got)) in parts.iter().zip(&outs).enumerate() {
+        let want = per_output(*ty, n_in, *n_out, w, &x, n_tok);
+        let mut alone = vec![0f32; n_out * n_tok];
+        be.matmul(&ws[i], &x, n_tok, &mut alone).unwrap();
+        for (k, ((g, w), a)) in got.iter().zip(&want).zip(&alone).enumerate() {
+            prop_assert_eq!(g.to_bits(), w.to_bits(), "{} weight {} n_in {} n_out {} n_tok {} threads {}: token {} row {}", ty.name(), i, n_in, n_out, n_tok, threads, k / n_out, k % n_out);
+            prop_assert_eq!(g.to_bits(), a.to_bits(), "matmul_many vs matmul: weight {} output {}", i, k);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn matmul_many_is_bit_identical_to_each_weight_alone(
+        ti in 0..N_GEMM,
+        mixed in any::<bool>(),
+        n_blocks in 1usize..21,
+        n_outs in proptest::collection::vec(1usize..70, 1..4),
+        n_tok in 1usize..40,
+        threads in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let ty = TYPES[ti];
+        let n_blocks = if ty.block_size() > 32 { (n_blocks - 1) % 3 + 1 } else { n_blocks };
+        // a second type with the same block size where asked (the per-weight path)
+        let other = if ty.block_size() == 32 { QuantType::Q8_0 } else { QuantType::Q6_K };
+        let tys: Vec<QuantType> = if mixed && other != ty { vec![ty, other] } else { vec![ty] };
+        check_many(&tys, n_blocks, &n_outs, n_tok, threads, seed)?;
+    }
+}
+
+/// The decode-step shapes of a SmolLM2-size layer (Q/K/V, gate/up) at 16 and 33 tokens.
+#[test]
+fn matmul_many_layer_shapes() {
+    for ty in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q4_0] {
+        check_many(&[ty], 18, &[576, 192, 192], 16, 2, 11).unwrap();
+        check_many(&[ty], 18, &[1536, 1536], 33, 3, 12).unwrap();
+    }
+}

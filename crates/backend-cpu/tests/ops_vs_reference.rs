@@ -118,3 +118,58 @@ fn bad_shapes_are_errors_not_panics() {
     // embedding of an out-of-vocabulary id
     assert!(be.embed(&w, &[5], &mut e).is_err());
 }
+
+/// RMSNorm, RoPE and SwiGLU on one thread and on a pool (which runs them in parallel from 8
+/// rows on): the same bits for every row count.
+#[test]
+fn row_ops_are_bit_identical_on_any_thread_count() {
+    use quarrel_core::{RopeParams, RopeStyle};
+    let (one, pool) = (CpuBackend::new(1).unwrap(), CpuBackend::new(3).unwrap());
+    let d = 576;
+    let mut g = GgufWriter::new();
+    g.add_tensor("g", &[d as u64], QuantType::F32).unwrap();
+    let gw: Vec<u8> = rnd(5, d, 2.0).iter().flat_map(|v| v.to_le_bytes()).collect();
+    let gg = Arc::new(Gguf::from_bytes(g.to_bytes(&[&gw]).unwrap()).unwrap());
+    let (w1, w3) = (one.load_weight(WeightSource { gguf: &gg, name: "g" }).unwrap(), pool.load_weight(WeightSource { gguf: &gg, name: "g" }).unwrap());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for rows in [1usize, 3, 7, 8, 9, 16, 37] {
+        let x = rnd(rows as u64, rows * d, 3.0);
+        let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+        one.rms_norm(&x, &w1, 1e-5, &mut a).unwrap();
+        pool.rms_norm(&x, &w3, 1e-5, &mut b).unwrap();
+        assert_eq!(bits(&a), bits(&b), "rms_norm, {rows} rows");
+        let positions: Vec<u32> = (0..rows as u32).map(|i| i * 7 + 3).collect();
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            let p = RopeParams { style, n_rot: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+            let (mut a, mut b) = (x.clone(), x.clone());
+            one.rope(&mut a, &positions, 9, 64, &p).unwrap();
+            pool.rope(&mut b, &positions, 9, 64, &p).unwrap();
+            assert_eq!(bits(&a), bits(&b), "rope {style:?}, {rows} rows");
+        }
+        // SwiGLU over rows of 1536 (and a ragged length: the scalar tail)
+        for n in [rows * 1536, rows * 1536 + 5] {
+            let (gt, up) = (rnd(11, n, 8.0), rnd(12, n, 2.0));
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            one.swiglu(&gt, &up, &mut a).unwrap();
+            pool.swiglu(&gt, &up, &mut b).unwrap();
+            assert_eq!(bits(&a), bits(&b), "swiglu, {n} values");
+        }
+    }
+}
+
+/// alloc zeroes and upload / download copy exactly, also where large buffers are filled in
+/// parallel pieces.
+#[test]
+fn buffers_are_zeroed_and_copied_on_any_thread_count() {
+    for threads in [1, 2, 3] {
+        let be = CpuBackend::new(threads).unwrap();
+        for n in [0usize, 1, 100, (1 << 14) - 1, 1 << 14, (1 << 14) + 8191, 3 * (1 << 13) + 5, 200_000] {
+            let z = be.alloc(n).unwrap();
+            assert!(z.len() == n && z.iter().all(|v| v.to_bits() == 0), "alloc {n}, {threads} threads");
+            let x = rnd(n as u64, n, 4.0);
+            let up = be.upload(&x).unwrap();
+            let down = be.download(&up).unwrap();
+            assert!(down.len() == n && down.iter().zip(&x).all(|(a, b)| a.to_bits() == b.to_bits()), "copy {n}, {threads} threads");
+        }
+    }
+}

@@ -88,6 +88,15 @@ pub trait Backend: Send + Sync + 'static {
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) -> Result<()>;
     /// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ`.
     fn matmul(&self, w: &Self::Weight, x: &Self::Buf, n_tok: usize, out: &mut Self::Buf) -> Result<()>;
+    /// `outs[i] = x · W_iᵀ` for weights that share their input (Q/K/V, gate/up): each output
+    /// exactly as `matmul` gives it, but a backend may quantize `x` once and run all of them
+    /// as one parallel job. Default: one `matmul` per weight.
+    fn matmul_many(&self, ws: &[&Self::Weight], x: &Self::Buf, n_tok: usize, outs: &mut [&mut Self::Buf]) -> Result<()> {
+        if ws.len() != outs.len() {
+            return Err(CoreError::Shape(format!("matmul_many: {} weights, {} outputs", ws.len(), outs.len())));
+        }
+        ws.iter().zip(outs.iter_mut()).try_for_each(|(w, o)| self.matmul(w, x, n_tok, o))
+    }
     /// RMSNorm over rows of `w`'s length, times `w`.
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> Result<()>;
     /// Rotate `x (n_tok, n_head, head_dim)` in place by each token's position.

@@ -47,6 +47,12 @@ impl<B: Backend> Engine<B> {
     /// Run one llama-batched-bench measurement (see the module docs). Needs `pl` sequences of
     /// `pp + tg` positions in the KV cache.
     pub fn bench_batched(&mut self, pp: usize, tg: usize, pl: usize) -> Result<BatchedRun, EngineError> {
+        self.bench_batched_with(pp, tg, pl, &mut |_| {})
+    }
+
+    /// [`Engine::bench_batched`], calling `before_tg(backend)` between the prompt and the
+    /// generation phase (profilers reset their counters there).
+    pub fn bench_batched_with(&mut self, pp: usize, tg: usize, pl: usize, before_tg: &mut dyn FnMut(&B)) -> Result<BatchedRun, EngineError> {
         if pl == 0 || pp + tg == 0 {
             return Err(EngineError::InvalidRequest("batched bench needs pl >= 1 and pp + tg >= 1".into()));
         }
@@ -88,6 +94,7 @@ impl<B: Backend> Engine<B> {
                 self.model.forward(&self.backend, &b, &mut self.kv)?;
             }
             let t_pp = t0.elapsed().as_secs_f64();
+            before_tg(&self.backend);
             let t1 = Instant::now();
             for step in 0..tg {
                 let b = ForwardBatch {

@@ -81,6 +81,9 @@ pub enum OpKind {
     Embed,
     /// A matmul with a weight of this type and `(n_in, n_out)` shape.
     Matmul(QuantTypeKey, usize, usize),
+    /// `matmul_many` over this many weights of this type sharing their input: `(n_in, the
+    /// weights' n_out summed)`.
+    MatmulMany(QuantTypeKey, usize, usize, usize),
     RmsNorm,
     Rope,
     Swiglu,
@@ -123,6 +126,7 @@ impl std::fmt::Display for OpKind {
         match self {
             OpKind::Embed => f.write_str("embed"),
             OpKind::Matmul(t, i, o) => write!(f, "matmul {} {i}x{o}", t.0.name()),
+            OpKind::MatmulMany(t, i, o, n) => write!(f, "matmul x{n} {} {i}x{o}", t.0.name()),
             OpKind::RmsNorm => f.write_str("rms_norm"),
             OpKind::Rope => f.write_str("rope"),
             OpKind::Swiglu => f.write_str("swiglu"),
@@ -154,11 +158,19 @@ pub struct OpStat {
 pub struct ProfiledBackend<B: Backend> {
     pub inner: B,
     stats: Mutex<HashMap<OpKind, OpStat>>,
+    /// The clock ops are timed with (None: wall time).
+    clock: Option<fn() -> Duration>,
 }
 
 impl<B: Backend> ProfiledBackend<B> {
     pub fn new(inner: B) -> Self {
-        ProfiledBackend { inner, stats: Mutex::new(HashMap::new()) }
+        ProfiledBackend { inner, stats: Mutex::new(HashMap::new()), clock: None }
+    }
+
+    /// Time ops with `clock` instead of wall time (e.g. the calling thread's CPU time, which
+    /// a busy machine's scheduling does not inflate; single-threaded backends only then).
+    pub fn with_clock(inner: B, clock: fn() -> Duration) -> Self {
+        ProfiledBackend { inner, stats: Mutex::new(HashMap::new()), clock: Some(clock) }
     }
 
     /// Forget what was recorded so far.
@@ -174,6 +186,16 @@ impl<B: Backend> ProfiledBackend<B> {
     }
 
     fn timed<T>(&self, kind: OpKind, f: impl FnOnce() -> T) -> T {
+        if let Some(clock) = self.clock {
+            let c0 = clock();
+            let r = f();
+            let dt = clock().saturating_sub(c0);
+            let mut m = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            let s = m.entry(kind).or_default();
+            s.calls += 1;
+            s.time += dt;
+            return r;
+        }
         let t0 = Instant::now();
         let r = f();
         let dt = t0.elapsed();
@@ -224,6 +246,13 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
         let (i, o) = self.inner.weight_dims(w);
         let kind = OpKind::Matmul(QuantTypeKey(self.inner.weight_type(w)), i, o);
         self.timed(kind, || self.inner.matmul(w, x, n_tok, out))
+    }
+    fn matmul_many(&self, ws: &[&Self::Weight], x: &Self::Buf, n_tok: usize, outs: &mut [&mut Self::Buf]) -> CoreResult<()> {
+        let Some(w0) = ws.first() else { return self.inner.matmul_many(ws, x, n_tok, outs) };
+        let n_in = self.inner.weight_dims(w0).0;
+        let n_out = ws.iter().map(|w| self.inner.weight_dims(w).1).sum();
+        let kind = OpKind::MatmulMany(QuantTypeKey(self.inner.weight_type(w0)), n_in, n_out, ws.len());
+        self.timed(kind, || self.inner.matmul_many(ws, x, n_tok, outs))
     }
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> CoreResult<()> {
         self.timed(OpKind::RmsNorm, || self.inner.rms_norm(x, w, eps, out))

@@ -367,6 +367,30 @@ impl Gemm {
         self.kind.pack_act(n_in, rows, panel)
     }
 
+    /// Bytes of a *compact* weight panel where kept panels are compact (Q4_0, Q4_1: half the
+    /// bytes, [`Gemm::expand_panel`] before the tiles), else None.
+    /// `QUARREL_NO_COMPACT_PANELS` (any value, read once): None (A/B runs).
+    pub fn compact_panel_bytes(&self, n_in: usize) -> Option<usize> {
+        static NO: OnceLock<bool> = OnceLock::new();
+        if *NO.get_or_init(|| std::env::var_os("QUARREL_NO_COMPACT_PANELS").is_some()) {
+            return None;
+        }
+        self.kind.compact_panel_bytes(n_in)
+    }
+
+    /// Up to [`GEMM_ROWS`] weight rows into a compact panel (missing rows become zeros).
+    /// Panics on short buffers or for a kind without compact panels.
+    pub fn pack_weights_compact(&self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        self.kind.pack_weights_compact(n_in, rows, panel)
+    }
+
+    /// A compact panel into `panel` ([`Gemm::weight_panel_bytes`]): exactly the bytes
+    /// [`Gemm::pack_weights`] gives for the same rows. Panics on short buffers or for a kind
+    /// without compact panels.
+    pub fn expand_panel(&self, n_in: usize, compact: &[u8], panel: &mut [u8]) {
+        self.kind.expand_panel(n_in, compact, panel)
+    }
+
     /// Repack up to [`GEMM_ROWS`] weight rows into `panel` (missing rows become zeros).
     /// Panics on short buffers.
     pub fn pack_weights(&self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
@@ -420,6 +444,15 @@ impl Gemm {
         match self.never {}
     }
     pub fn pack_act(&self, _: usize, _: &[&[u8]], _: &mut [u8]) {
+        match self.never {}
+    }
+    pub fn compact_panel_bytes(&self, _: usize) -> Option<usize> {
+        match self.never {}
+    }
+    pub fn pack_weights_compact(&self, _: usize, _: &[&[u8]], _: &mut [u8]) {
+        match self.never {}
+    }
+    pub fn expand_panel(&self, _: usize, _: &[u8], _: &mut [u8]) {
         match self.never {}
     }
     pub fn pack_weights(&self, _: usize, _: &[&[u8]], _: &mut [u8]) {

@@ -409,7 +409,7 @@ fn profile(gguf: std::sync::Arc<Gguf>, threads: usize, opts: EngineOptions, run:
     let (mut in_ops, mut mm) = (Duration::ZERO, Duration::ZERO);
     for (k, st) in &stats {
         in_ops += st.time;
-        if matches!(k, quarrel_engine::OpKind::Matmul(..)) {
+        if matches!(k, quarrel_engine::OpKind::Matmul(..) | quarrel_engine::OpKind::MatmulMany(..)) {
             mm += st.time;
         }
         lines.push([

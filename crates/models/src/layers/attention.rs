@@ -36,9 +36,7 @@ impl<B: Backend> SelfAttention<B> {
         let mut q = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
         let mut k = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
         let mut v = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
-        be.matmul(&self.attn_q, x, n, &mut q)?;
-        be.matmul(&self.attn_k, x, n, &mut k)?;
-        be.matmul(&self.attn_v, x, n, &mut v)?;
+        be.matmul_many(&[&self.attn_q, &self.attn_k, &self.attn_v], x, n, &mut [&mut q, &mut k, &mut v])?;
         if self.rope.n_rot > 0 {
             // n_rot 0: no positional rotation (Nemotron-H attention layers)
             be.rope(&mut q, &batch.positions, p.n_head, p.head_dim, &self.rope)?;

@@ -27,8 +27,7 @@ impl<B: Backend> SwiGluMlp<B> {
     pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
         let mut g = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
         let mut u = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
-        be.matmul(&self.ffn_gate, x, n_tok, &mut g)?;
-        be.matmul(&self.ffn_up, x, n_tok, &mut u)?;
+        be.matmul_many(&[&self.ffn_gate, &self.ffn_up], x, n_tok, &mut [&mut g, &mut u])?;
         let mut h = be.alloc(n_tok * self.n_ff)?;
         be.swiglu(&g, &u, &mut h)?;
         let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)

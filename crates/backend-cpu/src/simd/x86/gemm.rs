@@ -90,6 +90,31 @@ impl Kind {
         }
     }
 
+    /// Bytes of a compact kept panel (`gemm_compact`), None where panels are kept as the
+    /// tiles read them.
+    pub(crate) fn compact_panel_bytes(self, n_in: usize) -> Option<usize> {
+        match self {
+            Kind::Ggml(t) if t.compact() => Some(t.compact_panel_bytes(n_in)),
+            _ => None,
+        }
+    }
+
+    /// Panics for a kind without compact panels.
+    pub(crate) fn pack_weights_compact(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
+        match self {
+            Kind::Ggml(t) => t.pack_weights_compact(n_in, rows, panel),
+            _ => panic!("no compact panels for {self:?}"),
+        }
+    }
+
+    /// Panics for a kind without compact panels.
+    pub(crate) fn expand_panel(self, n_in: usize, compact: &[u8], panel: &mut [u8]) {
+        match self {
+            Kind::Ggml(t) if t.compact() => t.expand_panel(n_in, compact, panel),
+            _ => panic!("no compact panels for {self:?}"),
+        }
+    }
+
     /// Whether the kind has 16-token tiles (`gemm_wide`).
     pub(crate) fn has_wide(self) -> bool {
         matches!(self, Kind::Ggml(_))

@@ -38,6 +38,7 @@ mod avx512_kquants;
 mod avx512_legacy;
 mod float;
 pub(crate) mod gemm;
+mod gemm_compact;
 mod gemm_ggml;
 mod gemm_kquants;
 mod gemm_rows;
