@@ -114,6 +114,14 @@ fn elementwise_ops_bit_exact() {
         eprintln!("{name}: {n} of {} values differ (worst {ulp:.1} ulp)", x.len());
         if n > 0 {
             bad.push(*name);
+            // where: per row of EMBD values (embeddings: one row per token), the first differences
+            for (r, (xr, yr)) in x.chunks(EMBD).zip(y.chunks(EMBD)).enumerate() {
+                let d: Vec<usize> = (0..xr.len()).filter(|&i| xr[i].to_bits() != yr[i].to_bits()).collect();
+                if let Some(&i) = d.first() {
+                    let show = |v: &[f32]| v[i..(i + 4).min(v.len())].iter().map(|f| format!("{f:e}")).collect::<Vec<_>>().join(" ");
+                    eprintln!("  row {r}: {} differ, first at {i}: cpu [{}] gpu [{}]", d.len(), show(xr), show(yr));
+                }
+            }
         }
     }
     assert!(bad.is_empty(), "not bit-exact: {bad:?}");
