@@ -291,3 +291,65 @@ fn exact_attention_matches_cpu() {
     }
     assert!(bad.is_empty(), "exact attention differs from the CPU's: {bad:?}");
 }
+
+/// Embedding rows of every shape / position kind, GPU vs CPU: first, last and middle rows, alone
+/// and mixed, of tables of 1 and 3 K super-blocks per row and of few rows. Q8_0 / Q4_1 / Q4_K
+/// rows bit for bit (the CPU's dequantization arithmetic); Q4_0 / Q6_K rows differ in the last
+/// bit (H100 2026-11-22: every row; another product order) and are held to NMSE 1e-10 per row,
+/// so a wrong or stale row (values of another row or of other memory) fails either way.
+#[test]
+fn embed_rows_bit_exact_at_every_position() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    let shapes = [(768usize, 2048usize), (256, 2048), (768, 64), (512, 70)];
+    let types = [QuantType::Q4_K, QuantType::Q4_0, QuantType::Q8_0, QuantType::Q6_K, QuantType::Q4_1];
+    let exact = |ty: QuantType| matches!(ty, QuantType::Q8_0 | QuantType::Q4_1 | QuantType::Q4_K);
+    let mut w = GgufWriter::new();
+    let mut data = Vec::new();
+    for (i, ty) in types.iter().enumerate() {
+        for (j, &(n_in, n_out)) in shapes.iter().enumerate() {
+            let v: Vec<f32> = rnd(n_in * n_out, 900 + (10 * i + j) as u64).iter().map(|x| x * 0.1).collect();
+            w.add_tensor(&format!("t{i}_{j}"), &[n_in as u64, n_out as u64], *ty).unwrap();
+            data.push(quarrel_quant::quantize_to_vec(*ty, &v).unwrap());
+        }
+    }
+    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+    let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
+    let mut bad = vec![];
+    for (i, ty) in types.iter().enumerate() {
+        for (j, &(n_in, n_out)) in shapes.iter().enumerate() {
+            let last = n_out as u32 - 1;
+            for toks in [vec![last], vec![0, last, 5], vec![last - 1, last], vec![5, 0, last]] {
+                let name = format!("t{i}_{j}");
+                let run = |be: &dyn Fn(&[u32]) -> Vec<f32>| be(&toks);
+                let c = run(&|t| {
+                    let wt = cpu.load_weight(WeightSource { gguf: &g, name: &name }).unwrap();
+                    let mut e = cpu.alloc(t.len() * n_in).unwrap();
+                    cpu.embed(&wt, t, &mut e).unwrap();
+                    cpu.download(&e).unwrap()
+                });
+                let d = run(&|t| {
+                    let wt = gpu.load_weight(WeightSource { gguf: &g, name: &name }).unwrap();
+                    let mut e = gpu.alloc(t.len() * n_in).unwrap();
+                    gpu.embed(&wt, t, &mut e).unwrap();
+                    gpu.download(&e).unwrap()
+                });
+                let row_bad = |r: usize| {
+                    let (a, b) = (&c[r * n_in..(r + 1) * n_in], &d[r * n_in..(r + 1) * n_in]);
+                    if exact(*ty) {
+                        a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
+                    } else {
+                        common::nmse(a, b) > 1e-10
+                    }
+                };
+                let rows: Vec<usize> = (0..toks.len()).filter(|&r| row_bad(r)).collect();
+                if !rows.is_empty() {
+                    let wrong: Vec<u32> = rows.iter().map(|&r| toks[r]).collect();
+                    eprintln!("embed {ty} {n_out} x {n_in}, tokens {toks:?}: rows of tokens {wrong:?} differ");
+                    bad.push(format!("{ty} {n_out}x{n_in} {toks:?}"));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "embeddings differ: {bad:?}");
+}
