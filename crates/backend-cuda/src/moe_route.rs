@@ -15,18 +15,7 @@ const MAX_THREADS: usize = 8;
 /// `route_reference(logits, bias, p)`, fast (see the module doc).
 pub fn route_fast(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) -> quarrel_core::Result<Vec<Route>> {
     let ne = p.n_expert;
-    if ne == 0 || p.n_used == 0 || p.n_used > ne {
-        return Err(CoreError::Model(format!("MoE routing: {} of {ne} experts per token", p.n_used)));
-    }
-    if !logits.len().is_multiple_of(ne) {
-        return Err(CoreError::Shape(format!("router logits: {} values are not rows of {ne}", logits.len())));
-    }
-    if let Some(b) = bias {
-        if b.len() != ne {
-            return Err(CoreError::Shape(format!("expert bias has {} values, expected {ne}", b.len())));
-        }
-    }
-    let n_tok = logits.len() / ne;
+    let n_tok = quarrel_core::moe::check_route_args(logits, bias, p)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cores.min(MAX_THREADS).min(n_tok / MIN_TOKENS_PER_THREAD).max(1);
     if threads == 1 {

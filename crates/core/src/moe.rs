@@ -62,9 +62,9 @@ pub fn softmax_reference(row: &[f32], out: &mut [f32]) {
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
-/// The router with a backend's own softmax (`softmax(row, out)`); everything else as
-/// [`route_reference`].
-pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax: &dyn Fn(&[f32], &mut [f32])) -> Result<Vec<Route>> {
+/// The checks every router makes on its inputs: `n_used` of `n_expert` experts, logits in rows
+/// of `n_expert`, a bias of `n_expert` values. Returns the number of tokens.
+pub fn check_route_args(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) -> Result<usize> {
     let ne = p.n_expert;
     if ne == 0 || p.n_used == 0 || p.n_used > ne {
         return Err(CoreError::Model(format!("MoE routing: {} of {ne} experts per token", p.n_used)));
@@ -77,6 +77,14 @@ pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax:
             return Err(CoreError::Shape(format!("expert bias has {} values, expected {ne}", b.len())));
         }
     }
+    Ok(logits.len() / ne)
+}
+
+/// The router with a backend's own softmax (`softmax(row, out)`); everything else as
+/// [`route_reference`].
+pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax: &dyn Fn(&[f32], &mut [f32])) -> Result<Vec<Route>> {
+    let ne = p.n_expert;
+    check_route_args(logits, bias, p)?;
     let mut out = Vec::with_capacity(logits.len() / ne * p.n_used);
     let mut probs = vec![0f32; ne];
     let mut order: Vec<usize> = (0..ne).collect();
