@@ -39,6 +39,26 @@ pub fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, 
     Ok(per.into_iter().enumerate().filter(|(_, v)| !v.is_empty()).collect())
 }
 
+/// One expert matmul as `moe_matmul` has checked it: what each of its paths (the routed GEMV,
+/// `moe_chunk`, `moe_id`) takes. `groups`: each expert with its routes' indices.
+#[derive(Clone, Copy)]
+pub(crate) struct ExpertCall<'a> {
+    pub dev: &'a Device,
+    pub budget: &'a ExpertBudget,
+    pub w: &'a CudaWeight,
+    /// the weight type's kernel suffix
+    pub name: &'a str,
+    /// rows of one expert
+    pub n_out: usize,
+    pub x: u64,
+    /// input rows
+    pub n_src: usize,
+    pub routes: &'a [Route],
+    pub x_per_token: bool,
+    pub groups: &'a [(usize, Vec<usize>)],
+    pub out: u64,
+}
+
 /// Grouped expert matmul (the trait's `moe_matmul`); `x`, `out` device pointers of
 /// `x_len` and `routes.len() * n_out / n_expert` values.
 #[allow(clippy::too_many_arguments)]
@@ -71,23 +91,24 @@ pub(crate) fn moe_matmul(
         return Ok(());
     }
     let groups = group_by_expert(routes, n_expert)?;
+    let call = ExpertCall { dev, budget, w, name, n_out, x, n_src, routes, x_per_token, groups: &groups, out };
     // decode-sized steps: one routed-expert GEMV launch (no gather / scatter, no per-expert MMQ)
     let n_tok = routes.iter().map(|r| r.token as usize + 1).max().unwrap_or(0);
     if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in % 32 == 0 {
-        return moe_gemv(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+        return moe_gemv(&call);
     }
     // exact numerics (`CudaBackend::set_exact_numerics`): decode's arithmetic at every size
     if exact && n_in % 32 == 0 {
-        return crate::moe_chunk::matmul(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+        return crate::moe_chunk::matmul(&call);
     }
     match prefill_path() {
         // one grouped MMQ launch over every expert's routes (moe_id)
         Prefill::Grouped if n_in % 32 == 0 => {
-            return crate::moe_id::matmul(dev, qc, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+            return crate::moe_id::matmul(qc, &call);
         }
         // few routes per expert: chunked GEMV, one launch (moe_chunk: decode's bits)
         Prefill::Chunked if n_in % 32 == 0 && crate::moe_chunk::applies(routes.len(), groups.len()) => {
-            return crate::moe_chunk::matmul(dev, budget, w, name, n_out, x, n_src, routes, x_per_token, &groups, out);
+            return crate::moe_chunk::matmul(&call);
         }
         _ => {}
     }
@@ -135,20 +156,8 @@ pub(crate) fn moe_matmul(
 /// Routed expert GEMV (`moe_gemv_<type>`): x quantized to Q8 once, then every route's row of
 /// its expert in one launch. Offloaded experts: their slots when all of this step's experts
 /// fit in them at once, else one launch per expert right after its upload.
-#[allow(clippy::too_many_arguments)]
-fn moe_gemv(
-    dev: &Device,
-    budget: &ExpertBudget,
-    w: &CudaWeight,
-    name: &str,
-    n_out: usize,
-    x: u64,
-    n_src: usize,
-    routes: &[Route],
-    x_per_token: bool,
-    groups: &[(usize, Vec<usize>)],
-    out: u64,
-) -> Result<(), CudaError> {
+fn moe_gemv(c: &ExpertCall) -> Result<(), CudaError> {
+    let ExpertCall { dev, budget, w, name, n_out, x, n_src, routes, x_per_token, groups, out } = *c;
     let n_in = w.n_in;
     let units = n_in / 32;
     let nb = n_src * units;

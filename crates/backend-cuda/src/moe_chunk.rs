@@ -12,11 +12,10 @@
 //! its tokens independently in the same order, and the warps per row (`wpr`) depend on the
 //! matrix height only.
 
-use crate::device::{Arg, Device};
+use crate::device::Arg;
+use crate::moe::ExpertCall;
 use crate::error::CudaError;
-use crate::experts::ExpertBudget;
 use crate::mmq;
-use crate::weight::CudaWeight;
 use quarrel_core::Route;
 
 /// Rows per chunk (gemv_q's widest token count).
@@ -81,20 +80,8 @@ pub fn applies(n_routes: usize, n_groups: usize) -> bool {
 }
 
 /// The chunked expert matmul (see the module doc); `out (routes, n_out)`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    dev: &Device,
-    budget: &ExpertBudget,
-    w: &CudaWeight,
-    name: &str,
-    n_out: usize,
-    x: u64,
-    n_src: usize,
-    routes: &[Route],
-    x_per_token: bool,
-    groups: &[(usize, Vec<usize>)],
-    out: u64,
-) -> Result<(), CudaError> {
+pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
+    let ExpertCall { dev, budget, w, name, n_out, x, n_src, routes, x_per_token, groups, out } = *c;
     let n_in = w.n_in;
     let units = n_in / 32;
     let plan = plan(groups, routes, x_per_token, n_src)?;

@@ -12,12 +12,11 @@
 //! activations, no scatter of the results, no split K). Per route the sums are the dense
 //! MMQ's: exact integer block sums over the Q8 activations decode uses, f32 scale products.
 
-use crate::device::{Arg, Device};
+use crate::device::Arg;
+use crate::moe::ExpertCall;
 use crate::error::CudaError;
-use crate::experts::ExpertBudget;
 use crate::matmul::QCache;
 use crate::mmq;
-use crate::weight::CudaWeight;
 use quarrel_core::Route;
 use std::sync::Mutex;
 
@@ -110,21 +109,8 @@ pub fn plan(groups: &[(usize, Vec<usize>)], routes: &[Route], x_per_token: bool,
 }
 
 /// The grouped expert matmul (see the module doc); `out (routes, n_out)`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul(
-    dev: &Device,
-    qc: &Mutex<Option<QCache>>,
-    budget: &ExpertBudget,
-    w: &CudaWeight,
-    name: &str,
-    n_out: usize,
-    x: u64,
-    n_src: usize,
-    routes: &[Route],
-    x_per_token: bool,
-    groups: &[(usize, Vec<usize>)],
-    out: u64,
-) -> Result<(), CudaError> {
+pub(crate) fn matmul(qc: &Mutex<Option<QCache>>, c: &ExpertCall) -> Result<(), CudaError> {
+    let ExpertCall { dev, budget, w, name, n_out, x, n_src, routes, x_per_token, groups, out } = *c;
     if groups.is_empty() {
         return Ok(());
     }
