@@ -3,6 +3,7 @@
 //! softcaps and run splits; and a whole decode over an f16 cache on an odd thread count
 //! against a naive softmax.
 
+mod common;
 use half::f16;
 use proptest::prelude::*;
 use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
@@ -10,15 +11,7 @@ use quarrel_cpu::simd::attn::{self, KvRows, Online, Run, Scoring};
 use quarrel_cpu::CpuBackend;
 
 fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
+    common::rnd_from_state(seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407), n, scale)
 }
 
 fn bits(x: &[f32]) -> Vec<u32> {

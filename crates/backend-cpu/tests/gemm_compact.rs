@@ -2,23 +2,14 @@
 //! `QUARREL_NO_REPACK=1`, set before the first matmul of this test binary) against the one-row
 //! kernels: every output the same bits.
 
+mod common;
+use common::rnd;
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cpu::simd;
 use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
-fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
 
 fn check(ty: QuantType, n_in: usize, n_out: usize, n_tok: usize, threads: usize, seed: u64) {
     let mut w = vec![0u8; ty.row_bytes(n_in).unwrap() * n_out];

@@ -2,6 +2,8 @@
 //! must have the same bits as `simd::dot_fn(ty)` of its (weight row, quantized token), for
 //! random shapes (ragged row and token tails), weight types and thread counts.
 
+mod common;
+use common::rnd;
 use proptest::prelude::*;
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cpu::simd::{self, GEMM_ROWS, GEMM_TOKENS};
@@ -25,17 +27,6 @@ const TYPES: &[QuantType] = &[
 /// How many of `TYPES` (from the front) have GEMM kernels.
 const N_GEMM: usize = 8;
 
-fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
 
 /// Weight bytes: quantized random values, or (`raw`) random codes with finite random
 /// scales (Q8_0 then has -128 codes too).

@@ -4,20 +4,13 @@
 //! shapes, block sizes, scattered block tables and thread counts. Keys are stored less the
 //! layer's key offset (the mean key of the first store), added back when read.
 
+mod common;
 use proptest::prelude::*;
 use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
 use quarrel_cpu::CpuBackend;
 
 fn rnd(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        })
-        .collect()
+    common::rnd(seed, n, 4.0)
 }
 
 /// What the cache should hold: each 32-block rotated, quantized, dequantized, rotated back.

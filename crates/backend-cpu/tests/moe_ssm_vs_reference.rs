@@ -4,6 +4,7 @@
 //! references (f32, and the scan also vs f64); prefill == token-by-token through the carried
 //! state; and the scan with extreme dt never non-finite where the f64 reference is finite.
 
+mod common;
 use proptest::prelude::*;
 use quarrel_core::ssm::{conv_reference, gated_norm_reference, scan_f64, scan_reference, ScanInputs};
 use quarrel_core::{Backend, ForwardBatch, Gating, KvSpec, KvType, MoeRouting, QuantType, Route, SeqBatch, SsmParams, StateSpec, WeightSource};
@@ -12,15 +13,7 @@ use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
 fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
+    common::rnd_from_state(seed, n, scale)
 }
 
 fn nmse(a: &[f32], b: &[f32]) -> f64 {

@@ -1,21 +1,14 @@
 //! Backend ops against plain reference computations: matmul (vs dequantized f32 math),
 //! attention (vs a naive softmax over the cache), paged layout independence.
 
+mod common;
 use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, SeqBatch, WeightSource};
 use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
 fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
+    common::rnd_from_state(seed, n, scale)
 }
 
 fn nmse(a: &[f32], b: &[f32]) -> f64 {

@@ -4,6 +4,8 @@
 //! (same integer sums, different float order: close), and the backend's repacked matmul:
 //! a token's outputs have the same bits whichever tokens share the call.
 
+mod common;
+use common::rnd;
 use proptest::prelude::*;
 use quarrel_core::{Backend, QuantType, Route, WeightSource};
 use quarrel_cpu::simd::repack::{self, ActAux, RepackTy, R, TILE_TOKENS};
@@ -19,17 +21,6 @@ const TYPES: [(RepackTy, QuantType); 5] = [
     (RepackTy::IQ4_NL, QuantType::IQ4_NL),
 ];
 
-fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
 
 /// Random codes (every byte value, so Q8_0 has -128 too) with random finite scales.
 fn raw_weights(ty: QuantType, n_in: usize, n_out: usize, seed: u64) -> Vec<u8> {
