@@ -10,7 +10,6 @@ use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
-
 fn check(ty: QuantType, n_in: usize, n_out: usize, n_tok: usize, threads: usize, seed: u64) {
     let mut w = vec![0u8; ty.row_bytes(n_in).unwrap() * n_out];
     quarrel_quant::quantize(ty, &rnd(seed, n_in * n_out, 1.0), &mut w).unwrap();

@@ -27,7 +27,6 @@ const TYPES: &[QuantType] = &[
 /// How many of `TYPES` (from the front) have GEMM kernels.
 const N_GEMM: usize = 8;
 
-
 /// Weight bytes: quantized random values, or (`raw`) random codes with finite random
 /// scales (Q8_0 then has -128 codes too).
 fn weight_bytes(ty: QuantType, n_in: usize, n_out: usize, seed: u64, raw: bool) -> Vec<u8> {

@@ -21,7 +21,6 @@ const TYPES: [(RepackTy, QuantType); 5] = [
     (RepackTy::IQ4_NL, QuantType::IQ4_NL),
 ];
 
-
 /// Random codes (every byte value, so Q8_0 has -128 too) with random finite scales.
 fn raw_weights(ty: QuantType, n_in: usize, n_out: usize, seed: u64) -> Vec<u8> {
     let bs = ty.type_size();
