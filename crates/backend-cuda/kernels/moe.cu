@@ -22,12 +22,16 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const u32* _
     out[g] = a;
 }
 
-// x = max(x, 0)²
-extern "C" __global__ void relu_sqr(float* __restrict__ x, u64 n) {
+// x = max(x, 0)²; xq/xm non-null (n a multiple of 32): the result also as Q8 (quantize_q8's
+// arithmetic: the down matmul that follows needs no quantize launch).
+extern "C" __global__ void relu_sqr(float* __restrict__ x, u64 n, i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
     float v = fmaxf(x[g], 0.f);
-    x[g] = v * v;
+    float o = __fmul_rn(v, v);
+    x[g] = o;
+    if (xq) q8_store(o, xq, xm, g / 32);
 }
 
 // Routed expert GEMV (decode, a few tokens): launch row j (blockIdx.y) computes
@@ -70,6 +74,7 @@ __device__ __forceinline__ bool route_before(float va, int a, float vb, int b) {
 extern "C" __global__ void moe_route(const float* __restrict__ logits, const float* __restrict__ bias, u32* __restrict__ eids,
                                      float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_expert, int n_used,
                                      int sigmoid, int norm, float scale) {
+    GDC();
     extern __shared__ float rs[];
     float* probs = rs;
     float* sel = rs + n_expert;
@@ -137,16 +142,93 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const flo
     }
 }
 
+// Before waiting for the previous kernel (PDL): when the routing was written at least two
+// launches back (`early`: the kernel right before has waited for it, so it is complete and
+// visible), prefetch this block's rows of the routed expert into L2, as the dense GEMV does.
+template <int QT>
+__device__ __forceinline__ void moe_prefetch(const u8* P, const u8* M, u64 slice_p, u64 slice_m, const u32* __restrict__ eids, int j,
+                                             int early, int U, int n_out, int wpr) {
+#ifndef GEMV_NO_PREFETCH
+    if (!early) return;
+    const u64 e = eids[j];
+    gemv_prefetch<QT>(P + e * slice_p, M ? M + e * slice_m : M, U, n_out, wpr, blockIdx.x);
+#endif
+}
+
 // moe_gemv with the routes on the device (moe_route): launch row j is route j, expert eids[j]
 // at P + eid * slice_p (M + eid * slice_m), input row j / n_used (x per token) or j.
+// moe_gemv2_dev: two matrices of one shape over the same input and routes (gate and up) in
+// one launch, blockIdx.z choosing the matrix; every row computed as by moe_gemv_dev.
 #define MOE_GEMV_DEV(NAME, QT)                                                                                        \
     extern "C" __global__ void __launch_bounds__(128) moe_gemv_dev_##NAME(const u8* __restrict__ P, const u8* __restrict__ M, \
         u64 slice_p, u64 slice_m, const u32* __restrict__ eids, int n_used, int per_token, const i8* __restrict__ xq,      \
-        const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr) {                               \
+        const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr, int early) {                    \
         const int j = blockIdx.y;                                                                                      \
+        moe_prefetch<QT>(P, M, slice_p, slice_m, eids, j, early, U, n_out, wpr);                                       \
+        GDC();                                                                                                         \
+        const u64 e = eids[j], s = per_token ? j / n_used : j;                                                         \
+        gemv_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) moe_gemv2_dev_##NAME(const u8* __restrict__ P0, const u8* __restrict__ M0, \
+        float* __restrict__ out0, const u8* __restrict__ P1, const u8* __restrict__ M1, float* __restrict__ out1, u64 slice_p, \
+        u64 slice_m, const u32* __restrict__ eids, int n_used, int per_token, const i8* __restrict__ xq,                  \
+        const float2* __restrict__ xm, int U, int n_out, int wpr, int early) {                                          \
+        const int j = blockIdx.y;                                                                                      \
+        const u8* P = blockIdx.z ? P1 : P0;                                                                            \
+        const u8* M = blockIdx.z ? M1 : M0;                                                                            \
+        float* out = blockIdx.z ? out1 : out0;                                                                         \
+        moe_prefetch<QT>(P, M, slice_p, slice_m, eids, j, early, U, n_out, wpr);                                       \
+        GDC();                                                                                                         \
         const u64 e = eids[j], s = per_token ? j / n_used : j;                                                         \
         gemv_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
     }
+// The weighted combine after moe_gemv_comb's rows: the block that completes a token's row block
+// last (a counter per (token, row block) in cnt, reset by that block) adds the token's n_used
+// routes' rows, in route order, to out (fresh: out not read) — moe_combine_dev's sum.
+__device__ __forceinline__ void moe_comb_last(const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
+                                              int n_used, int d, int wpr, int fresh, u32* __restrict__ cnt, int j) {
+    __shared__ u32 last;
+    __threadfence();  // this block's rows of y visible to the block that combines them
+    __syncthreads();
+    const int tok = j / n_used;
+    u32* c = cnt + (u64)tok * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (u32)(n_used - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int rows = GEMV_ROWS * GEMV_WARPS / wpr;
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+        const int row = blockIdx.x * rows + i;
+        if (row >= d) break;
+        float a = fresh ? 0.f : out[(u64)tok * d + row];
+        for (int r = tok * n_used; r < (tok + 1) * n_used; r++) a = __fmaf_rn(__ldcg(y + (u64)r * d + row), w[r], a);
+        out[(u64)tok * d + row] = a;
+    }
+    if (threadIdx.x == 0) *c = 0u;  // ready for the next launch
+}
+
+// moe_gemv_dev of the down projection (input per route) with the weighted combine into out.
+#define MOE_GEMV_COMB(NAME, QT)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128) moe_gemv_comb_##NAME(const u8* __restrict__ P, const u8* __restrict__ M, \
+        u64 slice_p, u64 slice_m, const u32* __restrict__ eids, int n_used, const i8* __restrict__ xq,                  \
+        const float2* __restrict__ xm, float* __restrict__ y, int U, int n_out, int wpr, int early, const float* __restrict__ w, \
+        float* __restrict__ out, int fresh, u32* __restrict__ cnt) {                                                    \
+        const int j = blockIdx.y;                                                                                      \
+        moe_prefetch<QT>(P, M, slice_p, slice_m, eids, j, early, U, n_out, wpr);                                       \
+        GDC();                                                                                                         \
+        const u64 e = eids[j];                                                                                         \
+        gemv_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + (u64)j * U * 32, xm + (u64)j * U, y + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
+        moe_comb_last(y, w, out, n_used, n_out, wpr, fresh, cnt, j);                                                   \
+    }
+MOE_GEMV_COMB(q4_0, QT_Q4_0)
+MOE_GEMV_COMB(q4_1, QT_Q4_1)
+MOE_GEMV_COMB(q5_0, QT_Q5_0)
+MOE_GEMV_COMB(q5_1, QT_Q5_1)
+MOE_GEMV_COMB(q8_0, QT_Q8_0)
+MOE_GEMV_COMB(q4_K, QT_Q4_K)
+MOE_GEMV_COMB(q5_K, QT_Q5_K)
+MOE_GEMV_COMB(q6_K, QT_Q6_K)
+
 MOE_GEMV_DEV(q4_0, QT_Q4_0)
 MOE_GEMV_DEV(q4_1, QT_Q4_1)
 MOE_GEMV_DEV(q5_0, QT_Q5_0)
@@ -160,11 +242,12 @@ MOE_GEMV_DEV(q6_K, QT_Q6_K)
 // order, weights w (the same sum, in the same order, as moe_combine).
 extern "C" __global__ void moe_combine_dev(const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out, int d,
                                            int n_tok, int n_used, int fresh) {
+    GDC();
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_tok * d) return;
     u64 t = g / d, i = g % d;
     float a = fresh ? 0.f : out[g];
-    for (u32 r = t * n_used; r < (t + 1) * n_used; r++) a += y[(u64)r * d + i] * w[r];
+    for (u32 r = t * n_used; r < (t + 1) * n_used; r++) a = __fmaf_rn(y[(u64)r * d + i], w[r], a);
     out[g] = a;
 }
 

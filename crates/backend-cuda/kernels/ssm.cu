@@ -1,5 +1,6 @@
 // Mamba2 ops: causal depthwise conv1d with carried state, the selective scan, the gated
 // grouped RMSNorm (quarrel_core::ssm reference semantics, ggml's operation order).
+// The decode kernels (ssm_conv, ssm_scan, ssm_gated_norm) begin with GDC(): launched with PDL.
 // Sequences of a batch: seq[4 * s + {0,1,2,3}] = {state slot, first token, tokens, fresh}.
 
 // The CPU backend's numerics (ggml's AVX-512 build): SiLU as ggml_v_silu where ggml vectorizes
@@ -13,6 +14,7 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : (f
 extern "C" __global__ void ssm_conv(const float* __restrict__ zx, const float* __restrict__ w, const float* __restrict__ bias,
                                     const u32* __restrict__ seq, float* __restrict__ state, float* __restrict__ out, int n_seq,
                                     int cd, int nc, int dp, int col0) {
+    GDC();
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)n_seq * cd) return;
     int s = (int)(g / cd), ch = (int)(g % cd);
@@ -85,6 +87,7 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
                                     const float* __restrict__ D, const float* __restrict__ dtb, const u32* __restrict__ seq,
                                     float* __restrict__ state, float* __restrict__ y, unsigned long long* __restrict__ bad, int n_seq,
                                     int n_head, int hd, int ds, int n_group, int dp, int dt_col) {
+    GDC();
     const int lane = threadIdx.x % 32;
     u64 wg = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int d_inner = n_head * hd, cd = d_inner + 2 * n_group * ds, hpg = n_head / n_group;
@@ -120,10 +123,13 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
 }
 
 // One block per (token, group): v = silu(z) * y over the group's gs values,
-// out = (v * (1 / sqrt(mean(v²) + eps))) * w, the squares (rounded to f32) summed in f64 as the
+// out = (v * (1 / sqrt(mean(v²) + eps))) * w (xq/xm non-null: also as Q8, quantize_q8's bits,
+// for the output projection; needs gs a multiple of 32), the squares (rounded to f32) summed in f64 as the
 // CPU backend does (ggml's rms_norm).
 extern "C" __global__ void ssm_gated_norm(const float* __restrict__ y, const float* __restrict__ zx, const float* __restrict__ w,
-                                          float* __restrict__ out, int d_inner, int n_group, int dp, float eps) {
+                                          float* __restrict__ out, int d_inner, int n_group, int dp, float eps,
+                                          i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
     __shared__ double part[32];
     const int t = blockIdx.x, g = blockIdx.y, gs = d_inner / n_group;
     const float* yr = y + (u64)t * d_inner + g * gs;
@@ -146,8 +152,12 @@ extern "C" __global__ void ssm_gated_norm(const float* __restrict__ y, const flo
     __syncthreads();
     const float scale = __fdiv_rn(1.0f, sqrtf(__fadd_rn((float)(part[0] / (double)gs), eps)));
     float* o = out + (u64)t * d_inner + g * gs;
-    for (int i = threadIdx.x; i < gs; i += blockDim.x)
-        o[i] = __fmul_rn(__fmul_rn(__fmul_rn(silu_ggml(zr[i]), yr[i]), scale), w[g * gs + i]);
+    for (int i = threadIdx.x; i < gs; i += blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(__fmul_rn(silu_ggml(zr[i]), yr[i]), scale), w[g * gs + i]);
+        o[i] = v;
+        // a warp holds 32 consecutive values of one Q8 block (gs and blockDim multiples of 32)
+        if (xq) q8_store(v, xq, xm, ((u64)t * d_inner + (u64)g * gs + i) / 32);
+    }
 }
 
 // Copy `n` floats (state slot copies).

@@ -176,6 +176,9 @@ pub(crate) enum Held {
     /// RoPE of q and k in one launch (the `rope` kernel's arguments, `x2` set; `n` pairs): a
     /// `kv_store` of that k into an f32/f16 cache that follows joins it (`rope_kv_*`).
     RopeQk { args: Vec<Arg>, n: u64 },
+    /// A routed expert GEMV of a decode step: the next one over the same input and routes
+    /// (gate after up) joins it (`moe_dev::MoeGemv`).
+    Moe(crate::moe_dev::MoeGemv),
 }
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
@@ -357,6 +360,7 @@ impl Device {
             None => Ok(()),
             Some(Held::Add { x, y, n }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
             Some(Held::Gemv(g)) => g.launch(self),
+            Some(Held::Moe(g)) => g.launch(self),
             Some(Held::Rope { args, n }) | Some(Held::RopeQk { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
         }
     }
@@ -453,9 +457,10 @@ impl Drop for Device {
                 .collect();
             rows.sort_by(|a, b| b.1.total_cmp(&a.1));
             let total: f64 = rows.iter().map(|r| r.1).sum();
-            eprintln!("\nCUDA kernel profile (QUARREL_CUDA_PROFILE): {total:.1} ms GPU time");
+            let launches: u64 = rows.iter().map(|r| r.2).sum();
+            eprintln!("\nCUDA kernel profile (QUARREL_CUDA_PROFILE): {total:.1} ms GPU time, {launches} launches");
             eprintln!("| kernel | ms | launches | us/launch | % |\n|---|---:|---:|---:|---:|");
-            for (name, ms, n) in rows.iter().take(25) {
+            for (name, ms, n) in rows.iter().take(40) {
                 eprintln!("| {name} | {ms:.2} | {n} | {:.1} | {:.1} |", 1e3 * ms / *n as f64, 100.0 * ms / total.max(1e-9));
             }
         }
@@ -495,6 +500,10 @@ pub fn gdc_kernel_names() -> Vec<String> {
             v.push(format!("attn1g_{k}_{dpl}"));
         }
     }
+    // MoE and Mamba2 decode kernels (moe.cu, ssm.cu)
+    v.extend(crate::moe::gdc_kernel_names());
+    v.extend(crate::moe_dev::gdc_kernel_names());
+    v.extend(crate::ssm::gdc_kernel_names());
     v
 }
 

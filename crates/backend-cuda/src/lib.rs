@@ -857,7 +857,9 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let n = x.len as u64;
         let xp = self.rw(x)?;
-        self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n)])?;
+        // the down matmul's Q8 input written by the same kernel (no quantize launch)
+        let (xq, xm) = self.q8_out(xp, x.len)?;
+        self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
         Ok(())
     }
 
@@ -911,6 +913,8 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let (yp, zp, wp) = ((self.rd(y)?, y.len), (self.rd(zx)?, zx.len), (self.rd(w)?, w.len));
         let op = (self.wr(out), out.len);
-        Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op)?)
+        // the output projection's Q8 input written by the norm (no quantize launch)
+        let q8 = if ssm::gated_norm_q8(p) { self.q8_out(op.0, out.len)? } else { (0, 0) };
+        Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op, q8)?)
     }
 }

@@ -19,7 +19,7 @@
 //! host paths run with them. `QUARREL_CUDA_HOST_ROUTE=1` keeps routing on the host,
 //! `QUARREL_CUDA_PREFILL_HOST_ROUTE=1` for steps of more than `GEMV_MAX_TOKENS` tokens only.
 
-use crate::device::{Arg, DevMem, Device, PoolMem};
+use crate::device::{Arg, DevMem, Device, Held, PoolMem};
 use crate::error::CudaError;
 use crate::matmul::QCache;
 use crate::mmq;
@@ -35,13 +35,150 @@ pub const DEVICE_EXPERT: u32 = u32::MAX;
 pub struct DevRouter {
     last: Mutex<Option<DevRoutes>>,
     counts: Mutex<Vec<Option<(usize, DevMem)>>>,
+    /// `moe_gemv_comb`'s counters per (token, row block): zeroed once, each reset by the block
+    /// that reads it last; allocated at first use and never moved (queued launches hold it).
+    comb: Mutex<Option<(usize, DevMem)>>,
 }
+
+/// Counters of `DevRouter::comb` (u32): a decode step's tokens times the row blocks of the
+/// largest down projection that joins its combine (more: the two launches stay separate).
+const COMB_COUNTERS: usize = 1 << 16;
 
 struct DevRoutes {
     eids: PoolMem,
     wts: PoolMem,
     n_tok: usize,
     n_used: usize,
+    /// Expert matmuls over this routing so far (the second and later may read the routing
+    /// before their PDL wait: at least one launch lies between them and `moe_route`).
+    calls: usize,
+}
+
+/// A decode step's routed expert GEMV (`moe_gemv_dev_<type>`), held back (`Held::Moe`) so
+/// that the next expert matmul over the same input and routes (the gate after the up
+/// projection) joins it as one `moe_gemv2_dev_<type>` launch.
+#[derive(Clone, Debug)]
+pub(crate) struct MoeGemv {
+    name: &'static str,
+    p: u64,
+    m: u64,
+    out: u64,
+    slice: (u64, u64),
+    eids: u64,
+    n_used: usize,
+    per_token: bool,
+    x: (u64, u64),
+    units: usize,
+    n_out: usize,
+    n_routes: usize,
+    wpr: usize,
+    early: bool,
+}
+
+impl MoeGemv {
+    fn grid(&self, z: u32) -> (u32, u32, u32) {
+        (self.n_out.div_ceil(8 / self.wpr) as u32, self.n_routes as u32, z)
+    }
+
+    /// Queue it alone (`moe_gemv_dev_<type>`).
+    pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
+        dev.launch_now(
+            &format!("moe_gemv_dev_{}", self.name),
+            self.grid(1),
+            128,
+            0,
+            &[
+                Arg::P(self.p),
+                Arg::P(self.m),
+                Arg::U64(self.slice.0),
+                Arg::U64(self.slice.1),
+                Arg::P(self.eids),
+                Arg::I(self.n_used as i32),
+                Arg::I(self.per_token as i32),
+                Arg::P(self.x.0),
+                Arg::P(self.x.1),
+                Arg::P(self.out),
+                Arg::I(self.units as i32),
+                Arg::I(self.n_out as i32),
+                Arg::I(self.wpr as i32),
+                Arg::I(self.early as i32),
+            ],
+        )
+    }
+
+    /// Queued with the weighted combine (`moe_gemv_comb_<type>`): `out[token] (+)= Σ w · row`.
+    fn launch_comb(&self, dev: &Device, wts: u64, out: u64, fresh: bool, cnt: u64) -> Result<(), CudaError> {
+        dev.launch_now(
+            &format!("moe_gemv_comb_{}", self.name),
+            self.grid(1),
+            128,
+            0,
+            &[
+                Arg::P(self.p),
+                Arg::P(self.m),
+                Arg::U64(self.slice.0),
+                Arg::U64(self.slice.1),
+                Arg::P(self.eids),
+                Arg::I(self.n_used as i32),
+                Arg::P(self.x.0),
+                Arg::P(self.x.1),
+                Arg::P(self.out),
+                Arg::I(self.units as i32),
+                Arg::I(self.n_out as i32),
+                Arg::I(self.wpr as i32),
+                Arg::I(self.early as i32),
+                Arg::P(wts),
+                Arg::P(out),
+                Arg::I(fresh as i32),
+                Arg::P(cnt),
+            ],
+        )
+    }
+
+    /// Whether `o` can share one launch with `self`: another matrix of the same type and
+    /// shape over the same Q8 input and routes.
+    fn pairs_with(&self, o: &MoeGemv) -> bool {
+        self.name == o.name
+            && self.slice == o.slice
+            && self.eids == o.eids
+            && self.n_used == o.n_used
+            && self.per_token == o.per_token
+            && self.x == o.x
+            && self.units == o.units
+            && self.n_out == o.n_out
+            && self.n_routes == o.n_routes
+            && self.wpr == o.wpr
+            && self.out != o.out
+    }
+
+    /// `self` and `o` in one `moe_gemv2_dev_<type>` launch (`self`'s `early`: the earlier call).
+    fn launch_pair(&self, o: &MoeGemv, dev: &Device) -> Result<(), CudaError> {
+        dev.launch_now(
+            &format!("moe_gemv2_dev_{}", self.name),
+            self.grid(2),
+            128,
+            0,
+            &[
+                Arg::P(self.p),
+                Arg::P(self.m),
+                Arg::P(self.out),
+                Arg::P(o.p),
+                Arg::P(o.m),
+                Arg::P(o.out),
+                Arg::U64(self.slice.0),
+                Arg::U64(self.slice.1),
+                Arg::P(self.eids),
+                Arg::I(self.n_used as i32),
+                Arg::I(self.per_token as i32),
+                Arg::P(self.x.0),
+                Arg::P(self.x.1),
+                Arg::I(self.units as i32),
+                Arg::I(self.n_out as i32),
+                Arg::I(self.wpr as i32),
+                Arg::I(self.early as i32),
+            ],
+        )
+    }
 }
 
 /// Whether placeholder routes stand for a device routing.
@@ -101,15 +238,17 @@ impl DevRouter {
                 Arg::F(p.scale),
             ],
         )?;
-        *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used });
+        *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used, calls: 0 });
         Ok((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect())
     }
 
     /// The routes' expert matmul: `out (routes, n_out)` from `x` (per token or per route).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64) -> Result<(), CudaError> {
-        let last = lock(&self.last)?;
-        let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
+        let mut last = lock(&self.last)?;
+        let r = last.as_mut().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
+        r.calls += 1;
+        let early = r.calls > 1;
         let DevType::Quant(name) = w.dev_ty else {
             return Err(CudaError::Unsupported(format!("expert weights of type {} (quantized types only)", w.ty)));
         };
@@ -132,27 +271,32 @@ impl DevRouter {
         }
         // warps per row group by the matrix shape alone (as moe::moe_gemv and moe_chunk)
         let wpr = crate::moe_chunk::wpr_for(n_out, units);
-        dev.launch(
-            &format!("moe_gemv_dev_{name}"),
-            (n_out.div_ceil(8 / wpr) as u32, n_routes as u32, 1),
-            128,
-            0,
-            &[
-                Arg::P(w.p.ptr),
-                Arg::P(w.m_ptr()),
-                Arg::U64(slice_p),
-                Arg::U64(slice_m),
-                Arg::P(r.eids.ptr()),
-                Arg::I(r.n_used as i32),
-                Arg::I(x_per_token as i32),
-                Arg::P(xq),
-                Arg::P(xm),
-                Arg::P(out),
-                Arg::I(units as i32),
-                Arg::I(n_out as i32),
-                Arg::I(wpr as i32),
-            ],
-        )
+        let g = MoeGemv {
+            name,
+            p: w.p.ptr,
+            m: w.m_ptr(),
+            out,
+            slice: (slice_p, slice_m),
+            eids: r.eids.ptr(),
+            n_used: r.n_used,
+            per_token: x_per_token,
+            x: (xq, xm),
+            units,
+            n_out,
+            n_routes,
+            wpr,
+            early,
+        };
+        drop(last);
+        if crate::device::switches().no_fuse {
+            dev.settle()?;
+            return g.launch(dev);
+        }
+        // the up projection held by the call before (same input and routes): one launch
+        if let Some(Held::Moe(first)) = dev.take_held_if(|h| matches!(h, Held::Moe(f) if f.pairs_with(&g))) {
+            return first.launch_pair(&g, dev);
+        }
+        dev.hold(Held::Moe(g))
     }
 
     /// `out[token] += weight · y[route]` over the device routes.
@@ -164,6 +308,18 @@ impl DevRouter {
         let d = y_len / n_routes.max(1);
         if d == 0 || y_len != d * n_routes || out_len != r.n_tok * d {
             return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
+        }
+        // the held down projection that wrote y (one row per route): the combine joins its launch
+        let joins = |h: &Held| matches!(h, Held::Moe(g) if g.out == y && !g.per_token && g.n_routes == n_routes && g.n_out == d && g.n_routes * g.n_out.div_ceil(8 / g.wpr) <= COMB_COUNTERS * g.n_used);
+        if let Some(Held::Moe(g)) = dev.take_held_if(joins) {
+            let mut c = lock(&self.comb)?;
+            if c.is_none() {
+                let m = DevMem::alloc(dev, 4 * COMB_COUNTERS)?;
+                dev.memset0(m.ptr, 4 * COMB_COUNTERS)?;
+                *c = Some((COMB_COUNTERS, m));
+            }
+            let cnt = c.as_ref().map_or(0, |(_, m)| m.ptr);
+            return g.launch_comb(dev, r.wts.ptr(), out, fresh, cnt);
         }
         dev.launch_1d("moe_combine_dev", out_len as u64, &[Arg::P(y), Arg::P(r.wts.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(r.n_tok as i32), Arg::I(r.n_used as i32), Arg::I(fresh as i32)])
     }
@@ -272,7 +428,16 @@ fn grouped(
 
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
-    let mut v = vec!["moe_route".to_string(), "moe_combine_dev".to_string(), "moe_plan".to_string()];
-    v.extend(["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"].iter().map(|t| format!("moe_gemv_dev_{t}")));
+    vec!["moe_plan".to_string()]
+}
+
+/// The decode kernels, launched with programmatic dependent launch (they begin with `GDC()`).
+pub fn gdc_kernel_names() -> Vec<String> {
+    let mut v = vec!["moe_route".to_string(), "moe_combine_dev".to_string()];
+    for t in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
+        v.push(format!("moe_gemv_dev_{t}"));
+        v.push(format!("moe_gemv2_dev_{t}"));
+        v.push(format!("moe_gemv_comb_{t}"));
+    }
     v
 }

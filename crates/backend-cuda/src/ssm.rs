@@ -258,7 +258,10 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
     )
 }
 
-pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, out: Dev) -> Result<(), CudaError> {
+/// `q8`: where the output's Q8 form goes too (`(0, 0)`: not written; else the group size must
+/// be a multiple of 32, see `gated_norm_q8`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, out: Dev, q8: (u64, u64)) -> Result<(), CudaError> {
     if y.1 % p.d_inner != 0 {
         return Err(CudaError::Shape(format!("ssm_gated_norm: {} values are not rows of {}", y.1, p.d_inner)));
     }
@@ -279,11 +282,32 @@ pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, o
         (n as u32, p.n_group as u32, 1),
         threads,
         0,
-        &[Arg::P(y.0), Arg::P(zx.0), Arg::P(w.0), Arg::P(out.0), Arg::I(p.d_inner as i32), Arg::I(p.n_group as i32), Arg::I(p.d_in_proj() as i32), Arg::F(p.eps)],
+        &[
+            Arg::P(y.0),
+            Arg::P(zx.0),
+            Arg::P(w.0),
+            Arg::P(out.0),
+            Arg::I(p.d_inner as i32),
+            Arg::I(p.n_group as i32),
+            Arg::I(p.d_in_proj() as i32),
+            Arg::F(p.eps),
+            Arg::P(q8.0),
+            Arg::P(q8.1),
+        ],
     )
+}
+
+/// Whether `ssm_gated_norm` can write its output's Q8 form (each warp one Q8 block).
+pub(crate) fn gated_norm_q8(p: &SsmParams) -> bool {
+    p.n_group > 0 && p.d_inner % p.n_group == 0 && (p.d_inner / p.n_group) % 32 == 0
+}
+
+/// The decode kernels, launched with programmatic dependent launch (they begin with `GDC()`).
+pub fn gdc_kernel_names() -> Vec<String> {
+    ["ssm_conv", "ssm_scan", "ssm_gated_norm"].iter().map(|s| s.to_string()).collect()
 }
 
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
-    ["ssm_conv", "ssm_conv_par", "ssm_conv_state", "ssm_scan", "ssm_scan_chunk", "ssm_gated_norm", "copy_f32"].iter().map(|s| s.to_string()).collect()
+    ["ssm_conv_par", "ssm_conv_state", "ssm_scan_chunk", "copy_f32"].iter().map(|s| s.to_string()).collect()
 }

@@ -58,6 +58,14 @@ impl<B: Backend> MoeFfn<B> {
 
     /// `x (n_tok, n_embd)` -> `(n_tok, n_embd)`.
     pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
+        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
+        self.forward_add(be, x, n_tok, n_embd, &mut out)?;
+        Ok(out)
+    }
+
+    /// `out (n_tok, n_embd) += experts(x)`: each token's routes added to `out` in route order
+    /// (a shared expert's output already in `out` is added to in the same pass: no separate add).
+    pub fn forward_add(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize, out: &mut B::Buf) -> Result<()> {
         let ne = self.routing.n_expert;
         let mut logits = be.alloc(n_tok * ne)?; // (n_tok, n_expert)
         be.matmul(&self.ffn_gate_inp, x, n_tok, &mut logits)?;
@@ -80,9 +88,7 @@ impl<B: Backend> MoeFfn<B> {
         };
         let mut y = be.alloc(r * n_embd)?; // (routes, n_embd)
         be.moe_matmul(&self.ffn_down_exps, ne, &h, &routes, false, &mut y)?;
-        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
-        be.moe_combine(&y, &routes, &mut out)?;
-        Ok(out)
+        be.moe_combine(&y, &routes, out)
     }
 }
 
@@ -114,15 +120,14 @@ impl<B: Backend> FeedForward<B> {
         match self {
             FeedForward::SwiGlu(m) => m.forward(be, x, n_tok, n_embd),
             FeedForward::ReluSqr(m) => m.forward(be, x, n_tok, n_embd),
-            FeedForward::Moe(moe, shared) => {
-                let mut out = moe.forward(be, x, n_tok, n_embd)?;
-                if let Some(s) = shared {
-                    let sh = match s {
-                        SharedExpert::SwiGlu(m) => m.forward(be, x, n_tok, n_embd)?,
-                        SharedExpert::ReluSqr(m) => m.forward(be, x, n_tok, n_embd)?,
-                    };
-                    be.add(&mut out, &sh)?;
-                }
+            FeedForward::Moe(moe, None) => moe.forward(be, x, n_tok, n_embd),
+            FeedForward::Moe(moe, Some(s)) => {
+                // the shared expert first: the routed experts' combine adds to its output
+                let mut out = match s {
+                    SharedExpert::SwiGlu(m) => m.forward(be, x, n_tok, n_embd)?,
+                    SharedExpert::ReluSqr(m) => m.forward(be, x, n_tok, n_embd)?,
+                }; // (n_tok, n_embd)
+                moe.forward_add(be, x, n_tok, n_embd, &mut out)?;
                 Ok(out)
             }
         }
