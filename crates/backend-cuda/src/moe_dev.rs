@@ -4,7 +4,11 @@
 //!
 //! ```text
 //!  logits (n_tok, n_expert) ──moe_route──► eids, wts (n_tok · n_used, token-major) + counts[layer]
-//!  decode (<= GEMV_MAX_TOKENS tokens): moe_gemv_dev, every route's row of its expert, one launch
+//!  decode (<= GEMV_MAX_TOKENS tokens): moe_gemv_dev, every route's row of its expert, one launch;
+//!    each launch is held (`Held::Moe`): the gate projection after the up projection joins it
+//!    (moe_gemv2_dev, one launch for both); with QUARREL_CUDA_MOE_COMB=1 the combine after the
+//!    down projection joins it too (moe_gemv_comb: the block finishing a token's row block
+//!    last adds the routes to out; off by default: slower, see `comb`)
 //!  prefill: eids ──moe_plan (grouped by expert, work items per token tile)──► mmq_id per tile
 //!  moe_route returns placeholder routes (token, DEVICE_EXPERT, NaN): the trait's routes in
 //!  number and token order, whose experts and weights live on the device until
@@ -196,6 +200,22 @@ pub fn applies(n_tok: usize, p: &MoeRouting) -> bool {
     !host && n_tok > 0 && n_tok <= max_tok && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
 }
 
+/// Whether decode's routed expert GEMVs are held to share launches (gate + up, down + combine);
+/// `QUARREL_CUDA_MOE_FUSE=0`: one launch each (for comparisons).
+fn fuse() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_FUSE").map_or(true, |v| v != "0"))
+}
+
+/// Whether the combine joins the down projection's launch (`moe_gemv_comb`):
+/// `QUARREL_CUDA_MOE_COMB=1`. Off by default, by measurement (H100, 2026-11-22, same files and
+/// run): Nemotron-3-Nano tg128 366.8 t/s with it against 385.7 without any held expert launch;
+/// its counters, fences and the last block's serial reads cost more than the launch it saves.
+fn comb() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_COMB").is_ok_and(|v| v == "1"))
+}
+
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, CudaError> {
     m.lock().map_err(|_| CudaError::Driver("MoE router lock poisoned".into()))
 }
@@ -288,7 +308,7 @@ impl DevRouter {
             early,
         };
         drop(last);
-        if crate::device::switches().no_fuse {
+        if crate::device::switches().no_fuse || !fuse() {
             dev.settle()?;
             return g.launch(dev);
         }
@@ -310,7 +330,7 @@ impl DevRouter {
             return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
         }
         // the held down projection that wrote y (one row per route): the combine joins its launch
-        let joins = |h: &Held| matches!(h, Held::Moe(g) if g.out == y && !g.per_token && g.n_routes == n_routes && g.n_out == d && g.n_routes * g.n_out.div_ceil(8 / g.wpr) <= COMB_COUNTERS * g.n_used);
+        let joins = |h: &Held| comb() && matches!(h, Held::Moe(g) if g.out == y && !g.per_token && g.n_routes == n_routes && g.n_out == d && g.n_routes * g.n_out.div_ceil(8 / g.wpr) <= COMB_COUNTERS * g.n_used);
         if let Some(Held::Moe(g)) = dev.take_held_if(joins) {
             let mut c = lock(&self.comb)?;
             if c.is_none() {
