@@ -40,11 +40,20 @@ impl DevMem {
     }
 
     /// Allocate and copy `src` (synchronously: used at load time).
+    ///
+    /// The copy goes through the backend's stream and is waited for. A plain `cuMemcpyHtoD`
+    /// runs on the legacy default stream, which a non-blocking stream (ours, cudarc's
+    /// `new_stream`) does not wait for, and from pageable memory it returns once the source is
+    /// staged, before the DMA has landed: a kernel launched right after the load read the
+    /// table's last rows (copied last) before they arrived (`tests/numerics.rs`,
+    /// `fresh_tables_read_right_after_load`).
     pub fn upload<T: Copy>(dev: &Device, src: &[T]) -> Result<DevMem, CudaError> {
         let m = DevMem::alloc(dev, std::mem::size_of_val(src))?;
         if !src.is_empty() {
-            // SAFETY: the allocation holds size_of_val(src) bytes.
-            unsafe { result::memcpy_htod_sync(m.ptr, src) }.map_err(drv("upload"))?;
+            // SAFETY: the allocation holds size_of_val(src) bytes; pageable sources are staged
+            // before the call returns, and the stream is synchronized before `m` is used.
+            unsafe { result::memcpy_htod_async(m.ptr, src, dev.stream.cu_stream()) }.map_err(drv("upload"))?;
+            dev.stream.synchronize().map_err(drv("synchronizing after an upload"))?;
         }
         Ok(m)
     }

@@ -353,3 +353,51 @@ fn embed_rows_bit_exact_at_every_position() {
     }
     assert!(bad.is_empty(), "embeddings differ: {bad:?}");
 }
+
+/// Tables read by the first kernel after their load, and token ids changing between embed calls
+/// queued back to back. A weight's upload once ran on the legacy default stream, which the
+/// backend's (non-blocking) stream does not wait for, and returned before the DMA of a pageable
+/// source had landed: the first embedding of a table's last rows (copied last) read whatever the
+/// fresh allocation held (the Q4_K garbage row of `elementwise_ops_bit_exact`, 5 failures in a
+/// row on one binary). Large F32 tables (16 MiB: the DMA takes milliseconds) with different
+/// values each, reused allocations in between; every row compared to the table's own values.
+#[test]
+fn fresh_tables_read_right_after_load() {
+    let Some(gpu) = cuda() else { return };
+    let (n_in, n_out, n_tab) = (1024usize, 4096usize, 6usize);
+    let mut w = GgufWriter::new();
+    let mut vals = Vec::new();
+    for i in 0..n_tab {
+        w.add_tensor(&format!("tab{i}"), &[n_in as u64, n_out as u64], QuantType::F32).unwrap();
+        vals.push(rnd(n_in * n_out, 1000 + i as u64));
+    }
+    let data: Vec<Vec<u8>> = vals.iter().map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+    let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
+    let last = n_out as u32 - 1;
+    let mut bad = vec![];
+    for round in 0..3 {
+        for (i, v) in vals.iter().enumerate() {
+            // a fresh load (the previous table's memory freed: likely this one's allocation)
+            let wt = gpu.load_weight(WeightSource { gguf: &g, name: &format!("tab{i}") }).unwrap();
+            // several embed calls queued back to back, ids changing each time, one download
+            let ids: Vec<Vec<u32>> = vec![vec![last], vec![0, last, 5], vec![last - 1, last - 2 - round as u32], vec![7 * i as u32, last]];
+            let mut outs = vec![];
+            for t in &ids {
+                let mut e = gpu.alloc(t.len() * n_in).unwrap();
+                gpu.embed(&wt, t, &mut e).unwrap();
+                outs.push((t, e));
+            }
+            for (t, e) in outs {
+                let got = gpu.download(&e).unwrap();
+                for (r, &tok) in t.iter().enumerate() {
+                    let want = &v[tok as usize * n_in..][..n_in];
+                    if got[r * n_in..(r + 1) * n_in].iter().zip(want).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                        bad.push(format!("round {round} table {i} tokens {t:?}: row of token {tok}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "embedding rows differ from the table: {bad:?}");
+}
