@@ -329,6 +329,23 @@ fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
 }
 
+/// Positions per chunk of `attn_vec_f16` (AV_CH in kernels/attn_vec.cu).
+const VEC_CHUNK: usize = 1024;
+
+/// Context length (positions) up to which decode and short-prompt attention over an f16 cache
+/// take the one-pass kernel with the CPU's numerics (`attn_vec_f16`) by default; longer
+/// contexts take the f32 split-K kernel and its combine, whose numerics differ from the CPU's
+/// (f32 V accumulator, positions regrouped by the splits). `QUARREL_CUDA_ATTN_VEC_MAX=<n>`
+/// overrides it (0: split-K always, the default before session 6). Exact numerics
+/// (`set_exact_attention`) take the one-pass kernel at every length.
+pub fn vec_max_positions() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_VEC_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(VEC_MAX_POSITIONS))
+}
+
+/// The default of `vec_max_positions` (see the README, "GPU numerics = CPU numerics").
+const VEC_MAX_POSITIONS: usize = 2048;
+
 /// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
 /// store each head rotated in blocks of this many values, as the CPU's do.
 fn kv_rotation(spec: &KvSpec) -> Result<usize> {
@@ -735,10 +752,46 @@ impl Backend for CudaBackend {
         // (kernels/attention.cu: ggml's vector-path numerics, the V accumulator in f16) when
         // exact attention is on (`set_exact_attention`); by default all-f32 attention
         let exact = self.exact_attn.load(std::sync::atomic::Ordering::Relaxed);
-        let q16 = exact && kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
+        let vec_path = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
+        // `attn_vec_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
+        // head), by default up to `vec_max_positions()`, at every length in exact mode
+        let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
+        let vec = vec_path && hd % 8 == 0 && (exact || n_ctx <= vec_max_positions());
+        // exact mode with a head_dim the one-pass kernel does not take: the tiled kernel's
+        // vector path (one warp per tile and head, no split)
+        let q16 = exact && vec_path && !vec;
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
+        if vec {
+            return self.with_batch(batch, kv, p.sliding_window, |db| {
+                let threads = hd.div_ceil(32).max(4) as u32 * 32;
+                let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
+                let smem = (4 * (hd + 3 * VEC_CHUNK + 32)) as u32;
+                let args = [
+                    Arg::P(qp),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(op),
+                    Arg::P(db.tiles()),
+                    Arg::P(db.pos()),
+                    Arg::P(db.bt_off()),
+                    Arg::P(db.bt()),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_kv_head as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(kv.spec.block_size as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                    Arg::P(xq),
+                    Arg::P(xm),
+                ];
+                let per_tile = if one { 1 } else { batch::ATT_QT as u32 };
+                self.dev.launch("attn_vec_f16", (db.n_tiles as u32, p.n_head as u32, per_tile), threads, smem, &args)?;
+                Ok(())
+            });
+        }
         self.with_batch(batch, kv, p.sliding_window, |db| {
             // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
             // (each block sizes its share from the positions on the device), so decode steps
