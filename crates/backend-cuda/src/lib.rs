@@ -105,6 +105,9 @@ pub struct CudaBackend {
     /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
     /// count, host MoE routing (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
     exact_mm: std::sync::atomic::AtomicBool,
+    /// Contexts (positions) up to which f16-cache attention of short sequences takes the
+    /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
+    attn_vec_max: std::sync::atomic::AtomicUsize,
 }
 
 impl CudaBackend {
@@ -128,16 +131,25 @@ impl CudaBackend {
             router: Default::default(),
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
+            attn_vec_max: vec_max_positions().into(),
         })
     }
 
     /// Attention numerics over f16 caches: `true` reproduces llama.cpp's CPU flash attention
     /// (f16 query and V accumulator for sequences under 64 tokens, as the CPU backend does;
-    /// what the fixtures made with llama.cpp's CPU build compare against), `false` (default)
-    /// accumulates in f32 throughout: more accurate and, on an H100, 10-15% faster decode
-    /// (2026-11-22: Mistral-7B Q4_0 tg128 377.7 vs 340.7 t/s, TinyLlama 1,137 vs 975).
+    /// what the fixtures made with llama.cpp's CPU build compare against) at every context
+    /// length; `false` (default) does so up to `set_attn_vec_max` positions and accumulates in
+    /// f32 with split-K over longer contexts.
     pub fn set_exact_attention(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
+    /// over an f16 cache takes `attn_vec_f16` (the CPU's numerics, one pass) by default;
+    /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
+    /// 2048; 0: split-K (and the grouped batch-decode kernel) always.
+    pub fn set_attn_vec_max(&self, positions: usize) {
+        self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them
@@ -336,8 +348,9 @@ const VEC_CHUNK: usize = 1024;
 /// take the one-pass kernel with the CPU's numerics (`attn_vec_f16`) by default; longer
 /// contexts take the f32 split-K kernel and its combine, whose numerics differ from the CPU's
 /// (f32 V accumulator, positions regrouped by the splits). `QUARREL_CUDA_ATTN_VEC_MAX=<n>`
-/// overrides it (0: split-K always, the default before session 6). Exact numerics
-/// (`set_exact_attention`) take the one-pass kernel at every length.
+/// sets it for backends created from then on (0: split-K always, the default before session
+/// 6; `CudaBackend::set_attn_vec_max` per backend). Exact numerics (`set_exact_attention`) take
+/// the one-pass kernel at every length.
 pub fn vec_max_positions() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_VEC_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(VEC_MAX_POSITIONS))
@@ -756,7 +769,7 @@ impl Backend for CudaBackend {
         // `attn_vec_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
         // head), by default up to `vec_max_positions()`, at every length in exact mode
         let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
-        let vec = vec_path && hd % 8 == 0 && (exact || n_ctx <= vec_max_positions());
+        let vec = vec_path && hd % 8 == 0 && (exact || n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed));
         // exact mode with a head_dim the one-pass kernel does not take: the tiled kernel's
         // vector path (one warp per tile and head, no split)
         let q16 = exact && vec_path && !vec;
