@@ -7,20 +7,22 @@
 //     s > M: ms = exp(M - s), M = s, acc = f16(acc * ms), w = 1;  else ms = 1, w = exp(s - M)
 //     acc = f16(fma(v, w, acc));  S = fma(S, ms, w)
 // The rest runs in parallel, a chunk of positions at a time:
-//   1. scores: every thread computes whole q·k dots (q rounded to f16) in `ggml_vec_dot_f16`'s
-//      AVX-512 order (64 accumulators over 64-value steps, folded as ggml folds), K rows read
-//      with 16-byte loads, and prefetches the V row of its position into L2;
+//   1. scores: the chunk's K and V rows are prefetched into L2, then every thread computes
+//      whole q·k dots (q rounded to f16) in `ggml_vec_dot_f16`'s AVX-512 order (64
+//      accumulators over 64-value steps, folded as ggml folds), K rows read with 16-byte loads;
 //   2. the (ms, w) of every position: the maximum a position sees is an exclusive prefix max
 //      over the chunk (a block scan), so each exp is computed once, in parallel, correctly
 //      rounded (through f64, as glibc's expf nearly always is);
-//   3. the chain: thread d owns dim d of the accumulator, reads V coalesced through a ring of
-//      PF loads in flight, and applies the updates in position order (positions with w = 0 and
-//      no new maximum change nothing and are skipped: f16(fma(v, 0, acc)) = acc).
+//   3. the chain: thread d owns dim d of the accumulator and applies the updates in position
+//      order, AV_G positions at a time: their V values (coalesced) are loaded into registers a
+//      group ahead, and a group without a new maximum (flagged in step 2: the usual case)
+//      runs straight-line, one FMA and the f16 rounding per position. The chunk is padded to
+//      whole pairs of groups with no-op positions (w = 0, ms = 1: f16(fma(v, 0, acc)) = acc).
 // The output (acc / S, times the reciprocal as the CPU does) is written in f32 and, where the
 // caller passes xq / xm, as Q8 blocks for the O projection.
 
-#define AV_CH 1024  // positions per chunk (shared memory: 3 words per position)
-#define AV_PF 32    // V loads in flight per thread in the chain
+#define AV_CH 1024  // positions per chunk (shared memory: 3 words per position), a multiple of 2 AV_G
+#define AV_G 32     // positions per group of the chain
 
 // q·k as ggml_vec_dot_f16 sums it (attention.cu dot_ggml, the CPU backend's dot_f16_ggml), q
 // from shared memory (f32 holding f16 values), k an f16 row in global memory (16-byte aligned
@@ -63,9 +65,9 @@ __device__ __forceinline__ float av_dot(const float* __restrict__ q, const u16* 
 
 __device__ __forceinline__ float av_r16(float x) { return h2f(f2h(x)); }
 
-// grid (tiles, n_head, query tokens per tile), blockDim a multiple of 32 >= hd (and >= 64);
-// hd % 8 == 0, hd <= blockDim. meta as attention.cu: tiles (t0, nq, seq), pos, bt_off, bt.
-// Dynamic shared memory: 4 * (hd + 3 * AV_CH + 32) bytes.
+// grid (tiles, n_head, query tokens per tile), blockDim a multiple of 32, >= hd and >= 64,
+// <= 256; hd % 8 == 0, hd <= blockDim. meta as attention.cu: tiles (t0, nq, seq), pos, bt_off, bt.
+// Dynamic shared memory: 4 * (hd + 3 * AV_CH + AV_CH / AV_G + 32) bytes.
 extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                                                float* __restrict__ out, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                                                const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
@@ -80,11 +82,12 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
     const int kvh = (int)h / (n_head / n_kv_head);
     const int pq = (int)pos[t];
     const int lo = window > 0 ? max(0, pq + 1 - window) : 0;
-    float* Qs = sm;                   // [hd] q rounded to f16
-    float* W = Qs + hd;               // [AV_CH] scores, then w
-    float* MS = W + AV_CH;            // [AV_CH] ms
-    u32* SLOT = (u32*)(MS + AV_CH);   // [AV_CH] cache slot of each position
-    float* RED = (float*)(SLOT + AV_CH);  // [32] per-warp maxima
+    float* Qs = sm;                       // [hd] q rounded to f16
+    float* W = Qs + hd;                   // [AV_CH] scores, then w
+    float* MS = W + AV_CH;                // [AV_CH] ms
+    u32* SLOT = (u32*)(MS + AV_CH);       // [AV_CH] cache slot of each position
+    u32* NEWG = SLOT + AV_CH;             // [AV_CH / AV_G] group has a new maximum
+    float* RED = (float*)(NEWG + AV_CH / AV_G);  // [32] per-warp maxima
     const u64 th = (u64)t * n_head + h;
     for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
     const u64 row = (u64)n_kv_head * hd;
@@ -92,19 +95,29 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
     const u16* Vh = (const u16*)V + (u64)kvh * hd;
     const u32* table = bt + bt_off[seq];
     const bool act = tid < hd;
+    const int col = act ? tid : 0;
     float M = -INF, S = 0.f, acc = 0.f;
-    __syncthreads();
     for (int base = lo; base <= pq; base += AV_CH) {
         const int n = min(AV_CH, pq + 1 - base);
-        // 1. scores (and the V rows on their way to L2)
-        for (int j = tid; j < n; j += T) {
-            const int p = base + j;
+        const int n_pad = (n + 2 * AV_G - 1) / (2 * AV_G) * (2 * AV_G);
+        // 1. this chunk's K and V rows on their way to L2, then the scores
+        for (int j = tid; j < n_pad; j += T) {
+            const int p = base + min(j, n - 1);
             const u32 slot = table[p / bs] * (u32)bs + (u32)(p % bs);
             SLOT[j] = slot;
-            const u16* vr = Vh + (u64)slot * row;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr));
-            if (hd > 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + 64));
-            float sc = __fmul_rn(av_dot(Qs, Kh + (u64)slot * row, hd), scale);
+            if (j < n) {
+                const u16* kr = Kh + (u64)slot * row;
+                const u16* vr = Vh + (u64)slot * row;
+                for (int o = 0; o < hd; o += 64) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(kr + o));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + o));
+                }
+            }
+        }
+        for (int g = tid; g < n_pad / AV_G; g += T) NEWG[g] = 0;
+        __syncthreads();
+        for (int j = tid; j < n; j += T) {
+            float sc = __fmul_rn(av_dot(Qs, Kh + (u64)SLOT[j] * row, hd), scale);
             if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
             W[j] = sc;
         }
@@ -131,37 +144,51 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
             if (sc > run) {
                 MS[j] = (float)exp((double)__fsub_rn(run, sc));
                 W[j] = 1.f;
+                NEWG[j / AV_G] = 1u;
                 run = sc;
             } else {
                 MS[j] = 1.f;
                 W[j] = (float)exp((double)__fsub_rn(sc, run));
             }
         }
+        for (int j = n + tid; j < n_pad; j += T) {
+            MS[j] = 1.f;
+            W[j] = 0.f;
+        }
         for (int w = 0; w < n_warps; w++) M = fmaxf(M, RED[w]);
         __syncthreads();
-        // 3. the chain, in position order; V loads PF positions ahead
-        u32 buf[AV_PF];
-#pragma unroll
-        for (int u = 0; u < AV_PF; u++) buf[u] = (u < n && act) ? Vh[(u64)SLOT[u] * row + tid] : 0u;
-        for (int b = 0; b < n; b += AV_PF) {
-#pragma unroll
-            for (int u = 0; u < AV_PF; u++) {
-                const int j = b + u;
-                if (j >= n) break;
-                const float v = h2f((u16)buf[u]);
-                const int jn = j + AV_PF;
-                buf[u] = (jn < n && act) ? Vh[(u64)SLOT[jn] * row + tid] : 0u;
-                const float ms = MS[j], w = W[j];
-                if (ms != 1.f) {
-                    acc = av_r16(__fmul_rn(acc, ms));
-                    S = __fmaf_rn(S, ms, w);
-                    acc = av_r16(__fmaf_rn(v, w, acc));
-                } else if (w != 0.f) {
-                    S = __fadd_rn(S, w);
-                    acc = av_r16(__fmaf_rn(v, w, acc));
-                }
+        // 3. the chain, in position order, a group at a time (the next group's V in flight)
+        // raw f16 bits, converted where used: a conversion (or a select) at the load would
+        // wait for the load there. Threads past hd read column 0 (valid memory, unused).
+        u32 va[AV_G], vb[AV_G];
+#define AV_LOAD(VR, J0)                                                                 \
+    _Pragma("unroll") for (int u = 0; u < AV_G; u++) VR[u] = Vh[(u64)SLOT[(J0) + u] * row + col];
+#define AV_RUN(VR, J0)                                                                  \
+    if (NEWG[(J0) / AV_G]) {                                                            \
+        _Pragma("unroll") for (int u = 0; u < AV_G; u++) {                              \
+            const float ms = MS[(J0) + u], w = W[(J0) + u];                             \
+            if (ms != 1.f) acc = av_r16(__fmul_rn(acc, ms));                            \
+            S = __fmaf_rn(S, ms, w);                                                    \
+            acc = av_r16(__fmaf_rn(h2f((u16)VR[u]), w, acc));                                     \
+        }                                                                               \
+    } else {                                                                            \
+        _Pragma("unroll") for (int u = 0; u < AV_G; u++) {                              \
+            const float w = W[(J0) + u];                                                \
+            S = __fadd_rn(S, w);                                                        \
+            acc = av_r16(__fmaf_rn(h2f((u16)VR[u]), w, acc));                                     \
+        }                                                                               \
+    }
+        AV_LOAD(va, 0)
+        for (int b = 0; b < n_pad; b += 2 * AV_G) {
+            AV_LOAD(vb, b + AV_G)
+            AV_RUN(va, b)
+            if (b + 2 * AV_G < n_pad) {
+                AV_LOAD(va, b + 2 * AV_G)
             }
+            AV_RUN(vb, b + AV_G)
         }
+#undef AV_LOAD
+#undef AV_RUN
         __syncthreads();
     }
     // times the reciprocal, as the CPU backend normalizes

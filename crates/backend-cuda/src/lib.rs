@@ -778,9 +778,13 @@ impl Backend for CudaBackend {
         let (qp, op) = (self.rd(q)?, self.wr(out));
         if vec {
             return self.with_batch(batch, kv, p.sliding_window, |db| {
-                let threads = hd.div_ceil(32).max(4) as u32 * 32;
+                // the scores and the scan spread over all threads, the chain over hd of them:
+                // 256 where few blocks run (one per SM), 128 (or hd) where many do (two
+                // 256-thread blocks fill an SM's registers)
+                let blocks = db.n_tiles * p.n_head;
+                let threads = if blocks >= 512 { hd.div_ceil(32).max(4) as u32 * 32 } else { 256 };
                 let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
-                let smem = (4 * (hd + 3 * VEC_CHUNK + 32)) as u32;
+                let smem = (4 * (hd + 3 * VEC_CHUNK + VEC_CHUNK / 32 + 32)) as u32;
                 let args = [
                     Arg::P(qp),
                     Arg::P(kp),
