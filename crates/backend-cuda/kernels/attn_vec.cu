@@ -22,7 +22,7 @@
 // caller passes xq / xm, as Q8 blocks for the O projection.
 
 #define AV_CH 1024  // positions per chunk (shared memory: 3 words per position), a multiple of 2 AV_G
-#define AV_G 32     // positions per group of the chain
+#define AV_G 16     // positions per group of the chain
 
 // q·k as ggml_vec_dot_f16 sums it (attention.cu dot_ggml, the CPU backend's dot_f16_ggml), q
 // from shared memory (f32 holding f16 values), k an f16 row in global memory (16-byte aligned
@@ -85,17 +85,18 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
     float* Qs = sm;                       // [hd] q rounded to f16
     float* W = Qs + hd;                   // [AV_CH] scores, then w
     float* MS = W + AV_CH;                // [AV_CH] ms
-    u32* SLOT = (u32*)(MS + AV_CH);       // [AV_CH] cache slot of each position
+    u32* SLOT = (u32*)(MS + AV_CH);       // [AV_CH] element offset of each position's K / V row (< 2^32: the host checks)
     u32* NEWG = SLOT + AV_CH;             // [AV_CH / AV_G] group has a new maximum
     float* RED = (float*)(NEWG + AV_CH / AV_G);  // [32] per-warp maxima
     const u64 th = (u64)t * n_head + h;
     for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
-    const u64 row = (u64)n_kv_head * hd;
+    const u32 row = (u32)(n_kv_head * hd);
     const u16* Kh = (const u16*)K + (u64)kvh * hd;
     const u16* Vh = (const u16*)V + (u64)kvh * hd;
     const u32* table = bt + bt_off[seq];
     const bool act = tid < hd;
     const int col = act ? tid : 0;
+    const u16* Vc = Vh + col;  // this thread's column of V
     float M = -INF, S = 0.f, acc = 0.f;
     for (int base = lo; base <= pq; base += AV_CH) {
         const int n = min(AV_CH, pq + 1 - base);
@@ -103,11 +104,11 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
         // 1. this chunk's K and V rows on their way to L2, then the scores
         for (int j = tid; j < n_pad; j += T) {
             const int p = base + min(j, n - 1);
-            const u32 slot = table[p / bs] * (u32)bs + (u32)(p % bs);
-            SLOT[j] = slot;
+            const u32 off = (table[p / bs] * (u32)bs + (u32)(p % bs)) * row;
+            SLOT[j] = off;
             if (j < n) {
-                const u16* kr = Kh + (u64)slot * row;
-                const u16* vr = Vh + (u64)slot * row;
+                const u16* kr = Kh + off;
+                const u16* vr = Vh + off;
                 for (int o = 0; o < hd; o += 64) {
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(kr + o));
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + o));
@@ -117,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
         for (int g = tid; g < n_pad / AV_G; g += T) NEWG[g] = 0;
         __syncthreads();
         for (int j = tid; j < n; j += T) {
-            float sc = __fmul_rn(av_dot(Qs, Kh + (u64)SLOT[j] * row, hd), scale);
+            float sc = __fmul_rn(av_dot(Qs, Kh + SLOT[j], hd), scale);
             if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
             W[j] = sc;
         }
@@ -162,14 +163,15 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
         // wait for the load there. Threads past hd read column 0 (valid memory, unused).
         u32 va[AV_G], vb[AV_G];
 #define AV_LOAD(VR, J0)                                                                 \
-    _Pragma("unroll") for (int u = 0; u < AV_G; u++) VR[u] = Vh[(u64)SLOT[(J0) + u] * row + col];
+    _Pragma("unroll") for (int u = 0; u < AV_G; u++) VR[u] = Vc[SLOT[(J0) + u]];
+// a group with a new maximum (rare): a plain loop, V read again (L1 / L2)
 #define AV_RUN(VR, J0)                                                                  \
     if (NEWG[(J0) / AV_G]) {                                                            \
-        _Pragma("unroll") for (int u = 0; u < AV_G; u++) {                              \
-            const float ms = MS[(J0) + u], w = W[(J0) + u];                             \
+        _Pragma("unroll 1") for (int j = (J0); j < (J0) + AV_G; j++) {                  \
+            const float ms = MS[j], w = W[j];                                           \
             if (ms != 1.f) acc = av_r16(__fmul_rn(acc, ms));                            \
             S = __fmaf_rn(S, ms, w);                                                    \
-            acc = av_r16(__fmaf_rn(h2f((u16)VR[u]), w, acc));                                     \
+            acc = av_r16(__fmaf_rn(h2f(Vc[SLOT[j]]), w, acc));                          \
         }                                                                               \
     } else {                                                                            \
         _Pragma("unroll") for (int u = 0; u < AV_G; u++) {                              \

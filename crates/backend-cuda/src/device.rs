@@ -159,6 +159,8 @@ pub struct Device {
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub cc: (i32, i32),
+    /// Multiprocessors.
+    pub n_sm: usize,
     pub pool: Arc<Pool>,
     _modules: Vec<Arc<CudaModule>>,
     funcs: HashMap<String, CudaFunction>,
@@ -228,6 +230,7 @@ impl Device {
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let cc = ctx.compute_capability().map_err(drv("compute capability"))?;
+        let n_sm = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(drv("multiprocessor count"))?.max(1) as usize;
         let mut modules = Vec::new();
         for (unit, code) in nvrtc::UNITS.iter().zip(nvrtc::compile_all(cc)?) {
             let module = match ctx.load_module(code) {
@@ -251,6 +254,7 @@ impl Device {
             stream,
             name,
             cc,
+            n_sm,
             pool: Arc::new(Pool::default()),
             _modules: modules,
             funcs,

@@ -147,7 +147,7 @@ impl CudaBackend {
     /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
     /// over an f16 cache takes `attn_vec_f16` (the CPU's numerics, one pass) by default;
     /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
-    /// 2048; 0: split-K (and the grouped batch-decode kernel) always.
+    /// 512; 0: split-K (and the grouped batch-decode kernel) always.
     pub fn set_attn_vec_max(&self, positions: usize) {
         self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
     }
@@ -357,7 +357,7 @@ pub fn vec_max_positions() -> usize {
 }
 
 /// The default of `vec_max_positions` (see the README, "GPU numerics = CPU numerics").
-const VEC_MAX_POSITIONS: usize = 2048;
+const VEC_MAX_POSITIONS: usize = 512;
 
 /// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
 /// store each head rotated in blocks of this many values, as the CPU's do.
@@ -768,8 +768,13 @@ impl Backend for CudaBackend {
         let vec_path = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
         // `attn_vec_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
         // head), by default up to `vec_max_positions()`, at every length in exact mode
+        // (by default not for decode batches of many sequences, whose blocks would fill more than
+        // one wave of the GPU: the grouped split-K kernel is faster there; H100 2026-11-22,
+        // 7B Q4_0, 32 / 128 sequences at 128..256 positions: 3 / 8% slower decode)
         let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
-        let vec = vec_path && hd % 8 == 0 && (exact || n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed));
+        let one_wave = !one || batch.seqs.len() == 1 || batch.seqs.len() * p.n_head <= 2 * self.dev.n_sm;
+        let offsets_fit = (kv.spec.n_blocks * kv.spec.block_size * kv.spec.n_kv_head * hd) < u32::MAX as usize;
+        let vec = vec_path && hd % 8 == 0 && offsets_fit && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
         // exact mode with a head_dim the one-pass kernel does not take: the tiled kernel's
         // vector path (one warp per tile and head, no split)
         let q16 = exact && vec_path && !vec;

@@ -121,11 +121,11 @@ fn batched_decode_attention_matches_cpu_and_per_head_kernel() {
         assert!(e_cpu <= tol::CPU, "{what}: nmse vs CPU {e_cpu:.3e}");
         assert!(e_ph <= tol::PER_HEAD, "{what}: nmse vs per-head kernel {e_ph:.3e}");
         if c.ty == KvType::F16 {
-            // the default for these contexts: the CPU's bits (tanhf of a soft cap aside: libm's
-            // and CUDA's may differ in the last place)
-            gpu.set_attn_vec_max(usize::MAX);
+            // the one-pass kernel (exact attention: at any batch size): the CPU's bits (tanhf of a
+            // soft cap aside: libm's and CUDA's may differ in the last place)
+            gpu.set_exact_attention(true);
             let vec = decode(&gpu, c, &lens);
-            gpu.set_attn_vec_max(0);
+            gpu.set_exact_attention(false);
             let differ = want.iter().zip(&vec).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
             eprintln!("{what}: one-pass kernel, {differ} of {} values differ from the CPU's", want.len());
             assert!(nmse(&want, &vec) <= tol::CPU && (c.softcap.is_some() || differ == 0), "{what}: one-pass kernel vs CPU");
