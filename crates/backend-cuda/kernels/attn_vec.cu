@@ -105,6 +105,12 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
     u32* SLOT = (u32*)(MS + AV_CH);       // [AV_CH] element offset of each position's K / V row (< 2^32: the host checks)
     u32* NEWG = SLOT + AV_CH;             // [AV_CH / AV_G] group has a new maximum
     float* RED = (float*)(NEWG + AV_CH / AV_G);  // [32] per-warp maxima
+    {
+        // the host's shared memory must hold this layout (src/lib.rs attn_vec_smem)
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < 4u * (u32)(hd + 3 * AV_CH + AV_CH / AV_G + 32)) __trap();
+    }
     const u64 th = (u64)t * n_head + h;
     for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
     const u32 row = (u32)(n_kv_head * hd);

@@ -343,6 +343,14 @@ fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
 
 /// Positions per chunk of `attn_vec_f16` (AV_CH in kernels/attn_vec.cu).
 const VEC_CHUNK: usize = 1024;
+/// Positions per group of its chain (AV_G).
+const VEC_GROUP: usize = 16;
+
+/// Dynamic shared memory of `attn_vec_f16` (the layout at the top of the kernel): q, three
+/// words per position of a chunk, a flag per group, 32 per-warp maxima.
+fn attn_vec_smem(hd: usize) -> u32 {
+    (4 * (hd + 3 * VEC_CHUNK + VEC_CHUNK / VEC_GROUP + 32)) as u32
+}
 
 /// Context length (positions) up to which decode and short-prompt attention over an f16 cache
 /// take the one-pass kernel with the CPU's numerics (`attn_vec_f16`) by default; longer
@@ -789,7 +797,7 @@ impl Backend for CudaBackend {
                 let blocks = db.n_tiles * p.n_head;
                 let threads = if blocks >= 512 { hd.div_ceil(32).max(4) as u32 * 32 } else { 256 };
                 let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
-                let smem = (4 * (hd + 3 * VEC_CHUNK + VEC_CHUNK / 32 + 32)) as u32;
+                let smem = attn_vec_smem(hd);
                 let args = [
                     Arg::P(qp),
                     Arg::P(kp),
@@ -987,5 +995,24 @@ impl Backend for CudaBackend {
         let (yp, zp, wp) = ((self.rd(y)?, y.len), (self.rd(zx)?, zx.len), (self.rd(w)?, w.len));
         let op = (self.wr(out), out.len);
         Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kernel's chunk and group sizes are the host's (the shared memory it is given is
+    /// sized from them: a mismatch reads past the allocation).
+    #[test]
+    fn attn_vec_constants_match_the_kernel() {
+        let src = include_str!("../kernels/attn_vec.cu");
+        let define = |name: &str| -> usize {
+            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+        };
+        assert_eq!(define("AV_CH"), super::VEC_CHUNK);
+        assert_eq!(define("AV_G"), super::VEC_GROUP);
+        assert_eq!(super::VEC_CHUNK % (2 * super::VEC_GROUP), 0);
+        // q (hd), W, MS, SLOT (3 per position), NEWG (one per group), RED (32)
+        assert_eq!(super::attn_vec_smem(128), 4 * (128 + 3 * 1024 + 1024 / 16 + 32));
     }
 }
