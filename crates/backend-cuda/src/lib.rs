@@ -147,7 +147,7 @@ impl CudaBackend {
     /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
     /// over an f16 cache takes `attn_vec_f16` (the CPU's numerics, one pass) by default;
     /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
-    /// 512; 0: split-K (and the grouped batch-decode kernel) always.
+    /// 384; 0: split-K (and the grouped batch-decode kernel) always.
     pub fn set_attn_vec_max(&self, positions: usize) {
         self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
     }
@@ -364,8 +364,11 @@ pub fn vec_max_positions() -> usize {
     *V.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_VEC_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(VEC_MAX_POSITIONS))
 }
 
-/// The default of `vec_max_positions` (see the README, "GPU numerics = CPU numerics").
-const VEC_MAX_POSITIONS: usize = 512;
+/// The default of `vec_max_positions`: where the one-pass kernel and split-K + combine take
+/// about the same time (H100, Mistral-7B shape, 32 heads of 128: 14.4 vs 24.5 us per layer at
+/// 128..160 positions, 34.6 vs 26.4 at 512..544, 55.7 vs 33.3 at 1,024; see the README, "GPU
+/// numerics = CPU numerics").
+const VEC_MAX_POSITIONS: usize = 384;
 
 /// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
 /// store each head rotated in blocks of this many values, as the CPU's do.

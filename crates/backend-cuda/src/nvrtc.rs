@@ -66,9 +66,6 @@ pub(crate) fn unit_source(u: &Unit) -> String {
     if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() {
         s.push_str("#define GEMV_NO_PREFETCH 1\n");
     }
-    if std::env::var_os("QUARREL_CUDA_AV_INT_ROUND").is_some() {
-        s.push_str("#define AV_INT_ROUND 1\n");
-    }
     s.push_str(u.defines);
     for name in std::iter::once("common.cuh").chain(u.files.iter().copied()) {
         s.push_str(&format!("// ---- {name}\n{}\n", file(name)));
