@@ -40,11 +40,20 @@ impl DevMem {
     }
 
     /// Allocate and copy `src` (synchronously: used at load time).
+    ///
+    /// The copy goes through the backend's stream and is waited for. A plain `cuMemcpyHtoD`
+    /// runs on the legacy default stream, which a non-blocking stream (ours, cudarc's
+    /// `new_stream`) does not wait for, and from pageable memory it returns once the source is
+    /// staged, before the DMA has landed: a kernel launched right after the load read the
+    /// table's last rows (copied last) before they arrived (`tests/numerics.rs`,
+    /// `fresh_tables_read_right_after_load`).
     pub fn upload<T: Copy>(dev: &Device, src: &[T]) -> Result<DevMem, CudaError> {
         let m = DevMem::alloc(dev, std::mem::size_of_val(src))?;
         if !src.is_empty() {
-            // SAFETY: the allocation holds size_of_val(src) bytes.
-            unsafe { result::memcpy_htod_sync(m.ptr, src) }.map_err(drv("upload"))?;
+            // SAFETY: the allocation holds size_of_val(src) bytes; pageable sources are staged
+            // before the call returns, and the stream is synchronized before `m` is used.
+            unsafe { result::memcpy_htod_async(m.ptr, src, dev.stream.cu_stream()) }.map_err(drv("upload"))?;
+            dev.stream.synchronize().map_err(drv("synchronizing after an upload"))?;
         }
         Ok(m)
     }
@@ -150,6 +159,8 @@ pub struct Device {
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub cc: (i32, i32),
+    /// Multiprocessors.
+    pub n_sm: usize,
     pub pool: Arc<Pool>,
     _modules: Vec<Arc<CudaModule>>,
     funcs: HashMap<String, CudaFunction>,
@@ -222,6 +233,7 @@ impl Device {
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let cc = ctx.compute_capability().map_err(drv("compute capability"))?;
+        let n_sm = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(drv("multiprocessor count"))?.max(1) as usize;
         let mut modules = Vec::new();
         for (unit, code) in nvrtc::UNITS.iter().zip(nvrtc::compile_all(cc)?) {
             let module = match ctx.load_module(code) {
@@ -245,6 +257,7 @@ impl Device {
             stream,
             name,
             cc,
+            n_sm,
             pool: Arc::new(Pool::default()),
             _modules: modules,
             funcs,
@@ -473,7 +486,7 @@ impl Drop for Device {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine", "attn_vec_f16"]
         .iter()
         .map(|s| s.to_string())
         .collect();

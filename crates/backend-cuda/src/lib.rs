@@ -105,6 +105,9 @@ pub struct CudaBackend {
     /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
     /// count, host MoE routing (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
     exact_mm: std::sync::atomic::AtomicBool,
+    /// Contexts (positions) up to which f16-cache attention of short sequences takes the
+    /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
+    attn_vec_max: std::sync::atomic::AtomicUsize,
 }
 
 impl CudaBackend {
@@ -128,16 +131,25 @@ impl CudaBackend {
             router: Default::default(),
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
+            attn_vec_max: vec_max_positions().into(),
         })
     }
 
     /// Attention numerics over f16 caches: `true` reproduces llama.cpp's CPU flash attention
     /// (f16 query and V accumulator for sequences under 64 tokens, as the CPU backend does;
-    /// what the fixtures made with llama.cpp's CPU build compare against), `false` (default)
-    /// accumulates in f32 throughout: more accurate and, on an H100, 10-15% faster decode
-    /// (2026-11-22: Mistral-7B Q4_0 tg128 377.7 vs 340.7 t/s, TinyLlama 1,137 vs 975).
+    /// what the fixtures made with llama.cpp's CPU build compare against) at every context
+    /// length; `false` (default) does so up to `set_attn_vec_max` positions and accumulates in
+    /// f32 with split-K over longer contexts.
     pub fn set_exact_attention(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
+    /// over an f16 cache takes `attn_vec_f16` (the CPU's numerics, one pass) by default;
+    /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
+    /// 384; 0: split-K (and the grouped batch-decode kernel) always.
+    pub fn set_attn_vec_max(&self, positions: usize) {
+        self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them
@@ -328,6 +340,35 @@ impl CudaBackend {
 fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
 }
+
+/// Positions per chunk of `attn_vec_f16` (AV_CH in kernels/attn_vec.cu).
+const VEC_CHUNK: usize = 1024;
+/// Positions per group of its chain (AV_G).
+const VEC_GROUP: usize = 16;
+
+/// Dynamic shared memory of `attn_vec_f16` (the layout at the top of the kernel): q, three
+/// words per position of a chunk, a flag per group, 32 per-warp maxima.
+fn attn_vec_smem(hd: usize) -> u32 {
+    (4 * (hd + 3 * VEC_CHUNK + VEC_CHUNK / VEC_GROUP + 32)) as u32
+}
+
+/// Context length (positions) up to which decode and short-prompt attention over an f16 cache
+/// take the one-pass kernel with the CPU's numerics (`attn_vec_f16`) by default; longer
+/// contexts take the f32 split-K kernel and its combine, whose numerics differ from the CPU's
+/// (f32 V accumulator, positions regrouped by the splits). `QUARREL_CUDA_ATTN_VEC_MAX=<n>`
+/// sets it for backends created from then on (0: split-K always, the default before session
+/// 6; `CudaBackend::set_attn_vec_max` per backend). Exact numerics (`set_exact_attention`) take
+/// the one-pass kernel at every length.
+pub fn vec_max_positions() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_VEC_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(VEC_MAX_POSITIONS))
+}
+
+/// The default of `vec_max_positions`: where the one-pass kernel and split-K + combine take
+/// about the same time (H100, Mistral-7B shape, 32 heads of 128: 14.4 vs 24.5 us per layer at
+/// 128..160 positions, 34.6 vs 26.4 at 512..544, 55.7 vs 33.3 at 1,024; see the README, "GPU
+/// numerics = CPU numerics").
+const VEC_MAX_POSITIONS: usize = 384;
 
 /// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
 /// store each head rotated in blocks of this many values, as the CPU's do.
@@ -735,10 +776,55 @@ impl Backend for CudaBackend {
         // (kernels/attention.cu: ggml's vector-path numerics, the V accumulator in f16) when
         // exact attention is on (`set_exact_attention`); by default all-f32 attention
         let exact = self.exact_attn.load(std::sync::atomic::Ordering::Relaxed);
-        let q16 = exact && kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
+        let vec_path = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
+        // `attn_vec_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
+        // head), by default up to `vec_max_positions()`, at every length in exact mode
+        // (by default not for decode batches of many sequences, whose blocks would fill more than
+        // one wave of the GPU: the grouped split-K kernel is faster there; H100 2026-11-22,
+        // 7B Q4_0, 32 / 128 sequences at 128..256 positions: 3 / 8% slower decode)
+        let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
+        let one_wave = !one || batch.seqs.len() == 1 || batch.seqs.len() * p.n_head <= 2 * self.dev.n_sm;
+        let offsets_fit = (kv.spec.n_blocks * kv.spec.block_size * kv.spec.n_kv_head * hd) < u32::MAX as usize;
+        let vec = vec_path && hd % 8 == 0 && offsets_fit && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
+        // exact mode with a head_dim the one-pass kernel does not take: the tiled kernel's
+        // vector path (one warp per tile and head, no split)
+        let q16 = exact && vec_path && !vec;
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
+        if vec {
+            return self.with_batch(batch, kv, p.sliding_window, |db| {
+                // the scores and the scan spread over all threads, the chain over hd of them:
+                // 256 where few blocks run (one per SM), 128 (or hd) where many do (two
+                // 256-thread blocks fill an SM's registers)
+                let blocks = db.n_tiles * p.n_head;
+                let threads = if blocks >= 512 { hd.div_ceil(32).max(4) as u32 * 32 } else { 256 };
+                let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
+                let smem = attn_vec_smem(hd);
+                let args = [
+                    Arg::P(qp),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(op),
+                    Arg::P(db.tiles()),
+                    Arg::P(db.pos()),
+                    Arg::P(db.bt_off()),
+                    Arg::P(db.bt()),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_kv_head as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(kv.spec.block_size as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                    Arg::P(xq),
+                    Arg::P(xm),
+                ];
+                let per_tile = if one { 1 } else { batch::ATT_QT as u32 };
+                self.dev.launch("attn_vec_f16", (db.n_tiles as u32, p.n_head as u32, per_tile), threads, smem, &args)?;
+                Ok(())
+            });
+        }
         self.with_batch(batch, kv, p.sliding_window, |db| {
             // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
             // (each block sizes its share from the positions on the device), so decode steps
@@ -916,5 +1002,24 @@ impl Backend for CudaBackend {
         // the output projection's Q8 input written by the norm (no quantize launch)
         let q8 = if ssm::gated_norm_q8(p) { self.q8_out(op.0, out.len)? } else { (0, 0) };
         Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op, q8)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kernel's chunk and group sizes are the host's (the shared memory it is given is
+    /// sized from them: a mismatch reads past the allocation).
+    #[test]
+    fn attn_vec_constants_match_the_kernel() {
+        let src = include_str!("../kernels/attn_vec.cu");
+        let define = |name: &str| -> usize {
+            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+        };
+        assert_eq!(define("AV_CH"), super::VEC_CHUNK);
+        assert_eq!(define("AV_G"), super::VEC_GROUP);
+        assert_eq!(super::VEC_CHUNK % (2 * super::VEC_GROUP), 0);
+        // q (hd), W, MS, SLOT (3 per position), NEWG (one per group), RED (32)
+        assert_eq!(super::attn_vec_smem(128), 4 * (128 + 3 * 1024 + 1024 / 16 + 32));
     }
 }
