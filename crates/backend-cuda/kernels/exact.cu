@@ -1,63 +1,235 @@
-// Quantized matmul in the CPU backend's float order, for `CudaBackend::set_exact_numerics`:
-// every output then has the CPU's bits. The CPU's orders (which are llama.cpp's x86 build's):
+// Quantized GEMV in the CPU backend's float order (`gemvo_*`): every output has the CPU's bits.
+// The CPU's orders (which are llama.cpp's x86 build's):
 // - Q4_1, Q8_0: ggml_vec_dot_{q4_1_q8_1, q8_0_q8_0}'s AVX2 path (crates/backend-cpu/src/simd/
 //   x86/ggml_order.rs): per output one 8-lane accumulator, lane l adding d_w * d_a * (the exact
 //   integer dot of the block's elements 4l..4l+3) with an FMA block after block, then ggml's
 //   hsum_float_8, plus Q4_1's summs = fma(m_w, s_a, summs);
 // - Q4_0: llama.cpp's repacked (block_q4_0x8) order (crates/backend-cpu/src/simd/repack.rs):
 //   one accumulator, acc = fma(float(the block's exact integer dot), d_w * d_a, acc).
-// Eight lanes per output row (four rows a warp), walking the row's blocks in order; grid.y:
-// chunks of 8 tokens. Slower than the GEMV / MMQ kernels: only used in exact mode.
+// The order only binds the short float chain: the integer sums are exact in any order. So the
+// bytes move as in a fast GEMV: one warp per row, lane j loading unit k0 + j of each step of 32
+// units (16-byte loads, a row's 512 bytes a step, UNR steps in flight before any arithmetic),
+// the dp4a sums computed in parallel, then per step the float terms go through shared memory to
+// the lanes that run the chains in order (Q4_0: lane t folds token t's 32 terms; Q4_1 / Q8_0:
+// lane l + 8 tq folds ggml lane l of token tq (and tq + 4)). NT tokens share each weight read.
+
+#define GEMVO_WARPS 4
+#define GEMVO_UNR 4
+
+// Ask the L2 cache for `bytes` at `p` (as matmul.cu's prefetch_l2: Hopper's bulk prefetch, a hint).
+__device__ __forceinline__ void gemvo_prefetch_l2(const u8* p, u64 bytes) {
+#if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_PREFETCH)
+    u64 a = (u64)p, s = (a + 15) & ~15ull, e = (a + bytes) & ~15ull;
+    if (e > s)
+        asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\tcp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(s), "r"((u32)(e - s))
+                     : "memory");
+#endif
+}
+
+// A unit's bytes as loaded (payload a [, b for Q8_0], meta m), decoded only when used.
+struct RawUnit {
+    uint4 a, b;
+    u32 m;
+};
+
 template <int QT>
-__device__ __forceinline__ void gemvx(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
-                                      const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok) {
-    const int lane = threadIdx.x % 32, l = lane % 8, rs = lane / 8;
-    const int row = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 4 + rs;
-    const int t0 = blockIdx.y * 8;
-    const int nt = min(8, n_tok - t0);
-    if (row >= n_out) return;  // the row's 8 lanes leave together
-    const unsigned gm = 0xffu << (8 * rs);
-    for (int t = 0; t < nt; t++) {
-        const i8* xt = xq + (u64)(t0 + t) * U * 32;
-        const float2* mt = xm + (u64)(t0 + t) * U;
-        float acc = 0.f, summs = 0.f;
-        for (int k = 0; k < U; k++) {
-            Unit u = load_unit<QT>(P, M, (u64)row, k, U);
-            int qw = u.q[0];
-#pragma unroll
-            for (int i = 1; i < 8; i++)
-                if (i == l) qw = u.q[i];
-            const int xw = *(const int*)(xt + (u64)k * 32 + 4 * l);
-            const float2 xs = mt[k];
-            if (QT == QT_Q4_0) {
-                // the whole block's integer dot on every lane of the row, then one chain
-                int is = dp4a(qw, xw, 0);
-                is += __shfl_xor_sync(gm, is, 4, 8);
-                is += __shfl_xor_sync(gm, is, 2, 8);
-                is += __shfl_xor_sync(gm, is, 1, 8);
-                acc = __fmaf_rn((float)is, __fmul_rn(u.s0, xs.x), acc);
-                continue;
-            }
-            if (QT == QT_Q4_1) summs = __fmaf_rn(u.o, xs.y, summs);
-            acc = __fmaf_rn(__fmul_rn(u.s0, xs.x), (float)dp4a(qw, xw, 0), acc);
-        }
-        if (QT == QT_Q4_0) {
-            if (l == 0) out[(u64)(t0 + t) * n_out + row] = acc;
-            continue;
-        }
-        // hsum_float_8: (a0 + a4) + (a2 + a6) + ((a1 + a5) + (a3 + a7))
-        float v = __fadd_rn(acc, __shfl_down_sync(gm, acc, 4, 8));
-        v = __fadd_rn(v, __shfl_down_sync(gm, v, 2, 8));
-        v = __fadd_rn(v, __shfl_down_sync(gm, v, 1, 8));
-        if (l == 0) out[(u64)(t0 + t) * n_out + row] = QT == QT_Q4_1 ? __fadd_rn(v, summs) : v;
+__device__ __forceinline__ u32 gemvo_pb() { return QT == QT_Q8_0 ? 32 : 16; }
+template <int QT>
+__device__ __forceinline__ u32 gemvo_mb() { return QT == QT_Q4_1 ? 4 : 2; }
+
+template <int QT>
+__device__ __forceinline__ RawUnit raw_unit(const u8* __restrict__ P, const u8* __restrict__ M, u64 g) {
+    RawUnit r;
+    if (QT == QT_Q8_0) {
+        const uint4* p = (const uint4*)(P + g * 32);
+        r.a = p[0];
+        r.b = p[1];
+    } else {
+        r.a = *(const uint4*)(P + g * 16);
+        r.b = make_uint4(0, 0, 0, 0);
+    }
+    r.m = QT == QT_Q4_1 ? ((const u32*)M)[g] : (u32)((const u16*)M)[g];
+    return r;
+}
+
+// q[l]: the unit's values 4l..4l+3 as signed bytes (Q4_0: nibble - 8; Q4_1: nibble; Q8_0: int8).
+template <int QT>
+__device__ __forceinline__ void raw_q(const RawUnit& r, int* q) {
+    if (QT == QT_Q8_0) {
+        q[0] = r.a.x; q[1] = r.a.y; q[2] = r.a.z; q[3] = r.a.w;
+        q[4] = r.b.x; q[5] = r.b.y; q[6] = r.b.z; q[7] = r.b.w;
+    } else {
+        nibbles(r.a, q, QT == QT_Q4_0 ? 8 : 0);
     }
 }
 
-#define GEMVX(NAME, QT)                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) gemvx_##NAME(const u8* P, const u8* M, const i8* xq, const float2* xm, \
-                                                                   float* out, int U, int n_out, int n_tok) {          \
-        gemvx<QT>(P, M, xq, xm, out, U, n_out, n_tok);                                                                  \
+// Shared floats per warp: Q4_0 (c, d) pairs [NT][32]; Q4_1 / Q8_0 the lane dots [NT][8][36]
+// (rows padded for conflict-free 16-byte reads), d [NT][32], s [NT][32], m [32].
+template <int QT, int NT>
+struct Smem {
+    static constexpr int DOTS = NT * 8 * 36;
+    static constexpr int WORDS = QT == QT_Q4_0 ? NT * 64 : DOTS + NT * 64 + 32;
+};
+
+// One row (this warp's) of out[t * n_out + row] = W[row] . x[t], t < NT, in the CPU's order.
+template <int QT, int NT>
+__device__ __forceinline__ void gemvo_row(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int row,
+                                          float* __restrict__ sm) {
+    const int lane = threadIdx.x % 32;
+    const int l = lane % 8, tq = lane / 8;
+    // chains: Q4_0 lane t: acc[0] of token t; others: acc[i] / summs[i] of token tq + 4 i, ggml lane l
+    float acc[2] = {0.f, 0.f}, summs[2] = {0.f, 0.f};
+    const u64 rb = (u64)row * U;
+    for (int k0 = 0; k0 < U; k0 += 32 * GEMVO_UNR) {
+        RawUnit raw[GEMVO_UNR];
+#pragma unroll
+        for (int s = 0; s < GEMVO_UNR; s++) {
+            const int k = k0 + 32 * s + lane;
+            if (k < U) raw[s] = raw_unit<QT>(P, M, rb + k);
+        }
+#pragma unroll
+        for (int s = 0; s < GEMVO_UNR; s++) {
+            const int kb = k0 + 32 * s;
+            if (kb >= U) break;  // warp-uniform
+            const int k = kb + lane, n = min(32, U - kb);
+            if (k < U) {
+                int q[8];
+                raw_q<QT>(raw[s], q);
+                const float ws = h2f((u16)(raw[s].m & 0xffff));
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const int4* xp = (const int4*)(xq + ((u64)t * U + k) * 32);
+                    const int4 xa = xp[0], xb = xp[1];
+                    const float2 xs = xm[(u64)t * U + k];
+                    const float d = __fmul_rn(ws, xs.x);
+                    if (QT == QT_Q4_0) {
+                        int is = dp4a(q[3], xa.w, dp4a(q[2], xa.z, dp4a(q[1], xa.y, dp4a(q[0], xa.x, 0))));
+                        is = dp4a(q[7], xb.w, dp4a(q[6], xb.z, dp4a(q[5], xb.y, dp4a(q[4], xb.x, is))));
+                        ((float2*)sm)[t * 32 + lane] = make_float2((float)is, d);
+                    } else {
+                        float* dots = sm + t * 8 * 36 + lane;
+                        dots[0 * 36] = (float)dp4a(q[0], xa.x, 0);
+                        dots[1 * 36] = (float)dp4a(q[1], xa.y, 0);
+                        dots[2 * 36] = (float)dp4a(q[2], xa.z, 0);
+                        dots[3 * 36] = (float)dp4a(q[3], xa.w, 0);
+                        dots[4 * 36] = (float)dp4a(q[4], xb.x, 0);
+                        dots[5 * 36] = (float)dp4a(q[5], xb.y, 0);
+                        dots[6 * 36] = (float)dp4a(q[6], xb.z, 0);
+                        dots[7 * 36] = (float)dp4a(q[7], xb.w, 0);
+                        sm[Smem<QT, NT>::DOTS + t * 32 + lane] = d;
+                        sm[Smem<QT, NT>::DOTS + NT * 32 + t * 32 + lane] = xs.y;
+                    }
+                }
+                if (QT == QT_Q4_1) sm[Smem<QT, NT>::DOTS + NT * 64 + lane] = h2f((u16)(raw[s].m >> 16));
+            }
+            __syncwarp();
+            if (QT == QT_Q4_0) {
+                if (lane < NT) {
+                    const float* c = sm + lane * 64;
+                    if (n == 32) {
+#pragma unroll
+                        for (int i = 0; i < 16; i++) {
+                            const float4 v = ((const float4*)c)[i];
+                            acc[0] = __fmaf_rn(v.x, v.y, acc[0]);
+                            acc[0] = __fmaf_rn(v.z, v.w, acc[0]);
+                        }
+                    } else {
+                        for (int i = 0; i < n; i++) acc[0] = __fmaf_rn(c[2 * i], c[2 * i + 1], acc[0]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int t = tq + 4 * h;
+                    if (t >= NT) break;
+                    const float* dr = sm + (t * 8 + l) * 36;
+                    const float* dd = sm + Smem<QT, NT>::DOTS + t * 32;
+                    const float* ss = dd + NT * 32;
+                    const float* mm = sm + Smem<QT, NT>::DOTS + NT * 64;
+                    if (n == 32) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) {
+                            const float4 a = ((const float4*)dr)[i], d = ((const float4*)dd)[i];
+                            acc[h] = __fmaf_rn(d.x, a.x, acc[h]);
+                            acc[h] = __fmaf_rn(d.y, a.y, acc[h]);
+                            acc[h] = __fmaf_rn(d.z, a.z, acc[h]);
+                            acc[h] = __fmaf_rn(d.w, a.w, acc[h]);
+                            if (QT == QT_Q4_1) {
+                                const float4 m4 = ((const float4*)mm)[i], s4 = ((const float4*)ss)[i];
+                                summs[h] = __fmaf_rn(m4.x, s4.x, summs[h]);
+                                summs[h] = __fmaf_rn(m4.y, s4.y, summs[h]);
+                                summs[h] = __fmaf_rn(m4.z, s4.z, summs[h]);
+                                summs[h] = __fmaf_rn(m4.w, s4.w, summs[h]);
+                            }
+                        }
+                    } else {
+                        for (int i = 0; i < n; i++) {
+                            acc[h] = __fmaf_rn(dd[i], dr[i], acc[h]);
+                            if (QT == QT_Q4_1) summs[h] = __fmaf_rn(mm[i], ss[i], summs[h]);
+                        }
+                    }
+                }
+            }
+            __syncwarp();
+        }
     }
-GEMVX(q4_0, QT_Q4_0)
-GEMVX(q4_1, QT_Q4_1)
-GEMVX(q8_0, QT_Q8_0)
+    if (QT == QT_Q4_0) {
+        if (lane < NT) out[(u64)lane * n_out + row] = acc[0];
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        // hsum_float_8: (a0 + a4) + (a2 + a6) + ((a1 + a5) + (a3 + a7)), within each 8 lanes
+        float v = __fadd_rn(acc[h], __shfl_down_sync(0xffffffffu, acc[h], 4, 8));
+        v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 8));
+        v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 8));
+        const int t = tq + 4 * h;
+        if (l == 0 && t < NT) out[(u64)t * n_out + row] = QT == QT_Q4_1 ? __fadd_rn(v, summs[h]) : v;
+    }
+}
+
+// Rows of one matrix for block `blk`: prefetch (before waiting for the previous kernel: weights
+// never change during a step), then the row.
+template <int QT>
+__device__ __forceinline__ void gemvo_prefetch(const u8* P, const u8* M, int U, int n_out, int blk) {
+    const int row = blk * GEMVO_WARPS + threadIdx.x / 32;
+    if (threadIdx.x % 32 != 0 || row >= n_out) return;
+    gemvo_prefetch_l2(P + (u64)row * U * gemvo_pb<QT>(), (u64)U * gemvo_pb<QT>());
+    gemvo_prefetch_l2(M + (u64)row * U * gemvo_mb<QT>(), (u64)U * gemvo_mb<QT>());
+}
+
+template <int QT, int NT>
+__device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int blk) {
+    __shared__ __align__(16) float sm[GEMVO_WARPS][Smem<QT, NT>::WORDS];
+    const int row = blk * GEMVO_WARPS + threadIdx.x / 32;
+    if (row >= n_out) return;  // the whole warp
+    gemvo_row<QT, NT>(P, M, xq, xm, out, U, n_out, row, sm[threadIdx.x / 32]);
+}
+
+// gemvo3_*: up to three matrices of the same type and input (q/k/v, gate/up) in one launch;
+// blocks [0, nb0) compute matrix 0, [nb0, nb0 + nb1) matrix 1, the rest matrix 2.
+#define GEMVO(NAME, QT, NT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(128) gemvo_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
+                                                                          const float2* xm, float* out, int U, int n_out) { \
+        gemvo_prefetch<QT>(P, M, U, n_out, blockIdx.x);                                                          \
+        GDC();                                                                                                   \
+        gemvo<QT, NT>(P, M, xq, xm, out, U, n_out, blockIdx.x);                                                  \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) gemvo3_##NAME##_##NT(                                      \
+        const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
+        const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U) {                 \
+        int b = blockIdx.x;                                                                                      \
+        if (b < nb0) gemvo_prefetch<QT>(P0, M0, U, n0, b);                                                       \
+        else if (b < nb0 + nb1) gemvo_prefetch<QT>(P1, M1, U, n1, b - nb0);                                      \
+        else gemvo_prefetch<QT>(P2, M2, U, n2, b - nb0 - nb1);                                                   \
+        GDC();                                                                                                   \
+        if (b < nb0) gemvo<QT, NT>(P0, M0, xq, xm, o0, U, n0, b);                                                \
+        else if (b < nb0 + nb1) gemvo<QT, NT>(P1, M1, xq, xm, o1, U, n1, b - nb0);                                \
+        else gemvo<QT, NT>(P2, M2, xq, xm, o2, U, n2, b - nb0 - nb1);                                            \
+    }
+
+#define GEMVO_ALL(NAME, QT) GEMVO(NAME, QT, 1) GEMVO(NAME, QT, 2) GEMVO(NAME, QT, 4) GEMVO(NAME, QT, 8)
+GEMVO_ALL(q4_0, QT_Q4_0)
+GEMVO_ALL(q4_1, QT_Q4_1)
+GEMVO_ALL(q8_0, QT_Q8_0)

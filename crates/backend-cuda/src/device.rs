@@ -495,6 +495,8 @@ pub fn gdc_kernel_names() -> Vec<String> {
             v.push(format!("attn1g_{k}_{dpl}"));
         }
     }
+    // the GEMVs in the CPU's float order
+    v.extend(crate::exact::kernel_names());
     v
 }
 
@@ -509,6 +511,5 @@ pub fn kernel_names() -> Vec<String> {
     v.extend(crate::moe_dev::kernel_names());
     v.extend(crate::moe_chunk::kernel_names());
     v.extend(crate::ssm::kernel_names());
-    v.extend(crate::exact::kernel_names());
     v
 }

@@ -1,24 +1,31 @@
-//! Exact numerics (`CudaBackend::set_exact_numerics`): matmuls whose every output has the CPU
-//! backend's bits, for the weight types whose CPU float order is reproduced
-//! (`kernels/exact.cu`: Q4_1 and Q8_0 in ggml's vec_dot order, Q4_0 in llama.cpp's repacked
-//! order). Activations are quantized as for the GEMV (`matmul::q8_activations`: the CPU's
-//! Q8_0 / Q8_1 bytes); then eight lanes per output row walk the row's blocks in order.
-//! Other types take the decode GEMV at every token count (8 tokens a launch), so a prefill
-//! multiplies exactly as decode does (the GEMV's sums do not depend on the token count).
+//! Quantized matmuls in the CPU backend's float order: every output has the CPU's bits, for
+//! the weight types whose CPU float order is reproduced (`kernels/exact.cu`: Q4_1 and Q8_0 in
+//! ggml's vec_dot order, Q4_0 in llama.cpp's repacked order). Activations are quantized as for
+//! the GEMV (`matmul::q8_activations`: the CPU's Q8_0 / Q8_1 bytes); then `gemvo_*` (one warp
+//! per row, the integer block sums in parallel, the float chains in order) in chunks of 8 tokens.
+//! Used by exact numerics (`set_exact_numerics`: every token count; other types take the decode
+//! GEMV then, whose sums do not depend on the token count) and, by default, by decode and short
+//! prompts (`set_ordered_gemv`, up to `ORDERED_MAX_TOKENS` tokens).
 //!
 //! ```text
-//!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvx_<type> (rows / 16 x tokens / 8)──► out
+//!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvo_<type>_<NT> (rows / 4; gemvo3: q/k/v, gate/up)──► out
 //!  other types:    x ──matmul::gemv (chunks of 8 tokens)──► out
 //! ```
 
-use crate::device::{Arg, Device};
+use crate::device::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
 use crate::weight::{CudaWeight, DevType};
 use quarrel_core::QuantType;
 use std::sync::Mutex;
 
-/// Whether `w` has an exact-order kernel.
+/// Up to this many tokens the ordered GEMV runs outside exact numerics (above: MMQ / cuBLAS).
+pub const ORDERED_MAX_TOKENS: usize = 32;
+
+/// Rows per block of `gemvo_*` (GEMVO_WARPS in exact.cu: one warp per row).
+pub(crate) const ROWS_PER_BLOCK: usize = 4;
+
+/// Whether `w` has an ordered kernel.
 pub(crate) fn applies(w: &CudaWeight) -> bool {
     matches!(w.dev_ty, DevType::Quant(_)) && matches!(w.ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) && w.n_in % 32 == 0
 }
@@ -35,37 +42,24 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
             *g = None;
         }
     }
-    if !applies(w) {
-        return crate::matmul::gemv(dev, qc, w, x, n_tok, out);
-    }
-    let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, w.n_in, out)?;
-    let grid = (grid_rows(w.n_out), n_tok.div_ceil(8) as u32, 1);
-    dev.launch(
-        &format!("gemvx_{}", w.dev_ty.name()),
-        grid,
-        128,
-        0,
-        &[
-            Arg::P(w.p.ptr),
-            Arg::P(w.m_ptr()),
-            Arg::P(xq),
-            Arg::P(xm),
-            Arg::P(out),
-            Arg::I((w.n_in / 32) as i32),
-            Arg::I(w.n_out as i32),
-            Arg::I(n_tok as i32),
-        ],
-    )
+    crate::matmul::gemv(dev, qc, w, x, n_tok, out, true)
 }
 
-/// Blocks along the rows: 4 warps of 4 rows each.
-fn grid_rows(n_out: usize) -> u32 {
-    n_out.div_ceil(16) as u32
+/// The grid of `gemvo_*` over `n_out` rows.
+pub(crate) fn grid(n_out: usize) -> (u32, u32, u32) {
+    (n_out.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1)
 }
 
-/// Kernel names this module launches.
+/// Kernel names this module launches (all begin with GDC: launched with PDL).
 pub fn kernel_names() -> Vec<String> {
-    ["q4_0", "q4_1", "q8_0"].iter().map(|q| format!("gemvx_{q}")).collect()
+    let mut v = vec![];
+    for q in ["q4_0", "q4_1", "q8_0"] {
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("gemvo_{q}_{nt}"));
+            v.push(format!("gemvo3_{q}_{nt}"));
+        }
+    }
+    v
 }
 
 /// Reference twin of `kernels/exact.cu` in plain Rust: output `row` of a repacked weight
@@ -156,8 +150,9 @@ mod tests {
 
     #[test]
     fn grid_covers_every_row() {
-        for n in [1usize, 15, 16, 17, 576, 49152] {
-            assert!(grid_rows(n) as usize * 16 >= n && (grid_rows(n) as usize - 1) * 16 < n);
+        for n in [1usize, 3, 4, 5, 576, 49152] {
+            let b = grid(n).0 as usize;
+            assert!(b * ROWS_PER_BLOCK >= n && (b - 1) * ROWS_PER_BLOCK < n);
         }
     }
 }

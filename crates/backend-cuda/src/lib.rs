@@ -105,6 +105,10 @@ pub struct CudaBackend {
     /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
     /// count, host MoE routing (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
     exact_mm: std::sync::atomic::AtomicBool,
+    /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens in the CPU's float
+    /// order (`exact.rs`; as fast as the fast GEMV): on unless `QUARREL_CUDA_ORDERED_GEMV=0` at
+    /// creation; `set_ordered_gemv`.
+    ordered_gemv: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -128,6 +132,7 @@ impl CudaBackend {
             router: Default::default(),
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
+            ordered_gemv: std::env::var("QUARREL_CUDA_ORDERED_GEMV").map_or(true, |v| v != "0").into(),
         })
     }
 
@@ -151,6 +156,14 @@ impl CudaBackend {
     pub fn set_exact_numerics(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
         self.exact_mm.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Decode and short prompts (up to `exact::ORDERED_MAX_TOKENS` tokens) over Q4_0 / Q4_1 /
+    /// Q8_0 weights: `true` (default) multiplies in the CPU backend's float order (the CPU's bits),
+    /// `false` with the fast GEMV's order (per-lane partial sums, a tree reduction). Prefill of
+    /// more tokens stays on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
+    pub fn set_ordered_gemv(&self, on: bool) {
+        self.ordered_gemv.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
@@ -497,7 +510,7 @@ impl Backend for CudaBackend {
         if self.exact_mm.load(Ordering::Relaxed) {
             return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
-        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
+        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv.load(Ordering::Relaxed))?)
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {
