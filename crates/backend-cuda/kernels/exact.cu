@@ -7,14 +7,13 @@
 // - Q4_0: llama.cpp's repacked (block_q4_0x8) order (crates/backend-cpu/src/simd/repack.rs):
 //   one accumulator, acc = fma(float(the block's exact integer dot), d_w * d_a, acc).
 // The order only binds the short float chain: the integer sums are exact in any order. So the
-// bytes move as in a fast GEMV: one warp per row, lane j loading unit k0 + j of each step of 32
-// units (16-byte loads, a row's 512 bytes a step, UNR steps in flight before any arithmetic),
-// the dp4a sums computed in parallel, then per step the float terms go through shared memory to
-// the lanes that run the chains in order (Q4_0: lane t folds token t's 32 terms; Q4_1 / Q8_0:
-// lane l + 8 tq folds ggml lane l of token tq (and tq + 4)). NT tokens share each weight read.
+// bytes move as in a fast GEMV: R rows a warp (Gemvo::R), lane j loading unit k0 + j of each row
+// for each step of 32 units (16-byte loads, UNR steps in flight before any arithmetic), the dp4a
+// sums computed in parallel, then per step the float terms go through shared memory to the
+// lanes that run the chains in order (Q4_0: lane r NT + t folds row r, token t; Q4_1 / Q8_0:
+// lane (r NT + t) 8 + l folds ggml lane l of row r, token t). NT tokens share each weight read.
 
 #define GEMVO_WARPS 4
-#define GEMVO_UNR 4
 
 // Ask the L2 cache for `bytes` at `p` (as matmul.cu's prefetch_l2: Hopper's bulk prefetch, a hint).
 __device__ __forceinline__ void gemvo_prefetch_l2(const u8* p, u64 bytes) {
@@ -63,70 +62,118 @@ __device__ __forceinline__ void raw_q(const RawUnit& r, int* q) {
     }
 }
 
-// Shared floats per warp: Q4_0 (c, d) pairs [NT][32]; Q4_1 / Q8_0 the lane dots [NT][8][36]
-// (rows padded for conflict-free 16-byte reads), d [NT][32], s [NT][32], m [32].
+// Rows per warp (the chains of R rows run side by side on R * NT lanes, and the activations
+// each lane loads serve R rows) and steps of 32 units loaded before any arithmetic.
+// GEMVO_R (Q4_0's rows per warp), GEMVO_UNR and GEMVO_PIPE (1: the next batch of steps is loaded
+// before the current one is summed) are set for measurements only (src/nvrtc.rs: QUARREL_CUDA_GEMVO_*).
+#ifndef GEMVO_PIPE
+#define GEMVO_PIPE 0
+#endif
 template <int QT, int NT>
-struct Smem {
-    static constexpr int DOTS = NT * 8 * 36;
-    static constexpr int WORDS = QT == QT_Q4_0 ? NT * 64 : DOTS + NT * 64 + 32;
+struct Gemvo {
+    // Q4_1 / Q8_0 with 8 tokens: one row (the lane dots of two rows would not fit 48 KB)
+#ifdef GEMVO_R
+    static constexpr int R = QT == QT_Q4_0 ? GEMVO_R : ((QT != QT_Q4_0 && NT == 8) ? 1 : 2);
+#else
+    static constexpr int R = (QT != QT_Q4_0 && NT == 8) ? 1 : 2;
+#endif
+#ifdef GEMVO_UNR
+    static constexpr int UNR = GEMVO_UNR;
+#else
+    static constexpr int UNR = (NT >= 4 || QT == QT_Q8_0) ? 2 : 4;
+#endif
+    // shared floats per warp: Q4_0 (c, d) pairs [R][NT][32]; Q4_1 / Q8_0 the lane dots
+    // [R][NT][8][36] (rows padded for conflict-free 16-byte reads), d [R][NT][32], s [NT][32], m [R][32]
+    static constexpr int DOTS = R * NT * 8 * 36;
+    static constexpr int D = DOTS, S = D + R * NT * 32, MW = S + NT * 32;
+    static constexpr int WORDS = QT == QT_Q4_0 ? R * NT * 64 : MW + R * 32;
+    // chains: Q4_0 one per (row, token); Q4_1 / Q8_0 8 per (row, token), in passes of 32 lanes
+    static constexpr int CHAINS = QT == QT_Q4_0 ? R * NT : R * NT * 8;
+    static constexpr int PASSES = (CHAINS + 31) / 32;
 };
 
-// One row (this warp's) of out[t * n_out + row] = W[row] . x[t], t < NT, in the CPU's order.
-template <int QT, int NT>
-__device__ __forceinline__ void gemvo_row(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
-                                          const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int row,
-                                          float* __restrict__ sm) {
+// Steps k0 / 32 .. k0 / 32 + UNR - 1 of R rows (row offsets rb): lane j loads unit k0 + 32 s + j.
+template <int QT, int UNR, int R>
+__device__ __forceinline__ void gemvo_load(RawUnit (&raw)[UNR][R], const u8* __restrict__ P, const u8* __restrict__ M, const u64 (&rb)[R],
+                                           int k0, int U) {
     const int lane = threadIdx.x % 32;
-    const int l = lane % 8, tq = lane / 8;
-    // chains: Q4_0 lane t: acc[0] of token t; others: acc[i] / summs[i] of token tq + 4 i, ggml lane l
-    float acc[2] = {0.f, 0.f}, summs[2] = {0.f, 0.f};
-    const u64 rb = (u64)row * U;
-    for (int k0 = 0; k0 < U; k0 += 32 * GEMVO_UNR) {
-        RawUnit raw[GEMVO_UNR];
 #pragma unroll
-        for (int s = 0; s < GEMVO_UNR; s++) {
-            const int k = k0 + 32 * s + lane;
-            if (k < U) raw[s] = raw_unit<QT>(P, M, rb + k);
-        }
+    for (int s = 0; s < UNR; s++) {
+        const int k = k0 + 32 * s + lane;
 #pragma unroll
-        for (int s = 0; s < GEMVO_UNR; s++) {
+        for (int r = 0; r < R; r++)
+            if (k < U) raw[s][r] = raw_unit<QT>(P, M, rb[r] + k);
+    }
+}
+
+// Rows row0 .. row0 + R - 1 (this warp's) of out[t * n_out + row] = W[row] . x[t], t < NT, in
+// the CPU's order. Rows past n_out re-read the last row (results dropped).
+template <int QT, int NT>
+__device__ __forceinline__ void gemvo_rows(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
+                                           const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int row0,
+                                           float* __restrict__ sm) {
+    typedef Gemvo<QT, NT> G;
+    constexpr int R = G::R, UNR = G::UNR;
+    const int lane = threadIdx.x % 32;
+    float acc[G::PASSES], summs[G::PASSES];
+#pragma unroll
+    for (int h = 0; h < G::PASSES; h++) acc[h] = summs[h] = 0.f;
+    u64 rb[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rb[r] = (u64)min(row0 + r, n_out - 1) * U;
+    RawUnit raw[UNR][R];
+    gemvo_load<QT, UNR, R>(raw, P, M, rb, 0, U);
+    for (int k0 = 0; k0 < U; k0 += 32 * UNR) {
+        const bool more = k0 + 32 * UNR < U;  // warp-uniform
+        RawUnit nxt[UNR][R];
+        if (GEMVO_PIPE && more) gemvo_load<QT, UNR, R>(nxt, P, M, rb, k0 + 32 * UNR, U);
+#pragma unroll
+        for (int s = 0; s < UNR; s++) {
             const int kb = k0 + 32 * s;
             if (kb >= U) break;  // warp-uniform
             const int k = kb + lane, n = min(32, U - kb);
             if (k < U) {
-                int q[8];
-                raw_q<QT>(raw[s], q);
-                const float ws = h2f((u16)(raw[s].m & 0xffff));
+                int q[R][8];
+                float ws[R];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    raw_q<QT>(raw[s][r], q[r]);
+                    ws[r] = h2f((u16)(raw[s][r].m & 0xffff));
+                    if (QT == QT_Q4_1) sm[G::MW + r * 32 + lane] = h2f((u16)(raw[s][r].m >> 16));
+                }
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     const int4* xp = (const int4*)(xq + ((u64)t * U + k) * 32);
                     const int4 xa = xp[0], xb = xp[1];
                     const float2 xs = xm[(u64)t * U + k];
-                    const float d = __fmul_rn(ws, xs.x);
-                    if (QT == QT_Q4_0) {
-                        int is = dp4a(q[3], xa.w, dp4a(q[2], xa.z, dp4a(q[1], xa.y, dp4a(q[0], xa.x, 0))));
-                        is = dp4a(q[7], xb.w, dp4a(q[6], xb.z, dp4a(q[5], xb.y, dp4a(q[4], xb.x, is))));
-                        ((float2*)sm)[t * 32 + lane] = make_float2((float)is, d);
-                    } else {
-                        float* dots = sm + t * 8 * 36 + lane;
-                        dots[0 * 36] = (float)dp4a(q[0], xa.x, 0);
-                        dots[1 * 36] = (float)dp4a(q[1], xa.y, 0);
-                        dots[2 * 36] = (float)dp4a(q[2], xa.z, 0);
-                        dots[3 * 36] = (float)dp4a(q[3], xa.w, 0);
-                        dots[4 * 36] = (float)dp4a(q[4], xb.x, 0);
-                        dots[5 * 36] = (float)dp4a(q[5], xb.y, 0);
-                        dots[6 * 36] = (float)dp4a(q[6], xb.z, 0);
-                        dots[7 * 36] = (float)dp4a(q[7], xb.w, 0);
-                        sm[Smem<QT, NT>::DOTS + t * 32 + lane] = d;
-                        sm[Smem<QT, NT>::DOTS + NT * 32 + t * 32 + lane] = xs.y;
+                    if (QT != QT_Q4_0) sm[G::S + t * 32 + lane] = xs.y;
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const float d = __fmul_rn(ws[r], xs.x);
+                        const int* w = q[r];
+                        if (QT == QT_Q4_0) {
+                            int is = dp4a(w[3], xa.w, dp4a(w[2], xa.z, dp4a(w[1], xa.y, dp4a(w[0], xa.x, 0))));
+                            is = dp4a(w[7], xb.w, dp4a(w[6], xb.z, dp4a(w[5], xb.y, dp4a(w[4], xb.x, is))));
+                            ((float2*)sm)[(r * NT + t) * 32 + lane] = make_float2((float)is, d);
+                        } else {
+                            float* dots = sm + (r * NT + t) * 8 * 36 + lane;
+                            dots[0 * 36] = (float)dp4a(w[0], xa.x, 0);
+                            dots[1 * 36] = (float)dp4a(w[1], xa.y, 0);
+                            dots[2 * 36] = (float)dp4a(w[2], xa.z, 0);
+                            dots[3 * 36] = (float)dp4a(w[3], xa.w, 0);
+                            dots[4 * 36] = (float)dp4a(w[4], xb.x, 0);
+                            dots[5 * 36] = (float)dp4a(w[5], xb.y, 0);
+                            dots[6 * 36] = (float)dp4a(w[6], xb.z, 0);
+                            dots[7 * 36] = (float)dp4a(w[7], xb.w, 0);
+                            sm[G::D + (r * NT + t) * 32 + lane] = d;
+                        }
                     }
                 }
-                if (QT == QT_Q4_1) sm[Smem<QT, NT>::DOTS + NT * 64 + lane] = h2f((u16)(raw[s].m >> 16));
             }
             __syncwarp();
             if (QT == QT_Q4_0) {
-                if (lane < NT) {
-                    const float* c = sm + lane * 64;
+                if (lane < R * NT) {
+                    const float* c = sm + lane * 64;  // chain (row, token) = lane
                     if (n == 32) {
 #pragma unroll
                         for (int i = 0; i < 16; i++) {
@@ -140,13 +187,14 @@ __device__ __forceinline__ void gemvo_row(const u8* __restrict__ P, const u8* __
                 }
             } else {
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int t = tq + 4 * h;
-                    if (t >= NT) break;
-                    const float* dr = sm + (t * 8 + l) * 36;
-                    const float* dd = sm + Smem<QT, NT>::DOTS + t * 32;
-                    const float* ss = dd + NT * 32;
-                    const float* mm = sm + Smem<QT, NT>::DOTS + NT * 64;
+                for (int h = 0; h < G::PASSES; h++) {
+                    const int ch = lane + 32 * h;  // chain: row ch / (8 NT), token ch / 8 % NT, ggml lane ch % 8
+                    if (ch >= G::CHAINS) break;    // lanes 16.. when there are 16 chains
+                    const int rt = ch / 8, t = rt % NT, r = rt / NT;
+                    const float* dr = sm + ch * 36;
+                    const float* dd = sm + G::D + rt * 32;
+                    const float* ss = sm + G::S + t * 32;
+                    const float* mm = sm + G::MW + r * 32;
                     if (n == 32) {
 #pragma unroll
                         for (int i = 0; i < 8; i++) {
@@ -173,38 +221,47 @@ __device__ __forceinline__ void gemvo_row(const u8* __restrict__ P, const u8* __
             }
             __syncwarp();
         }
+        if (more) {
+            if (!GEMVO_PIPE) gemvo_load<QT, UNR, R>(nxt, P, M, rb, k0 + 32 * UNR, U);
+#pragma unroll
+            for (int s = 0; s < UNR; s++)
+#pragma unroll
+                for (int r = 0; r < R; r++) raw[s][r] = nxt[s][r];
+        }
     }
     if (QT == QT_Q4_0) {
-        if (lane < NT) out[(u64)lane * n_out + row] = acc[0];
+        const int r = lane / NT, t = lane % NT;
+        if (lane < R * NT && row0 + r < n_out) out[(u64)t * n_out + row0 + r] = acc[0];
         return;
     }
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < G::PASSES; h++) {
         // hsum_float_8: (a0 + a4) + (a2 + a6) + ((a1 + a5) + (a3 + a7)), within each 8 lanes
         float v = __fadd_rn(acc[h], __shfl_down_sync(0xffffffffu, acc[h], 4, 8));
         v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 8));
         v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 8));
-        const int t = tq + 4 * h;
-        if (l == 0 && t < NT) out[(u64)t * n_out + row] = QT == QT_Q4_1 ? __fadd_rn(v, summs[h]) : v;
+        const int ch = lane + 32 * h, rt = ch / 8, t = rt % NT, r = rt / NT;
+        if (ch % 8 == 0 && ch < G::CHAINS && row0 + r < n_out) out[(u64)t * n_out + row0 + r] = QT == QT_Q4_1 ? __fadd_rn(v, summs[h]) : v;
     }
 }
 
-// Rows of one matrix for block `blk`: prefetch (before waiting for the previous kernel: weights
-// never change during a step), then the row.
-template <int QT>
+// Rows of one matrix for block `blk`: prefetch into L2 (before waiting for the previous kernel:
+// weights never change during a step), one lane per row.
+template <int QT, int NT>
 __device__ __forceinline__ void gemvo_prefetch(const u8* P, const u8* M, int U, int n_out, int blk) {
-    const int row = blk * GEMVO_WARPS + threadIdx.x / 32;
-    if (threadIdx.x % 32 != 0 || row >= n_out) return;
+    constexpr int R = Gemvo<QT, NT>::R;
+    const int lane = threadIdx.x % 32, row = (blk * GEMVO_WARPS + threadIdx.x / 32) * R + lane;
+    if (lane >= R || row >= n_out) return;
     gemvo_prefetch_l2(P + (u64)row * U * gemvo_pb<QT>(), (u64)U * gemvo_pb<QT>());
     gemvo_prefetch_l2(M + (u64)row * U * gemvo_mb<QT>(), (u64)U * gemvo_mb<QT>());
 }
 
 template <int QT, int NT>
 __device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int blk) {
-    __shared__ __align__(16) float sm[GEMVO_WARPS][Smem<QT, NT>::WORDS];
-    const int row = blk * GEMVO_WARPS + threadIdx.x / 32;
-    if (row >= n_out) return;  // the whole warp
-    gemvo_row<QT, NT>(P, M, xq, xm, out, U, n_out, row, sm[threadIdx.x / 32]);
+    __shared__ __align__(16) float sm[GEMVO_WARPS][Gemvo<QT, NT>::WORDS];
+    const int row0 = (blk * GEMVO_WARPS + threadIdx.x / 32) * Gemvo<QT, NT>::R;
+    if (row0 >= n_out) return;  // the whole warp
+    gemvo_rows<QT, NT>(P, M, xq, xm, out, U, n_out, row0, sm[threadIdx.x / 32]);
 }
 
 // gemvo3_*: up to three matrices of the same type and input (q/k/v, gate/up) in one launch;
@@ -212,7 +269,7 @@ __device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, co
 #define GEMVO(NAME, QT, NT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128) gemvo_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
                                                                           const float2* xm, float* out, int U, int n_out) { \
-        gemvo_prefetch<QT>(P, M, U, n_out, blockIdx.x);                                                          \
+        gemvo_prefetch<QT, NT>(P, M, U, n_out, blockIdx.x);                                                          \
         GDC();                                                                                                   \
         gemvo<QT, NT>(P, M, xq, xm, out, U, n_out, blockIdx.x);                                                  \
     }                                                                                                            \
@@ -220,9 +277,9 @@ __device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, co
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
         const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U) {                 \
         int b = blockIdx.x;                                                                                      \
-        if (b < nb0) gemvo_prefetch<QT>(P0, M0, U, n0, b);                                                       \
-        else if (b < nb0 + nb1) gemvo_prefetch<QT>(P1, M1, U, n1, b - nb0);                                      \
-        else gemvo_prefetch<QT>(P2, M2, U, n2, b - nb0 - nb1);                                                   \
+        if (b < nb0) gemvo_prefetch<QT, NT>(P0, M0, U, n0, b);                                                       \
+        else if (b < nb0 + nb1) gemvo_prefetch<QT, NT>(P1, M1, U, n1, b - nb0);                                      \
+        else gemvo_prefetch<QT, NT>(P2, M2, U, n2, b - nb0 - nb1);                                                   \
         GDC();                                                                                                   \
         if (b < nb0) gemvo<QT, NT>(P0, M0, xq, xm, o0, U, n0, b);                                                \
         else if (b < nb0 + nb1) gemvo<QT, NT>(P1, M1, xq, xm, o1, U, n1, b - nb0);                                \

@@ -22,8 +22,24 @@ use std::sync::Mutex;
 /// Up to this many tokens the ordered GEMV runs outside exact numerics (above: MMQ / cuBLAS).
 pub const ORDERED_MAX_TOKENS: usize = 32;
 
-/// Rows per block of `gemvo_*` (GEMVO_WARPS in exact.cu: one warp per row).
-pub(crate) const ROWS_PER_BLOCK: usize = 4;
+/// Warps per block of `gemvo_*` (GEMVO_WARPS in exact.cu).
+const WARPS: usize = 4;
+
+/// Rows per warp of `gemvo_<name>_<nt>` (`Gemvo::R` in exact.cu): 2, but 1 for Q4_1 / Q8_0 at 8
+/// tokens (their lane dots of two rows would not fit the block's 48 KB of shared memory).
+/// `QUARREL_CUDA_GEMVO_R` (1, 2 or 4; src/nvrtc.rs passes it to the kernels) sets Q4_0's, for measurements.
+fn rows_per_warp(name: &str, nt: usize) -> usize {
+    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let r = *R.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVO_R").ok().and_then(|v| v.parse().ok()).filter(|r| [1, 2, 4].contains(r)));
+    if let (Some(r), "q4_0") = (r, name) {
+        return r;
+    }
+    if name != "q4_0" && nt == 8 {
+        1
+    } else {
+        2
+    }
+}
 
 /// Whether `w` has an ordered kernel.
 pub(crate) fn applies(w: &CudaWeight) -> bool {
@@ -45,9 +61,9 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
     crate::matmul::gemv(dev, qc, w, x, n_tok, out, true)
 }
 
-/// The grid of `gemvo_*` over `n_out` rows.
-pub(crate) fn grid(n_out: usize) -> (u32, u32, u32) {
-    (n_out.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1)
+/// The grid of `gemvo_<name>_<nt>` over `n_out` rows.
+pub(crate) fn grid(name: &str, nt: usize, n_out: usize) -> (u32, u32, u32) {
+    (n_out.div_ceil(WARPS * rows_per_warp(name, nt)) as u32, 1, 1)
 }
 
 /// Kernel names this module launches (all begin with GDC: launched with PDL).
@@ -114,8 +130,14 @@ mod tests {
     /// `tests/numerics.rs` then holds the kernels to the same bits on a GPU).
     #[test]
     fn reference_twin_equals_the_cpu_backend_bit_for_bit() {
-        let (n_in, n_out, n_tok) = (256usize, 48usize, 3usize);
-        let mut s = 0x9e3779b97f4a7c15u64;
+        // rows of 8 and 176 units (the kernel's partial and multiple steps), 1 and 9 tokens
+        for (n_in, n_out, n_tok) in [(256usize, 48usize, 3usize), (5632, 12, 9), (1024, 20, 1)] {
+            twin_vs_cpu(n_in, n_out, n_tok);
+        }
+    }
+
+    fn twin_vs_cpu(n_in: usize, n_out: usize, n_tok: usize) {
+        let mut s = 0x9e3779b97f4a7c15u64 ^ n_in as u64;
         let mut rnd = |scale: f32| {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
@@ -150,9 +172,12 @@ mod tests {
 
     #[test]
     fn grid_covers_every_row() {
-        for n in [1usize, 3, 4, 5, 576, 49152] {
-            let b = grid(n).0 as usize;
-            assert!(b * ROWS_PER_BLOCK >= n && (b - 1) * ROWS_PER_BLOCK < n);
+        for (name, nt) in [("q4_0", 1), ("q4_0", 8), ("q4_1", 4), ("q8_0", 8)] {
+            let rows = WARPS * rows_per_warp(name, nt);
+            for n in [1usize, 3, 4, 5, 7, 8, 9, 576, 49152] {
+                let b = grid(name, nt, n).0 as usize;
+                assert!(b * rows >= n && (b - 1) * rows < n);
+            }
         }
     }
 }

@@ -143,7 +143,7 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
                         Arg::I(units as i32),
                         Arg::I(n_out as i32),
                     ];
-                    dev.launch(&format!("gemvo_{name}_{nt}"), crate::exact::grid(n_out), 128, 0, &args)?;
+                    dev.launch(&format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, n_out), 128, 0, &args)?;
                     t0 += nt;
                     continue;
                 }
@@ -249,14 +249,14 @@ impl GemvGroup {
 }
 
 impl GemvGroup {
-    /// `gemvo_*` / `gemvo3_*`: one warp per row, `exact::ROWS_PER_BLOCK` rows a block.
+    /// `gemvo_*` / `gemvo3_*` (grids: `exact::grid`).
     fn launch_ordered(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
         if let [i] = self.items.as_slice() {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
-            return dev.launch_now(&format!("gemvo_{name}_{nt}"), crate::exact::grid(i.n_out), 128, 0, &args);
+            return dev.launch_now(&format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, i.n_out), 128, 0, &args);
         }
-        let nb: Vec<u32> = self.items.iter().map(|i| crate::exact::grid(i.n_out).0).collect();
+        let nb: Vec<u32> = self.items.iter().map(|i| crate::exact::grid(name, nt, i.n_out).0).collect();
         let mut args = Vec::with_capacity(17);
         for (k, i) in self.items.iter().enumerate() {
             args.extend([Arg::P(i.p), Arg::P(i.m), Arg::P(i.out), Arg::I(i.n_out as i32)]);

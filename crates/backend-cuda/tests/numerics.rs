@@ -230,11 +230,12 @@ fn exact_matmul_bit_exact() {
 /// into one `gemvo3_*` launch for 1, 2, 4 and 8 tokens, as it does q/k/v).
 fn mm3<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, x: &[f32], n_tok: usize, outs: &[usize]) -> Vec<Vec<f32>> {
     let xb = be.upload(x).unwrap();
+    // the weights outlive the (possibly held) launches
+    let ws: Vec<_> = (0..outs.len()).map(|i| load(be, g, &format!("m{i}.{}", ty.name()))).collect();
     let mut bufs = vec![];
-    for (i, &n_out) in outs.iter().enumerate() {
-        let w = load(be, g, &format!("m{i}.{}", ty.name()));
+    for (w, &n_out) in ws.iter().zip(outs) {
         let mut o = be.alloc(n_tok * n_out).unwrap();
-        be.matmul(&w, &xb, n_tok, &mut o).unwrap();
+        be.matmul(w, &xb, n_tok, &mut o).unwrap();
         bufs.push(o);
     }
     bufs.iter().map(|o| be.download(o).unwrap()).collect()
