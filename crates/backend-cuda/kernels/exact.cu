@@ -106,12 +106,14 @@ __device__ __forceinline__ void gemvo_load(RawUnit (&raw)[UNR][R], const u8* __r
     }
 }
 
-// Rows row0 .. row0 + R - 1 (this warp's) of out[t * n_out + row] = W[row] . x[t], t < NT, in
-// the CPU's order. Rows past n_out re-read the last row (results dropped).
+// Rows row0 .. row0 + R - 1, then row0 + rs .., while below n_out (this warp's), of
+// out[t * n_out + row] = W[row] . x[t], t < NT, in the CPU's order: one loop over (rows, batch of
+// steps), each batch's loads issued before the batch before is summed with GEMVO_PIPE. Rows past
+// n_out re-read the last row (results dropped).
 template <int QT, int NT>
 __device__ __forceinline__ void gemvo_rows(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                            const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int row0,
-                                           float* __restrict__ sm) {
+                                           int rs, float* __restrict__ sm) {
     typedef Gemvo<QT, NT> G;
     constexpr int R = G::R, UNR = G::UNR;
     const int lane = threadIdx.x % 32;
@@ -123,10 +125,21 @@ __device__ __forceinline__ void gemvo_rows(const u8* __restrict__ P, const u8* _
     for (int r = 0; r < R; r++) rb[r] = (u64)min(row0 + r, n_out - 1) * U;
     RawUnit raw[UNR][R];
     gemvo_load<QT, UNR, R>(raw, P, M, rb, 0, U);
-    for (int k0 = 0; k0 < U; k0 += 32 * UNR) {
-        const bool more = k0 + 32 * UNR < U;  // warp-uniform
+    int k0 = 0;
+    while (true) {
+        // the next batch: the rest of these rows, else the first of the next rows (warp-uniform)
+        int kn = k0 + 32 * UNR, rn = row0;
+        if (kn >= U) {
+            kn = 0;
+            rn = row0 + rs;
+        }
+        const bool more = rn < n_out;
+        if (more && rn != row0) {
+#pragma unroll
+            for (int r = 0; r < R; r++) rb[r] = (u64)min(rn + r, n_out - 1) * U;
+        }
         RawUnit nxt[UNR][R];
-        if (GEMVO_PIPE && more) gemvo_load<QT, UNR, R>(nxt, P, M, rb, k0 + 32 * UNR, U);
+        if (GEMVO_PIPE && more) gemvo_load<QT, UNR, R>(nxt, P, M, rb, kn, U);
 #pragma unroll
         for (int s = 0; s < UNR; s++) {
             const int kb = k0 + 32 * s;
@@ -221,27 +234,34 @@ __device__ __forceinline__ void gemvo_rows(const u8* __restrict__ P, const u8* _
             }
             __syncwarp();
         }
-        if (more) {
-            if (!GEMVO_PIPE) gemvo_load<QT, UNR, R>(nxt, P, M, rb, k0 + 32 * UNR, U);
+        if (kn == 0) {
+            // rows done: write them, start the next
+            if (QT == QT_Q4_0) {
+                const int r = lane / NT, t = lane % NT;
+                if (lane < R * NT && row0 + r < n_out) out[(u64)t * n_out + row0 + r] = acc[0];
+            } else {
 #pragma unroll
-            for (int s = 0; s < UNR; s++)
+                for (int h = 0; h < G::PASSES; h++) {
+                    // hsum_float_8: (a0 + a4) + (a2 + a6) + ((a1 + a5) + (a3 + a7)), within each 8 lanes
+                    float v = __fadd_rn(acc[h], __shfl_down_sync(0xffffffffu, acc[h], 4, 8));
+                    v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 8));
+                    v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 8));
+                    const int ch = lane + 32 * h, rt = ch / 8, t = rt % NT, r = rt / NT;
+                    if (ch % 8 == 0 && ch < G::CHAINS && row0 + r < n_out)
+                        out[(u64)t * n_out + row0 + r] = QT == QT_Q4_1 ? __fadd_rn(v, summs[h]) : v;
+                }
+            }
 #pragma unroll
-                for (int r = 0; r < R; r++) raw[s][r] = nxt[s][r];
+            for (int h = 0; h < G::PASSES; h++) acc[h] = summs[h] = 0.f;
         }
-    }
-    if (QT == QT_Q4_0) {
-        const int r = lane / NT, t = lane % NT;
-        if (lane < R * NT && row0 + r < n_out) out[(u64)t * n_out + row0 + r] = acc[0];
-        return;
-    }
+        if (!more) break;
+        if (!GEMVO_PIPE) gemvo_load<QT, UNR, R>(nxt, P, M, rb, kn, U);
 #pragma unroll
-    for (int h = 0; h < G::PASSES; h++) {
-        // hsum_float_8: (a0 + a4) + (a2 + a6) + ((a1 + a5) + (a3 + a7)), within each 8 lanes
-        float v = __fadd_rn(acc[h], __shfl_down_sync(0xffffffffu, acc[h], 4, 8));
-        v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 8));
-        v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 8));
-        const int ch = lane + 32 * h, rt = ch / 8, t = rt % NT, r = rt / NT;
-        if (ch % 8 == 0 && ch < G::CHAINS && row0 + r < n_out) out[(u64)t * n_out + row0 + r] = QT == QT_Q4_1 ? __fadd_rn(v, summs[h]) : v;
+        for (int s = 0; s < UNR; s++)
+#pragma unroll
+            for (int r = 0; r < R; r++) raw[s][r] = nxt[s][r];
+        k0 = kn;
+        row0 = rn;
     }
 }
 
@@ -256,12 +276,15 @@ __device__ __forceinline__ void gemvo_prefetch(const u8* P, const u8* M, int U, 
     gemvo_prefetch_l2(M + (u64)row * U * gemvo_mb<QT>(), (u64)U * gemvo_mb<QT>());
 }
 
+// Block `blk` of the `nblk` given to this matrix: its warps take row groups blk * 4 + warp, then
+// every nblk * 4th (one each when the grid covers the rows, src/exact.rs: grid).
 template <int QT, int NT>
-__device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int blk) {
+__device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int blk, int nblk) {
     __shared__ __align__(16) float sm[GEMVO_WARPS][Gemvo<QT, NT>::WORDS];
-    const int row0 = (blk * GEMVO_WARPS + threadIdx.x / 32) * Gemvo<QT, NT>::R;
+    constexpr int R = Gemvo<QT, NT>::R;
+    const int row0 = (blk * GEMVO_WARPS + threadIdx.x / 32) * R;
     if (row0 >= n_out) return;  // the whole warp
-    gemvo_rows<QT, NT>(P, M, xq, xm, out, U, n_out, row0, sm[threadIdx.x / 32]);
+    gemvo_rows<QT, NT>(P, M, xq, xm, out, U, n_out, row0, nblk * GEMVO_WARPS * R, sm[threadIdx.x / 32]);
 }
 
 // gemvo3_*: up to three matrices of the same type and input (q/k/v, gate/up) in one launch;
@@ -271,7 +294,7 @@ __device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, co
                                                                           const float2* xm, float* out, int U, int n_out) { \
         gemvo_prefetch<QT, NT>(P, M, U, n_out, blockIdx.x);                                                          \
         GDC();                                                                                                   \
-        gemvo<QT, NT>(P, M, xq, xm, out, U, n_out, blockIdx.x);                                                  \
+        gemvo<QT, NT>(P, M, xq, xm, out, U, n_out, blockIdx.x, gridDim.x);                                                  \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) gemvo3_##NAME##_##NT(                                      \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
@@ -281,9 +304,9 @@ __device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, co
         else if (b < nb0 + nb1) gemvo_prefetch<QT, NT>(P1, M1, U, n1, b - nb0);                                      \
         else gemvo_prefetch<QT, NT>(P2, M2, U, n2, b - nb0 - nb1);                                                   \
         GDC();                                                                                                   \
-        if (b < nb0) gemvo<QT, NT>(P0, M0, xq, xm, o0, U, n0, b);                                                \
-        else if (b < nb0 + nb1) gemvo<QT, NT>(P1, M1, xq, xm, o1, U, n1, b - nb0);                                \
-        else gemvo<QT, NT>(P2, M2, xq, xm, o2, U, n2, b - nb0 - nb1);                                            \
+        if (b < nb0) gemvo<QT, NT>(P0, M0, xq, xm, o0, U, n0, b, nb0);                                                \
+        else if (b < nb0 + nb1) gemvo<QT, NT>(P1, M1, xq, xm, o1, U, n1, b - nb0, nb1);                                \
+        else gemvo<QT, NT>(P2, M2, xq, xm, o2, U, n2, b - nb0 - nb1, (int)gridDim.x - nb0 - nb1);                                            \
     }
 
 #define GEMVO_ALL(NAME, QT) GEMVO(NAME, QT, 1) GEMVO(NAME, QT, 2) GEMVO(NAME, QT, 4) GEMVO(NAME, QT, 8)

@@ -61,9 +61,20 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
     crate::matmul::gemv(dev, qc, w, x, n_tok, out, true)
 }
 
-/// The grid of `gemvo_<name>_<nt>` over `n_out` rows.
+/// The grid of `gemvo_<name>_<nt>` over `n_out` rows: a block per 4 row groups, or (measurements:
+/// `QUARREL_CUDA_GEMVO_BLOCKS=n`) at most `share` of n blocks, whose warps then loop over the
+/// row groups (the kernel takes any grid).
+pub(crate) fn grid_share(name: &str, nt: usize, n_out: usize, share: f64) -> (u32, u32, u32) {
+    static CAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let cap = *CAP.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVO_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|&c: &usize| c > 0));
+    let full = n_out.div_ceil(WARPS * rows_per_warp(name, nt));
+    let b = cap.map_or(full, |c| full.min(((c as f64 * share).round() as usize).max(1)));
+    (b as u32, 1, 1)
+}
+
+/// `grid_share` of a launch over one matrix.
 pub(crate) fn grid(name: &str, nt: usize, n_out: usize) -> (u32, u32, u32) {
-    (n_out.div_ceil(WARPS * rows_per_warp(name, nt)) as u32, 1, 1)
+    grid_share(name, nt, n_out, 1.0)
 }
 
 /// Kernel names this module launches (all begin with GDC: launched with PDL).

@@ -256,7 +256,8 @@ impl GemvGroup {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
             return dev.launch_now(&format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, i.n_out), 128, 0, &args);
         }
-        let nb: Vec<u32> = self.items.iter().map(|i| crate::exact::grid(name, nt, i.n_out).0).collect();
+        let total: usize = self.items.iter().map(|i| i.n_out).sum();
+        let nb: Vec<u32> = self.items.iter().map(|i| crate::exact::grid_share(name, nt, i.n_out, i.n_out as f64 / total as f64).0).collect();
         let mut args = Vec::with_capacity(17);
         for (k, i) in self.items.iter().enumerate() {
             args.extend([Arg::P(i.p), Arg::P(i.m), Arg::P(i.out), Arg::I(i.n_out as i32)]);
