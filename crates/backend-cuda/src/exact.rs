@@ -1,14 +1,14 @@
 //! Quantized matmuls in the CPU backend's float order: every output has the CPU's bits, for
 //! the weight types whose CPU float order is reproduced (`kernels/exact.cu`: Q4_1 and Q8_0 in
 //! ggml's vec_dot order, Q4_0 in llama.cpp's repacked order). Activations are quantized as for
-//! the GEMV (`matmul::q8_activations`: the CPU's Q8_0 / Q8_1 bytes); then `gemvo_*` (one warp
-//! per row, the integer block sums in parallel, the float chains in order) in chunks of 8 tokens.
+//! the GEMV (`matmul::q8_activations`: the CPU's Q8_0 / Q8_1 bytes); then `gemvo_*` (2 rows a
+//! warp, the integer block sums in parallel, the float chains in order) in chunks of 8 tokens.
 //! Used by exact numerics (`set_exact_numerics`: every token count; other types take the decode
-//! GEMV then, whose sums do not depend on the token count) and, by default, by decode and short
-//! prompts (`set_ordered_gemv`, up to `ORDERED_MAX_TOKENS` tokens).
+//! GEMV then, whose sums do not depend on the token count) and, with `set_ordered_gemv`
+//! (`QUARREL_CUDA_ORDERED_GEMV=1`), by decode and prompts up to `ORDERED_MAX_TOKENS` tokens.
 //!
 //! ```text
-//!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvo_<type>_<NT> (rows / 4; gemvo3: q/k/v, gate/up)──► out
+//!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvo_<type>_<NT> (rows / 8; gemvo3: q/k/v, gate/up)──► out
 //!  other types:    x ──matmul::gemv (chunks of 8 tokens)──► out
 //! ```
 

@@ -106,8 +106,7 @@ pub struct CudaBackend {
     /// count, host MoE routing (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
     exact_mm: std::sync::atomic::AtomicBool,
     /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens in the CPU's float
-    /// order (`exact.rs`; as fast as the fast GEMV): on unless `QUARREL_CUDA_ORDERED_GEMV=0` at
-    /// creation; `set_ordered_gemv`.
+    /// order (`exact.rs`): `QUARREL_CUDA_ORDERED_GEMV=1` at creation, `set_ordered_gemv`.
     ordered_gemv: std::sync::atomic::AtomicBool,
 }
 
@@ -132,7 +131,7 @@ impl CudaBackend {
             router: Default::default(),
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
-            ordered_gemv: std::env::var("QUARREL_CUDA_ORDERED_GEMV").map_or(true, |v| v != "0").into(),
+            ordered_gemv: std::env::var("QUARREL_CUDA_ORDERED_GEMV").is_ok_and(|v| v == "1").into(),
         })
     }
 
@@ -159,9 +158,11 @@ impl CudaBackend {
     }
 
     /// Decode and short prompts (up to `exact::ORDERED_MAX_TOKENS` tokens) over Q4_0 / Q4_1 /
-    /// Q8_0 weights: `true` (default) multiplies in the CPU backend's float order (the CPU's bits),
-    /// `false` with the fast GEMV's order (per-lane partial sums, a tree reduction). Prefill of
-    /// more tokens stays on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
+    /// Q8_0 weights: `true` multiplies in the CPU backend's float order (the CPU's bits, through
+    /// `gemvo_*`), `false` (default) with the fast GEMV's order (per-lane partial sums, a tree
+    /// reduction): on an H100 the ordered GEMV is 5-30% slower per matrix at one token (7B Q4_0
+    /// tg128 363 vs 400 t/s, 2026-11-22), so it is not the default. Prefill of more tokens stays
+    /// on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
     pub fn set_ordered_gemv(&self, on: bool) {
         self.ordered_gemv.store(on, std::sync::atomic::Ordering::Relaxed);
     }

@@ -180,7 +180,7 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: &str, n_tok: usize, via: &str) -> V
 #[test]
 fn quantized_matmul_equals_cpu_to_float_order() {
     let Some(gpu) = cuda() else { return };
-    // the fast GEMV (by default Q4_0 / Q4_1 / Q8_0 take the ordered one: ordered_gemv_bit_exact_by_default)
+    // the fast GEMV (the default; the ordered one: ordered_gemv_bit_exact)
     gpu.set_ordered_gemv(false);
     let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
@@ -241,13 +241,14 @@ fn mm3<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, x: &[f32], n_tok: usize
     bufs.iter().map(|o| be.download(o).unwrap()).collect()
 }
 
-/// Default numerics: decode and short prompts over Q4_0 / Q4_1 / Q8_0 take the GEMV in the
-/// CPU's float order (`set_ordered_gemv`, on by default): the CPU's bits, also with three
-/// matrices over one input in one launch, rows of 176 units (a second batch of steps and a
-/// partial step of 16 units) and row counts that are no multiple of a block's 4 rows.
+/// `set_ordered_gemv`: decode and short prompts over Q4_0 / Q4_1 / Q8_0 take the GEMV in the
+/// CPU's float order: the CPU's bits, also with three matrices over one input in one launch,
+/// rows of 176 units (a second batch of steps and a partial step of 16 units) and row counts
+/// that are no multiple of a block's rows.
 #[test]
-fn ordered_gemv_bit_exact_by_default() {
+fn ordered_gemv_bit_exact() {
     let Some(gpu) = cuda() else { return };
+    gpu.set_ordered_gemv(true);
     let cpu = CpuBackend::new(0).unwrap();
     let (n_in, outs) = (5632usize, [100usize, 36, 7]);
     let mut bad = vec![];
