@@ -517,6 +517,8 @@ pub fn gdc_kernel_names() -> Vec<String> {
     v.extend(crate::moe::gdc_kernel_names());
     v.extend(crate::moe_dev::gdc_kernel_names());
     v.extend(crate::ssm::gdc_kernel_names());
+    // the GEMVs in the CPU's float order
+    v.extend(crate::exact::kernel_names());
     v
 }
 
@@ -531,6 +533,5 @@ pub fn kernel_names() -> Vec<String> {
     v.extend(crate::moe_dev::kernel_names());
     v.extend(crate::moe_chunk::kernel_names());
     v.extend(crate::ssm::kernel_names());
-    v.extend(crate::exact::kernel_names());
     v
 }

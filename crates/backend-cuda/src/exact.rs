@@ -1,24 +1,47 @@
-//! Exact numerics (`CudaBackend::set_exact_numerics`): matmuls whose every output has the CPU
-//! backend's bits, for the weight types whose CPU float order is reproduced
-//! (`kernels/exact.cu`: Q4_1 and Q8_0 in ggml's vec_dot order, Q4_0 in llama.cpp's repacked
-//! order). Activations are quantized as for the GEMV (`matmul::q8_activations`: the CPU's
-//! Q8_0 / Q8_1 bytes); then eight lanes per output row walk the row's blocks in order.
-//! Other types take the decode GEMV at every token count (8 tokens a launch), so a prefill
-//! multiplies exactly as decode does (the GEMV's sums do not depend on the token count).
+//! Quantized matmuls in the CPU backend's float order: every output has the CPU's bits, for
+//! the weight types whose CPU float order is reproduced (`kernels/exact.cu`: Q4_1 and Q8_0 in
+//! ggml's vec_dot order, Q4_0 in llama.cpp's repacked order). Activations are quantized as for
+//! the GEMV (`matmul::q8_activations`: the CPU's Q8_0 / Q8_1 bytes); then `gemvo_*` (2 rows a
+//! warp, the integer block sums in parallel, the float chains in order) in chunks of 8 tokens.
+//! Used by exact numerics (`set_exact_numerics`: every token count; other types take the decode
+//! GEMV then, whose sums do not depend on the token count) and, with `set_ordered_gemv`
+//! (`QUARREL_CUDA_ORDERED_GEMV=1`), by decode and prompts up to `ORDERED_MAX_TOKENS` tokens.
 //!
 //! ```text
-//!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvx_<type> (rows / 16 x tokens / 8)──► out
+//!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvo_<type>_<NT> (rows / 8; gemvo3: q/k/v, gate/up)──► out
 //!  other types:    x ──matmul::gemv (chunks of 8 tokens)──► out
 //! ```
 
-use crate::device::{Arg, Device};
+use crate::device::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
 use crate::weight::{CudaWeight, DevType};
 use quarrel_core::QuantType;
 use std::sync::Mutex;
 
-/// Whether `w` has an exact-order kernel.
+/// Up to this many tokens the ordered GEMV runs outside exact numerics (above: MMQ / cuBLAS).
+pub const ORDERED_MAX_TOKENS: usize = 32;
+
+/// Warps per block of `gemvo_*` (GEMVO_WARPS in exact.cu).
+const WARPS: usize = 4;
+
+/// Rows per warp of `gemvo_<name>_<nt>` (`Gemvo::R` in exact.cu): 2, but 1 for Q4_1 / Q8_0 at 8
+/// tokens (their lane dots of two rows would not fit the block's 48 KB of shared memory).
+/// `QUARREL_CUDA_GEMVO_R` (1, 2 or 4; src/nvrtc.rs passes it to the kernels) sets Q4_0's, for measurements.
+fn rows_per_warp(name: &str, nt: usize) -> usize {
+    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let r = *R.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVO_R").ok().and_then(|v| v.parse().ok()).filter(|r| [1, 2, 4].contains(r)));
+    if let (Some(r), "q4_0") = (r, name) {
+        return r;
+    }
+    if name != "q4_0" && nt == 8 {
+        1
+    } else {
+        2
+    }
+}
+
+/// Whether `w` has an ordered kernel.
 pub(crate) fn applies(w: &CudaWeight) -> bool {
     matches!(w.dev_ty, DevType::Quant(_)) && matches!(w.ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) && w.n_in % 32 == 0
 }
@@ -35,37 +58,35 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
             *g = None;
         }
     }
-    if !applies(w) {
-        return crate::matmul::gemv(dev, qc, w, x, n_tok, out);
-    }
-    let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, w.n_in, out)?;
-    let grid = (grid_rows(w.n_out), n_tok.div_ceil(8) as u32, 1);
-    dev.launch(
-        &format!("gemvx_{}", w.dev_ty.name()),
-        grid,
-        128,
-        0,
-        &[
-            Arg::P(w.p.ptr),
-            Arg::P(w.m_ptr()),
-            Arg::P(xq),
-            Arg::P(xm),
-            Arg::P(out),
-            Arg::I((w.n_in / 32) as i32),
-            Arg::I(w.n_out as i32),
-            Arg::I(n_tok as i32),
-        ],
-    )
+    crate::matmul::gemv(dev, qc, w, x, n_tok, out, true)
 }
 
-/// Blocks along the rows: 4 warps of 4 rows each.
-fn grid_rows(n_out: usize) -> u32 {
-    n_out.div_ceil(16) as u32
+/// The grid of `gemvo_<name>_<nt>` over `n_out` rows: a block per 4 row groups, or (measurements:
+/// `QUARREL_CUDA_GEMVO_BLOCKS=n`) at most `share` of n blocks, whose warps then loop over the
+/// row groups (the kernel takes any grid).
+pub(crate) fn grid_share(name: &str, nt: usize, n_out: usize, share: f64) -> (u32, u32, u32) {
+    static CAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let cap = *CAP.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVO_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|&c: &usize| c > 0));
+    let full = n_out.div_ceil(WARPS * rows_per_warp(name, nt));
+    let b = cap.map_or(full, |c| full.min(((c as f64 * share).round() as usize).max(1)));
+    (b as u32, 1, 1)
 }
 
-/// Kernel names this module launches.
+/// `grid_share` of a launch over one matrix.
+pub(crate) fn grid(name: &str, nt: usize, n_out: usize) -> (u32, u32, u32) {
+    grid_share(name, nt, n_out, 1.0)
+}
+
+/// Kernel names this module launches (all begin with GDC: launched with PDL).
 pub fn kernel_names() -> Vec<String> {
-    ["q4_0", "q4_1", "q8_0"].iter().map(|q| format!("gemvx_{q}")).collect()
+    let mut v = vec![];
+    for q in ["q4_0", "q4_1", "q8_0"] {
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("gemvo_{q}_{nt}"));
+            v.push(format!("gemvo3_{q}_{nt}"));
+        }
+    }
+    v
 }
 
 /// Reference twin of `kernels/exact.cu` in plain Rust: output `row` of a repacked weight
@@ -120,8 +141,14 @@ mod tests {
     /// `tests/numerics.rs` then holds the kernels to the same bits on a GPU).
     #[test]
     fn reference_twin_equals_the_cpu_backend_bit_for_bit() {
-        let (n_in, n_out, n_tok) = (256usize, 48usize, 3usize);
-        let mut s = 0x9e3779b97f4a7c15u64;
+        // rows of 8 and 176 units (the kernel's partial and multiple steps), 1 and 9 tokens
+        for (n_in, n_out, n_tok) in [(256usize, 48usize, 3usize), (5632, 12, 9), (1024, 20, 1)] {
+            twin_vs_cpu(n_in, n_out, n_tok);
+        }
+    }
+
+    fn twin_vs_cpu(n_in: usize, n_out: usize, n_tok: usize) {
+        let mut s = 0x9e3779b97f4a7c15u64 ^ n_in as u64;
         let mut rnd = |scale: f32| {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
@@ -156,8 +183,12 @@ mod tests {
 
     #[test]
     fn grid_covers_every_row() {
-        for n in [1usize, 15, 16, 17, 576, 49152] {
-            assert!(grid_rows(n) as usize * 16 >= n && (grid_rows(n) as usize - 1) * 16 < n);
+        for (name, nt) in [("q4_0", 1), ("q4_0", 8), ("q4_1", 4), ("q8_0", 8)] {
+            let rows = WARPS * rows_per_warp(name, nt);
+            for n in [1usize, 3, 4, 5, 7, 8, 9, 576, 49152] {
+                let b = grid(name, nt, n).0 as usize;
+                assert!(b * rows >= n && (b - 1) * rows < n);
+            }
         }
     }
 }

@@ -108,6 +108,9 @@ pub struct CudaBackend {
     /// Contexts (positions) up to which f16-cache attention of short sequences takes the
     /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
     attn_vec_max: std::sync::atomic::AtomicUsize,
+    /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens in the CPU's float
+    /// order (`exact.rs`): `QUARREL_CUDA_ORDERED_GEMV=1` at creation, `set_ordered_gemv`.
+    ordered_gemv: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -132,6 +135,7 @@ impl CudaBackend {
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
             attn_vec_max: vec_max_positions().into(),
+            ordered_gemv: std::env::var("QUARREL_CUDA_ORDERED_GEMV").is_ok_and(|v| v == "1").into(),
         })
     }
 
@@ -163,6 +167,16 @@ impl CudaBackend {
     pub fn set_exact_numerics(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
         self.exact_mm.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Decode and short prompts (up to `exact::ORDERED_MAX_TOKENS` tokens) over Q4_0 / Q4_1 /
+    /// Q8_0 weights: `true` multiplies in the CPU backend's float order (the CPU's bits, through
+    /// `gemvo_*`), `false` (default) with the fast GEMV's order (per-lane partial sums, a tree
+    /// reduction): on an H100 the ordered GEMV is 5-30% slower per matrix at one token (7B Q4_0
+    /// tg128 363 vs 400 t/s, 2026-11-22), so it is not the default. Prefill of more tokens stays
+    /// on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
+    pub fn set_ordered_gemv(&self, on: bool) {
+        self.ordered_gemv.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
@@ -538,7 +552,7 @@ impl Backend for CudaBackend {
         if self.exact_mm.load(Ordering::Relaxed) {
             return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
-        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op)?)
+        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv.load(Ordering::Relaxed))?)
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {

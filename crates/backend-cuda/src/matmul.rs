@@ -81,7 +81,10 @@ fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
     (wpr, (n_out.div_ceil(rows_per_block) as u32, 1, 1))
 }
 
-pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+/// `ordered`: Q4_0 / Q4_1 / Q8_0 weights (`exact::applies`) take the GEMV in the CPU's float
+/// order (`gemvo_*`, kernels/exact.cu) up to `exact::ORDERED_MAX_TOKENS` tokens.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64, ordered: bool) -> Result<(), CudaError> {
     if n_tok == 0 {
         return Ok(());
     }
@@ -91,8 +94,9 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
             *g = None;
         }
     }
-    if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm {
-        gemv(dev, qc, w, x, n_tok, out)
+    let ordered = ordered && crate::exact::applies(w);
+    if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm || (ordered && n_tok <= crate::exact::ORDERED_MAX_TOKENS) {
+        gemv(dev, qc, w, x, n_tok, out, ordered)
     } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
         crate::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else {
@@ -100,8 +104,11 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     }
 }
 
-pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+/// GEMV in chunks of at most 8 tokens (one weight read per chunk). `ordered`: in the CPU's float
+/// order (`gemvo_*`) where `exact::applies`, else the fast kernels (`gemv_*`).
+pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64, ordered: bool) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
+    let ordered = ordered && crate::exact::applies(w);
     // float weights: by the block count (units 0)
     let units = if matches!(w.dev_ty, DevType::Quant(_)) { n_in / 32 } else { 0 };
     let (wpr, grid) = gemv_shape(n_out, units);
@@ -113,19 +120,33 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
             if matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse {
                 // held: q/k/v (gate/up) that follow over the same input join one launch
                 let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out };
-                let joined = dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.accepts(name, n_tok, xq, units, out)));
+                let joined = dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.accepts(name, ordered, n_tok, xq, units, out)));
                 let group = match joined {
                     Some(Held::Gemv(mut gr)) => {
                         gr.items.push(item);
                         gr
                     }
-                    _ => GemvGroup { name, nt: n_tok, xq, xm, units, items: vec![item] },
+                    _ => GemvGroup { name, ordered, nt: n_tok, xq, xm, units, items: vec![item] },
                 };
                 return dev.hold(Held::Gemv(group));
             }
             let mut t0 = 0;
             while t0 < n_tok {
                 let nt = chunk(n_tok - t0);
+                if ordered {
+                    let args = [
+                        Arg::P(w.p.ptr),
+                        Arg::P(w.m_ptr()),
+                        Arg::P(xq + (t0 * n_in) as u64),
+                        Arg::P(xm + (t0 * units * 8) as u64),
+                        Arg::P(out + 4 * (t0 * n_out) as u64),
+                        Arg::I(units as i32),
+                        Arg::I(n_out as i32),
+                    ];
+                    dev.launch(&format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, n_out), 128, 0, &args)?;
+                    t0 += nt;
+                    continue;
+                }
                 dev.launch(
                     &format!("gemv_{name}_{nt}"),
                     grid,
@@ -181,6 +202,8 @@ pub(crate) struct GemvItem {
 /// Quantized GEMVs of one weight type over the same Q8 input, launched together.
 pub(crate) struct GemvGroup {
     name: &'static str,
+    /// the CPU's float order (`gemvo_*` / `gemvo3_*`)
+    ordered: bool,
     nt: usize,
     xq: u64,
     xm: u64,
@@ -189,13 +212,17 @@ pub(crate) struct GemvGroup {
 }
 
 impl GemvGroup {
-    fn accepts(&self, name: &str, nt: usize, xq: u64, units: usize, out: u64) -> bool {
-        self.items.len() < 3 && self.name == name && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
+    #[allow(clippy::too_many_arguments)]
+    fn accepts(&self, name: &str, ordered: bool, nt: usize, xq: u64, units: usize, out: u64) -> bool {
+        self.items.len() < 3 && self.name == name && self.ordered == ordered && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
     }
 
     /// One `gemv_*` launch, or one `gemv3_*` for two or three matrices.
     pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
+        if self.ordered {
+            return self.launch_ordered(dev);
+        }
         if let [i] = self.items.as_slice() {
             let (wpr, grid) = gemv_shape(i.n_out, self.units);
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32), Arg::I(wpr as i32)];
@@ -218,6 +245,31 @@ impl GemvGroup {
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u), Arg::I(wpr as i32)]);
         let blocks = nb.iter().sum::<usize>() as u32;
         dev.launch_now(&format!("gemv3_{name}_{nt}"), (blocks, 1, 1), 128, 0, &args)
+    }
+}
+
+impl GemvGroup {
+    /// `gemvo_*` / `gemvo3_*` (grids: `exact::grid`).
+    fn launch_ordered(&self, dev: &Device) -> Result<(), CudaError> {
+        let (name, nt, u) = (self.name, self.nt, self.units as i32);
+        if let [i] = self.items.as_slice() {
+            let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
+            return dev.launch_now(&format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, i.n_out), 128, 0, &args);
+        }
+        let total: usize = self.items.iter().map(|i| i.n_out).sum();
+        let nb: Vec<u32> = self.items.iter().map(|i| crate::exact::grid_share(name, nt, i.n_out, i.n_out as f64 / total as f64).0).collect();
+        let mut args = Vec::with_capacity(17);
+        for (k, i) in self.items.iter().enumerate() {
+            args.extend([Arg::P(i.p), Arg::P(i.m), Arg::P(i.out), Arg::I(i.n_out as i32)]);
+            if k < 2 {
+                args.push(Arg::I(nb[k] as i32));
+            }
+        }
+        if self.items.len() == 2 {
+            args.extend([Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]);
+        }
+        args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
+        dev.launch_now(&format!("gemvo3_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args)
     }
 }
 

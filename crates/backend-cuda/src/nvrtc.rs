@@ -66,6 +66,12 @@ pub(crate) fn unit_source(u: &Unit) -> String {
     if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() {
         s.push_str("#define GEMV_NO_PREFETCH 1\n");
     }
+    // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
+    for (var, def) in [("QUARREL_CUDA_GEMVO_R", "GEMVO_R"), ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"), ("QUARREL_CUDA_GEMVO_PIPE", "GEMVO_PIPE")] {
+        if let Some(v) = std::env::var(var).ok().filter(|v| v.parse::<u8>().is_ok()) {
+            s.push_str(&format!("#define {def} {v}\n"));
+        }
+    }
     s.push_str(u.defines);
     for name in std::iter::once("common.cuh").chain(u.files.iter().copied()) {
         s.push_str(&format!("// ---- {name}\n{}\n", file(name)));

@@ -180,6 +180,8 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: &str, n_tok: usize, via: &str) -> V
 #[test]
 fn quantized_matmul_equals_cpu_to_float_order() {
     let Some(gpu) = cuda() else { return };
+    // the fast GEMV (the default; the ordered one: ordered_gemv_bit_exact)
+    gpu.set_ordered_gemv(false);
     let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
     let mut bad = vec![];
@@ -201,7 +203,7 @@ fn quantized_matmul_equals_cpu_to_float_order() {
 }
 
 /// Exact numerics (`set_exact_numerics`): Q4_0, Q4_1 and Q8_0 matmuls give the CPU's bits at
-/// every token count (the CPU's float order, kernels/exact.cu).
+/// every token count (the CPU's float order, kernels/exact.cu; rows of 24 units: one partial step).
 #[test]
 fn exact_matmul_bit_exact() {
     let Some(gpu) = cuda() else { return };
@@ -222,6 +224,57 @@ fn exact_matmul_bit_exact() {
         }
     }
     assert!(bad.is_empty(), "exact matmuls not bit-exact: {bad:?}");
+}
+
+/// `n_tok` rows of x times three matrices of one type over the same input (the GPU joins them
+/// into one `gemvo3_*` launch for 1, 2, 4 and 8 tokens, as it does q/k/v).
+fn mm3<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, x: &[f32], n_tok: usize, outs: &[usize]) -> Vec<Vec<f32>> {
+    let xb = be.upload(x).unwrap();
+    // the weights outlive the (possibly held) launches
+    let ws: Vec<_> = (0..outs.len()).map(|i| load(be, g, &format!("m{i}.{}", ty.name()))).collect();
+    let mut bufs = vec![];
+    for (w, &n_out) in ws.iter().zip(outs) {
+        let mut o = be.alloc(n_tok * n_out).unwrap();
+        be.matmul(w, &xb, n_tok, &mut o).unwrap();
+        bufs.push(o);
+    }
+    bufs.iter().map(|o| be.download(o).unwrap()).collect()
+}
+
+/// `set_ordered_gemv`: decode and short prompts over Q4_0 / Q4_1 / Q8_0 take the GEMV in the
+/// CPU's float order: the CPU's bits, also with three matrices over one input in one launch,
+/// rows of 176 units (a second batch of steps and a partial step of 16 units) and row counts
+/// that are no multiple of a block's rows.
+#[test]
+fn ordered_gemv_bit_exact() {
+    let Some(gpu) = cuda() else { return };
+    gpu.set_ordered_gemv(true);
+    let cpu = CpuBackend::new(0).unwrap();
+    let (n_in, outs) = (5632usize, [100usize, 36, 7]);
+    let mut bad = vec![];
+    for (s, ty) in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0].into_iter().enumerate() {
+        let mut w = GgufWriter::new();
+        let mut data = vec![];
+        for (i, &n_out) in outs.iter().enumerate() {
+            let v: Vec<f32> = rnd(n_in * n_out, 800 + 10 * s as u64 + i as u64).iter().map(|x| x * 0.1).collect();
+            w.add_tensor(&format!("m{i}.{}", ty.name()), &[n_in as u64, n_out as u64], ty).unwrap();
+            data.push(quarrel_quant::quantize_to_vec(ty, &v).unwrap());
+        }
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
+        for n_tok in [1, 2, 3, 4, 8, 13, 32] {
+            let x = hidden(n_tok * n_in, 70 + n_tok as u64);
+            let (a, b) = (mm3(&cpu, &g, ty, &x, n_tok, &outs), mm3(&gpu, &g, ty, &x, n_tok, &outs));
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                let (n, ulp) = bit_diff(a, b);
+                eprintln!("ordered GEMV {ty} matrix {i} ({} rows) n_tok {n_tok}: {n} of {} differ (worst {ulp:.1} ulp)", outs[i], a.len());
+                if n > 0 {
+                    bad.push(format!("{ty} m{i} {n_tok}: {n} values"));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "ordered GEMVs not bit-exact: {bad:?}");
 }
 
 /// Attention over an f16 cache with llama.cpp's CPU numerics (`set_exact_attention`): a prompt

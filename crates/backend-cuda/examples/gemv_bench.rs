@@ -1,0 +1,98 @@
+//! Decode GEMV per matrix shape: the fast GEMV (`gemv_*`) against the GEMV in the CPU's float
+//! order (`gemvo_*`, `set_ordered_gemv`), as achieved weight-read bandwidth. Needs a CUDA GPU; no
+//! model file. Eight copies of each weight are cycled so that the 50 MB L2 cache holds none of
+//! them between uses (each matmul reads its weight from DRAM, as in a decode step).
+//!
+//!     cargo run --release -p quarrel-cuda --example gemv_bench -- [n_tok,...] [reps] [type,...]
+//!
+//! Prints one markdown row per (type, shape, tokens): microseconds per matmul (host-timed over
+//! `reps` matmuls, queued back to back) and GB/s of weight bytes for each kernel, and the ratio.
+
+use quarrel_core::{Backend, QuantType, WeightSource};
+use quarrel_cuda::CudaBackend;
+use quarrel_gguf::{Gguf, GgufWriter};
+use std::sync::Arc;
+use std::time::Instant;
+
+const COPIES: usize = 8;
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// A random quantized 64-row block repeated to `n_out` rows (the kernels' cost is that of any
+/// weight of the shape).
+fn weight(ty: QuantType, n_in: usize, n_out: usize) -> Arc<Gguf> {
+    let block = quarrel_quant::quantize_to_vec(ty, &rnd(n_in * 64, 5)).expect("quantize");
+    let mut bytes = Vec::with_capacity(block.len() * n_out.div_ceil(64));
+    for _ in 0..n_out.div_ceil(64) {
+        bytes.extend_from_slice(&block);
+    }
+    bytes.truncate(n_out * n_in / ty.block_size() * ty.type_size());
+    let mut w = GgufWriter::new();
+    w.add_tensor("w", &[n_in as u64, n_out as u64], ty).expect("tensor");
+    Arc::new(Gguf::from_bytes(w.to_bytes(&[bytes.as_slice()]).expect("gguf")).expect("gguf"))
+}
+
+/// Microseconds per matmul over `reps` (after one round of warm-up).
+fn time(be: &CudaBackend, reps: usize, mut f: impl FnMut(usize) -> quarrel_core::Result<()>) -> f64 {
+    for i in 0..COPIES {
+        f(i).expect("warm-up");
+    }
+    be.synchronize().expect("sync");
+    let t = Instant::now();
+    for i in 0..reps {
+        f(i).expect("matmul");
+    }
+    be.synchronize().expect("sync");
+    t.elapsed().as_secs_f64() * 1e6 / reps as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let toks: Vec<usize> = args.get(1).map_or(vec![1, 8], |s| s.split(',').filter_map(|v| v.parse().ok()).collect());
+    let reps: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(400);
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device");
+        std::process::exit(1);
+    }
+    let be = CudaBackend::new(0).expect("CUDA backend");
+    println!("{}\n", be.name());
+    println!("| type | n_in | n_out | tokens | fast us | ordered us | fast GB/s | ordered GB/s | ordered/fast time |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    // Mistral-7B's matrices: q/o, k/v, gate/up, down, output; TinyLlama's q/o, gate/up, down
+    let shapes = [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 32000), (2048, 2048), (2048, 5632), (5632, 2048)];
+    let all = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+    let types: Vec<QuantType> = match args.get(3) {
+        Some(list) => all.into_iter().filter(|t| list.split(',').any(|n| n.eq_ignore_ascii_case(&t.to_string()))).collect(),
+        None => all.to_vec(),
+    };
+    for ty in types {
+        for &(n_in, n_out) in &shapes {
+            let g = weight(ty, n_in, n_out);
+            let ws: Vec<_> = (0..COPIES).map(|_| be.load_weight(WeightSource { gguf: &g, name: "w" }).expect("load")).collect();
+            let wbytes = (n_in * n_out / ty.block_size() * ty.type_size()) as f64;
+            for &n in &toks {
+                // one input: its Q8 form is made once (as in a step, where the op before writes it)
+                let x = be.upload(&rnd(n * n_in, n as u64)).expect("upload");
+                let mut out = be.alloc(n * n_out).expect("alloc");
+                let mut run = |ordered: bool| {
+                    be.set_ordered_gemv(ordered);
+                    time(&be, reps, |i| be.matmul(&ws[i % COPIES], &x, n, &mut out))
+                };
+                let (fast, ord) = (run(false), run(true));
+                println!(
+                    "| {ty} | {n_in} | {n_out} | {n} | {fast:.2} | {ord:.2} | {:.0} | {:.0} | {:.2} |",
+                    wbytes / fast / 1e3,
+                    wbytes / ord / 1e3,
+                    ord / fast
+                );
+            }
+        }
+    }
+}
