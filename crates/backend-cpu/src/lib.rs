@@ -30,6 +30,7 @@
 pub mod actquant;
 mod attention;
 pub mod ggml_math;
+mod huge;
 mod kv;
 mod matmul;
 pub mod moe;

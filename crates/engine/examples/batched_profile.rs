@@ -24,7 +24,8 @@ fn main() {
     let mut engines: Vec<_> = threads
         .iter()
         .map(|&t| {
-            let opts = EngineOptions { n_ctx: npp + ntg, n_seq: pl, ..Default::default() };
+            let block_size = std::env::var("QUARREL_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(EngineOptions::default().block_size);
+            let opts = EngineOptions { n_ctx: npp + ntg, n_seq: pl, block_size, ..Default::default() };
             // one thread: time ops by its CPU time (robust on a busy machine), else wall time
             let be = CpuBackend::new(t).unwrap();
             let be = if t == 1 { ProfiledBackend::with_clock(be, quarrel_cpu::pool::thread_cpu_time) } else { ProfiledBackend::new(be) };
