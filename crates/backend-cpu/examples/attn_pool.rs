@@ -3,10 +3,10 @@
 //! `[block][kv_head][slot][head_dim]` blocks of 16 positions handed out in a shuffled order,
 //! so K/V come from memory as in a step (not from L1/L2 as in `attn_speed`). MODE: how the
 //! next block is prefetched (0 none, 1 the next block's K and V runs at the block start, 2 two
-//! blocks ahead, 3 the next block with `prefetcht1`). Prints ns per head-position. A benchmark.
+//! blocks ahead, 3 the next block with `prefetcht1`, 4 as 1 and the next task's first block during a task's last). Prints ns per head-position (thread CPU
+//! time: a busy machine's scheduling does not count). `HUGE=1`: the pools on huge pages. A benchmark.
 use half::f16;
 use quarrel_cpu::simd::attn::{self, Online, Run, Scoring};
-use std::time::Instant;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -46,10 +46,12 @@ fn main() {
     let mut check = 0f32;
     let off = |tab: &[usize], j: usize, kvh: usize| tab[j / bs] * block + kvh * bs * hd + (j % bs) * hd;
     for _ in 0..reps {
-        let t = Instant::now();
+        let t = quarrel_cpu::pool::thread_cpu_time();
         for (k, v, tables) in &pools {
-            for tab in tables {
+            for (ti, tab) in tables.iter().enumerate() {
                 for kvh in 0..nkv {
+                    // mode 4: the next task's first block (kvh + 1, or the next sequence's first KV head)
+                    let next = if kvh + 1 < nkv { Some((tab, kvh + 1)) } else { tables.get(ti + 1).map(|t| (t, 0)) };
                     let mut st = vec![Online::START; g];
                     accs.iter_mut().for_each(|a| a.fill(0.0));
                     let mut j = 0;
@@ -59,6 +61,13 @@ fn main() {
                             2 => 2 * bs,
                             _ => bs,
                         };
+                        if mode == 4 && j + ahead >= ctx {
+                            if let Some((nt, nk)) = next {
+                                let at = off(nt, 0, nk);
+                                attn::prefetch(k, at, bs * hd);
+                                attn::prefetch(v, at, bs * hd);
+                            }
+                        }
                         if mode != 0 && j + ahead < ctx {
                             let n = bs.min(ctx - j - ahead) * hd;
                             let at = off(tab, j + ahead, kvh);
@@ -78,7 +87,7 @@ fn main() {
                 }
             }
         }
-        best = best.min(t.elapsed().as_secs_f64());
+        best = best.min((quarrel_cpu::pool::thread_cpu_time() - t).as_secs_f64());
     }
     let hp = (layers * seqs * nkv * ctx * g) as f64;
     println!("mode {mode}: {seqs} seqs x ctx {ctx} x {layers} layers: best {:.3} ms, {:.2} ns per head-position (check {check})", best * 1e3, best * 1e9 / hp);

@@ -24,6 +24,7 @@
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; the caller never waits for a worker that has not joined |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
+//! | `huge`      | zeroed buffers on transparent huge pages (kept panels, repacked weights, K/V stores) |
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
 //! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
 

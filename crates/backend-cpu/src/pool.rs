@@ -65,6 +65,9 @@ struct Prof {
     caller_wait: AtomicU64,
     worker_work: AtomicU64,
     worker_start: AtomicU64,
+    /// Task time as thread CPU time (what preemption on a busy machine does not inflate).
+    caller_cpu: AtomicU64,
+    worker_cpu: AtomicU64,
 }
 
 /// A snapshot of a pool's profile counters (all zero unless `QUARREL_CPU_PROFILE` was set
@@ -80,6 +83,9 @@ pub struct PoolStats {
     /// The workers' time in tasks, and from a region's publication to their first task.
     pub worker_work_ns: u64,
     pub worker_start_ns: u64,
+    /// The caller's and the workers' task time as thread CPU time.
+    pub caller_cpu_ns: u64,
+    pub worker_cpu_ns: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -147,6 +153,8 @@ impl SpinPool {
             caller_wait_ns: p.caller_wait.load(Relaxed),
             worker_work_ns: p.worker_work.load(Relaxed),
             worker_start_ns: p.worker_start.load(Relaxed),
+            caller_cpu_ns: p.caller_cpu.load(Relaxed),
+            worker_cpu_ns: p.worker_cpu.load(Relaxed),
         }
     }
 
@@ -180,8 +188,12 @@ impl SpinPool {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
+        let c0 = t0.map(|_| thread_cpu_time());
         drain(s, f);
         let t1 = t0.map(|_| Instant::now());
+        if let (Some(p), Some(c0)) = (s.prof.as_deref(), c0) {
+            p.caller_cpu.fetch_add((thread_cpu_time() - c0).as_nanos() as u64, Relaxed);
+        }
         // no more joiners; wait for those in it
         s.joined.fetch_or(CLOSED, AcqRel);
         let mut spins = 0u32;
@@ -275,11 +287,13 @@ fn worker(s: &Shared) {
             // SAFETY: written before the generation bump, like `job`.
             let t0 = unsafe { *s.started.get() };
             let t1 = t0.map(|_| Instant::now());
+            let c0 = t0.map(|_| thread_cpu_time());
             // SAFETY: `run` keeps the closure alive until every worker that joined is out.
             drain(s, unsafe { &*j });
-            if let (Some(p), Some(t0), Some(t1)) = (s.prof.as_deref(), t0, t1) {
+            if let (Some(p), Some(t0), Some(t1), Some(c0)) = (s.prof.as_deref(), t0, t1, c0) {
                 p.worker_start.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
                 p.worker_work.fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
+                p.worker_cpu.fetch_add((thread_cpu_time() - c0).as_nanos() as u64, Relaxed);
             }
         }
         s.joined.fetch_sub(1, AcqRel);
