@@ -8,6 +8,9 @@
 use half::f16;
 use quarrel_cpu::simd::attn::{self, Online, Run, Scoring};
 
+/// One layer's K and V pools and its sequences' block tables.
+type Pool = (&'static mut [f16], &'static mut [f16], Vec<Vec<usize>>);
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let arg = |i: usize, d: usize| a.get(i).and_then(|v| v.parse().ok()).unwrap_or(d);
@@ -24,7 +27,7 @@ fn main() {
         s
     };
     let huge = std::env::var_os("HUGE").is_some();
-    let pools: Vec<(&mut [f16], &mut [f16], Vec<Vec<usize>>)> = (0..layers)
+    let pools: Vec<Pool> = (0..layers)
         .map(|_| {
             let k = alloc(nb * block, huge);
             k.iter_mut().enumerate().for_each(|(i, x)| *x = f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 40.0));
