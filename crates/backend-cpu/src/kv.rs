@@ -17,31 +17,32 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use crate::huge::HugeVec;
 use crate::simd::attn::KvRows;
 use quarrel_core::{CoreError, ForwardBatch, KvSpec, KvType, QuantType, Result};
 use quarrel_quant::rotate::{hadamard, hadamard_blocks, rotation_size, ROT_MAX};
 
 pub(crate) enum Store {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(HugeVec<f32>),
+    F16(HugeVec<f16>),
     /// Q8_0 / Q4_0 blocks of 32 values, each Hadamard-rotated before quantization (outlier
     /// channels would otherwise eat a 4-bit block's scale); element offset `e` (a multiple of
     /// 32) starts at byte `e / 32 * type_size`.
     /// The third field is the rotation size (the largest power of two dividing head_dim).
-    Quant(QuantType, Vec<u8>, usize),
+    Quant(QuantType, HugeVec<u8>, usize),
 }
 
 impl Store {
     fn new(ty: KvType, n: usize, head_dim: usize) -> Result<Store> {
         Ok(match ty {
-            KvType::F32 => Store::F32(huge(vec![0.0; n])),
-            KvType::F16 => Store::F16(huge(vec![f16::ZERO; n])),
+            KvType::F32 => Store::F32(HugeVec::zeroed(&crate::huge::KV, n)),
+            KvType::F16 => Store::F16(HugeVec::zeroed(&crate::huge::KV, n)),
             KvType::Q8_0 | KvType::Q4_0 => {
                 let qt = ty.quant_type();
                 let bytes = qt.row_bytes(n).ok_or_else(|| CoreError::Shape(format!("{} KV cache of {n} values", ty.name())))?;
                 let r = rotation_size(head_dim)
                     .ok_or_else(|| CoreError::Unsupported(format!("{} KV cache with head_dim {head_dim}", ty.name())))?;
-                Store::Quant(qt, huge(vec![0; bytes]), r)
+                Store::Quant(qt, HugeVec::zeroed(&crate::huge::KV, bytes), r)
             }
         })
     }
@@ -252,21 +253,4 @@ impl KeyOffset {
         hadamard_blocks(&mut rotated, r);
         KeyOffset { m, rotated }
     }
-}
-
-/// Ask for transparent huge pages under a large, still untouched cache buffer: attention
-/// walks block tables scattered over the whole cache, and 4 KiB pages make that a TLB miss
-/// per block. Advice only (a kernel without THP ignores it).
-fn huge<T>(v: Vec<T>) -> Vec<T> {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let (start, len) = (v.as_ptr() as usize, std::mem::size_of_val(v.as_slice()));
-        let (a, b) = (start.next_multiple_of(HUGE), (start + len) / HUGE * HUGE);
-        if b > a {
-            // SAFETY: [a, b) lies inside the vector's allocation; MADV_HUGEPAGE changes no contents.
-            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
-        }
-    }
-    v
 }

@@ -21,15 +21,17 @@
 //! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
 //! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
-//! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; the caller never waits for a worker that has not joined |
+//! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; one contiguous task range per thread (then the others' leftovers); the caller never waits for a worker that has not joined |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
+//! | `huge`      | zeroed buffers on transparent huge pages (kept panels, repacked weights, K/V stores) |
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
 //! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
 
 pub mod actquant;
 mod attention;
 pub mod ggml_math;
+mod huge;
 mod kv;
 mod matmul;
 pub mod moe;

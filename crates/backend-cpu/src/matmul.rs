@@ -491,10 +491,12 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                         // into the scratch now (it stays in L1 for its tile)
                         if compact && one_group {
                             g.expand_panel(n_in, &panels[p * spb..(p + 1) * spb], &mut wp[..wpb]);
-                            if p + 1 < p1 {
+                            if p + 1 < np {
                                 // the next compact panel, while this one's tiles run (the
                                 // tile's own prefetch points into the scratch here): -20% of
-                                // a 16-token step's Q4_1 GEMM time against none
+                                // a 16-token step's Q4_1 GEMM time against none; past the
+                                // task's last panel too (the pool gives a thread neighbouring
+                                // tasks)
                                 crate::simd::attn::prefetch(panels, (p + 1) * spb, spb);
                             }
                         }

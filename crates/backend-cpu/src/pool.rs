@@ -6,8 +6,16 @@
 //! once), then sleep on a condvar (so an idle engine burns no CPU).
 //!
 //! Per op, `run` publishes the job and bumps the generation (release); workers see the new
-//! generation (acquire), *join* it, take tasks from one shared counter, and count themselves
-//! out. No lock is taken unless a worker sleeps.
+//! generation (acquire), *join* it, take tasks, and count themselves out. No lock is taken
+//! unless a worker sleeps.
+//!
+//! Tasks are split into one contiguous range per thread, each with its own counter: a thread
+//! takes its own range's tasks in order, then helps with the others' (from their counters,
+//! so every task still runs exactly once). A thread thus walks neighbouring tasks (a GEMM's
+//! neighbouring weight panels: one stream the hardware prefetchers and the tiles' "next
+//! panel" prefetch follow across task boundaries, where tasks dealt alternately from one
+//! shared counter started every task cold), and the counters' cache lines stay with their
+//! owners instead of bouncing between the cores on every task.
 //!
 //! The caller never waits for a worker that has not started: after its own last task it
 //! closes the generation (a worker that has not joined by then skips it) and waits only for
@@ -40,7 +48,8 @@ struct Shared {
     /// counted out of the last one), read by workers after they see the new generation.
     job: UnsafeCell<Option<SendJob>>,
     n_tasks: AtomicUsize,
-    next: Padded<AtomicUsize>,
+    /// Per thread (caller first): the next task of its range (see the module doc).
+    next: Box<[Padded<AtomicUsize>]>,
     /// `(generation as u32) << 32 | CLOSED | workers in it`: who joined the current
     /// generation, and whether it still takes workers.
     joined: Padded<AtomicU64>,
@@ -65,6 +74,9 @@ struct Prof {
     caller_wait: AtomicU64,
     worker_work: AtomicU64,
     worker_start: AtomicU64,
+    /// Task time as thread CPU time (what preemption on a busy machine does not inflate).
+    caller_cpu: AtomicU64,
+    worker_cpu: AtomicU64,
 }
 
 /// A snapshot of a pool's profile counters (all zero unless `QUARREL_CPU_PROFILE` was set
@@ -80,6 +92,9 @@ pub struct PoolStats {
     /// The workers' time in tasks, and from a region's publication to their first task.
     pub worker_work_ns: u64,
     pub worker_start_ns: u64,
+    /// The caller's and the workers' task time as thread CPU time.
+    pub caller_cpu_ns: u64,
+    pub worker_cpu_ns: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -112,7 +127,7 @@ impl SpinPool {
             generation: Padded(AtomicU64::new(0)),
             job: UnsafeCell::new(None),
             n_tasks: AtomicUsize::new(0),
-            next: Padded(AtomicUsize::new(0)),
+            next: (0..n_threads.max(1)).map(|_| Padded(AtomicUsize::new(0))).collect(),
             joined: Padded(AtomicU64::new(CLOSED)),
             sleeping: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -126,7 +141,7 @@ impl SpinPool {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("quarrel-spin-{i}"))
-                    .spawn(move || worker(&s))
+                    .spawn(move || worker(&s, i))
                     .expect("spawning a worker thread")
             })
             .collect();
@@ -147,6 +162,8 @@ impl SpinPool {
             caller_wait_ns: p.caller_wait.load(Relaxed),
             worker_work_ns: p.worker_work.load(Relaxed),
             worker_start_ns: p.worker_start.load(Relaxed),
+            caller_cpu_ns: p.caller_cpu.load(Relaxed),
+            worker_cpu_ns: p.worker_cpu.load(Relaxed),
         }
     }
 
@@ -165,7 +182,9 @@ impl SpinPool {
         // SAFETY: the last generation is closed and every worker that joined it counted
         // itself out (acquired below), so none reads `job` until it joins this one.
         unsafe { *s.job.get() = Some(SendJob(job)) };
-        s.next.store(0, Relaxed);
+        for (k, c) in s.next.iter().enumerate() {
+            c.store(range(k, s.next.len(), n_tasks).start, Relaxed);
+        }
         s.n_tasks.store(n_tasks, Relaxed);
         // open: tagged with the generation about to be published, nobody in it
         let gen = s.generation.load(Relaxed).wrapping_add(1);
@@ -180,8 +199,12 @@ impl SpinPool {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        drain(s, f);
+        let c0 = t0.map(|_| thread_cpu_time());
+        drain(s, 0, f);
         let t1 = t0.map(|_| Instant::now());
+        if let (Some(p), Some(c0)) = (s.prof.as_deref(), c0) {
+            p.caller_cpu.fetch_add((thread_cpu_time() - c0).as_nanos() as u64, Relaxed);
+        }
         // no more joiners; wait for those in it
         s.joined.fetch_or(CLOSED, AcqRel);
         let mut spins = 0u32;
@@ -228,18 +251,33 @@ fn backoff(spins: &mut u32) {
     }
 }
 
-fn drain(s: &Shared, f: &(dyn Fn(usize) + Sync)) {
-    let n = s.n_tasks.load(Relaxed);
-    loop {
-        let i = s.next.fetch_add(1, Relaxed);
-        if i >= n {
-            break;
+/// Thread `k`'s range of `n` tasks over `t` threads (all of them on thread 0's counter with
+/// `QUARREL_POOL_SHARED_COUNTER=1`: one counter for all, tasks dealt in turn, for A/B).
+fn range(k: usize, t: usize, n: usize) -> std::ops::Range<usize> {
+    static SHARED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *SHARED.get_or_init(|| std::env::var_os("QUARREL_POOL_SHARED_COUNTER").is_some_and(|v| !v.is_empty() && v != "0")) {
+        return if k == 0 { 0..n } else { n..n };
+    }
+    k * n / t..(k + 1) * n / t
+}
+
+/// Thread `me`'s own range first, then the others' remaining tasks.
+fn drain(s: &Shared, me: usize, f: &(dyn Fn(usize) + Sync)) {
+    let (n, t) = (s.n_tasks.load(Relaxed), s.next.len());
+    for r in 0..t {
+        let k = (me + r) % t;
+        let end = range(k, t, n).end;
+        loop {
+            let i = s.next[k].fetch_add(1, Relaxed);
+            if i >= end {
+                break;
+            }
+            f(i);
         }
-        f(i);
     }
 }
 
-fn worker(s: &Shared) {
+fn worker(s: &Shared, me: usize) {
     let mut seen = 0u64;
     loop {
         // wait for a new generation: spin, then sleep
@@ -275,11 +313,13 @@ fn worker(s: &Shared) {
             // SAFETY: written before the generation bump, like `job`.
             let t0 = unsafe { *s.started.get() };
             let t1 = t0.map(|_| Instant::now());
+            let c0 = t0.map(|_| thread_cpu_time());
             // SAFETY: `run` keeps the closure alive until every worker that joined is out.
-            drain(s, unsafe { &*j });
-            if let (Some(p), Some(t0), Some(t1)) = (s.prof.as_deref(), t0, t1) {
+            drain(s, me, unsafe { &*j });
+            if let (Some(p), Some(t0), Some(t1), Some(c0)) = (s.prof.as_deref(), t0, t1, c0) {
                 p.worker_start.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
                 p.worker_work.fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
+                p.worker_cpu.fetch_add((thread_cpu_time() - c0).as_nanos() as u64, Relaxed);
             }
         }
         s.joined.fetch_sub(1, AcqRel);
@@ -322,9 +362,10 @@ mod tests {
 
     #[test]
     fn every_task_runs_exactly_once() {
-        for threads in 1..4 {
+        // per-thread ranges: fewer tasks than threads, uneven splits, stealing
+        for threads in 1..6 {
             let p = SpinPool::new(threads);
-            for n in [0usize, 1, 2, 7, 100, 1000] {
+            for n in [0usize, 1, 2, 3, 4, 5, 7, 13, 100, 1000] {
                 let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
                 p.run(n, &|i| {
                     hits[i].fetch_add(1, SeqCst);

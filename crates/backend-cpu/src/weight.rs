@@ -18,9 +18,9 @@ pub struct CpuWeight {
     f32_data: Option<Vec<f32>>,
     /// The whole tensor's rows interleaved for the repacked matmul (`simd::repack`), made on
     /// first use; shared with the expert views of a 3-D tensor.
-    packed: Arc<std::sync::OnceLock<Vec<u8>>>,
+    packed: Arc<std::sync::OnceLock<Kept>>,
     /// The rows as GEMM weight panels (`simd::Gemm::pack_weights`), made on first use.
-    panels: std::sync::OnceLock<Vec<Line64>>,
+    panels: std::sync::OnceLock<Kept>,
     /// A per-call view of one expert (`expert`): nothing is cached on it.
     view: bool,
 }
@@ -29,6 +29,39 @@ pub struct CpuWeight {
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(crate) struct Line64(pub [u8; 64]);
+
+/// A kept copy of a weight (repacked rows or GEMM panels): streamed from memory on every
+/// step, so on huge pages ([`crate::huge`]); 64-byte aligned either way.
+enum Kept {
+    Huge(crate::huge::Region),
+    Lines(Vec<Line64>, usize),
+}
+
+impl Kept {
+    /// `bytes` zero bytes, filled by `fill`.
+    fn new(bytes: usize, fill: impl FnOnce(&mut [u8])) -> Kept {
+        match crate::huge::WEIGHTS.alloc(bytes) {
+            Some(mut r) => {
+                fill(r.bytes_mut());
+                Kept::Huge(r)
+            }
+            None => {
+                let mut v = vec![Line64([0; 64]); bytes.div_ceil(64)];
+                // SAFETY: `Line64` is 64 plain bytes without padding; the slice lies inside `v`.
+                fill(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, bytes) });
+                Kept::Lines(v, bytes)
+            }
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Kept::Huge(r) => r.bytes(),
+            // SAFETY: as in `new`, read-only.
+            Kept::Lines(v, n) => unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, *n) },
+        }
+    }
+}
 
 impl CpuWeight {
     pub fn load(src: WeightSource<'_>) -> Result<CpuWeight> {
@@ -93,64 +126,48 @@ impl CpuWeight {
             let info = &self.gguf.tensors()[self.index];
             let (rb, src) = (self.row_bytes(), self.gguf.tensor_bytes(info));
             let total = src.len() / rb;
-            let mut out = vec![0u8; total.div_ceil(R) * gb];
-            // 64 groups per task: a few hundred KB, a few tasks per thread on big matrices
-            be.par_chunks_mut(&mut out, 64 * gb, &|c, chunk| {
-                let r0 = c * 64 * R;
-                let n = (total - r0).min(64 * R);
-                repack_into(ty, self.n_in, n, &src[r0 * rb..(r0 + n) * rb], chunk);
+            let out = Kept::new(total.div_ceil(R) * gb, |out| {
+                // 64 groups per task: a few hundred KB, a few tasks per thread on big matrices
+                be.par_chunks_mut(out, 64 * gb, &|c, chunk| {
+                    let r0 = c * 64 * R;
+                    let n = (total - r0).min(64 * R);
+                    repack_into(ty, self.n_in, n, &src[r0 * rb..(r0 + n) * rb], chunk);
+                });
             });
             // the matmul reads only the repacked copy from now on
             release_pages(src);
             out
         });
         let g0 = self.row0 / R;
-        Some(&all[g0 * gb..(g0 + self.n_out.div_ceil(R)) * gb])
+        Some(&all.bytes()[g0 * gb..(g0 + self.n_out.div_ceil(R)) * gb])
     }
 
     /// `f` on `bytes` bytes of GEMM panels filled by `fill`: on a weight, filled on the first
     /// call and kept (a weight has one GEMM kind, that of its type); on a view, made for
     /// this call only.
     pub(crate) fn with_gemm_panels<R>(&self, bytes: usize, fill: impl FnOnce(&mut [u8]), f: impl FnOnce(&[u8]) -> R) -> R {
-        let make = |fill: Box<dyn FnOnce(&mut [u8]) + '_>| {
-            let mut v = vec![Line64([0; 64]); bytes.div_ceil(64)];
-            // SAFETY: `Line64` is 64 plain bytes without padding; the slice covers exactly `v`.
-            fill(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) });
-            v
-        };
-        let as_bytes = |v: &[Line64]| -> &[u8] {
-            // SAFETY: as above, read-only.
-            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
-        };
         if let Some(v) = self.panels.get() {
-            return f(&as_bytes(v)[..bytes]);
+            return f(v.bytes());
         }
         // kept panels are a second copy of the rows (decode reads the rows): bounded
         if self.view || !reserve_panel_bytes(bytes) {
-            let v = make(Box::new(fill));
-            return f(&as_bytes(&v)[..bytes]);
+            // per call: a plain allocation (the arena is for what is kept)
+            let mut v = vec![Line64([0; 64]); bytes.div_ceil(64)];
+            // SAFETY: `Line64` is 64 plain bytes without padding; the slice lies inside `v`.
+            let b = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, bytes) };
+            fill(b);
+            return f(b);
         }
-        let v = self.panels.get_or_init(|| make(Box::new(fill)));
-        f(&as_bytes(v)[..bytes])
+        f(self.panels.get_or_init(|| Kept::new(bytes, fill)).bytes())
     }
 
     /// The kept GEMM panels (`bytes` bytes, filled by `fill` on the first call), or None where
     /// they are not kept (a view, or the panel budget spent): then nothing is packed here.
     pub(crate) fn kept_gemm_panels(&self, bytes: usize, fill: impl FnOnce(&mut [u8])) -> Option<&[u8]> {
-        let as_bytes = |v: &[Line64]| -> &[u8] {
-            // SAFETY: `Line64` is 64 plain bytes without padding; the slice covers exactly `v`.
-            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
-        };
         if self.panels.get().is_none() && (self.view || !reserve_panel_bytes(bytes)) {
             return None;
         }
-        let v = self.panels.get_or_init(|| {
-            let mut v = vec![Line64([0; 64]); bytes.div_ceil(64)];
-            // SAFETY: as above, writable.
-            fill(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 64) });
-            v
-        });
-        as_bytes(v).get(..bytes)
+        self.panels.get_or_init(|| Kept::new(bytes, fill)).bytes().get(..bytes)
     }
 
     /// Whether this is a per-call view of one expert (nothing is kept on it).

@@ -24,7 +24,8 @@ fn main() {
     let mut engines: Vec<_> = threads
         .iter()
         .map(|&t| {
-            let opts = EngineOptions { n_ctx: npp + ntg, n_seq: pl, ..Default::default() };
+            let block_size = std::env::var("QUARREL_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(EngineOptions::default().block_size);
+            let opts = EngineOptions { n_ctx: npp + ntg, n_seq: pl, block_size, ..Default::default() };
             // one thread: time ops by its CPU time (robust on a busy machine), else wall time
             let be = CpuBackend::new(t).unwrap();
             let be = if t == 1 { ProfiledBackend::with_clock(be, quarrel_cpu::pool::thread_cpu_time) } else { ProfiledBackend::new(be) };
@@ -34,15 +35,15 @@ fn main() {
         })
         .collect();
     // per thread count: (best step ms, its per-op table, pool counters over the phase)
-    type Best = (f64, Vec<(OpKind, u64, Duration)>, [u64; 6]);
+    type Best = (f64, Vec<(OpKind, u64, Duration)>, [u64; 8]);
     let mut best: Vec<Option<Best>> = vec![None; threads.len()];
     let pool = |b: &ProfiledBackend<CpuBackend>| {
         let p = b.inner.pool_stats();
-        [p.runs, p.tasks, p.caller_work_ns, p.caller_wait_ns, p.worker_work_ns, p.worker_start_ns]
+        [p.runs, p.tasks, p.caller_work_ns, p.caller_wait_ns, p.worker_work_ns, p.worker_start_ns, p.caller_cpu_ns, p.worker_cpu_ns]
     };
     for _ in 0..rounds {
         for (i, e) in engines.iter_mut().enumerate() {
-            let mut p0 = [0u64; 6];
+            let mut p0 = [0u64; 8];
             let mut c0 = Duration::ZERO;
             let r = e
                 .bench_batched_with(npp, ntg, pl, &mut |b| {
@@ -103,8 +104,8 @@ fn main() {
             let per = |x: u64| x as f64 / ntg as f64;
             let ms = |x: u64| per(x) / 1e6;
             println!(
-                "-t {t}: {:.0} regions, {:.0} tasks; caller: tasks {:.3} ms, waiting {:.3} ms; workers: tasks {:.3} ms, start latency {:.3} ms ({:.2} us per region)",
-                per(p[0]), per(p[1]), ms(p[2]), ms(p[3]), ms(p[4]), ms(p[5]), per(p[5]) / 1e3 / per(p[0]).max(1.0) / (*t as f64 - 1.0).max(1.0)
+                "-t {t}: {:.0} regions, {:.0} tasks; caller: tasks {:.3} ms ({:.3} ms thread CPU time), waiting {:.3} ms; workers: tasks {:.3} ms ({:.3} ms CPU), start latency {:.3} ms ({:.2} us per region)",
+                per(p[0]), per(p[1]), ms(p[2]), ms(p[6]), ms(p[3]), ms(p[4]), ms(p[7]), ms(p[5]), per(p[5]) / 1e3 / per(p[0]).max(1.0) / (*t as f64 - 1.0).max(1.0)
             );
         }
     }
