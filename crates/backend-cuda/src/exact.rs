@@ -4,8 +4,9 @@
 //! the GEMV (`matmul::q8_activations`: the CPU's Q8_0 / Q8_1 bytes); then `gemvo_*` (2 rows a
 //! warp, the integer block sums in parallel, the float chains in order) in chunks of 8 tokens.
 //! Used by exact numerics (`set_exact_numerics`: every token count; other types take the decode
-//! GEMV then, whose sums do not depend on the token count) and, with `set_ordered_gemv`
-//! (`QUARREL_CUDA_ORDERED_GEMV=1`), by decode and prompts up to `ORDERED_MAX_TOKENS` tokens.
+//! GEMV then, whose sums do not depend on the token count) and by decode and prompts up to
+//! `ORDERED_MAX_TOKENS` tokens as [`OrderedGemv`] says (default: models of at most
+//! `ORDERED_AUTO_MAX_BYTES`; `set_ordered_gemv`, `QUARREL_CUDA_ORDERED_GEMV=0|1`).
 //!
 //! ```text
 //!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvo_<type>_<NT> (rows / 8; gemvo3: q/k/v, gate/up)──► out
@@ -21,6 +22,51 @@ use std::sync::Mutex;
 
 /// Up to this many tokens the ordered GEMV runs outside exact numerics (above: MMQ / cuBLAS).
 pub const ORDERED_MAX_TOKENS: usize = 32;
+
+/// Models with at most this many bytes of weights take the ordered GEMV by default: their
+/// decode steps are bound by launch latency (a 135M-parameter model's matrices are 0.2-0.6 MB),
+/// where the in-order float chain costs nothing measurable, while 7B matrices lose 5-30% to it.
+pub const ORDERED_AUTO_MAX_BYTES: usize = 512 << 20;
+
+/// When decode and short prompts take the GEMV in the CPU's float order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum OrderedGemv {
+    /// Never (the fast GEMV's order).
+    Off = 0,
+    /// Always for Q4_0 / Q4_1 / Q8_0.
+    On = 1,
+    /// When the backend's weights total at most `ORDERED_AUTO_MAX_BYTES`.
+    Auto = 2,
+}
+
+impl OrderedGemv {
+    /// `QUARREL_CUDA_ORDERED_GEMV`: `1` on, `0` off, unset (or anything else) auto.
+    pub fn from_env() -> OrderedGemv {
+        match std::env::var("QUARREL_CUDA_ORDERED_GEMV").as_deref() {
+            Ok("1") => OrderedGemv::On,
+            Ok("0") => OrderedGemv::Off,
+            _ => OrderedGemv::Auto,
+        }
+    }
+
+    pub fn from_u8(v: u8) -> OrderedGemv {
+        match v {
+            0 => OrderedGemv::Off,
+            1 => OrderedGemv::On,
+            _ => OrderedGemv::Auto,
+        }
+    }
+
+    /// Whether the ordered GEMV is used with `loaded_bytes` of weights on the backend.
+    pub fn applies(self, loaded_bytes: usize) -> bool {
+        match self {
+            OrderedGemv::Off => false,
+            OrderedGemv::On => true,
+            OrderedGemv::Auto => loaded_bytes <= ORDERED_AUTO_MAX_BYTES,
+        }
+    }
+}
 
 /// Warps per block of `gemvo_*` (GEMVO_WARPS in exact.cu).
 const WARPS: usize = 4;
@@ -134,6 +180,19 @@ mod tests {
 
     use crate::weight::repack;
     use quarrel_core::{Backend, WeightSource};
+
+    #[test]
+    fn ordered_gemv_modes() {
+        for m in [OrderedGemv::Off, OrderedGemv::On, OrderedGemv::Auto] {
+            assert_eq!(OrderedGemv::from_u8(m as u8), m);
+        }
+        // a 135M-parameter Q4_1 model (~98 MB) takes the CPU's order, a 7B one (~3.9 GB) the fast one
+        assert!(OrderedGemv::Auto.applies(98 << 20));
+        assert!(OrderedGemv::Auto.applies(ORDERED_AUTO_MAX_BYTES));
+        assert!(!OrderedGemv::Auto.applies(ORDERED_AUTO_MAX_BYTES + 1));
+        assert!(!OrderedGemv::Auto.applies(3_900 << 20));
+        assert!(OrderedGemv::On.applies(usize::MAX) && !OrderedGemv::Off.applies(0));
+    }
     use quarrel_gguf::{Gguf, GgufWriter};
     use std::sync::Arc;
 

@@ -109,8 +109,11 @@ pub struct CudaBackend {
     /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
     attn_vec_max: std::sync::atomic::AtomicUsize,
     /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens in the CPU's float
-    /// order (`exact.rs`): `QUARREL_CUDA_ORDERED_GEMV=1` at creation, `set_ordered_gemv`.
-    ordered_gemv: std::sync::atomic::AtomicBool,
+    /// order (`exact.rs`): `exact::OrderedGemv` as u8 (`QUARREL_CUDA_ORDERED_GEMV=0|1` at creation,
+    /// `set_ordered_gemv`; default auto: small models).
+    ordered_gemv: std::sync::atomic::AtomicU8,
+    /// Bytes of all weights loaded on this backend (the auto choice of `ordered_gemv`).
+    loaded_bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl CudaBackend {
@@ -135,7 +138,8 @@ impl CudaBackend {
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
             attn_vec_max: vec_max_positions().into(),
-            ordered_gemv: std::env::var("QUARREL_CUDA_ORDERED_GEMV").is_ok_and(|v| v == "1").into(),
+            ordered_gemv: (exact::OrderedGemv::from_env() as u8).into(),
+            loaded_bytes: 0.into(),
         })
     }
 
@@ -171,12 +175,21 @@ impl CudaBackend {
 
     /// Decode and short prompts (up to `exact::ORDERED_MAX_TOKENS` tokens) over Q4_0 / Q4_1 /
     /// Q8_0 weights: `true` multiplies in the CPU backend's float order (the CPU's bits, through
-    /// `gemvo_*`), `false` (default) with the fast GEMV's order (per-lane partial sums, a tree
-    /// reduction): on an H100 the ordered GEMV is 5-30% slower per matrix at one token (7B Q4_0
-    /// tg128 363 vs 400 t/s, 2026-11-22), so it is not the default. Prefill of more tokens stays
-    /// on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
+    /// `gemvo_*`), `false` with the fast GEMV's order (per-lane partial sums, a tree reduction).
+    /// The default (`exact::OrderedGemv::Auto`) is the CPU's order for models of at most
+    /// `exact::ORDERED_AUTO_MAX_BYTES` of weights, whose decode steps are bound by launches, not
+    /// by bandwidth; bigger models take the fast order: on an H100 the ordered GEMV is 5-30%
+    /// slower per 7B matrix at one token (7B Q4_0 tg128 363 vs 400 t/s, 2026-11-22). Prefill of
+    /// more tokens stays on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
     pub fn set_ordered_gemv(&self, on: bool) {
-        self.ordered_gemv.store(on, std::sync::atomic::Ordering::Relaxed);
+        let mode = if on { exact::OrderedGemv::On } else { exact::OrderedGemv::Off };
+        self.ordered_gemv.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens take the ordered GEMV now.
+    pub fn ordered_gemv(&self) -> bool {
+        let loaded = self.loaded_bytes.load(Ordering::Relaxed);
+        exact::OrderedGemv::from_u8(self.ordered_gemv.load(Ordering::Relaxed)).applies(loaded)
     }
 
     /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
@@ -414,14 +427,16 @@ impl Backend for CudaBackend {
 
     fn load_weight(&self, src: WeightSource<'_>) -> Result<CudaWeight> {
         self.dev.bind()?;
-        CudaWeight::load(&self.dev, src, &self.experts).map_err(|e| match e {
+        let w = CudaWeight::load(&self.dev, src, &self.experts).map_err(|e| match e {
             CudaError::OutOfMemory(m) => CoreError::OutOfMemory(format!(
                 "out of GPU memory loading {}: {m}{}",
                 src.name,
                 if src.name.contains("_exps") { "" } else { " (--expert-budget keeps experts in host memory; this is a dense weight, so the model needs a larger GPU or the CPU)" }
             )),
             e => e.into(),
-        })
+        })?;
+        self.loaded_bytes.fetch_add(w.bytes, Ordering::Relaxed);
+        Ok(w)
     }
 
     fn weight_dims(&self, w: &CudaWeight) -> (usize, usize) {
@@ -552,7 +567,7 @@ impl Backend for CudaBackend {
         if self.exact_mm.load(Ordering::Relaxed) {
             return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
-        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv.load(Ordering::Relaxed))?)
+        Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv())?)
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {

@@ -131,9 +131,10 @@ fn fixture(rel: &str) -> PathBuf {
     }
 }
 
-/// The fixture prompts' greedy completions, GPU vs CPU backend: with exact numerics (the CPU's
-/// bits wherever the GPU can reproduce them) at least 7 of 8 must be identical (issue 4); the
-/// default numerics' count is printed beside it.
+/// The fixture prompts' greedy completions, GPU vs CPU backend: at least 7 of 8 identical
+/// (issue 4) with exact numerics (the CPU's bits wherever the GPU can reproduce them) and with
+/// the default numerics (for a model this small: the ordered GEMV and the one-pass attention,
+/// i.e. the CPU's bits in decode and short prompts).
 #[test]
 fn smollm2_greedy_texts_match_cpu() {
     let Some(path) = smollm2() else { return };
@@ -165,6 +166,7 @@ fn smollm2_greedy_texts_match_cpu() {
         counts.push(same_cpu);
     }
     assert!(counts[0] + 1 >= cases.len(), "exact numerics: only {}/{} GPU completions equal the CPU's", counts[0], cases.len());
+    assert!(counts[1] + 1 >= cases.len(), "default numerics: only {}/{} GPU completions equal the CPU's", counts[1], cases.len());
 }
 
 #[test]
