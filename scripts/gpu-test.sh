@@ -5,14 +5,14 @@
 # QUARREL_SMOLLM2 names the model. Without a GPU the tests print a skip and pass.
 #
 #   scripts/gpu-test.sh                 build with cargo and run
-#   BIN_DIR=dir scripts/gpu-test.sh     run prebuilt test binaries dir/{ops,decode,model,mmq,moe,attn_batch}
+#   BIN_DIR=dir scripts/gpu-test.sh     run prebuilt test binaries dir/{ops,decode,model,mmq,moe,attn_batch,numerics,gdc}
 #                                       (a GPU machine without a Rust toolchain)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export QUARREL_FIXTURES="${QUARREL_FIXTURES:-$PWD/tests/fixtures}"
 if [ -n "${BIN_DIR:-}" ]; then
     status=0
-    for t in ops decode model mmq moe attn_batch; do
+    for t in ops decode model mmq moe attn_batch numerics gdc; do
         [ -x "$BIN_DIR/$t" ] || { echo "== $t: no $BIN_DIR/$t, skipped"; continue; }
         echo "== $t"
         "$BIN_DIR/$t" --nocapture --test-threads=1 || status=1
