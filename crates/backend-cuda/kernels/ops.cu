@@ -2,7 +2,8 @@
 // RoPE angles multiplied up step by step, SiLU as x / (1 + e^-x).
 
 // One block per row: out = x * rsqrt(mean(x^2) + eps) * w.
-// y non-null: x += y first (the residual add fused into the next norm; x is updated in place).
+// y non-null: x += y first (the residual add fused into the next norm; x is updated in place);
+// SC: x += ys * y instead, the product rounded before the add (scale-then-add's bits, no FMA).
 // xq/xm non-null (d a multiple of 32): the output is also written as Q8 for the next matmul.
 // The row's sum of squares is summed in double (each square rounded to f32 first, as ggml),
 // which makes the order of the sum immaterial in practice.
@@ -21,8 +22,15 @@ __device__ __forceinline__ double block_sum_d(double ss, double* part) {
     return part[0];
 }
 
+// y scaled by ys first when SC (the product rounded on its own).
+template <bool SC>
+__device__ __forceinline__ float ys_mul(float b, float ys) {
+    return SC ? __fmul_rn(b, ys) : b;
+}
+
 // Any d: one value per thread and step.
-__device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
+template <bool SC>
+__device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const float* __restrict__ y, float ys, const float* __restrict__ w,
                                                 float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
     __shared__ double part[32];
     float* xr = x + (u64)blockIdx.x * d;
@@ -32,7 +40,7 @@ __device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const flo
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float v = xr[i];
         if (yr) {
-            v = __fadd_rn(v, yr[i]);
+            v = __fadd_rn(v, ys_mul<SC>(yr[i], ys));
             xr[i] = v;
         }
         ss += (double)__fmul_rn(v, v);
@@ -51,7 +59,8 @@ __device__ __forceinline__ void norm_row_scalar(float* __restrict__ x, const flo
 // d a multiple of 4 (16-byte rows): each thread takes 4 consecutive values per step, the first
 // NORM_IT steps kept in registers (all of a row of up to 4 * NORM_IT * blockDim values), so the
 // row is read once with all loads in flight; 8 lanes make one Q8 block of the output.
-__device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w,
+template <bool SC>
+__device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* __restrict__ y, float ys, const float* __restrict__ w,
                                             float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
     __shared__ double part[32];
     const int n4 = d / 4;
@@ -69,6 +78,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
         wv[it] = c < n4 ? w4[c] : z;
         if (yr && c < n4) {
             float4 b = yr[c];
+            b = make_float4(ys_mul<SC>(b.x, ys), ys_mul<SC>(b.y, ys), ys_mul<SC>(b.z, ys), ys_mul<SC>(b.w, ys));
             v[it] = make_float4(__fadd_rn(v[it].x, b.x), __fadd_rn(v[it].y, b.y), __fadd_rn(v[it].z, b.z), __fadd_rn(v[it].w, b.w));
             xr[c] = v[it];
         }
@@ -84,6 +94,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
         float4 a = xr[c];
         if (yr) {
             float4 b = yr[c];
+            b = make_float4(ys_mul<SC>(b.x, ys), ys_mul<SC>(b.y, ys), ys_mul<SC>(b.z, ys), ys_mul<SC>(b.w, ys));
             a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
             xr[c] = a;
         }
@@ -132,22 +143,30 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
     }
 }
 
-__device__ __forceinline__ void norm_row(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
+template <bool SC>
+__device__ __forceinline__ void norm_row(float* __restrict__ x, const float* __restrict__ y, float ys, const float* __restrict__ w, float* __restrict__ out,
                                          int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
-    if (d % 4 == 0 && blockDim.x % 32 == 0) norm_row_v4(x, y, w, out, d, eps, xq, xm);
-    else norm_row_scalar(x, y, w, out, d, eps, xq, xm);
+    if (d % 4 == 0 && blockDim.x % 32 == 0) norm_row_v4<SC>(x, y, ys, w, out, d, eps, xq, xm);
+    else norm_row_scalar<SC>(x, y, ys, w, out, d, eps, xq, xm);
 }
 
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int d, float eps,
                                     i8* __restrict__ xq, float2* __restrict__ xm) {
     GDC();
-    norm_row((float*)x, nullptr, w, out, d, eps, xq, xm);
+    norm_row<false>((float*)x, nullptr, 1.0f, w, out, d, eps, xq, xm);
 }
 
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
                                         int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
     GDC();
-    norm_row(x, y, w, out, d, eps, xq, xm);
+    norm_row<false>(x, y, 1.0f, w, out, d, eps, xq, xm);
+}
+
+// add_rms_norm with x += ys * y (Granite's residual multiplier; the product rounded first).
+extern "C" __global__ void add_scaled_rms_norm(float* __restrict__ x, const float* __restrict__ y, float ys, const float* __restrict__ w,
+                                               float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    norm_row<true>(x, y, ys, w, out, d, eps, xq, xm);
 }
 
 // The index of the largest of r[0..dim) in every thread of the block: the first on ties, NaN
@@ -276,6 +295,13 @@ extern "C" __global__ void add(float* __restrict__ x, const float* __restrict__ 
     GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
+}
+
+// x += s * y, the product rounded first (scale-then-add's bits: no FMA).
+extern "C" __global__ void add_scaled(float* __restrict__ x, const float* __restrict__ y, float s, u64 n) {
+    GDC();
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fadd_rn(x[i], __fmul_rn(y[i], s));
 }
 
 extern "C" __global__ void scale(float* __restrict__ x, float s, u64 n) {

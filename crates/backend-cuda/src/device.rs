@@ -177,8 +177,9 @@ pub struct Device {
 
 /// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
 pub(crate) enum Held {
-    /// `x += y` over `n` values: a following RMSNorm of `x` becomes `add_rms_norm`.
-    Add { x: u64, y: u64, n: u64 },
+    /// `x += y` (`x += s·y` with `s` set, the product rounded first) over `n` values: a following
+    /// RMSNorm of `x` becomes `add_rms_norm` (`add_scaled_rms_norm`).
+    Add { x: u64, y: u64, n: u64, s: Option<f32> },
     /// GEMVs over the same Q8 input: up to three become one `gemv3_*` launch.
     Gemv(crate::matmul::GemvGroup),
     /// RoPE of one buffer (the `rope` kernel's arguments, `x2` 0): the RoPE of another buffer
@@ -371,7 +372,10 @@ impl Device {
         let h = self.held.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?.take();
         match h {
             None => Ok(()),
-            Some(Held::Add { x, y, n }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
+            Some(Held::Add { x, y, n, s: None }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
+            Some(Held::Add { x, y, n, s: Some(s) }) => {
+                self.launch_now("add_scaled", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::F(s), Arg::U64(n)])
+            }
             Some(Held::Gemv(g)) => g.launch(self),
             Some(Held::Moe(g)) => g.launch(self),
             Some(Held::Rope { args, n }) | Some(Held::RopeQk { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
@@ -486,7 +490,7 @@ impl Drop for Device {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "scale", "gather_rows", "attn_combine", "attn_vec_f16"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "add_scaled_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "add", "add_scaled", "scale", "gather_rows", "attn_combine", "attn_vec_f16"]
         .iter()
         .map(|s| s.to_string())
         .collect();

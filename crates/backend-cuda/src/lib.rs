@@ -590,7 +590,11 @@ impl Backend for CudaBackend {
         let threads = (d / 4).div_ceil(32).clamp(4, 32) as u32 * 32;
         let n = x.len as u64;
         // the residual add just before (held by `add`) runs in the same kernel
-        if let Some(Held::Add { y, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
+        if let Some(Held::Add { y, s, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
+            if let Some(s) = s {
+                let args = [Arg::P(xp), Arg::P(y), Arg::F(s), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
+                return Ok(self.dev.launch_now("add_scaled_rms_norm", (rows, 1, 1), threads, 0, &args)?);
+            }
             let args = [Arg::P(xp), Arg::P(y), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
             return Ok(self.dev.launch_now("add_rms_norm", (rows, 1, 1), threads, 0, &args)?);
         }
@@ -673,9 +677,26 @@ impl Backend for CudaBackend {
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
         if n > 0 && !device::switches().no_fuse {
             // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`)
-            return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n })?);
+            return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n, s: None })?);
         }
         self.dev.launch_1d("add", n, &[Arg::P(xp), Arg::P(yp), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    /// One launch for scale-then-add (`y` is left as it was): `x += s·y`, the product rounded
+    /// first; held like `add`, so a following RMSNorm of `x` absorbs it (`add_scaled_rms_norm`).
+    fn add_scaled(&self, x: &mut CudaBuf, y: &mut CudaBuf, s: f32) -> Result<()> {
+        if s == 1.0 {
+            return self.add(x, y);
+        }
+        self.dev.bind()?;
+        check_len("add_scaled", y.len, x.len)?;
+        let n = x.len as u64;
+        let (xp, yp) = (self.rw(x)?, self.rd(y)?);
+        if n > 0 && !device::switches().no_fuse {
+            return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n, s: Some(s) })?);
+        }
+        self.dev.launch_1d("add_scaled", n, &[Arg::P(xp), Arg::P(yp), Arg::F(s), Arg::U64(n)])?;
         Ok(())
     }
 

@@ -200,6 +200,17 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     be.rms_norm(&x, &norm, 1e-5, &mut h2).unwrap();
     outs.push(("add, norm of another: sum".into(), be.download(&s).unwrap()));
     outs.push(("add, norm of another: norm".into(), be.download(&h2).unwrap()));
+    // a scaled residual add (Granite's multiplier) followed by the norm of its sum (one kernel on
+    // the GPU), then one alone; `y` is not read after (left scaled or not)
+    let mut y = be.upload(&rnd(n_tok * N_IN, 6)).unwrap();
+    be.add_scaled(&mut s, &mut y, 0.22).unwrap();
+    be.rms_norm(&s, &norm, 1e-5, &mut h2).unwrap();
+    outs.push(("add_scaled+rms_norm: norm".into(), be.download(&h2).unwrap()));
+    outs.push(("add_scaled+rms_norm: sum".into(), be.download(&s).unwrap()));
+    let mut y = be.upload(&rnd(n_tok * N_IN, 7)).unwrap();
+    be.add_scaled(&mut s, &mut y, -1.7).unwrap();
+    be.rms_norm(&x, &norm, 1e-5, &mut h2).unwrap();
+    outs.push(("add_scaled, norm of another: sum".into(), be.download(&s).unwrap()));
     outs
 }
 

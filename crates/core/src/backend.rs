@@ -107,6 +107,12 @@ pub trait Backend: Send + Sync + 'static {
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
     /// `x *= s`.
     fn scale(&self, x: &mut Self::Buf, s: f32) -> Result<()>;
+    /// `x += s·y`, the product rounded before the add (no FMA: scale-then-add's bits); `y` may
+    /// be left scaled (the default scales it in place) or as it was.
+    fn add_scaled(&self, x: &mut Self::Buf, y: &mut Self::Buf, s: f32) -> Result<()> {
+        self.scale(y, s)?;
+        self.add(x, y)
+    }
     /// Copy rows `rows` of `x (_, dim)` into `out (rows.len(), dim)`.
     fn gather_rows(&self, x: &Self::Buf, dim: usize, rows: &[usize], out: &mut Self::Buf) -> Result<()>;
     /// Write `k`, `v` `(n_tok, n_kv_head * head_dim)` of layer `layer` into the slots given by

@@ -230,16 +230,18 @@ impl<B: Backend> Granite<B> {
             }; // (n_tok, n_embd)
             trace(be, "mixer_out", il, &a)?;
             if c.residual_scale != 0.0 {
-                be.scale(&mut a, c.residual_scale)?;
+                be.add_scaled(&mut x, &mut a, c.residual_scale)?;
+            } else {
+                be.add(&mut x, &a)?;
             }
-            be.add(&mut x, &a)?;
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let mut f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
             if c.residual_scale != 0.0 {
-                be.scale(&mut f, c.residual_scale)?;
+                be.add_scaled(&mut x, &mut f, c.residual_scale)?;
+            } else {
+                be.add(&mut x, &f)?;
             }
-            be.add(&mut x, &f)?;
             trace(be, "l_out", il, &x)?;
         }
         self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
