@@ -4,7 +4,7 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 10] = [
+const SOURCES: [&str; 12] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/sample.cu"),
@@ -15,7 +15,20 @@ const SOURCES: [&str; 10] = [
     include_str!("../kernels/mmq_small.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/ssm.cu"),
+    include_str!("../kernels/exact.cu"),
+    include_str!("../kernels/attn_vec.cu"),
 ];
+
+/// Every kernel source of the crate is in `SOURCES` (a new file must be added there too).
+#[test]
+fn sources_cover_every_kernel_file() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(SOURCES.contains(&text.as_str()), "{} is not in tests/gdc.rs SOURCES", p.display());
+    }
+}
 
 /// The text from the `{` at or after `from` to its matching `}`.
 fn body(src: &str, from: usize) -> &str {
