@@ -4,7 +4,7 @@
 //!  GGUF tensor ──repack (16-byte planes)──► device weight (uploaded once)
 //!  model ops ──► kernels (.cu in kernels/, embedded, NVRTC-compiled for the device's arch on
 //!                first use, PTX cached on disk by source hash + arch) ──► launch queue
-//!                (held ops fused: add+rms_norm, grouped GEMVs, paired RoPE) ──► one CUDA stream
+//!                (held ops fused: (scaled) add+rms_norm, grouped GEMVs, paired RoPE) ──► one CUDA stream
 //!                (a repeating step replayed as one CUDA graph; PDL on sm_90+)
 //!  activations: pooled device buffers; only `download` / `argmax_rows` synchronizes
 //! ```
