@@ -61,7 +61,12 @@ const GEMV_ROWS: usize = 2;
 /// 4096x32000 48.4 vs 43.2. Float weights and short rows (< 64 units): by the block count, as
 /// before (enough blocks for ~1000 to run).
 fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
-    let wpr = if units >= 64 {
+    // `QUARREL_CUDA_GEMV_WPR` (1, 2 or 4): warps per row of quantized rows of >= 64 units, for measurements
+    static WPR: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *WPR.get_or_init(|| std::env::var("QUARREL_CUDA_GEMV_WPR").ok().and_then(|v| v.parse().ok()).filter(|w| [1, 2, 4].contains(w)));
+    let wpr = if let (Some(w), true) = (forced, units >= 64) {
+        w
+    } else if units >= 64 {
         if units >= 128 && n_out < 2400 {
             4
         } else {

@@ -67,7 +67,13 @@ pub(crate) fn unit_source(u: &Unit) -> String {
         s.push_str("#define GEMV_NO_PREFETCH 1\n");
     }
     // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
-    for (var, def) in [("QUARREL_CUDA_GEMVO_R", "GEMVO_R"), ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"), ("QUARREL_CUDA_GEMVO_PIPE", "GEMVO_PIPE")] {
+    // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL)
+    for (var, def) in [
+        ("QUARREL_CUDA_GEMVO_R", "GEMVO_R"),
+        ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"),
+        ("QUARREL_CUDA_GEMVO_PIPE", "GEMVO_PIPE"),
+        ("QUARREL_CUDA_GEMV_UNROLL", "GEMV_UNROLL"),
+    ] {
         if let Some(v) = std::env::var(var).ok().filter(|v| v.parse::<u8>().is_ok()) {
             s.push_str(&format!("#define {def} {v}\n"));
         }
