@@ -24,6 +24,7 @@
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; one contiguous task range per thread (then the others' leftovers); the caller never waits for a worker that has not joined |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
+//! | `scratch`   | step buffers handed back (`recycle`) and handed out again without zeroing (`scratch`) |
 //! | `huge`      | zeroed buffers on transparent huge pages (kept panels, repacked weights, K/V stores) |
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
 //! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
@@ -37,6 +38,7 @@ mod matmul;
 pub mod moe;
 mod ops;
 pub mod pool;
+mod scratch;
 pub mod simd;
 pub mod ssm;
 mod weight;
@@ -55,13 +57,15 @@ pub struct CpuBackend {
     n_threads: usize,
     /// Expert selections per (layer, expert), for metrics.
     moe_counts: std::sync::Mutex<Vec<Vec<u64>>>,
+    /// Step buffers for reuse.
+    scratch: scratch::ScratchCache,
 }
 
 impl CpuBackend {
     /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
-        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default() })
+        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default(), scratch: scratch::ScratchCache::new() })
     }
 
     pub fn n_threads(&self) -> usize {
@@ -160,6 +164,22 @@ impl Backend for CpuBackend {
                 v.write(0.0);
             })
         }))
+    }
+
+    fn scratch(&self, n: usize) -> Result<Vec<f32>> {
+        if let Some(v) = self.scratch.take(n) {
+            return Ok(v);
+        }
+        let fill = if self.scratch.poison() { f32::NAN } else { 0.0 };
+        Ok(self.filled(n, &|_, out: &mut [std::mem::MaybeUninit<f32>]| {
+            out.iter_mut().for_each(|v| {
+                v.write(fill);
+            })
+        }))
+    }
+
+    fn recycle(&self, buf: Vec<f32>) {
+        self.scratch.give(buf)
     }
 
     fn upload(&self, src: &[f32]) -> Result<Vec<f32>> {

@@ -60,6 +60,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A zeroed buffer of `n` f32.
     fn alloc(&self, n: usize) -> Result<Self::Buf>;
+    /// A buffer of `n` f32 with unspecified contents, for an output that the next op
+    /// overwrites in full (matmul, norm, SwiGLU, attention outputs; not an accumulator).
+    /// A backend may hand back a buffer given to `recycle`. Default: `alloc`.
+    fn scratch(&self, n: usize) -> Result<Self::Buf> {
+        self.alloc(n)
+    }
+    /// Hand back a buffer no longer needed, for a later `scratch`. Default: free it.
+    fn recycle(&self, buf: Self::Buf) {
+        drop(buf)
+    }
     fn upload(&self, src: &[f32]) -> Result<Self::Buf>;
     fn download(&self, src: &Self::Buf) -> Result<Vec<f32>>;
     /// Greedy picks: per row of `dim` values of `x`, the index of the largest (see `argmax`).

@@ -227,6 +227,12 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     fn alloc(&self, n: usize) -> CoreResult<Self::Buf> {
         self.timed(OpKind::Memory, || self.inner.alloc(n))
     }
+    fn scratch(&self, n: usize) -> CoreResult<Self::Buf> {
+        self.timed(OpKind::Memory, || self.inner.scratch(n))
+    }
+    fn recycle(&self, buf: Self::Buf) {
+        self.inner.recycle(buf)
+    }
     fn upload(&self, src: &[f32]) -> CoreResult<Self::Buf> {
         self.timed(OpKind::Memory, || self.inner.upload(src))
     }
