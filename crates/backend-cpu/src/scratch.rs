@@ -13,13 +13,16 @@ use std::sync::Mutex;
 
 /// Most buffers kept; beyond it a handed-back buffer is freed.
 const MAX_BUFS: usize = 64;
-/// Most bytes kept (prefill buffers of big models are freed rather than kept for decode).
+/// Most bytes kept.
 const MAX_BYTES: usize = 256 << 20;
+/// A kept buffer not taken again within this many `take`s is freed (a few decode steps of a
+/// Llama-like model): a prefill's large buffers do not stay held through a long decode.
+const MAX_AGE: u64 = 4096;
 
 /// Free buffers, reused best-fit by capacity.
 #[derive(Default)]
 pub(crate) struct ScratchCache {
-    free: Mutex<Vec<Vec<f32>>>,
+    free: Mutex<Free>,
     poison: bool,
     off: bool,
 }
@@ -27,7 +30,7 @@ pub(crate) struct ScratchCache {
 impl ScratchCache {
     pub(crate) fn new() -> ScratchCache {
         let on = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
-        ScratchCache { free: Mutex::new(Vec::new()), poison: on("QUARREL_CPU_SCRATCH_POISON"), off: on("QUARREL_CPU_NO_SCRATCH") }
+        ScratchCache { free: Mutex::new(Free::default()), poison: on("QUARREL_CPU_SCRATCH_POISON"), off: on("QUARREL_CPU_NO_SCRATCH") }
     }
 
     /// A kept buffer of capacity in `[n, 2n]` (the smallest such), resized to `n`; `None`
@@ -38,13 +41,16 @@ impl ScratchCache {
         }
         let mut v = {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.tick += 1;
             let best = free
+                .bufs
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.capacity() >= n && b.capacity() / 2 <= n)
-                .min_by_key(|(_, b)| b.capacity())
+                .filter(|(_, (b, _))| b.capacity() >= n && b.capacity() / 2 <= n)
+                .min_by_key(|(_, (b, _))| b.capacity())
                 .map(|(i, _)| i)?;
-            free.swap_remove(best)
+            free.bytes -= free.bufs[best].0.capacity() * 4;
+            free.bufs.swap_remove(best).0
         };
         if v.len() > n {
             v.truncate(n);
@@ -62,17 +68,30 @@ impl ScratchCache {
         self.poison
     }
 
-    /// Keep `v` for a later `take` (freed if the cache is full).
+    /// Keep `v` for a later `take` (freed if the cache is full); frees buffers kept too long.
     pub(crate) fn give(&self, v: Vec<f32>) {
         if v.capacity() == 0 || self.off {
             return;
         }
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let bytes: usize = free.iter().map(|b| b.capacity() * 4).sum();
-        if free.len() < MAX_BUFS && bytes + v.capacity() * 4 <= MAX_BYTES {
-            free.push(v);
+        let now = free.tick;
+        if free.bufs.iter().any(|&(_, t)| t + MAX_AGE < now) {
+            free.bufs.retain(|&(_, t)| t + MAX_AGE >= now);
+            free.bytes = free.bufs.iter().map(|(b, _)| b.capacity() * 4).sum();
+        }
+        if free.bufs.len() < MAX_BUFS && free.bytes + v.capacity() * 4 <= MAX_BYTES {
+            free.bytes += v.capacity() * 4;
+            free.bufs.push((v, now));
         }
     }
+}
+
+/// The kept buffers, each with the `take` count when it was handed back.
+#[derive(Default)]
+struct Free {
+    bufs: Vec<(Vec<f32>, u64)>,
+    bytes: usize,
+    tick: u64,
 }
 
 #[cfg(test)]
@@ -105,5 +124,17 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, MAX_BUFS);
+    }
+
+    #[test]
+    fn frees_buffers_not_taken_for_long() {
+        let c = ScratchCache::new();
+        c.give(vec![0.0; 1000]);
+        for _ in 0..MAX_AGE + 1 {
+            assert!(c.take(8).is_none());
+        }
+        c.give(vec![0.0; 8]);
+        assert!(c.take(1000).is_none(), "the old buffer was freed");
+        assert!(c.take(8).is_some());
     }
 }

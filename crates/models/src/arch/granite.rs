@@ -233,6 +233,7 @@ impl<B: Backend> Granite<B> {
                 be.scale(&mut a, c.residual_scale)?;
             }
             be.add(&mut x, &a)?;
+            be.recycle(a);
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let mut f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
@@ -240,6 +241,7 @@ impl<B: Backend> Granite<B> {
                 be.scale(&mut f, c.residual_scale)?;
             }
             be.add(&mut x, &f)?;
+            be.recycle(f);
             trace(be, "l_out", il, &x)?;
         }
         self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
