@@ -109,6 +109,18 @@ impl CpuBackend {
         v
     }
 
+    /// `f(i, row_i)` for each `dim`-long row of `x` (`dim` > 0 dividing its length), in place
+    /// (no copy of the logits), the rows in parallel when there are several.
+    fn per_row(&self, x: &[f32], dim: usize, f: &(dyn Fn(usize, &[f32]) -> u32 + Sync)) -> Vec<u32> {
+        let mut picks = vec![0u32; x.len() / dim];
+        if self.n_threads > 1 && picks.len() > 1 {
+            self.par_chunks_mut(&mut picks, 1, &|i, p| p[0] = f(i, &x[i * dim..(i + 1) * dim]));
+        } else {
+            picks.iter_mut().enumerate().for_each(|(i, p)| *p = f(i, &x[i * dim..(i + 1) * dim]));
+        }
+        picks
+    }
+
     /// A copy of `src` ([`CpuBackend::filled`]).
     fn copied(&self, src: &[f32]) -> Vec<f32> {
         self.filled(src.len(), &|at, piece| {
@@ -180,6 +192,20 @@ impl Backend for CpuBackend {
 
     fn recycle(&self, buf: Vec<f32>) {
         self.scratch.give(buf)
+    }
+
+    fn argmax_rows(&self, x: &Vec<f32>, dim: usize) -> Result<Vec<u32>> {
+        if dim == 0 || x.len() % dim != 0 {
+            return Err(CoreError::Shape(format!("argmax_rows: {} values are not rows of {dim}", x.len())));
+        }
+        Ok(self.per_row(x, dim, &|_, row| quarrel_core::argmax(row)))
+    }
+
+    fn sample_rows(&self, x: &Vec<f32>, dim: usize, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
+        if dim == 0 || x.len() != dim * rows.len() {
+            return Err(CoreError::Shape(format!("sample_rows: {} values are not {} rows of {dim}", x.len(), rows.len())));
+        }
+        Ok(self.per_row(x, dim, &|i, row| quarrel_core::sample_row_ref(row, &rows[i])))
     }
 
     fn upload(&self, src: &[f32]) -> Result<Vec<f32>> {

@@ -103,6 +103,8 @@ pub enum OpKind {
     SsmConv,
     SsmScan,
     SsmNorm,
+    /// Greedy / sampled picks from the logits (`argmax_rows`, `sample_rows`).
+    Pick,
 }
 
 /// A `QuantType` that sorts (by its name).
@@ -143,6 +145,7 @@ impl std::fmt::Display for OpKind {
             OpKind::SsmConv => f.write_str("ssm_conv"),
             OpKind::SsmScan => f.write_str("ssm_scan"),
             OpKind::SsmNorm => f.write_str("ssm_gated_norm"),
+            OpKind::Pick => f.write_str("argmax/sample"),
         }
     }
 }
@@ -238,6 +241,12 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     }
     fn download(&self, src: &Self::Buf) -> CoreResult<Vec<f32>> {
         self.timed(OpKind::Memory, || self.inner.download(src))
+    }
+    fn argmax_rows(&self, x: &Self::Buf, dim: usize) -> CoreResult<Vec<u32>> {
+        self.timed(OpKind::Pick, || self.inner.argmax_rows(x, dim))
+    }
+    fn sample_rows(&self, x: &Self::Buf, dim: usize, rows: &[quarrel_core::SampleRow]) -> CoreResult<Vec<u32>> {
+        self.timed(OpKind::Pick, || self.inner.sample_rows(x, dim, rows))
     }
     fn buf_len(&self, b: &Self::Buf) -> usize {
         self.inner.buf_len(b)
