@@ -266,6 +266,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn add_rms_norm(&self, x: &mut Vec<f32>, y: &Vec<f32>, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<()> {
+        ops::add_rms_norm(self, x, y, w, eps, out)
+    }
+
     fn scale(&self, x: &mut Vec<f32>, s: f32) -> Result<()> {
         x.iter_mut().for_each(|a| *a *= s);
         Ok(())

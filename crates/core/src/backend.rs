@@ -115,6 +115,12 @@ pub trait Backend: Send + Sync + 'static {
     fn swiglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
     /// `x += y`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
+    /// `x += y`, then `out = rms_norm(x) * w`: bit for bit `add` then `rms_norm` (a residual
+    /// add and the next norm); a backend may do both in one pass over the rows.
+    fn add_rms_norm(&self, x: &mut Self::Buf, y: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> Result<()> {
+        self.add(x, y)?;
+        self.rms_norm(x, w, eps, out)
+    }
     /// `x *= s`.
     fn scale(&self, x: &mut Self::Buf, s: f32) -> Result<()>;
     /// Copy rows `rows` of `x (_, dim)` into `out (rows.len(), dim)`.

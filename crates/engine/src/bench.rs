@@ -103,6 +103,8 @@ pub enum OpKind {
     SsmConv,
     SsmScan,
     SsmNorm,
+    /// Residual add and the next RMSNorm in one op.
+    AddRmsNorm,
     /// Greedy / sampled picks from the logits (`argmax_rows`, `sample_rows`).
     Pick,
 }
@@ -145,6 +147,7 @@ impl std::fmt::Display for OpKind {
             OpKind::SsmConv => f.write_str("ssm_conv"),
             OpKind::SsmScan => f.write_str("ssm_scan"),
             OpKind::SsmNorm => f.write_str("ssm_gated_norm"),
+            OpKind::AddRmsNorm => f.write_str("add+rms_norm"),
             OpKind::Pick => f.write_str("argmax/sample"),
         }
     }
@@ -241,6 +244,9 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     }
     fn download(&self, src: &Self::Buf) -> CoreResult<Vec<f32>> {
         self.timed(OpKind::Memory, || self.inner.download(src))
+    }
+    fn add_rms_norm(&self, x: &mut Self::Buf, y: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::AddRmsNorm, || self.inner.add_rms_norm(x, y, w, eps, out))
     }
     fn argmax_rows(&self, x: &Self::Buf, dim: usize) -> CoreResult<Vec<u32>> {
         self.timed(OpKind::Pick, || self.inner.argmax_rows(x, dim))

@@ -187,15 +187,20 @@ impl<B: Backend> Llama<B> {
         let n = batch.n_tokens();
         let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
         let mut h = be.scratch(n * c.n_embd)?; // (n_tok, n_embd)
+        if let Some(l0) = self.layers.first() {
+            be.rms_norm(&x, &l0.attn_norm, c.rms_eps, &mut h)?;
+        }
         for (il, l) in self.layers.iter().enumerate() {
-            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
             let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
-            be.add(&mut x, &a)?;
+            // the residual add fused with the next norm (x += a; h = norm(x))
+            be.add_rms_norm(&mut x, &a, &l.ffn_norm, c.rms_eps, &mut h)?;
             be.recycle(a);
-            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
-            be.add(&mut x, &f)?;
+            match self.layers.get(il + 1) {
+                Some(next) => be.add_rms_norm(&mut x, &f, &next.attn_norm, c.rms_eps, &mut h)?,
+                None => be.add(&mut x, &f)?,
+            }
             be.recycle(f);
             trace(be, "l_out", il, &x)?;
         }
