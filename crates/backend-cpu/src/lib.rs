@@ -22,7 +22,7 @@
 //! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; one contiguous task range per thread (then the others' leftovers); the caller never waits for a worker that has not joined |
-//! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
+//! | `ops`       | embedding, RMSNorm (and fused with the residual add), RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
 //! | `scratch`   | step buffers handed back (`recycle`) and handed out again without zeroing (`scratch`) |
 //! | `huge`      | zeroed buffers on transparent huge pages (kept panels, repacked weights, K/V stores) |
