@@ -22,9 +22,8 @@
 //! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; one contiguous task range per thread (then the others' leftovers); the caller never waits for a worker that has not joined |
-//! | `ops`       | embedding, RMSNorm (and fused with the residual add), RoPE, SwiGLU, add, gather |
+//! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
-//! | `scratch`   | step buffers handed back (`recycle`) and handed out again without zeroing (`scratch`) |
 //! | `huge`      | zeroed buffers on transparent huge pages (kept panels, repacked weights, K/V stores) |
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
 //! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
@@ -38,7 +37,6 @@ mod matmul;
 pub mod moe;
 mod ops;
 pub mod pool;
-mod scratch;
 pub mod simd;
 pub mod ssm;
 mod weight;
@@ -57,15 +55,13 @@ pub struct CpuBackend {
     n_threads: usize,
     /// Expert selections per (layer, expert), for metrics.
     moe_counts: std::sync::Mutex<Vec<Vec<u64>>>,
-    /// Step buffers for reuse.
-    scratch: scratch::ScratchCache,
 }
 
 impl CpuBackend {
     /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
-        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default(), scratch: scratch::ScratchCache::new() })
+        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default() })
     }
 
     pub fn n_threads(&self) -> usize {
@@ -107,18 +103,6 @@ impl CpuBackend {
         // SAFETY: `fill` wrote every one of the first n values (each piece exactly once).
         unsafe { v.set_len(n) };
         v
-    }
-
-    /// `f(i, row_i)` for each `dim`-long row of `x` (`dim` > 0 dividing its length), in place
-    /// (no copy of the logits), the rows in parallel when there are several.
-    fn per_row(&self, x: &[f32], dim: usize, f: &(dyn Fn(usize, &[f32]) -> u32 + Sync)) -> Vec<u32> {
-        let mut picks = vec![0u32; x.len() / dim];
-        if self.n_threads > 1 && picks.len() > 1 {
-            self.par_chunks_mut(&mut picks, 1, &|i, p| p[0] = f(i, &x[i * dim..(i + 1) * dim]));
-        } else {
-            picks.iter_mut().enumerate().for_each(|(i, p)| *p = f(i, &x[i * dim..(i + 1) * dim]));
-        }
-        picks
     }
 
     /// A copy of `src` ([`CpuBackend::filled`]).
@@ -178,36 +162,6 @@ impl Backend for CpuBackend {
         }))
     }
 
-    fn scratch(&self, n: usize) -> Result<Vec<f32>> {
-        if let Some(v) = self.scratch.take(n) {
-            return Ok(v);
-        }
-        let fill = if self.scratch.poison() { f32::NAN } else { 0.0 };
-        Ok(self.filled(n, &|_, out: &mut [std::mem::MaybeUninit<f32>]| {
-            out.iter_mut().for_each(|v| {
-                v.write(fill);
-            })
-        }))
-    }
-
-    fn recycle(&self, buf: Vec<f32>) {
-        self.scratch.give(buf)
-    }
-
-    fn argmax_rows(&self, x: &Vec<f32>, dim: usize) -> Result<Vec<u32>> {
-        if dim == 0 || x.len() % dim != 0 {
-            return Err(CoreError::Shape(format!("argmax_rows: {} values are not rows of {dim}", x.len())));
-        }
-        Ok(self.per_row(x, dim, &|_, row| quarrel_core::argmax(row)))
-    }
-
-    fn sample_rows(&self, x: &Vec<f32>, dim: usize, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
-        if dim == 0 || x.len() != dim * rows.len() {
-            return Err(CoreError::Shape(format!("sample_rows: {} values are not {} rows of {dim}", x.len(), rows.len())));
-        }
-        Ok(self.per_row(x, dim, &|i, row| quarrel_core::sample_row_ref(row, &rows[i])))
-    }
-
     fn upload(&self, src: &[f32]) -> Result<Vec<f32>> {
         Ok(self.copied(src))
     }
@@ -264,10 +218,6 @@ impl Backend for CpuBackend {
         check_len("add", y.len(), x.len())?;
         x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
         Ok(())
-    }
-
-    fn add_rms_norm(&self, x: &mut Vec<f32>, y: &Vec<f32>, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<()> {
-        ops::add_rms_norm(self, x, y, w, eps, out)
     }
 
     fn scale(&self, x: &mut Vec<f32>, s: f32) -> Result<()> {

@@ -26,60 +26,28 @@ const ROPE_PAR_MIN_TOKENS: usize = 32;
 /// the pool's threads are awake, the rows several; one sequence's step stays on the caller).
 const PAR_MIN_ROWS: usize = 8;
 
-/// ggml's rms_norm of one row (sum of squares in f64), then multiplied by the weight `g`.
-fn rms_norm_row(xr: &[f32], g: &[f32], eps: f32, or: &mut [f32]) {
-    // ggml: float products, summed in double
-    let ss: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (ss / g.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for ((o, &v), &gw) in or.iter_mut().zip(xr).zip(g) {
-        *o = (v * scale) * gw;
-    }
-}
-
-/// Whether a row-wise op over `n` values in rows of `d` runs in parallel: a parallel region
-/// costs a wake-up and a barrier: worth it for prompt batches and many sequences' rows, not
-/// for one sequence's row.
-fn par_rows(be: &CpuBackend, n: usize, d: usize) -> bool {
-    n >= PAR_MIN_VALUES || (be.n_threads() > 1 && n / d >= PAR_MIN_ROWS)
-}
-
 /// ggml's rms_norm (sum of squares in f64), then multiplied by the weight.
 pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
     let g = w.as_f32()?;
     let d = g.len();
-    if d == 0 || !x.len().is_multiple_of(d) {
+    if !x.len().is_multiple_of(d) {
         return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len())));
     }
-    if par_rows(be, x.len(), d) {
-        be.par_chunks_mut(out, d, &|i, or| rms_norm_row(&x[i * d..(i + 1) * d], g, eps, or));
-    } else {
-        x.chunks(d).zip(out.chunks_mut(d)).for_each(|(xr, or)| rms_norm_row(xr, g, eps, or));
-    }
-    Ok(())
-}
-
-/// `x += y`, then [`rms_norm`] of `x` into `out`, row by row in one pass (the same bits as
-/// the two ops: each row's add is done before its norm reads it).
-pub(crate) fn add_rms_norm(be: &CpuBackend, x: &mut [f32], y: &[f32], w: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
-    let g = w.as_f32()?;
-    let d = g.len();
-    if d == 0 || !x.len().is_multiple_of(d) || y.len() != x.len() || out.len() != x.len() {
-        return Err(CoreError::Shape(format!("add_rms_norm: x {}, y {}, out {} values in rows of {d}", x.len(), y.len(), out.len())));
-    }
-    let row = |xr: &mut [f32], yr: &[f32], or: &mut [f32]| {
-        xr.iter_mut().zip(yr).for_each(|(a, b)| *a += b);
-        rms_norm_row(xr, g, eps, or);
+    let body = |(xr, or): (&[f32], &mut [f32])| {
+        // ggml: float products, summed in double
+        let ss: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (ss / d as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &gw) in or.iter_mut().zip(xr).zip(g) {
+            *o = (v * scale) * gw;
+        }
     };
-    if par_rows(be, x.len(), d) {
-        let xp = x.as_mut_ptr() as usize;
-        be.par_chunks_mut(out, d, &|i, or| {
-            // SAFETY: task i alone touches row i of `x` (rows are disjoint; `x` outlives the call).
-            let xr = unsafe { std::slice::from_raw_parts_mut((xp as *mut f32).add(i * d), d) };
-            row(xr, &y[i * d..(i + 1) * d], or)
-        });
+    // a parallel region costs a wake-up and a barrier: worth it for prompt batches, not for a
+    // decode step's few rows
+    if x.len() >= PAR_MIN_VALUES || (be.n_threads() > 1 && x.len() / d >= PAR_MIN_ROWS) {
+        be.par_chunks_mut(out, d, &|i, or| body((&x[i * d..(i + 1) * d], or)));
     } else {
-        x.chunks_mut(d).zip(y.chunks(d)).zip(out.chunks_mut(d)).for_each(|((xr, yr), or)| row(xr, yr, or));
+        x.chunks(d).zip(out.chunks_mut(d)).for_each(body);
     }
     Ok(())
 }

@@ -60,16 +60,6 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A zeroed buffer of `n` f32.
     fn alloc(&self, n: usize) -> Result<Self::Buf>;
-    /// A buffer of `n` f32 with unspecified contents, for an output that the next op
-    /// overwrites in full (matmul, norm, SwiGLU, attention outputs; not an accumulator).
-    /// A backend may hand back a buffer given to `recycle`. Default: `alloc`.
-    fn scratch(&self, n: usize) -> Result<Self::Buf> {
-        self.alloc(n)
-    }
-    /// Hand back a buffer no longer needed, for a later `scratch`. Default: free it.
-    fn recycle(&self, buf: Self::Buf) {
-        drop(buf)
-    }
     fn upload(&self, src: &[f32]) -> Result<Self::Buf>;
     fn download(&self, src: &Self::Buf) -> Result<Vec<f32>>;
     /// Greedy picks: per row of `dim` values of `x`, the index of the largest (see `argmax`).
@@ -115,12 +105,6 @@ pub trait Backend: Send + Sync + 'static {
     fn swiglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
     /// `x += y`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
-    /// `x += y`, then `out = rms_norm(x) * w`: bit for bit `add` then `rms_norm` (a residual
-    /// add and the next norm); a backend may do both in one pass over the rows.
-    fn add_rms_norm(&self, x: &mut Self::Buf, y: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> Result<()> {
-        self.add(x, y)?;
-        self.rms_norm(x, w, eps, out)
-    }
     /// `x *= s`.
     fn scale(&self, x: &mut Self::Buf, s: f32) -> Result<()>;
     /// `x += s·y`, the product rounded before the add (no FMA: scale-then-add's bits); `y` may

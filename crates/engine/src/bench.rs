@@ -103,10 +103,6 @@ pub enum OpKind {
     SsmConv,
     SsmScan,
     SsmNorm,
-    /// Residual add and the next RMSNorm in one op.
-    AddRmsNorm,
-    /// Greedy / sampled picks from the logits (`argmax_rows`, `sample_rows`).
-    Pick,
 }
 
 /// A `QuantType` that sorts (by its name).
@@ -147,8 +143,6 @@ impl std::fmt::Display for OpKind {
             OpKind::SsmConv => f.write_str("ssm_conv"),
             OpKind::SsmScan => f.write_str("ssm_scan"),
             OpKind::SsmNorm => f.write_str("ssm_gated_norm"),
-            OpKind::AddRmsNorm => f.write_str("add+rms_norm"),
-            OpKind::Pick => f.write_str("argmax/sample"),
         }
     }
 }
@@ -233,26 +227,11 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     fn alloc(&self, n: usize) -> CoreResult<Self::Buf> {
         self.timed(OpKind::Memory, || self.inner.alloc(n))
     }
-    fn scratch(&self, n: usize) -> CoreResult<Self::Buf> {
-        self.timed(OpKind::Memory, || self.inner.scratch(n))
-    }
-    fn recycle(&self, buf: Self::Buf) {
-        self.inner.recycle(buf)
-    }
     fn upload(&self, src: &[f32]) -> CoreResult<Self::Buf> {
         self.timed(OpKind::Memory, || self.inner.upload(src))
     }
     fn download(&self, src: &Self::Buf) -> CoreResult<Vec<f32>> {
         self.timed(OpKind::Memory, || self.inner.download(src))
-    }
-    fn add_rms_norm(&self, x: &mut Self::Buf, y: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> CoreResult<()> {
-        self.timed(OpKind::AddRmsNorm, || self.inner.add_rms_norm(x, y, w, eps, out))
-    }
-    fn argmax_rows(&self, x: &Self::Buf, dim: usize) -> CoreResult<Vec<u32>> {
-        self.timed(OpKind::Pick, || self.inner.argmax_rows(x, dim))
-    }
-    fn sample_rows(&self, x: &Self::Buf, dim: usize, rows: &[quarrel_core::SampleRow]) -> CoreResult<Vec<u32>> {
-        self.timed(OpKind::Pick, || self.inner.sample_rows(x, dim, rows))
     }
     fn buf_len(&self, b: &Self::Buf) -> usize {
         self.inner.buf_len(b)

@@ -30,7 +30,7 @@ impl<B: Backend> Head<B> {
 
     /// The batch's token embeddings: `(n_tok, n_embd)`.
     pub fn embed(&self, be: &B, batch: &ForwardBatch, n_embd: usize) -> Result<B::Buf> {
-        let mut x = be.scratch(batch.n_tokens() * n_embd)?; // (n_tok, n_embd)
+        let mut x = be.alloc(batch.n_tokens() * n_embd)?; // (n_tok, n_embd)
         be.embed(&self.token_embd, &batch.tokens, &mut x)?;
         Ok(x)
     }
@@ -38,26 +38,16 @@ impl<B: Backend> Head<B> {
     /// The `logits_rows` of the last hidden state `x`, RMS-normed: `(rows, n_embd)`.
     pub fn norm_rows(&self, be: &B, x: &B::Buf, batch: &ForwardBatch, n_embd: usize, rms_eps: f32) -> Result<B::Buf> {
         let rows = batch.logits_rows.len();
-        let mut sel = be.scratch(rows * n_embd)?; // (rows, n_embd)
+        let mut sel = be.alloc(rows * n_embd)?; // (rows, n_embd)
         be.gather_rows(x, n_embd, &batch.logits_rows, &mut sel)?;
-        let mut normed = be.scratch(rows * n_embd)?; // (rows, n_embd)
+        let mut normed = be.alloc(rows * n_embd)?; // (rows, n_embd)
         be.rms_norm(&sel, &self.output_norm, rms_eps, &mut normed)?;
-        be.recycle(sel);
         Ok(normed)
-    }
-
-    /// `f(logits)` of the `rows` normed rows; both buffers are recycled after.
-    pub fn with_logits<T>(&self, be: &B, normed: B::Buf, rows: usize, n_vocab: usize, f: impl FnOnce(&B::Buf) -> Result<T>) -> Result<T> {
-        let logits = self.logits(be, &normed, rows, n_vocab)?;
-        be.recycle(normed);
-        let r = f(&logits);
-        be.recycle(logits);
-        r
     }
 
     /// The output projection of `rows` normed rows: `(rows, n_vocab)`.
     pub fn logits(&self, be: &B, normed: &B::Buf, rows: usize, n_vocab: usize) -> Result<B::Buf> {
-        let mut logits = be.scratch(rows * n_vocab)?; // (rows, n_vocab)
+        let mut logits = be.alloc(rows * n_vocab)?; // (rows, n_vocab)
         be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), normed, rows, &mut logits)?;
         Ok(logits)
     }

@@ -235,7 +235,6 @@ impl<B: Backend> Granite<B> {
                 be.add(&mut x, &a)?;
             }
             be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
-            be.recycle(a);
             let mut f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
             if c.residual_scale != 0.0 {
@@ -243,7 +242,6 @@ impl<B: Backend> Granite<B> {
             } else {
                 be.add(&mut x, &f)?;
             }
-            be.recycle(f);
             trace(be, "l_out", il, &x)?;
         }
         self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)

@@ -161,17 +161,17 @@ impl<B: Backend> Model<B> for Llama<B> {
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
         let normed = self.final_hidden(be, batch, kv)?;
-        self.head.with_logits(be, normed, batch.logits_rows.len(), self.cfg.n_vocab, |l| be.download(l))
+        be.download(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?)
     }
 
     fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
         let normed = self.final_hidden(be, batch, kv)?;
-        self.head.with_logits(be, normed, batch.logits_rows.len(), self.cfg.n_vocab, |l| be.argmax_rows(l, self.cfg.n_vocab))
+        be.argmax_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab)
     }
 
     fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
         let normed = self.final_hidden(be, batch, kv)?;
-        self.head.with_logits(be, normed, batch.logits_rows.len(), self.cfg.n_vocab, |l| be.sample_rows(l, self.cfg.n_vocab, rows))
+        be.sample_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab, rows)
     }
 
     fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
@@ -186,27 +186,17 @@ impl<B: Backend> Llama<B> {
         let c = &self.cfg;
         let n = batch.n_tokens();
         let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
-        let mut h = be.scratch(n * c.n_embd)?; // (n_tok, n_embd)
-        if let Some(l0) = self.layers.first() {
-            be.rms_norm(&x, &l0.attn_norm, c.rms_eps, &mut h)?;
-        }
+        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
         for (il, l) in self.layers.iter().enumerate() {
+            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
             let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
-            // the residual add fused with the next norm (x += a; h = norm(x))
-            be.add_rms_norm(&mut x, &a, &l.ffn_norm, c.rms_eps, &mut h)?;
-            be.recycle(a);
+            be.add(&mut x, &a)?;
+            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
             let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
-            match self.layers.get(il + 1) {
-                Some(next) => be.add_rms_norm(&mut x, &f, &next.attn_norm, c.rms_eps, &mut h)?,
-                None => be.add(&mut x, &f)?,
-            }
-            be.recycle(f);
+            be.add(&mut x, &f)?;
             trace(be, "l_out", il, &x)?;
         }
-        be.recycle(h);
-        let normed = self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps);
-        be.recycle(x);
-        normed
+        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
     }
 }

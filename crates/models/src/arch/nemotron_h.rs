@@ -221,7 +221,6 @@ impl<B: Backend> NemotronH<B> {
             }; // (n_tok, n_embd)
             trace(be, "mixer_out", il, &out)?;
             be.add(&mut x, &out)?;
-            be.recycle(out);
             trace(be, "l_out", il, &x)?;
         }
         self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)

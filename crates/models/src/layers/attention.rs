@@ -33,9 +33,9 @@ impl<B: Backend> SelfAttention<B> {
     pub fn forward(&self, be: &B, layer: usize, x: &B::Buf, batch: &ForwardBatch, kv: &mut B::Kv, n_embd: usize) -> Result<B::Buf> {
         let n = batch.n_tokens();
         let p = &self.params;
-        let mut q = be.scratch(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
-        let mut k = be.scratch(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
-        let mut v = be.scratch(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
+        let mut q = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
+        let mut k = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
+        let mut v = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
         be.matmul_many(&[&self.attn_q, &self.attn_k, &self.attn_v], x, n, &mut [&mut q, &mut k, &mut v])?;
         if self.rope.n_rot > 0 {
             // n_rot 0: no positional rotation (Nemotron-H attention layers)
@@ -43,14 +43,10 @@ impl<B: Backend> SelfAttention<B> {
             be.rope(&mut k, &batch.positions, p.n_kv_head, p.head_dim, &self.rope)?;
         }
         be.kv_store(kv, layer, &k, &v, batch)?;
-        be.recycle(k);
-        be.recycle(v);
-        let mut o = be.scratch(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
+        let mut o = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
         be.attention(&q, kv, layer, batch, p, &mut o)?;
-        be.recycle(q);
-        let mut out = be.scratch(n * n_embd)?; // (n_tok, n_embd)
+        let mut out = be.alloc(n * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.attn_output, &o, n, &mut out)?;
-        be.recycle(o);
         Ok(out)
     }
 }

@@ -25,16 +25,13 @@ impl<B: Backend> SwiGluMlp<B> {
 
     /// `x (n_tok, n_embd)` -> `(n_tok, n_embd)`.
     pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
-        let mut g = be.scratch(n_tok * self.n_ff)?; // (n_tok, n_ff)
-        let mut u = be.scratch(n_tok * self.n_ff)?; // (n_tok, n_ff)
+        let mut g = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
+        let mut u = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
         be.matmul_many(&[&self.ffn_gate, &self.ffn_up], x, n_tok, &mut [&mut g, &mut u])?;
-        let mut h = be.scratch(n_tok * self.n_ff)?;
+        let mut h = be.alloc(n_tok * self.n_ff)?;
         be.swiglu(&g, &u, &mut h)?;
-        be.recycle(g);
-        be.recycle(u);
-        let mut out = be.scratch(n_tok * n_embd)?; // (n_tok, n_embd)
+        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.ffn_down, &h, n_tok, &mut out)?;
-        be.recycle(h);
         Ok(out)
     }
 }
@@ -72,12 +69,11 @@ impl<B: Backend> ReluSqrMlp<B> {
 
     /// `x (n_tok, n_embd)` -> `(n_tok, n_embd)`.
     pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
-        let mut u = be.scratch(n_tok * self.n_ff)?; // (n_tok, n_ff)
+        let mut u = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
         be.matmul(&self.ffn_up, x, n_tok, &mut u)?;
         be.relu_sqr(&mut u)?;
-        let mut out = be.scratch(n_tok * n_embd)?; // (n_tok, n_embd)
+        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.ffn_down, &u, n_tok, &mut out)?;
-        be.recycle(u);
         Ok(out)
     }
 }
