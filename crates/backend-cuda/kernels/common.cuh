@@ -259,3 +259,14 @@ __device__ __forceinline__ float unit_value(const Unit& u, int i) {
     int v = (int)(i8)((word >> (8 * (i % 4))) & 0xff);
     return (i < 16 ? u.s0 : u.s1) * (float)v + u.o;
 }
+
+// Ask the L2 cache for `bytes` at `p` (Hopper's bulk prefetch; the range is trimmed to 16-byte
+// boundaries; a hint: nothing waits for it, nothing is read into registers).
+__device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes) {
+#if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_PREFETCH)
+    u64 a = (u64)p, s = (a + 15) & ~15ull, e = (a + bytes) & ~15ull;
+    if (e > s)
+        asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\tcp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(s), "r"((u32)(e - s))
+                     : "memory");
+#endif
+}

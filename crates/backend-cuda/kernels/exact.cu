@@ -15,16 +15,6 @@
 
 #define GEMVO_WARPS 4
 
-// Ask the L2 cache for `bytes` at `p` (as matmul.cu's prefetch_l2: Hopper's bulk prefetch, a hint).
-__device__ __forceinline__ void gemvo_prefetch_l2(const u8* p, u64 bytes) {
-#if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_PREFETCH)
-    u64 a = (u64)p, s = (a + 15) & ~15ull, e = (a + bytes) & ~15ull;
-    if (e > s)
-        asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\tcp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(s), "r"((u32)(e - s))
-                     : "memory");
-#endif
-}
-
 // A unit's bytes as loaded (payload a [, b for Q8_0], meta m), decoded only when used.
 struct RawUnit {
     uint4 a, b;
@@ -272,8 +262,8 @@ __device__ __forceinline__ void gemvo_prefetch(const u8* P, const u8* M, int U, 
     constexpr int R = Gemvo<QT, NT>::R;
     const int lane = threadIdx.x % 32, row = (blk * GEMVO_WARPS + threadIdx.x / 32) * R + lane;
     if (lane >= R || row >= n_out) return;
-    gemvo_prefetch_l2(P + (u64)row * U * gemvo_pb<QT>(), (u64)U * gemvo_pb<QT>());
-    gemvo_prefetch_l2(M + (u64)row * U * gemvo_mb<QT>(), (u64)U * gemvo_mb<QT>());
+    prefetch_l2(P + (u64)row * U * gemvo_pb<QT>(), (u64)U * gemvo_pb<QT>());
+    prefetch_l2(M + (u64)row * U * gemvo_mb<QT>(), (u64)U * gemvo_mb<QT>());
 }
 
 // Block `blk` of the `nblk` given to this matrix: its warps take row groups blk * 4 + warp, then

@@ -23,17 +23,6 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL_(n) PRAGMA_(unroll n)
 
-// Ask the L2 cache for `bytes` at `p` (Hopper's bulk prefetch; the range is trimmed to 16-byte
-// boundaries; a hint: nothing waits for it, nothing is read into registers).
-__device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes) {
-#if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_PREFETCH)
-    u64 a = (u64)p, s = (a + 15) & ~15ull, e = (a + bytes) & ~15ull;
-    if (e > s)
-        asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\tcp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(s), "r"((u32)(e - s))
-                     : "memory");
-#endif
-}
-
 // Bytes per unit of 32 values in the payload plane (P) and the meta plane (M) of quant type QT
 // (src/weight.rs: 16-byte nibble planes, K-quant super-blocks of 8 units, Q6_K padded to 224).
 template <int QT>

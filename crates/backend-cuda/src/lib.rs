@@ -31,6 +31,7 @@
 //! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
 //! (quantized GEMM on the int8 tensor cores), `moe.cu`, `ssm.cu` (Mamba2).
 
+mod attn;
 mod batch;
 pub mod device;
 mod error;
@@ -51,6 +52,7 @@ mod ssm;
 pub mod unit;
 mod weight;
 
+pub use attn::vec_max_positions;
 pub use device::{available, device_count};
 pub use error::CudaError;
 pub use kv::CudaKv;
@@ -368,47 +370,6 @@ fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
 }
 
-/// Positions per chunk of `attn_vec_f16` (AV_CH in kernels/attn_vec.cu).
-const VEC_CHUNK: usize = 1024;
-/// Positions per group of its chain (AV_G).
-const VEC_GROUP: usize = 16;
-
-/// Dynamic shared memory of `attn_vec_f16` (the layout at the top of the kernel): q, three
-/// words per position of a chunk, a flag per group, 32 per-warp maxima.
-fn attn_vec_smem(hd: usize) -> u32 {
-    (4 * (hd + 3 * VEC_CHUNK + VEC_CHUNK / VEC_GROUP + 32)) as u32
-}
-
-/// Context length (positions) up to which decode and short-prompt attention over an f16 cache
-/// take the one-pass kernel with the CPU's numerics (`attn_vec_f16`) by default; longer
-/// contexts take the f32 split-K kernel and its combine, whose numerics differ from the CPU's
-/// (f32 V accumulator, positions regrouped by the splits). `QUARREL_CUDA_ATTN_VEC_MAX=<n>`
-/// sets it for backends created from then on (0: split-K always, the default before session
-/// 6; `CudaBackend::set_attn_vec_max` per backend). Exact numerics (`set_exact_attention`) take
-/// the one-pass kernel at every length.
-pub fn vec_max_positions() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_VEC_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(VEC_MAX_POSITIONS))
-}
-
-/// The default of `vec_max_positions`: where the one-pass kernel and split-K + combine take
-/// about the same time (H100, Mistral-7B shape, 32 heads of 128: 14.4 vs 24.5 us per layer at
-/// 128..160 positions, 34.6 vs 26.4 at 512..544, 55.7 vs 33.3 at 1,024; see the README, "GPU
-/// numerics = CPU numerics").
-const VEC_MAX_POSITIONS: usize = 384;
-
-/// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
-/// store each head rotated in blocks of this many values, as the CPU's do.
-fn kv_rotation(spec: &KvSpec) -> Result<usize> {
-    if !matches!(spec.ty, quarrel_core::KvType::Q8_0 | quarrel_core::KvType::Q4_0) {
-        return Ok(0);
-    }
-    match quarrel_quant::rotate::rotation_size(spec.head_dim) {
-        Some(r) if r <= 256 && (spec.n_kv_head * spec.head_dim) % r == 0 => Ok(r),
-        _ => Err(CoreError::Unsupported(format!("{} KV cache with head_dim {}", spec.ty.name(), spec.head_dim))),
-    }
-}
-
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(CoreError::Shape(format!("{what}: buffer has {got} elements, expected {want}")));
@@ -723,213 +684,11 @@ impl Backend for CudaBackend {
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, batch: &ForwardBatch) -> Result<()> {
-        self.dev.bind()?;
-        let row = kv.spec.n_kv_head * kv.spec.head_dim;
-        if layer >= kv.spec.n_layer {
-            return Err(CoreError::Shape(format!("kv_store: layer {layer} of {}", kv.spec.n_layer)));
-        }
-        if k.len != batch.n_tokens() * row || v.len != k.len {
-            return Err(CoreError::Shape(format!("kv_store: k/v have {}/{} values, expected {}", k.len, v.len, batch.n_tokens() * row)));
-        }
-        let name = format!("kv_store_{}", kv::kv_name(kv.spec.ty));
-        let n = batch.n_tokens();
-        if n == 0 {
-            return Ok(());
-        }
-        let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
-        let (ks, vs) = (self.rd(k)?, self.rd(v)?);
-        let rot = kv_rotation(&kv.spec)?;
-        // quantized keys: the layer's first store sets its key offset (the per-channel mean of
-        // the keys, summed in f64 in token order as the CPU does; one download, once per layer)
-        if rot > 0 && kv.k_off[layer].is_none() {
-            let keys: Vec<f32> = self.dev.download(ks, k.len)?;
-            let mut sum = vec![0f64; row];
-            for x in keys.chunks_exact(row) {
-                sum.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
-            }
-            let m: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
-            kv.k_off[layer] = Some(device::DevMem::upload(&self.dev, &m)?);
-        }
-        let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
-        // f32/f16: a thread per value; quantized: a warp per rotation block (8 to a block)
-        let blocks = match (n * row).checked_div(rot) {
-            None => ((n * row) as u64).div_ceil(256),
-            Some(warps) => (warps as u64).div_ceil(8),
-        };
-        self.with_batch(batch, kv, None, |db| {
-            // RoPE of q and this k still held (whole heads rotated, same tokens): one launch
-            // rotates q and k and stores k and v (f32/f16 caches)
-            let fits = |a: &[Arg]| {
-                a[10].bits() == ks && a[3].bits() == n as u64 && a[5].bits() == a[6].bits() && (a[11].bits() * a[5].bits()) as usize == row
-            };
-            if rot == 0 {
-                if let Some(Held::RopeQk { args, n: pairs }) = self.dev.take_held_if(|h| matches!(h, Held::RopeQk { args, .. } if fits(args))) {
-                    // rope's arguments without n_rot (= hd) and x2's slot order kept
-                    let mut a: Vec<Arg> = args[..6].iter().chain(&args[7..12]).copied().collect();
-                    a.extend([Arg::P(kp), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32)]);
-                    let threads = pairs + (n * row) as u64;
-                    let kname = format!("rope_kv_{}", kv::kv_name(kv.spec.ty));
-                    return Ok(self.dev.launch_now(&kname, (threads.div_ceil(256) as u32, 1, 1), 256, 0, &a)?);
-                }
-            }
-            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32), Arg::P(koff)];
-            self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
-            Ok(())
-        })
+        self.kv_store_dev(kv, layer, k, v, batch)
     }
 
     fn attention(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        let hd = p.head_dim;
-        check_len("attention q", q.len, batch.n_tokens() * p.n_head * hd)?;
-        check_len("attention output", out.len, q.len)?;
-        if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || p.n_head % p.n_kv_head != 0 {
-            return Err(CoreError::Shape(format!(
-                "attention: {} heads / {} kv heads of {hd} vs cache {} x {}",
-                p.n_head, p.n_kv_head, kv.spec.n_kv_head, kv.spec.head_dim
-            )));
-        }
-        if layer >= kv.spec.n_layer {
-            return Err(CoreError::Shape(format!("attention: layer {layer} of {}", kv.spec.n_layer)));
-        }
-        let dpl = match hd {
-            0 => return Err(CoreError::Shape("attention: head_dim 0".into())),
-            1..=64 => 2,
-            65..=128 => 4,
-            129..=256 => 8,
-            _ => return Err(CoreError::Unsupported(format!("attention with head_dim {hd} (the GPU kernel takes up to 256)"))),
-        };
-        if batch.n_tokens() == 0 {
-            return Ok(());
-        }
-        // every sequence one token (decode): the kernel for one query per tile
-        let one = batch.seqs.iter().all(|s| s.len <= 1);
-        // QUARREL_CUDA_ATTN_GROUP=1: decode warps take hp heads of one KV head (K/V read once for
-        // them). Off by default: H100 2026-11-22, TinyLlama at depth 2048 the grouped decode
-        // kernel took 42 us (f32) / 167 us (f16 vector path) against 23 / 35 us ungrouped (a
-        // warp per head keeps 8x more warps in flight under the 32-split cap)
-        static GROUP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let grouped = *GROUP.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_GROUP").is_ok_and(|v| v == "1"));
-        let group = p.n_head / p.n_kv_head;
-        let hp = if one && grouped { (1..=batch::ATT_QT.min(group)).rev().find(|d| group % d == 0).unwrap_or(1) } else { 1 };
-        // shared memory holds ATT_QT query rows in the tiled and grouped kernels (Ks follows them)
-        let qt = if one && hp == 1 { 1 } else { batch::ATT_QT };
-        let kind = match (one, hp > 1) {
-            (true, true) => "1g",
-            (true, false) => "1",
-            _ => "",
-        };
-        let name = format!("attn{kind}_{}_{dpl}", kv::kv_name(kv.spec.ty));
-        let rot = kv_rotation(&kv.spec)?;
-        // the CPU rounds q to f16 for sequences shorter than 64 tokens over an f16 cache
-        // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
-        // (kernels/attention.cu: ggml's vector-path numerics, the V accumulator in f16) when
-        // exact attention is on (`set_exact_attention`); by default all-f32 attention
-        let exact = self.exact_attn.load(std::sync::atomic::Ordering::Relaxed);
-        let vec_path = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
-        // `attn_vec_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
-        // head), by default up to `vec_max_positions()`, at every length in exact mode
-        // (by default not for decode batches of many sequences, whose blocks would fill more than
-        // one wave of the GPU: the grouped split-K kernel is faster there; H100 2026-11-22,
-        // 7B Q4_0, 32 / 128 sequences at 128..256 positions: 3 / 8% slower decode)
-        let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
-        let one_wave = !one || batch.seqs.len() == 1 || batch.seqs.len() * p.n_head <= 2 * self.dev.n_sm;
-        let offsets_fit = (kv.spec.n_blocks * kv.spec.block_size * kv.spec.n_kv_head * hd) < u32::MAX as usize;
-        let vec = vec_path && hd % 8 == 0 && offsets_fit && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
-        // exact mode with a head_dim the one-pass kernel does not take: the tiled kernel's
-        // vector path (one warp per tile and head, no split)
-        let q16 = exact && vec_path && !vec;
-        let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
-        let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
-        let (qp, op) = (self.rd(q)?, self.wr(out));
-        if vec {
-            return self.with_batch(batch, kv, p.sliding_window, |db| {
-                // the scores and the scan spread over all threads, the chain over hd of them:
-                // 256 where few blocks run (one per SM), 128 (or hd) where many do (two
-                // 256-thread blocks fill an SM's registers)
-                let blocks = db.n_tiles * p.n_head;
-                let threads = if blocks >= 512 { hd.div_ceil(32).max(4) as u32 * 32 } else { 256 };
-                let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
-                let smem = attn_vec_smem(hd);
-                let args = [
-                    Arg::P(qp),
-                    Arg::P(kp),
-                    Arg::P(vp),
-                    Arg::P(op),
-                    Arg::P(db.tiles()),
-                    Arg::P(db.pos()),
-                    Arg::P(db.bt_off()),
-                    Arg::P(db.bt()),
-                    Arg::I(p.n_head as i32),
-                    Arg::I(p.n_kv_head as i32),
-                    Arg::I(hd as i32),
-                    Arg::I(kv.spec.block_size as i32),
-                    Arg::F(p.scale),
-                    Arg::F(p.softcap.unwrap_or(0.0)),
-                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
-                    Arg::P(xq),
-                    Arg::P(xm),
-                ];
-                let per_tile = if one { 1 } else { batch::ATT_QT as u32 };
-                self.dev.launch("attn_vec_f16", (db.n_tiles as u32, p.n_head as u32, per_tile), threads, smem, &args)?;
-                Ok(())
-            });
-        }
-        self.with_batch(batch, kv, p.sliding_window, |db| {
-            // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
-            // (each block sizes its share from the positions on the device), so decode steps
-            // repeat exactly and replay as a graph
-            let blocks = db.n_tiles * p.n_head / hp;
-            let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
-            // decode batches of several sequences: one warp per (sequence, KV head) serves its
-            // query heads (batch.rs: gqa_decode; f32 accumulation, not the vector path's f16)
-            // (not in exact mode's vector path: ggml accumulates V in f16, position by position)
-            let gqa = if one && hp == 1 && !q16 { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
-            let gqa_launch = gqa.is_some();
-            let (name, grid, n_split, smem) = match gqa {
-                Some(g) => (g.name, g.grid, g.n_split, g.smem),
-                None => {
-                    // exact mode's vector path: one pass over the positions (ggml's f16 V
-                    // accumulator is rounded position by position; splits would regroup it)
-                    let n_split = if q16 { 1 } else { 512usize.div_ceil(blocks).clamp(1, max_splits.min(32)) };
-                    (name, (db.n_tiles as u32, (p.n_head / hp) as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
-                }
-            };
-            let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            let args = [
-                    Arg::P(qp),
-                    Arg::P(kp),
-                    Arg::P(vp),
-                    Arg::P(part.ptr()),
-                    Arg::P(db.tiles()),
-                    Arg::P(db.pos()),
-                    Arg::P(db.bt_off()),
-                    Arg::P(db.bt()),
-                    Arg::I(p.n_head as i32),
-                    Arg::I(p.n_kv_head as i32),
-                    Arg::I(hd as i32),
-                    Arg::I(kv.spec.block_size as i32),
-                    Arg::F(p.scale),
-                    Arg::F(p.softcap.unwrap_or(0.0)),
-                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
-                    Arg::I(rot as i32),
-                    Arg::I(q16 as i32),
-                    Arg::P(koff),
-                    Arg::I(hp as i32),
-                ];
-            // attng_* (gqa) take attn1_*'s parameters without the last (hp)
-            let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
-            self.dev.launch(&name, grid, 32, smem, &args[..n_args])?;
-            let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
-            self.dev.launch(
-                "attn_combine",
-                ((batch.n_tokens() * p.n_head) as u32, 1, 1),
-                if hd % 32 == 0 { hd as u32 } else { 256 },
-                0,
-                &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
-            )?;
-            Ok(())
-        })
+        self.attention_dev(q, kv, layer, batch, p, out)
     }
 
     // ---- MoE (moe.rs) and Mamba2 (ssm.rs) ---------------------------------------------------
@@ -1052,24 +811,5 @@ impl Backend for CudaBackend {
         // the output projection's Q8 input written by the norm (no quantize launch)
         let q8 = if ssm::gated_norm_q8(p) { self.q8_out(op.0, out.len)? } else { (0, 0) };
         Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op, q8)?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The kernel's chunk and group sizes are the host's (the shared memory it is given is
-    /// sized from them: a mismatch reads past the allocation).
-    #[test]
-    fn attn_vec_constants_match_the_kernel() {
-        let src = include_str!("../kernels/attn_vec.cu");
-        let define = |name: &str| -> usize {
-            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
-            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
-        };
-        assert_eq!(define("AV_CH"), super::VEC_CHUNK);
-        assert_eq!(define("AV_G"), super::VEC_GROUP);
-        assert_eq!(super::VEC_CHUNK % (2 * super::VEC_GROUP), 0);
-        // q (hd), W, MS, SLOT (3 per position), NEWG (one per group), RED (32)
-        assert_eq!(super::attn_vec_smem(128), 4 * (128 + 3 * 1024 + 1024 / 16 + 32));
     }
 }

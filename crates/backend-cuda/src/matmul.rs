@@ -236,24 +236,31 @@ impl GemvGroup {
         let total: usize = self.items.iter().map(|i| i.n_out).sum();
         let (wpr, _) = gemv_shape(total, self.units);
         let rows_per_block = GEMV_ROWS * GEMV_WARPS / wpr;
-        let nb: Vec<usize> = self.items.iter().map(|i| i.n_out.div_ceil(rows_per_block)).collect();
+        let nb: Vec<u32> = self.items.iter().map(|i| i.n_out.div_ceil(rows_per_block) as u32).collect();
+        let mut args = self.joined_args(&nb);
+        args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u), Arg::I(wpr as i32)]);
+        dev.launch_now(&format!("gemv3_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args)
+    }
+}
+
+impl GemvGroup {
+    /// The per-matrix arguments of a joined launch (`gemv3_*` / `gemvo3_*`): (weights, meta, out,
+    /// rows[, blocks]) for each of up to three matrices (the last takes the blocks left), a third
+    /// empty matrix when two are joined.
+    fn joined_args(&self, blocks: &[u32]) -> Vec<Arg> {
         let mut args = Vec::with_capacity(19);
         for (k, i) in self.items.iter().enumerate() {
             args.extend([Arg::P(i.p), Arg::P(i.m), Arg::P(i.out), Arg::I(i.n_out as i32)]);
             if k < 2 {
-                args.push(Arg::I(nb[k] as i32));
+                args.push(Arg::I(blocks[k] as i32));
             }
         }
         if self.items.len() == 2 {
             args.extend([Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]);
         }
-        args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u), Arg::I(wpr as i32)]);
-        let blocks = nb.iter().sum::<usize>() as u32;
-        dev.launch_now(&format!("gemv3_{name}_{nt}"), (blocks, 1, 1), 128, 0, &args)
+        args
     }
-}
 
-impl GemvGroup {
     /// `gemvo_*` / `gemvo3_*` (grids: `exact::grid`).
     fn launch_ordered(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
@@ -263,16 +270,7 @@ impl GemvGroup {
         }
         let total: usize = self.items.iter().map(|i| i.n_out).sum();
         let nb: Vec<u32> = self.items.iter().map(|i| crate::exact::grid_share(name, nt, i.n_out, i.n_out as f64 / total as f64).0).collect();
-        let mut args = Vec::with_capacity(17);
-        for (k, i) in self.items.iter().enumerate() {
-            args.extend([Arg::P(i.p), Arg::P(i.m), Arg::P(i.out), Arg::I(i.n_out as i32)]);
-            if k < 2 {
-                args.push(Arg::I(nb[k] as i32));
-            }
-        }
-        if self.items.len() == 2 {
-            args.extend([Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]);
-        }
+        let mut args = self.joined_args(&nb);
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
         dev.launch_now(&format!("gemvo3_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args)
     }
