@@ -214,6 +214,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn geglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        check_len("geglu up", up.len(), gate.len())?;
+        check_len("geglu output", out.len(), gate.len())?;
+        ops::geglu(self, gate, up, out);
+        Ok(())
+    }
+
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
         check_len("add", y.len(), x.len())?;
         x.iter_mut().zip(y).for_each(|(a, b)| *a += b);

@@ -149,3 +149,17 @@ pub(crate) fn swiglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32])
         crate::ggml_math::swiglu(gate, up, out);
     }
 }
+
+/// `out = gelu(gate) * up` through llama.cpp's f16 GELU table (element-wise: any split gives
+/// the same bits).
+pub(crate) fn geglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    const CHUNK: usize = 1 << 13;
+    if be.n_threads() > 1 && out.len() >= 4 * CHUNK {
+        be.par_chunks_mut(out, CHUNK, &|i, o| {
+            let r = i * CHUNK..i * CHUNK + o.len();
+            quarrel_core::act::geglu_ref(&gate[r.clone()], &up[r], o)
+        });
+    } else {
+        quarrel_core::act::geglu_ref(gate, up, out);
+    }
+}

@@ -91,6 +91,8 @@ pub struct CudaBackend {
     batch: Mutex<Option<DevBatch>>,
     /// RoPE frequency factors on the device, by content.
     freq_factors: Mutex<Vec<(Vec<f32>, PoolMem)>>,
+    /// llama.cpp's f16 GELU table (`quarrel_core::act`), uploaded at the first `geglu`.
+    gelu_table: Mutex<Option<PoolMem>>,
     /// The last activations quantized to Q8 (q, k and v share their input; so do gate and up).
     qcache: Mutex<Option<matmul::QCache>>,
     /// Expert selections per layer and expert (`moe_selections`).
@@ -133,6 +135,7 @@ impl CudaBackend {
             ordinal,
             batch: Mutex::new(None),
             freq_factors: Mutex::new(Vec::new()),
+            gelu_table: Mutex::new(None),
             qcache: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
             experts: experts::ExpertBudget::new(None),
@@ -628,6 +631,25 @@ impl Backend for CudaBackend {
         let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
         let (xq, xm) = self.q8_out(o, gate.len)?;
         self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
+        Ok(())
+    }
+
+    fn geglu(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("geglu up", up.len, gate.len)?;
+        check_len("geglu output", out.len, gate.len)?;
+        let table = {
+            let mut t = self.gelu_table.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
+            if t.is_none() {
+                *t = Some(self.dev.upload_async(quarrel_core::act::gelu_table())?);
+            }
+            t.as_ref().map_or(0, |m| m.ptr())
+        };
+        let n = gate.len as u64;
+        let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
+        let (xq, xm) = self.q8_out(o, gate.len)?;
+        let args = [Arg::P(g), Arg::P(u), Arg::P(table), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)];
+        self.dev.launch_1d("geglu", n, &args)?;
         Ok(())
     }
 

@@ -25,6 +25,7 @@ pub(crate) const FILES: &[(&str, &str)] = &[
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("ssm.cu", include_str!("../kernels/ssm.cu")),
     ("exact.cu", include_str!("../kernels/exact.cu")),
+    ("gelu.cu", include_str!("../kernels/gelu.cu")),
 ];
 
 /// One NVRTC program: its files in order (a file that uses another's macros or templates names
@@ -39,7 +40,7 @@ pub(crate) struct Unit {
 /// The units (`scripts/cuda-kernel-check.py` reads this table: keep one unit per line). The f16
 /// attention kernels (with ggml's exact vector path) take longest: one unit per DPL.
 pub(crate) const UNITS: &[Unit] = &[
-    Unit { name: "ops", files: &["ops.cu", "sample.cu"], defines: "" },
+    Unit { name: "ops", files: &["ops.cu", "sample.cu", "gelu.cu"], defines: "" },
     Unit { name: "attn_f32", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
     Unit { name: "attn_f16_2", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
     Unit { name: "attn_f16_4", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },

@@ -156,7 +156,7 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, n_in: usize, n_out: usiz
     be.download(&out).unwrap()
 }
 
-/// Embedding, RMSNorm, RoPE (both styles, with frequency factors), SwiGLU, add, scale, gather.
+/// Embedding, RMSNorm, RoPE (both styles, with frequency factors), SwiGLU, GeGLU, add, scale, gather.
 fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(String, Vec<f32>)> {
     let mut outs = Vec::new();
     let tokens = [3u32, 0, 69, 17, 17];
@@ -183,6 +183,11 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     let mut s = be.alloc(n_tok * N_IN).unwrap();
     be.swiglu(&gate, &x, &mut s).unwrap();
     outs.push(("swiglu".into(), be.download(&s).unwrap()));
+    // GELU gate over the table's whole range and past its ±10 cut-offs (Gemma)
+    let wide = be.upload(&rnd(n_tok * N_IN, 8).iter().map(|v| v * 30.0).collect::<Vec<_>>()).unwrap();
+    let mut gg = be.alloc(n_tok * N_IN).unwrap();
+    be.geglu(&wide, &x, &mut gg).unwrap();
+    outs.push(("geglu".into(), be.download(&gg).unwrap()));
     be.add(&mut s, &x).unwrap();
     be.scale(&mut s, 0.25).unwrap();
     outs.push(("add+scale".into(), be.download(&s).unwrap()));

@@ -103,6 +103,8 @@ pub trait Backend: Send + Sync + 'static {
     fn rope(&self, x: &mut Self::Buf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()>;
     /// `out = silu(gate) * up`.
     fn swiglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
+    /// `out = gelu(gate) * up` with llama.cpp's f16-table GELU ([`crate::act`]).
+    fn geglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
     /// `x += y`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
     /// `x *= s`.

@@ -8,6 +8,7 @@
 //!
 //! | module    | responsibility |
 //! |-----------|----------------|
+//! | `act`     | GELU with llama.cpp's f16 table, shared by the backends |
 //! | `backend` | the `Backend` trait: fused LLM-level ops; `Unsupported` where a backend lacks one |
 //! | `batch`   | `ForwardBatch`: flat tokens of several sequences, positions, block tables, logits rows |
 //! | `cache`   | cache specs a model declares (`KvSpec`), KV element types |
@@ -18,6 +19,7 @@
 //! | `error`   | `CoreError` |
 //! | `trace`   | named intermediates for golden diffs (no-op unless enabled) |
 
+pub mod act;
 mod backend;
 mod batch;
 mod cache;

@@ -87,6 +87,7 @@ pub enum OpKind {
     RmsNorm,
     Rope,
     Swiglu,
+    Geglu,
     Add,
     Scale,
     GatherRows,
@@ -130,6 +131,7 @@ impl std::fmt::Display for OpKind {
             OpKind::RmsNorm => f.write_str("rms_norm"),
             OpKind::Rope => f.write_str("rope"),
             OpKind::Swiglu => f.write_str("swiglu"),
+            OpKind::Geglu => f.write_str("geglu"),
             OpKind::Add => f.write_str("add"),
             OpKind::Scale => f.write_str("scale"),
             OpKind::GatherRows => f.write_str("gather_rows"),
@@ -262,6 +264,9 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     }
     fn swiglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> CoreResult<()> {
         self.timed(OpKind::Swiglu, || self.inner.swiglu(gate, up, out))
+    }
+    fn geglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::Geglu, || self.inner.geglu(gate, up, out))
     }
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> CoreResult<()> {
         self.timed(OpKind::Add, || self.inner.add(x, y))

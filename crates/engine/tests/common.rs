@@ -20,6 +20,17 @@ pub fn smollm2() -> Option<PathBuf> {
     }
 }
 
+/// The Gemma-3-270m model from `QUARREL_GEMMA3`; None (test skipped with a message) when unset.
+pub fn gemma3() -> Option<PathBuf> {
+    match std::env::var_os("QUARREL_GEMMA3") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            eprintln!("QUARREL_GEMMA3 not set: skipping (scripts/test.sh sets it)");
+            None
+        }
+    }
+}
+
 /// An engine on the CPU backend; `QUARREL_TEST_THREADS` overrides the thread count (all
 /// cores by default).
 pub fn engine(path: &std::path::Path, opts: EngineOptions) -> Engine<CpuBackend> {

@@ -1,6 +1,7 @@
 //! One file per GGUF `general.architecture`.
 
 pub mod common;
+pub mod gemma3;
 pub mod granite;
 pub mod granitehybrid;
 pub mod granitemoe;

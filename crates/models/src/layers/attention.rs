@@ -1,6 +1,8 @@
-//! Self-attention with GQA and RoPE over the engine's paged KV cache.
+//! Self-attention with GQA and RoPE over the engine's paged KV cache; optionally (Gemma 3) an
+//! RMSNorm of each query and key head before RoPE and the queries scaled before attention.
 
 use super::weight;
+use crate::arch::common::trace;
 use quarrel_core::{AttnParams, Backend, ForwardBatch, Result, RopeParams};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -12,6 +14,10 @@ pub struct SelfAttention<B: Backend> {
     pub attn_output: B::Weight,
     pub params: AttnParams,
     pub rope: RopeParams,
+    /// Per-head RMSNorm of q and k (`attn_q_norm`, `attn_k_norm`: head_dim weights) and its eps.
+    pub qk_norm: Option<(B::Weight, B::Weight, f32)>,
+    /// Queries multiplied by this after RoPE (the scores then take `params.scale`).
+    pub q_scale: Option<f32>,
 }
 
 impl<B: Backend> SelfAttention<B> {
@@ -26,7 +32,17 @@ impl<B: Backend> SelfAttention<B> {
             attn_output: weight(be, g, &name("attn_output"), nh * hd, n_embd)?,
             params,
             rope,
+            qk_norm: None,
+            q_scale: None,
         })
+    }
+
+    /// Add the per-head query / key RMSNorms `blk.{il}.attn_{q,k}_norm.weight`.
+    pub fn with_qk_norm(mut self, be: &B, g: &Arc<Gguf>, il: usize, eps: f32) -> Result<Self> {
+        let hd = self.params.head_dim;
+        let name = |s: &str| format!("blk.{il}.{s}.weight");
+        self.qk_norm = Some((weight(be, g, &name("attn_q_norm"), hd, 1)?, weight(be, g, &name("attn_k_norm"), hd, 1)?, eps));
+        Ok(self)
     }
 
     /// `x (n_tok, n_embd)` normalized input -> attention output `(n_tok, n_embd)`.
@@ -37,14 +53,32 @@ impl<B: Backend> SelfAttention<B> {
         let mut k = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
         let mut v = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
         be.matmul_many(&[&self.attn_q, &self.attn_k, &self.attn_v], x, n, &mut [&mut q, &mut k, &mut v])?;
+        if let Some((qn, kn, eps)) = &self.qk_norm {
+            trace(be, "Qcur_mm", layer, &q)?;
+            // rows of head_dim: each head normalized on its own
+            let mut qq = be.alloc(n * p.n_head * p.head_dim)?;
+            be.rms_norm(&q, qn, *eps, &mut qq)?;
+            q = qq;
+            let mut kk = be.alloc(n * p.n_kv_head * p.head_dim)?;
+            be.rms_norm(&k, kn, *eps, &mut kk)?;
+            k = kk;
+            trace(be, "Qcur_normed", layer, &q)?;
+            trace(be, "Kcur_normed", layer, &k)?;
+        }
         if self.rope.n_rot > 0 {
             // n_rot 0: no positional rotation (Nemotron-H attention layers)
             be.rope(&mut q, &batch.positions, p.n_head, p.head_dim, &self.rope)?;
             be.rope(&mut k, &batch.positions, p.n_kv_head, p.head_dim, &self.rope)?;
         }
+        trace(be, "Qcur", layer, &q)?;
+        trace(be, "Kcur", layer, &k)?;
         be.kv_store(kv, layer, &k, &v, batch)?;
+        if let Some(s) = self.q_scale {
+            be.scale(&mut q, s)?;
+        }
         let mut o = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
         be.attention(&q, kv, layer, batch, p, &mut o)?;
+        trace(be, "kqv_out", layer, &o)?;
         let mut out = be.alloc(n * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.attn_output, &o, n, &mut out)?;
         Ok(out)

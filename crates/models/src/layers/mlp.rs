@@ -1,4 +1,4 @@
-//! Gated feed-forward: `down(silu(gate(x)) * up(x))`.
+//! Gated feed-forward: `down(act(gate(x)) * up(x))`, act SiLU (SwiGLU) or GELU (GeGLU, Gemma).
 
 use super::weight;
 use quarrel_core::{Backend, Result};
@@ -10,6 +10,16 @@ pub struct SwiGluMlp<B: Backend> {
     pub ffn_up: B::Weight,
     pub ffn_down: B::Weight,
     pub n_ff: usize,
+    /// The gate's activation (SiLU unless the arch says otherwise).
+    pub act: GateAct,
+}
+
+/// Activation of a gated feed-forward's gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateAct {
+    Silu,
+    /// tanh-approximated GELU (llama.cpp's `LLM_FFN_GELU` + `LLM_FFN_PAR`).
+    Gelu,
 }
 
 impl<B: Backend> SwiGluMlp<B> {
@@ -20,6 +30,7 @@ impl<B: Backend> SwiGluMlp<B> {
             ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
             ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
             n_ff,
+            act: GateAct::Silu,
         })
     }
 
@@ -29,7 +40,10 @@ impl<B: Backend> SwiGluMlp<B> {
         let mut u = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
         be.matmul_many(&[&self.ffn_gate, &self.ffn_up], x, n_tok, &mut [&mut g, &mut u])?;
         let mut h = be.alloc(n_tok * self.n_ff)?;
-        be.swiglu(&g, &u, &mut h)?;
+        match self.act {
+            GateAct::Silu => be.swiglu(&g, &u, &mut h)?,
+            GateAct::Gelu => be.geglu(&g, &u, &mut h)?,
+        }
         let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.ffn_down, &h, n_tok, &mut out)?;
         Ok(out)
@@ -45,6 +59,7 @@ impl<B: Backend> SwiGluMlp<B> {
             ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
             ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
             n_ff,
+            act: GateAct::Silu,
         })
     }
 }

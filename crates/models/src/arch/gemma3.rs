@@ -1,0 +1,251 @@
+//! `gemma3` (Google Gemma 3 text models, 270M-27B): embeddings times sqrt(n_embd), per-head
+//! RMSNorm of queries and keys before (NeoX) RoPE, queries scaled by 1/sqrt(head_dim) (27B:
+//! 1/sqrt(n_embd / n_head)) before attention, sandwich norms (an RMSNorm after attention and
+//! after the feed-forward, before each residual add), a GELU-gated feed-forward, output tied
+//! to the embeddings unless the file has `output.weight`.
+//!
+//! Interleaved sliding-window attention: layer `il` attends to the last `sliding_window`
+//! positions unless it is a global layer — by default every `sliding_window_pattern`-th
+//! (6th) layer, or as the per-layer array `attention.sliding_window_pattern` says (1 / true =
+//! sliding). Sliding layers rotate with `rope.freq_base_swa` (default 10,000) and no rope
+//! scaling; global ones with `rope.freq_base` and the file's linear scaling. The cache keeps
+//! every position for every layer (the window is a mask): memory as a global layer's.
+//!
+//! ```text
+//!  tokens ─embed×√n_embd─► x ─┬─ per layer: x += post_attn_norm(attention(norm x))
+//!                             │             x += post_ffw_norm(down(gelu(gate) · up)(norm x))
+//!                             └─ norm ─► output (tied) ─► [softcap] ─► logits
+//! ```
+
+use super::common::{n_params, reject_tensors, trace, Head};
+use crate::hparams::Hparams;
+use crate::layers::attention::SelfAttention;
+use crate::layers::mlp::{GateAct, SwiGluMlp};
+use crate::layers::timing::OpTimes;
+use crate::layers::weight;
+use crate::{Model, ModelInfo};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
+use quarrel_gguf::Gguf;
+use std::sync::Arc;
+
+/// llama.cpp's default interleave: five sliding layers, then one global.
+const DEFAULT_SWA_PATTERN: usize = 6;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rope_freq_base: f32,
+    pub rope_freq_scale: f32,
+    pub rope_freq_base_swa: f32,
+    pub rms_eps: f32,
+    /// Window of the sliding layers; None: every layer global.
+    pub sliding_window: Option<usize>,
+    /// Per layer: true where the layer attends through the sliding window.
+    pub is_swa: Vec<bool>,
+    /// Scale of the queries before attention.
+    pub q_scale: f32,
+}
+
+impl Config {
+    pub fn from_gguf(g: &Gguf) -> Result<Config> {
+        let h = Hparams::new(g)?;
+        let n_embd = h.positive("embedding_length")?;
+        let n_layer = h.positive("block_count")?;
+        let n_head = h.positive("attention.head_count")?;
+        let n_head_kv = h.usize_or("attention.head_count_kv", n_head)?;
+        let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
+        }
+        if h.usize_or("attention.value_length", head_dim)? != head_dim {
+            return Err(CoreError::Unsupported("gemma3 with value_length != key_length".into()));
+        }
+        let softcap = h.f32_or("final_logit_softcapping", 0.0)?;
+        if softcap != 0.0 {
+            return Err(CoreError::Unsupported(format!("gemma3 final_logit_softcapping {softcap}")));
+        }
+        let rope_freq_scale = match h.opt_str("rope.scaling.type")? {
+            None | Some("none") => 1.0,
+            Some("linear") => 1.0 / h.f32_or("rope.scaling.factor", 1.0)?,
+            Some(other) => return Err(CoreError::Unsupported(format!("gemma3 rope scaling type {other:?}"))),
+        };
+        let sliding_window = h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0);
+        let is_swa = match sliding_window {
+            None => vec![false; n_layer],
+            Some(_) => swa_layers(&h, n_layer)?,
+        };
+        // gemma_pytorch: query_pre_attn_scalar is head_dim, except 27B's n_embd / n_head
+        let pre_attn = if n_layer == 62 { n_embd / n_head } else { head_dim };
+        Ok(Config {
+            n_embd,
+            n_layer,
+            n_ff: h.positive("feed_forward_length")?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot: h.usize_or("rope.dimension_count", head_dim)?,
+            n_vocab: h.n_vocab()?,
+            n_ctx_train: h.usize_or("context_length", 8192)?,
+            rope_freq_base: h.f32_or("rope.freq_base", 1_000_000.0)?,
+            rope_freq_scale,
+            rope_freq_base_swa: h.f32_or("rope.freq_base_swa", 10_000.0)?,
+            rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-6)?,
+            sliding_window,
+            is_swa,
+            q_scale: 1.0 / (pre_attn as f32).sqrt(),
+        })
+    }
+}
+
+/// Which layers slide: `attention.sliding_window_pattern` as a per-layer array (nonzero /
+/// true: sliding) or a period `n` (layer `il` slides unless `il % n == n - 1`; 0: all slide),
+/// default 6.
+fn swa_layers(h: &Hparams, n_layer: usize) -> Result<Vec<bool>> {
+    let key = format!("{}.attention.sliding_window_pattern", h.arch);
+    if let Some(items) = h.g.get_array(&key).ok().flatten() {
+        if items.len() != n_layer {
+            return Err(CoreError::Model(format!("{key} has {} values for {n_layer} layers", items.len())));
+        }
+        return items
+            .iter()
+            .map(|v| v.as_u64().map(|x| x != 0).or_else(|| v.as_bool()).ok_or_else(|| CoreError::Model(format!("{key}: not a flag"))))
+            .collect();
+    }
+    let n = h.usize_or("attention.sliding_window_pattern", DEFAULT_SWA_PATTERN)?;
+    Ok((0..n_layer).map(|il| n == 0 || il % n < n - 1).collect())
+}
+
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub attn: SelfAttention<B>,
+    pub post_attn_norm: B::Weight,
+    pub ffn_norm: B::Weight,
+    pub ffn: SwiGluMlp<B>,
+    pub post_ffw_norm: B::Weight,
+}
+
+pub struct Gemma3<B: Backend> {
+    pub cfg: Config,
+    info: ModelInfo,
+    head: Head<B>,
+    layers: Vec<Layer<B>>,
+}
+
+pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
+    let cfg = Config::from_gguf(g)?;
+    let c = &cfg;
+    let head = Head::load(be, g, c.n_embd, c.n_vocab)?;
+    let mut layers = Vec::with_capacity(c.n_layer);
+    for il in 0..c.n_layer {
+        reject_tensors(g, il, &["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"])?;
+        let swa = c.is_swa[il];
+        let rope = RopeParams {
+            style: RopeStyle::Neox,
+            n_rot: c.n_rot,
+            freq_base: if swa { c.rope_freq_base_swa } else { c.rope_freq_base },
+            freq_scale: if swa { 1.0 } else { c.rope_freq_scale },
+            freq_factors: None,
+        };
+        let params = AttnParams {
+            n_head: c.n_head,
+            n_kv_head: c.n_head_kv,
+            head_dim: c.head_dim,
+            // the queries carry the scale (llama.cpp scales q, then attends with 1.0)
+            scale: 1.0,
+            sliding_window: if swa { c.sliding_window } else { None },
+            softcap: None,
+        };
+        let mut attn = SelfAttention::load(be, g, il, c.n_embd, params, rope)?.with_qk_norm(be, g, il, c.rms_eps)?;
+        attn.q_scale = Some(c.q_scale);
+        let mut ffn = SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?;
+        ffn.act = GateAct::Gelu;
+        let norm = |s: &str| weight(be, g, &format!("blk.{il}.{s}.weight"), c.n_embd, 1);
+        layers.push(Layer {
+            attn_norm: norm("attn_norm")?,
+            attn,
+            post_attn_norm: norm("post_attention_norm")?,
+            ffn_norm: norm("ffn_norm")?,
+            ffn,
+            post_ffw_norm: norm("post_ffw_norm")?,
+        });
+    }
+    let info = ModelInfo {
+        arch: "gemma3".into(),
+        n_vocab: c.n_vocab,
+        n_embd: c.n_embd,
+        n_layer: c.n_layer,
+        n_ctx_train: c.n_ctx_train,
+        n_kv_head: c.n_head_kv,
+        head_dim: c.head_dim,
+        n_params: n_params(g),
+        recurrent: vec![],
+    };
+    Ok(Box::new(Gemma3 { cfg, info, head, layers }))
+}
+
+impl<B: Backend> Model<B> for Gemma3<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn op_times(&self) -> OpTimes {
+        OpTimes::default()
+    }
+
+    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.download(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?)
+    }
+
+    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.argmax_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab)
+    }
+
+    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.sample_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab, rows)
+    }
+
+    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        be.download(&normed)
+    }
+}
+
+impl<B: Backend> Gemma3<B> {
+    /// The layers, then the output norm of the `logits_rows`: `(rows, n_embd)`.
+    fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
+        let c = &self.cfg;
+        let n = batch.n_tokens();
+        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
+        be.scale(&mut x, (c.n_embd as f32).sqrt())?;
+        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        let mut post = be.alloc(n * c.n_embd)?; // a branch after its sandwich norm
+        for (il, l) in self.layers.iter().enumerate() {
+            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
+            trace(be, "attn_norm", il, &h)?;
+            let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
+            be.rms_norm(&a, &l.post_attn_norm, c.rms_eps, &mut post)?;
+            be.add(&mut x, &post)?;
+            trace(be, "attn_post_norm", il, &post)?;
+            trace(be, "sa_out", il, &x)?;
+            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
+            trace(be, "ffn_norm", il, &h)?;
+            let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            trace(be, "ffn_out", il, &f)?;
+            be.rms_norm(&f, &l.post_ffw_norm, c.rms_eps, &mut post)?;
+            be.add(&mut x, &post)?;
+            trace(be, "l_out", il, &x)?;
+        }
+        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
+    }
+}
