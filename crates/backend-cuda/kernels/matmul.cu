@@ -211,7 +211,36 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
         else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
     }
 
-#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
+// This block's share of the byte range [A, A + bytes) into L2, in pieces of 4 KiB over the lanes
+// of the block's last warp (the first warp's lanes prefetch the block's own rows).
+__device__ __forceinline__ void prefetch_share(const u8* A, u64 bytes, int blk, int nblk) {
+    if (!A || bytes == 0 || threadIdx.x / 32 != GEMV_WARPS - 1) return;
+    const u64 per = ((bytes + nblk - 1) / nblk + 255) & ~255ull;
+    const u64 s = (u64)blk * per;
+    if (s >= bytes) return;
+    const u64 n = min(per, bytes - s);
+    for (u64 o = (u64)(threadIdx.x % 32) * 4096; o < n; o += 32 * 4096) prefetch_l2(A + s + o, min((u64)4096, n - o));
+}
+
+// gemva_*: gemv_* that also prefetches, before waiting for the previous kernel, the first
+// bytes of the weights of the GEMV that comes next (up to four ranges: payload and meta planes of
+// its first two matrices, src/matmul.rs `Ahead`), spread over the grid. Launched after a kernel
+// that reads little memory (attention): the DRAM streams the next matrices while it runs.
+#define GEMVA_Q(NAME, QT, NT)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) gemva_##NAME##_##NT(                                       \
+        const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int wpr,          \
+        const u8* A0, u64 a0, const u8* A1, u64 a1, const u8* A2, u64 a2, const u8* A3, u64 a3) {                \
+        gemv_prefetch<QT>(P, M, U, n_out, wpr, blockIdx.x);                                                      \
+        prefetch_share(A0, a0, blockIdx.x, gridDim.x);                                                           \
+        prefetch_share(A1, a1, blockIdx.x, gridDim.x);                                                           \
+        prefetch_share(A2, a2, blockIdx.x, gridDim.x);                                                           \
+        prefetch_share(A3, a3, blockIdx.x, gridDim.x);                                                           \
+        GDC();                                                                                                   \
+        gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr, blockIdx.x);                                            \
+    }
+
+#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8) \
+    GEMVA_Q(NAME, QT, 1) GEMVA_Q(NAME, QT, 2) GEMVA_Q(NAME, QT, 4) GEMVA_Q(NAME, QT, 8)
 GEMV_Q_ALL(q4_0, QT_Q4_0)
 GEMV_Q_ALL(q4_1, QT_Q4_1)
 GEMV_Q_ALL(q5_0, QT_Q5_0)

@@ -31,6 +31,7 @@
 //! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
 //! (quantized GEMM on the int8 tensor cores), `moe.cu`, `ssm.cu` (Mamba2).
 
+mod ahead;
 mod attn;
 mod batch;
 pub mod device;

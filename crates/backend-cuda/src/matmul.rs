@@ -124,7 +124,7 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
             let (xq, xm) = q8_activations(dev, qc, x, n_tok, n_in, out)?;
             if matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse {
                 // held: q/k/v (gate/up) that follow over the same input join one launch
-                let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out };
+                let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out, p_bytes: w.p.bytes, m_bytes: w.m.as_ref().map_or(0, |m| m.bytes) };
                 let joined = dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.accepts(name, ordered, n_tok, xq, units, out)));
                 let group = match joined {
                     Some(Held::Gemv(mut gr)) => {
@@ -202,6 +202,9 @@ pub(crate) struct GemvItem {
     m: u64,
     out: u64,
     n_out: usize,
+    /// bytes of the payload and meta planes
+    p_bytes: usize,
+    m_bytes: usize,
 }
 
 /// Quantized GEMVs of one weight type over the same Q8 input, launched together.
@@ -216,6 +219,13 @@ pub(crate) struct GemvGroup {
     items: Vec<GemvItem>,
 }
 
+impl GemvItem {
+    /// (payload, meta) planes: (pointer, bytes)
+    pub(crate) fn planes(&self) -> [(u64, usize); 2] {
+        [(self.p, self.p_bytes), (self.m, self.m_bytes)]
+    }
+}
+
 impl GemvGroup {
     #[allow(clippy::too_many_arguments)]
     fn accepts(&self, name: &str, ordered: bool, nt: usize, xq: u64, units: usize, out: u64) -> bool {
@@ -228,9 +238,14 @@ impl GemvGroup {
         if self.ordered {
             return self.launch_ordered(dev);
         }
+        let ahead = crate::ahead::learn(dev, &self.items);
         if let [i] = self.items.as_slice() {
             let (wpr, grid) = gemv_shape(i.n_out, self.units);
-            let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32), Arg::I(wpr as i32)];
+            let mut args = vec![Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32), Arg::I(wpr as i32)];
+            if let Some(ranges) = ahead {
+                args.extend(ranges.iter().flat_map(|&(p, n)| [Arg::P(p), Arg::U64(n)]));
+                return dev.launch_now(&format!("gemva_{name}_{nt}"), grid, 128, 0, &args);
+            }
             return dev.launch_now(&format!("gemv_{name}_{nt}"), grid, 128, 0, &args);
         }
         let total: usize = self.items.iter().map(|i| i.n_out).sum();
