@@ -59,15 +59,8 @@ impl DevMem {
     }
 }
 
-/// Bumped when an allocation of 1 MiB or more is freed: weight addresses learned before
-/// (`matmul::Ahead`) are not prefetched after that until learned again.
-pub(crate) static FREE_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 impl Drop for DevMem {
     fn drop(&mut self) {
-        if self.bytes >= 1 << 20 {
-            FREE_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
         // SAFETY: ptr came from cuMemAlloc; freeing synchronizes with pending work.
         unsafe {
             let _ = result::free_sync(self.ptr);
@@ -180,11 +173,6 @@ pub struct Device {
     pdl: bool,
     /// `gdc_kernel_names()`: the kernels that may be launched so.
     gdc: std::collections::HashSet<String>,
-    /// The last kernel launched was an attention kernel (`attn*`): it reads little memory, so
-    /// the GEMV after it prefetches the next GEMV's weights too (`matmul::Ahead`).
-    pub(crate) after_attn: std::sync::atomic::AtomicBool,
-    /// Which GEMV followed which in the last steps (`matmul::Ahead`).
-    pub(crate) ahead: Mutex<crate::ahead::Ahead>,
 }
 
 /// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
@@ -278,14 +266,7 @@ impl Device {
             held: Mutex::new(None),
             pdl,
             gdc: gdc_kernel_names().into_iter().collect(),
-            after_attn: Default::default(),
-            ahead: Default::default(),
         })
-    }
-
-    /// Whether kernels are launched with programmatic dependent launch.
-    pub(crate) fn pdl_on(&self) -> bool {
-        self.pdl
     }
 
     pub fn bind(&self) -> Result<(), CudaError> {
@@ -421,7 +402,6 @@ impl Device {
         // every parameter is at most 8 bytes: one little-endian slot each
         let args: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let pdl = self.pdl && self.gdc.contains(name);
-        self.after_attn.store(name.starts_with("attn"), std::sync::atomic::Ordering::Relaxed);
         let rec = crate::graph::Rec { func: f.cu_function() as usize, grid, block, smem, args, pdl };
         let mut q = self.queue.lock().map_err(|_| CudaError::Driver("queue lock poisoned".into()))?;
         if q.push(rec) {
@@ -518,7 +498,7 @@ pub fn gdc_kernel_names() -> Vec<String> {
         for nt in [1, 2, 4, 8] {
             v.push(format!("gemv_{q}_{nt}"));
             v.push(format!("gemv3_{q}_{nt}"));
-            v.push(format!("gemva_{q}_{nt}"));
+            v.push(format!("gemv3r_{q}_{nt}"));
         }
         v.push(format!("dequant_{q}"));
         v.push(format!("embed_{q}"));

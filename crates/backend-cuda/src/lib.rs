@@ -31,7 +31,6 @@
 //! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
 //! (quantized GEMM on the int8 tensor cores), `moe.cu`, `ssm.cu` (Mamba2).
 
-mod ahead;
 mod attn;
 mod batch;
 pub mod device;
@@ -602,6 +601,15 @@ impl Backend for CudaBackend {
         ];
         if n == 0 {
             return Ok(());
+        }
+        // q, then k, of a held q/k/v GEMV: rotated in its epilogue
+        if _keep.is_none() && p.style != RopeStyle::Neox && p.n_rot == head_dim && matmul::rope_fusion() {
+            let r = matmul::RopeFuse { pos, ff, theta_scale, freq_scale: p.freq_scale, hd: head_dim, rope_k: false, kv: None };
+            let n_vals = positions.len() * n_head * head_dim;
+            if let Some(Held::Gemv(mut g)) = self.dev.take_held_if(|h| matches!(h, Held::Gemv(g) if g.rope_fits(xp, positions.len(), n_vals, &r))) {
+                g.add_rope(r);
+                return Ok(self.dev.hold(Held::Gemv(g))?);
+            }
         }
         // k right after q (same positions and parameters): one launch for both
         let same = |a: &[Arg]| a.len() == args.len() && a[0].bits() != xp && (1..4).chain(5..10).all(|i| a[i].bits() == args[i].bits());
