@@ -262,6 +262,24 @@ __device__ __forceinline__ float unit_value(const Unit& u, int i) {
 
 // Ask the L2 cache for `bytes` at `p` (Hopper's bulk prefetch; the range is trimmed to 16-byte
 // boundaries; a hint: nothing waits for it, nothing is read into registers).
+// RoPE of the values (x0, x1) of pair i of a head at position p (ops.cu's rope kernels and the
+// GEMV epilogue of matmul.cu, the CPU backend's arithmetic): angle p * theta_scale^i multiplied
+// up step by step, divided by the pair's frequency factor, times freq_scale.
+__device__ __forceinline__ void rope_rot(float x0, float x1, u32 p, const float* __restrict__ ff, int i, float theta_scale, float freq_scale,
+                                         float* y0, float* y1) {
+    float theta = (float)p;
+    for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
+    float f = ff ? ff[i] : 1.0f;
+    float a = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
+    // cos / sin rounded from f64: the correctly rounded values, which glibc's cosf / sinf (the
+    // CPU backend's, ggml's) give for all but ~1% of angles; CUDA's own are up to 2 ulp off
+    double sd, cd;
+    sincos((double)a, &sd, &cd);
+    float c = (float)cd, s = (float)sd;
+    *y0 = fmaf(x0, c, -__fmul_rn(x1, s));
+    *y1 = fmaf(x0, s, __fmul_rn(x1, c));
+}
+
 __device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes) {
 #if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_PREFETCH)
     u64 a = (u64)p, s = (a + 15) & ~15ull, e = (a + bytes) & ~15ull;

@@ -52,10 +52,23 @@ __device__ __forceinline__ void gemv_prefetch(const u8* P, const u8* M, int U, i
     if (mb > 0 && M) prefetch_l2(M + (u64)row * U * mb, (u64)U * mb);
 }
 
+// The epilogue of the q/k/v GEMV (gemv3r_*): RoPE of the rows of q and k (adjacent pairs,
+// whole heads: a row group's rows are whole pairs since GEMV_ROWS is even) and the f16 KV-cache
+// store of k and v, as the rope and kv_store kernels after it would do (the same arithmetic).
+struct RopeEp {
+    const u32* pos;  // position of token t
+    const float* ff;  // frequency factors (null: none)
+    float theta_scale, freq_scale;
+    int hd;  // head size
+    int rope;  // rotate these rows
+    u16* cache;  // null: no cache store; else row (slots[t] * n_out + r)
+    const u32* slots;
+};
+
 // Sum the warps' partial dot products of each row group and write the rows.
-template <int NT>
+template <int NT, bool EP = false>
 __device__ __forceinline__ void gemv_reduce(float (&acc)[GEMV_ROWS][NT], float (*red)[GEMV_ROWS * NT], float* __restrict__ out, int row0,
-                                            int n_out, int wpr) {
+                                            int n_out, int wpr, const RopeEp ep = RopeEp{}) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
@@ -65,7 +78,27 @@ __device__ __forceinline__ void gemv_reduce(float (&acc)[GEMV_ROWS][NT], float (
             if (lane == 0) red[warp][r * NT + t] = v;
         }
     __syncthreads();
-    if (warp % wpr == 0) {
+    if (EP && warp % wpr == 0) {
+        // a lane per (token, pair of rows)
+        for (int l = lane; l < GEMV_ROWS / 2 * NT; l += 32) {
+            int r = 2 * (l / NT), t = l % NT;
+            float s0 = 0.f, s1 = 0.f;
+            for (int i = 0; i < wpr; i++) {
+                s0 += red[warp + i][r * NT + t];
+                s1 += red[warp + i][(r + 1) * NT + t];
+            }
+            const int row = row0 + r;
+            if (row + 1 >= n_out) continue;
+            float y0 = s0, y1 = s1;
+            if (ep.rope) rope_rot(s0, s1, ep.pos[t], ep.ff, (row % ep.hd) / 2, ep.theta_scale, ep.freq_scale, &y0, &y1);
+            out[(u64)t * n_out + row] = y0;
+            out[(u64)t * n_out + row + 1] = y1;
+            if (ep.cache) {
+                u16* c = ep.cache + (u64)ep.slots[t] * n_out + row;
+                *(u32*)c = (u32)f2h(y0) | ((u32)f2h(y1) << 16);
+            }
+        }
+    } else if (warp % wpr == 0) {
         for (int l = lane; l < GEMV_ROWS * NT; l += 32) {
             int r = l / NT, t = l % NT;
             float s = 0.f;
@@ -78,9 +111,10 @@ __device__ __forceinline__ void gemv_reduce(float (&acc)[GEMV_ROWS][NT], float (
 // out[t * n_out + row] = sum_k W[row] . x[t], t < NT; x given as Q8 units (xq, xm), U units per row.
 // A block's 4 warps cover 4 / wpr groups of GEMV_ROWS rows; the wpr warps of a group split the
 // row's units (wpr > 1 for matrices with few rows, so that the grid fills the GPU).
-template <int QT, int NT>
+template <int QT, int NT, bool EP = false>
 __device__ __forceinline__ void gemv_q(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
-                                       const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr, int blk) {
+                                       const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int wpr, int blk,
+                                       const RopeEp ep = RopeEp{}) {
     __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / wpr, sub = warp % wpr;
@@ -120,7 +154,7 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ P, const u8* __res
             }
         }
     }
-    gemv_reduce<NT>(acc, red, out, row0, n_out, wpr);
+    gemv_reduce<NT, EP>(acc, red, out, row0, n_out, wpr, ep);
 }
 
 #define WT_F32 0
@@ -211,7 +245,39 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
         else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
     }
 
-#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8)
+// gemv3r_*: gemv3_* over q, k, v with RoPE and the KV-cache store in the epilogue (RopeEp):
+// q rotated; k rotated when rope_k, stored to kd when set; v stored to vd when set (f16 caches,
+// rows of n1 = n2 values per slot). GEMV_ROWS even (whole rope pairs per row group).
+#if GEMV_ROWS % 2 == 0
+#define GEMV3R_Q(NAME, QT, NT)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) gemv3r_##NAME##_##NT(                                      \
+        const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
+        const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr, const u32* pos, \
+        const float* ff, float theta_scale, float freq_scale, int hd, int rope_k, u16* kd, u16* vd, const u32* slots) { \
+        int b = blockIdx.x;                                                                                      \
+        if (b < nb0) gemv_prefetch<QT>(P0, M0, U, n0, wpr, b);                                                   \
+        else if (b < nb0 + nb1) gemv_prefetch<QT>(P1, M1, U, n1, wpr, b - nb0);                                  \
+        else gemv_prefetch<QT>(P2, M2, U, n2, wpr, b - nb0 - nb1);                                               \
+        GDC();                                                                                                   \
+        RopeEp ep{pos, ff, theta_scale, freq_scale, hd, 1, nullptr, slots};                                      \
+        if (b < nb0) {                                                                                           \
+            gemv_q<QT, NT, true>(P0, M0, xq, xm, o0, U, n0, wpr, b, ep);                                              \
+        } else if (b < nb0 + nb1) {                                                                              \
+            ep.rope = rope_k;                                                                                    \
+            ep.cache = kd;                                                                                       \
+            gemv_q<QT, NT, true>(P1, M1, xq, xm, o1, U, n1, wpr, b - nb0, ep);                                        \
+        } else {                                                                                                 \
+            ep.rope = 0;                                                                                         \
+            ep.cache = vd;                                                                                       \
+            gemv_q<QT, NT, true>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1, ep);                                  \
+        }                                                                                                        \
+    }
+#else
+#define GEMV3R_Q(NAME, QT, NT)
+#endif
+
+#define GEMV_Q_ALL(NAME, QT) GEMV_Q(NAME, QT, 1) GEMV_Q(NAME, QT, 2) GEMV_Q(NAME, QT, 4) GEMV_Q(NAME, QT, 8) \
+    GEMV3R_Q(NAME, QT, 1) GEMV3R_Q(NAME, QT, 2) GEMV3R_Q(NAME, QT, 4) GEMV3R_Q(NAME, QT, 8)
 GEMV_Q_ALL(q4_0, QT_Q4_0)
 GEMV_Q_ALL(q4_1, QT_Q4_1)
 GEMV_Q_ALL(q5_0, QT_Q5_0)

@@ -229,20 +229,9 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
 // go to (i0, y0), (i1, y1).
 __device__ __forceinline__ void rope_pair(float* __restrict__ h, u32 p, const float* __restrict__ ff, int i, int half, float theta_scale,
                                           float freq_scale, int neox, int* i0, int* i1, float* y0, float* y1) {
-    float theta = (float)p;
-    for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
-    float f = ff ? ff[i] : 1.0f;
-    float a = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
-    // cos / sin rounded from f64: the correctly rounded values, which glibc's cosf / sinf (the
-    // CPU backend's, ggml's) give for all but ~1% of angles; CUDA's own are up to 2 ulp off
-    double sd, cd;
-    sincos((double)a, &sd, &cd);
-    float c = (float)cd, s = (float)sd;
     *i0 = neox ? i : 2 * i;
     *i1 = neox ? i + half : 2 * i + 1;
-    float x0 = h[*i0], x1 = h[*i1];
-    *y0 = fmaf(x0, c, -__fmul_rn(x1, s));
-    *y1 = fmaf(x0, s, __fmul_rn(x1, c));
+    rope_rot(h[*i0], h[*i1], p, ff, i, theta_scale, freq_scale, y0, y1);
     h[*i0] = *y0;
     h[*i1] = *y1;
 }

@@ -108,6 +108,13 @@ impl CudaBackend {
             let fits = |a: &[Arg]| {
                 a[10].bits() == ks && a[3].bits() == n as u64 && a[5].bits() == a[6].bits() && (a[11].bits() * a[5].bits()) as usize == row
             };
+            // k and v of a held q/k/v GEMV that rotates q and k: stored by its epilogue
+            if rot == 0 && kv::kv_name(kv.spec.ty) == "f16" && crate::matmul::rope_fusion() {
+                if let Some(Held::Gemv(mut g)) = self.dev.take_held_if(|h| matches!(h, Held::Gemv(g) if g.kv_fits(ks, vs, n, row))) {
+                    g.add_kv(kp, vp, db.slots());
+                    return Ok(self.dev.hold(Held::Gemv(g))?);
+                }
+            }
             if rot == 0 {
                 if let Some(Held::RopeQk { args, n: pairs }) = self.dev.take_held_if(|h| matches!(h, Held::RopeQk { args, .. } if fits(args))) {
                     // rope's arguments without n_rot (= hd) and x2's slot order kept

@@ -498,6 +498,7 @@ pub fn gdc_kernel_names() -> Vec<String> {
         for nt in [1, 2, 4, 8] {
             v.push(format!("gemv_{q}_{nt}"));
             v.push(format!("gemv3_{q}_{nt}"));
+            v.push(format!("gemv3r_{q}_{nt}"));
         }
         v.push(format!("dequant_{q}"));
         v.push(format!("embed_{q}"));

@@ -369,6 +369,13 @@ impl CudaBackend {
     }
 }
 
+/// `QUARREL_CUDA_NORM_THREADS` (a multiple of 32 up to 1024): threads of the RMSNorm block, for
+/// measurements.
+fn norm_threads() -> Option<u32> {
+    static T: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var("QUARREL_CUDA_NORM_THREADS").ok().and_then(|v| v.parse().ok()).filter(|t| t % 32 == 0 && (32..=1024).contains(t)))
+}
+
 fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
 }
@@ -551,7 +558,7 @@ impl Backend for CudaBackend {
         let (xp, op) = (self.rd(x)?, self.wr(out));
         let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
         // a decode step normalizes one row: more threads per row shorten the block
-        let threads = (d / 4).div_ceil(32).clamp(4, 32) as u32 * 32;
+        let threads = norm_threads().unwrap_or((d / 4).div_ceil(32).clamp(4, 32) as u32 * 32);
         let n = x.len as u64;
         // the residual add just before (held by `add`) runs in the same kernel
         if let Some(Held::Add { y, s, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
@@ -604,6 +611,15 @@ impl Backend for CudaBackend {
         ];
         if n == 0 {
             return Ok(());
+        }
+        // q, then k, of a held q/k/v GEMV: rotated in its epilogue
+        if _keep.is_none() && p.style != RopeStyle::Neox && p.n_rot == head_dim && matmul::rope_fusion() {
+            let r = matmul::RopeFuse { pos, ff, theta_scale, freq_scale: p.freq_scale, hd: head_dim, rope_k: false, kv: None };
+            let n_vals = positions.len() * n_head * head_dim;
+            if let Some(Held::Gemv(mut g)) = self.dev.take_held_if(|h| matches!(h, Held::Gemv(g) if g.rope_fits(xp, positions.len(), n_vals, &r))) {
+                g.add_rope(r);
+                return Ok(self.dev.hold(Held::Gemv(g))?);
+            }
         }
         // k right after q (same positions and parameters): one launch for both
         let same = |a: &[Arg]| a.len() == args.len() && a[0].bits() != xp && (1..4).chain(5..10).all(|i| a[i].bits() == args[i].bits());

@@ -131,7 +131,7 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
                         gr.items.push(item);
                         gr
                     }
-                    _ => GemvGroup { name, ordered, nt: n_tok, xq, xm, units, items: vec![item] },
+                    _ => GemvGroup { name, ordered, nt: n_tok, xq, xm, units, items: vec![item], rope: None },
                 };
                 return dev.hold(Held::Gemv(group));
             }
@@ -214,6 +214,73 @@ pub(crate) struct GemvGroup {
     xm: u64,
     units: usize,
     items: Vec<GemvItem>,
+    /// q/k/v with RoPE and the KV-cache store in the epilogue (`gemv3r_*`)
+    rope: Option<RopeFuse>,
+}
+
+/// The RoPE of q (and k) and the f16 KV-cache store of k and v that followed a q/k/v GEMV,
+/// done in its epilogue (`gemv3r_*`, kernels/matmul.cu: the rope and kv_store kernels'
+/// arithmetic on the same values, so the same bits).
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) struct RopeFuse {
+    pub pos: u64,
+    pub ff: u64,
+    pub theta_scale: f32,
+    pub freq_scale: f32,
+    pub hd: usize,
+    /// k rotated too
+    pub rope_k: bool,
+    /// (k cache, v cache, slots): k and v stored
+    pub kv: Option<(u64, u64, u64)>,
+}
+
+/// Whether RoPE and the KV store may join a q/k/v GEMV (`QUARREL_CUDA_NO_FUSE3=1`: never).
+pub(crate) fn rope_fusion() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let sw = crate::device::switches();
+    GEMV_ROWS % 2 == 0 && !sw.no_fuse && !sw.no_fuse2 && !*OFF.get_or_init(|| std::env::var_os("QUARREL_CUDA_NO_FUSE3").is_some())
+}
+
+impl GemvGroup {
+    /// A fast q/k/v group of `n_tok` tokens whose next RoPE target (q, then k) is `x` of
+    /// `n` values with these parameters (`r`: rope_k false, kv unset).
+    pub(crate) fn rope_fits(&self, x: u64, n_tok: usize, n: usize, r: &RopeFuse) -> bool {
+        if self.ordered || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || r.hd % 2 != 0 {
+            return false;
+        }
+        let k = match &self.rope {
+            None => 0,
+            Some(f) if !f.rope_k && f.kv.is_none() && RopeFuse { rope_k: false, kv: None, ..*f } == *r => 1,
+            _ => return false,
+        };
+        let it = &self.items[k];
+        it.out == x && it.n_out * n_tok == n && it.n_out % r.hd == 0
+    }
+
+    /// Add the RoPE of the next target (after `rope_fits`).
+    pub(crate) fn add_rope(&mut self, r: RopeFuse) {
+        match &mut self.rope {
+            None => self.rope = Some(r),
+            Some(f) => f.rope_k = true,
+        }
+    }
+
+    /// Whether the KV store of `k` and `v` (`n_tok` tokens of `row` values) can join: q and k
+    /// rotated here already, k and v this group's second and third outputs.
+    pub(crate) fn kv_fits(&self, k: u64, v: u64, n_tok: usize, row: usize) -> bool {
+        self.rope.is_some_and(|f| f.rope_k && f.kv.is_none())
+            && self.nt == n_tok
+            && self.items[1].out == k
+            && self.items[2].out == v
+            && self.items[1].n_out == row
+            && self.items[2].n_out == row
+    }
+
+    pub(crate) fn add_kv(&mut self, kd: u64, vd: u64, slots: u64) {
+        if let Some(f) = &mut self.rope {
+            f.kv = Some((kd, vd, slots));
+        }
+    }
 }
 
 impl GemvGroup {
@@ -239,6 +306,12 @@ impl GemvGroup {
         let nb: Vec<u32> = self.items.iter().map(|i| i.n_out.div_ceil(rows_per_block) as u32).collect();
         let mut args = self.joined_args(&nb);
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u), Arg::I(wpr as i32)]);
+        if let Some(r) = self.rope {
+            let (kd, vd, slots) = r.kv.unwrap_or((0, 0, 0));
+            args.extend([Arg::P(r.pos), Arg::P(r.ff), Arg::F(r.theta_scale), Arg::F(r.freq_scale), Arg::I(r.hd as i32), Arg::I(r.rope_k as i32)]);
+            args.extend([Arg::P(kd), Arg::P(vd), Arg::P(slots)]);
+            return dev.launch_now(&format!("gemv3r_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args);
+        }
         dev.launch_now(&format!("gemv3_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args)
     }
 }

@@ -446,3 +446,83 @@ fn rope_and_kv_store_fused_match_unfused_and_cpu() {
         }
     }
 }
+
+/// The q/k/v GEMV with RoPE and the KV store in its epilogue (`gemv3r_*`: the model's op
+/// sequence matmul q, k, v, rope q, rope k, kv_store with nothing in between) gives the same
+/// bits as the separate kernels (a download after the matmuls submits the GEMV alone), for
+/// decode batches of 1 to 8 tokens over two sequences' caches, with and without frequency
+/// factors, and stays within the CPU's bounds. Neox RoPE and partial rotation keep the
+/// separate kernels (checked to agree too).
+#[test]
+fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    let (n_in, n_head, n_kv_head, hd, bs) = (256usize, 4usize, 2usize, 64usize, 16usize);
+    for ty in [QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K] {
+        let mut w = GgufWriter::new();
+        let mut data = Vec::new();
+        for (i, n_out) in [n_head * hd, n_kv_head * hd, n_kv_head * hd].into_iter().enumerate() {
+            w.add_tensor(&format!("w{i}"), &[n_in as u64, n_out as u64], ty).unwrap();
+            data.push(quarrel_quant::quantize_to_vec(ty, &rnd(n_in * n_out, 70 + i as u64)).unwrap());
+        }
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
+        #[allow(clippy::too_many_arguments)]
+        fn run<B: Backend>(be: &B, g: &Arc<Gguf>, dims: (usize, usize, usize, usize, usize), rp: &RopeParams, n_tok: usize, fuse: bool) -> Vec<f32> {
+            let (n_in, n_head, n_kv_head, hd, bs) = dims;
+            let ws: Vec<B::Weight> = (0..3).map(|i| load(be, g, &format!("w{i}"))).collect();
+            let spec = KvSpec { n_layer: 1, n_kv_head, head_dim: hd, block_size: bs, n_blocks: 16, ty: KvType::F16 };
+            let mut kv = be.alloc_kv(&spec).unwrap();
+            let p = AttnParams { n_head, n_kv_head, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sliding_window: None, softcap: None };
+            let mut all = vec![];
+            // tokens alternate between two sequences at growing positions
+            for step in 0..3u32 {
+                let (a, b) = (n_tok.div_ceil(2), n_tok / 2);
+                let mut positions: Vec<u32> = (0..a as u32).map(|i| 3 * step + i).collect();
+                positions.extend((0..b as u32).map(|i| 20 + 3 * step + i));
+                let mut seqs = vec![quarrel_core::SeqBatch { start: 0, len: a, block_table: vec![3, 1] }];
+                if b > 0 {
+                    seqs.push(quarrel_core::SeqBatch { start: a, len: b, block_table: vec![5, 2, 7] });
+                }
+                let batch = ForwardBatch { tokens: vec![0; n_tok], positions, seqs, logits_rows: vec![], state_slots: vec![] };
+                let x = be.upload(&rnd(n_tok * n_in, 7 + step as u64)).unwrap();
+                let mut q = be.alloc(n_tok * n_head * hd).unwrap();
+                let mut k = be.alloc(n_tok * n_kv_head * hd).unwrap();
+                let mut v = be.alloc(n_tok * n_kv_head * hd).unwrap();
+                be.matmul(&ws[0], &x, n_tok, &mut q).unwrap();
+                be.matmul(&ws[1], &x, n_tok, &mut k).unwrap();
+                be.matmul(&ws[2], &x, n_tok, &mut v).unwrap();
+                if !fuse {
+                    be.download(&v).unwrap();
+                }
+                be.rope(&mut q, &batch.positions, n_head, hd, rp).unwrap();
+                be.rope(&mut k, &batch.positions, n_kv_head, hd, rp).unwrap();
+                be.kv_store(&mut kv, 0, &k, &v, &batch).unwrap();
+                let mut o = be.alloc(n_tok * n_head * hd).unwrap();
+                be.attention(&q, &kv, 0, &batch, &p, &mut o).unwrap();
+                for buf in [&q, &k, &v, &o] {
+                    all.extend(be.download(buf).unwrap());
+                }
+            }
+            all
+        }
+        let dims = (n_in, n_head, n_kv_head, hd, bs);
+        let ff: Vec<f32> = (0..hd / 2).map(|i| 1.0 + 0.1 * i as f32).collect();
+        for (style, n_rot, freq_factors) in [(RopeStyle::Normal, hd, None), (RopeStyle::Normal, hd, Some(ff)), (RopeStyle::Neox, hd, None), (RopeStyle::Normal, 32, None)] {
+            let rp = RopeParams { style, n_rot, freq_base: 10000.0, freq_scale: 0.5, freq_factors };
+            for n_tok in [1, 2, 5, 8] {
+                let plain = run(&gpu, &g, dims, &rp, n_tok, false);
+                let fused = run(&gpu, &g, dims, &rp, n_tok, true);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let what = format!("{ty} {style:?} n_rot {n_rot} ff {} n_tok {n_tok}", rp.freq_factors.is_some());
+                assert!(bits(&fused) == bits(&plain), "{what}: the fused q/k/v GEMV + RoPE + KV store differs from the separate kernels");
+                let e = nmse(&run(&cpu, &g, dims, &rp, n_tok, false), &plain);
+                eprintln!("qkv + rope + kv_store {what}: nmse vs CPU {e:.3e}");
+                // K types: the CPU pairs them with Q8_K activations (tol::GEMV_K per matmul), and
+                // the softmax over a few positions amplifies it (H100: up to 2.5e-4 here)
+                let bound = if ty == QuantType::Q4_K { 5.0 * tol::GEMV_K } else { tol::ATTENTION };
+                assert!(e <= bound, "{what}: nmse {e:.3e} (bound {bound:e})");
+            }
+        }
+    }
+}
