@@ -392,7 +392,8 @@ MMQ_ALL(q6_K, QT_Q6_K)
         mmq<QT, NT, WM, true>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \
     }
 #define MMQ_ID_ALL(NAME, QT)                                                                                       \
-    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2)
+    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2) \
+    MMQ_ID(NAME, QT, 8, 4, 1)
 #ifdef MMQ_ID_UNIT
 MMQ_ID_ALL(q4_0, QT_Q4_0)
 MMQ_ID_ALL(q4_1, QT_Q4_1)

@@ -125,9 +125,16 @@ pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
         0..=16 => Tile { nt: 1, wm: 4 },
         17..=32 => Tile { nt: 2, wm: 4 },
         33..=64 => Tile { nt: 4, wm: 4 },
-        _ => Tile { nt: 8, wm: 2 },
+        _ => Tile { nt: 8, wm: id_wm8() },
     };
     (format!("{}_{}", t.nt, t.wm), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
+}
+
+/// Warps along the rows of the grouped 128-route tile: 2 (64 rows, two blocks per
+/// multiprocessor) or, with `QUARREL_CUDA_MMQ_ID_WM8=4`, 4 (128 rows, one block).
+fn id_wm8() -> usize {
+    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *W.get_or_init(|| if std::env::var("QUARREL_CUDA_MMQ_ID_WM8").is_ok_and(|v| v == "4") { 4 } else { 2 })
 }
 
 /// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
@@ -231,7 +238,7 @@ pub fn kernel_names() -> Vec<String> {
             v.push(format!("mmq_{q}_{nt}_2"));
             v.push(format!("mmq_{q}_{nt}_4"));
         }
-        for (nt, wm) in [(1, 4), (2, 4), (4, 4), (8, 2)] {
+        for (nt, wm) in [(1, 4), (2, 4), (4, 4), (8, 2), (8, 4)] {
             v.push(format!("mmq_id_{q}_{nt}_{wm}"));
         }
         for nt in 1..=SMALL_MAX_TOKENS / 8 {
