@@ -229,6 +229,11 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][n][i] = 0.f;
 
+    // grouped items fill part of the token tile: token slots from `tlim` on (past the last
+    // n8 tile holding a route) are neither loaded nor multiplied; n8 tiles of this warp from
+    // `nv` on hold no route (a warp with none skips the tensor-core loop)
+    const int tlim = ID ? min(BN, (n_tok + 7) / 8 * 8) : BN;
+    const int nv = ID ? max(0, min(NT, (n_tok - wn + 7) / 8)) : NT;
     // activations of the stage at k0 into buffer `buf` (cp.async; units past ke are zeros,
     // tokens past the end repeat the last one)
     auto load_x = [&](int k0, int buf) {
@@ -240,7 +245,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             const int t = i / 16, u = (i / 2) % MMQ_KU, hf = i % 2, k = k0 + u;
             const bool ok = k < ke;
             const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
-            cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + xi * 32 + hf * 16, ok);
+            if (!ID || t < tlim) cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + xi * 32 + hf * 16, ok);
         }
         if (BN * MMQ_KU >= MMQ_THREADS || tid < BN * MMQ_KU) {
 #pragma unroll
@@ -249,7 +254,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
                 const int t = i % BN, u = i / BN, k = k0 + u;
                 const bool ok = k < ke;
                 const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
-                cp_async8(&xc[u * BN + t], xm + xi, ok);
+                if (!ID || t < tlim) cp_async8(&xc[u * BN + t], xm + xi, ok);
             }
         }
     };
@@ -283,7 +288,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const int* xb = xs + buf * BN * MMQ_WS;
         const float2* xc = xsc + buf * MMQ_KU * BN;
 #pragma unroll 2
-        for (int u = 0; u < MMQ_KU; u++) {
+        for (int u = 0; u < (nv > 0 ? MMQ_KU : 0); u++) {
             int a[2][2][2];     // [m tile][half][register]
             float4 wv[2][2];    // [m tile][row g / g + 8]
 #pragma unroll
@@ -299,6 +304,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             }
 #pragma unroll
             for (int n = 0; n < NT; n++) {
+                if (ID && n >= nv) continue;
                 const int t = wn + n * 8 + g;
                 const int b0 = xb[t * MMQ_WS + u * 8 + tig];
                 const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];

@@ -58,8 +58,10 @@ struct Tile {
 }
 
 impl Tile {
-    /// The smallest token tile that holds the batch; 128-row blocks of 8 warps up to 64 tokens,
-    /// 64-row blocks of 4 warps (two per multiprocessor) for the 128-token tile.
+    /// The smallest token tile that holds the batch, in 128-row blocks of 8 warps (H100,
+    /// 2026-11-23, `examples/mmq_bench.rs`, Q4_K, 128 / 512 tokens: the 128 x 128 tile took
+    /// 186 / 394 us on 4096 x 14336 and 165 / 407 us on 14336 x 4096 against 211 / 482 and
+    /// 205 / 541 us for 64-row blocks of 4 warps, two per multiprocessor, the earlier choice).
     /// `QUARREL_CUDA_MMQ_NT` / `QUARREL_CUDA_MMQ_WM` override (measurements).
     fn for_tokens(n_tok: usize) -> Tile {
         let env = |k: &str, ok: &[usize]| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|v| ok.contains(v));
@@ -69,7 +71,7 @@ impl Tile {
             33..=64 => 4,
             _ => 8,
         });
-        let wm = env("QUARREL_CUDA_MMQ_WM", &[2, 4]).unwrap_or(if nt == 8 { 2 } else { 4 });
+        let wm = env("QUARREL_CUDA_MMQ_WM", &[2, 4]).unwrap_or(4);
         Tile { nt, wm }
     }
     fn rows(self) -> usize {
@@ -130,11 +132,12 @@ pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
     (format!("{}_{}", t.nt, t.wm), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
 }
 
-/// Warps along the rows of the grouped 128-route tile: 2 (64 rows, two blocks per
-/// multiprocessor) or, with `QUARREL_CUDA_MMQ_ID_WM8=4`, 4 (128 rows, one block).
+/// Warps along the rows of the grouped 128-route tile: 4 (128 rows, one block per
+/// multiprocessor) or, with `QUARREL_CUDA_MMQ_ID_WM8=2`, 2 (64 rows, two blocks: the earlier
+/// choice; H100 2026-11-23, Mixtral-8x7B Q4_K_M pp512 3,215 t/s with it, 3,576 with 4).
 fn id_wm8() -> usize {
     static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *W.get_or_init(|| if std::env::var("QUARREL_CUDA_MMQ_ID_WM8").is_ok_and(|v| v == "4") { 4 } else { 2 })
+    *W.get_or_init(|| if std::env::var("QUARREL_CUDA_MMQ_ID_WM8").is_ok_and(|v| v == "2") { 2 } else { 4 })
 }
 
 /// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
