@@ -93,11 +93,23 @@ impl Tile {
             _ => 4,
         }
     }
-    /// Dynamic shared memory: the weight tile (int8 rows + a float4 of scales per unit) and
+    /// Whether the kernel keeps two weight tiles (the 128 x 128 tile: `mmq_*_8_4d`, one
+    /// barrier per stage, each warp decoding the next stage's weights after its multiplies;
+    /// `QUARREL_CUDA_MMQ_DB=0`: one tile, decode and multiplies between two barriers).
+    fn db(self) -> bool {
+        static DB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        self.nt == 8 && self.wm == 4 && *DB.get_or_init(|| std::env::var("QUARREL_CUDA_MMQ_DB").map_or(true, |v| v != "0"))
+    }
+    /// Kernel name suffix: `<NT>_<WM>`, `d` for two weight tiles.
+    fn suffix(self) -> String {
+        format!("{}_{}{}", self.nt, self.wm, if self.db() { "d" } else { "" })
+    }
+    /// Dynamic shared memory: the weight tile(s) (int8 rows + a float4 of scales per unit) and
     /// two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
     fn smem_bytes(self) -> u32 {
         let (bm, bn) = (self.rows(), self.tokens());
-        (4 * bm * WS + 16 * KU * bm + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
+        let nw = if self.db() { 2 } else { 1 };
+        (nw * (4 * bm * WS + 16 * KU * bm) + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
     }
 }
 
@@ -129,7 +141,7 @@ pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
         33..=64 => Tile { nt: 4, wm: 4 },
         _ => Tile { nt: 8, wm: id_wm8() },
     };
-    (format!("{}_{}", t.nt, t.wm), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
+    (t.suffix(), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
 }
 
 /// Warps along the rows of the grouped 128-route tile: 4 (128 rows, one block per
@@ -205,7 +217,7 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
         (format!("mmqs_{name}_{nt}"), grid, 32 * SMALL_WARPS as u32, 0, k_per, splits)
     } else {
         let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok);
-        (format!("mmq_{name}_{}_{}", tile.nt, tile.wm), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
+        (format!("mmq_{name}_{}", tile.suffix()), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
     };
     let n = n_tok * n_out;
     let part = if splits > 1 { Some(dev.scratch(4 * n * splits)?) } else { None };
@@ -241,8 +253,9 @@ pub fn kernel_names() -> Vec<String> {
             v.push(format!("mmq_{q}_{nt}_2"));
             v.push(format!("mmq_{q}_{nt}_4"));
         }
-        for (nt, wm) in [(1, 4), (2, 4), (4, 4), (8, 2), (8, 4)] {
-            v.push(format!("mmq_id_{q}_{nt}_{wm}"));
+        v.push(format!("mmq_{q}_8_4d"));
+        for s in ["1_4", "2_4", "4_4", "8_2", "8_4", "8_4d"] {
+            v.push(format!("mmq_id_{q}_{s}"));
         }
         for nt in 1..=SMALL_MAX_TOKENS / 8 {
             v.push(format!("mmqs_{q}_{nt}"));
@@ -339,7 +352,8 @@ mod tests {
         for nt in [1, 2, 4, 8] {
             for wm in [2, 4] {
                 let t = Tile { nt, wm };
-                // dynamic, plus the static row-index table (a u32 per token slot)
+                // dynamic (two weight tiles where `db`), plus the static row-index table (a
+                // u32 per token slot)
                 let b = t.smem_bytes() as usize + 4 * t.tokens();
                 assert!(b <= 227 * 1024 && t.per_sm() * (b + 1024) <= 228 * 1024, "{t:?}: {b} bytes");
             }
