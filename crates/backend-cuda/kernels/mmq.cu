@@ -190,13 +190,131 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
     return u;
 }
 
+// One unit (32 values) of a stage: the warp's mma over its 32 rows x 8·NT tokens and the
+// scale epilogue into acc. FULL: every n8 tile of the warp holds tokens (else only the first
+// nv; a separate instantiation, so that the full tiles' code has no per-tile branches).
+template <int QT, int NT, int WM, int DB, bool FULL>
+__device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __restrict__ wsb, const float4* __restrict__ wscb,
+                                         const int* __restrict__ xb, const float2* __restrict__ xc, int u, int wm, int wn,
+                                         int g, int tig, int nv) {
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM;
+    int a[2][2][2];     // [m tile][half][register]
+    float4 wv[2][2];    // [m tile][row g / g + 8]
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int r = wm + m * 16 + g;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            a[m][h][0] = wsb[r * MMQ_WS + u * 8 + h * 4 + tig];
+            a[m][h][1] = wsb[(r + 8) * MMQ_WS + u * 8 + h * 4 + tig];
+        }
+        wv[m][0] = wscb[u * MMQ_BM + r];
+        wv[m][1] = wscb[u * MMQ_BM + r + 8];
+    }
+    if (DB == 2) {
+        constexpr int NB = QT == QT_Q6_K ? 2 : 4;
+#pragma unroll
+        for (int n0 = 0; n0 < NT; n0 += NB) {
+            int c[NB][2][4], c1[NB][2][4];
+#pragma unroll
+            for (int nn = 0; nn < NB; nn++) {
+                const int n = n0 + nn;
+                if (n >= NT || (!FULL && n >= nv)) continue;
+                const int t = wn + n * 8 + g;
+                const int b0 = xb[t * MMQ_WS + u * 8 + tig];
+                const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) c[nn][m][i] = c1[nn][m][i] = MMQ_MAGIC_I;
+                    if (QT == QT_Q6_K) {
+                        mma_s8_k16(c[nn][m], a[m][0][0], a[m][0][1], b0);
+                        mma_s8_k16(c1[nn][m], a[m][1][0], a[m][1][1], b1);
+                    } else {
+                        mma_s8_k32(c[nn][m], a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
+                    }
+                }
+            }
+#pragma unroll
+            for (int nn = 0; nn < NB; nn++) {
+                const int n = n0 + nn;
+                if (n >= NT || (!FULL && n >= nv)) continue;
+                const int tc = wn + n * 8 + 2 * tig;
+                const float4 x01 = *(const float4*)&xc[u * BN + tc];  // xd0, xs0, xd1, xs1
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float4 w = wv[m][i / 2];
+                        const float xd = (i & 1) ? x01.z : x01.x;
+                        const float t0 = fmaf(w.x, __int_as_float(c[nn][m][i]), w.y);
+                        if (QT == QT_Q6_K) {
+                            const float t1 = fmaf(w.z, __int_as_float(c1[nn][m][i]), w.w);
+                            acc[m][n][i] = fmaf(xd, t0 + t1, acc[m][n][i]);
+                        } else {
+                            float v = fmaf(xd, t0, acc[m][n][i]);
+                            if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
+                                const float xsum = (i & 1) ? x01.w : x01.y;
+                                v = fmaf(w.z, xsum, v);
+                            }
+                            acc[m][n][i] = v;
+                        }
+                    }
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (!FULL && n >= nv) continue;
+        const int t = wn + n * 8 + g;
+        const int b0 = xb[t * MMQ_WS + u * 8 + tig];
+        const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];
+        const int tc = wn + n * 8 + 2 * tig;  // this thread's two token columns
+        const float4 x01 = *(const float4*)&xc[u * BN + tc];  // xd0, xs0, xd1, xs1
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            int c0[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
+            if (QT == QT_Q6_K) {
+                int c1[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
+                mma_s8_k16(c0, a[m][0][0], a[m][0][1], b0);
+                mma_s8_k16(c1, a[m][1][0], a[m][1][1], b1);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float4 w = wv[m][i / 2];
+                    const float xd = (i & 1) ? x01.z : x01.x;
+                    const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
+                    const float t1 = fmaf(w.z, __int_as_float(c1[i]), w.w);
+                    acc[m][n][i] = fmaf(xd, t0 + t1, acc[m][n][i]);
+                }
+            } else {
+                mma_s8_k32(c0, a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float4 w = wv[m][i / 2];
+                    const float xd = (i & 1) ? x01.z : x01.x;
+                    const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
+                    float v = fmaf(xd, t0, acc[m][n][i]);
+                    if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
+                        const float xsum = (i & 1) ? x01.w : x01.y;
+                        v = fmaf(w.z, xsum, v);
+                    }
+                    acc[m][n][i] = v;
+                }
+            }
+        }
+    }
+}
+
 // ID (grouped expert matmul, mmq_id_*): the block's tokens are rows src[0 .. n_tok) of the
 // activations and go to rows dst[0 .. n_tok) of `out` (no token tiles along blockIdx.y, no
 // split K: the wrapper points P, M, src, dst at the block's work item).
-// DB: two weight tiles in shared memory, one barrier per stage: each warp decodes the next
-// stage's weights into the other tile right after its own tensor-core work on this one (no
-// block-wide wait between the decode and the multiplies; same sums, same order).
-template <int QT, int NT, int WM, bool ID = false, bool DB = false>
+// DB >= 1: two weight tiles in shared memory, one barrier per stage: each warp decodes the
+// next stage's weights into the other tile right after its own tensor-core work on this one
+// (no block-wide wait between the decode and the multiplies; same sums, same order).
+// DB == 2: besides, each unit's mma for 4 (Q6_K: 2) n8 tiles are issued before their scale
+// epilogues (several mma in flight instead of each one's result awaited by its FMAs).
+template <int QT, int NT, int WM, bool ID = false, int DB = 0>
 __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                     const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok,
                                     int k_per, const u32* __restrict__ src = nullptr, const u32* __restrict__ dst = nullptr) {
@@ -236,8 +354,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
     // grouped items fill part of the token tile: token slots from `tlim` on (past the last
     // n8 tile holding a route) are neither loaded nor multiplied; n8 tiles of this warp from
     // `nv` on hold no route (a warp with none skips the tensor-core loop)
-    const int tlim = ID ? min(BN, (n_tok + 7) / 8 * 8) : BN;
-    const int nv = ID ? max(0, min(NT, (n_tok - wn + 7) / 8)) : NT;
+    // (the 128-route tile only: the one-launch plans put items of any size there)
+    constexpr bool SKIP = ID && NT == 8;
+    const int tlim = SKIP ? min(BN, (n_tok + 7) / 8 * 8) : BN;
+    const int nv = SKIP ? max(0, min(NT, (n_tok - wn + 7) / 8)) : NT;
     // activations of the stage at k0 into buffer `buf` (cp.async; units past ke are zeros,
     // tokens past the end repeat the last one)
     auto load_x = [&](int k0, int buf) {
@@ -249,7 +369,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             const int t = i / 16, u = (i / 2) % MMQ_KU, hf = i % 2, k = k0 + u;
             const bool ok = k < ke;
             const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
-            if (!ID || t < tlim) cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + xi * 32 + hf * 16, ok);
+            if (!SKIP || t < tlim) cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + xi * 32 + hf * 16, ok);
         }
         if (BN * MMQ_KU >= MMQ_THREADS || tid < BN * MMQ_KU) {
 #pragma unroll
@@ -258,7 +378,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
                 const int t = i % BN, u = i / BN, k = k0 + u;
                 const bool ok = k < ke;
                 const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
-                if (!ID || t < tlim) cp_async8(&xc[u * BN + t], xm + xi, ok);
+                if (!SKIP || t < tlim) cp_async8(&xc[u * BN + t], xm + xi, ok);
             }
         }
     };
@@ -313,61 +433,12 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const float4* wscb = wsc + wb * MMQ_KU * MMQ_BM;
         const int* xb = xs + buf * BN * MMQ_WS;
         const float2* xc = xsc + buf * MMQ_KU * BN;
+        if (nv == NT) {
 #pragma unroll 2
-        for (int u = 0; u < (nv > 0 ? MMQ_KU : 0); u++) {
-            int a[2][2][2];     // [m tile][half][register]
-            float4 wv[2][2];    // [m tile][row g / g + 8]
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                const int r = wm + m * 16 + g;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    a[m][h][0] = wsb[r * MMQ_WS + u * 8 + h * 4 + tig];
-                    a[m][h][1] = wsb[(r + 8) * MMQ_WS + u * 8 + h * 4 + tig];
-                }
-                wv[m][0] = wscb[u * MMQ_BM + r];
-                wv[m][1] = wscb[u * MMQ_BM + r + 8];
-            }
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                if (ID && n >= nv) continue;
-                const int t = wn + n * 8 + g;
-                const int b0 = xb[t * MMQ_WS + u * 8 + tig];
-                const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];
-                const int tc = wn + n * 8 + 2 * tig;  // this thread's two token columns
-                const float4 x01 = *(const float4*)&xc[u * BN + tc];  // xd0, xs0, xd1, xs1
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    int c0[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
-                    if (QT == QT_Q6_K) {
-                        int c1[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
-                        mma_s8_k16(c0, a[m][0][0], a[m][0][1], b0);
-                        mma_s8_k16(c1, a[m][1][0], a[m][1][1], b1);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float4 w = wv[m][i / 2];
-                            const float xd = (i & 1) ? x01.z : x01.x;
-                            const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
-                            const float t1 = fmaf(w.z, __int_as_float(c1[i]), w.w);
-                            acc[m][n][i] = fmaf(xd, t0 + t1, acc[m][n][i]);
-                        }
-                    } else {
-                        mma_s8_k32(c0, a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float4 w = wv[m][i / 2];
-                            const float xd = (i & 1) ? x01.z : x01.x;
-                            const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
-                            float v = fmaf(xd, t0, acc[m][n][i]);
-                            if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
-                                const float xsum = (i & 1) ? x01.w : x01.y;
-                                v = fmaf(w.z, xsum, v);
-                            }
-                            acc[m][n][i] = v;
-                        }
-                    }
-                }
-            }
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, DB, true>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+        } else if (nv > 0) {
+#pragma unroll 2
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, DB, false>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
         }
         if (DB) {
             // the next stage's weights into the other tile, then the raw bytes of the one after
@@ -398,12 +469,13 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
         mmq<QT, NT, WM>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                \
     }
-// mmq_<type>_8_4d: the 128 x 128 tile with two weight tiles (DB above)
-#define MMQ_DB(NAME, QT)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256, 1) mmq_##NAME##_8_4d(                                         \
+// mmq_<type>_8_4d / _8_4e: the 128 x 128 tile with two weight tiles (DB 1 / 2 above)
+#define MMQ_DBX(NAME, QT, DB, S)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, 1) mmq_##NAME##_8_4##S(                                       \
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
-        mmq<QT, 8, 4, false, true>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                     \
+        mmq<QT, 8, 4, false, DB>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                       \
     }
+#define MMQ_DB(NAME, QT) MMQ_DBX(NAME, QT, 1, d) MMQ_DBX(NAME, QT, 2, e)
 #define MMQ_ALL(NAME, QT)                                                                                          \
     MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
     MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2) MMQ_DB(NAME, QT)
@@ -428,7 +500,7 @@ MMQ_ALL(q6_K, QT_Q6_K)
 // scale products as the dense MMQ and the decode GEMV.
 // n_items (or null): the item count lives on the device (items planned by moe_plan); blocks
 // past it return at once.
-#define MMQ_ID(NAME, QT, NT, WM, MINB) MMQ_IDX(NAME, QT, NT, WM, MINB, false, NT##_##WM)
+#define MMQ_ID(NAME, QT, NT, WM, MINB) MMQ_IDX(NAME, QT, NT, WM, MINB, 0, NT##_##WM)
 #define MMQ_IDX(NAME, QT, NT, WM, MINB, DB, SUFFIX)                                                                \
     extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_id_##NAME##_##SUFFIX(                          \
         const u64* __restrict__ items, const u32* __restrict__ src, const u32* __restrict__ dst, const i8* xq,     \
@@ -440,7 +512,7 @@ MMQ_ALL(q6_K, QT_Q6_K)
     }
 #define MMQ_ID_ALL(NAME, QT)                                                                                       \
     MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2) \
-    MMQ_ID(NAME, QT, 8, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, true, 8_4d)
+    MMQ_ID(NAME, QT, 8, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, 1, 8_4d) MMQ_IDX(NAME, QT, 8, 4, 1, 2, 8_4e)
 #ifdef MMQ_ID_UNIT
 MMQ_ID_ALL(q4_0, QT_Q4_0)
 MMQ_ID_ALL(q4_1, QT_Q4_1)
