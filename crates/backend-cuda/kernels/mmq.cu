@@ -193,7 +193,7 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
 // One unit (32 values) of a stage: the warp's mma over its 32 rows x 8·NT tokens and the
 // scale epilogue into acc. FULL: every n8 tile of the warp holds tokens (else only the first
 // nv; a separate instantiation, so that the full tiles' code has no per-tile branches).
-template <int QT, int NT, int WM, int DB, bool FULL>
+template <int QT, int NT, int WM, bool FULL>
 __device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __restrict__ wsb, const float4* __restrict__ wscb,
                                          const int* __restrict__ xb, const float2* __restrict__ xc, int u, int wm, int wn,
                                          int g, int tig, int nv) {
@@ -210,59 +210,6 @@ __device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __re
         }
         wv[m][0] = wscb[u * MMQ_BM + r];
         wv[m][1] = wscb[u * MMQ_BM + r + 8];
-    }
-    if (DB == 2) {
-        constexpr int NB = QT == QT_Q6_K ? 2 : 4;
-#pragma unroll
-        for (int n0 = 0; n0 < NT; n0 += NB) {
-            int c[NB][2][4], c1[NB][2][4];
-#pragma unroll
-            for (int nn = 0; nn < NB; nn++) {
-                const int n = n0 + nn;
-                if (n >= NT || (!FULL && n >= nv)) continue;
-                const int t = wn + n * 8 + g;
-                const int b0 = xb[t * MMQ_WS + u * 8 + tig];
-                const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) c[nn][m][i] = c1[nn][m][i] = MMQ_MAGIC_I;
-                    if (QT == QT_Q6_K) {
-                        mma_s8_k16(c[nn][m], a[m][0][0], a[m][0][1], b0);
-                        mma_s8_k16(c1[nn][m], a[m][1][0], a[m][1][1], b1);
-                    } else {
-                        mma_s8_k32(c[nn][m], a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
-                    }
-                }
-            }
-#pragma unroll
-            for (int nn = 0; nn < NB; nn++) {
-                const int n = n0 + nn;
-                if (n >= NT || (!FULL && n >= nv)) continue;
-                const int tc = wn + n * 8 + 2 * tig;
-                const float4 x01 = *(const float4*)&xc[u * BN + tc];  // xd0, xs0, xd1, xs1
-#pragma unroll
-                for (int m = 0; m < 2; m++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const float4 w = wv[m][i / 2];
-                        const float xd = (i & 1) ? x01.z : x01.x;
-                        const float t0 = fmaf(w.x, __int_as_float(c[nn][m][i]), w.y);
-                        if (QT == QT_Q6_K) {
-                            const float t1 = fmaf(w.z, __int_as_float(c1[nn][m][i]), w.w);
-                            acc[m][n][i] = fmaf(xd, t0 + t1, acc[m][n][i]);
-                        } else {
-                            float v = fmaf(xd, t0, acc[m][n][i]);
-                            if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
-                                const float xsum = (i & 1) ? x01.w : x01.y;
-                                v = fmaf(w.z, xsum, v);
-                            }
-                            acc[m][n][i] = v;
-                        }
-                    }
-            }
-        }
-        return;
     }
 #pragma unroll
     for (int n = 0; n < NT; n++) {
@@ -309,12 +256,10 @@ __device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __re
 // ID (grouped expert matmul, mmq_id_*): the block's tokens are rows src[0 .. n_tok) of the
 // activations and go to rows dst[0 .. n_tok) of `out` (no token tiles along blockIdx.y, no
 // split K: the wrapper points P, M, src, dst at the block's work item).
-// DB >= 1: two weight tiles in shared memory, one barrier per stage: each warp decodes the
-// next stage's weights into the other tile right after its own tensor-core work on this one
-// (no block-wide wait between the decode and the multiplies; same sums, same order).
-// DB == 2: besides, each unit's mma for 4 (Q6_K: 2) n8 tiles are issued before their scale
-// epilogues (several mma in flight instead of each one's result awaited by its FMAs).
-template <int QT, int NT, int WM, bool ID = false, int DB = 0>
+// DB: two weight tiles in shared memory, one barrier per stage: each warp decodes the next
+// stage's weights into the other tile right after its own tensor-core work on this one (no
+// block-wide wait between the decode and the multiplies; same sums, same order).
+template <int QT, int NT, int WM, bool ID = false, bool DB = false>
 __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                     const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok,
                                     int k_per, const u32* __restrict__ src = nullptr, const u32* __restrict__ dst = nullptr) {
@@ -435,10 +380,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const float2* xc = xsc + buf * MMQ_KU * BN;
         if (nv == NT) {
 #pragma unroll 2
-            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, DB, true>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, true>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
         } else if (nv > 0) {
 #pragma unroll 2
-            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, DB, false>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, false>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
         }
         if (DB) {
             // the next stage's weights into the other tile, then the raw bytes of the one after
@@ -469,13 +414,12 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
         mmq<QT, NT, WM>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                \
     }
-// mmq_<type>_8_4d / _8_4e: the 128 x 128 tile with two weight tiles (DB 1 / 2 above)
-#define MMQ_DBX(NAME, QT, DB, S)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 1) mmq_##NAME##_8_4##S(                                       \
+// mmq_<type>_8_4d: the 128 x 128 tile with two weight tiles (DB above)
+#define MMQ_DB(NAME, QT)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 1) mmq_##NAME##_8_4d(                                         \
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
-        mmq<QT, 8, 4, false, DB>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                       \
+        mmq<QT, 8, 4, false, true>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                     \
     }
-#define MMQ_DB(NAME, QT) MMQ_DBX(NAME, QT, 1, d) MMQ_DBX(NAME, QT, 2, e)
 #define MMQ_ALL(NAME, QT)                                                                                          \
     MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
     MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2) MMQ_DB(NAME, QT)
@@ -500,7 +444,7 @@ MMQ_ALL(q6_K, QT_Q6_K)
 // scale products as the dense MMQ and the decode GEMV.
 // n_items (or null): the item count lives on the device (items planned by moe_plan); blocks
 // past it return at once.
-#define MMQ_ID(NAME, QT, NT, WM, MINB) MMQ_IDX(NAME, QT, NT, WM, MINB, 0, NT##_##WM)
+#define MMQ_ID(NAME, QT, NT, WM, MINB) MMQ_IDX(NAME, QT, NT, WM, MINB, false, NT##_##WM)
 #define MMQ_IDX(NAME, QT, NT, WM, MINB, DB, SUFFIX)                                                                \
     extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_id_##NAME##_##SUFFIX(                          \
         const u64* __restrict__ items, const u32* __restrict__ src, const u32* __restrict__ dst, const i8* xq,     \
@@ -512,7 +456,7 @@ MMQ_ALL(q6_K, QT_Q6_K)
     }
 #define MMQ_ID_ALL(NAME, QT)                                                                                       \
     MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2) \
-    MMQ_ID(NAME, QT, 8, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, 1, 8_4d) MMQ_IDX(NAME, QT, 8, 4, 1, 2, 8_4e)
+    MMQ_ID(NAME, QT, 8, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, true, 8_4d)
 #ifdef MMQ_ID_UNIT
 MMQ_ID_ALL(q4_0, QT_Q4_0)
 MMQ_ID_ALL(q4_1, QT_Q4_1)

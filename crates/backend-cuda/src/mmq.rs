@@ -93,26 +93,17 @@ impl Tile {
             _ => 4,
         }
     }
-    /// The 128 x 128 tile's variant (`DB` in mmq.cu): 1 (`mmq_*_8_4d`): two weight tiles, one
+    /// Whether the kernel keeps two weight tiles (the 128 x 128 tile: `mmq_*_8_4d`, one
     /// barrier per stage, each warp decoding the next stage's weights after its multiplies;
-    /// 2 (`_8_4e`): besides, the mma of 4 n8 tiles issued before their scale epilogues; 0 (or
-    /// any other tile): one weight tile, decode and multiplies between two barriers.
-    /// `QUARREL_CUDA_MMQ_DB=0|1|2` chooses.
-    fn db_mode(self) -> u8 {
-        static DB: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-        let mode = *DB.get_or_init(|| match std::env::var("QUARREL_CUDA_MMQ_DB").as_deref() {
-            Ok("0") => 0,
-            Ok("2") => 2,
-            _ => 1,
-        });
-        if self.nt == 8 && self.wm == 4 { mode } else { 0 }
-    }
+    /// `QUARREL_CUDA_MMQ_DB=0`: one tile, decode and multiplies between two barriers. H100
+    /// 2026-11-23, Mixtral-8x7B Q4_K_M pp512: 3,785 t/s with two, 3,663 with one).
     fn db(self) -> bool {
-        self.db_mode() > 0
+        static DB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        self.nt == 8 && self.wm == 4 && *DB.get_or_init(|| std::env::var("QUARREL_CUDA_MMQ_DB").map_or(true, |v| v != "0"))
     }
-    /// Kernel name suffix: `<NT>_<WM>`, then `d` / `e` for the two-tile variants.
+    /// Kernel name suffix: `<NT>_<WM>`, then `d` for two weight tiles.
     fn suffix(self) -> String {
-        format!("{}_{}{}", self.nt, self.wm, ["", "d", "e"][self.db_mode() as usize])
+        format!("{}_{}{}", self.nt, self.wm, if self.db() { "d" } else { "" })
     }
     /// Dynamic shared memory: the weight tile(s) (int8 rows + a float4 of scales per unit) and
     /// two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
@@ -264,8 +255,7 @@ pub fn kernel_names() -> Vec<String> {
             v.push(format!("mmq_{q}_{nt}_4"));
         }
         v.push(format!("mmq_{q}_8_4d"));
-        v.push(format!("mmq_{q}_8_4e"));
-        for s in ["1_4", "2_4", "4_4", "8_2", "8_4", "8_4d", "8_4e"] {
+        for s in ["1_4", "2_4", "4_4", "8_2", "8_4", "8_4d"] {
             v.push(format!("mmq_id_{q}_{s}"));
         }
         for nt in 1..=SMALL_MAX_TOKENS / 8 {
