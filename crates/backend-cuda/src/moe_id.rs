@@ -231,6 +231,17 @@ mod tests {
     }
 
     #[test]
+    fn one_launch_where_experts_average_64_routes() {
+        if std::env::var("QUARREL_CUDA_MMQ_ID_ONE").is_ok() {
+            return; // forced either way
+        }
+        // Mixtral pp512 (1024 routes over 8 experts), Nemotron (3072 over 128), Granite (3072 over 64)
+        assert!(one_launch(1024, 8) && one_launch(512, 8));
+        assert!(!one_launch(3072, 128) && !one_launch(3072, 64) && !one_launch(511, 8));
+        assert!(!one_launch(0, 0) && one_launch(64, 0));
+    }
+
+    #[test]
     fn plan_maps_every_route_once_in_items_of_one_expert() {
         // 150 routes of expert 2 (items of 128 + 32), 1 of expert 5
         let routes: Vec<Route> = (0..151).map(|i| r(i / 2, if i == 7 { 5 } else { 2 })).collect();
