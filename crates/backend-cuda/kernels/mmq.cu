@@ -190,18 +190,85 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
     return u;
 }
 
+// One unit (32 values) of a stage: the warp's mma over its 32 rows x 8·NT tokens and the
+// scale epilogue into acc. FULL: every n8 tile of the warp holds tokens (else only the first
+// nv; a separate instantiation, so that the full tiles' code has no per-tile branches).
+template <int QT, int NT, int WM, bool FULL>
+__device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __restrict__ wsb, const float4* __restrict__ wscb,
+                                         const int* __restrict__ xb, const float2* __restrict__ xc, int u, int wm, int wn,
+                                         int g, int tig, int nv) {
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM;
+    int a[2][2][2];     // [m tile][half][register]
+    float4 wv[2][2];    // [m tile][row g / g + 8]
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int r = wm + m * 16 + g;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            a[m][h][0] = wsb[r * MMQ_WS + u * 8 + h * 4 + tig];
+            a[m][h][1] = wsb[(r + 8) * MMQ_WS + u * 8 + h * 4 + tig];
+        }
+        wv[m][0] = wscb[u * MMQ_BM + r];
+        wv[m][1] = wscb[u * MMQ_BM + r + 8];
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (!FULL && n >= nv) continue;
+        const int t = wn + n * 8 + g;
+        const int b0 = xb[t * MMQ_WS + u * 8 + tig];
+        const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];
+        const int tc = wn + n * 8 + 2 * tig;  // this thread's two token columns
+        const float4 x01 = *(const float4*)&xc[u * BN + tc];  // xd0, xs0, xd1, xs1
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            int c0[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
+            if (QT == QT_Q6_K) {
+                int c1[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
+                mma_s8_k16(c0, a[m][0][0], a[m][0][1], b0);
+                mma_s8_k16(c1, a[m][1][0], a[m][1][1], b1);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float4 w = wv[m][i / 2];
+                    const float xd = (i & 1) ? x01.z : x01.x;
+                    const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
+                    const float t1 = fmaf(w.z, __int_as_float(c1[i]), w.w);
+                    acc[m][n][i] = fmaf(xd, t0 + t1, acc[m][n][i]);
+                }
+            } else {
+                mma_s8_k32(c0, a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float4 w = wv[m][i / 2];
+                    const float xd = (i & 1) ? x01.z : x01.x;
+                    const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
+                    float v = fmaf(xd, t0, acc[m][n][i]);
+                    if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
+                        const float xsum = (i & 1) ? x01.w : x01.y;
+                        v = fmaf(w.z, xsum, v);
+                    }
+                    acc[m][n][i] = v;
+                }
+            }
+        }
+    }
+}
+
 // ID (grouped expert matmul, mmq_id_*): the block's tokens are rows src[0 .. n_tok) of the
 // activations and go to rows dst[0 .. n_tok) of `out` (no token tiles along blockIdx.y, no
 // split K: the wrapper points P, M, src, dst at the block's work item).
-template <int QT, int NT, int WM, bool ID = false>
+// DB: two weight tiles in shared memory, one barrier per stage: each warp decodes the next
+// stage's weights into the other tile right after its own tensor-core work on this one (no
+// block-wide wait between the decode and the multiplies; same sums, same order).
+template <int QT, int NT, int WM, bool ID = false, bool DB = false>
 __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                     const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok,
                                     int k_per, const u32* __restrict__ src = nullptr, const u32* __restrict__ dst = nullptr) {
     constexpr int BN = 16 * NT, MMQ_BM = 32 * WM, MMQ_THREADS = 64 * WM;
     extern __shared__ int4 smem4[];
-    int* ws = (int*)smem4;                                     // [MMQ_BM][MMQ_WS]
-    float4* wsc = (float4*)(ws + MMQ_BM * MMQ_WS);             // [MMQ_KU][MMQ_BM]: s0, -s0·M, s1 | o, -s1·M
-    int* xs = (int*)(wsc + MMQ_KU * MMQ_BM);                   // [2][BN][MMQ_WS]
+    constexpr int NW = DB ? 2 : 1;                             // weight tiles
+    int* ws = (int*)smem4;                                     // [NW][MMQ_BM][MMQ_WS]
+    float4* wsc = (float4*)(ws + NW * MMQ_BM * MMQ_WS);        // [NW][MMQ_KU][MMQ_BM]: s0, -s0·M, s1 | o, -s1·M
+    int* xs = (int*)(wsc + NW * MMQ_KU * MMQ_BM);              // [2][BN][MMQ_WS]
     float2* xsc = (float2*)(xs + 2 * BN * MMQ_WS);             // [2][MMQ_KU][BN]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, tig = lane % 4;
@@ -229,6 +296,13 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][n][i] = 0.f;
 
+    // grouped items fill part of the token tile: token slots from `tlim` on (past the last
+    // n8 tile holding a route) are neither loaded nor multiplied; n8 tiles of this warp from
+    // `nv` on hold no route (a warp with none skips the tensor-core loop)
+    // (the 128-route tile only: the one-launch plans put items of any size there)
+    constexpr bool SKIP = ID && NT == 8;
+    const int tlim = SKIP ? min(BN, (n_tok + 7) / 8 * 8) : BN;
+    const int nv = SKIP ? max(0, min(NT, (n_tok - wn + 7) / 8)) : NT;
     // activations of the stage at k0 into buffer `buf` (cp.async; units past ke are zeros,
     // tokens past the end repeat the last one)
     auto load_x = [&](int k0, int buf) {
@@ -240,7 +314,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
             const int t = i / 16, u = (i / 2) % MMQ_KU, hf = i % 2, k = k0 + u;
             const bool ok = k < ke;
             const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
-            cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + xi * 32 + hf * 16, ok);
+            if (!SKIP || t < tlim) cp_async16(&xb[t * MMQ_WS + u * 8 + hf * 4], xq + xi * 32 + hf * 16, ok);
         }
         if (BN * MMQ_KU >= MMQ_THREADS || tid < BN * MMQ_KU) {
 #pragma unroll
@@ -249,95 +323,77 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
                 const int t = i % BN, u = i / BN, k = k0 + u;
                 const bool ok = k < ke;
                 const u64 xi = (u64)xrow[t] * U + (ok ? k : 0);
-                cp_async8(&xc[u * BN + t], xm + xi, ok);
+                if (!SKIP || t < tlim) cp_async8(&xc[u * BN + t], xm + xi, ok);
             }
         }
     };
 
     Quad qd;
-    quad_load<QT>(qd, P, M, wrow, kb + 4 * lh, ke, U);
-    load_x(kb, 0);
-    cp_async_commit();
-
-    int buf = 0;
-    for (int k0 = kb; k0 < ke; k0 += MMQ_KU, buf ^= 1) {
-        // decode this stage's weights into shared memory (the last stage's readers are done)
+    // the quad's units decoded into weight tile `wb`
+    auto decode = [&](int wb) {
+        int* w = ws + wb * MMQ_BM * MMQ_WS;
+        float4* wc = wsc + wb * MMQ_KU * MMQ_BM;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const Unit un = quad_unit<QT>(qd, j, lh);
             const int u = 4 * lh + j;
-            int4* d = (int4*)&ws[lr * MMQ_WS + u * 8];
+            int4* d = (int4*)&w[lr * MMQ_WS + u * 8];
             d[0] = make_int4(un.q[0], un.q[1], un.q[2], un.q[3]);
             d[1] = make_int4(un.q[4], un.q[5], un.q[6], un.q[7]);
-            wsc[u * MMQ_BM + lr] = QT == QT_Q6_K ? make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.s1, -un.s1 * MMQ_MAGIC_F)
-                                                 : make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.o, 0.f);
+            wc[u * MMQ_BM + lr] = QT == QT_Q6_K ? make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.s1, -un.s1 * MMQ_MAGIC_F)
+                                                : make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.o, 0.f);
         }
-        // the next stage: activations by cp.async, weights' raw bytes into registers
-        const bool more = k0 + MMQ_KU < ke;
-        if (more) load_x(k0 + MMQ_KU, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait1();
-        __syncthreads();
-        if (more) quad_load<QT>(qd, P, M, wrow, k0 + MMQ_KU + 4 * lh, ke, U);
+    };
+    quad_load<QT>(qd, P, M, wrow, kb + 4 * lh, ke, U);
+    load_x(kb, 0);
+    cp_async_commit();
+    if (DB) {
+        decode(0);
+        if (kb + MMQ_KU < ke) quad_load<QT>(qd, P, M, wrow, kb + MMQ_KU + 4 * lh, ke, U);
+    }
 
+    int buf = 0;
+    for (int k0 = kb; k0 < ke; k0 += MMQ_KU, buf ^= 1) {
+        const bool more = k0 + MMQ_KU < ke;
+        int wb = 0;
+        if (DB) {
+            // this stage's activations landed and its weights are decoded (by every thread);
+            // every warp is done with the last stage's tiles, which the next stage takes
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            __syncthreads();
+            if (more) load_x(k0 + MMQ_KU, buf ^ 1);
+            cp_async_commit();
+            wb = buf;
+        } else {
+            // decode this stage's weights into shared memory (the last stage's readers are done)
+            decode(0);
+            // the next stage: activations by cp.async, weights' raw bytes into registers
+            if (more) load_x(k0 + MMQ_KU, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait1();
+            __syncthreads();
+            if (more) quad_load<QT>(qd, P, M, wrow, k0 + MMQ_KU + 4 * lh, ke, U);
+        }
+        const int* wsb = ws + wb * MMQ_BM * MMQ_WS;
+        const float4* wscb = wsc + wb * MMQ_KU * MMQ_BM;
         const int* xb = xs + buf * BN * MMQ_WS;
         const float2* xc = xsc + buf * MMQ_KU * BN;
+        if (nv == NT) {
 #pragma unroll 2
-        for (int u = 0; u < MMQ_KU; u++) {
-            int a[2][2][2];     // [m tile][half][register]
-            float4 wv[2][2];    // [m tile][row g / g + 8]
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                const int r = wm + m * 16 + g;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    a[m][h][0] = ws[r * MMQ_WS + u * 8 + h * 4 + tig];
-                    a[m][h][1] = ws[(r + 8) * MMQ_WS + u * 8 + h * 4 + tig];
-                }
-                wv[m][0] = wsc[u * MMQ_BM + r];
-                wv[m][1] = wsc[u * MMQ_BM + r + 8];
-            }
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const int t = wn + n * 8 + g;
-                const int b0 = xb[t * MMQ_WS + u * 8 + tig];
-                const int b1 = xb[t * MMQ_WS + u * 8 + 4 + tig];
-                const int tc = wn + n * 8 + 2 * tig;  // this thread's two token columns
-                const float4 x01 = *(const float4*)&xc[u * BN + tc];  // xd0, xs0, xd1, xs1
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    int c0[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
-                    if (QT == QT_Q6_K) {
-                        int c1[4] = {MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I, MMQ_MAGIC_I};
-                        mma_s8_k16(c0, a[m][0][0], a[m][0][1], b0);
-                        mma_s8_k16(c1, a[m][1][0], a[m][1][1], b1);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float4 w = wv[m][i / 2];
-                            const float xd = (i & 1) ? x01.z : x01.x;
-                            const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
-                            const float t1 = fmaf(w.z, __int_as_float(c1[i]), w.w);
-                            acc[m][n][i] = fmaf(xd, t0 + t1, acc[m][n][i]);
-                        }
-                    } else {
-                        mma_s8_k32(c0, a[m][0][0], a[m][0][1], a[m][1][0], a[m][1][1], b0, b1);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float4 w = wv[m][i / 2];
-                            const float xd = (i & 1) ? x01.z : x01.x;
-                            const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
-                            float v = fmaf(xd, t0, acc[m][n][i]);
-                            if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
-                                const float xsum = (i & 1) ? x01.w : x01.y;
-                                v = fmaf(w.z, xsum, v);
-                            }
-                            acc[m][n][i] = v;
-                        }
-                    }
-                }
-            }
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, true>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+        } else if (nv > 0) {
+#pragma unroll 2
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, false>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
         }
-        __syncthreads();
+        if (DB) {
+            // the next stage's weights into the other tile, then the raw bytes of the one after
+            if (more) {
+                decode(buf ^ 1);
+                if (k0 + 2 * MMQ_KU < ke) quad_load<QT>(qd, P, M, wrow, k0 + 2 * MMQ_KU + 4 * lh, ke, U);
+            }
+        } else {
+            __syncthreads();
+        }
     }
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -358,9 +414,15 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
         mmq<QT, NT, WM>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                \
     }
+// mmq_<type>_8_4d: the 128 x 128 tile with two weight tiles (DB above)
+#define MMQ_DB(NAME, QT)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 1) mmq_##NAME##_8_4d(                                         \
+        const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
+        mmq<QT, 8, 4, false, true>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                     \
+    }
 #define MMQ_ALL(NAME, QT)                                                                                          \
     MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
-    MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2)
+    MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2) MMQ_DB(NAME, QT)
 // The dense kernels in the "mmq" NVRTC unit, the grouped expert ones (below) in "mmq_id"
 // (MMQ_ID_UNIT): two units compiled in parallel instead of one twice as long.
 #ifndef MMQ_ID_UNIT
@@ -382,17 +444,19 @@ MMQ_ALL(q6_K, QT_Q6_K)
 // scale products as the dense MMQ and the decode GEMV.
 // n_items (or null): the item count lives on the device (items planned by moe_plan); blocks
 // past it return at once.
-#define MMQ_ID(NAME, QT, NT, WM, MINB)                                                                             \
-    extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_id_##NAME##_##NT##_##WM(                       \
+#define MMQ_ID(NAME, QT, NT, WM, MINB) MMQ_IDX(NAME, QT, NT, WM, MINB, false, NT##_##WM)
+#define MMQ_IDX(NAME, QT, NT, WM, MINB, DB, SUFFIX)                                                                \
+    extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_id_##NAME##_##SUFFIX(                          \
         const u64* __restrict__ items, const u32* __restrict__ src, const u32* __restrict__ dst, const i8* xq,     \
         const float2* xm, float* out, int U, int n_out, const u32* __restrict__ n_items) {                         \
         if (n_items && blockIdx.y >= *n_items) return;                                                             \
         const u64* it = items + 3 * (u64)blockIdx.y;                                                               \
         const u32 off = (u32)it[2], cnt = (u32)(it[2] >> 32);                                                      \
-        mmq<QT, NT, WM, true>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \
+        mmq<QT, NT, WM, true, DB>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \
     }
 #define MMQ_ID_ALL(NAME, QT)                                                                                       \
-    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2)
+    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2) \
+    MMQ_ID(NAME, QT, 8, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, true, 8_4d)
 #ifdef MMQ_ID_UNIT
 MMQ_ID_ALL(q4_0, QT_Q4_0)
 MMQ_ID_ALL(q4_1, QT_Q4_1)

@@ -287,14 +287,17 @@ extern "C" __global__ void moe_unpad_rows(const float* __restrict__ y, const u32
 // items[(t * max_items + k) * 3], their count n_items[t]. split_tab[r] (r <= 128): the first
 // tile of the cheapest split of r routes (moe_id::split: full 128-route items first). Routes of
 // an expert land in its items in any order: each route's sums do not depend on the others.
-// One block of 1024 threads; shared memory 2 * n_expert u32.
+// one != 0: every item in the 128-route class (one launch; its kernel skips the empty token
+// tiles), the full items first, then each expert's remainder (the cheap blocks run last and
+// fill the final wave). One block of 1024 threads; shared memory 2 * n_expert u32.
 extern "C" __global__ void __launch_bounds__(1024) moe_plan(const u32* __restrict__ eids, int n_routes, int n_used, int per_token,
         int n_expert, const u8* P, const u8* M, u64 slice_p, u64 slice_m, const u8* __restrict__ split_tab, u32* __restrict__ src,
-        u32* __restrict__ dst, u64* __restrict__ items, int max_items, u32* __restrict__ n_items) {
+        u32* __restrict__ dst, u64* __restrict__ items, int max_items, u32* __restrict__ n_items, int one) {
     extern __shared__ u32 plan_sm[];
     u32* cnt = plan_sm;
     u32* base = plan_sm + n_expert;
     __shared__ u32 ncls[4];
+    __shared__ u32 nfull;
     const int tid = threadIdx.x, nt = blockDim.x;
     for (int e = tid; e < n_expert; e += nt) cnt[e] = 0;
     if (tid < 4) ncls[tid] = 0;
@@ -305,20 +308,22 @@ extern "C" __global__ void __launch_bounds__(1024) moe_plan(const u32* __restric
     }
     __syncthreads();
     if (tid == 0) {
-        u32 s = 0;
+        u32 s = 0, f = 0;
         for (int e = 0; e < n_expert; e++) {
             base[e] = s;
             s += cnt[e];
+            f += cnt[e] / 128;
         }
+        nfull = f;
     }
     __syncthreads();
     for (int e = tid; e < n_expert; e += nt) {
         u32 r = cnt[e], off = base[e];
         const u64 p = (u64)(P + (u64)e * slice_p), m = M ? (u64)(M + (u64)e * slice_m) : 0ull;
         while (r > 0) {
-            const int t = r > 128 ? 3 : split_tab[r];
+            const int t = one ? 3 : (r > 128 ? 3 : split_tab[r]);
             const u32 n = min(r, 16u << t);
-            const u32 k = atomicAdd(&ncls[t], 1u);
+            const u32 k = !one ? atomicAdd(&ncls[t], 1u) : (n == 128 ? atomicAdd(&ncls[0], 1u) : nfull + atomicAdd(&ncls[1], 1u));
             if (k < (u32)max_items) {
                 u64* it = items + ((u64)t * max_items + k) * 3;
                 it[0] = p;
@@ -339,5 +344,5 @@ extern "C" __global__ void __launch_bounds__(1024) moe_plan(const u32* __restric
         src[pos] = per_token ? (u32)(j / n_used) : (u32)j;
         dst[pos] = (u32)j;
     }
-    if (tid < 4) n_items[tid] = min(ncls[tid], (u32)max_items);
+    if (tid < 4) n_items[tid] = !one ? min(ncls[tid], (u32)max_items) : (tid == 3 ? min(ncls[0] + ncls[1], (u32)max_items) : 0u);
 }

@@ -58,8 +58,10 @@ struct Tile {
 }
 
 impl Tile {
-    /// The smallest token tile that holds the batch; 128-row blocks of 8 warps up to 64 tokens,
-    /// 64-row blocks of 4 warps (two per multiprocessor) for the 128-token tile.
+    /// The smallest token tile that holds the batch, in 128-row blocks of 8 warps (H100,
+    /// 2026-11-23, `examples/mmq_bench.rs`, Q4_K, 128 / 512 tokens: the 128 x 128 tile took
+    /// 186 / 394 us on 4096 x 14336 and 165 / 407 us on 14336 x 4096 against 211 / 482 and
+    /// 205 / 541 us for 64-row blocks of 4 warps, two per multiprocessor, the earlier choice).
     /// `QUARREL_CUDA_MMQ_NT` / `QUARREL_CUDA_MMQ_WM` override (measurements).
     fn for_tokens(n_tok: usize) -> Tile {
         let env = |k: &str, ok: &[usize]| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|v| ok.contains(v));
@@ -69,7 +71,7 @@ impl Tile {
             33..=64 => 4,
             _ => 8,
         });
-        let wm = env("QUARREL_CUDA_MMQ_WM", &[2, 4]).unwrap_or(if nt == 8 { 2 } else { 4 });
+        let wm = env("QUARREL_CUDA_MMQ_WM", &[2, 4]).unwrap_or(4);
         Tile { nt, wm }
     }
     fn rows(self) -> usize {
@@ -91,11 +93,24 @@ impl Tile {
             _ => 4,
         }
     }
-    /// Dynamic shared memory: the weight tile (int8 rows + a float4 of scales per unit) and
+    /// Whether the kernel keeps two weight tiles (the 128 x 128 tile: `mmq_*_8_4d`, one
+    /// barrier per stage, each warp decoding the next stage's weights after its multiplies;
+    /// `QUARREL_CUDA_MMQ_DB=0`: one tile, decode and multiplies between two barriers. H100
+    /// 2026-11-23, Mixtral-8x7B Q4_K_M pp512: 3,785 t/s with two, 3,663 with one).
+    fn db(self) -> bool {
+        static DB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        self.nt == 8 && self.wm == 4 && *DB.get_or_init(|| std::env::var("QUARREL_CUDA_MMQ_DB").map_or(true, |v| v != "0"))
+    }
+    /// Kernel name suffix: `<NT>_<WM>`, then `d` for two weight tiles.
+    fn suffix(self) -> String {
+        format!("{}_{}{}", self.nt, self.wm, if self.db() { "d" } else { "" })
+    }
+    /// Dynamic shared memory: the weight tile(s) (int8 rows + a float4 of scales per unit) and
     /// two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
     fn smem_bytes(self) -> u32 {
         let (bm, bn) = (self.rows(), self.tokens());
-        (4 * bm * WS + 16 * KU * bm + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
+        let nw = if self.db() { 2 } else { 1 };
+        (nw * (4 * bm * WS + 16 * KU * bm) + 2 * (4 * bn * WS + 8 * KU * bn)) as u32
     }
 }
 
@@ -125,9 +140,17 @@ pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
         0..=16 => Tile { nt: 1, wm: 4 },
         17..=32 => Tile { nt: 2, wm: 4 },
         33..=64 => Tile { nt: 4, wm: 4 },
-        _ => Tile { nt: 8, wm: 2 },
+        _ => Tile { nt: 8, wm: id_wm8() },
     };
-    (format!("{}_{}", t.nt, t.wm), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
+    (t.suffix(), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
+}
+
+/// Warps along the rows of the grouped 128-route tile: 4 (128 rows, one block per
+/// multiprocessor) or, with `QUARREL_CUDA_MMQ_ID_WM8=2`, 2 (64 rows, two blocks: the earlier
+/// choice; H100 2026-11-23, Mixtral-8x7B Q4_K_M pp512 3,215 t/s with it, 3,576 with 4).
+fn id_wm8() -> usize {
+    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *W.get_or_init(|| if std::env::var("QUARREL_CUDA_MMQ_ID_WM8").is_ok_and(|v| v == "2") { 2 } else { 4 })
 }
 
 /// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
@@ -195,7 +218,7 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
         (format!("mmqs_{name}_{nt}"), grid, 32 * SMALL_WARPS as u32, 0, k_per, splits)
     } else {
         let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok);
-        (format!("mmq_{name}_{}_{}", tile.nt, tile.wm), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
+        (format!("mmq_{name}_{}", tile.suffix()), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
     };
     let n = n_tok * n_out;
     let part = if splits > 1 { Some(dev.scratch(4 * n * splits)?) } else { None };
@@ -231,8 +254,9 @@ pub fn kernel_names() -> Vec<String> {
             v.push(format!("mmq_{q}_{nt}_2"));
             v.push(format!("mmq_{q}_{nt}_4"));
         }
-        for (nt, wm) in [(1, 4), (2, 4), (4, 4), (8, 2)] {
-            v.push(format!("mmq_id_{q}_{nt}_{wm}"));
+        v.push(format!("mmq_{q}_8_4d"));
+        for s in ["1_4", "2_4", "4_4", "8_2", "8_4", "8_4d"] {
+            v.push(format!("mmq_id_{q}_{s}"));
         }
         for nt in 1..=SMALL_MAX_TOKENS / 8 {
             v.push(format!("mmqs_{q}_{nt}"));
@@ -329,7 +353,8 @@ mod tests {
         for nt in [1, 2, 4, 8] {
             for wm in [2, 4] {
                 let t = Tile { nt, wm };
-                // dynamic, plus the static row-index table (a u32 per token slot)
+                // dynamic (two weight tiles where `db`), plus the static row-index table (a
+                // u32 per token slot)
                 let b = t.smem_bytes() as usize + 4 * t.tokens();
                 assert!(b <= 227 * 1024 && t.per_sm() * (b + 1024) <= 228 * 1024, "{t:?}: {b} bytes");
             }

@@ -400,6 +400,7 @@ fn grouped(
         return Err(CudaError::Shape(format!("{n_routes} routes in one step: too many work items for one launch")));
     }
     let m_ptr = w.m_ptr();
+    let one = crate::moe_id::one_launch(n_routes, n_expert);
     dev.launch(
         "moe_plan",
         (1, 1, 1),
@@ -421,9 +422,13 @@ fn grouped(
             Arg::P(items.ptr()),
             Arg::I(max as i32),
             Arg::P(n_items.ptr()),
+            Arg::I(one as i32),
         ],
     )?;
     for (t, &b) in bound.iter().enumerate() {
+        if one && t != TILES.len() - 1 {
+            continue;
+        }
         let (suffix, rows, _, threads, smem) = mmq::id_tile(TILES[t]);
         dev.launch(
             &format!("mmq_id_{name}_{suffix}"),
