@@ -280,3 +280,60 @@ fn device_router_matches_host_reference() {
     }
     eprintln!("device router == host reference over {cases} random cases");
 }
+
+/// The fused router launch (`moe_router_f32`: router matmul + routing, decode steps) equals its
+/// twin: the `gemv_f32` logits (`matmul`, downloaded) routed by the host reference (same
+/// experts, weights within 4 ulp) and by `moe_route` (bit for bit).
+#[test]
+fn fused_router_matches_matmul_and_reference() {
+    use quarrel_core::moe::route_reference;
+    use quarrel_core::{Backend, Gating, MoeRouting, QuantType, WeightSource};
+    use quarrel_gguf::{Gguf, GgufWriter};
+    use std::sync::Arc;
+    if !has_gpu() {
+        return;
+    }
+    let be = CudaBackend::new(0).unwrap();
+    let mut state = 0x2545f4914f6cdd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut cases = 0;
+    for round in 0..64 {
+        let n_expert = [8usize, 128, 64, 1000, 40, 256][round % 6];
+        let n_in = [4096usize, 2688, 1536, 256][(round / 6) % 4];
+        let n_tok = [1usize, 2, 4, 8][round % 4];
+        let n_used = 1 + (next() as usize) % n_expert.min(8);
+        let gating = if next() % 2 == 0 { Gating::Softmax } else { Gating::Sigmoid };
+        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next() % 2 == 0, scale: [0.0f32, 1.0, 2.5][(next() % 3) as usize] };
+        let mut w = GgufWriter::new();
+        w.add_tensor("router", &[n_in as u64, n_expert as u64], QuantType::F32).unwrap();
+        // a few duplicated rows: tied logits
+        let rows: Vec<Vec<f32>> = (0..n_expert).map(|_| (0..n_in).map(|_| ((next() % 2001) as f32 - 1000.0) * 2e-5).collect()).collect();
+        let data: Vec<u8> = (0..n_expert).flat_map(|e| rows[if e % 7 == 3 { e - 1 } else { e }].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&[data.as_slice()]).unwrap()).unwrap());
+        let wt = be.load_weight(WeightSource { gguf: &g, name: "router" }).unwrap();
+        let x: Vec<f32> = (0..n_tok * n_in).map(|_| ((next() % 20001) as f32 - 10000.0) * 1e-4).collect();
+        let xb = be.upload(&x).unwrap();
+        let bias: Option<Vec<f32>> = (next() % 3 == 0).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
+        let bb = bias.as_ref().map(|b| be.upload(b).unwrap());
+        let got = be.moe_router_on_device(&wt, &xb, n_tok, bb.as_ref(), &p).unwrap();
+        let mut lb = be.alloc(n_tok * n_expert).unwrap();
+        be.matmul(&wt, &xb, n_tok, &mut lb).unwrap();
+        let logits = be.download(&lb).unwrap();
+        let want = route_reference(&logits, bias.as_deref(), &p).unwrap();
+        let twin = be.moe_route_on_device(&lb, bb.as_ref(), &p).unwrap();
+        assert_eq!(got.len(), want.len());
+        for ((g, w), t) in got.iter().zip(&want).zip(&twin) {
+            assert_eq!((g.token, g.expert), (w.token, w.expert), "round {round} {p:?}: experts differ: {got:?} vs {want:?}");
+            let ulps = (g.weight.to_bits() as i64 - w.weight.to_bits() as i64).abs();
+            assert!(ulps <= 4, "round {round} {p:?}: weight {} vs {}", g.weight, w.weight);
+            assert_eq!((g.expert, g.weight.to_bits()), (t.expert, t.weight.to_bits()), "round {round} {p:?}: fused vs moe_route");
+        }
+        cases += 1;
+    }
+    eprintln!("fused router == gemv_f32 + host reference over {cases} random cases");
+}
