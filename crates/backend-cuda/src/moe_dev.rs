@@ -227,6 +227,33 @@ fn fused_router() -> bool {
     *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_ROUTER").map_or(true, |v| v != "0"))
 }
 
+/// Warps per row group of a decode step's routed expert GEMV. Rows of 64+ units: the dense
+/// GEMV's rule from the matrix shape (`moe_chunk::wpr_for`). Shorter rows: by the blocks of all
+/// routes, not of one matrix (the dense rule gave Nemotron-3-Nano's down projection, 58 units x
+/// 2,688 rows, four warps per row for 6 routes: 2,016 blocks of one warp per row fill the GPU
+/// with every lane busy, where four warps left 70 of 128 lanes idle). The host-routed paths
+/// (exact numerics, prefill chunks) keep the shape rule, whose reduction they share.
+/// `QUARREL_CUDA_MOE_WPR`: 0 the shape rule everywhere, 1 / 2 / 4 forced (comparisons).
+fn wpr_dev(n_out: usize, units: usize, n_routes: usize) -> usize {
+    static F: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_WPR").ok().and_then(|v| v.parse().ok()).filter(|w| [0, 1, 2, 4].contains(w)));
+    match forced {
+        Some(0) => crate::moe_chunk::wpr_for(n_out, units),
+        Some(w) => w,
+        None if units >= 64 => crate::moe_chunk::wpr_for(n_out, units),
+        None => {
+            let blocks = n_out.div_ceil(8) * n_routes;
+            if blocks >= 1024 {
+                1
+            } else if blocks >= 512 {
+                2
+            } else {
+                4
+            }
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, CudaError> {
     m.lock().map_err(|_| CudaError::Driver("MoE router lock poisoned".into()))
 }
@@ -299,8 +326,7 @@ impl DevRouter {
             c.as_ref().map_or(0, |m| m.ptr)
         };
         // x's Q8 form unless cached (a norm that wrote x left it): written by the same launch
-        let mut g = lock(qc)?;
-        let cached = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in);
+        let cached = lock(qc)?.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in);
         let fresh_q = if cached || n_in % 32 != 0 { None } else { Some(QCache::new(dev, x, n_tok * n_in)?) };
         let (xq, xm) = fresh_q.as_ref().map_or((0, 0), |c| (c.xq.ptr(), c.xm.ptr()));
         let logits = dev.scratch(4 * n_tok * p.n_expert)?;
@@ -334,9 +360,8 @@ impl DevRouter {
             ],
         )?;
         if let Some(c) = fresh_q {
-            *g = Some(c);
+            *lock(qc)? = Some(c);
         }
-        drop(g);
         *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used, calls: 0 });
         Ok(Some((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect()))
     }
@@ -368,8 +393,7 @@ impl DevRouter {
             // a prefill: work items planned on the device, one grouped MMQ launch per tile
             return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
         }
-        // warps per row group by the matrix shape alone (as moe::moe_gemv and moe_chunk)
-        let wpr = crate::moe_chunk::wpr_for(n_out, units);
+        let wpr = wpr_dev(n_out, units, n_routes);
         let g = MoeGemv {
             name,
             p: w.p.ptr,
