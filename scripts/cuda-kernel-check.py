@@ -20,7 +20,6 @@ nv_rs = open(os.path.join(root, "crates/backend-cuda/src/nvrtc.rs")).read()
 units = [(n, re.findall(r'"([\w.]+)"', f), d.encode().decode("unicode_escape"))
          for n, f, d in re.findall(r'Unit \{ name: "(\w+)", files: &\[([^\]]*)\], defines: "([^"]*)" \}', nv_rs)]
 assert units, "no units parsed from src/nvrtc.rs"
-if os.environ.get("UNITS"): units = [u for u in units if u[0] in os.environ["UNITS"].split(",")]
 lib = ctypes.CDLL(os.path.join(a.nv, "lib/libnvrtc.so.13"))
 
 
