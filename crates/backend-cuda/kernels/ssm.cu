@@ -122,13 +122,26 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
     if (nbad) atomicAdd(bad, nbad);
 }
 
+// A channel's conv state after one token v: (old[1 ..], v), or (0 .., v) for a fresh sequence
+// (ssm_conv's window after the token); all loads before the stores (nc <= 8).
+__device__ __forceinline__ void shift_state(float* st, int nc, u32 fresh, float v) {
+    float w[7];
+#pragma unroll
+    for (int k = 0; k < 7; k++) w[k] = (k < nc - 2 && !fresh) ? st[k + 1] : 0.f;
+#pragma unroll
+    for (int k = 0; k < 7; k++)
+        if (k < nc - 2) st[k] = w[k];
+    st[nc - 2] = v;
+}
+
 // ssm_conv and ssm_scan of a decode step (every sequence one token or none) in one launch.
 // Blocks as ssm_scan's (8 warps: rows hi0 .. hi0 + 7 of one head); each block first computes
 // the conv outputs it reads, its 8 x channels and its group's B and C channels, with ssm_conv's
 // arithmetic into shared memory (2 * ds + 8 floats), then scans as ssm_scan (scan_token: the
 // same bits). Conv state and output xbc: a block writes its x channels' state and output, the
 // first block of a group the group's B / C outputs; the B / C state, which every block of the
-// group reads, is shifted by the block that finishes last (a counter at cnt, reset by it).
+// group reads, is shifted by the group's block that finishes last (a counter per state slot and
+// group at cnt[slot * n_group + group], reset by it).
 extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __restrict__ zx, const float* __restrict__ cw,
         const float* __restrict__ cbias, const u32* __restrict__ seq, float* __restrict__ cstate, float* __restrict__ xbc,
         const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dtb, float* __restrict__ sstate,
@@ -157,11 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
         float* out = xbc + (u64)t0 * cd;
         if (threadIdx.x < 8) {
             const int ch = hi0 + threadIdx.x;
-            float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
-            if (nc > 1) {
-                for (int k = 0; k < nc - 2; k++) st[k] = fresh ? 0.f : st[k + 1];
-                st[nc - 2] = in[ch];
-            }
+            if (nc > 1) shift_state(cstate + ((u64)slot * cd + ch) * (nc - 1), nc, fresh, in[ch]);
             out[ch] = cs_sm[2 * ds + threadIdx.x];
         }
         if (hi0 % (hpg * hd) == 0)
@@ -189,24 +198,23 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
         }
         if (nbad) atomicAdd(bad, nbad);
     }
-    // every block has read the B / C conv state before it counts itself done
+    // every block of the group has read the group's B / C conv state before it counts itself
+    // done; the group's last block shifts it (one channel per thread, its loads before its stores)
     __shared__ u32 last;
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == gridDim.x - 1;
+    u32* c = cnt + (u64)slot * n_group + gr;
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (u32)(hpg * hd / 8 - 1);
     __syncthreads();
     if (!last) return;
+    if (threadIdx.x == 0) *c = 0u;  // ready for the next launch
+    if (nt != 1 || nc < 2) return;
     __threadfence();
-    const int nbc = 2 * n_group * ds;
-    if (nc > 1)
-        for (u64 i = threadIdx.x; i < (u64)n_seq * nbc; i += blockDim.x) {
-            const int s2 = (int)(i / nbc), ch = d_inner + (int)(i % nbc);
-            if (seq[4 * s2 + 2] != 1) continue;
-            const u32 slot2 = seq[4 * s2], t2 = seq[4 * s2 + 1], fresh2 = seq[4 * s2 + 3];
-            float* st = cstate + ((u64)slot2 * cd + ch) * (nc - 1);
-            for (int k = 0; k < nc - 2; k++) st[k] = fresh2 ? 0.f : st[k + 1];
-            st[nc - 2] = zx[(u64)t2 * dp + d_inner + ch];
-        }
-    if (threadIdx.x == 0) *cnt = 0u;  // ready for the next launch
+    const float* in = zx + (u64)t0 * dp + d_inner;
+    for (int i = threadIdx.x; i < 2 * ds; i += blockDim.x) {
+        const int ch = i < ds ? d_inner + gr * ds + i : d_inner + (n_group + gr) * ds + (i - ds);
+        float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
+        shift_state(st, nc, fresh, in[ch]);
+    }
 }
 
 // One block per (token, group): v = silu(z) * y over the group's gs values,

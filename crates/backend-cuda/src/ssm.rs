@@ -31,8 +31,11 @@ pub struct CudaState {
     ssm: Vec<Option<DevMem>>,
     /// u64 counter of non-finite state values.
     bad: DevMem,
-    /// `ssm_conv_scan`'s finished-block counter (u32; zeroed, reset by the last block).
+    /// `ssm_conv_scan`'s finished-block counters, one per (state slot, group) (u32; zeroed,
+    /// each reset by the group's last block).
     cnt: DevMem,
+    /// Groups of the layer with the most (the counters per slot).
+    max_groups: usize,
 }
 
 impl CudaState {
@@ -60,9 +63,11 @@ impl CudaState {
         }
         let bad = DevMem::alloc(dev, 8)?;
         dev.memset0(bad.ptr, 8)?;
-        let cnt = DevMem::alloc(dev, 4)?;
-        dev.memset0(cnt.ptr, 4)?;
-        Ok(CudaState { spec: spec.clone(), conv, ssm, bad, cnt })
+        let max_groups = spec.layers.iter().flatten().map(|p| p.n_group).max().unwrap_or(1).max(1);
+        let cnt_bytes = 4 * max_groups * spec.n_slots.max(1);
+        let cnt = DevMem::alloc(dev, cnt_bytes)?;
+        dev.memset0(cnt.ptr, cnt_bytes)?;
+        Ok(CudaState { spec: spec.clone(), conv, ssm, bad, cnt, max_groups })
     }
 
     /// (bytes of state, non-finite values met so far).
@@ -169,7 +174,7 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
     }
     let c = ConvHeld { layer, p: *p, zx: zx.0, w: w.0, bias: bias.map_or(0, |b| b.0), seq, n_seq, state, out: out.0 };
     // a decode step of one token per sequence: held, the scan that reads `out` joins it
-    if merge() && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.d_inner % 8 == 0 && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
+    if merge() && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
         return dev.hold(crate::device::Held::SsmConv(c));
     }
     c.launch(dev)
