@@ -4,6 +4,8 @@
 //!
 //! ```text
 //!  logits (n_tok, n_expert) ──moe_route──► eids, wts (n_tok · n_used, token-major) + counts[layer]
+//!  decode, f32 router, 1/2/4/8 tokens (`Backend::moe_router`): x ──moe_router_f32_<n>──► the
+//!    same eids, wts in one launch (router GEMV, x's Q8 form, the last block routes)
 //!  decode (<= GEMV_MAX_TOKENS tokens): moe_gemv_dev, every route's row of its expert, one launch;
 //!    each launch is held (`Held::Moe`): the gate projection after the up projection joins it
 //!    (moe_gemv2_dev, one launch for both); with QUARREL_CUDA_MOE_COMB=1 the combine after the
