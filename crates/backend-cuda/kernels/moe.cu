@@ -149,6 +149,7 @@ __device__ __forceinline__ void route_warp(const float* row, const float* __rest
         wts[lane] = x;
         if (counts) atomicAdd(counts + mine, 1ull);
     }
+    __syncwarp();  // every lane's reads of probs done before the warp's next token overwrites them
 }
 
 // The router on the device (steps routed by a separate router matmul): one warp per token
