@@ -155,6 +155,17 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
     const int s = (int)(wg0 / d_inner), hi0 = (int)(wg0 % d_inner), h = hi0 / hd, gr = h / hpg;
     const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
     if (nt == 1) {
+        // the scan's state row and per-head inputs first: their loads overlap the conv's
+        const int hi = hi0 + warp;
+        float* sst = sstate + ((u64)slot * d_inner + hi) * ds;
+        float sv[8];  // d_state <= 256
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = lane + 32 * j;
+            sv[j] = (k < ds && !fresh) ? sst[k] : 0.f;
+        }
+        const float a = A[h], dd = D[h], bb = dtb[h];
+        const float dtr = zx[(u64)t0 * dp + dt_col + h];
         const float* in = zx + (u64)t0 * dp + d_inner;  // the conv's input columns
         for (int i = threadIdx.x; i < 2 * ds + 8; i += blockDim.x) {
             const int ch = i < ds ? d_inner + gr * ds + i : (i < 2 * ds ? d_inner + (n_group + gr) * ds + (i - ds) : hi0 + (i - 2 * ds));
@@ -176,17 +187,8 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
         if (hi0 % (hpg * hd) == 0)
             for (int i = threadIdx.x; i < 2 * ds; i += blockDim.x) out[i < ds ? d_inner + gr * ds + i : d_inner + (n_group + gr) * ds + (i - ds)] = cs_sm[i];
         // the scan of row hi (ssm_scan's arithmetic, one token)
-        const int hi = hi0 + warp;
-        float* sst = sstate + ((u64)slot * d_inner + hi) * ds;
-        float sv[8];  // d_state <= 256
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int k = lane + 32 * j;
-            sv[j] = (k < ds && !fresh) ? sst[k] : 0.f;
-        }
-        const float a = A[h], dd = D[h], bb = dtb[h];
         unsigned long long nbad = 0;
-        const float dt = softplus_f(__fadd_rn(zx[(u64)t0 * dp + dt_col + h], bb));
+        const float dt = softplus_f(__fadd_rn(dtr, bb));
         const float da = expf_libm(__fmul_rn(dt, a));
         const float x = cs_sm[2 * ds + warp];
         const float yv = scan_token(sv, cs_sm, cs_sm + ds, da, __fmul_rn(x, dt), x, dd, ds, lane, nbad);
