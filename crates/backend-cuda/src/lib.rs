@@ -232,6 +232,13 @@ impl CudaBackend {
         Ok(self.router.download_last(&self.dev, &ph)?)
     }
 
+    /// Whether decode steps over `kv`'s recurrent state run the Mamba2 conv and scan as one
+    /// launch (`ssm_conv_scan`, the default) or two (tests: the fused kernel against its twin).
+    pub fn set_ssm_merge(&self, kv: &CudaKv, on: bool) -> Result<()> {
+        state(kv)?.merge.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// What the expert cache did so far (hits, uploads).
     pub fn expert_stats(&self) -> experts::ExpertStats {
         self.experts.stats()

@@ -36,6 +36,9 @@ pub struct CudaState {
     cnt: DevMem,
     /// Groups of the layer with the most (the counters per slot).
     max_groups: usize,
+    /// Decode steps' conv and scan as one launch (`ssm_conv_scan`; tests turn it off to
+    /// compare against the two launches).
+    pub(crate) merge: std::sync::atomic::AtomicBool,
 }
 
 impl CudaState {
@@ -67,7 +70,7 @@ impl CudaState {
         let cnt_bytes = 4 * max_groups * spec.n_slots.max(1);
         let cnt = DevMem::alloc(dev, cnt_bytes)?;
         dev.memset0(cnt.ptr, cnt_bytes)?;
-        Ok(CudaState { spec: spec.clone(), conv, ssm, bad, cnt, max_groups })
+        Ok(CudaState { spec: spec.clone(), conv, ssm, bad, cnt, max_groups, merge: std::sync::atomic::AtomicBool::new(true) })
     }
 
     /// (bytes of state, non-finite values met so far).
@@ -174,7 +177,7 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
     }
     let c = ConvHeld { layer, p: *p, zx: zx.0, w: w.0, bias: bias.map_or(0, |b| b.0), seq, n_seq, state, out: out.0 };
     // a decode step of one token per sequence: held, the scan that reads `out` joins it
-    if merge() && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
+    if merge() && st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
         return dev.hold(crate::device::Held::SsmConv(c));
     }
     c.launch(dev)
