@@ -56,39 +56,56 @@ MOE_GEMV(q4_K, QT_Q4_K)
 MOE_GEMV(q5_K, QT_Q5_K)
 MOE_GEMV(q6_K, QT_Q6_K)
 
-// a (value va, index a) ranks before b: larger first, NaN last, ties by the lower index
-// (quarrel_core::moe::route_with's order)
-__device__ __forceinline__ bool route_before(float va, int a, float vb, int b) {
-    bool na = va != va, nb = vb != vb;
-    if (na || nb) return na == nb ? a < b : nb;
-    return va > vb || (va == vb && a < b);
+// The selection key of a value: larger keys rank first; equal keys are equal values (-0 and +0
+// alike); NaN is 0, below every number (quarrel_core::moe::route_with's order: larger first,
+// NaN last, ties by the lower index, which the caller breaks).
+__device__ __forceinline__ u32 route_key(float v) {
+    if (v != v) return 0u;
+    const u32 b = __float_as_uint(v == 0.f ? 0.f : v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// The router on the device (decode steps): one warp per token (blockIdx.x), as
-// quarrel_core::moe::route_reference computes it: softmax (exp(x - max) correctly rounded, the
-// sum in f64, times 1/sum) or sigmoid; selection = probability + bias; the n_used best in
-// route_before's order; weights the unbiased probabilities, optionally divided by their f64 sum
-// (at least 2^-14) and scaled. Writes eids / wts token-major and counts each choice (counts
-// non-null).
-// Shared memory: 2 * n_expert floats; n_expert <= 1024.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, const float* __restrict__ bias, u32* __restrict__ eids,
-                                     float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_expert, int n_used,
-                                     int sigmoid, int norm, float scale) {
-    GDC();
-    extern __shared__ float rs[];
-    float* probs = rs;
-    float* sel = rs + n_expert;
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float* row = logits + (u64)t * n_expert;
+__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+#endif
+}
+
+__device__ __forceinline__ u32 warp_min_u32(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(0xffffffffu, v);
+#else
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+#endif
+}
+
+// One token's routing by one warp, as quarrel_core::moe::route_reference computes it: softmax
+// (exp(x - max) correctly rounded, the sum in f64, times 1/sum) or sigmoid; selection =
+// probability + bias; the n_used best (route_key order, ties by the lower expert), each pick one
+// max and one min warp reduction over the lanes' best remaining expert; weights the unbiased
+// probabilities, optionally divided by their f64 sum (at least 2^-14) and scaled. Lane k writes
+// route k of the token (eids / wts at [0, n_used)) and counts it (counts non-null).
+// row: the token's logits, read through L2 (__ldcg: other blocks of the same kernel may have
+// written them); probs / sel: 2 * n_expert floats of shared memory for this warp; n_expert <= 1024.
+__device__ __forceinline__ void route_warp(const float* row, const float* __restrict__ bias, float* probs, float* sel, u32* __restrict__ eids,
+                                           float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_expert, int n_used,
+                                           int sigmoid, int norm, float scale) {
+    const int lane = threadIdx.x % 32;
     if (sigmoid) {
-        for (int e = lane; e < n_expert; e += 32) probs[e] = __fdiv_rn(1.f, __fadd_rn(1.f, (float)exp(-(double)row[e])));
+        for (int e = lane; e < n_expert; e += 32) probs[e] = __fdiv_rn(1.f, __fadd_rn(1.f, (float)exp(-(double)__ldcg(row + e))));
     } else {
         float mx = -INF;
-        for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, row[e]);
+        for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, __ldcg(row + e));
         mx = warp_max(mx);
         double sum = 0.0;
         for (int e = lane; e < n_expert; e += 32) {
-            float o = (float)exp((double)__fsub_rn(row[e], mx));
+            float o = (float)exp((double)__fsub_rn(__ldcg(row + e), mx));
             probs[e] = o;
             sum += (double)o;
         }
@@ -100,47 +117,96 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const flo
     for (int e = lane; e < n_expert; e += 32) sel[e] = bias ? __fadd_rn(probs[e], bias[e]) : probs[e];
     __syncwarp();
     u32 taken = 0;  // bit i: expert lane + 32 i chosen
-    float w[8];
-    int ch[8];
-    double wsum = 0.0;
+    u32 mine = 0;   // lane k: the k-th pick
+    float mw = 0.f;
+    double wsum = 0.0;  // every lane sums the picks' probabilities in pick order
     for (int k = 0; k < n_used; k++) {
-        int best = -1;
-        float bv = 0.f;
+        u32 bk = 0u, bi = 0xffffffffu;  // this lane's best remaining expert (none: index max)
         for (int e = lane, i = 0; e < n_expert; e += 32, i++) {
             if ((taken >> i) & 1u) continue;
-            if (best < 0 || route_before(sel[e], e, bv, best)) {
-                best = e;
-                bv = sel[e];
+            const u32 key = route_key(sel[e]);
+            if (bi == 0xffffffffu || key > bk) {  // ascending e: a tie keeps the lower index
+                bk = key;
+                bi = (u32)e;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            int ob = __shfl_xor_sync(0xffffffffu, best, o);
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            if (ob >= 0 && (best < 0 || route_before(ov, ob, bv, best))) {
-                best = ob;
-                bv = ov;
-            }
-        }
-        if (best % 32 == lane) taken |= 1u << (best / 32);
-        if (k < 8) {
-            ch[k] = best;
-            w[k] = probs[best];
-            wsum += (double)w[k];
+        const u32 mk = warp_max_u32(bk);
+        const u32 best = warp_min_u32(bk == mk ? bi : 0xffffffffu);
+        if ((int)(best % 32) == lane) taken |= 1u << (best / 32);
+        const float p = probs[best];
+        wsum += (double)p;
+        if (lane == k) {
+            mine = best;
+            mw = p;
         }
     }
-    if (lane == 0) {
+    if (lane < n_used) {
         const float s = fmaxf((float)wsum, 6.103515625e-5f);
-        for (int k = 0; k < n_used && k < 8; k++) {
-            float x = w[k];
-            if (norm) x = __fdiv_rn(x, s);
-            if (scale != 0.f && scale != 1.f) x = __fmul_rn(x, scale);
-            eids[(u64)t * n_used + k] = (u32)ch[k];
-            wts[(u64)t * n_used + k] = x;
-            if (counts) atomicAdd(counts + ch[k], 1ull);
-        }
+        float x = mw;
+        if (norm) x = __fdiv_rn(x, s);
+        if (scale != 0.f && scale != 1.f) x = __fmul_rn(x, scale);
+        eids[lane] = mine;
+        wts[lane] = x;
+        if (counts) atomicAdd(counts + mine, 1ull);
     }
+    __syncwarp();  // every lane's reads of probs done before the warp's next token overwrites them
 }
+
+// The router on the device (steps routed by a separate router matmul): one warp per token
+// (blockIdx.x), route_warp. Writes eids / wts token-major. Shared memory: 2 * n_expert floats.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, const float* __restrict__ bias, u32* __restrict__ eids,
+                                     float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_expert, int n_used,
+                                     int sigmoid, int norm, float scale) {
+    GDC();
+    extern __shared__ float rs[];
+    const u64 t = blockIdx.x;
+    route_warp(logits + t * n_expert, bias, rs, rs + n_expert, eids + t * n_used, wts + t * n_used, counts, n_expert, n_used, sigmoid,
+               norm, scale);
+}
+
+// The router matmul and the routing in one launch (decode steps, f32 router weights): every
+// block computes its rows of logits = x · Wᵀ for the NT tokens exactly as gemv_f32_NT does (the
+// same grid and warps per row: the same bits), and with xq set its share of x's Q8 form
+// (quantize_q8's bits: the expert matmuls that follow need no quantize launch); the block that
+// finishes last (a counter at cnt, reset by it) routes every token (route_warp, one warp per
+// token) from the logits the others wrote. Dynamic shared memory: GEMV_WARPS * 2 * n_expert floats.
+#define MOE_ROUTER_F32(NT)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) moe_router_f32_##NT(const u8* __restrict__ W, const float* __restrict__ x, \
+        float* __restrict__ logits, int n_in, int n_expert, int wpr, const float* __restrict__ bias, u32* __restrict__ eids,  \
+        float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_used, int sigmoid, int norm, float scale,    \
+        u32* __restrict__ cnt, i8* __restrict__ xq, float2* __restrict__ xm) {                                        \
+        gemv_f<WT_F32, NT>(W, x, logits, n_in, n_expert, wpr); /* begins with the prefetch and GDC() */               \
+        moe_router_tail(x, logits, n_in, n_expert, NT, bias, eids, wts, counts, n_used, sigmoid, norm, scale, cnt, xq, xm); \
+    }
+
+__device__ __forceinline__ void moe_router_tail(const float* __restrict__ x, float* logits, int n_in, int n_expert, int n_tok,
+                                                const float* __restrict__ bias, u32* __restrict__ eids, float* __restrict__ wts,
+                                                unsigned long long* __restrict__ counts, int n_used, int sigmoid, int norm, float scale,
+                                                u32* __restrict__ cnt, i8* __restrict__ xq, float2* __restrict__ xm) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (xq) {
+        const int nb = n_tok * n_in / 32;
+        for (int b = blockIdx.x * GEMV_WARPS + warp; b < nb; b += gridDim.x * GEMV_WARPS) q8_store(x[(u64)b * 32 + lane], xq, xm, (u64)b);
+    }
+    __shared__ u32 last;
+    __threadfence();  // this block's logits visible to the block that routes
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    extern __shared__ float route_sm[];
+    for (int t = warp; t < n_tok; t += GEMV_WARPS) {
+        float* pr = route_sm + (u64)warp * 2 * n_expert;
+        route_warp(logits + (u64)t * n_expert, bias, pr, pr + n_expert, eids + (u64)t * n_used, wts + (u64)t * n_used, counts, n_expert,
+                   n_used, sigmoid, norm, scale);
+    }
+    if (threadIdx.x == 0) *cnt = 0u;  // ready for the next launch
+}
+MOE_ROUTER_F32(1)
+MOE_ROUTER_F32(2)
+MOE_ROUTER_F32(4)
+MOE_ROUTER_F32(8)
 
 // Before waiting for the previous kernel (PDL): when the routing was written at least two
 // launches back (`early`: the kernel right before has waited for it, so it is complete and

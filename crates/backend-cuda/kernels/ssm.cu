@@ -122,6 +122,103 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
     if (nbad) atomicAdd(bad, nbad);
 }
 
+// A channel's conv state after one token v: (old[1 ..], v), or (0 .., v) for a fresh sequence
+// (ssm_conv's window after the token); all loads before the stores (nc <= 8).
+__device__ __forceinline__ void shift_state(float* st, int nc, u32 fresh, float v) {
+    float w[7];
+#pragma unroll
+    for (int k = 0; k < 7; k++) w[k] = (k < nc - 2 && !fresh) ? st[k + 1] : 0.f;
+#pragma unroll
+    for (int k = 0; k < 7; k++)
+        if (k < nc - 2) st[k] = w[k];
+    st[nc - 2] = v;
+}
+
+// ssm_conv and ssm_scan of a decode step (every sequence one token or none) in one launch.
+// Blocks as ssm_scan's (8 warps: rows hi0 .. hi0 + 7 of one head); each block first computes
+// the conv outputs it reads, its 8 x channels and its group's B and C channels, with ssm_conv's
+// arithmetic into shared memory (2 * ds + 8 floats), then scans as ssm_scan (scan_token: the
+// same bits). Conv state and output xbc: a block writes its x channels' state and output, the
+// first block of a group the group's B / C outputs; the B / C state, which every block of the
+// group reads, is shifted by the group's block that finishes last (a counter per state slot and
+// group at cnt[slot * n_group + group], reset by it).
+extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __restrict__ zx, const float* __restrict__ cw,
+        const float* __restrict__ cbias, const u32* __restrict__ seq, float* __restrict__ cstate, float* __restrict__ xbc,
+        const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dtb, float* __restrict__ sstate,
+        float* __restrict__ y, unsigned long long* __restrict__ bad, int n_seq, int n_head, int hd, int ds, int n_group, int dp,
+        int dt_col, int nc, u32* __restrict__ cnt) {
+    GDC();
+    extern __shared__ float cs_sm[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int d_inner = n_head * hd, cd = d_inner + 2 * n_group * ds, hpg = n_head / n_group;
+    const u64 wg0 = (u64)blockIdx.x * 8;
+    const int s = (int)(wg0 / d_inner), hi0 = (int)(wg0 % d_inner), h = hi0 / hd, gr = h / hpg;
+    const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
+    if (nt == 1) {
+        // the scan's state row and per-head inputs first: their loads overlap the conv's
+        const int hi = hi0 + warp;
+        float* sst = sstate + ((u64)slot * d_inner + hi) * ds;
+        float sv[8];  // d_state <= 256
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = lane + 32 * j;
+            sv[j] = (k < ds && !fresh) ? sst[k] : 0.f;
+        }
+        const float a = A[h], dd = D[h], bb = dtb[h];
+        const float dtr = zx[(u64)t0 * dp + dt_col + h];
+        const float* in = zx + (u64)t0 * dp + d_inner;  // the conv's input columns
+        for (int i = threadIdx.x; i < 2 * ds + 8; i += blockDim.x) {
+            const int ch = i < ds ? d_inner + gr * ds + i : (i < 2 * ds ? d_inner + (n_group + gr) * ds + (i - ds) : hi0 + (i - 2 * ds));
+            const float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
+            const float* wc = cw + (u64)ch * nc;
+            float acc = 0.f;
+            for (int k = 0; k < nc - 1; k++) acc = fmaf(fresh ? 0.f : st[k], wc[k], acc);
+            acc = fmaf(in[ch], wc[nc - 1], acc);
+            const float v = __fadd_rn(acc, cbias ? cbias[ch] : 0.f);
+            cs_sm[i] = ch < (cd & ~15) ? silu_ggml(v) : silu_libm(v);
+        }
+        __syncthreads();
+        float* out = xbc + (u64)t0 * cd;
+        if (threadIdx.x < 8) {
+            const int ch = hi0 + threadIdx.x;
+            if (nc > 1) shift_state(cstate + ((u64)slot * cd + ch) * (nc - 1), nc, fresh, in[ch]);
+            out[ch] = cs_sm[2 * ds + threadIdx.x];
+        }
+        if (hi0 % (hpg * hd) == 0)
+            for (int i = threadIdx.x; i < 2 * ds; i += blockDim.x) out[i < ds ? d_inner + gr * ds + i : d_inner + (n_group + gr) * ds + (i - ds)] = cs_sm[i];
+        // the scan of row hi (ssm_scan's arithmetic, one token)
+        unsigned long long nbad = 0;
+        const float dt = softplus_f(__fadd_rn(dtr, bb));
+        const float da = expf_libm(__fmul_rn(dt, a));
+        const float x = cs_sm[2 * ds + warp];
+        const float yv = scan_token(sv, cs_sm, cs_sm + ds, da, __fmul_rn(x, dt), x, dd, ds, lane, nbad);
+        if (lane == 0) y[(u64)t0 * d_inner + hi] = yv;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = lane + 32 * j;
+            if (k < ds) sst[k] = sv[j];
+        }
+        if (nbad) atomicAdd(bad, nbad);
+    }
+    // every block of the group has read the group's B / C conv state before it counts itself
+    // done; the group's last block shifts it (one channel per thread, its loads before its stores)
+    __shared__ u32 last;
+    __syncthreads();
+    u32* c = cnt + (u64)slot * n_group + gr;
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (u32)(hpg * hd / 8 - 1);
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *c = 0u;  // ready for the next launch
+    if (nt != 1 || nc < 2) return;
+    __threadfence();
+    const float* in = zx + (u64)t0 * dp + d_inner;
+    for (int i = threadIdx.x; i < 2 * ds; i += blockDim.x) {
+        const int ch = i < ds ? d_inner + gr * ds + i : d_inner + (n_group + gr) * ds + (i - ds);
+        float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
+        shift_state(st, nc, fresh, in[ch]);
+    }
+}
+
 // One block per (token, group): v = silu(z) * y over the group's gs values,
 // out = (v * (1 / sqrt(mean(v²) + eps))) * w (xq/xm non-null: also as Q8, quantize_q8's bits,
 // for the output projection; needs gs a multiple of 32), the squares (rounded to f32) summed in f64 as the

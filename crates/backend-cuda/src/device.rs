@@ -191,6 +191,8 @@ pub(crate) enum Held {
     /// A routed expert GEMV of a decode step: the next one over the same input and routes
     /// (gate after up) joins it (`moe_dev::MoeGemv`).
     Moe(crate::moe_dev::MoeGemv),
+    /// A decode step's Mamba2 conv: the scan over its output joins it (`ssm::ConvHeld`).
+    SsmConv(crate::ssm::ConvHeld),
 }
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
@@ -378,6 +380,7 @@ impl Device {
             }
             Some(Held::Gemv(g)) => g.launch(self),
             Some(Held::Moe(g)) => g.launch(self),
+            Some(Held::SsmConv(c)) => c.launch(self),
             Some(Held::Rope { args, n }) | Some(Held::RopeQk { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
         }
     }

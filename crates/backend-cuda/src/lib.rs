@@ -221,6 +221,27 @@ impl CudaBackend {
         Ok(self.router.download_last(&self.dev, &ph)?)
     }
 
+    /// The router matmul and the routing in one launch (`moe_router_f32`, as decode steps run
+    /// it) with the routes downloaded: the fused kernel against `matmul` + the host reference.
+    pub fn moe_router_on_device(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+        self.dev.bind()?;
+        check_len("router input", x.len, n_tok * w.n_in)?;
+        let bias = match bias {
+            Some(b) => self.rd(b)?,
+            None => 0,
+        };
+        let ph = self.router.route_fused(&self.dev, &self.qcache, None, w, self.rd(x)?, n_tok, bias, p)?;
+        let ph = ph.ok_or_else(|| CoreError::Unsupported(format!("fused router: {n_tok} tokens, {} weights, {p:?}", w.dev_ty.name())))?;
+        Ok(self.router.download_last(&self.dev, &ph)?)
+    }
+
+    /// Whether decode steps over `kv`'s recurrent state run the Mamba2 conv and scan as one
+    /// launch (`ssm_conv_scan`, the default) or two (tests: the fused kernel against its twin).
+    pub fn set_ssm_merge(&self, kv: &CudaKv, on: bool) -> Result<()> {
+        state(kv)?.merge.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// What the expert cache did so far (hits, uploads).
     pub fn expert_stats(&self) -> experts::ExpertStats {
         self.experts.stats()
@@ -730,6 +751,25 @@ impl Backend for CudaBackend {
     }
 
     // ---- MoE (moe.rs) and Mamba2 (ssm.rs) ---------------------------------------------------
+
+    fn moe_router(&self, layer: usize, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+        self.dev.bind()?;
+        // decode steps routed on the device: the router matmul and the routing in one launch
+        let exact = self.exact_mm.load(Ordering::Relaxed);
+        if !exact && !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.is_none_or(|b| b.len == p.n_expert) {
+            let xp = self.rd(x)?;
+            let bp = match bias {
+                Some(b) => self.rd(b)?,
+                None => 0,
+            };
+            if let Some(r) = self.router.route_fused(&self.dev, &self.qcache, Some(layer), w, xp, n_tok, bp, p)? {
+                return Ok(r);
+            }
+        }
+        let mut logits = self.alloc(n_tok * p.n_expert)?; // (n_tok, n_expert)
+        self.matmul(w, x, n_tok, &mut logits)?;
+        self.moe_route(layer, &logits, bias, p)
+    }
 
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;

@@ -4,6 +4,8 @@
 //!
 //! ```text
 //!  logits (n_tok, n_expert) ──moe_route──► eids, wts (n_tok · n_used, token-major) + counts[layer]
+//!  decode, f32 router, 1/2/4/8 tokens (`Backend::moe_router`): x ──moe_router_f32_<n>──► the
+//!    same eids, wts in one launch (router GEMV, x's Q8 form, the last block routes)
 //!  decode (<= GEMV_MAX_TOKENS tokens): moe_gemv_dev, every route's row of its expert, one launch;
 //!    each launch is held (`Held::Moe`): the gate projection after the up projection joins it
 //!    (moe_gemv2_dev, one launch for both); with QUARREL_CUDA_MOE_COMB=1 the combine after the
@@ -42,6 +44,9 @@ pub struct DevRouter {
     /// `moe_gemv_comb`'s counters per (token, row block): zeroed once, each reset by the block
     /// that reads it last; allocated at first use and never moved (queued launches hold it).
     comb: Mutex<Option<(usize, DevMem)>>,
+    /// `moe_router_f32`'s finished-block counter (one u32: router launches never overlap, each
+    /// waits for the kernel before it), zeroed once, reset by the block that routes.
+    router_cnt: Mutex<Option<DevMem>>,
 }
 
 /// Counters of `DevRouter::comb` (u32): a decode step's tokens times the row blocks of the
@@ -216,29 +221,66 @@ fn comb() -> bool {
     *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_COMB").is_ok_and(|v| v == "1"))
 }
 
+/// Whether decode steps run the router matmul and the routing as one launch
+/// (`moe_router_f32`); `QUARREL_CUDA_MOE_ROUTER=0`: a `gemv_f32` and a `moe_route` launch (for
+/// comparisons).
+fn fused_router() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_ROUTER").map_or(true, |v| v != "0"))
+}
+
+/// Warps per row group of a decode step's routed expert GEMV. Rows of 64+ units: the dense
+/// GEMV's rule from the matrix shape (`moe_chunk::wpr_for`). Shorter rows: by the blocks of all
+/// routes, not of one matrix (the dense rule gave Nemotron-3-Nano's down projection, 58 units x
+/// 2,688 rows, four warps per row for 6 routes: 2,016 blocks of one warp per row fill the GPU
+/// with every lane busy, where four warps left 70 of 128 lanes idle). The host-routed paths
+/// (exact numerics, prefill chunks) keep the shape rule, whose reduction they share.
+/// `QUARREL_CUDA_MOE_WPR`: 0 the shape rule everywhere, 1 / 2 / 4 forced (comparisons).
+fn wpr_dev(n_out: usize, units: usize, n_routes: usize) -> usize {
+    static F: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_WPR").ok().and_then(|v| v.parse().ok()).filter(|w| [0, 1, 2, 4].contains(w)));
+    match forced {
+        Some(0) => crate::moe_chunk::wpr_for(n_out, units),
+        Some(w) => w,
+        None if units >= 64 => crate::moe_chunk::wpr_for(n_out, units),
+        None => {
+            let blocks = n_out.div_ceil(8) * n_routes;
+            if blocks >= 1024 {
+                1
+            } else if blocks >= 512 {
+                2
+            } else {
+                4
+            }
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, CudaError> {
     m.lock().map_err(|_| CudaError::Driver("MoE router lock poisoned".into()))
 }
 
 impl DevRouter {
+    /// The selection counters of model layer `layer` (0: not counted).
+    fn counts_ptr(&self, dev: &Device, layer: Option<usize>, n_expert: usize) -> Result<u64, CudaError> {
+        let Some(layer) = layer else { return Ok(0) };
+        let mut c = lock(&self.counts)?;
+        if c.len() <= layer {
+            c.resize_with(layer + 1, || None);
+        }
+        if !c[layer].as_ref().is_some_and(|(ne, _)| *ne == n_expert) {
+            let m = DevMem::alloc(dev, 8 * n_expert)?;
+            dev.memset0(m.ptr, 8 * n_expert)?;
+            c[layer] = Some((n_expert, m));
+        }
+        Ok(c[layer].as_ref().map(|(_, m)| m.ptr).unwrap_or(0))
+    }
+
     /// Route `n_tok` rows of `logits` (device pointer) for model layer `layer` (`None`: not
     /// counted).
     pub fn route(&self, dev: &Device, layer: Option<usize>, logits: u64, n_tok: usize, bias: u64, p: &MoeRouting) -> Result<Vec<Route>, CudaError> {
         let n = n_tok * p.n_used;
-        let counts = if let Some(layer) = layer {
-            let mut c = lock(&self.counts)?;
-            if c.len() <= layer {
-                c.resize_with(layer + 1, || None);
-            }
-            if !c[layer].as_ref().is_some_and(|(ne, _)| *ne == p.n_expert) {
-                let m = DevMem::alloc(dev, 8 * p.n_expert)?;
-                dev.memset0(m.ptr, 8 * p.n_expert)?;
-                c[layer] = Some((p.n_expert, m));
-            }
-            c[layer].as_ref().map(|(_, m)| m.ptr).unwrap_or(0)
-        } else {
-            0
-        };
+        let counts = self.counts_ptr(dev, layer, p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
         dev.launch(
             "moe_route",
@@ -260,6 +302,70 @@ impl DevRouter {
         )?;
         *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used, calls: 0 });
         Ok((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect())
+    }
+
+    /// The router matmul `x (n_tok, n_in) · wᵀ` (f32 router weights) and the routing in one
+    /// launch (`moe_router_f32_<n_tok>`: the logits as `gemv_f32_<n_tok>` computes them, the
+    /// routes as `moe_route`), for decode steps of 1, 2, 4 or 8 tokens; the launch also writes
+    /// x's Q8 form when the cache does not hold it (the expert matmuls read it). `None`: not
+    /// applicable (other weight types or token counts, `QUARREL_CUDA_MOE_ROUTER=0`): the caller
+    /// runs the matmul and `route`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn route_fused(&self, dev: &Device, qc: &Mutex<Option<QCache>>, layer: Option<usize>, w: &CudaWeight, x: u64, n_tok: usize, bias: u64, p: &MoeRouting) -> Result<Option<Vec<Route>>, CudaError> {
+        let n_in = w.n_in;
+        if !fused_router() || w.dev_ty != DevType::F32 || w.n_out != p.n_expert || !matches!(n_tok, 1 | 2 | 4 | 8) || n_in % 8 != 0 || !applies(n_tok, p) {
+            return Ok(None);
+        }
+        let n = n_tok * p.n_used;
+        let counts = self.counts_ptr(dev, layer, p.n_expert)?;
+        let cnt = {
+            let mut c = lock(&self.router_cnt)?;
+            if c.is_none() {
+                let m = DevMem::alloc(dev, 4)?;
+                dev.memset0(m.ptr, 4)?;
+                *c = Some(m);
+            }
+            c.as_ref().map_or(0, |m| m.ptr)
+        };
+        // x's Q8 form unless cached (a norm that wrote x left it): written by the same launch
+        let cached = lock(qc)?.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in);
+        let fresh_q = if cached || n_in % 32 != 0 { None } else { Some(QCache::new(dev, x, n_tok * n_in)?) };
+        let (xq, xm) = fresh_q.as_ref().map_or((0, 0), |c| (c.xq.ptr(), c.xm.ptr()));
+        let logits = dev.scratch(4 * n_tok * p.n_expert)?;
+        let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
+        // gemv_f32's grid and warps per row (matmul::gemv_shape for float weights)
+        let wpr = crate::moe_chunk::wpr_for(p.n_expert, 0);
+        let grid = p.n_expert.div_ceil(8 / wpr) as u32;
+        dev.launch(
+            &format!("moe_router_f32_{n_tok}"),
+            (grid, 1, 1),
+            128,
+            (4 * 2 * 4 * p.n_expert) as u32,
+            &[
+                Arg::P(w.p.ptr),
+                Arg::P(x),
+                Arg::P(logits.ptr()),
+                Arg::I(n_in as i32),
+                Arg::I(p.n_expert as i32),
+                Arg::I(wpr as i32),
+                Arg::P(bias),
+                Arg::P(eids.ptr()),
+                Arg::P(wts.ptr()),
+                Arg::P(counts),
+                Arg::I(p.n_used as i32),
+                Arg::I((p.gating == Gating::Sigmoid) as i32),
+                Arg::I(p.norm_weights as i32),
+                Arg::F(p.scale),
+                Arg::P(cnt),
+                Arg::P(xq),
+                Arg::P(xm),
+            ],
+        )?;
+        if let Some(c) = fresh_q {
+            *lock(qc)? = Some(c);
+        }
+        *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used, calls: 0 });
+        Ok(Some((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect()))
     }
 
     /// The routes' expert matmul: `out (routes, n_out)` from `x` (per token or per route).
@@ -289,8 +395,7 @@ impl DevRouter {
             // a prefill: work items planned on the device, one grouped MMQ launch per tile
             return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
         }
-        // warps per row group by the matrix shape alone (as moe::moe_gemv and moe_chunk)
-        let wpr = crate::moe_chunk::wpr_for(n_out, units);
+        let wpr = wpr_dev(n_out, units, n_routes);
         let g = MoeGemv {
             name,
             p: w.p.ptr,
@@ -459,6 +564,7 @@ pub fn kernel_names() -> Vec<String> {
 /// The decode kernels, launched with programmatic dependent launch (they begin with `GDC()`).
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v = vec!["moe_route".to_string(), "moe_combine_dev".to_string()];
+    v.extend([1, 2, 4, 8].map(|nt| format!("moe_router_f32_{nt}")));
     for t in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
         v.push(format!("moe_gemv_dev_{t}"));
         v.push(format!("moe_gemv2_dev_{t}"));

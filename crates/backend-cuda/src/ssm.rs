@@ -31,6 +31,14 @@ pub struct CudaState {
     ssm: Vec<Option<DevMem>>,
     /// u64 counter of non-finite state values.
     bad: DevMem,
+    /// `ssm_conv_scan`'s finished-block counters, one per (state slot, group) (u32; zeroed,
+    /// each reset by the group's last block).
+    cnt: DevMem,
+    /// Groups of the layer with the most (the counters per slot).
+    max_groups: usize,
+    /// Decode steps' conv and scan as one launch (`ssm_conv_scan`; tests turn it off to
+    /// compare against the two launches).
+    pub(crate) merge: std::sync::atomic::AtomicBool,
 }
 
 impl CudaState {
@@ -58,7 +66,11 @@ impl CudaState {
         }
         let bad = DevMem::alloc(dev, 8)?;
         dev.memset0(bad.ptr, 8)?;
-        Ok(CudaState { spec: spec.clone(), conv, ssm, bad })
+        let max_groups = spec.layers.iter().flatten().map(|p| p.n_group).max().unwrap_or(1).max(1);
+        let cnt_bytes = 4 * max_groups * spec.n_slots.max(1);
+        let cnt = DevMem::alloc(dev, cnt_bytes)?;
+        dev.memset0(cnt.ptr, cnt_bytes)?;
+        Ok(CudaState { spec: spec.clone(), conv, ssm, bad, cnt, max_groups, merge: std::sync::atomic::AtomicBool::new(true) })
     }
 
     /// (bytes of state, non-finite values met so far).
@@ -163,23 +175,58 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
             &[Arg::P(zx.0), Arg::P(seq.ptr()), Arg::P(state), Arg::I(n_seq as i32), Arg::I(cd as i32), Arg::I(p.d_conv as i32), Arg::I(dp as i32), Arg::I(p.d_inner as i32)],
         );
     }
-    dev.launch_1d(
-        "ssm_conv",
-        (n_seq * cd) as u64,
-        &[
-            Arg::P(zx.0),
-            Arg::P(w.0),
-            Arg::P(bias.map_or(0, |b| b.0)),
-            Arg::P(seq.ptr()),
-            Arg::P(state),
-            Arg::P(out.0),
-            Arg::I(n_seq as i32),
-            Arg::I(cd as i32),
-            Arg::I(p.d_conv as i32),
-            Arg::I(dp as i32),
-            Arg::I(p.d_inner as i32),
-        ],
-    )
+    let c = ConvHeld { layer, p: *p, zx: zx.0, w: w.0, bias: bias.map_or(0, |b| b.0), seq, n_seq, state, out: out.0 };
+    // a decode step of one token per sequence: held, the scan that reads `out` joins it
+    if merge() && st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
+        return dev.hold(crate::device::Held::SsmConv(c));
+    }
+    c.launch(dev)
+}
+
+/// Whether a decode step's conv joins the scan's launch (`ssm_conv_scan`);
+/// `QUARREL_CUDA_SSM_MERGE=0`: two launches (comparisons).
+fn merge() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("QUARREL_CUDA_SSM_MERGE").map_or(true, |v| v != "0"))
+}
+
+/// A decode step's `ssm_conv`, held (`Held::SsmConv`) so that the scan over its output joins
+/// it as one `ssm_conv_scan` launch (the same arithmetic: the same bits).
+pub(crate) struct ConvHeld {
+    layer: usize,
+    p: SsmParams,
+    zx: u64,
+    w: u64,
+    bias: u64,
+    seq: crate::device::PoolMem,
+    n_seq: usize,
+    state: u64,
+    out: u64,
+}
+
+impl ConvHeld {
+    /// Queue it alone (`ssm_conv`).
+    pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
+        let p = &self.p;
+        let cd = p.conv_dim();
+        dev.launch_1d(
+            "ssm_conv",
+            (self.n_seq * cd) as u64,
+            &[
+                Arg::P(self.zx),
+                Arg::P(self.w),
+                Arg::P(self.bias),
+                Arg::P(self.seq.ptr()),
+                Arg::P(self.state),
+                Arg::P(self.out),
+                Arg::I(self.n_seq as i32),
+                Arg::I(cd as i32),
+                Arg::I(p.d_conv as i32),
+                Arg::I(p.d_in_proj() as i32),
+                Arg::I(p.d_inner as i32),
+            ],
+        )
+    }
 }
 
 /// Scan inputs: conv output, the projection (for dt), per-head A, D and dt bias.
@@ -198,6 +245,40 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
     check("ssm_scan output", y.1, n * p.d_inner)?;
     for (what, b) in [("A", s.a), ("D", s.d), ("dt bias", s.dt_bias)] {
         check(&format!("ssm_scan {what}"), b.1, p.n_head)?;
+    }
+    // the held conv of this layer's step that wrote xbc: one launch for both
+    let joins = |h: &crate::device::Held| matches!(h, crate::device::Held::SsmConv(c) if c.out == s.xbc.0 && c.layer == layer && c.p == *p && c.zx == s.zx.0);
+    if let Some(crate::device::Held::SsmConv(c)) = dev.take_held_if(joins) {
+        let state = st.ssm[layer].as_ref().ok_or_else(|| CudaError::Shape(format!("layer {layer} has no recurrent state")))?.ptr;
+        return dev.launch(
+            "ssm_conv_scan",
+            ((c.n_seq * p.d_inner / 8) as u32, 1, 1),
+            256,
+            (4 * (2 * p.d_state + 8)) as u32,
+            &[
+                Arg::P(c.zx),
+                Arg::P(c.w),
+                Arg::P(c.bias),
+                Arg::P(c.seq.ptr()),
+                Arg::P(c.state),
+                Arg::P(c.out),
+                Arg::P(s.a.0),
+                Arg::P(s.d.0),
+                Arg::P(s.dt_bias.0),
+                Arg::P(state),
+                Arg::P(y.0),
+                Arg::P(st.bad.ptr),
+                Arg::I(c.n_seq as i32),
+                Arg::I(p.n_head as i32),
+                Arg::I(p.head_dim() as i32),
+                Arg::I(p.d_state as i32),
+                Arg::I(p.n_group as i32),
+                Arg::I(dp as i32),
+                Arg::I((dp - p.n_head) as i32),
+                Arg::I(p.d_conv as i32),
+                Arg::P(st.cnt.ptr),
+            ],
+        );
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
     let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;
@@ -304,7 +385,7 @@ pub(crate) fn gated_norm_q8(p: &SsmParams) -> bool {
 
 /// The decode kernels, launched with programmatic dependent launch (they begin with `GDC()`).
 pub fn gdc_kernel_names() -> Vec<String> {
-    ["ssm_conv", "ssm_scan", "ssm_gated_norm"].iter().map(|s| s.to_string()).collect()
+    ["ssm_conv", "ssm_scan", "ssm_conv_scan", "ssm_gated_norm"].iter().map(|s| s.to_string()).collect()
 }
 
 /// Kernel names this module launches.

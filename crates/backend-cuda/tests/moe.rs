@@ -280,3 +280,126 @@ fn device_router_matches_host_reference() {
     }
     eprintln!("device router == host reference over {cases} random cases");
 }
+
+/// A decode step's Mamba2 conv + scan as one launch (`ssm_conv_scan`) equals its twin, the two
+/// launches `ssm_conv` + `ssm_scan`, bit for bit: conv outputs, scan outputs, and the carried conv
+/// and scan states (every later step reads them), over several group counts, state sizes and
+/// batches of sequences in shuffled state slots.
+#[test]
+fn ssm_conv_scan_equals_conv_then_scan() {
+    use quarrel_core::{Backend, ForwardBatch, KvSpec, KvType, SeqBatch, SsmParams, StateSpec};
+    if !has_gpu() {
+        return;
+    }
+    let be = CudaBackend::new(0).unwrap();
+    let mut state = 0x853c49e6748fea9bu64;
+    let mut rnd = move |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    };
+    let shapes = [(8usize, 32usize, 128usize, 2usize), (8, 64, 64, 1), (16, 32, 128, 8), (4, 64, 256, 4), (8, 40, 16, 2)];
+    for &(n_head, hd, d_state, n_group) in &shapes {
+        let p = SsmParams { d_conv: 4, d_inner: n_head * hd, d_state, n_group, n_head, eps: 1e-5 };
+        let (dp, cd) = (p.d_in_proj(), p.conv_dim());
+        let w = be.upload(&rnd(cd * p.d_conv, 1.0)).unwrap();
+        let bias = be.upload(&rnd(cd, 0.2)).unwrap();
+        let a = be.upload(&rnd(n_head, 8.0).iter().map(|v| -v.abs() - 0.01).collect::<Vec<f32>>()).unwrap();
+        let d = be.upload(&rnd(n_head, 2.0)).unwrap();
+        let dtb = be.upload(&rnd(n_head, 4.0)).unwrap();
+        let spec = KvSpec { n_layer: 1, n_kv_head: 1, head_dim: 32, block_size: 16, n_blocks: 1, ty: KvType::F32 };
+        let mut kvs: Vec<_> = (0..2).map(|_| be.alloc_kv(&spec).unwrap()).collect();
+        for (i, kv) in kvs.iter_mut().enumerate() {
+            be.alloc_state(kv, &StateSpec { n_slots: 4, layers: vec![Some(p)] }).unwrap();
+            be.set_ssm_merge(kv, i == 0).unwrap();
+        }
+        let slots = [2u32, 0, 3];
+        for step in 0..6usize {
+            // sequences 0 and 1 from position 0; sequence 2 joins (fresh) at step 2
+            let live: Vec<usize> = (0..3).filter(|&s| s < 2 || step >= 2).collect();
+            let n = live.len();
+            let batch = ForwardBatch {
+                tokens: vec![0; n],
+                positions: live.iter().map(|&s| if s < 2 { step as u32 } else { (step - 2) as u32 }).collect(),
+                seqs: (0..n).map(|i| SeqBatch { start: i, len: 1, block_table: vec![0] }).collect(),
+                logits_rows: vec![],
+                state_slots: live.iter().map(|&s| slots[s]).collect(),
+            };
+            let zx = be.upload(&rnd(n * dp, 3.0)).unwrap();
+            let mut outs = vec![];
+            for kv in kvs.iter_mut() {
+                let mut xbc = be.alloc(n * cd).unwrap();
+                be.ssm_conv(kv, 0, &p, &zx, &w, Some(&bias), &batch, &mut xbc).unwrap();
+                let mut y = be.alloc(n * p.d_inner).unwrap();
+                be.ssm_scan(kv, 0, &p, &xbc, &zx, &a, &d, &dtb, &batch, &mut y).unwrap();
+                outs.push((be.download(&xbc).unwrap(), be.download(&y).unwrap()));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&outs[0].0), bits(&outs[1].0), "{p:?} step {step}: conv outputs differ");
+            assert_eq!(bits(&outs[0].1), bits(&outs[1].1), "{p:?} step {step}: scan outputs differ");
+        }
+    }
+    eprintln!("ssm_conv_scan == ssm_conv + ssm_scan over {} shapes, 6 steps of up to 3 sequences", shapes.len());
+}
+
+/// The fused router launch (`moe_router_f32`: router matmul + routing, decode steps) equals its
+/// twin: the `gemv_f32` logits (`matmul`, downloaded) routed by the host reference (same
+/// experts, weights within 4 ulp) and by `moe_route` (bit for bit).
+#[test]
+fn fused_router_matches_matmul_and_reference() {
+    use quarrel_core::moe::route_reference;
+    use quarrel_core::{Backend, Gating, MoeRouting, QuantType, WeightSource};
+    use quarrel_gguf::{Gguf, GgufWriter};
+    use std::sync::Arc;
+    if !has_gpu() {
+        return;
+    }
+    let be = CudaBackend::new(0).unwrap();
+    let mut state = 0x2545f4914f6cdd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut cases = 0;
+    for round in 0..64 {
+        let n_expert = [8usize, 128, 64, 1000, 40, 256][round % 6];
+        let n_in = [4096usize, 2688, 1536, 256][(round / 6) % 4];
+        let n_tok = [1usize, 2, 4, 8][round % 4];
+        let n_used = 1 + (next() as usize) % n_expert.min(8);
+        let gating = if next() % 2 == 0 { Gating::Softmax } else { Gating::Sigmoid };
+        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next() % 2 == 0, scale: [0.0f32, 1.0, 2.5][(next() % 3) as usize] };
+        let mut w = GgufWriter::new();
+        w.add_tensor("router", &[n_in as u64, n_expert as u64], QuantType::F32).unwrap();
+        // a few duplicated rows: tied logits
+        let rows: Vec<Vec<f32>> = (0..n_expert).map(|_| (0..n_in).map(|_| ((next() % 2001) as f32 - 1000.0) * 2e-5).collect()).collect();
+        let data: Vec<u8> = (0..n_expert).flat_map(|e| rows[if e % 7 == 3 { e - 1 } else { e }].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&[data.as_slice()]).unwrap()).unwrap());
+        let wt = be.load_weight(WeightSource { gguf: &g, name: "router" }).unwrap();
+        let x: Vec<f32> = (0..n_tok * n_in).map(|_| ((next() % 20001) as f32 - 10000.0) * 1e-4).collect();
+        let xb = be.upload(&x).unwrap();
+        let bias: Option<Vec<f32>> = (next() % 3 == 0).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
+        let bb = bias.as_ref().map(|b| be.upload(b).unwrap());
+        let got = be.moe_router_on_device(&wt, &xb, n_tok, bb.as_ref(), &p).unwrap();
+        let mut lb = be.alloc(n_tok * n_expert).unwrap();
+        be.matmul(&wt, &xb, n_tok, &mut lb).unwrap();
+        let logits = be.download(&lb).unwrap();
+        let want = route_reference(&logits, bias.as_deref(), &p).unwrap();
+        let twin = be.moe_route_on_device(&lb, bb.as_ref(), &p).unwrap();
+        assert_eq!(got.len(), want.len());
+        for ((g, w), t) in got.iter().zip(&want).zip(&twin) {
+            assert_eq!((g.token, g.expert), (w.token, w.expert), "round {round} {p:?}: experts differ: {got:?} vs {want:?}");
+            let ulps = (g.weight.to_bits() as i64 - w.weight.to_bits() as i64).abs();
+            assert!(ulps <= 4, "round {round} {p:?}: weight {} vs {}", g.weight, w.weight);
+            assert_eq!((g.expert, g.weight.to_bits()), (t.expert, t.weight.to_bits()), "round {round} {p:?}: fused vs moe_route");
+        }
+        cases += 1;
+    }
+    eprintln!("fused router == gemv_f32 + host reference over {cases} random cases");
+}

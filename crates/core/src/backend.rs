@@ -143,6 +143,14 @@ pub trait Backend: Send + Sync + 'static {
     fn moe_route(&self, _layer: usize, _logits: &Self::Buf, _bias: Option<&Self::Buf>, _p: &MoeRouting) -> Result<Vec<Route>> {
         Err(CoreError::Unsupported(format!("{}: moe_route", self.name())))
     }
+    /// The router matmul and the routing in one call: `logits = x (n_tok, n_in) · wᵀ`
+    /// (`w`: `(n_in, n_expert)`), then `moe_route(layer, logits, bias, p)`. A device backend
+    /// may compute both in one launch (the same logits and routes); the default runs them in turn.
+    fn moe_router(&self, layer: usize, w: &Self::Weight, x: &Self::Buf, n_tok: usize, bias: Option<&Self::Buf>, p: &MoeRouting) -> Result<Vec<Route>> {
+        let mut logits = self.alloc(n_tok * p.n_expert)?; // (n_tok, n_expert)
+        self.matmul(w, x, n_tok, &mut logits)?;
+        self.moe_route(layer, &logits, bias, p)
+    }
     /// Expert selections counted so far: `counts[layer][expert]` (empty rows for layers
     /// without experts).
     fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {

@@ -67,9 +67,8 @@ impl<B: Backend> MoeFfn<B> {
     /// (a shared expert's output already in `out` is added to in the same pass: no separate add).
     pub fn forward_add(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize, out: &mut B::Buf) -> Result<()> {
         let ne = self.routing.n_expert;
-        let mut logits = be.alloc(n_tok * ne)?; // (n_tok, n_expert)
-        be.matmul(&self.ffn_gate_inp, x, n_tok, &mut logits)?;
-        let routes = self.route_timer.time(|| be.moe_route(self.layer, &logits, self.exp_probs_b.as_ref(), &self.routing))?; // n_tok * n_used
+        // the router matmul and the routing (one launch on a GPU: the routing time includes the matmul)
+        let routes = self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?; // n_tok * n_used
         let r = routes.len();
         let mut up = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
         be.moe_matmul(&self.ffn_up_exps, ne, x, &routes, true, &mut up)?;
