@@ -18,6 +18,7 @@ const PRESETS: &[&str] = &[
     "tiny-mamba2",
     "tiny-nemotron-h",
     "tiny-nemotron-h-moe",
+    "tiny-gemma3",
 ];
 
 /// The fixture models: Q8_0, seed 7 (as scripts/moe-fixtures.sh). Q8_0 because llama.cpp's

@@ -1,6 +1,7 @@
 //! Synthetic models of the mixture-of-experts and hybrid Mamba2 architectures: Mixtral-style
 //! `llama` with experts, `granite`, `granitemoe`, `granitehybrid`, `mamba2`, `nemotron_h`,
-//! `nemotron_h_moe`. Tiny presets (2-4 layers covering every layer kind of the arch, vocab
+//! `nemotron_h_moe`; and `gemma3` (per-head q/k norms, sandwich norms, GELU-gated FFN, tied
+//! output, interleaved sliding-window attention). Tiny presets (2-4 layers covering every layer kind of the arch, vocab
 //! 512) are the fixture models; full-size presets carry real shapes for benchmarks.
 //!
 //! A preset's `pattern` has one character per layer:
@@ -61,6 +62,8 @@ pub struct ArchPreset {
     pub expert_scale: f32,
     pub ssm: Option<SsmShape>,
     pub granite: Option<GraniteScales>,
+    /// Sliding-window attention (gemma3): `(window, pattern)`, every `pattern`-th layer global.
+    pub swa: Option<(usize, usize)>,
     pub rope_freq_base: f32,
     pub rms_eps: f32,
 }
@@ -101,6 +104,7 @@ const BASE: ArchPreset = ArchPreset {
     expert_scale: 0.0,
     ssm: None,
     granite: None,
+    swa: None,
     rope_freq_base: 10_000.0,
     rms_eps: 1e-5,
 };
@@ -155,6 +159,58 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         expert_norm: true,
         expert_scale: 2.5,
         ssm: Some(TINY_SSM),
+        ..BASE
+    },
+    // Gemma 3: head_dim 128 with n_head * head_dim != n_embd, one KV head, a 5-position window
+    // with every 2nd layer global (the fixture's 16 tokens cross the window)
+    ArchPreset {
+        name: "tiny-gemma3",
+        model: "Quarrel tiny Gemma 3",
+        arch: "gemma3",
+        pattern: "AAAA",
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 128,
+        n_ff: 512,
+        swa: Some((5, 2)),
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // google/gemma-3-270m
+    ArchPreset {
+        name: "gemma-3-270m",
+        model: "Gemma 3 270M",
+        arch: "gemma3",
+        pattern: "AAAAAAAAAAAAAAAAAA",
+        n_embd: 640,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 256,
+        n_ff: 2048,
+        n_vocab: 262_144,
+        n_ctx: 32_768,
+        swa: Some((512, 6)),
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // google/gemma-3-1b-it
+    ArchPreset {
+        name: "gemma-3-1b",
+        model: "Gemma 3 1B",
+        arch: "gemma3",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 1152,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 256,
+        n_ff: 6912,
+        n_vocab: 262_144,
+        n_ctx: 32_768,
+        swa: Some((512, 6)),
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
         ..BASE
     },
     // mistralai/Mixtral-8x7B-v0.1
@@ -299,6 +355,12 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
                 push("attn_k.weight", vec![e, kv], mat(e, 1.0));
                 push("attn_v.weight", vec![e, kv], mat(e, 1.0));
                 push("attn_output.weight", vec![q, e], mat(q, resid));
+                if p.arch == "gemma3" {
+                    let hd = u(p.head_dim);
+                    push("attn_q_norm.weight", vec![hd], norm);
+                    push("attn_k_norm.weight", vec![hd], norm);
+                    push("post_attention_norm.weight", vec![e], norm);
+                }
             }
             'M' => {
                 let s = p.ssm.expect("checked");
@@ -332,6 +394,9 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
             push("ffn_gate.weight", vec![e, ff], mat(e, 1.0));
             push("ffn_up.weight", vec![e, ff], mat(e, 1.0));
             push("ffn_down.weight", vec![ff, e], mat(ff, resid));
+            if p.arch == "gemma3" {
+                push("post_ffw_norm.weight", vec![e], norm);
+            }
         } else if two_part {
             let ff = u(p.n_ff);
             push("ffn_gate_inp.weight", vec![e, ne], mat(e, 1.0));
@@ -355,7 +420,10 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
         }
     }
     l.push(("output_norm.weight".into(), vec![e], norm));
-    l.push(("output.weight".into(), vec![e, v], mat(e, 1.0)));
+    if p.arch != "gemma3" {
+        // gemma3 ties its output to token_embd
+        l.push(("output.weight".into(), vec![e, v], mat(e, 1.0)));
+    }
     l
 }
 
@@ -434,6 +502,10 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
             kv.push((k("attention.key_length"), u32v(p.head_dim)));
             kv.push((k("attention.value_length"), u32v(p.head_dim)));
         }
+    }
+    if let Some((window, pattern)) = p.swa {
+        kv.push((k("attention.sliding_window"), u32v(window)));
+        kv.push((k("attention.sliding_window_pattern"), u32v(pattern)));
     }
     if let Some(g) = p.granite {
         kv.push((k("embedding_scale"), Value::F32(g.embedding)));
