@@ -309,9 +309,8 @@ pub struct Gemm {
 }
 
 /// The GEMM kernels matching [`dot_fn`]`(ty)`, or None (use [`dot_fn`] per output). There
-/// are kernels for Q4_0, Q4_1, Q8_0 (llama.cpp-order one-row kernels) and Q5_0, Q5_1 (AVX2
-/// one-row kernels) where the detected level (after the `QUARREL_SIMD` cap) is
-/// `Avx512Vnni`, and for Q4_K, Q5_K and Q6_K where [`matmul_level`] is `Avx512` or above. `QUARREL_NO_GEMM` (any value, read
+/// are kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (llama.cpp-order one-row kernels) where the
+/// detected level (after the `QUARREL_SIMD` cap) is `Avx512Vnni`, and for Q4_K, Q5_K and Q6_K where [`matmul_level`] is `Avx512` or above. `QUARREL_NO_GEMM` (any value, read
 /// once) turns them all off.
 pub fn gemm_fn(ty: QuantType) -> Option<Gemm> {
     static NO_GEMM: OnceLock<bool> = OnceLock::new();

@@ -1,16 +1,14 @@
-//! The GEMM kernel families behind `simd::Gemm`: `gemm_ggml` (Q4_0, Q4_1, Q8_0 in
-//! llama.cpp's order, AVX-512 VNNI), `gemm_rows` (Q5_0, Q5_1 in the order of the AVX2
-//! one-row kernels, AVX-512 VNNI) and `gemm_kquants` (Q4_K, Q5_K, Q6_K in the order of the
-//! AVX-512 one-row kernels); `gemm_wide` adds 16-token tiles for the first family.
+//! The GEMM kernel families behind `simd::Gemm`: `gemm_ggml` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+//! in llama.cpp's order, AVX-512 VNNI) and `gemm_kquants` (Q4_K, Q5_K, Q6_K in the order of
+//! the AVX-512 one-row kernels); `gemm_wide` adds 16-token tiles for the first family.
 
-use super::{gemm_ggml, gemm_kquants, gemm_rows};
+use super::{gemm_ggml, gemm_kquants};
 use crate::simd::{Level, GEMM_ROWS, GEMM_TOKENS};
 use quarrel_core::QuantType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Ggml(gemm_ggml::Ty),
-    Rows(gemm_rows::Ty),
     /// `bool`: the `vpdpwssd` flavour.
     KQuant(gemm_kquants::Ty, bool),
 }
@@ -28,8 +26,8 @@ impl Kind {
             (QuantType::Q4_0, true) => Kind::Ggml(gemm_ggml::Ty::Q4_0),
             (QuantType::Q4_1, true) => Kind::Ggml(gemm_ggml::Ty::Q4_1),
             (QuantType::Q8_0, true) => Kind::Ggml(gemm_ggml::Ty::Q8_0),
-            (QuantType::Q5_0, false) => Kind::Rows(gemm_rows::Ty::Q5_0),
-            (QuantType::Q5_1, false) => Kind::Rows(gemm_rows::Ty::Q5_1),
+            (QuantType::Q5_0, true) => Kind::Ggml(gemm_ggml::Ty::Q5_0),
+            (QuantType::Q5_1, true) => Kind::Ggml(gemm_ggml::Ty::Q5_1),
             (QuantType::Q4_K, false) => Kind::KQuant(gemm_kquants::Ty::Q4K, false),
             (QuantType::Q5_K, false) => Kind::KQuant(gemm_kquants::Ty::Q5K, false),
             (QuantType::Q6_K, false) => Kind::KQuant(gemm_kquants::Ty::Q6K, false),
@@ -37,8 +35,6 @@ impl Kind {
         };
         match k {
             Kind::Ggml(_) => (vnni && gemm_ggml::supported()).then_some(k),
-            // the legacy types run the AVX2 kernels whatever the level
-            Kind::Rows(_) => (level == Level::Avx2 && gemm_rows::supported()).then_some(k),
             // the one-row kernels of both AVX-512 levels accumulate alike; use VNNI where
             // the level allows it
             Kind::KQuant(t, _) if level >= Level::Avx512 => Some(Kind::KQuant(t, vnni && level >= Level::Avx512Vnni)),
@@ -49,7 +45,6 @@ impl Kind {
     pub(crate) fn min_tokens(self) -> usize {
         match self {
             Kind::Ggml(_) => 2,
-            Kind::Rows(_) => 4,
             Kind::KQuant(..) => 3,
         }
     }
@@ -61,7 +56,6 @@ impl Kind {
     pub(crate) fn act_panel_bytes(self, n_in: usize) -> usize {
         match self {
             Kind::Ggml(t) => t.act_panel_bytes(n_in),
-            Kind::Rows(t) => t.act_panel_bytes(n_in),
             Kind::KQuant(t, _) => t.act_panel_bytes(n_in),
         }
     }
@@ -69,7 +63,6 @@ impl Kind {
     pub(crate) fn weight_panel_bytes(self, n_in: usize) -> usize {
         match self {
             Kind::Ggml(t) => t.weight_panel_bytes(n_in),
-            Kind::Rows(t) => t.weight_panel_bytes(n_in),
             Kind::KQuant(t, _) => t.weight_panel_bytes(n_in),
         }
     }
@@ -77,7 +70,6 @@ impl Kind {
     pub(crate) fn pack_act(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         match self {
             Kind::Ggml(t) => t.pack_act(n_in, rows, panel),
-            Kind::Rows(t) => t.pack_act(n_in, rows, panel),
             Kind::KQuant(t, _) => t.pack_act(n_in, rows, panel),
         }
     }
@@ -85,7 +77,6 @@ impl Kind {
     pub(crate) fn pack_weights(self, n_in: usize, rows: &[&[u8]], panel: &mut [u8]) {
         match self {
             Kind::Ggml(t) => t.pack_weights(n_in, rows, panel),
-            Kind::Rows(t) => t.pack_weights(n_in, rows, panel),
             Kind::KQuant(t, _) => t.pack_weights(n_in, rows, panel),
         }
     }
@@ -147,7 +138,6 @@ impl Kind {
     pub(crate) fn tile(self, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
         match self {
             Kind::Ggml(t) => t.tile(n_in, w, a, n_tok, out),
-            Kind::Rows(t) => t.tile(n_in, w, a, n_tok, out),
             Kind::KQuant(t, vnni) => t.tile(vnni, n_in, w, a, n_tok, out),
         }
     }

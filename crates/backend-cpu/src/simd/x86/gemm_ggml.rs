@@ -1,8 +1,8 @@
-//! GEMM micro-kernels (AVX-512 VNNI) for Q4_0, Q4_1 and Q8_0 weights that give, for every
+//! GEMM micro-kernels (AVX-512 VNNI) for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights that give, for every
 //! (row, token) output, exactly the bits of the llama.cpp-order one-row kernels in
 //! `ggml_order.rs`: each output keeps its own 8-lane accumulator, updated once per block in
 //! block order with `acc = fma(d_w * d_a, cvt(block lane sums), acc)`, reduced with ggml's
-//! `hsum_float_8`, plus Q4_1's sequential `summs = fma(m_w, s_a, summs)`.
+//! `hsum_float_8`, plus Q4_1's / Q5_1's sequential `summs = fma(m_w, s_a, summs)`.
 //!
 //! What the tile shares: a 512-bit register holds the 8-lane accumulators of two tokens (the
 //! lane-wise operations are the same ones the 256-bit kernel does), a weight block is unpacked
@@ -17,7 +17,8 @@
 //! ```
 //!
 //! Integer block sums are exact whatever the method, and equal lane for lane (lane `j` is the
-//! dot of elements `4j..4j+4`): Q4_1 `Σ q·y`; Q4_0 `Σ q·y - 8·Σ y = Σ (q-8)·y`; Q8_0
+//! dot of elements `4j..4j+4`): Q4_1 / Q5_1 `Σ q·y`; Q4_0 `Σ q·y - 8·Σ y = Σ (q-8)·y`;
+//! Q5_0 (5-bit codes) `Σ q·y - 16·Σ y`; Q8_0
 //! `Σ (x+128)·y - 128·Σ y = Σ x·y` (the `- c·Σ y` term is the precomputed `off`, the
 //! `vpdpbusd` start value). The one-row kernels' sign trick gives the same sums for
 //! activations in -127..=127 (all the activation quantizers produce).
@@ -47,6 +48,8 @@ const A_EXTRA: usize = 2 * PAIRS * 64;
 pub(crate) enum Ty {
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
 }
 
@@ -61,24 +64,44 @@ impl Ty {
         match self {
             Ty::Q4_0 => 18,
             Ty::Q4_1 => 20,
+            Ty::Q5_0 => 22,
+            Ty::Q5_1 => 24,
             Ty::Q8_0 => 34,
         }
     }
 
     pub(super) fn ab(self) -> usize {
+        if self.has_m() {
+            36
+        } else {
+            34
+        }
+    }
+
+    /// The type has a min (`m`, paired with the Q8_1 activations' `s`).
+    pub(super) fn has_m(self) -> bool {
+        matches!(self, Ty::Q4_1 | Ty::Q5_1)
+    }
+
+    /// The code offset `c` of a signed type (value = code - c), whose `- c·Σ y` starts the
+    /// integer sums; 0 for the types with a min.
+    pub(super) fn offset(self) -> i32 {
         match self {
-            Ty::Q4_1 => 36,
-            _ => 34,
+            Ty::Q4_0 => 8,
+            Ty::Q5_0 => 16,
+            Ty::Q8_0 => 128,
+            Ty::Q4_1 | Ty::Q5_1 => 0,
         }
     }
 
     /// Bytes of one block of an activation panel (a multiple of 64).
     fn a_block(self) -> usize {
-        match self {
+        if self.has_m() {
             // y, d, s (8 f32, padded to 64 bytes)
-            Ty::Q4_1 => A_EXTRA + 64,
+            A_EXTRA + 64
+        } else {
             // y, d, off
-            _ => A_EXTRA + PAIRS * 64,
+            A_EXTRA + PAIRS * 64
         }
     }
 
@@ -110,13 +133,13 @@ impl Ty {
                     let o = A_D + p * 64 + h + 4 * k;
                     dst[o..o + 4].copy_from_slice(&d);
                 }
-                match self {
-                    Ty::Q4_1 => {
+                match self.has_m() {
+                    true => {
                         let o = A_EXTRA + 4 * t;
                         dst[o..o + 4].copy_from_slice(&f16(src, 2).to_le_bytes());
                     }
-                    Ty::Q4_0 | Ty::Q8_0 => {
-                        let c = if self == Ty::Q4_0 { 8 } else { 128 };
+                    false => {
+                        let c = self.offset();
                         for j in 0..8 {
                             let s: i32 = y[4 * j..4 * j + 4].iter().map(|&v| v as i8 as i32).sum();
                             let o = A_EXTRA + p * 64 + h + 4 * j;
@@ -165,9 +188,10 @@ impl Ty {
                 }
             };
         }
-        match self {
-            Ty::Q4_1 => go!(false, true),
-            _ => go!(true, false),
+        if self.has_m() {
+            go!(false, true)
+        } else {
+            go!(true, false)
         }
     }
 }
@@ -183,14 +207,25 @@ unsafe fn pack_row(ty: Ty, nb: usize, src: *const u8, dst: *mut u8, r: usize) {
         let (s, d) = (src.add(b * wb), dst.add(b * W_BLOCK));
         let u = match ty {
             Ty::Q4_0 | Ty::Q4_1 => unpack_nibbles(s.add(wb - 16)),
+            // the 5th bits (u32 `qh` before the nibbles) as 0x10
+            Ty::Q5_0 | Ty::Q5_1 => _mm256_or_si256(unpack_nibbles(s.add(wb - 16)), _mm256_and_si256(bytes_from_bits(s.add(wb - 20)), _mm256_set1_epi8(0x10))),
             Ty::Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(s.add(2) as *const __m256i), _mm256_set1_epi8(-128)),
         };
         _mm256_storeu_si256(d.add(32 * r) as *mut __m256i, u);
         (d.add(ROWS * 32 + 4 * r) as *mut f32).write_unaligned(super::f16_at(s));
-        if ty == Ty::Q4_1 {
+        if ty.has_m() {
             (d.add(ROWS * 36 + 4 * r) as *mut f32).write_unaligned(super::f16_at(s.add(2)));
         }
     }
+}
+
+/// Byte `j` 0xFF where bit `j` of the u32 at `p` is set. SAFETY: `p..p+4` readable; AVX2.
+#[inline(always)]
+unsafe fn bytes_from_bits(p: *const u8) -> __m256i {
+    let x = (p as *const u32).read_unaligned() as i32;
+    let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf), _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
 }
 
 /// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
@@ -270,7 +305,7 @@ unsafe fn tile<const TP: usize, const OFF: bool, const M: bool>(
             for (h, v) in [lo, hi].into_iter().enumerate() {
                 let t = 2 * p + h;
                 if t < n_tok {
-                    // `+ summs` only for Q4_1: adding 0.0 would turn -0.0 into +0.0
+                    // `+ summs` only with a min: adding 0.0 would turn -0.0 into +0.0
                     out[r][t] = if M { hsum(v) + s[t] } else { hsum(v) };
                 }
             }

@@ -1,4 +1,4 @@
-//! Wide GEMM tiles (AVX-512 VNNI) for Q4_0, Q4_1 and Q8_0 weights: [`ROWS`] weight rows x
+//! Wide GEMM tiles (AVX-512 VNNI) for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights: [`ROWS`] weight rows x
 //! [`WIDE_TOKENS`] tokens, every output bit-identical to the llama.cpp-order one-row kernels
 //! (`ggml_order.rs`), like `gemm_ggml`'s tiles, in fewer instructions per product.
 //!
@@ -17,8 +17,8 @@
 //! `vpdpbusd`): the panel's start value carries `0x4B40_0000` (1.5·2^23 as a float), so the
 //! sum's bits read as a float are exactly `1.5·2^23 + sum` (|sum| < 2^22), and one exact
 //! subtraction leaves `float(sum)`. Three vector instructions per 64 products where the
-//! 2-token-pair tiles of `gemm_ggml` need four. Start values: Q4_0 `-8·Σy`, Q8_0 `-128·Σy`
-//! (the unsigned-weights trick of `gemm_ggml`), Q4_1 none (plus Q4_1's `summs` per token).
+//! 2-token-pair tiles of `gemm_ggml` need four. Start values: Q4_0 `-8·Σy`, Q5_0 `-16·Σy`, Q8_0 `-128·Σy`
+//! (the unsigned-weights trick of `gemm_ggml`), Q4_1 / Q5_1 none (plus their `summs` per token).
 //!
 //! Weight panels are `gemm_ggml`'s; activation panels, per block:
 //!
@@ -44,9 +44,10 @@ const A_EXTRA: usize = A_D + 64;
 
 impl Ty {
     fn wide_block(self) -> usize {
-        match self {
-            Ty::Q4_1 => A_EXTRA + 64,
-            _ => A_EXTRA + 8 * 64,
+        if self.has_m() {
+            A_EXTRA + 64
+        } else {
+            A_EXTRA + 8 * 64
         }
     }
 
@@ -60,8 +61,8 @@ impl Ty {
         let (nb, ab, pb) = (n_in / QK, self.ab(), self.wide_block());
         assert!(n_in.is_multiple_of(QK) && rows.len() <= WIDE_TOKENS && panel.len() >= nb * pb);
         let qo = ab - QK;
-        let off = self != Ty::Q4_1;
-        let c = if self == Ty::Q4_0 { 8 } else { 128 };
+        let off = !self.has_m();
+        let c = self.offset();
         // every byte of the panel written once (missing tokens: zeros, start MAGIC)
         for b in 0..nb {
             let dst = &mut panel[b * pb..(b + 1) * pb];
@@ -112,9 +113,10 @@ impl Ty {
         // SAFETY: the CPU has the features (asserted); the panels hold `nb` blocks and `out`
         // the n_tok rows of ROWS floats `ld` apart (asserted), which is all the kernel touches.
         unsafe {
-            match self {
-                Ty::Q4_1 => tile4::<false, true>(nb, w.as_ptr(), a.as_ptr(), self.wide_block(), n_tok, out.as_mut_ptr(), ld),
-                _ => tile4::<true, false>(nb, w.as_ptr(), a.as_ptr(), self.wide_block(), n_tok, out.as_mut_ptr(), ld),
+            if self.has_m() {
+                tile4::<false, true>(nb, w.as_ptr(), a.as_ptr(), self.wide_block(), n_tok, out.as_mut_ptr(), ld)
+            } else {
+                tile4::<true, false>(nb, w.as_ptr(), a.as_ptr(), self.wide_block(), n_tok, out.as_mut_ptr(), ld)
             }
         }
     }

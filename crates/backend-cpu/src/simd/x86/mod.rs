@@ -13,7 +13,6 @@
 //! | `gemm_ggml.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `ggml_order.rs`         |
 //! | `gemm_wide.rs`     | AVX-512 VNNI 4x16 tiles, same bits as `gemm_ggml.rs`, fewer ops   |
 //! | `gemm_kquants.rs`  | AVX-512 GEMM tiles bit-identical to `avx512_kquants.rs`          |
-//! | `gemm_rows.rs`     | AVX-512 VNNI GEMM tiles bit-identical to `legacy.rs` (Q5_0, Q5_1) |
 //! | `gemv_ggml.rs`     | AVX-512 VNNI decode GEMV (8 rows) bit-identical to `ggml_order.rs` |
 //! | `repack.rs`        | AVX-512 VNNI tiles over 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K (`simd::repack`) |
 //! | `repack_avx2.rs`   | their AVX2 twins (bit-identical)                                 |
@@ -41,7 +40,6 @@ pub(crate) mod gemm;
 mod gemm_compact;
 mod gemm_ggml;
 mod gemm_kquants;
-mod gemm_rows;
 mod gemm_wide;
 pub(crate) mod gemv_ggml;
 pub(crate) mod ggml_order;
