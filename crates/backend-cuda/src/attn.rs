@@ -254,7 +254,7 @@ impl CudaBackend {
                 && kv.spec.ty == quarrel_core::KvType::F16
                 && matches!(hd, 64 | 128 | 256)
                 && group <= 16
-                && mma_min_tokens().is_some_and(|m| batch.n_tokens() >= m);
+                && batch.n_tokens() >= self.attn_mma_min.load(std::sync::atomic::Ordering::Relaxed);
             let mut threads = 32;
             let (name, grid, n_split, smem) = match gqa {
                 Some(g) => (g.name, g.grid, g.n_split, g.smem),
