@@ -34,6 +34,29 @@ pub fn vec_max_positions() -> usize {
 /// numerics = CPU numerics").
 const VEC_MAX_POSITIONS: usize = 384;
 
+/// Kernel names of `kernels/attn_mma.cu` (tensor-core prefill attention over an f16 cache).
+pub fn mma_kernel_names() -> Vec<String> {
+    [64, 128, 256].iter().map(|hd| format!("attn_mma_f16_{hd}")).collect()
+}
+
+/// The smallest batch (query tokens) whose prefill attention over an f16 cache takes the
+/// tensor-core kernel (`attn_mma_f16_*`: f16 q and probabilities, f32 scores, softmax and
+/// accumulator) instead of the f32 tiled kernel; `None`: never. `QUARREL_CUDA_ATTN_MMA=0` turns
+/// it off, `QUARREL_CUDA_ATTN_MMA_MIN=<n>` sets the threshold (default `MMA_MIN_TOKENS`).
+/// Exact numerics (`set_exact_attention`) never take it.
+pub fn mma_min_tokens() -> Option<usize> {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        if std::env::var("QUARREL_CUDA_ATTN_MMA").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        Some(std::env::var("QUARREL_CUDA_ATTN_MMA_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(MMA_MIN_TOKENS))
+    })
+}
+
+/// Default of `mma_min_tokens`: prompts of 64+ tokens (the CPU's tiled f32 path starts there too).
+const MMA_MIN_TOKENS: usize = 64;
+
 /// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
 /// store each head rotated in blocks of this many values, as the CPU's do.
 fn kv_rotation(spec: &KvSpec) -> Result<usize> {
@@ -222,8 +245,24 @@ impl CudaBackend {
             // (not in exact mode's vector path: ggml accumulates V in f16, position by position)
             let gqa = if one && hp == 1 && !q16 { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
             let gqa_launch = gqa.is_some();
+            // prefill over an f16 cache: the tensor-core kernel (attn_mma.cu), one block of
+            // ceil(group / 2) warps per (tile, KV head, split); not in exact mode
+            let group = p.n_head / p.n_kv_head;
+            let mma = !one
+                && !exact
+                && !q16
+                && kv.spec.ty == quarrel_core::KvType::F16
+                && matches!(hd, 64 | 128 | 256)
+                && group <= 16
+                && batch.n_tokens() >= self.attn_mma_min.load(std::sync::atomic::Ordering::Relaxed);
+            let mut threads = 32;
             let (name, grid, n_split, smem) = match gqa {
                 Some(g) => (g.name, g.grid, g.n_split, g.smem),
+                None if mma => {
+                    threads = 32 * group.div_ceil(2) as u32;
+                    let n_split = 1024usize.div_ceil(db.n_tiles * p.n_kv_head).clamp(1, max_splits.min(32));
+                    (format!("attn_mma_f16_{hd}"), (db.n_tiles as u32, p.n_kv_head as u32, n_split as u32), n_split, 0)
+                }
                 None => {
                     // exact mode's vector path: one pass over the positions (ggml's f16 V
                     // accumulator is rounded position by position; splits would regroup it)
@@ -236,7 +275,7 @@ impl CudaBackend {
             args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff), Arg::I(hp as i32)]);
             // attng_* (gqa) take attn1_*'s parameters without the last (hp)
             let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
-            self.dev.launch(&name, grid, 32, smem, &args[..n_args])?;
+            self.dev.launch(&name, grid, threads, smem, &args[..n_args])?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
             self.dev.launch(
                 "attn_combine",

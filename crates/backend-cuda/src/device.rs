@@ -521,6 +521,8 @@ pub fn gdc_kernel_names() -> Vec<String> {
             v.push(format!("attn1g_{k}_{dpl}"));
         }
     }
+    // tensor-core prefill attention (attn_mma.cu)
+    v.extend(crate::attn::mma_kernel_names());
     // MoE and Mamba2 decode kernels (moe.cu, ssm.cu)
     v.extend(crate::moe::gdc_kernel_names());
     v.extend(crate::moe_dev::gdc_kernel_names());

@@ -112,6 +112,9 @@ pub struct CudaBackend {
     /// Contexts (positions) up to which f16-cache attention of short sequences takes the
     /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
     attn_vec_max: std::sync::atomic::AtomicUsize,
+    /// Prefill batches of at least this many tokens take the tensor-core attention over f16
+    /// caches (`set_attn_mma_min`; usize::MAX: never).
+    attn_mma_min: std::sync::atomic::AtomicUsize,
     /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens in the CPU's float
     /// order (`exact.rs`): `exact::OrderedGemv` as u8 (`QUARREL_CUDA_ORDERED_GEMV=0|1` at creation,
     /// `set_ordered_gemv`; default auto: small models).
@@ -143,6 +146,7 @@ impl CudaBackend {
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
             attn_vec_max: vec_max_positions().into(),
+            attn_mma_min: attn::mma_min_tokens().unwrap_or(usize::MAX).into(),
             ordered_gemv: (exact::OrderedGemv::from_env() as u8).into(),
             loaded_bytes: 0.into(),
         })
@@ -163,6 +167,14 @@ impl CudaBackend {
     /// 384; 0: split-K (and the grouped batch-decode kernel) always.
     pub fn set_attn_vec_max(&self, positions: usize) {
         self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Prefill batches (query tokens) from which attention over an f16 cache takes the
+    /// tensor-core kernel (kernels/attn_mma.cu; f16 q and probabilities); `None`: the f32 tiled
+    /// kernel always. Initially `QUARREL_CUDA_ATTN_MMA_MIN` or 64 (`QUARREL_CUDA_ATTN_MMA=0`:
+    /// `None`). Exact attention never takes it.
+    pub fn set_attn_mma_min(&self, tokens: Option<usize>) {
+        self.attn_mma_min.store(tokens.unwrap_or(usize::MAX), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them

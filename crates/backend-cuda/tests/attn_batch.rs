@@ -1,4 +1,5 @@
-//! Decode attention for a batch of many sequences (one token each) through the grouped-query
+//! Prefill attention on the tensor cores (`kernels/attn_mma.cu`, at the end) and decode
+//! attention for a batch of many sequences (one token each) through the grouped-query
 //! kernel (`kernels/attn_batch.cu`): against the CPU backend and against the per-head kernel
 //! (`QUARREL_CUDA_ATTN_GQA=0`), for f32 / f16 caches (q8_0 takes the per-head kernel either
 //! way), 2, 3 and 4 query heads per KV head, head_dim 64 and 128, sequences of 1 to 300
@@ -18,6 +19,13 @@ mod tol {
     /// vs the per-head GPU kernel: the same arithmetic per head, splits merged in another
     /// grouping
     pub const PER_HEAD: f64 = 1e-10;
+    /// prefill on the tensor cores (attn_mma.cu: f16 q and probabilities, f32 scores and
+    /// accumulator) vs the CPU (f32 tiles for 64+ token sequences, ggml's f16 vector path below)
+    /// (H100 2026-11-23: 7.2e-8..1.0e-7; the f32 kernel 2.4e-8..5.2e-8)
+    pub const MMA_CPU: f64 = 1e-6;
+    /// the same vs its plain twin, the f32 tiled kernel (`set_attn_mma_min(None)`)
+    /// (H100 2026-11-23: 4.1e-8..5.1e-8)
+    pub const MMA_TWIN: f64 = 1e-6;
 }
 
 
@@ -130,5 +138,104 @@ fn batched_decode_attention_matches_cpu_and_per_head_kernel() {
             eprintln!("{what}: one-pass kernel, {differ} of {} values differ from the CPU's", want.len());
             assert!(nmse(&want, &vec) <= tol::CPU && (c.softcap.is_some() || differ == 0), "{what}: one-pass kernel vs CPU");
         }
+    }
+}
+
+/// A prefill batch: per sequence, `cached` positions stored first, then `lens` new tokens
+/// attending to them and to each other (causal); returns the prefill's attention output.
+fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Vec<f32> {
+    let bs = 16;
+    // blocks dealt in reverse, interleaved over the sequences: scattered tables
+    let need: Vec<usize> = cached.iter().zip(lens).map(|(c, l)| (c + l).div_ceil(bs)).collect();
+    let n_blocks = need.iter().sum::<usize>() + 2;
+    let mut next = n_blocks as u32;
+    let mut tables = vec![Vec::new(); lens.len()];
+    for round in 0..*need.iter().max().unwrap() {
+        for (s, &n) in need.iter().enumerate() {
+            if round < n {
+                next -= 1;
+                tables[s].push(next);
+            }
+        }
+    }
+    let spec = KvSpec { n_layer: 1, n_kv_head: c.n_kv_head, head_dim: c.hd, block_size: bs, n_blocks, ty: c.ty };
+    let mut kv = be.alloc_kv(&spec).unwrap();
+    let row = c.n_kv_head * c.hd;
+    let batch = |from: &[usize], n: &[usize]| {
+        let mut b = ForwardBatch::default();
+        for s in 0..n.len() {
+            let start = b.tokens.len();
+            b.tokens.extend(std::iter::repeat(0).take(n[s]));
+            b.positions.extend(from[s] as u32..(from[s] + n[s]) as u32);
+            b.seqs.push(SeqBatch { start, len: n[s], block_table: tables[s].clone() });
+        }
+        b
+    };
+    let pre = batch(&vec![0; lens.len()], cached);
+    if pre.n_tokens() > 0 {
+        let k = be.upload(&rnd(pre.n_tokens() * row, 31)).unwrap();
+        let v = be.upload(&rnd(pre.n_tokens() * row, 32)).unwrap();
+        be.kv_store(&mut kv, 0, &k, &v, &pre).unwrap();
+    }
+    let b = batch(cached, lens);
+    let n = b.n_tokens();
+    let k = be.upload(&rnd(n * row, 11)).unwrap();
+    let v = be.upload(&rnd(n * row, 12)).unwrap();
+    be.kv_store(&mut kv, 0, &k, &v, &b).unwrap();
+    let p = AttnParams {
+        n_head: c.n_head,
+        n_kv_head: c.n_kv_head,
+        head_dim: c.hd,
+        scale: 1.0 / (c.hd as f32).sqrt(),
+        sliding_window: c.window,
+        softcap: c.softcap,
+    };
+    let q = be.upload(&rnd(n * c.n_head * c.hd, 23).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
+    let mut o = be.alloc(n * c.n_head * c.hd).unwrap();
+    be.attention(&q, &kv, 0, &b, &p, &mut o).unwrap();
+    be.download(&o).unwrap()
+}
+
+/// Prefill attention over an f16 cache on the tensor cores (kernels/attn_mma.cu) against the
+/// CPU and against its plain twin, the f32 tiled kernel: head_dim 64 / 128 / 256, 1 to 8 query
+/// heads per KV head (odd groups leave padding rows), sequences of 1 to 300 tokens after 0 to
+/// 100 cached positions (tiles shorter than 8, chunks continuing a sequence), a sliding window
+/// and a soft cap; exact attention keeps its kernels (the CPU's bits).
+#[test]
+fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    gpu.set_attn_mma_min(Some(64));
+    let cpu = CpuBackend::new(0).unwrap();
+    let (cached, lens) = ([0usize, 37, 100, 0], [300usize, 70, 13, 1]);
+    let mut cases = Vec::new();
+    for (n_head, n_kv_head, hd) in [(8, 2, 128), (4, 4, 64), (6, 2, 64), (32, 8, 128), (8, 1, 128), (4, 2, 256), (3, 1, 64)] {
+        cases.push(Case { n_head, n_kv_head, hd, ty: KvType::F16, window: None, softcap: None });
+    }
+    cases.push(Case { n_head: 8, n_kv_head: 2, hd: 128, ty: KvType::F16, window: Some(40), softcap: None });
+    cases.push(Case { n_head: 8, n_kv_head: 4, hd: 256, ty: KvType::F16, window: Some(50), softcap: Some(30.0) });
+    cases.push(Case { n_head: 8, n_kv_head: 2, hd: 64, ty: KvType::F16, window: None, softcap: Some(5.0) });
+    for c in &cases {
+        let what = format!("heads {}/{} hd {} window {:?} softcap {:?}", c.n_head, c.n_kv_head, c.hd, c.window, c.softcap);
+        let want = prefill(&cpu, c, &cached, &lens);
+        let got = prefill(&gpu, c, &cached, &lens);
+        gpu.set_attn_mma_min(None);
+        let twin = prefill(&gpu, c, &cached, &lens);
+        gpu.set_exact_attention(true);
+        let exact = prefill(&gpu, c, &cached, &lens);
+        gpu.set_exact_attention(false);
+        gpu.set_attn_mma_min(Some(64));
+        let (e_cpu, e_twin, e_f32) = (nmse(&want, &got), nmse(&twin, &got), nmse(&want, &twin));
+        eprintln!("prefill {what}: mma nmse vs CPU {e_cpu:.2e}, vs f32 kernel {e_twin:.2e} (f32 kernel vs CPU {e_f32:.2e})");
+        assert!(e_cpu <= tol::MMA_CPU, "prefill {what}: mma vs CPU {e_cpu:.3e}");
+        assert!(e_twin <= tol::MMA_TWIN, "prefill {what}: mma vs f32 kernel {e_twin:.3e}");
+        assert!(e_f32 <= tol::CPU, "prefill {what}: f32 kernel vs CPU {e_f32:.3e}");
+        // exact attention never takes the tensor cores: here (sequences of 64+ tokens in the
+        // batch) the f32 kernel, bit for bit
+        let differ = twin.iter().zip(&exact).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "prefill {what}: exact attention differs from the f32 kernel");
     }
 }

@@ -4,7 +4,7 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 13] = [
+const SOURCES: [&str; 14] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/sample.cu"),
@@ -17,6 +17,7 @@ const SOURCES: [&str; 13] = [
     include_str!("../kernels/ssm.cu"),
     include_str!("../kernels/exact.cu"),
     include_str!("../kernels/attn_vec.cu"),
+    include_str!("../kernels/attn_mma.cu"),
     include_str!("../kernels/gelu.cu"),
 ];
 

@@ -1,0 +1,215 @@
+// Prefill attention on the tensor cores over the paged f16 cache (flash attention,
+// mma.sync m16n8k16: f16 x f16 -> f32). One block per (query tile of up to 8 tokens, KV head,
+// position split); warp w takes the tile's tokens for query heads 2w and 2w + 1 of that KV
+// head's group (the m16 rows: row r = token r % 8 of head 2w + r / 8), so all the group's
+// heads share each K/V tile the block stages in shared memory (K row-major, V transposed, as
+// f16). q is rounded to f16 in registers (the A fragments); scores, the online softmax (scale,
+// softcap, causal mask and sliding window as attention.cu's f32 kernel) and the output
+// accumulator are f32, the probabilities rounded to f16 for P·V. Writes attention.cu's
+// partials (m, l, acc) per (token, head, split); `attn_combine` merges and normalizes them.
+// Its plain twin is attention.cu's f32 kernel (`attn_f16_*`, QUARREL_CUDA_ATTN_MMA=0).
+
+#define AM_KB 32
+
+__device__ __forceinline__ void mma_f16_k16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two floats as an f16 pair (lo in the low half), round to nearest.
+__device__ __forceinline__ u32 am_pack(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+
+__device__ __forceinline__ float am_max4(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float am_sum4(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Score -> masked, scaled (and softcapped) logit of position p for a row at position pq
+// whose window starts at lq (pq < 0: a padding row, everything masked).
+__device__ __forceinline__ float am_logit(float s, int p, int pq, int lq, float scale, float softcap) {
+    float sc = s * scale;
+    if (softcap > 0.f) sc = softcap * tanhf(sc / softcap);
+    return (p <= pq && p >= lq) ? sc : -INF;
+}
+
+// Parameters as attention.cu's ATTN_ARGS (rot, q16, koff, hp unused: f16 cache, f32 path).
+template <int HD>
+__device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
+                                         float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
+                                         const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
+                                         int bs, float scale, float softcap, int window) {
+    __shared__ __align__(16) u16 Ks[AM_KB][HD + 8];  // [position][dim]
+    __shared__ __align__(16) u16 Vt[HD][AM_KB + 8];  // [dim][position]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+    // the latest tiles (most positions) first
+    const int tile = gridDim.x - 1 - blockIdx.x;
+    const int kvh = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
+    const int grp = n_head / n_kv_head;
+    const u32 t0 = tiles[3 * tile], nq = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
+    int hi = 0, lo = 0x7fffffff;
+    for (u32 i = 0; i < nq; i++) {
+        int p = (int)pos[t0 + i];
+        hi = max(hi, p);
+        lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
+    }
+    const int split_len = ((hi + 1 - lo + n_split - 1) / n_split + AM_KB - 1) / AM_KB * AM_KB;
+    const int p_begin = lo + split * split_len;
+    const int p_end = min(hi + 1, p_begin + split_len);
+    // this thread's rows: token g of heads hA (row g) and hB (row g + 8)
+    const int hA = kvh * grp + 2 * warp, hB = hA + 1;
+    const bool vA = g < (int)nq && 2 * warp < grp, vB = g < (int)nq && 2 * warp + 1 < grp;
+    const int ptok = g < (int)nq ? (int)pos[t0 + g] : -1;
+    const int pqA = vA ? ptok : -1, pqB = vB ? ptok : -1;
+    const int lqA = window > 0 ? max(0, pqA + 1 - window) : 0, lqB = window > 0 ? max(0, pqB + 1 - window) : 0;
+    // q as A fragments: a0 (row g, dims 2t..), a1 (row g+8), a2 (row g, dims 8+2t..), a3 (row g+8)
+    u32 qa[HD / 16][4];
+    {
+        const float* qA = q + ((u64)(t0 + g) * n_head + hA) * HD;
+        const float* qB = q + ((u64)(t0 + g) * n_head + hB) * HD;
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++) {
+            const int d = ks * 16 + 2 * t;
+            float2 x0 = vA ? *(const float2*)(qA + d) : make_float2(0.f, 0.f);
+            float2 x1 = vB ? *(const float2*)(qB + d) : make_float2(0.f, 0.f);
+            float2 x2 = vA ? *(const float2*)(qA + d + 8) : make_float2(0.f, 0.f);
+            float2 x3 = vB ? *(const float2*)(qB + d + 8) : make_float2(0.f, 0.f);
+            qa[ks][0] = am_pack(x0.x, x0.y);
+            qa[ks][1] = am_pack(x1.x, x1.y);
+            qa[ks][2] = am_pack(x2.x, x2.y);
+            qa[ks][3] = am_pack(x3.x, x3.y);
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float mA = -INF, mB = -INF, lA = 0.f, lB = 0.f;  // l: this thread's share of the row sums
+    const u64 row = (u64)n_kv_head * HD;
+    const u32* table = bt + bt_off[seq];
+    for (int base = p_begin; base < p_end; base += AM_KB) {
+        __syncthreads();
+        // K: 16-byte pieces, a row's pieces on consecutive threads; V: a piece per thread, the
+        // positions on consecutive threads (so the transposed stores fall in distinct words)
+        for (int i = threadIdx.x; i < AM_KB * HD / 8; i += blockDim.x) {
+            const int r = i / (HD / 8), c = i % (HD / 8), p = base + r;
+            uint4 kv = make_uint4(0, 0, 0, 0);
+            if (p < p_end) kv = ((const uint4*)(K + 2 * (((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD)))[c];
+            *(uint4*)&Ks[r][8 * c] = kv;
+            const int rv = i % AM_KB, cv = i / AM_KB, pv = base + rv;
+            uint4 vv = make_uint4(0, 0, 0, 0);
+            if (pv < p_end) vv = ((const uint4*)(V + 2 * (((u64)table[pv / bs] * bs + pv % bs) * row + (u64)kvh * HD)))[cv];
+            const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                Vt[8 * cv + 2 * k][rv] = (u16)(w[k] & 0xffff);
+                Vt[8 * cv + 2 * k + 1][rv] = (u16)(w[k] >> 16);
+            }
+        }
+        __syncthreads();
+        // S = q·K^T: 4 n8 tiles of positions; s[j]: (row g, pos 8j+2t, +1), (row g+8, same)
+        float s[AM_KB / 8][4];
+#pragma unroll
+        for (int j = 0; j < AM_KB / 8; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < HD / 16; ks++) {
+                const u32 b0 = *(const u32*)&Ks[8 * j + g][ks * 16 + 2 * t];
+                const u32 b1 = *(const u32*)&Ks[8 * j + g][ks * 16 + 8 + 2 * t];
+                mma_f16_k16(s[j], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+            }
+        }
+        float xA = -INF, xB = -INF;
+#pragma unroll
+        for (int j = 0; j < AM_KB / 8; j++) {
+            const int p = base + 8 * j + 2 * t;
+            s[j][0] = am_logit(s[j][0], p, pqA, lqA, scale, softcap);
+            s[j][1] = am_logit(s[j][1], p + 1, pqA, lqA, scale, softcap);
+            s[j][2] = am_logit(s[j][2], p, pqB, lqB, scale, softcap);
+            s[j][3] = am_logit(s[j][3], p + 1, pqB, lqB, scale, softcap);
+            xA = fmaxf(xA, fmaxf(s[j][0], s[j][1]));
+            xB = fmaxf(xB, fmaxf(s[j][2], s[j][3]));
+        }
+        const float nA = fmaxf(mA, am_max4(xA)), nB = fmaxf(mB, am_max4(xB));
+        // a row with nothing unmasked yet keeps m = -INF, its probabilities 0
+        const float cA = nA == -INF ? 1.f : expf(mA - nA), cB = nB == -INF ? 1.f : expf(mB - nB);
+        float sA = 0.f, sB = 0.f;
+#pragma unroll
+        for (int j = 0; j < AM_KB / 8; j++) {
+            s[j][0] = nA == -INF ? 0.f : expf(s[j][0] - nA);
+            s[j][1] = nA == -INF ? 0.f : expf(s[j][1] - nA);
+            s[j][2] = nB == -INF ? 0.f : expf(s[j][2] - nB);
+            s[j][3] = nB == -INF ? 0.f : expf(s[j][3] - nB);
+            sA += s[j][0] + s[j][1];
+            sB += s[j][2] + s[j][3];
+        }
+        lA = lA * cA + sA;
+        lB = lB * cB + sB;
+        mA = nA;
+        mB = nB;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= cA;
+            o[n][1] *= cA;
+            o[n][2] *= cB;
+            o[n][3] *= cB;
+        }
+        // O += P·V: P's C fragments are the A fragments of 16-position steps
+#pragma unroll
+        for (int kk = 0; kk < AM_KB / 16; kk++) {
+            const u32 a0 = am_pack(s[2 * kk][0], s[2 * kk][1]), a1 = am_pack(s[2 * kk][2], s[2 * kk][3]);
+            const u32 a2 = am_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), a3 = am_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                const u32 b0 = *(const u32*)&Vt[8 * n + g][kk * 16 + 2 * t];
+                const u32 b1 = *(const u32*)&Vt[8 * n + g][kk * 16 + 8 + 2 * t];
+                mma_f16_k16(o[n], a0, a1, a2, a3, b0, b1);
+            }
+        }
+    }
+    lA = am_sum4(lA);
+    lB = am_sum4(lB);
+    if (vA) {
+        float* out = part + (((u64)(t0 + g) * n_head + hA) * n_split + split) * (HD + 2);
+        if (t == 0) {
+            out[0] = mA;
+            out[1] = lA;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            out[2 + 8 * n + 2 * t] = o[n][0];
+            out[3 + 8 * n + 2 * t] = o[n][1];
+        }
+    }
+    if (vB) {
+        float* out = part + (((u64)(t0 + g) * n_head + hB) * n_split + split) * (HD + 2);
+        if (t == 0) {
+            out[0] = mB;
+            out[1] = lB;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            out[2 + 8 * n + 2 * t] = o[n][2];
+            out[3 + 8 * n + 2 * t] = o[n][3];
+        }
+    }
+}
+
+// attn_mma_f16_<hd>: blockDim = 32 x ceil(group / 2) (at most 8 warps), grid (tiles, KV heads,
+// splits); the parameters of attention.cu's ATTN_ARGS.
+#define ATTN_MMA(HD)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) attn_mma_f16_##HD(                                              \
+        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
+        const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot,    \
+        int q16, const float* koff, int hp) {                                                                        \
+        GDC();                                                                                                         \
+        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window);          \
+    }
+ATTN_MMA(64)
+ATTN_MMA(128)
+ATTN_MMA(256)
