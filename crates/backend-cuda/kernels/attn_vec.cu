@@ -143,7 +143,11 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
                                               const u32* __restrict__ tiles, const u32* __restrict__ pos, const u32* __restrict__ bt_off,
                                               const u32* __restrict__ bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap,
                                               int window, i8* __restrict__ xq, float2* __restrict__ xm) {
-    GDC();
+    // V2: the batch arrays (written by copies before the previous kernel started) are read and
+    // the first chunk's K / V rows prefetched into L2 before waiting for the previous kernel
+    // (which writes q and this step's K / V rows: read only after the wait; an L2 prefetch
+    // of a row it writes is harmless, L2 being coherent), overlapping its tail
+    if (!V2) GDC();
     extern __shared__ float sm[];
     const int tid = threadIdx.x, T = blockDim.x, lane = tid % 32, warp = tid / 32, n_warps = T / 32;
     const u32 tile = blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
@@ -165,7 +169,8 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
         if (dyn < 4u * (u32)(hd + 3 * AV_CH + AV_CH / AV_G + 32)) __trap();
     }
     const u64 th = (u64)t * n_head + h;
-    for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
+    if (!V2)
+        for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
     const u32 row = (u32)(n_kv_head * hd);
     const u16* Kh = (const u16*)K + (u64)kvh * hd;
     const u16* Vh = (const u16*)V + (u64)kvh * hd;
@@ -190,6 +195,10 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + o));
                 }
             }
+        }
+        if (V2 && base == lo) {
+            GDC();
+            for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
         }
         for (int g = tid; g < n_pad / AV_G; g += T) NEWG[g] = 0;
         __syncthreads();
