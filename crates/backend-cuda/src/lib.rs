@@ -161,8 +161,8 @@ impl CudaBackend {
     /// over an f16 cache takes `attn_vec_f16` (the CPU's numerics, one pass) by default;
     /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
     /// 384; 0: split-K (and the grouped batch-decode kernel) always.
-    /// Process-wide: RMSNorm rows by a cluster of blocks (`true`, the default on sm_90+) or one
-    /// block per row, as `QUARREL_CUDA_NORM_CLUSTER=1|0` (the same bits; for A/B tests).
+    /// Process-wide: RMSNorm rows by a cluster of blocks (`true`, sm_90+ only) or one block per
+    /// row (the default), as `QUARREL_CUDA_NORM_CLUSTER=1|0` (the same bits; for A/B tests).
     pub fn set_norm_cluster(&self, on: bool) {
         NORM_CLUSTER.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
     }
@@ -407,15 +407,17 @@ fn norm_threads() -> Option<u32> {
 const NORM_NC: u32 = 4;
 
 /// 0 not read yet, 1 cluster RMSNorm kernels (sm_90+, rows of 2,048+ values: `*_cl` in
-/// kernels/ops.cu), 2 one block per row; `QUARREL_CUDA_NORM_CLUSTER=0|1` (default 1), or
-/// `CudaBackend::set_norm_cluster` (process-wide, for A/B tests). Both give the same bits.
+/// kernels/ops.cu), 2 one block per row (the default); `QUARREL_CUDA_NORM_CLUSTER=1|0`, or
+/// `CudaBackend::set_norm_cluster` (process-wide, for A/B tests). Both give the same bits. Off
+/// by default: H100 2026-11-23, 7B Q4_0 tg128 0.6-0.9% slower with it (424.0 / 429.5 vs 429.5
+/// / 428.9 t/s; with attn_vec2_f16 455.0 / 458.1 vs 460.4 / 461.4), TinyLlama within noise.
 static NORM_CLUSTER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 fn norm_cluster() -> bool {
     use std::sync::atomic::Ordering::Relaxed;
     match NORM_CLUSTER.load(Relaxed) {
         0 => {
-            let on = std::env::var("QUARREL_CUDA_NORM_CLUSTER").map_or(true, |v| v != "0");
+            let on = std::env::var("QUARREL_CUDA_NORM_CLUSTER").is_ok_and(|v| v == "1");
             NORM_CLUSTER.store(if on { 1 } else { 2 }, Relaxed);
             on
         }
