@@ -158,7 +158,7 @@ impl CudaBackend {
     }
 
     /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
-    /// over an f16 cache takes `attn_vec_f16` (the CPU's numerics, one pass) by default;
+    /// over an f16 cache takes `attn_vec2_f16` (the CPU's numerics, one pass) by default;
     /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
     /// 384; 0: split-K (and the grouped batch-decode kernel) always.
     /// Process-wide: RMSNorm rows by a cluster of blocks (`true`, sm_90+ only) or one block per
