@@ -68,15 +68,86 @@ __device__ __forceinline__ float av_dot(const float* __restrict__ q, const u16* 
 // t/s, 50.4 vs 34.6 us per launch at 512 positions.)
 __device__ __forceinline__ float av_r16(float x) { return h2f(f2h(x)); }
 
+// The scores of a chunk's n positions (W[j] = the scaled, soft-capped q·k of position j), 8
+// lanes per position and AV_U positions per group of lanes in flight, in av_dot's order: lane L
+// of a group holds accumulators 8L..8L+7 of the 64 (k values read with one 16-byte load per
+// 64-value step, coalesced: 8 lanes read 128 contiguous bytes), then the fold of av_dot across
+// the lanes by shuffles — x[l] = (a[l] + a[32 + l]) + (a[16 + l] + a[48 + l]) is lane L's
+// value plus lane L ^ 4's (lanes 0..3), plus lane L ^ 2's (lanes 0, 1), then x[l] + x[l + 8] is
+// lane 0's plus lane 1's — and lane 0 ends the sum (x[l] + x[l + 4], the pairs, the tail of hd
+// % 64 values in f64) exactly as av_dot does. Every lane of a warp runs the same iterations
+// (shuffles need them all); blockDim a multiple of 32, hd <= 256, hd % 8 == 0.
+#define AV_U 2
+__device__ __forceinline__ void av_scores8(const float* __restrict__ Qs, const u16* __restrict__ Kh, const u32* __restrict__ SLOT, float* __restrict__ W,
+                                           int n, int hd, float scale, float softcap) {
+    const int L = threadIdx.x % 8, grp = threadIdx.x / 8, G = blockDim.x / 8;
+    const int steps = hd / 64;  // 0..4
+    float qr[4][8];
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) qr[s][e] = s < steps ? Qs[64 * s + 8 * L + e] : 0.f;
+    for (int jb = 0; jb < n; jb += AV_U * G) {
+        uint4 kv[AV_U][4];
+        int jj[AV_U];
+#pragma unroll
+        for (int u = 0; u < AV_U; u++) {
+            jj[u] = jb + u * G + grp;
+            const u16* kr = Kh + SLOT[min(jj[u], n - 1)] + 8 * L;
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                if (s < steps) kv[u][s] = *(const uint4*)(kr + 64 * s);
+        }
+#pragma unroll
+        for (int u = 0; u < AV_U; u++) {
+            float a[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) a[e] = 0.f;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                if (s < steps) {
+                    const u32 w[4] = {kv[u][s].x, kv[u][s].y, kv[u][s].z, kv[u][s].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        a[2 * e] = __fmaf_rn(qr[s][2 * e], h2f((u16)(w[e] & 0xffff)), a[2 * e]);
+                        a[2 * e + 1] = __fmaf_rn(qr[s][2 * e + 1], h2f((u16)(w[e] >> 16)), a[2 * e + 1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) a[e] = __fadd_rn(a[e], __shfl_xor_sync(0xffffffffu, a[e], 4));
+#pragma unroll
+            for (int e = 0; e < 8; e++) a[e] = __fadd_rn(a[e], __shfl_xor_sync(0xffffffffu, a[e], 2));
+#pragma unroll
+            for (int e = 0; e < 8; e++) a[e] = __fadd_rn(a[e], __shfl_xor_sync(0xffffffffu, a[e], 1));
+            const int j = jj[u];
+            if (L == 0 && j < n) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) a[e] = __fadd_rn(a[e], a[e + 4]);
+                double sum = (double)__fadd_rn(__fadd_rn(a[0], a[2]), __fadd_rn(a[1], a[3]));
+                const u16* k = Kh + SLOT[j];
+                for (int i = 64 * steps; i < hd; i++) sum += (double)__fmul_rn(Qs[i], h2f(k[i]));
+                float sc = __fmul_rn((float)sum, scale);
+                if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
+                W[j] = sc;
+            }
+        }
+    }
+}
+
 // grid (tiles, n_head, query tokens per tile), blockDim a multiple of 32, >= hd and >= 64,
 // <= 256; hd % 8 == 0, hd <= blockDim. meta as attention.cu: tiles (t0, nq, seq), pos, bt_off, bt.
 // Dynamic shared memory: 4 * (hd + 3 * AV_CH + AV_CH / AV_G + 32) bytes.
-extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
-                                                               float* __restrict__ out, const u32* __restrict__ tiles, const u32* __restrict__ pos,
-                                                               const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                                               int hd, int bs, float scale, float softcap, int window, i8* __restrict__ xq,
-                                                               float2* __restrict__ xm) {
-    GDC();
+template <bool V2>
+__device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V, float* __restrict__ out,
+                                              const u32* __restrict__ tiles, const u32* __restrict__ pos, const u32* __restrict__ bt_off,
+                                              const u32* __restrict__ bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap,
+                                              int window, i8* __restrict__ xq, float2* __restrict__ xm) {
+    // V2: the batch arrays (written by copies before the previous kernel started) are read and
+    // the first chunk's K / V rows prefetched into L2 before waiting for the previous kernel
+    // (which writes q and this step's K / V rows: read only after the wait; an L2 prefetch
+    // of a row it writes is harmless, L2 being coherent), overlapping its tail
+    if (!V2) GDC();
     extern __shared__ float sm[];
     const int tid = threadIdx.x, T = blockDim.x, lane = tid % 32, warp = tid / 32, n_warps = T / 32;
     const u32 tile = blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
@@ -98,7 +169,8 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
         if (dyn < 4u * (u32)(hd + 3 * AV_CH + AV_CH / AV_G + 32)) __trap();
     }
     const u64 th = (u64)t * n_head + h;
-    for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
+    if (!V2)
+        for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
     const u32 row = (u32)(n_kv_head * hd);
     const u16* Kh = (const u16*)K + (u64)kvh * hd;
     const u16* Vh = (const u16*)V + (u64)kvh * hd;
@@ -124,12 +196,20 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
                 }
             }
         }
+        if (V2 && base == lo) {
+            GDC();
+            for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
+        }
         for (int g = tid; g < n_pad / AV_G; g += T) NEWG[g] = 0;
         __syncthreads();
-        for (int j = tid; j < n; j += T) {
-            float sc = __fmul_rn(av_dot(Qs, Kh + SLOT[j], hd), scale);
-            if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
-            W[j] = sc;
+        if (V2) {
+            av_scores8(Qs, Kh, SLOT, W, n, hd, scale, softcap);
+        } else {
+            for (int j = tid; j < n; j += T) {
+                float sc = __fmul_rn(av_dot(Qs, Kh + SLOT[j], hd), scale);
+                if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
+                W[j] = sc;
+            }
         }
         __syncthreads();
         // 2. the maximum each position sees: thread tid scans positions [tid * per, ..) of the chunk
@@ -175,7 +255,14 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
     _Pragma("unroll") for (int u = 0; u < AV_G; u++) VR[u] = Vc[SLOT[(J0) + u]];
 // a group with a new maximum (rare): a plain loop, V read again (L1 / L2)
 #define AV_RUN(VR, J0)                                                                  \
-    if (NEWG[(J0) / AV_G]) {                                                            \
+    if (NEWG[(J0) / AV_G] && V2) {                                                      \
+        _Pragma("unroll") for (int u = 0; u < AV_G; u++) {                              \
+            const float ms = MS[(J0) + u], w = W[(J0) + u];                             \
+            if (ms != 1.f) acc = av_r16(__fmul_rn(acc, ms));                            \
+            S = __fmaf_rn(S, ms, w);                                                    \
+            acc = av_r16(__fmaf_rn(h2f((u16)VR[u]), w, acc));                           \
+        }                                                                               \
+    } else if (NEWG[(J0) / AV_G]) {                                                     \
         _Pragma("unroll 1") for (int j = (J0); j < (J0) + AV_G; j++) {                  \
             const float ms = MS[j], w = W[j];                                           \
             if (ms != 1.f) acc = av_r16(__fmul_rn(acc, ms));                            \
@@ -210,4 +297,23 @@ extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __re
     if (act) out[th * hd + tid] = o;
     // hd % 32 == 0 where xq is set: warps lie wholly inside or outside hd
     if (xq && tid < hd) q8_store(o, xq, xm, (th * hd + tid) / 32);
+}
+
+extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
+                                                               float* __restrict__ out, const u32* __restrict__ tiles, const u32* __restrict__ pos,
+                                                               const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
+                                                               int hd, int bs, float scale, float softcap, int window, i8* __restrict__ xq,
+                                                               float2* __restrict__ xm) {
+    attn_vec_body<false>(q, K, V, out, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, xq, xm);
+}
+
+// attn_vec_f16 with the scores computed by 8 lanes per position (`av_scores8`) and the chain's
+// groups with a new maximum run from the V values already in registers: the same arithmetic,
+// the same bits.
+extern "C" __global__ void __launch_bounds__(256) attn_vec2_f16(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
+                                                                float* __restrict__ out, const u32* __restrict__ tiles, const u32* __restrict__ pos,
+                                                                const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
+                                                                int hd, int bs, float scale, float softcap, int window, i8* __restrict__ xq,
+                                                                float2* __restrict__ xm) {
+    attn_vec_body<true>(q, K, V, out, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, xq, xm);
 }

@@ -57,6 +57,24 @@ pub fn mma_min_tokens() -> Option<usize> {
 /// Default of `mma_min_tokens`: prompts of 64+ tokens (the CPU's tiled f32 path starts there too).
 const MMA_MIN_TOKENS: usize = 64;
 
+/// Which one-pass kernel decode and short prompts take: 0 not yet read, 1 `attn_vec2_f16`
+/// (8 lanes per position's q·k, coalesced K reads; V kept in registers), 2 `attn_vec_f16` (the
+/// kernel before session 9: a thread per position's whole q·k; `QUARREL_CUDA_ATTN_VEC_OLD=1`).
+/// Both compute the same bits (tests/attn_batch.rs checks them against each other and the CPU).
+static VEC_KERNEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn vec_old() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    match VEC_KERNEL.load(Relaxed) {
+        0 => {
+            let old = std::env::var("QUARREL_CUDA_ATTN_VEC_OLD").is_ok_and(|v| v == "1");
+            VEC_KERNEL.store(if old { 2 } else { 1 }, Relaxed);
+            old
+        }
+        k => k == 2,
+    }
+}
+
 /// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
 /// store each head rotated in blocks of this many values, as the CPU's do.
 fn kv_rotation(spec: &KvSpec) -> Result<usize> {
@@ -91,6 +109,14 @@ fn attn_args(ptrs: [u64; 4], db: &DevBatch, p: &AttnParams, hd: usize, block_siz
 }
 
 impl CudaBackend {
+    /// Process-wide: `true` makes the one-pass attention kernel the one before session 9
+    /// (`attn_vec_f16`, as `QUARREL_CUDA_ATTN_VEC_OLD=1`), `false` the default `attn_vec2_f16`
+    /// (the same bits; for A/B tests). Takes effect for launches from then on (graphs captured
+    /// before keep theirs).
+    pub fn set_attn_vec_old(&self, old: bool) {
+        VEC_KERNEL.store(if old { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub(crate) fn kv_store_dev(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, batch: &ForwardBatch) -> Result<()> {
         self.dev.bind()?;
         let row = kv.spec.n_kv_head * kv.spec.head_dim;
@@ -230,7 +256,8 @@ impl CudaBackend {
                 let mut args = attn_args([qp, kp, vp, op], db, p, hd, kv.spec.block_size);
                 args.extend([Arg::P(xq), Arg::P(xm)]);
                 let per_tile = if one { 1 } else { batch::ATT_QT as u32 };
-                self.dev.launch("attn_vec_f16", (db.n_tiles as u32, p.n_head as u32, per_tile), threads, smem, &args)?;
+                let kname = if vec_old() { "attn_vec_f16" } else { "attn_vec2_f16" };
+                self.dev.launch(kname, (db.n_tiles as u32, p.n_head as u32, per_tile), threads, smem, &args)?;
                 Ok(())
             });
         }

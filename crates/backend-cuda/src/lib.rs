@@ -162,9 +162,15 @@ impl CudaBackend {
     }
 
     /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
-    /// over an f16 cache takes `attn_vec_f16` (the CPU's numerics, one pass) by default;
+    /// over an f16 cache takes `attn_vec2_f16` (the CPU's numerics, one pass) by default;
     /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
     /// 384; 0: split-K (and the grouped batch-decode kernel) always.
+    /// Process-wide: RMSNorm rows by a cluster of blocks (`true`, sm_90+ only) or one block per
+    /// row (the default), as `QUARREL_CUDA_NORM_CLUSTER=1|0` (the same bits; for A/B tests).
+    pub fn set_norm_cluster(&self, on: bool) {
+        NORM_CLUSTER.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn set_attn_vec_max(&self, positions: usize) {
         self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
     }
@@ -409,6 +415,28 @@ fn norm_threads() -> Option<u32> {
     *T.get_or_init(|| std::env::var("QUARREL_CUDA_NORM_THREADS").ok().and_then(|v| v.parse().ok()).filter(|t| t % 32 == 0 && (32..=1024).contains(t)))
 }
 
+/// Blocks per row of the cluster RMSNorm kernels (NORM_NC in kernels/ops.cu).
+const NORM_NC: u32 = 4;
+
+/// 0 not read yet, 1 cluster RMSNorm kernels (sm_90+, rows of 2,048+ values: `*_cl` in
+/// kernels/ops.cu), 2 one block per row (the default); `QUARREL_CUDA_NORM_CLUSTER=1|0`, or
+/// `CudaBackend::set_norm_cluster` (process-wide, for A/B tests). Both give the same bits. Off
+/// by default: H100 2026-11-23, 7B Q4_0 tg128 0.6-0.9% slower with it (424.0 / 429.5 vs 429.5
+/// / 428.9 t/s; with attn_vec2_f16 455.0 / 458.1 vs 460.4 / 461.4), TinyLlama within noise.
+static NORM_CLUSTER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn norm_cluster() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    match NORM_CLUSTER.load(Relaxed) {
+        0 => {
+            let on = std::env::var("QUARREL_CUDA_NORM_CLUSTER").is_ok_and(|v| v == "1");
+            NORM_CLUSTER.store(if on { 1 } else { 2 }, Relaxed);
+            on
+        }
+        k => k == 1,
+    }
+}
+
 fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
 }
@@ -593,18 +621,22 @@ impl Backend for CudaBackend {
         // a decode step normalizes one row: more threads per row shorten the block
         let threads = norm_threads().unwrap_or((d / 4).div_ceil(32).clamp(4, 32) as u32 * 32);
         let n = x.len as u64;
+        // a cluster of NORM_NC blocks per row where the row's block would be 4+ warps per block
+        // of the cluster (`*_cl` in kernels/ops.cu: the same split of the row, the same bits)
+        let cl = norm_cluster() && self.dev.cc.0 >= 9 && d % 4 == 0 && threads % (NORM_NC * 128) == 0 && d / 4 <= 4 * threads as usize;
+        let (sfx, grid, threads) = if cl { ("_cl", (rows * NORM_NC, 1, 1), threads / NORM_NC) } else { ("", (rows, 1, 1), threads) };
         // the residual add just before (held by `add`) runs in the same kernel
         if let Some(Held::Add { y, s, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
             if let Some(s) = s {
                 let args = [Arg::P(xp), Arg::P(y), Arg::F(s), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
-                return Ok(self.dev.launch_now("add_scaled_rms_norm", (rows, 1, 1), threads, 0, &args)?);
+                return Ok(self.dev.launch_now(&format!("add_scaled_rms_norm{sfx}"), grid, threads, 0, &args)?);
             }
             let args = [Arg::P(xp), Arg::P(y), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
-            return Ok(self.dev.launch_now("add_rms_norm", (rows, 1, 1), threads, 0, &args)?);
+            return Ok(self.dev.launch_now(&format!("add_rms_norm{sfx}"), grid, threads, 0, &args)?);
         }
         self.dev.launch(
-            "rms_norm",
-            (rows, 1, 1),
+            &format!("rms_norm{sfx}"),
+            grid,
             threads,
             0,
             &[Arg::P(xp), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)],

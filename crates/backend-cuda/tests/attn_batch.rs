@@ -239,3 +239,45 @@ fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
         assert_eq!(differ, 0, "prefill {what}: exact attention differs from the f32 kernel");
     }
 }
+
+/// The one-pass kernels with the CPU's numerics — `attn_vec2_f16` (the default: 8 lanes per
+/// position's q·k) and `attn_vec_f16` (before session 9, `set_attn_vec_old`) — at any batch size
+/// (exact attention): the CPU's bits for head_dim 32 to 256 (whole 64-value steps of the dot,
+/// and tails of 16 / 32 values), 1 to 4 query heads per KV head, contexts of 1 to 2,100
+/// positions (across the 1,024-position chunk), 256- and 128-thread blocks, a sliding window;
+/// and each other's bits everywhere (with a soft cap too, where tanhf may differ from libm's).
+#[test]
+fn one_pass_kernels_match_cpu_bits() {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    gpu.set_exact_attention(true);
+    let cpu = CpuBackend::new(0).unwrap();
+    let lens = [1usize, 40, 130, 1030, 2100, 17];
+    // 18 sequences x 32 heads: >= 512 blocks, so 128-thread blocks (hd 128) / (hd 32: 4 warps)
+    let many: Vec<usize> = (0..18).map(|i| 1 + 37 * i).collect();
+    let mut cases: Vec<(Case, &[usize])> = Vec::new();
+    for (n_head, n_kv_head, hd) in [(4, 4, 32), (8, 2, 80), (6, 2, 96), (4, 1, 128), (4, 2, 256), (32, 8, 128)] {
+        cases.push((Case { n_head, n_kv_head, hd, ty: KvType::F16, window: None, softcap: None }, &lens));
+    }
+    cases.push((Case { n_head: 8, n_kv_head: 2, hd: 128, ty: KvType::F16, window: Some(300), softcap: None }, &lens));
+    cases.push((Case { n_head: 8, n_kv_head: 2, hd: 96, ty: KvType::F16, window: None, softcap: Some(5.0) }, &lens));
+    cases.push((Case { n_head: 32, n_kv_head: 8, hd: 128, ty: KvType::F16, window: None, softcap: None }, &many));
+    cases.push((Case { n_head: 32, n_kv_head: 8, hd: 32, ty: KvType::F16, window: None, softcap: None }, &many));
+    for (c, lens) in &cases {
+        let what = format!("heads {}/{} hd {} window {:?} softcap {:?}, {} sequences", c.n_head, c.n_kv_head, c.hd, c.window, c.softcap, lens.len());
+        let want = decode(&cpu, c, lens);
+        gpu.set_attn_vec_old(false);
+        let new = decode(&gpu, c, lens);
+        gpu.set_attn_vec_old(true);
+        let old = decode(&gpu, c, lens);
+        gpu.set_attn_vec_old(false);
+        let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        let (d_cpu, d_old) = (differ(&want, &new), differ(&old, &new));
+        eprintln!("{what}: {d_cpu} of {} values differ from the CPU's, {d_old} from the old kernel's", want.len());
+        assert_eq!(d_old, 0, "{what}: attn_vec2_f16 vs attn_vec_f16");
+        assert!(nmse(&want, &new) <= tol::CPU && (c.softcap.is_some() || d_cpu == 0), "{what}: one-pass kernel vs CPU");
+    }
+}

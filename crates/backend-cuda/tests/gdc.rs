@@ -60,8 +60,9 @@ fn kernels(src: &str) -> Vec<(String, String)> {
         let start = at + k;
         let head = &src[start..];
         let paren = head.find('(').unwrap();
-        // `__launch_bounds__(128) name(`: the name follows the attribute's parentheses
-        let (name_from, name_to) = if head[..paren].contains("__launch_bounds__") {
+        // `__launch_bounds__(128) name(` / `__cluster_dims__(4, 1, 1) name(`: the name follows
+        // the attribute's parentheses
+        let (name_from, name_to) = if head[..paren].contains("__launch_bounds__") || head[..paren].contains("__cluster_dims__") {
             // the attribute's matching `)` (its arguments may hold parentheses)
             let mut depth = 0;
             let close = paren

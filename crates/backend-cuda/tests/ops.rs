@@ -526,3 +526,52 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
         }
     }
 }
+
+/// RMSNorm rows of 2,048 to 8,192 values (a model's hidden size): alone, after a residual add
+/// and after a scaled one (one fused kernel each) — the cluster kernels (`*_cl`, NORM_NC blocks
+/// per row) give the one-block kernels' bits, and both the CPU's values.
+#[test]
+fn cluster_rms_norm_matches_one_block_and_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = CpuBackend::new(0).unwrap();
+    fn run<B: Backend>(be: &B, d: usize, rows: usize) -> Vec<Vec<f32>> {
+        let mut w = GgufWriter::new();
+        w.add_tensor("norm", &[d as u64], QuantType::F32).unwrap();
+        let g: Vec<u8> = rnd(d, 31).iter().flat_map(|x| (1.0 + 0.3 * x).to_le_bytes()).collect();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&[&g]).unwrap()).unwrap());
+        let norm = load(be, &g, "norm");
+        let n = rows * d;
+        let mut x = be.upload(&rnd(n, d as u64).iter().map(|v| v * 4.0).collect::<Vec<_>>()).unwrap();
+        let y = be.upload(&rnd(n, 2 + d as u64)).unwrap();
+        let mut h = be.alloc(n).unwrap();
+        let mut outs = Vec::new();
+        be.rms_norm(&x, &norm, 1e-5, &mut h).unwrap();
+        outs.push(be.download(&h).unwrap());
+        be.add(&mut x, &y).unwrap();
+        be.rms_norm(&x, &norm, 1e-6, &mut h).unwrap();
+        outs.push(be.download(&h).unwrap());
+        outs.push(be.download(&x).unwrap());
+        let mut y2 = be.upload(&rnd(n, 3 + d as u64)).unwrap();
+        be.add_scaled(&mut x, &mut y2, 0.37).unwrap();
+        be.rms_norm(&x, &norm, 1e-5, &mut h).unwrap();
+        outs.push(be.download(&h).unwrap());
+        outs.push(be.download(&x).unwrap());
+        outs
+    }
+    for d in [2048usize, 4096, 6144, 8192] {
+        for rows in [1usize, 3] {
+            let want = run(&cpu, d, rows);
+            gpu.set_norm_cluster(false);
+            let one = run(&gpu, d, rows);
+            gpu.set_norm_cluster(true);
+            let cl = run(&gpu, d, rows);
+            for (i, ((a, b), c)) in want.iter().zip(&one).zip(&cl).enumerate() {
+                let differ = b.iter().zip(c).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                let e = nmse(a, c);
+                eprintln!("d {d} rows {rows} output {i}: {differ} values differ (cluster vs one block), nmse vs CPU {e:.2e}");
+                assert_eq!(differ, 0, "d {d} rows {rows} output {i}: cluster vs one-block RMSNorm");
+                assert!(e <= tol::ELEMENTWISE, "d {d} rows {rows} output {i}: nmse {e:.3e} vs CPU");
+            }
+        }
+    }
+}
