@@ -27,6 +27,7 @@ pub(crate) const FILES: &[(&str, &str)] = &[
     ("ssm.cu", include_str!("../kernels/ssm.cu")),
     ("exact.cu", include_str!("../kernels/exact.cu")),
     ("gelu.cu", include_str!("../kernels/gelu.cu")),
+    ("norm_cluster.cu", include_str!("../kernels/norm_cluster.cu")),
 ];
 
 /// One NVRTC program: its files in order (a file that uses another's macros or templates names
@@ -41,7 +42,7 @@ pub(crate) struct Unit {
 /// The units (`scripts/cuda-kernel-check.py` reads this table: keep one unit per line). The f16
 /// attention kernels (with ggml's exact vector path) take longest: one unit per DPL.
 pub(crate) const UNITS: &[Unit] = &[
-    Unit { name: "ops", files: &["ops.cu", "sample.cu", "gelu.cu"], defines: "" },
+    Unit { name: "ops", files: &["ops.cu", "sample.cu", "gelu.cu", "norm_cluster.cu"], defines: "" },
     Unit { name: "attn_f32", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
     Unit { name: "attn_f16_2", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
     Unit { name: "attn_f16_4", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },

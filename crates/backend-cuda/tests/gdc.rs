@@ -4,7 +4,7 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 14] = [
+const SOURCES: [&str; 15] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/sample.cu"),
@@ -19,6 +19,7 @@ const SOURCES: [&str; 14] = [
     include_str!("../kernels/attn_vec.cu"),
     include_str!("../kernels/attn_mma.cu"),
     include_str!("../kernels/gelu.cu"),
+    include_str!("../kernels/norm_cluster.cu"),
 ];
 
 /// Every kernel source of the crate is in `SOURCES` (a new file must be added there too).
