@@ -193,6 +193,15 @@ pub(crate) enum Held {
     Moe(crate::moe_dev::MoeGemv),
     /// A decode step's Mamba2 conv: the scan over its output joins it (`ssm::ConvHeld`).
     SsmConv(crate::ssm::ConvHeld),
+    /// The weighted combine of device-routed expert rows (`moe_dev::CombHeld`): an `add` of
+    /// its output into `x` makes it `CombAdd`.
+    Comb(crate::moe_dev::CombHeld),
+    /// A combine, then `x += out` (`x += s·out`) over `n` values: a following RMSNorm of `x`
+    /// runs all three as `comb_add_(scaled_)rms_norm`.
+    CombAdd { c: crate::moe_dev::CombHeld, x: u64, n: u64, s: Option<f32> },
+    /// A single-row RMSNorm (any of its variants): the MoE router over its output joins it
+    /// (`norm_router_f32`, `norm::NormHeld`).
+    Norm(crate::norm::NormHeld),
 }
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
@@ -374,14 +383,26 @@ impl Device {
         let h = self.held.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?.take();
         match h {
             None => Ok(()),
-            Some(Held::Add { x, y, n, s: None }) => self.launch_now("add", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
-            Some(Held::Add { x, y, n, s: Some(s) }) => {
-                self.launch_now("add_scaled", (n.div_ceil(256) as u32, 1, 1), 256, 0, &[Arg::P(x), Arg::P(y), Arg::F(s), Arg::U64(n)])
-            }
+            Some(Held::Add { x, y, n, s }) => self.launch_add(x, y, n, s),
             Some(Held::Gemv(g)) => g.launch(self),
             Some(Held::Moe(g)) => g.launch(self),
             Some(Held::SsmConv(c)) => c.launch(self),
+            Some(Held::Comb(c)) => c.launch(self),
+            Some(Held::Norm(h)) => h.launch(self),
+            Some(Held::CombAdd { c, x, n, s }) => {
+                c.launch(self)?;
+                self.launch_add(x, c.out, n, s)
+            }
             Some(Held::Rope { args, n }) | Some(Held::RopeQk { args, n }) => self.launch_now("rope", (n.div_ceil(256) as u32, 1, 1), 256, 0, &args),
+        }
+    }
+
+    /// `x += y` (`x += s·y`) over `n` values, queued now.
+    pub(crate) fn launch_add(&self, x: u64, y: u64, n: u64, s: Option<f32>) -> Result<(), CudaError> {
+        let grid = (n.div_ceil(256) as u32, 1, 1);
+        match s {
+            None => self.launch_now("add", grid, 256, 0, &[Arg::P(x), Arg::P(y), Arg::U64(n)]),
+            Some(s) => self.launch_now("add_scaled", grid, 256, 0, &[Arg::P(x), Arg::P(y), Arg::F(s), Arg::U64(n)]),
         }
     }
 
@@ -419,6 +440,12 @@ impl Device {
 
     /// One thread per element, 256 to a block.
     pub fn launch_1d(&self, name: &str, n: u64, args: &[Arg]) -> Result<(), CudaError> {
+        self.settle()?;
+        self.launch_1d_now(name, n, args)
+    }
+
+    /// `launch_1d` without submitting the held launch first.
+    pub(crate) fn launch_1d_now(&self, name: &str, n: u64, args: &[Arg]) -> Result<(), CudaError> {
         if n == 0 {
             return Ok(());
         }
@@ -426,7 +453,7 @@ impl Device {
         if blocks > u32::MAX as u64 {
             return Err(CudaError::Shape(format!("{name}: {n} elements is too many for one launch")));
         }
-        self.launch(name, (blocks as u32, 1, 1), 256, 0, args)
+        self.launch_now(name, (blocks as u32, 1, 1), 256, 0, args)
     }
 }
 
@@ -493,7 +520,7 @@ impl Drop for Device {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "add_scaled_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "geglu", "add", "add_scaled", "scale", "gather_rows", "attn_combine", "attn_vec_f16", "attn_vec2_f16", "rms_norm_cl", "add_rms_norm_cl", "add_scaled_rms_norm_cl"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "add_scaled_rms_norm", "comb_add_rms_norm", "comb_add_scaled_rms_norm", "norm_router_f32", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "geglu", "add", "add_scaled", "scale", "gather_rows", "attn_combine", "attn_vec_f16", "attn_vec2_f16", "rms_norm_cl", "add_rms_norm_cl", "add_scaled_rms_norm_cl"]
         .iter()
         .map(|s| s.to_string())
         .collect();

@@ -46,6 +46,7 @@ mod moe_chunk;
 mod moe_dev;
 mod moe_id;
 mod moe_route;
+mod norm;
 mod nvrtc;
 mod sample;
 mod ssm;
@@ -168,7 +169,7 @@ impl CudaBackend {
     /// Process-wide: RMSNorm rows by a cluster of blocks (`true`, sm_90+ only) or one block per
     /// row (the default), as `QUARREL_CUDA_NORM_CLUSTER=1|0` (the same bits; for A/B tests).
     pub fn set_norm_cluster(&self, on: bool) {
-        NORM_CLUSTER.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+        norm::NORM_CLUSTER.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn set_attn_vec_max(&self, positions: usize) {
@@ -278,6 +279,26 @@ impl CudaBackend {
             }
         }
         Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op)?)
+    }
+
+    /// `x += y` (`x += s·y`) to hold: joined to the held MoE combine that writes `y`, if any.
+    fn held_add(&self, x: u64, y: u64, n: u64, s: Option<f32>) -> Held {
+        match self.dev.take_held_if(|h| matches!(h, Held::Comb(c) if c.out == y && (c.n_tok * c.d) as u64 == n)) {
+            Some(Held::Comb(c)) => Held::CombAdd { c, x, n, s },
+            _ => Held::Add { x, y, n, s },
+        }
+    }
+
+    /// Whether a decode step's MoE combine joins the residual add and RMSNorm after it
+    /// (`comb_add_rms_norm`, the default; tests compare both ways bit for bit).
+    pub fn set_comb_norm_fusion(&self, on: bool) {
+        self.router.comb_norm.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a decode step's one-row RMSNorm and the MoE router after it run as one launch
+    /// (`norm_router_f32`, the default; tests compare both ways bit for bit).
+    pub fn set_norm_router_fusion(&self, on: bool) {
+        self.router.norm_router.store(on, Ordering::Relaxed);
     }
 
     pub fn device(&self) -> &Device {
@@ -405,35 +426,6 @@ impl CudaBackend {
         let p = m.ptr();
         g.push((ff.clone(), m));
         Ok(p)
-    }
-}
-
-/// `QUARREL_CUDA_NORM_THREADS` (a multiple of 32 up to 1024): threads of the RMSNorm block, for
-/// measurements.
-fn norm_threads() -> Option<u32> {
-    static T: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *T.get_or_init(|| std::env::var("QUARREL_CUDA_NORM_THREADS").ok().and_then(|v| v.parse().ok()).filter(|t| t % 32 == 0 && (32..=1024).contains(t)))
-}
-
-/// Blocks per row of the cluster RMSNorm kernels (NORM_NC in kernels/ops.cu).
-const NORM_NC: u32 = 4;
-
-/// 0 not read yet, 1 cluster RMSNorm kernels (sm_90+, rows of 2,048+ values: `*_cl` in
-/// kernels/ops.cu), 2 one block per row (the default); `QUARREL_CUDA_NORM_CLUSTER=1|0`, or
-/// `CudaBackend::set_norm_cluster` (process-wide, for A/B tests). Both give the same bits. Off
-/// by default: H100 2026-11-23, 7B Q4_0 tg128 0.6-0.9% slower with it (424.0 / 429.5 vs 429.5
-/// / 428.9 t/s; with attn_vec2_f16 455.0 / 458.1 vs 460.4 / 461.4), TinyLlama within noise.
-static NORM_CLUSTER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-fn norm_cluster() -> bool {
-    use std::sync::atomic::Ordering::Relaxed;
-    match NORM_CLUSTER.load(Relaxed) {
-        0 => {
-            let on = std::env::var("QUARREL_CUDA_NORM_CLUSTER").is_ok_and(|v| v == "1");
-            NORM_CLUSTER.store(if on { 1 } else { 2 }, Relaxed);
-            on
-        }
-        k => k == 1,
     }
 }
 
@@ -618,30 +610,9 @@ impl Backend for CudaBackend {
         }
         let (xp, op) = (self.rd(x)?, self.wr(out));
         let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
-        // a decode step normalizes one row: more threads per row shorten the block
-        let threads = norm_threads().unwrap_or((d / 4).div_ceil(32).clamp(4, 32) as u32 * 32);
-        let n = x.len as u64;
-        // a cluster of NORM_NC blocks per row where the row's block would be 4+ warps per block
-        // of the cluster (`*_cl` in kernels/ops.cu: the same split of the row, the same bits)
-        let cl = norm_cluster() && self.dev.cc.0 >= 9 && d % 4 == 0 && threads % (NORM_NC * 128) == 0 && d / 4 <= 4 * threads as usize;
-        let (sfx, grid, threads) = if cl { ("_cl", (rows * NORM_NC, 1, 1), threads / NORM_NC) } else { ("", (rows, 1, 1), threads) };
-        // the residual add just before (held by `add`) runs in the same kernel
-        if let Some(Held::Add { y, s, .. }) = self.dev.take_held_if(|h| matches!(h, Held::Add { x, n: hn, .. } if *x == xp && *hn == n)) {
-            if let Some(s) = s {
-                let args = [Arg::P(xp), Arg::P(y), Arg::F(s), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
-                return Ok(self.dev.launch_now(&format!("add_scaled_rms_norm{sfx}"), grid, threads, 0, &args)?);
-            }
-            let args = [Arg::P(xp), Arg::P(y), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)];
-            return Ok(self.dev.launch_now(&format!("add_rms_norm{sfx}"), grid, threads, 0, &args)?);
-        }
-        self.dev.launch(
-            &format!("rms_norm{sfx}"),
-            grid,
-            threads,
-            0,
-            &[Arg::P(xp), Arg::P(w.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps), Arg::P(xq), Arg::P(xm)],
-        )?;
-        Ok(())
+        let exact = self.exact_mm.load(Ordering::Relaxed);
+        let hold = !exact && self.router.norm_router.load(Ordering::Relaxed);
+        Ok(norm::rms_norm(&self.dev, norm::Row { x: xp, w: w.p.ptr, out: op, d, rows, eps, xq, xm }, hold)?)
     }
 
     fn rope(&self, x: &mut CudaBuf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
@@ -740,8 +711,9 @@ impl Backend for CudaBackend {
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
         if n > 0 && !device::switches().no_fuse {
-            // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`)
-            return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n, s: None })?);
+            // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`; with the MoE
+            // combine that wrote y held too, `comb_add_rms_norm`)
+            return Ok(self.dev.hold(self.held_add(xp, yp, n, None))?);
         }
         self.dev.launch_1d("add", n, &[Arg::P(xp), Arg::P(yp), Arg::U64(n)])?;
         Ok(())
@@ -758,7 +730,7 @@ impl Backend for CudaBackend {
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
         if n > 0 && !device::switches().no_fuse {
-            return Ok(self.dev.hold(Held::Add { x: xp, y: yp, n, s: Some(s) })?);
+            return Ok(self.dev.hold(self.held_add(xp, yp, n, Some(s)))?);
         }
         self.dev.launch_1d("add_scaled", n, &[Arg::P(xp), Arg::P(yp), Arg::F(s), Arg::U64(n)])?;
         Ok(())

@@ -37,16 +37,66 @@ use std::sync::Mutex;
 pub const DEVICE_EXPERT: u32 = u32::MAX;
 
 /// The last device routing (the layer being computed) and the per-layer selection counts.
-#[derive(Default)]
 pub struct DevRouter {
     last: Mutex<Option<DevRoutes>>,
     counts: Mutex<Vec<Option<(usize, DevMem)>>>,
     /// `moe_gemv_comb`'s counters per (token, row block): zeroed once, each reset by the block
     /// that reads it last; allocated at first use and never moved (queued launches hold it).
     comb: Mutex<Option<(usize, DevMem)>>,
+    /// Whether a combine is held for the add + RMSNorm after it (`comb_add_rms_norm`); default
+    /// on, `QUARREL_CUDA_MOE_NORM=0` off, `CudaBackend::set_comb_norm_fusion` (tests).
+    pub(crate) comb_norm: std::sync::atomic::AtomicBool,
+    /// Whether a one-row RMSNorm is held for the router after it (`norm_router_f32`); default
+    /// on, `QUARREL_CUDA_NORM_ROUTER=0` off, `CudaBackend::set_norm_router_fusion` (tests).
+    pub(crate) norm_router: std::sync::atomic::AtomicBool,
     /// `moe_router_f32`'s finished-block counter (one u32: router launches never overlap, each
     /// waits for the kernel before it), zeroed once, reset by the block that routes.
     router_cnt: Mutex<Option<DevMem>>,
+}
+
+impl Default for DevRouter {
+    fn default() -> Self {
+        DevRouter {
+            last: Default::default(),
+            counts: Default::default(),
+            comb: Default::default(),
+            comb_norm: std::env::var("QUARREL_CUDA_MOE_NORM").map_or(true, |v| v != "0").into(),
+            norm_router: std::env::var("QUARREL_CUDA_NORM_ROUTER").map_or(true, |v| v != "0").into(),
+            router_cnt: Default::default(),
+        }
+    }
+}
+
+/// Router weights (f32 bytes) small enough for `norm_router_f32`'s one block: Mixtral's 8 x
+/// 4,096 (128 KiB) and the like; Nemotron-3-Nano's 128 x 2,688 (1.3 MiB) keep the many-block
+/// `moe_router_f32`.
+const NORM_ROUTER_BYTES: usize = 256 << 10;
+
+/// A decode or prefill step's weighted combine (`moe_combine_dev`'s arguments), held so that
+/// the residual add of its output and the RMSNorm after it run in the same launch
+/// (`comb_add_rms_norm`, kernels/ops.cu: the same sum, route by route, the same bits).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CombHeld {
+    pub y: u64,
+    pub wts: u64,
+    pub out: u64,
+    pub d: usize,
+    pub n_tok: usize,
+    pub n_used: usize,
+    pub fresh: bool,
+}
+
+impl CombHeld {
+    /// Queue it alone (`moe_combine_dev`).
+    pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
+        let args = [Arg::P(self.y), Arg::P(self.wts), Arg::P(self.out), Arg::I(self.d as i32), Arg::I(self.n_tok as i32), Arg::I(self.n_used as i32), Arg::I(self.fresh as i32)];
+        dev.launch_1d_now("moe_combine_dev", (self.n_tok * self.d) as u64, &args)
+    }
+
+    /// `comb_add_rms_norm`'s combine arguments (after x, y = out).
+    pub(crate) fn args(&self) -> [Arg; 4] {
+        [Arg::P(self.y), Arg::P(self.wts), Arg::I(self.n_used as i32), Arg::I(self.fresh as i32)]
+    }
 }
 
 /// Counters of `DevRouter::comb` (u32): a decode step's tokens times the row blocks of the
@@ -333,8 +383,33 @@ impl DevRouter {
         let (xq, xm) = fresh_q.as_ref().map_or((0, 0), |c| (c.xq.ptr(), c.xm.ptr()));
         let logits = dev.scratch(4 * n_tok * p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
-        // gemv_f32's grid and warps per row (matmul::gemv_shape for float weights)
+        // a one-token step whose norm is held (the layer's RMSNorm of x): both in one block
+        // (`norm_router_f32`) where the router is small enough for one block to read
+        // gemv_f32's warps per row (matmul::gemv_shape for float weights): the same logits
         let wpr = crate::moe_chunk::wpr_for(p.n_expert, 0);
+        let small = n_tok == 1 && p.n_expert * n_in * 4 <= NORM_ROUTER_BYTES;
+        let joins = |h: &Held| matches!(h, Held::Norm(nh) if small && nh.out == x && nh.d == n_in && nh.threads() >= 32 * wpr as u32);
+        if let Some(Held::Norm(nh)) = dev.take_held_if(joins) {
+            let mut args = nh.fused.clone();
+            args.extend([
+                Arg::P(w.p.ptr),
+                Arg::P(logits.ptr()),
+                Arg::I(p.n_expert as i32),
+                Arg::I(wpr as i32),
+                Arg::P(bias),
+                Arg::P(eids.ptr()),
+                Arg::P(wts.ptr()),
+                Arg::P(counts),
+                Arg::I(p.n_used as i32),
+                Arg::I((p.gating == Gating::Sigmoid) as i32),
+                Arg::I(p.norm_weights as i32),
+                Arg::F(p.scale),
+            ]);
+            dev.launch_now("norm_router_f32", (1, 1, 1), nh.threads(), (4 * 2 * p.n_expert) as u32, &args)?;
+            *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used, calls: 0 });
+            return Ok(Some((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect()));
+        }
+        // gemv_f32's grid
         let grid = p.n_expert.div_ceil(8 / wpr) as u32;
         dev.launch(
             &format!("moe_router_f32_{n_tok}"),
@@ -446,7 +521,13 @@ impl DevRouter {
             let cnt = c.as_ref().map_or(0, |(_, m)| m.ptr);
             return g.launch_comb(dev, r.wts.ptr(), out, fresh, cnt);
         }
-        dev.launch_1d("moe_combine_dev", out_len as u64, &[Arg::P(y), Arg::P(r.wts.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(r.n_tok as i32), Arg::I(r.n_used as i32), Arg::I(fresh as i32)])
+        let c = CombHeld { y, wts: r.wts.ptr(), out, d, n_tok: r.n_tok, n_used: r.n_used, fresh };
+        // held: the residual add of out and the RMSNorm after it may absorb it
+        if d % 4 == 0 && !crate::device::switches().no_fuse && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
+            return dev.hold(Held::Comb(c));
+        }
+        dev.settle()?;
+        c.launch(dev)
     }
 
     /// The last routing's experts and weights, downloaded (tests: the kernel vs its host twin).

@@ -14,6 +14,8 @@ use std::path::PathBuf;
 /// Kernel sources, embedded in the binary. `common.cuh` opens every unit.
 pub(crate) const FILES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("norm_row.cuh", include_str!("../kernels/norm_row.cuh")),
+    ("norm_router.cu", include_str!("../kernels/norm_router.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
@@ -42,17 +44,17 @@ pub(crate) struct Unit {
 /// The units (`scripts/cuda-kernel-check.py` reads this table: keep one unit per line). The f16
 /// attention kernels (with ggml's exact vector path) take longest: one unit per DPL.
 pub(crate) const UNITS: &[Unit] = &[
-    Unit { name: "ops", files: &["ops.cu", "sample.cu", "gelu.cu", "norm_cluster.cu"], defines: "" },
-    Unit { name: "attn_f32", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
-    Unit { name: "attn_f16_2", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
-    Unit { name: "attn_f16_4", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },
-    Unit { name: "attn_f16_8", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 8\n" },
-    Unit { name: "attn_q8_0", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q8_0\n" },
-    Unit { name: "attn_q4_0", files: &["ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q4_0\n" },
-    Unit { name: "attn_batch", files: &["ops.cu", "attn_batch.cu"], defines: "" },
+    Unit { name: "ops", files: &["norm_row.cuh", "ops.cu", "sample.cu", "gelu.cu", "norm_cluster.cu"], defines: "" },
+    Unit { name: "attn_f32", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
+    Unit { name: "attn_f16_2", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
+    Unit { name: "attn_f16_4", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },
+    Unit { name: "attn_f16_8", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 8\n" },
+    Unit { name: "attn_q8_0", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q8_0\n" },
+    Unit { name: "attn_q4_0", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q4_0\n" },
+    Unit { name: "attn_batch", files: &["norm_row.cuh", "ops.cu", "attn_batch.cu"], defines: "" },
     Unit { name: "attn_vec", files: &["attn_vec.cu"], defines: "" },
     Unit { name: "attn_mma", files: &["attn_mma.cu"], defines: "" },
-    Unit { name: "matmul", files: &["matmul.cu", "moe.cu"], defines: "" },
+    Unit { name: "matmul", files: &["norm_row.cuh", "matmul.cu", "moe.cu", "norm_router.cu"], defines: "" },
     Unit { name: "mmq", files: &["mmq.cu", "mmq_small.cu"], defines: "" },
     Unit { name: "mmq_id", files: &["mmq.cu"], defines: "#define MMQ_ID_UNIT\n" },
     Unit { name: "ssm", files: &["ssm.cu"], defines: "" },

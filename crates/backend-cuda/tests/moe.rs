@@ -184,6 +184,52 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// The MoE combine fused into the residual add and RMSNorm after it (`comb_add_rms_norm`) and a
+/// one-token step's RMSNorm fused with the router after it (`norm_router_f32`), both on by
+/// default, give the bits of the separate launches (`set_comb_norm_fusion(false)`,
+/// `set_norm_router_fusion(false)`): every architecture with experts (Granite's scaled
+/// residual add included), in decode steps of one and of eight sequences and in prefills, at
+/// Q8_0 and Q4_K_M, each fusion alone and both.
+#[test]
+fn fused_combine_norm_router_equal_separate_launches() {
+    if !has_gpu() {
+        return;
+    }
+    let dir = tmpdir("moe-comb");
+    let ids: Vec<u32> = (0..24).map(|i| (i * 41 + 3) % 500).collect();
+    let seqs: Vec<Vec<u32>> = (0..8).map(|s| ids[s..s + 4 + 2 * s].to_vec()).collect();
+    let singles: Vec<Vec<u32>> = (0..8).map(|s| vec![ids[s]]).collect();
+    for name in ["tiny-mixtral", "tiny-granitemoe", "tiny-granitehybrid", "tiny-nemotron-h-moe"] {
+        for ftype in [Ftype::Q8_0, Ftype::Q4_K_M] {
+            let path = synth(name, &dir, ftype);
+            let run = |(comb, router): (bool, bool), n_batch: usize| {
+                let be = CudaBackend::new(0).unwrap();
+                be.set_comb_norm_fusion(comb);
+                be.set_norm_router_fusion(router);
+                let mut e = Engine::load(be, &path, EngineOptions { n_ctx: 64, n_batch, n_seq: 8, ..Default::default() }).unwrap();
+                // token by token (n_batch 1) or one prefill; one step of 8 one-token sequences;
+                // one prefill of 8 sequences
+                let mut l = e.eval_all(&ids).unwrap();
+                l.extend(e.forward_batch(&singles).unwrap().into_iter().flatten());
+                l.extend(e.forward_batch(&seqs).unwrap().into_iter().flatten());
+                l
+            };
+            for n_batch in [1, 512] {
+                let b = run((false, false), n_batch);
+                for fused in [(true, true), (true, false), (false, true)] {
+                    let a = run(fused, n_batch);
+                    assert_eq!(a.len(), b.len());
+                    for (p, (x, y)) in a.iter().zip(&b).enumerate() {
+                        let same = x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits());
+                        assert!(same, "{name} {} n_batch {n_batch} (combine, router) fused {fused:?}: differs at row {p} (nmse {:.3e})", ftype.name(), nmse(x, y));
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--expert-budget`: with room for no experts at all (every routed expert staged from host
 /// memory per use) and for a few (an LRU cache that must evict), the logits of a prefill equal
 /// the fully resident run's bit for bit, those of token-by-token decode to float rounding, and
