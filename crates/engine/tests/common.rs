@@ -2,33 +2,33 @@
 #![allow(dead_code)]
 
 use quarrel_cpu::CpuBackend;
-use quarrel_engine::{Engine, EngineOptions};
+use quarrel_engine::{Completion, Engine, EngineOptions, GenerateParams, SamplingParams};
 use std::path::PathBuf;
 
 pub fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
 }
 
-/// The SmolLM2 model from `QUARREL_SMOLLM2`; None (test skipped with a message) when unset.
-pub fn smollm2() -> Option<PathBuf> {
-    match std::env::var_os("QUARREL_SMOLLM2") {
+/// A model path from the environment variable `var`; None (test skipped with a message) when
+/// unset.
+fn model_from_env(var: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
         Some(p) => Some(PathBuf::from(p)),
         None => {
-            eprintln!("QUARREL_SMOLLM2 not set: skipping (scripts/test.sh sets it)");
+            eprintln!("{var} not set: skipping (scripts/test.sh sets it)");
             None
         }
     }
 }
 
+/// The SmolLM2 model from `QUARREL_SMOLLM2`; None (test skipped with a message) when unset.
+pub fn smollm2() -> Option<PathBuf> {
+    model_from_env("QUARREL_SMOLLM2")
+}
+
 /// The Gemma-3-270m model from `QUARREL_GEMMA3`; None (test skipped with a message) when unset.
 pub fn gemma3() -> Option<PathBuf> {
-    match std::env::var_os("QUARREL_GEMMA3") {
-        Some(p) => Some(PathBuf::from(p)),
-        None => {
-            eprintln!("QUARREL_GEMMA3 not set: skipping (scripts/test.sh sets it)");
-            None
-        }
-    }
+    model_from_env("QUARREL_GEMMA3")
 }
 
 /// An engine on the CPU backend; `QUARREL_TEST_THREADS` overrides the thread count (all
@@ -65,4 +65,40 @@ pub fn assert_batch_equals_singles(what: &str, e: &mut Engine<CpuBackend>, seqs:
         let alone = e.eval_all(toks).unwrap();
         assert_logits_close(&format!("{what}: sequence {s}: batched vs alone"), &batched[s], &alone, tol);
     }
+}
+
+/// One case of a llama.cpp greedy fixture and the engine's greedy completion of it.
+pub struct GreedyCase {
+    pub prompt: String,
+    /// llama.cpp's completion.
+    pub want: String,
+    pub got: Completion,
+}
+
+impl GreedyCase {
+    /// Our text is llama.cpp's, up to trailing white space.
+    pub fn identical(&self) -> bool {
+        self.got.text.trim_end() == self.want.trim_end()
+    }
+}
+
+/// Every case of the greedy fixture `rel` (`{"cases": [{"prompt", "completion", "n_predict"}]}`,
+/// written by scripts/ from llama.cpp): the prompt tokenized with BOS, then `n_predict` tokens
+/// generated greedily.
+pub fn greedy_cases(e: &mut Engine<CpuBackend>, rel: &str) -> Vec<GreedyCase> {
+    let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(rel)).unwrap()).unwrap();
+    let cases = fx["cases"].as_array().unwrap();
+    assert!(!cases.is_empty(), "{rel}: no cases");
+    cases
+        .iter()
+        .map(|c| {
+            let prompt = c["prompt"].as_str().unwrap().to_string();
+            let want = c["completion"].as_str().unwrap().to_string();
+            let n = c["n_predict"].as_u64().unwrap() as usize;
+            let ids = e.tokenize(&prompt, true);
+            let params = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: n, ..Default::default() };
+            let got = e.generate(&ids, &params, &mut |_| true).unwrap();
+            GreedyCase { prompt, want, got }
+        })
+        .collect()
 }

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use quarrel_engine::{EngineOptions, GenerateParams, SamplingParams};
+use quarrel_engine::EngineOptions;
 
 /// Greedy texts against llama.cpp's. Gemma's residual stream (values up to ~1e3 after the
 /// sandwich norms) turns last-bit differences into different near-tie picks, so texts are
@@ -16,23 +16,16 @@ use quarrel_engine::{EngineOptions, GenerateParams, SamplingParams};
 #[test]
 fn greedy_matches_llama_cpp() {
     let Some(path) = gemma3() else { return };
-    let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("gemma3-270m/greedy.json")).unwrap()).unwrap();
     let mut e = engine(&path, EngineOptions { n_ctx: 512, ..Default::default() });
+    let cases = greedy_cases(&mut e, "gemma3-270m/greedy.json");
     let (mut identical, mut agree_all) = (0, vec![]);
-    let cases = fx["cases"].as_array().unwrap();
-    for c in cases {
-        let prompt = c["prompt"].as_str().unwrap();
-        let want = c["completion"].as_str().unwrap();
-        let n = c["n_predict"].as_u64().unwrap() as usize;
-        let ids = e.tokenize(prompt, true);
-        let params = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: n, ..Default::default() };
-        let got = e.generate(&ids, &params, &mut |_| true).unwrap();
-        let same = got.text.trim_end() == want.trim_end();
+    for c in &cases {
+        let (same, got) = (c.identical(), &c.got);
         identical += same as usize;
         // generated tokens whose text is still a prefix of the reference
-        let agree = (1..=got.tokens.len()).take_while(|&k| want.starts_with(&e.tokenizer.decode(&got.tokens[..k]))).count();
+        let agree = (1..=got.tokens.len()).take_while(|&k| c.want.starts_with(&e.tokenizer.decode(&got.tokens[..k]))).count();
         agree_all.push(agree);
-        eprintln!("{} {agree:>2} tokens agree {prompt:?}\n   got:  {:?}\n   want: {want:?}", same as u8, got.text);
+        eprintln!("{} {agree:>2} tokens agree {:?}\n   got:  {:?}\n   want: {:?}", same as u8, c.prompt, got.text, c.want);
     }
     eprintln!("greedy: {identical}/{} identical, tokens agreeing per prompt {agree_all:?}", cases.len());
     assert!(identical >= 1, "no completion identical to llama.cpp's");

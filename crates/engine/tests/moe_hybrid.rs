@@ -1,11 +1,12 @@
 //! MoE and hybrid Mamba2 architectures on their tiny synthetic models (`quarrel synth`
 //! presets `tiny-*`, written here exactly as scripts/moe-fixtures.sh wrote them for
 //! llama.cpp): logits vs llama.cpp's (committed fixtures, NMSE <= 1e-4 at every position),
-//! prefill == token-by-token decode (NMSE <= 1e-5), 8 sequences batched == each alone.
+//! prefill == token-by-token decode (NMSE <= 1e-5), 8 sequences batched == each alone, and
+//! the picks made where the logits lie (greedy / sampled) == the picks from the logits.
 
 mod common;
 use common::*;
-use quarrel_engine::EngineOptions;
+use quarrel_engine::{EngineOptions, GenerateParams, Sampler, SamplingParams};
 use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
 use quarrel_models::synth::Ftype;
 use std::path::{Path, PathBuf};
@@ -56,6 +57,39 @@ fn prefill_equals_decode_and_batch_equals_singles() {
         assert_logits_close(&format!("{name}: prefill vs chunks of 7"), &a, &chunked.eval_all(&ids).unwrap(), 1e-5);
         let seqs: Vec<Vec<u32>> = (0..8).map(|s| ids[s..s + 5 + 3 * s].to_vec()).collect();
         assert_batch_equals_singles(name, &mut whole, &seqs, 1e-5);
+    }
+}
+
+/// Every architecture's picks made on the backend (`Model::forward_argmax` for greedy,
+/// `Model::forward_sample` for a seeded chain with penalties) are the picks the host makes
+/// from the logits `Model::forward` gives for the same tokens (`argmax` / `sample_row_ref`
+/// with the same chain and draws). Token by token on both sides, so the logits are the same
+/// bits.
+#[test]
+fn backend_picks_equal_picks_from_the_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = fixture_tokens();
+    let sampled = SamplingParams { seed: 3, temperature: 0.9, top_k: 40, top_p: 0.95, repeat_penalty: 1.1, ..Default::default() };
+    for name in PRESETS {
+        let path = synth(name, dir.path());
+        let mut e = engine(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() });
+        for sampling in [SamplingParams::greedy(), sampled.clone()] {
+            let p = GenerateParams { sampling: sampling.clone(), max_tokens: 12, ignore_eos: true, ..Default::default() };
+            let got = e.generate(&prompt, &p, &mut |_| true).unwrap().tokens;
+            assert_eq!(got.len(), 12, "{name}");
+            let all: Vec<u32> = prompt.iter().chain(&got).copied().collect();
+            let logits = e.eval_all(&all[..all.len() - 1]).unwrap();
+            let (mut sampler, mut history) = (Sampler::new(sampling.clone()), prompt.clone());
+            let want: Vec<u32> = logits[prompt.len() - 1..]
+                .iter()
+                .map(|l| {
+                    let t = if sampling.is_plain_greedy() { quarrel_core::argmax(l) } else { quarrel_core::sample_row_ref(l, &sampler.row(&history)) };
+                    history.push(t);
+                    t
+                })
+                .collect();
+            assert_eq!(got, want, "{name}: temperature {}", sampling.temperature);
+        }
     }
 }
 

@@ -7,24 +7,17 @@ use quarrel_engine::{EngineOptions, GenerateParams, SamplingParams};
 #[test]
 fn greedy_matches_llama_cpp() {
     let Some(path) = smollm2() else { return };
-    let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/greedy.json")).unwrap()).unwrap();
     let mut e = engine(&path, EngineOptions { n_ctx: 512, ..Default::default() });
+    let cases = greedy_cases(&mut e, "smollm2/greedy.json");
     let (mut identical, mut prefix16) = (0, 0);
-    let cases = fx["cases"].as_array().unwrap();
-    for c in cases {
-        let prompt = c["prompt"].as_str().unwrap();
-        let want = c["completion"].as_str().unwrap();
-        let n = c["n_predict"].as_u64().unwrap() as usize;
-        let ids = e.tokenize(prompt, true);
-        let params = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: n, ..Default::default() };
-        let got = e.generate(&ids, &params, &mut |_| true).unwrap();
-        let same = got.text.trim_end() == want.trim_end();
+    for c in &cases {
+        let (same, got) = (c.identical(), &c.got);
         // first 16 generated tokens: their text must be a prefix of the reference
         let first16 = e.tokenizer.decode(&got.tokens[..got.tokens.len().min(16)]);
-        let p16 = want.starts_with(&first16);
+        let p16 = c.want.starts_with(&first16);
         identical += same as usize;
         prefix16 += p16 as usize;
-        eprintln!("{} {} {prompt:?}\n   got:  {:?}\n   want: {want:?}", same as u8, p16 as u8, got.text);
+        eprintln!("{} {} {:?}\n   got:  {:?}\n   want: {:?}", same as u8, p16 as u8, c.prompt, got.text, c.want);
     }
     eprintln!("greedy: {identical}/{} identical, {prefix16}/{} identical over 16 tokens", cases.len(), cases.len());
     assert!(identical + 1 >= cases.len(), "only {identical}/{} completions identical", cases.len());

@@ -28,7 +28,9 @@ impl ModelInfo {
     }
 }
 
-/// One architecture, loaded on one backend.
+/// One architecture, loaded on one backend. The architecture files implement it through
+/// `arch::common::LayerStack` (their layers and head; the outputs below are computed there
+/// once for all of them).
 pub trait Model<B: Backend>: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// Run a flat batch; returns logits `(batch.logits_rows.len(), n_vocab)` row-major.

@@ -1,14 +1,18 @@
 //! What the architecture files share: the embedding / output head (token embeddings in,
 //! output norm of the rows that need logits, output projection — tied to the embeddings when
-//! the file has no `output.weight`), the traced intermediate, and the checks every loader
+//! the file has no `output.weight`), the model outputs on top of it ([`LayerStack`]: every
+//! arch is a [`Model`] through it), the traced intermediate, and the checks every loader
 //! makes. Each arch file keeps its own layer loop: that is "what this arch does".
 //!
 //! ```text
-//!  tokens ─Head::embed─► x ─(arch's layers)─► Head::norm_rows ─► Head::logits ─► logits
+//!  tokens ─Head::embed─► x ─(arch's layers)─► Head::norm_rows ─┬─► Head::logits ─► logits | argmax | sample
+//!                         └────── LayerStack::final_hidden ────┘└─► hidden (embeddings)
 //! ```
 
+use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
-use quarrel_core::{Backend, CoreError, ForwardBatch, Result};
+use crate::{Model, ModelInfo};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Result, SampleRow};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -50,6 +54,56 @@ impl<B: Backend> Head<B> {
         let mut logits = be.alloc(rows * n_vocab)?; // (rows, n_vocab)
         be.matmul(self.output.as_ref().unwrap_or(&self.token_embd), normed, rows, &mut logits)?;
         Ok(logits)
+    }
+}
+
+/// What an architecture file implements: its layer stack up to the output norm, and its head.
+/// Every `LayerStack` is a [`Model`] (the impl below), so the outputs are computed one way for
+/// every arch: logits are the head's projection of [`final_hidden`](LayerStack::final_hidden),
+/// greedy and sampled picks run on them where they lie (`Backend::argmax_rows` /
+/// `Backend::sample_rows`: a device backend downloads only the ids), and `hidden` downloads
+/// the normed rows.
+pub trait LayerStack<B: Backend>: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+    fn head(&self) -> &Head<B>;
+    /// The layers, then the output norm of the `logits_rows`: `(rows, n_embd)`.
+    fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf>;
+    /// The logits of the `logits_rows`, left on the backend: `(rows, n_vocab)`. Default: the
+    /// head's projection of `final_hidden`; an arch that transforms its logits (Granite's
+    /// `logit_scale`) overrides this.
+    fn logits(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
+        let normed = self.final_hidden(be, batch, kv)?;
+        self.head().logits(be, &normed, batch.logits_rows.len(), self.info().n_vocab)
+    }
+    /// MoE routing and Mamba2 conv / scan time since load (zero for stacks without them).
+    fn op_times(&self) -> OpTimes {
+        OpTimes::default()
+    }
+}
+
+impl<B: Backend, S: LayerStack<B>> Model<B> for S {
+    fn info(&self) -> &ModelInfo {
+        LayerStack::info(self)
+    }
+
+    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        be.download(&self.logits(be, batch, kv)?)
+    }
+
+    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
+        be.argmax_rows(&self.logits(be, batch, kv)?, LayerStack::info(self).n_vocab)
+    }
+
+    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[SampleRow]) -> Result<Vec<u32>> {
+        be.sample_rows(&self.logits(be, batch, kv)?, LayerStack::info(self).n_vocab, rows)
+    }
+
+    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+        be.download(&self.final_hidden(be, batch, kv)?)
+    }
+
+    fn op_times(&self) -> OpTimes {
+        LayerStack::op_times(self)
     }
 }
 

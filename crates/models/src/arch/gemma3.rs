@@ -17,11 +17,10 @@
 //!                             └─ norm ─► output (tied) ─► [softcap] ─► logits
 //! ```
 
-use super::common::{n_params, reject_tensors, trace, Head};
+use super::common::{n_params, reject_tensors, trace, Head, LayerStack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::{GateAct, SwiGluMlp};
-use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
@@ -191,38 +190,15 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     Ok(Box::new(Gemma3 { cfg, info, head, layers }))
 }
 
-impl<B: Backend> Model<B> for Gemma3<B> {
+impl<B: Backend> LayerStack<B> for Gemma3<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
 
-    fn op_times(&self) -> OpTimes {
-        OpTimes::default()
+    fn head(&self) -> &Head<B> {
+        &self.head
     }
 
-    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.download(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?)
-    }
-
-    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.argmax_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab)
-    }
-
-    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.sample_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab, rows)
-    }
-
-    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.download(&normed)
-    }
-}
-
-impl<B: Backend> Gemma3<B> {
-    /// The layers, then the output norm of the `logits_rows`: `(rows, n_embd)`.
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();

@@ -10,7 +10,7 @@
 //!                               └─ norm ─► output ─► ÷ logit_scale ─► logits
 //! ```
 
-use super::common::{attn_scale, n_params, reject_tensors, trace, Head};
+use super::common::{attn_scale, n_params, reject_tensors, trace, Head, LayerStack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
@@ -181,9 +181,13 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     Ok(Box::new(Granite { head: Head::load(be, g, c.n_embd, c.n_vocab)?, cfg, info, layers }))
 }
 
-impl<B: Backend> Model<B> for Granite<B> {
+impl<B: Backend> LayerStack<B> for Granite<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn head(&self) -> &Head<B> {
+        &self.head
     }
 
     fn op_times(&self) -> OpTimes {
@@ -197,23 +201,17 @@ impl<B: Backend> Model<B> for Granite<B> {
         t
     }
 
-    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
+    /// The head's logits divided by `logit_scale`.
+    fn logits(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let normed = self.final_hidden(be, batch, kv)?;
         let mut logits = self.head.logits(be, &normed, batch.logits_rows.len(), c.n_vocab)?; // (rows, n_vocab)
         if c.logit_scale != 0.0 {
             be.scale(&mut logits, 1.0 / c.logit_scale)?;
         }
-        be.download(&logits)
+        Ok(logits)
     }
 
-    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.download(&normed)
-    }
-}
-
-impl<B: Backend> Granite<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();

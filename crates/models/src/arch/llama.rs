@@ -3,7 +3,7 @@
 //! Mixtral-style experts (`ffn_gate_inp` + `ffn_{gate,up,down}_exps`, softmax top-k,
 //! renormalized) where the file has them.
 
-use super::common::{n_params, trace, Head};
+use super::common::{n_params, trace, Head, LayerStack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::SwiGluMlp;
@@ -148,9 +148,13 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     Ok(Box::new(Llama { cfg, info, head, layers }))
 }
 
-impl<B: Backend> Model<B> for Llama<B> {
+impl<B: Backend> LayerStack<B> for Llama<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn head(&self) -> &Head<B> {
+        &self.head
     }
 
     fn op_times(&self) -> OpTimes {
@@ -159,29 +163,6 @@ impl<B: Backend> Model<B> for Llama<B> {
         t
     }
 
-    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.download(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?)
-    }
-
-    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.argmax_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab)
-    }
-
-    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.sample_rows(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?, self.cfg.n_vocab, rows)
-    }
-
-    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.download(&normed)
-    }
-}
-
-impl<B: Backend> Llama<B> {
-    /// The layers, then the output norm of the `logits_rows`: `(rows, n_embd)`.
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();

@@ -9,7 +9,7 @@
 //!  tokens ─embed─► x ─ per layer: x += (mamba2 | attention | ffn | moe+shexp)(rmsnorm x) ─► norm ─► output
 //! ```
 
-use super::common::{attn_scale, n_params, reject_tensors, trace, Head};
+use super::common::{attn_scale, n_params, reject_tensors, trace, Head, LayerStack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
@@ -177,9 +177,13 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     Ok(Box::new(NemotronH { head: Head::load(be, g, c.n_embd, c.n_vocab)?, cfg, info, layers }))
 }
 
-impl<B: Backend> Model<B> for NemotronH<B> {
+impl<B: Backend> LayerStack<B> for NemotronH<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn head(&self) -> &Head<B> {
+        &self.head
     }
 
     fn op_times(&self) -> OpTimes {
@@ -194,18 +198,6 @@ impl<B: Backend> Model<B> for NemotronH<B> {
         t
     }
 
-    fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.download(&self.head.logits(be, &normed, batch.logits_rows.len(), self.cfg.n_vocab)?)
-    }
-
-    fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        let normed = self.final_hidden(be, batch, kv)?;
-        be.download(&normed)
-    }
-}
-
-impl<B: Backend> NemotronH<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();

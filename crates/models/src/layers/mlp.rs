@@ -23,8 +23,14 @@ pub enum GateAct {
 }
 
 impl<B: Backend> SwiGluMlp<B> {
+    /// Load `blk.{il}.ffn_{gate,up,down}.weight`.
     pub fn load(be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize, n_ff: usize) -> Result<Self> {
-        let name = |s: &str| format!("blk.{il}.{s}.weight");
+        Self::load_suffixed(be, g, il, "", n_embd, n_ff)
+    }
+
+    /// Load `blk.{il}.ffn_{gate,up,down}{suffix}.weight` (suffix `""` or `"_shexp"`).
+    pub fn load_suffixed(be: &B, g: &Arc<Gguf>, il: usize, suffix: &str, n_embd: usize, n_ff: usize) -> Result<Self> {
+        let name = |s: &str| format!("blk.{il}.{s}{suffix}.weight");
         Ok(SwiGluMlp {
             ffn_gate: weight(be, g, &name("ffn_gate"), n_embd, n_ff)?,
             ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
@@ -47,20 +53,6 @@ impl<B: Backend> SwiGluMlp<B> {
         let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.ffn_down, &h, n_tok, &mut out)?;
         Ok(out)
-    }
-}
-
-impl<B: Backend> SwiGluMlp<B> {
-    /// Load `blk.{il}.ffn_{gate,up,down}{suffix}.weight` (suffix `""` or `"_shexp"`).
-    pub fn load_suffixed(be: &B, g: &Arc<Gguf>, il: usize, suffix: &str, n_embd: usize, n_ff: usize) -> Result<Self> {
-        let name = |s: &str| format!("blk.{il}.{s}{suffix}.weight");
-        Ok(SwiGluMlp {
-            ffn_gate: weight(be, g, &name("ffn_gate"), n_embd, n_ff)?,
-            ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
-            ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
-            n_ff,
-            act: GateAct::Silu,
-        })
     }
 }
 
