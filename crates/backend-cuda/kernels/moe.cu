@@ -233,7 +233,7 @@ __device__ __forceinline__ void moe_prefetch(const u8* P, const u8* M, u64 slice
         moe_prefetch<QT>(P, M, slice_p, slice_m, eids, j, early, U, n_out, wpr);                                       \
         GDC();                                                                                                         \
         const u64 e = eids[j], s = per_token ? j / n_used : j;                                                         \
-        gemv_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
+        gemv_q<QT, 1, false, MOE_GEMV_UNROLL>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) moe_gemv2_dev_##NAME(const u8* __restrict__ P0, const u8* __restrict__ M0, \
         float* __restrict__ out0, const u8* __restrict__ P1, const u8* __restrict__ M1, float* __restrict__ out1, u64 slice_p, \
@@ -246,7 +246,7 @@ __device__ __forceinline__ void moe_prefetch(const u8* P, const u8* M, u64 slice
         moe_prefetch<QT>(P, M, slice_p, slice_m, eids, j, early, U, n_out, wpr);                                       \
         GDC();                                                                                                         \
         const u64 e = eids[j], s = per_token ? j / n_used : j;                                                         \
-        gemv_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
+        gemv_q<QT, 1, false, MOE_GEMV_UNROLL>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
     }
 // The weighted combine after moe_gemv_comb's rows: the block that completes a token's row block
 // last (a counter per (token, row block) in cnt, reset by that block) adds the token's n_used
@@ -283,7 +283,7 @@ __device__ __forceinline__ void moe_comb_last(const float* __restrict__ y, const
         moe_prefetch<QT>(P, M, slice_p, slice_m, eids, j, early, U, n_out, wpr);                                       \
         GDC();                                                                                                         \
         const u64 e = eids[j];                                                                                         \
-        gemv_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + (u64)j * U * 32, xm + (u64)j * U, y + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
+        gemv_q<QT, 1, false, MOE_GEMV_UNROLL>(P + e * slice_p, M ? M + e * slice_m : M, xq + (u64)j * U * 32, xm + (u64)j * U, y + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
         moe_comb_last(y, w, out, n_used, n_out, wpr, fresh, cnt, j);                                                   \
     }
 MOE_GEMV_COMB(q4_0, QT_Q4_0)

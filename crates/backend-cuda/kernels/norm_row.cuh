@@ -97,7 +97,8 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
     for (int it = 0; it < NORM_IT; it++) {
         int c = it * blockDim.x + threadIdx.x;
         v[it] = c < n4 ? xr[c] : z;
-        wv[it] = c < n4 ? w4[c] : z;
+        // with a combine, the weights are read after the sum (registers: no spills at 1,024 threads)
+        if (!CB) wv[it] = c < n4 ? w4[c] : z;
         if (yr && c < n4) {
             float4 b = CB ? comb4((float*)y + (u64)blockIdx.x * d, c, cb.cy, cb.cw, cb.n_used, cb.fresh, d) : yr[c];
             b = make_float4(ys_mul<SC>(b.x, ys), ys_mul<SC>(b.y, ys), ys_mul<SC>(b.z, ys), ys_mul<SC>(b.w, ys));
@@ -136,7 +137,7 @@ __device__ __forceinline__ void norm_row_v4(float* __restrict__ x, const float* 
             for (int k = 0; k < NORM_IT; k++)
                 if (k == it) {
                     a = v[k];
-                    b = wv[k];
+                    b = CB ? (c < n4 ? w4[c] : z) : wv[k];
                 }
         } else if (c < n4) {
             a = xr[c];

@@ -16,15 +16,16 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
 }
 
 // add_rms_norm whose y is first the MoE combine held before it (the decode step's
-// moe_combine_dev, add and RMSNorm in one launch; d % 4 == 0, blockDim % 32 == 0).
-extern "C" __global__ void comb_add_rms_norm(float* __restrict__ x, float* __restrict__ y, const float* __restrict__ cy,
+// moe_combine_dev, add and RMSNorm in one launch; d % 4 == 0, blockDim % 32 == 0; at most 64
+// registers: a row of 4,096 values takes 1,024 threads).
+extern "C" __global__ void __launch_bounds__(1024) comb_add_rms_norm(float* __restrict__ x, float* __restrict__ y, const float* __restrict__ cy,
                                              const float* __restrict__ cw, int n_used, int fresh, const float* __restrict__ w,
                                              float* __restrict__ out, int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
     GDC();
     norm_row_v4<false, true>(x, y, 1.0f, w, out, d, eps, xq, xm, Comb{cy, cw, n_used, fresh});
 }
 
-extern "C" __global__ void comb_add_scaled_rms_norm(float* __restrict__ x, float* __restrict__ y, const float* __restrict__ cy,
+extern "C" __global__ void __launch_bounds__(1024) comb_add_scaled_rms_norm(float* __restrict__ x, float* __restrict__ y, const float* __restrict__ cy,
                                                     const float* __restrict__ cw, int n_used, int fresh, float ys,
                                                     const float* __restrict__ w, float* __restrict__ out, int d, float eps,
                                                     i8* __restrict__ xq, float2* __restrict__ xm) {

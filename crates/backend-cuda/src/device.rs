@@ -199,8 +199,8 @@ pub(crate) enum Held {
     /// A combine, then `x += out` (`x += s·out`) over `n` values: a following RMSNorm of `x`
     /// runs all three as `comb_add_(scaled_)rms_norm`.
     CombAdd { c: crate::moe_dev::CombHeld, x: u64, n: u64, s: Option<f32> },
-    /// A single-row RMSNorm (any of its variants): the MoE router over its output joins it
-    /// (`norm_router_f32`, `norm::NormHeld`).
+    /// A single-row RMSNorm (a variant with a cluster form): the MoE router over its output
+    /// launches it as the cluster kernel (`norm::NormHeld`).
     Norm(crate::norm::NormHeld),
 }
 
@@ -388,7 +388,7 @@ impl Device {
             Some(Held::Moe(g)) => g.launch(self),
             Some(Held::SsmConv(c)) => c.launch(self),
             Some(Held::Comb(c)) => c.launch(self),
-            Some(Held::Norm(h)) => h.launch(self),
+            Some(Held::Norm(h)) => h.launch(self, false),
             Some(Held::CombAdd { c, x, n, s }) => {
                 c.launch(self)?;
                 self.launch_add(x, c.out, n, s)
@@ -520,7 +520,7 @@ impl Drop for Device {
 /// if its body starts with `GDC();`.
 pub fn gdc_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "add_scaled_rms_norm", "comb_add_rms_norm", "comb_add_scaled_rms_norm", "norm_router_f32", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "geglu", "add", "add_scaled", "scale", "gather_rows", "attn_combine", "attn_vec_f16", "attn_vec2_f16", "rms_norm_cl", "add_rms_norm_cl", "add_scaled_rms_norm_cl"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "add_scaled_rms_norm", "comb_add_rms_norm", "comb_add_scaled_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "geglu", "add", "add_scaled", "scale", "gather_rows", "attn_combine", "attn_vec_f16", "attn_vec2_f16", "rms_norm_cl", "add_rms_norm_cl", "add_scaled_rms_norm_cl"]
         .iter()
         .map(|s| s.to_string())
         .collect();

@@ -295,10 +295,10 @@ impl CudaBackend {
         self.router.comb_norm.store(on, Ordering::Relaxed);
     }
 
-    /// Whether a decode step's one-row RMSNorm and the MoE router after it run as one launch
-    /// (`norm_router_f32`, the default; tests compare both ways bit for bit).
-    pub fn set_norm_router_fusion(&self, on: bool) {
-        self.router.norm_router.store(on, Ordering::Relaxed);
+    /// Whether a decode step's one-row RMSNorm that the MoE router reads runs as the cluster
+    /// kernel (the default; tests compare both ways bit for bit).
+    pub fn set_router_norm_cluster(&self, on: bool) {
+        self.router.router_norm_cl.store(on, Ordering::Relaxed);
     }
 
     pub fn device(&self) -> &Device {
@@ -611,7 +611,7 @@ impl Backend for CudaBackend {
         let (xp, op) = (self.rd(x)?, self.wr(out));
         let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
         let exact = self.exact_mm.load(Ordering::Relaxed);
-        let hold = !exact && self.router.norm_router.load(Ordering::Relaxed);
+        let hold = !exact && self.router.router_norm_cl.load(Ordering::Relaxed);
         Ok(norm::rms_norm(&self.dev, norm::Row { x: xp, w: w.p.ptr, out: op, d, rows, eps, xq, xm }, hold)?)
     }
 

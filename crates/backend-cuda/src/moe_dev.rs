@@ -46,9 +46,10 @@ pub struct DevRouter {
     /// Whether a combine is held for the add + RMSNorm after it (`comb_add_rms_norm`); default
     /// on, `QUARREL_CUDA_MOE_NORM=0` off, `CudaBackend::set_comb_norm_fusion` (tests).
     pub(crate) comb_norm: std::sync::atomic::AtomicBool,
-    /// Whether a one-row RMSNorm is held for the router after it (`norm_router_f32`); default
-    /// on, `QUARREL_CUDA_NORM_ROUTER=0` off, `CudaBackend::set_norm_router_fusion` (tests).
-    pub(crate) norm_router: std::sync::atomic::AtomicBool,
+    /// Whether a one-row RMSNorm is held so that, where the MoE router follows it, it runs as
+    /// the cluster kernel (`norm::NormHeld`); default on, `QUARREL_CUDA_ROUTER_NORM_CL=0` off,
+    /// `CudaBackend::set_router_norm_cluster` (tests).
+    pub(crate) router_norm_cl: std::sync::atomic::AtomicBool,
     /// `moe_router_f32`'s finished-block counter (one u32: router launches never overlap, each
     /// waits for the kernel before it), zeroed once, reset by the block that routes.
     router_cnt: Mutex<Option<DevMem>>,
@@ -61,16 +62,11 @@ impl Default for DevRouter {
             counts: Default::default(),
             comb: Default::default(),
             comb_norm: std::env::var("QUARREL_CUDA_MOE_NORM").map_or(true, |v| v != "0").into(),
-            norm_router: std::env::var("QUARREL_CUDA_NORM_ROUTER").map_or(true, |v| v != "0").into(),
+            router_norm_cl: std::env::var("QUARREL_CUDA_ROUTER_NORM_CL").map_or(true, |v| v != "0").into(),
             router_cnt: Default::default(),
         }
     }
 }
-
-/// Router weights (f32 bytes) small enough for `norm_router_f32`'s one block: Mixtral's 8 x
-/// 4,096 (128 KiB) and the like; Nemotron-3-Nano's 128 x 2,688 (1.3 MiB) keep the many-block
-/// `moe_router_f32`.
-const NORM_ROUTER_BYTES: usize = 256 << 10;
 
 /// A decode or prefill step's weighted combine (`moe_combine_dev`'s arguments), held so that
 /// the residual add of its output and the RMSNorm after it run in the same launch
@@ -383,33 +379,14 @@ impl DevRouter {
         let (xq, xm) = fresh_q.as_ref().map_or((0, 0), |c| (c.xq.ptr(), c.xm.ptr()));
         let logits = dev.scratch(4 * n_tok * p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
-        // a one-token step whose norm is held (the layer's RMSNorm of x): both in one block
-        // (`norm_router_f32`) where the router is small enough for one block to read
-        // gemv_f32's warps per row (matmul::gemv_shape for float weights): the same logits
-        let wpr = crate::moe_chunk::wpr_for(p.n_expert, 0);
-        let small = n_tok == 1 && p.n_expert * n_in * 4 <= NORM_ROUTER_BYTES;
-        let joins = |h: &Held| matches!(h, Held::Norm(nh) if small && nh.out == x && nh.d == n_in && nh.threads() >= 32 * wpr as u32);
-        if let Some(Held::Norm(nh)) = dev.take_held_if(joins) {
-            let mut args = nh.fused.clone();
-            args.extend([
-                Arg::P(w.p.ptr),
-                Arg::P(logits.ptr()),
-                Arg::I(p.n_expert as i32),
-                Arg::I(wpr as i32),
-                Arg::P(bias),
-                Arg::P(eids.ptr()),
-                Arg::P(wts.ptr()),
-                Arg::P(counts),
-                Arg::I(p.n_used as i32),
-                Arg::I((p.gating == Gating::Sigmoid) as i32),
-                Arg::I(p.norm_weights as i32),
-                Arg::F(p.scale),
-            ]);
-            dev.launch_now("norm_router_f32", (1, 1, 1), nh.threads(), (4 * 2 * p.n_expert) as u32, &args)?;
-            *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used, calls: 0 });
-            return Ok(Some((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect()));
+        // the RMSNorm that wrote x, held: the router waits for it and the expert GEMVs for the
+        // router, with the DRAM idle (their weights are unknown until the routing): the norm
+        // spread over a cluster of blocks (`*_cl`, the same bits) shortens that wait
+        if let Some(Held::Norm(nh)) = dev.take_held_if(|h| matches!(h, Held::Norm(nh) if nh.out == x)) {
+            nh.launch(dev, true)?;
         }
-        // gemv_f32's grid
+        // gemv_f32's warps per row (matmul::gemv_shape for float weights) and grid
+        let wpr = crate::moe_chunk::wpr_for(p.n_expert, 0);
         let grid = p.n_expert.div_ceil(8 / wpr) as u32;
         dev.launch(
             &format!("moe_router_f32_{n_tok}"),

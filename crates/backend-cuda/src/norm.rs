@@ -1,9 +1,9 @@
 //! RMSNorm launches (kernels/norm_row.cuh): one block per row, with the residual add held
 //! before it (`add_rms_norm`, `add_scaled_rms_norm`), with a held MoE combine before that too
 //! (`comb_add_rms_norm`), a cluster of blocks per row (`*_cl`, off by default), and a single
-//! row held (`Held::Norm`) so that the MoE router after it joins the launch
-//! (`norm_router_f32`, moe_dev.rs). Every variant computes the row with the same code: the
-//! same bits.
+//! row held (`Held::Norm`) so that, where the MoE router reads it, it runs as the cluster kernel
+//! (the router and the expert GEMVs wait for it with the DRAM idle). Every variant computes the
+//! row with the same split and order: the same bits.
 
 use crate::device::{Arg, Device, Held};
 use crate::error::CudaError;
@@ -51,41 +51,46 @@ pub(crate) struct Row {
     pub xm: u64,
 }
 
-/// A one-row norm launch held back (`Held::Norm`): the standalone launch, and the norm's part of
-/// `norm_router_f32`'s arguments (x, y, ys, cy, cw, cn, fresh, mode, w, out, d, eps, xq, xm).
+/// A one-row norm launch held back (`Held::Norm`): the MoE router that reads its output
+/// launches it as the cluster kernel (`launch(dev, true)`), any other op as one block.
 #[derive(Clone, Debug)]
 pub(crate) struct NormHeld {
     name: &'static str,
     threads: u32,
     args: Vec<Arg>,
-    pub fused: Vec<Arg>,
     pub out: u64,
-    pub d: usize,
 }
 
 impl NormHeld {
-    pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
+    /// Queue it: one block, or (`cluster`) NORM_NC blocks of a cluster, `<name>_cl`.
+    pub(crate) fn launch(&self, dev: &Device, cluster: bool) -> Result<(), CudaError> {
+        if cluster {
+            return dev.launch_now(&format!("{}_cl", self.name), (NORM_NC, 1, 1), self.threads / NORM_NC, 0, &self.args);
+        }
         dev.launch_now(self.name, (1, 1, 1), self.threads, 0, &self.args)
-    }
-
-    /// Threads of the norm's block (the fused kernel's block: the same split of the row).
-    pub(crate) fn threads(&self) -> u32 {
-        self.threads
     }
 }
 
+/// Whether rows of `d` values normalized by blocks of `threads` can run as the cluster kernels
+/// (NORM_NC blocks of 4+ warps each, every thread's values in registers).
+fn cluster_fits(dev: &Device, d: usize, threads: u32) -> bool {
+    dev.cc.0 >= 9 && d % 4 == 0 && threads % (NORM_NC * 128) == 0 && d / 4 <= 4 * threads as usize
+}
+
 /// Queue (or hold) the RMSNorm of `r`, absorbing a held residual add (and a held MoE combine
-/// before it). `hold`: a single row may be held for a router after it (`DevRouter::norm_router`).
+/// before it). `hold`: a single row whose kernel has a cluster form is held, for a router after
+/// it (`DevRouter::router_norm_cl`).
 pub(crate) fn rms_norm(dev: &Device, r: Row, hold: bool) -> Result<(), CudaError> {
     let d = r.d;
     // a decode step normalizes one row: more threads per row shorten the block
     let threads = norm_threads().unwrap_or((d / 4).div_ceil(32).clamp(4, 32) as u32 * 32);
     let n = r.rows as u64 * d as u64;
-    // a cluster of NORM_NC blocks per row where the row's block would be 4+ warps per block of
-    // the cluster (kernels/norm_cluster.cu: the same split of the row, the same bits)
-    let cl = norm_cluster() && dev.cc.0 >= 9 && d % 4 == 0 && threads % (NORM_NC * 128) == 0 && d / 4 <= 4 * threads as usize;
+    let fits = cluster_fits(dev, d, threads);
+    // every row by a cluster of NORM_NC blocks (kernels/norm_cluster.cu: the same split of the
+    // row, the same bits) where switched on
+    let cl = norm_cluster() && fits;
     let (grid, threads) = if cl { ((r.rows * NORM_NC, 1, 1), threads / NORM_NC) } else { ((r.rows, 1, 1), threads) };
-    // float4 rows (norm_row_v4): the variants a combine and the router can join
+    // float4 rows (norm_row_v4): the variant a held combine can join
     let v4 = d % 4 == 0 && threads % 32 == 0 && !cl;
     let held = dev.take_held_if(|h| match h {
         Held::Add { x, n: hn, .. } | Held::CombAdd { x, n: hn, .. } => *x == r.x && *hn == n,
@@ -99,14 +104,12 @@ pub(crate) fn rms_norm(dev: &Device, r: Row, hold: bool) -> Result<(), CudaError
         h => h,
     };
     let tail = [Arg::P(r.w), Arg::P(r.out), Arg::I(d as i32), Arg::F(r.eps), Arg::P(r.xq), Arg::P(r.xm)];
-    let (name, mut args, fused_head): (&'static str, Vec<Arg>, [Arg; 8]) = match held {
+    let (name, mut args): (&'static str, Vec<Arg>) = match held {
         Some(Held::CombAdd { c, s, .. }) => {
-            let [cy, cw, cn, fresh] = c.args();
-            let mode = 3 + s.is_some() as i32;
-            let mut a = vec![Arg::P(r.x), Arg::P(c.out), cy, cw, cn, fresh];
+            let mut a = vec![Arg::P(r.x), Arg::P(c.out)];
+            a.extend(c.args());
             a.extend(s.map(Arg::F));
-            let name = if s.is_some() { "comb_add_scaled_rms_norm" } else { "comb_add_rms_norm" };
-            (name, a, [Arg::P(r.x), Arg::P(c.out), Arg::F(s.unwrap_or(1.0)), cy, cw, cn, fresh, Arg::I(mode)])
+            (if s.is_some() { "comb_add_scaled_rms_norm" } else { "comb_add_rms_norm" }, a)
         }
         Some(Held::Add { y, s, .. }) => {
             let name = match (s.is_some(), cl) {
@@ -117,20 +120,14 @@ pub(crate) fn rms_norm(dev: &Device, r: Row, hold: bool) -> Result<(), CudaError
             };
             let mut a = vec![Arg::P(r.x), Arg::P(y)];
             a.extend(s.map(Arg::F));
-            let mode = 1 + s.is_some() as i32;
-            (name, a, [Arg::P(r.x), Arg::P(y), Arg::F(s.unwrap_or(1.0)), Arg::P(0), Arg::P(0), Arg::I(0), Arg::I(0), Arg::I(mode)])
+            (name, a)
         }
-        _ => {
-            let name = if cl { "rms_norm_cl" } else { "rms_norm" };
-            (name, vec![Arg::P(r.x)], [Arg::P(r.x), Arg::P(0), Arg::F(1.0), Arg::P(0), Arg::P(0), Arg::I(0), Arg::I(0), Arg::I(0)])
-        }
+        _ => (if cl { "rms_norm_cl" } else { "rms_norm" }, vec![Arg::P(r.x)]),
     };
     args.extend(tail);
-    let plain = name == "rms_norm" || name == "rms_norm_cl";
-    if hold && v4 && r.rows == 1 && r.xq != 0 && !crate::device::switches().no_fuse {
-        let mut fused = fused_head.to_vec();
-        fused.extend(tail);
-        return dev.hold(Held::Norm(NormHeld { name, threads, args, fused, out: r.out, d }));
+    let plain = name.starts_with("rms_norm");
+    if hold && fits && !cl && r.rows == 1 && !name.starts_with("comb") && !crate::device::switches().no_fuse {
+        return dev.hold(Held::Norm(NormHeld { name, threads, args, out: r.out }));
     }
     // a plain norm took nothing held: what is held goes first
     if plain {

@@ -15,7 +15,6 @@ use std::path::PathBuf;
 pub(crate) const FILES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm_row.cuh", include_str!("../kernels/norm_row.cuh")),
-    ("norm_router.cu", include_str!("../kernels/norm_router.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
@@ -54,7 +53,7 @@ pub(crate) const UNITS: &[Unit] = &[
     Unit { name: "attn_batch", files: &["norm_row.cuh", "ops.cu", "attn_batch.cu"], defines: "" },
     Unit { name: "attn_vec", files: &["attn_vec.cu"], defines: "" },
     Unit { name: "attn_mma", files: &["attn_mma.cu"], defines: "" },
-    Unit { name: "matmul", files: &["norm_row.cuh", "matmul.cu", "moe.cu", "norm_router.cu"], defines: "" },
+    Unit { name: "matmul", files: &["matmul.cu", "moe.cu"], defines: "" },
     Unit { name: "mmq", files: &["mmq.cu", "mmq_small.cu"], defines: "" },
     Unit { name: "mmq_id", files: &["mmq.cu"], defines: "#define MMQ_ID_UNIT\n" },
     Unit { name: "ssm", files: &["ssm.cu"], defines: "" },
@@ -73,12 +72,13 @@ pub(crate) fn unit_source(u: &Unit) -> String {
         s.push_str("#define GEMV_NO_PREFETCH 1\n");
     }
     // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
-    // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL)
+    // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL, MOE_GEMV_UNROLL)
     for (var, def) in [
         ("QUARREL_CUDA_GEMVO_R", "GEMVO_R"),
         ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"),
         ("QUARREL_CUDA_GEMVO_PIPE", "GEMVO_PIPE"),
         ("QUARREL_CUDA_GEMV_UNROLL", "GEMV_UNROLL"),
+        ("QUARREL_CUDA_MOE_GEMV_UNROLL", "MOE_GEMV_UNROLL"),
     ] {
         if let Some(v) = std::env::var(var).ok().filter(|v| v.parse::<u8>().is_ok()) {
             s.push_str(&format!("#define {def} {v}\n"));

@@ -4,7 +4,7 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 17] = [
+const SOURCES: [&str; 16] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/sample.cu"),
@@ -21,7 +21,6 @@ const SOURCES: [&str; 17] = [
     include_str!("../kernels/gelu.cu"),
     include_str!("../kernels/norm_cluster.cu"),
     include_str!("../kernels/norm_row.cuh"),
-    include_str!("../kernels/norm_router.cu"),
 ];
 
 /// Every kernel source of the crate is in `SOURCES` (a new file must be added there too).

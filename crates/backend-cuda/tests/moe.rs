@@ -185,13 +185,13 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
 }
 
 /// The MoE combine fused into the residual add and RMSNorm after it (`comb_add_rms_norm`) and a
-/// one-token step's RMSNorm fused with the router after it (`norm_router_f32`), both on by
-/// default, give the bits of the separate launches (`set_comb_norm_fusion(false)`,
-/// `set_norm_router_fusion(false)`): every architecture with experts (Granite's scaled
+/// one-token step's RMSNorm before the router as the cluster kernel, both on by default, give
+/// the bits of the separate launches and the one-block norm (`set_comb_norm_fusion(false)`,
+/// `set_router_norm_cluster(false)`): every architecture with experts (Granite's scaled
 /// residual add included), in decode steps of one and of eight sequences and in prefills, at
-/// Q8_0 and Q4_K_M, each fusion alone and both.
+/// Q8_0 and Q4_K_M, each alone and both.
 #[test]
-fn fused_combine_norm_router_equal_separate_launches() {
+fn fused_combine_and_router_norm_equal_separate_launches() {
     if !has_gpu() {
         return;
     }
@@ -199,13 +199,22 @@ fn fused_combine_norm_router_equal_separate_launches() {
     let ids: Vec<u32> = (0..24).map(|i| (i * 41 + 3) % 500).collect();
     let seqs: Vec<Vec<u32>> = (0..8).map(|s| ids[s..s + 4 + 2 * s].to_vec()).collect();
     let singles: Vec<Vec<u32>> = (0..8).map(|s| vec![ids[s]]).collect();
-    for name in ["tiny-mixtral", "tiny-granitemoe", "tiny-granitehybrid", "tiny-nemotron-h-moe"] {
+    // and Mixtral's / Granite's row width (4,096: norm blocks of 1,024 threads, a router of 8 x
+    // 4,096) with small feed-forwards
+    let wide = |name: &str| {
+        let base = *ArchPreset::by_name(name).unwrap();
+        ArchPreset { n_embd: 4096, n_head: 32, n_head_kv: 8, head_dim: 128, n_ff: 64, n_expert: 8, n_used: 2, pattern: &base.pattern[..2], ..base }
+    };
+    let presets = ["tiny-mixtral", "tiny-granitemoe", "tiny-granitehybrid", "tiny-nemotron-h-moe"].map(|n| (n, *ArchPreset::by_name(n).unwrap()));
+    let wides = [("wide-mixtral", wide("tiny-mixtral")), ("wide-granitemoe", wide("tiny-granitemoe"))];
+    for (name, preset) in presets.into_iter().chain(wides) {
         for ftype in [Ftype::Q8_0, Ftype::Q4_K_M] {
-            let path = synth(name, &dir, ftype);
+            let path = dir.join(format!("{name}-{}.gguf", ftype.name()));
+            write_arch_synth(&ArchSynthSpec { preset, ftype, seed: 7, vocab_from: None }, &path, &mut |_, _| {}).unwrap();
             let run = |(comb, router): (bool, bool), n_batch: usize| {
                 let be = CudaBackend::new(0).unwrap();
                 be.set_comb_norm_fusion(comb);
-                be.set_norm_router_fusion(router);
+                be.set_router_norm_cluster(router);
                 let mut e = Engine::load(be, &path, EngineOptions { n_ctx: 64, n_batch, n_seq: 8, ..Default::default() }).unwrap();
                 // token by token (n_batch 1) or one prefill; one step of 8 one-token sequences;
                 // one prefill of 8 sequences
@@ -221,7 +230,7 @@ fn fused_combine_norm_router_equal_separate_launches() {
                     assert_eq!(a.len(), b.len());
                     for (p, (x, y)) in a.iter().zip(&b).enumerate() {
                         let same = x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits());
-                        assert!(same, "{name} {} n_batch {n_batch} (combine, router) fused {fused:?}: differs at row {p} (nmse {:.3e})", ftype.name(), nmse(x, y));
+                        assert!(same, "{name} {} n_batch {n_batch} (combine fused, router norm cluster) {fused:?}: differs at row {p} (nmse {:.3e})", ftype.name(), nmse(x, y));
                     }
                 }
             }
