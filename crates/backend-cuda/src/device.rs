@@ -199,9 +199,6 @@ pub(crate) enum Held {
     /// A combine, then `x += out` (`x += s·out`) over `n` values: a following RMSNorm of `x`
     /// runs all three as `comb_add_(scaled_)rms_norm`.
     CombAdd { c: crate::moe_dev::CombHeld, x: u64, n: u64, s: Option<f32> },
-    /// A single-row RMSNorm (a variant with a cluster form): the MoE router over its output
-    /// launches it as the cluster kernel (`norm::NormHeld`).
-    Norm(crate::norm::NormHeld),
 }
 
 /// Debugging switches read once (a lookup per op would cost host time on every decode step):
@@ -388,7 +385,6 @@ impl Device {
             Some(Held::Moe(g)) => g.launch(self),
             Some(Held::SsmConv(c)) => c.launch(self),
             Some(Held::Comb(c)) => c.launch(self),
-            Some(Held::Norm(h)) => h.launch(self, false),
             Some(Held::CombAdd { c, x, n, s }) => {
                 c.launch(self)?;
                 self.launch_add(x, c.out, n, s)

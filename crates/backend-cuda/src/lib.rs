@@ -295,12 +295,6 @@ impl CudaBackend {
         self.router.comb_norm.store(on, Ordering::Relaxed);
     }
 
-    /// Whether a decode step's one-row RMSNorm that the MoE router reads runs as the cluster
-    /// kernel (the default; tests compare both ways bit for bit).
-    pub fn set_router_norm_cluster(&self, on: bool) {
-        self.router.router_norm_cl.store(on, Ordering::Relaxed);
-    }
-
     pub fn device(&self) -> &Device {
         &self.dev
     }
@@ -610,9 +604,7 @@ impl Backend for CudaBackend {
         }
         let (xp, op) = (self.rd(x)?, self.wr(out));
         let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
-        let exact = self.exact_mm.load(Ordering::Relaxed);
-        let hold = !exact && self.router.router_norm_cl.load(Ordering::Relaxed);
-        Ok(norm::rms_norm(&self.dev, norm::Row { x: xp, w: w.p.ptr, out: op, d, rows, eps, xq, xm }, hold)?)
+        Ok(norm::rms_norm(&self.dev, norm::Row { x: xp, w: w.p.ptr, out: op, d, rows, eps, xq, xm })?)
     }
 
     fn rope(&self, x: &mut CudaBuf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {

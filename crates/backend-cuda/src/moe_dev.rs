@@ -46,10 +46,6 @@ pub struct DevRouter {
     /// Whether a combine is held for the add + RMSNorm after it (`comb_add_rms_norm`); default
     /// on, `QUARREL_CUDA_MOE_NORM=0` off, `CudaBackend::set_comb_norm_fusion` (tests).
     pub(crate) comb_norm: std::sync::atomic::AtomicBool,
-    /// Whether a one-row RMSNorm is held so that, where the MoE router follows it, it runs as
-    /// the cluster kernel (`norm::NormHeld`); default on, `QUARREL_CUDA_ROUTER_NORM_CL=0` off,
-    /// `CudaBackend::set_router_norm_cluster` (tests).
-    pub(crate) router_norm_cl: std::sync::atomic::AtomicBool,
     /// `moe_router_f32`'s finished-block counter (one u32: router launches never overlap, each
     /// waits for the kernel before it), zeroed once, reset by the block that routes.
     router_cnt: Mutex<Option<DevMem>>,
@@ -62,7 +58,6 @@ impl Default for DevRouter {
             counts: Default::default(),
             comb: Default::default(),
             comb_norm: std::env::var("QUARREL_CUDA_MOE_NORM").map_or(true, |v| v != "0").into(),
-            router_norm_cl: std::env::var("QUARREL_CUDA_ROUTER_NORM_CL").map_or(true, |v| v != "0").into(),
             router_cnt: Default::default(),
         }
     }
@@ -379,12 +374,6 @@ impl DevRouter {
         let (xq, xm) = fresh_q.as_ref().map_or((0, 0), |c| (c.xq.ptr(), c.xm.ptr()));
         let logits = dev.scratch(4 * n_tok * p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
-        // the RMSNorm that wrote x, held: the router waits for it and the expert GEMVs for the
-        // router, with the DRAM idle (their weights are unknown until the routing): the norm
-        // spread over a cluster of blocks (`*_cl`, the same bits) shortens that wait
-        if let Some(Held::Norm(nh)) = dev.take_held_if(|h| matches!(h, Held::Norm(nh) if nh.out == x)) {
-            nh.launch(dev, true)?;
-        }
         // gemv_f32's warps per row (matmul::gemv_shape for float weights) and grid
         let wpr = crate::moe_chunk::wpr_for(p.n_expert, 0);
         let grid = p.n_expert.div_ceil(8 / wpr) as u32;

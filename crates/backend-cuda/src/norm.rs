@@ -1,9 +1,7 @@
 //! RMSNorm launches (kernels/norm_row.cuh): one block per row, with the residual add held
 //! before it (`add_rms_norm`, `add_scaled_rms_norm`), with a held MoE combine before that too
-//! (`comb_add_rms_norm`), a cluster of blocks per row (`*_cl`, off by default), and a single
-//! row held (`Held::Norm`) so that, where the MoE router reads it, it runs as the cluster kernel
-//! (the router and the expert GEMVs wait for it with the DRAM idle). Every variant computes the
-//! row with the same split and order: the same bits.
+//! (`comb_add_rms_norm`), and a cluster of blocks per row (`*_cl`, off by default). Every
+//! variant computes the row with the same split and order: the same bits.
 
 use crate::device::{Arg, Device, Held};
 use crate::error::CudaError;
@@ -51,44 +49,21 @@ pub(crate) struct Row {
     pub xm: u64,
 }
 
-/// A one-row norm launch held back (`Held::Norm`): the MoE router that reads its output
-/// launches it as the cluster kernel (`launch(dev, true)`), any other op as one block.
-#[derive(Clone, Debug)]
-pub(crate) struct NormHeld {
-    name: &'static str,
-    threads: u32,
-    args: Vec<Arg>,
-    pub out: u64,
-}
-
-impl NormHeld {
-    /// Queue it: one block, or (`cluster`) NORM_NC blocks of a cluster, `<name>_cl`.
-    pub(crate) fn launch(&self, dev: &Device, cluster: bool) -> Result<(), CudaError> {
-        if cluster {
-            return dev.launch_now(&format!("{}_cl", self.name), (NORM_NC, 1, 1), self.threads / NORM_NC, 0, &self.args);
-        }
-        dev.launch_now(self.name, (1, 1, 1), self.threads, 0, &self.args)
-    }
-}
-
 /// Whether rows of `d` values normalized by blocks of `threads` can run as the cluster kernels
 /// (NORM_NC blocks of 4+ warps each, every thread's values in registers).
 fn cluster_fits(dev: &Device, d: usize, threads: u32) -> bool {
     dev.cc.0 >= 9 && d % 4 == 0 && threads % (NORM_NC * 128) == 0 && d / 4 <= 4 * threads as usize
 }
 
-/// Queue (or hold) the RMSNorm of `r`, absorbing a held residual add (and a held MoE combine
-/// before it). `hold`: a single row whose kernel has a cluster form is held, for a router after
-/// it (`DevRouter::router_norm_cl`).
-pub(crate) fn rms_norm(dev: &Device, r: Row, hold: bool) -> Result<(), CudaError> {
+/// Queue the RMSNorm of `r`, absorbing a held residual add (and a held MoE combine before it).
+pub(crate) fn rms_norm(dev: &Device, r: Row) -> Result<(), CudaError> {
     let d = r.d;
     // a decode step normalizes one row: more threads per row shorten the block
     let threads = norm_threads().unwrap_or((d / 4).div_ceil(32).clamp(4, 32) as u32 * 32);
     let n = r.rows as u64 * d as u64;
-    let fits = cluster_fits(dev, d, threads);
     // every row by a cluster of NORM_NC blocks (kernels/norm_cluster.cu: the same split of the
     // row, the same bits) where switched on
-    let cl = norm_cluster() && fits;
+    let cl = norm_cluster() && cluster_fits(dev, d, threads);
     let (grid, threads) = if cl { ((r.rows * NORM_NC, 1, 1), threads / NORM_NC) } else { ((r.rows, 1, 1), threads) };
     // float4 rows (norm_row_v4): the variant a held combine can join
     let v4 = d % 4 == 0 && threads % 32 == 0 && !cl;
@@ -125,12 +100,8 @@ pub(crate) fn rms_norm(dev: &Device, r: Row, hold: bool) -> Result<(), CudaError
         _ => (if cl { "rms_norm_cl" } else { "rms_norm" }, vec![Arg::P(r.x)]),
     };
     args.extend(tail);
-    let plain = name.starts_with("rms_norm");
-    if hold && fits && !cl && r.rows == 1 && !name.starts_with("comb") && !crate::device::switches().no_fuse {
-        return dev.hold(Held::Norm(NormHeld { name, threads, args, out: r.out }));
-    }
     // a plain norm took nothing held: what is held goes first
-    if plain {
+    if name.starts_with("rms_norm") {
         return dev.launch(name, grid, threads, 0, &args);
     }
     dev.launch_now(name, grid, threads, 0, &args)
