@@ -65,8 +65,12 @@ pub(crate) fn rms_norm(dev: &Device, r: Row) -> Result<(), CudaError> {
     // row, the same bits) where switched on
     let cl = norm_cluster() && cluster_fits(dev, d, threads);
     let (grid, threads) = if cl { ((r.rows * NORM_NC, 1, 1), threads / NORM_NC) } else { ((r.rows, 1, 1), threads) };
-    // float4 rows (norm_row_v4): the variant a held combine can join
-    let v4 = d % 4 == 0 && threads % 32 == 0 && !cl;
+    // float4 rows (norm_row_v4): the variant a held combine can join, in blocks of fewer than
+    // 1,024 threads. A full block must fit 64 registers (kernels/ops.cu's launch bounds) and
+    // then spills; measured H100 2026-11-23: Mixtral-8x7B (rows of 4,096, 1,024 threads) tg128
+    // 246.9 / 242.9 t/s fused vs 250.6 / 245.6 separate, Nemotron-3-Nano (2,688, 672 threads)
+    // 412.5 fused vs 405.5 separate (same runs).
+    let v4 = d % 4 == 0 && threads % 32 == 0 && threads < 1024 && !cl;
     let held = dev.take_held_if(|h| match h {
         Held::Add { x, n: hn, .. } | Held::CombAdd { x, n: hn, .. } => *x == r.x && *hn == n,
         _ => false,

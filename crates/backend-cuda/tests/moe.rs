@@ -197,11 +197,11 @@ fn fused_combine_add_norm_equals_separate_launches() {
     let ids: Vec<u32> = (0..32).map(|i| (i * 41 + 3) % 500).collect();
     let seqs: Vec<Vec<u32>> = (0..8).map(|s| ids[s..s + 4 + 2 * s].to_vec()).collect(); // up to ids[25]
     let singles: Vec<Vec<u32>> = (0..8).map(|s| vec![ids[s]]).collect();
-    // and Mixtral's / Granite's row width (4,096: norm blocks of 1,024 threads, 8 experts) with
+    // and wide rows (3,072: norm blocks of 768 threads, the widest that fuse; 8 experts) with
     // small feed-forwards
     let wide = |name: &str| {
         let base = *ArchPreset::by_name(name).unwrap();
-        ArchPreset { n_embd: 4096, n_head: 32, n_head_kv: 8, head_dim: 128, n_ff: 64, n_expert: 8, n_used: 2, pattern: &base.pattern[..2], ..base }
+        ArchPreset { n_embd: 3072, n_head: 24, n_head_kv: 8, head_dim: 128, n_ff: 64, n_expert: 8, n_used: 2, pattern: &base.pattern[..2], ..base }
     };
     let presets = ["tiny-mixtral", "tiny-granitemoe", "tiny-granitehybrid", "tiny-nemotron-h-moe"].map(|n| (n, *ArchPreset::by_name(n).unwrap()));
     let wides = [("wide-mixtral", wide("tiny-mixtral")), ("wide-granitemoe", wide("tiny-granitemoe"))];
