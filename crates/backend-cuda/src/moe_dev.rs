@@ -11,6 +11,8 @@
 //!    (moe_gemv2_dev, one launch for both); with QUARREL_CUDA_MOE_COMB=1 the combine after the
 //!    down projection joins it too (moe_gemv_comb: the block finishing a token's row block
 //!    last adds the routes to out; off by default: slower, see `comb`)
+//!  the combine (moe_combine_dev) is held (`Held::Comb`): the residual add of its output and
+//!    the RMSNorm after it run with it as one comb_add_rms_norm launch (norm.rs)
 //!  prefill: eids ──moe_plan (grouped by expert, work items per token tile)──► mmq_id per tile
 //!  moe_route returns placeholder routes (token, DEVICE_EXPERT, NaN): the trait's routes in
 //!  number and token order, whose experts and weights live on the device until
