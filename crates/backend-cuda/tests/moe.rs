@@ -54,6 +54,16 @@ fn nmse(a: &[f32], b: &[f32]) -> f64 {
     num / den.max(1e-30)
 }
 
+/// The tests' random numbers (xorshift64 from `state`).
+fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 fn fixture(rel: &str) -> PathBuf {
     match std::env::var_os("QUARREL_FIXTURES") {
         Some(d) => PathBuf::from(d).join(rel),
@@ -292,13 +302,7 @@ fn device_router_matches_host_reference() {
         return;
     }
     let be = CudaBackend::new(0).unwrap();
-    let mut state = 0x9e3779b97f4a7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x9e3779b97f4a7c15u64);
     let mut cases = 0;
     for round in 0..300 {
         let n_expert = [4usize, 8, 32, 40, 64, 128, 256, 1000][round % 8];
@@ -341,17 +345,8 @@ fn ssm_conv_scan_equals_conv_then_scan() {
         return;
     }
     let be = CudaBackend::new(0).unwrap();
-    let mut state = 0x853c49e6748fea9bu64;
-    let mut rnd = move |n: usize, scale: f32| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    };
+    let mut next = xorshift(0x853c49e6748fea9bu64);
+    let mut rnd = move |n: usize, scale: f32| -> Vec<f32> { (0..n).map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect() };
     let shapes = [(8usize, 32usize, 128usize, 2usize), (8, 64, 64, 1), (16, 32, 128, 8), (4, 64, 256, 4), (8, 40, 16, 2)];
     for &(n_head, hd, d_state, n_group) in &shapes {
         let p = SsmParams { d_conv: 4, d_inner: n_head * hd, d_state, n_group, n_head, eps: 1e-5 };
@@ -409,13 +404,7 @@ fn fused_router_matches_matmul_and_reference() {
         return;
     }
     let be = CudaBackend::new(0).unwrap();
-    let mut state = 0x2545f4914f6cdd1du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x2545f4914f6cdd1du64);
     let mut cases = 0;
     for round in 0..64 {
         let n_expert = [8usize, 128, 64, 1000, 40, 256][round % 6];
