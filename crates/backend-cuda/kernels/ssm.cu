@@ -377,3 +377,138 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
     }
     if (nbad) atomicAdd(bad, nbad);
 }
+
+// ssm_scan_chunk with the state size DS known at compile time (a multiple of 64, at most 256)
+// and R rows of one head per warp (8 / R warps per block, 8 rows per block as above): the same
+// arithmetic as scan_token, term for term (the same bits), without its run-time bounds, tail
+// and 64-bit counter (ssm_scan_chunk took ~200 instructions per token and row at DS = 128 and
+// was bound by issuing them). The R rows of a warp share each read of B and C. Shared memory
+// holds B and C permuted so that lane l reads its values (k = l + 32 j, j < DS / 32) as float4
+// (float2 at DS = 64): element (j, l) at (j / G) * 32 G + l G + j % G, G = min(DS / 32, 4); dt
+// and exp(dt A) as float2. Dynamic shared memory: SCAN_T · (2 · DS + 8 + 2) floats, as above.
+template <int DS>
+struct ScanLayout {
+    static constexpr int J = DS / 32, G = J < 4 ? J : 4;
+    static __device__ __forceinline__ int at(int j, int l) { return (j / G) * 32 * G + l * G + j % G; }
+};
+
+template <int DS, int R>
+__device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, const float* __restrict__ zx, const float* __restrict__ A,
+                                              const float* __restrict__ D, const float* __restrict__ dtb, const u32* __restrict__ seq,
+                                              float* __restrict__ state, float* __restrict__ y, unsigned long long* __restrict__ bad,
+                                              int n_head, int hd, int n_group, int dp, int dt_col) {
+    using L = ScanLayout<DS>;
+    constexpr int J = L::J, G = L::G, W = 8 / R;
+    extern __shared__ float4 scan_sm4[];
+    float* sB = (float*)scan_sm4;      // [SCAN_T][DS], permuted
+    float* sC = sB + SCAN_T * DS;      // [SCAN_T][DS], permuted
+    float* sx = sC + SCAN_T * DS;      // [SCAN_T][8]
+    float2* sdd = (float2*)(sx + SCAN_T * 8);  // [SCAN_T]: (dt, exp(dt A))
+    const int tid = threadIdx.x, lane = tid % 32, wp = tid / 32;
+    const int d_inner = n_head * hd, cd = d_inner + 2 * n_group * DS, hpg = n_head / n_group;
+    const int rows8 = d_inner / 8;
+    const int s = blockIdx.x / rows8, hi0 = (blockIdx.x % rows8) * 8, h = hi0 / hd, gr = h / hpg;
+    const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
+    float sv[R][J];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float* st = state + ((u64)slot * d_inner + hi0 + wp * R + r) * DS;
+#pragma unroll
+        for (int j = 0; j < J; j++) sv[r][j] = fresh ? 0.f : st[lane + 32 * j];
+    }
+    const float a = A[h], dd = D[h], bb = dtb[h];
+    u32 nbad = 0;
+    for (u32 c0 = 0; c0 < nt; c0 += SCAN_T) {
+        const int n = min((int)(nt - c0), SCAN_T);
+        __syncthreads();  // the last chunk's readers are done
+        for (int t = wp; t < n; t += W) {
+            const float* row = xbc + (u64)(t0 + c0 + t) * cd + d_inner;
+            float b[J], c[J];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                b[j] = row[gr * DS + lane + 32 * j];
+                c[j] = row[(n_group + gr) * DS + lane + 32 * j];
+            }
+#pragma unroll
+            for (int g = 0; g < J / G; g++) {
+                float* pb = sB + t * DS + L::at(g * G, lane);
+                float* pc = sC + t * DS + L::at(g * G, lane);
+                if constexpr (G == 4) {
+                    *(float4*)pb = make_float4(b[4 * g], b[4 * g + 1], b[4 * g + 2], b[4 * g + 3]);
+                    *(float4*)pc = make_float4(c[4 * g], c[4 * g + 1], c[4 * g + 2], c[4 * g + 3]);
+                } else {
+                    *(float2*)pb = make_float2(b[2 * g], b[2 * g + 1]);
+                    *(float2*)pc = make_float2(c[2 * g], c[2 * g + 1]);
+                }
+            }
+        }
+        for (int i = tid; i < n * 8; i += W * 32) sx[i] = xbc[(u64)(t0 + c0 + i / 8) * cd + hi0 + i % 8];
+        for (int i = tid; i < n; i += W * 32) {
+            const float dt = softplus_f(__fadd_rn(zx[(u64)(t0 + c0 + i) * dp + dt_col + h], bb));
+            sdd[i] = make_float2(dt, expf_libm(__fmul_rn(dt, a)));
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int t = 0; t < n; t++) {
+            float b[J], c[J];
+#pragma unroll
+            for (int g = 0; g < J / G; g++) {
+                const float* pb = sB + t * DS + L::at(g * G, lane);
+                const float* pc = sC + t * DS + L::at(g * G, lane);
+                if constexpr (G == 4) {
+                    const float4 vb = *(const float4*)pb, vc = *(const float4*)pc;
+                    b[4 * g] = vb.x, b[4 * g + 1] = vb.y, b[4 * g + 2] = vb.z, b[4 * g + 3] = vb.w;
+                    c[4 * g] = vc.x, c[4 * g + 1] = vc.y, c[4 * g + 2] = vc.z, c[4 * g + 3] = vc.w;
+                } else {
+                    const float2 vb = *(const float2*)pb, vc = *(const float2*)pc;
+                    b[2 * g] = vb.x, b[2 * g + 1] = vb.y;
+                    c[2 * g] = vc.x, c[2 * g + 1] = vc.y;
+                }
+            }
+            const float2 dta = sdd[t];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float x = sx[t * 8 + wp * R + r];
+                const float xdt = __fmul_rn(x, dta.x);
+                // scan_token's terms: s = s * da + B * xdt; accumulators over even / odd j
+                float acc_a = 0.f, acc_b = 0.f;
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const float v = __fadd_rn(__fmul_rn(sv[r][j], dta.y), __fmul_rn(b[j], xdt));
+                    sv[r][j] = v;
+                    nbad += !isfinite(v);
+                    if (j % 2 == 0) acc_a = fmaf(v, c[j], acc_a);
+                    else acc_b = fmaf(v, c[j], acc_b);
+                }
+                float f = __fadd_rn(acc_a, acc_b);
+                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 16));
+                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 8));
+                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 4));
+                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 2));
+                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 1));
+                if (lane == 0) y[(u64)(t0 + c0 + t) * d_inner + hi0 + wp * R + r] = __fadd_rn(f, __fmul_rn(x, dd));
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float* st = state + ((u64)slot * d_inner + hi0 + wp * R + r) * DS;
+#pragma unroll
+        for (int j = 0; j < J; j++) st[lane + 32 * j] = sv[r][j];
+    }
+    if (nbad) atomicAdd(bad, (unsigned long long)nbad);
+}
+
+#define SCAN_CHUNK_DS(DS, R)                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256 / R) ssm_scan_chunk_##DS##_##R(                                                 \
+        const float* __restrict__ xbc, const float* __restrict__ zx, const float* __restrict__ A, const float* __restrict__ D,        \
+        const float* __restrict__ dtb, const u32* __restrict__ seq, float* __restrict__ state, float* __restrict__ y,                 \
+        unsigned long long* __restrict__ bad, int n_head, int hd, int ds, int n_group, int dp, int dt_col) {                          \
+        scan_chunk_ds<DS, R>(xbc, zx, A, D, dtb, seq, state, y, bad, n_head, hd, n_group, dp, dt_col);                                \
+    }
+SCAN_CHUNK_DS(64, 1)
+SCAN_CHUNK_DS(64, 2)
+SCAN_CHUNK_DS(128, 1)
+SCAN_CHUNK_DS(128, 2)
+SCAN_CHUNK_DS(256, 1)
+SCAN_CHUNK_DS(256, 2)

@@ -57,6 +57,7 @@ pub use attn::vec_max_positions;
 pub use device::{available, device_count};
 pub use error::CudaError;
 pub use kv::CudaKv;
+pub use ssm::ScanKernel;
 pub use weight::{repack, CudaWeight, DevType};
 
 use batch::DevBatch;
@@ -122,6 +123,9 @@ pub struct CudaBackend {
     ordered_gemv: std::sync::atomic::AtomicU8,
     /// Bytes of all weights loaded on this backend (the auto choice of `ordered_gemv`).
     loaded_bytes: std::sync::atomic::AtomicUsize,
+    /// The prefill scan kernel (`ssm::ScanKernel` as u8: `QUARREL_CUDA_SCAN=generic|r1|r2` at
+    /// creation, `set_scan_kernel`).
+    scan_kernel: std::sync::atomic::AtomicU8,
 }
 
 impl CudaBackend {
@@ -150,6 +154,7 @@ impl CudaBackend {
             attn_mma_min: attn::mma_min_tokens().unwrap_or(usize::MAX).into(),
             ordered_gemv: (exact::OrderedGemv::from_env() as u8).into(),
             loaded_bytes: 0.into(),
+            scan_kernel: (ssm::ScanKernel::from_env() as u8).into(),
         })
     }
 
@@ -293,6 +298,12 @@ impl CudaBackend {
     /// (`comb_add_rms_norm`, the default; tests compare both ways bit for bit).
     pub fn set_comb_norm_fusion(&self, on: bool) {
         self.router.comb_norm.store(on, Ordering::Relaxed);
+    }
+
+    /// The kernel of prefill scans (tests compare them bit for bit; default `ScanKernel::Rows2`
+    /// where the state size has one, else the generic kernel).
+    pub fn set_scan_kernel(&self, k: ssm::ScanKernel) {
+        self.scan_kernel.store(k as u8, Ordering::Relaxed);
     }
 
     pub fn device(&self) -> &Device {
@@ -885,7 +896,8 @@ impl Backend for CudaBackend {
         let r = |b: &CudaBuf| Ok::<_, CoreError>((self.rd(b)?, b.len));
         let args = ssm::ScanArgs { xbc: r(xbc)?, zx: r(zx)?, a: r(a)?, d: r(d)?, dt_bias: r(dt_bias)? };
         let yp = (self.wr(y), y.len);
-        ssm::scan(&self.dev, state(kv)?, layer, p, &args, batch, yp)?;
+        let kernel = ssm::ScanKernel::from_u8(self.scan_kernel.load(Ordering::Relaxed));
+        ssm::scan(&self.dev, state(kv)?, layer, p, &args, batch, yp, kernel)?;
         // non-finite state values are counted on the device (state_stats), not per call
         Ok(0)
     }

@@ -238,7 +238,49 @@ pub(crate) struct ScanArgs {
     pub dt_bias: Dev,
 }
 
-pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s: &ScanArgs, batch: &ForwardBatch, y: Dev) -> Result<(), CudaError> {
+/// The prefill scan kernels: `ssm_scan_chunk` for any state size, and for state sizes of 64,
+/// 128 and 256 `ssm_scan_chunk_<ds>_<r>` with the size known at compile time and r rows per
+/// warp (the same bits: tests/ssm.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ScanKernel {
+    Generic = 0,
+    Rows1 = 1,
+    Rows2 = 2,
+}
+
+impl ScanKernel {
+    /// `QUARREL_CUDA_SCAN=generic|r1|r2`; default `Rows2`.
+    pub fn from_env() -> ScanKernel {
+        match std::env::var("QUARREL_CUDA_SCAN").as_deref() {
+            Ok("generic") => ScanKernel::Generic,
+            Ok("r1") => ScanKernel::Rows1,
+            _ => ScanKernel::Rows2,
+        }
+    }
+
+    pub(crate) fn from_u8(v: u8) -> ScanKernel {
+        match v {
+            0 => ScanKernel::Generic,
+            1 => ScanKernel::Rows1,
+            _ => ScanKernel::Rows2,
+        }
+    }
+
+    /// The kernel's name and block size for state size `ds`.
+    fn pick(self, ds: usize) -> (String, u32) {
+        match self {
+            ScanKernel::Rows1 | ScanKernel::Rows2 if matches!(ds, 64 | 128 | 256) => {
+                let r = self as u32;
+                (format!("ssm_scan_chunk_{ds}_{r}"), 256 / r)
+            }
+            _ => ("ssm_scan_chunk".into(), 256),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s: &ScanArgs, batch: &ForwardBatch, y: Dev, kernel: ScanKernel) -> Result<(), CudaError> {
     let (cd, dp, n) = (p.conv_dim(), p.d_in_proj(), batch.n_tokens());
     check("ssm_scan input", s.xbc.1, n * cd)?;
     check("ssm_scan projection", s.zx.1, n * dp)?;
@@ -284,10 +326,11 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
     let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;
     if n > n_seq && p.head_dim() % 8 == 0 && p.d_state % 4 == 0 && n_seq * p.d_inner / 8 <= i32::MAX as usize {
         // prefill: inputs staged per chunk of tokens, 8 rows of a head per block
+        let (name, threads) = kernel.pick(p.d_state);
         return dev.launch(
-            "ssm_scan_chunk",
+            &name,
             ((n_seq * p.d_inner / 8) as u32, 1, 1),
-            256,
+            threads,
             (4 * SCAN_T * (2 * p.d_state + 10)) as u32,
             &[
                 Arg::P(s.xbc.0),
@@ -390,5 +433,7 @@ pub fn gdc_kernel_names() -> Vec<String> {
 
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
-    ["ssm_conv_par", "ssm_conv_state", "ssm_scan_chunk", "copy_f32"].iter().map(|s| s.to_string()).collect()
+    let mut v: Vec<String> = ["ssm_conv_par", "ssm_conv_state", "ssm_scan_chunk", "copy_f32"].iter().map(|s| s.to_string()).collect();
+    v.extend([64, 128, 256].iter().flat_map(|ds| [1, 2].map(|r| format!("ssm_scan_chunk_{ds}_{r}"))));
+    v
 }
