@@ -310,6 +310,14 @@ impl Device {
         r
     }
 
+    /// A step of `n` tokens begins (the token embedding): steps of more than a decode step's
+    /// tokens are never captured as graphs (`graph::Queue::large_step`).
+    pub fn step_tokens(&self, n: usize) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.large_step = n > crate::matmul::GEMV_MAX_TOKENS;
+        }
+    }
+
     /// The next queued step cannot become a graph (it calls a library, e.g. cuBLAS).
     pub fn not_graphable(&self) {
         if let Ok(mut q) = self.queue.lock() {

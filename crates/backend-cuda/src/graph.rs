@@ -50,6 +50,13 @@ pub struct Queue {
     /// shorter so that the GPU starts sooner.
     pub idle: bool,
     disabled: bool,
+    /// The step being recorded has more tokens than a decode step (`Device::step_tokens`): its
+    /// segments are launched directly, never captured (`QUARREL_CUDA_PREFILL_GRAPHS=1`: captured
+    /// as well). NOT YET MEASURED (no device time left, session 8): the hypothesis is that
+    /// capturing prefill segments at their second sight is what makes single repetitions of
+    /// Granite-4.0-H-Tiny pp512 take twice as long (6,888 and 7,476 t/s among 13,400-14,300).
+    pub large_step: bool,
+    prefill_graphs: bool,
     /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
     pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
     /// `QUARREL_CUDA_HOST_TIME`: where a step's wall time goes on the host.
@@ -74,7 +81,8 @@ impl Default for Queue {
         let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
         let host = std::env::var_os("QUARREL_CUDA_HOST_TIME").map(|_| HostTimes::default());
         let segment = std::env::var("QUARREL_CUDA_SEGMENT").ok().and_then(|v| v.parse().ok()).unwrap_or(SEGMENT);
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment, idle: true, disabled, profile, host, first: None }
+        let prefill_graphs = std::env::var("QUARREL_CUDA_PREFILL_GRAPHS").is_ok_and(|v| v == "1");
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment, idle: true, disabled, large_step: false, prefill_graphs, profile, host, first: None }
     }
 }
 
@@ -177,7 +185,7 @@ impl Queue {
     fn submit_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         let recs = std::mem::take(&mut self.recs);
         self.idle &= recs.is_empty();
-        let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES;
+        let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES && (!self.large_step || self.prefill_graphs);
         if recs.is_empty() {
             return Ok(());
         }

@@ -563,6 +563,7 @@ impl Backend for CudaBackend {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.n_out) {
             return Err(CoreError::Model(format!("token id {t} is outside the vocabulary of {}", table.n_out)));
         }
+        self.dev.step_tokens(tokens.len());
         let tok = self.dev.upload_async(tokens)?;
         let n = tokens.len() as i32;
         let o = self.wr(out);
