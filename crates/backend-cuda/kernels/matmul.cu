@@ -186,6 +186,9 @@ __device__ __forceinline__ void load8(const u8* __restrict__ W, u64 e, float* w)
 // Float weights, f32 activations; n_in a multiple of 8. Row groups and warps as in gemv_q.
 template <int WT, int NT>
 __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ out, int n_in, int n_out, int wpr) {
+    // blockIdx.y: the chunk of NT tokens (prefills of small matrices: gemv_float_tiled)
+    x += (u64)blockIdx.y * NT * n_in;
+    out += (u64)blockIdx.y * NT * n_out;
     __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp / wpr, sub = warp % wpr;

@@ -378,14 +378,17 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
     if (nbad) atomicAdd(bad, nbad);
 }
 
-// ssm_scan_chunk with the state size DS known at compile time (a multiple of 64, at most 256)
-// and R rows of one head per warp (8 / R warps per block, 8 rows per block as above): the same
-// arithmetic as scan_token, term for term (the same bits), without its run-time bounds, tail
-// and 64-bit counter (ssm_scan_chunk took ~200 instructions per token and row at DS = 128 and
-// was bound by issuing them). The R rows of a warp share each read of B and C. Shared memory
-// holds B and C permuted so that lane l reads its values (k = l + 32 j, j < DS / 32) as float4
-// (float2 at DS = 64): element (j, l) at (j / G) * 32 G + l G + j % G, G = min(DS / 32, 4); dt
-// and exp(dt A) as float2. Dynamic shared memory: SCAN_T · (2 · DS + 8 + 2) floats, as above.
+// ssm_scan_chunk_<DS>: ssm_scan_chunk with the state size DS known at compile time (64, 128
+// or 256) and R = 2 rows of one head per warp (4 warps, 8 rows per block, as above): the same
+// arithmetic as scan_token, term for term (the same bits: tests/ssm.rs), without its run-time
+// bounds, tail and 64-bit counter. ssm_scan_chunk issued ~200 instructions per token and row at
+// DS = 128 and was bound by issuing them (323 us per Granite-4.0-H-Tiny layer per 512 tokens);
+// this kernel ~50, and the rows of a warp share each shared-memory read of B and C. Measured on
+// H100 (2026-11-23, Granite pp512, t/s): this 17,300, generic 14,000; one row per warp 11,000;
+// four 16,200; staging the next chunk with cp.async while scanning this one: no gain (17,300).
+// Shared memory holds B and C permuted so that lane l reads its values (k = l + 32 j,
+// j < DS / 32) as float4 (float2 at DS = 64): element (j, l) at (j / G) 32 G + l G + j % G,
+// G = min(DS / 32, 4). Dynamic shared memory: SCAN_T · (2 · DS + 10) floats, as above.
 template <int DS>
 struct ScanLayout {
     static constexpr int J = DS / 32, G = J < 4 ? J : 4;
@@ -399,28 +402,21 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
                                               int n_head, int hd, int n_group, int dp, int dt_col) {
     using L = ScanLayout<DS>;
     constexpr int J = L::J, G = L::G, W = 8 / R;
-    extern __shared__ float4 scan_sm4[];
-    float* sB = (float*)scan_sm4;      // [SCAN_T][DS], permuted
-    float* sC = sB + SCAN_T * DS;      // [SCAN_T][DS], permuted
-    float* sx = sC + SCAN_T * DS;      // [SCAN_T][8]
-    float2* sdd = (float2*)(sx + SCAN_T * 8);  // [SCAN_T]: (dt, exp(dt A))
+    // B, C [SCAN_T][DS] (permuted), x [SCAN_T][8], (dt, exp(dt A)) [SCAN_T]
+    extern __shared__ float4 scan_smd[];
+    float* sB = (float*)scan_smd;
+    float* sC = sB + SCAN_T * DS;
+    float* sx = sC + SCAN_T * DS;
+    float2* sdd = (float2*)(sx + SCAN_T * 8);
     const int tid = threadIdx.x, lane = tid % 32, wp = tid / 32;
     const int d_inner = n_head * hd, cd = d_inner + 2 * n_group * DS, hpg = n_head / n_group;
     const int rows8 = d_inner / 8;
     const int s = blockIdx.x / rows8, hi0 = (blockIdx.x % rows8) * 8, h = hi0 / hd, gr = h / hpg;
     const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
-    float sv[R][J];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float* st = state + ((u64)slot * d_inner + hi0 + wp * R + r) * DS;
-#pragma unroll
-        for (int j = 0; j < J; j++) sv[r][j] = fresh ? 0.f : st[lane + 32 * j];
-    }
     const float a = A[h], dd = D[h], bb = dtb[h];
-    u32 nbad = 0;
-    for (u32 c0 = 0; c0 < nt; c0 += SCAN_T) {
+    // stage chunk c0 (every thread; a warp per token of B and C)
+    auto stage = [&](u32 c0) {
         const int n = min((int)(nt - c0), SCAN_T);
-        __syncthreads();  // the last chunk's readers are done
         for (int t = wp; t < n; t += W) {
             const float* row = xbc + (u64)(t0 + c0 + t) * cd + d_inner;
             float b[J], c[J];
@@ -447,6 +443,19 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
             const float dt = softplus_f(__fadd_rn(zx[(u64)(t0 + c0 + i) * dp + dt_col + h], bb));
             sdd[i] = make_float2(dt, expf_libm(__fmul_rn(dt, a)));
         }
+    };
+    float sv[R][J];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float* st = state + ((u64)slot * d_inner + hi0 + wp * R + r) * DS;
+#pragma unroll
+        for (int j = 0; j < J; j++) sv[r][j] = fresh ? 0.f : st[lane + 32 * j];
+    }
+    u32 nbad = 0;
+    for (u32 c0 = 0; c0 < nt; c0 += SCAN_T) {
+        const int n = min((int)(nt - c0), SCAN_T);
+        __syncthreads();  // the last chunk's readers are done
+        stage(c0);
         __syncthreads();
 #pragma unroll 4
         for (int t = 0; t < n; t++) {
@@ -499,16 +508,13 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
     if (nbad) atomicAdd(bad, (unsigned long long)nbad);
 }
 
-#define SCAN_CHUNK_DS(DS, R)                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256 / R) ssm_scan_chunk_##DS##_##R(                                                 \
+#define SCAN_CHUNK_DS(DS)                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) ssm_scan_chunk_##DS(                                                           \
         const float* __restrict__ xbc, const float* __restrict__ zx, const float* __restrict__ A, const float* __restrict__ D,        \
         const float* __restrict__ dtb, const u32* __restrict__ seq, float* __restrict__ state, float* __restrict__ y,                 \
         unsigned long long* __restrict__ bad, int n_head, int hd, int ds, int n_group, int dp, int dt_col) {                          \
-        scan_chunk_ds<DS, R>(xbc, zx, A, D, dtb, seq, state, y, bad, n_head, hd, n_group, dp, dt_col);                                \
+        scan_chunk_ds<DS, 2>(xbc, zx, A, D, dtb, seq, state, y, bad, n_head, hd, n_group, dp, dt_col);                                \
     }
-SCAN_CHUNK_DS(64, 1)
-SCAN_CHUNK_DS(64, 2)
-SCAN_CHUNK_DS(128, 1)
-SCAN_CHUNK_DS(128, 2)
-SCAN_CHUNK_DS(256, 1)
-SCAN_CHUNK_DS(256, 2)
+SCAN_CHUNK_DS(64)
+SCAN_CHUNK_DS(128)
+SCAN_CHUNK_DS(256)

@@ -318,6 +318,21 @@ impl Device {
         }
     }
 
+    /// Run `f` (a library call on the stream, e.g. cuBLAS), its host time counted under `what`
+    /// when `QUARREL_CUDA_HOST_TIME` is set.
+    pub(crate) fn timed<T>(&self, what: &'static str, f: impl FnOnce() -> T) -> T {
+        let t = std::time::Instant::now();
+        let r = f();
+        if let Ok(mut q) = self.queue.lock() {
+            if let Some(h) = q.host.as_mut() {
+                let e = h.calls.entry(what).or_default();
+                e.0 += t.elapsed().as_secs_f64();
+                e.1 += 1;
+            }
+        }
+        r
+    }
+
     /// The next queued step cannot become a graph (it calls a library, e.g. cuBLAS).
     pub fn not_graphable(&self) {
         if let Ok(mut q) = self.queue.lock() {
@@ -361,6 +376,7 @@ impl Device {
             if let Some(h) = q.host.as_mut() {
                 h.steps += 1;
                 h.wait += t.elapsed().as_secs_f64();
+                h.last = None;
             }
         }
         Ok(v)
@@ -484,6 +500,13 @@ impl Arg {
     }
 }
 
+impl Device {
+    /// The name of a loaded kernel function (reports).
+    fn func_name(&self, f: usize) -> String {
+        self.funcs.iter().find(|(_, func)| func.cu_function() as usize == f).map_or("?".to_string(), |(k, _)| k.clone())
+    }
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
         if let Some(h) = self.queue.lock().ok().and_then(|mut q| q.host.take()) {
@@ -496,14 +519,22 @@ impl Drop for Device {
                 per(h.submit),
                 per(h.wait)
             );
+            let mut rows: Vec<(String, f64, u64)> = h.before.iter().map(|(f, &(s, n))| (self.func_name(*f), s, n)).collect();
+            rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+            eprintln!("| host time before launching | us/step | launches/step | us/launch |\n|---|---:|---:|---:|");
+            for (name, s, n) in rows.iter().take(16) {
+                eprintln!("| {name} | {:.0} | {:.1} | {:.1} |", per(*s), *n as f64 / h.steps.max(1) as f64, 1e6 * s / *n as f64);
+            }
+            for (name, (s, n)) in &h.calls {
+                eprintln!("| (call) {name} | {:.0} | {:.1} | {:.1} |", per(*s), *n as f64 / h.steps.max(1) as f64, 1e6 * s / *n as f64);
+            }
         }
         let prof = self.queue.lock().ok().and_then(|mut q| q.profile.take());
         if let Some(prof) = prof {
             let mut rows: Vec<(String, f64, u64)> = prof
                 .iter()
                 .map(|(f, &(ms, n))| {
-                    let name = self.funcs.iter().find(|(_, func)| func.cu_function() as usize == *f).map_or("?".to_string(), |(k, _)| k.clone());
-                    (name, ms, n)
+                    (self.func_name(*f), ms, n)
                 })
                 .collect();
             rows.sort_by(|a, b| b.1.total_cmp(&a.1));

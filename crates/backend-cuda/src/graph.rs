@@ -73,6 +73,13 @@ pub struct HostTimes {
     pub record: f64,
     pub submit: f64,
     pub wait: f64,
+    /// Host time before each kernel's launches (since the launch before it, downloads
+    /// excluded): seconds and launches by function; where the recording time goes.
+    pub before: std::collections::HashMap<usize, (f64, u64)>,
+    /// The last queued launch (None after a download).
+    pub last: Option<std::time::Instant>,
+    /// Library calls (`Device::timed`): seconds and calls by name.
+    pub calls: std::collections::HashMap<&'static str, (f64, u64)>,
 }
 
 impl Default for Queue {
@@ -89,8 +96,16 @@ impl Default for Queue {
 impl Queue {
     /// Queue a launch; true when a segment is full (the caller submits it).
     pub fn push(&mut self, r: Rec) -> bool {
-        if self.host.is_some() && self.recs.is_empty() {
-            self.first = Some(std::time::Instant::now());
+        if let Some(h) = self.host.as_mut() {
+            let now = std::time::Instant::now();
+            if self.recs.is_empty() {
+                self.first = Some(now);
+            }
+            if let Some(last) = h.last.replace(now) {
+                let e = h.before.entry(r.func).or_default();
+                e.0 += (now - last).as_secs_f64();
+                e.1 += 1;
+            }
         }
         self.recs.push(r);
         let limit = if self.idle { (self.segment / 3).max(MIN_GRAPH_LAUNCHES) } else { self.segment };

@@ -123,8 +123,8 @@ pub struct CudaBackend {
     ordered_gemv: std::sync::atomic::AtomicU8,
     /// Bytes of all weights loaded on this backend (the auto choice of `ordered_gemv`).
     loaded_bytes: std::sync::atomic::AtomicUsize,
-    /// The prefill scan kernel (`ssm::ScanKernel` as u8: `QUARREL_CUDA_SCAN=generic|r1|r2` at
-    /// creation, `set_scan_kernel`).
+    /// The prefill scan kernel (`ssm::ScanKernel` as u8: `QUARREL_CUDA_SCAN` at creation,
+    /// `set_scan_kernel`).
     scan_kernel: std::sync::atomic::AtomicU8,
 }
 
@@ -300,8 +300,8 @@ impl CudaBackend {
         self.router.comb_norm.store(on, Ordering::Relaxed);
     }
 
-    /// The kernel of prefill scans (tests compare them bit for bit; default `ScanKernel::Rows2`
-    /// where the state size has one, else the generic kernel).
+    /// The kernel of prefill scans (tests compare them bit for bit; default the specialized
+    /// kernel where the state size has one).
     pub fn set_scan_kernel(&self, k: ssm::ScanKernel) {
         self.scan_kernel.store(k as u8, Ordering::Relaxed);
     }

@@ -104,6 +104,8 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
         gemv(dev, qc, w, x, n_tok, out, ordered)
     } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
         crate::mmq::mmq(dev, qc, w, x, n_tok, out)
+    } else if small_float(w) {
+        gemv_float_tiled(dev, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
     }
@@ -350,6 +352,51 @@ impl GemvGroup {
 }
 
 /// Tokens per GEMV launch: 8, 4, 2 or 1.
+/// Float matrices of at most this many bytes (MoE routers: 0.1-1.4 MB) take the GEMV at every
+/// token count: read from L2 once per 8 tokens, in the decode GEMV's float order, and without
+/// cuBLAS, whose call held the host for ~480 us per Granite-4.0-H-Tiny router (H100 2026-11-23,
+/// `QUARREL_CUDA_HOST_TIME`: 19 ms per 512-token prefill).
+const SMALL_FLOAT_BYTES: usize = 4 << 20;
+
+fn small_float(w: &CudaWeight) -> bool {
+    let elem = match w.dev_ty {
+        DevType::F32 => 4,
+        DevType::F16 | DevType::BF16 => 2,
+        _ => return false,
+    };
+    w.n_in % 8 == 0 && w.n_in * w.n_out * elem <= SMALL_FLOAT_BYTES
+}
+
+/// `gemv_<float type>_8` over every full chunk of 8 tokens in one launch (grid y: the chunk),
+/// then the rest in chunks of 4, 2, 1 as `gemv`; each output has the bits the decode GEMV gives.
+fn gemv_float_tiled(dev: &Device, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let (wpr, grid) = gemv_shape(n_out, 0);
+    let launch = |t0: usize, nt: usize, chunks: usize| {
+        dev.launch(
+            &format!("gemv_{}_{nt}", w.dev_ty.name()),
+            (grid.0, chunks as u32, 1),
+            128,
+            0,
+            &[Arg::P(w.p.ptr), Arg::P(x + 4 * (t0 * n_in) as u64), Arg::P(out + 4 * (t0 * n_out) as u64), Arg::I(n_in as i32), Arg::I(n_out as i32), Arg::I(wpr as i32)],
+        )
+    };
+    let full = n_tok / GEMV_MAX_TOKENS;
+    if full > 65535 {
+        return Err(CudaError::Shape(format!("{n_tok} tokens: too many for one GEMV launch")));
+    }
+    if full > 0 {
+        launch(0, GEMV_MAX_TOKENS, full)?;
+    }
+    let mut t0 = full * GEMV_MAX_TOKENS;
+    while t0 < n_tok {
+        let nt = chunk(n_tok - t0);
+        launch(t0, nt, 1)?;
+        t0 += nt;
+    }
+    Ok(())
+}
+
 fn chunk(left: usize) -> usize {
     [8, 4, 2, 1].into_iter().find(|&c| c <= left).unwrap_or(1)
 }
@@ -389,11 +436,11 @@ fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out
     dev.launch_1d("tof16_f32", n_x, &[Arg::P(x), Arg::P(x16.ptr()), Arg::U64(n_x)])?;
     let (alpha, beta) = (1.0f32, 0.0f32);
     // cuBLAS enqueues on the stream itself: submit the queued kernels first
-    dev.flush()?;
+    dev.timed("flush before cuBLAS", || dev.flush())?;
     dev.not_graphable();
     // column-major view: C (n_out x n_tok) = W16ᵀ (n_out x n_in) · x16 (n_in x n_tok)
     // SAFETY: pointers are live device buffers of the sizes given; the handle is on our stream.
-    unsafe {
+    dev.timed("cublas gemm f16", || unsafe {
         blas::gemm_ex(
             *blas.handle(),
             bsys::cublasOperation_t::CUBLAS_OP_T,
@@ -415,7 +462,7 @@ fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out
             bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
-    }
+    })
     .map_err(|e| CudaError::Blas(format!("GemmEx {n_out}x{n_tok}x{n_in}: {e:?}")))
 }
 
@@ -442,10 +489,10 @@ fn to_f16(dev: &Device, w: &CudaWeight, dst: u64, n_w: u64) -> Result<(), CudaEr
 #[allow(clippy::too_many_arguments)]
 fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usize, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (alpha, beta) = (1.0f32, 0.0f32);
-    dev.flush()?;
+    dev.timed("flush before cuBLAS", || dev.flush())?;
     dev.not_graphable();
     // SAFETY: as in `gemm`.
-    unsafe {
+    dev.timed("cublas sgemm", || unsafe {
         blas::gemm_ex(
             *blas.handle(),
             bsys::cublasOperation_t::CUBLAS_OP_T,
@@ -467,7 +514,7 @@ fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usiz
             bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
-    }
+    })
     .map_err(|e| CudaError::Blas(format!("SGEMM {n_out}x{n_tok}x{n_in}: {e:?}")))
 }
 

@@ -549,7 +549,7 @@ fn grouped(
     let (src, dst) = (dev.scratch(4 * n_routes)?, dev.scratch(4 * n_routes)?);
     let items = dev.scratch(8 * 3 * TILES.len() * max)?;
     let n_items = dev.scratch(4 * TILES.len())?;
-    let tab = dev.upload_async(&split_table())?;
+    let tab = dev.upload_async(split_table())?;
     if bound.iter().any(|&b| b > 65535) {
         return Err(CudaError::Shape(format!("{n_routes} routes in one step: too many work items for one launch")));
     }

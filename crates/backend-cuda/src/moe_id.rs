@@ -57,8 +57,11 @@ pub fn split(cnt: usize) -> Vec<usize> {
 
 /// `split`'s first tile for 0..=128 routes (the device planner's table, `moe_plan`): the
 /// split of r routes is t = table[r] (r > 128: the 128 tile), then the split of r - TILES[t].
-pub fn split_table() -> Vec<u8> {
-    (0..=TILES[TILES.len() - 1]).map(|r| split(r).first().map_or(0, |&t| t as u8)).collect()
+pub fn split_table() -> &'static [u8] {
+    // computed once: every grouped matmul of a prefill uploads it (the 129 dynamic programs
+    // took ~150 us of host time per matmul, H100 host 2026-11-23)
+    static TABLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=TILES[TILES.len() - 1]).map(|r| split(r).first().map_or(0, |&t| t as u8)).collect())
 }
 
 /// Whether a device-planned grouped matmul puts every work item into the 128-route class and

@@ -238,42 +238,38 @@ pub(crate) struct ScanArgs {
     pub dt_bias: Dev,
 }
 
-/// The prefill scan kernels: `ssm_scan_chunk` for any state size, and for state sizes of 64,
-/// 128 and 256 `ssm_scan_chunk_<ds>_<r>` with the size known at compile time and r rows per
-/// warp (the same bits: tests/ssm.rs).
+/// The prefill scan kernel: `ssm_scan_chunk` for any state size, or for state sizes of 64, 128
+/// and 256 `ssm_scan_chunk_<ds>` (the size known at compile time, two rows per warp: ~4x fewer
+/// instructions, the same bits; tests/ssm.rs compares them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ScanKernel {
     Generic = 0,
-    Rows1 = 1,
-    Rows2 = 2,
+    Specialized = 1,
 }
 
 impl ScanKernel {
-    /// `QUARREL_CUDA_SCAN=generic|r1|r2`; default `Rows2`.
+    /// `QUARREL_CUDA_SCAN=generic`: the generic kernel; default specialized.
     pub fn from_env() -> ScanKernel {
-        match std::env::var("QUARREL_CUDA_SCAN").as_deref() {
-            Ok("generic") => ScanKernel::Generic,
-            Ok("r1") => ScanKernel::Rows1,
-            _ => ScanKernel::Rows2,
+        if std::env::var("QUARREL_CUDA_SCAN").is_ok_and(|v| v == "generic") {
+            ScanKernel::Generic
+        } else {
+            ScanKernel::Specialized
         }
     }
 
     pub(crate) fn from_u8(v: u8) -> ScanKernel {
-        match v {
-            0 => ScanKernel::Generic,
-            1 => ScanKernel::Rows1,
-            _ => ScanKernel::Rows2,
+        if v == 0 {
+            ScanKernel::Generic
+        } else {
+            ScanKernel::Specialized
         }
     }
 
     /// The kernel's name and block size for state size `ds`.
     fn pick(self, ds: usize) -> (String, u32) {
         match self {
-            ScanKernel::Rows1 | ScanKernel::Rows2 if matches!(ds, 64 | 128 | 256) => {
-                let r = self as u32;
-                (format!("ssm_scan_chunk_{ds}_{r}"), 256 / r)
-            }
+            ScanKernel::Specialized if matches!(ds, 64 | 128 | 256) => (format!("ssm_scan_chunk_{ds}"), 128),
             _ => ("ssm_scan_chunk".into(), 256),
         }
     }
@@ -434,6 +430,6 @@ pub fn gdc_kernel_names() -> Vec<String> {
 /// Kernel names this module launches.
 pub fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = ["ssm_conv_par", "ssm_conv_state", "ssm_scan_chunk", "copy_f32"].iter().map(|s| s.to_string()).collect();
-    v.extend([64, 128, 256].iter().flat_map(|ds| [1, 2].map(|r| format!("ssm_scan_chunk_{ds}_{r}"))));
+    v.extend([64, 128, 256].iter().map(|ds| format!("ssm_scan_chunk_{ds}")));
     v
 }

@@ -540,3 +540,33 @@ fn fresh_tables_read_right_after_load() {
     }
     assert!(bad.is_empty(), "embedding rows differ from the table: {bad:?}");
 }
+
+/// Small float matrices (MoE routers) take the GEMV at every token count (`gemv_float_tiled`:
+/// chunks of 8 tokens along the grid's y, then 4 / 2 / 1): a prefill's outputs have the bits of
+/// the same tokens multiplied one at a time (a decode step's router logits), for f32, f16 and
+/// bf16 weights and token counts that leave every tail.
+#[test]
+fn small_float_matmul_prefill_equals_token_steps() {
+    let Some(be) = cuda() else { return };
+    for (ty, n_in, n_out) in [(QuantType::F32, 1536usize, 64usize), (QuantType::F32, 2688, 128), (QuantType::F16, 4096, 8), (QuantType::BF16, 512, 40)] {
+        let mut w = GgufWriter::new();
+        w.add_tensor("router", &[n_in as u64, n_out as u64], ty).unwrap();
+        let v = rnd(n_in * n_out, 77);
+        let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+        let g = Arc::new(Gguf::from_bytes(w.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+        let wt = load(&be, &g, "router");
+        for n_tok in [9usize, 16, 37, 512] {
+            let x = hidden(n_tok * n_in, 60 + n_tok as u64);
+            let mut out = be.alloc(n_tok * n_out).unwrap();
+            be.matmul(&wt, &be.upload(&x).unwrap(), n_tok, &mut out).unwrap();
+            let all = be.download(&out).unwrap();
+            for t in 0..n_tok {
+                let mut one = be.alloc(n_out).unwrap();
+                be.matmul(&wt, &be.upload(&x[t * n_in..(t + 1) * n_in]).unwrap(), 1, &mut one).unwrap();
+                let one = be.download(&one).unwrap();
+                let (n, _) = bit_diff(&one, &all[t * n_out..(t + 1) * n_out]);
+                assert_eq!(n, 0, "{} {n_in}x{n_out}, {n_tok} tokens: token {t} differs from its one-token matmul in {n} values", ty.name());
+            }
+        }
+    }
+}
