@@ -381,11 +381,14 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
 // ssm_scan_chunk_<DS>: ssm_scan_chunk with the state size DS known at compile time (64, 128
 // or 256) and R = 2 rows of one head per warp (4 warps, 8 rows per block, as above): the same
 // arithmetic as scan_token, term for term (the same bits: tests/ssm.rs), without its run-time
-// bounds, tail and 64-bit counter. ssm_scan_chunk issued ~200 instructions per token and row at
-// DS = 128 and was bound by issuing them (323 us per Granite-4.0-H-Tiny layer per 512 tokens);
-// this kernel ~50, and the rows of a warp share each shared-memory read of B and C. Measured on
-// H100 (2026-11-23, Granite pp512, t/s): this 17,300, generic 14,000; one row per warp 11,000;
-// four 16,200; staging the next chunk with cp.async while scanning this one: no gain (17,300).
+// bounds and tail; the two rows' output folds share their shuffles, and non-finite state values
+// are counted from the final state (a recount only where it is non-finite). ssm_scan_chunk
+// issues ~200 instructions per token and row at DS = 128 and is bound by issuing them (323 us
+// per Granite-4.0-H-Tiny layer per 512 tokens); this kernel ~34 (~50 with scan_token's fold
+// and per-token count: 173 us), and the rows of a warp share each shared-memory read of B and
+// C. Measured on H100 (2026-11-23, Granite pp512, t/s, the ~50-instruction version): 17,300,
+// generic 14,000; one row per warp 11,000; four 16,200; staging the next chunk with cp.async
+// while scanning this one: no gain (17,300).
 // Shared memory holds B and C permuted so that lane l reads its values (k = l + 32 j,
 // j < DS / 32) as float4 (float2 at DS = 64): element (j, l) at (j / G) 32 G + l G + j % G,
 // G = min(DS / 32, 4). Dynamic shared memory: SCAN_T · (2 · DS + 10) floats, as above.
@@ -414,44 +417,70 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
     const int s = blockIdx.x / rows8, hi0 = (blockIdx.x % rows8) * 8, h = hi0 / hd, gr = h / hpg;
     const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
     const float a = A[h], dd = D[h], bb = dtb[h];
-    // stage chunk c0 (every thread; a warp per token of B and C)
+    // stage chunk c0 (every thread; a warp per token of B and C). Loads are issued in groups
+    // before their stores (the raw dt and x first, then B and C of TG tokens a warp), so that a
+    // chunk waits for about two load latencies, not one per token (long-scoreboard stalls were
+    // 43% of the kernel's cycles with a load-store pair per token, H100 ncu 2026-11-23).
+    constexpr int TG = 4;
     auto stage = [&](u32 c0) {
         const int n = min((int)(nt - c0), SCAN_T);
-        for (int t = wp; t < n; t += W) {
-            const float* row = xbc + (u64)(t0 + c0 + t) * cd + d_inner;
-            float b[J], c[J];
+        float raw = 0.f, xv[2];
+        if (tid < n) raw = zx[(u64)(t0 + c0 + tid) * dp + dt_col + h];
 #pragma unroll
-            for (int j = 0; j < J; j++) {
-                b[j] = row[gr * DS + lane + 32 * j];
-                c[j] = row[(n_group + gr) * DS + lane + 32 * j];
+        for (int k = 0; k < 2; k++) {
+            const int i = tid + k * W * 32;
+            xv[k] = i < n * 8 ? xbc[(u64)(t0 + c0 + i / 8) * cd + hi0 + i % 8] : 0.f;
+        }
+        for (int t1 = wp * TG; t1 < n; t1 += W * TG) {
+            float b[TG][J], c[TG][J];
+#pragma unroll
+            for (int u = 0; u < TG; u++) {
+                const int t = min(t1 + u, n - 1);  // past the end: a repeat of the last token
+                const float* row = xbc + (u64)(t0 + c0 + t) * cd + d_inner;
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    b[u][j] = row[gr * DS + lane + 32 * j];
+                    c[u][j] = row[(n_group + gr) * DS + lane + 32 * j];
+                }
             }
 #pragma unroll
-            for (int g = 0; g < J / G; g++) {
-                float* pb = sB + t * DS + L::at(g * G, lane);
-                float* pc = sC + t * DS + L::at(g * G, lane);
-                if constexpr (G == 4) {
-                    *(float4*)pb = make_float4(b[4 * g], b[4 * g + 1], b[4 * g + 2], b[4 * g + 3]);
-                    *(float4*)pc = make_float4(c[4 * g], c[4 * g + 1], c[4 * g + 2], c[4 * g + 3]);
-                } else {
-                    *(float2*)pb = make_float2(b[2 * g], b[2 * g + 1]);
-                    *(float2*)pc = make_float2(c[2 * g], c[2 * g + 1]);
+            for (int u = 0; u < TG; u++) {
+                const int t = t1 + u;
+                if (t >= n) break;
+#pragma unroll
+                for (int g = 0; g < J / G; g++) {
+                    float* pb = sB + t * DS + L::at(g * G, lane);
+                    float* pc = sC + t * DS + L::at(g * G, lane);
+                    if constexpr (G == 4) {
+                        *(float4*)pb = make_float4(b[u][4 * g], b[u][4 * g + 1], b[u][4 * g + 2], b[u][4 * g + 3]);
+                        *(float4*)pc = make_float4(c[u][4 * g], c[u][4 * g + 1], c[u][4 * g + 2], c[u][4 * g + 3]);
+                    } else {
+                        *(float2*)pb = make_float2(b[u][2 * g], b[u][2 * g + 1]);
+                        *(float2*)pc = make_float2(c[u][2 * g], c[u][2 * g + 1]);
+                    }
                 }
             }
         }
-        for (int i = tid; i < n * 8; i += W * 32) sx[i] = xbc[(u64)(t0 + c0 + i / 8) * cd + hi0 + i % 8];
-        for (int i = tid; i < n; i += W * 32) {
-            const float dt = softplus_f(__fadd_rn(zx[(u64)(t0 + c0 + i) * dp + dt_col + h], bb));
-            sdd[i] = make_float2(dt, expf_libm(__fmul_rn(dt, a)));
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int i = tid + k * W * 32;
+            if (i < n * 8) sx[i] = xv[k];
+        }
+        if (tid < n) {
+            const float dt = softplus_f(__fadd_rn(raw, bb));
+            sdd[tid] = make_float2(dt, expf_libm(__fmul_rn(dt, a)));
         }
     };
-    float sv[R][J];
+    static_assert(R == 2, "the output fold takes the warp's two rows in its two half-warps");
+    // sv0: the state before this step (the rare recount of non-finite values starts there)
+    float sv[R][J], sv0[R][J];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float* st = state + ((u64)slot * d_inner + hi0 + wp * R + r) * DS;
 #pragma unroll
-        for (int j = 0; j < J; j++) sv[r][j] = fresh ? 0.f : st[lane + 32 * j];
+        for (int j = 0; j < J; j++) sv0[r][j] = sv[r][j] = fresh ? 0.f : st[lane + 32 * j];
     }
-    u32 nbad = 0;
+    const bool upper = lane >= 16;
     for (u32 c0 = 0; c0 < nt; c0 += SCAN_T) {
         const int n = min((int)(nt - c0), SCAN_T);
         __syncthreads();  // the last chunk's readers are done
@@ -475,35 +504,63 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
                 }
             }
             const float2 dta = sdd[t];
+            float f[R], x[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const float x = sx[t * 8 + wp * R + r];
-                const float xdt = __fmul_rn(x, dta.x);
+                x[r] = sx[t * 8 + wp * R + r];
+                const float xdt = __fmul_rn(x[r], dta.x);
                 // scan_token's terms: s = s * da + B * xdt; accumulators over even / odd j
                 float acc_a = 0.f, acc_b = 0.f;
 #pragma unroll
                 for (int j = 0; j < J; j++) {
                     const float v = __fadd_rn(__fmul_rn(sv[r][j], dta.y), __fmul_rn(b[j], xdt));
                     sv[r][j] = v;
-                    nbad += !isfinite(v);
                     if (j % 2 == 0) acc_a = fmaf(v, c[j], acc_a);
                     else acc_b = fmaf(v, c[j], acc_b);
                 }
-                float f = __fadd_rn(acc_a, acc_b);
-                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 16));
-                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 8));
-                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 4));
-                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 2));
-                f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 1));
-                if (lane == 0) y[(u64)(t0 + c0 + t) * d_inner + hi0 + wp * R + r] = __fadd_rn(f, __fmul_rn(x, dd));
+                f[r] = __fadd_rn(acc_a, acc_b);
             }
+            // scan_token's fold (lane l + lane l + 16, then + 8, 4, 2, 1) of both rows at once:
+            // the first step swaps halves, so that lanes 0-15 fold row 0 and lanes 16-31 row 1
+            // (the same pairs summed in the same order: the same bits); lanes 0 and 16 end with
+            // the sums
+            float g = __fadd_rn(upper ? f[1] : f[0], __shfl_xor_sync(0xffffffffu, upper ? f[0] : f[1], 16));
+            g = __fadd_rn(g, __shfl_down_sync(0xffffffffu, g, 8));
+            g = __fadd_rn(g, __shfl_down_sync(0xffffffffu, g, 4));
+            g = __fadd_rn(g, __shfl_down_sync(0xffffffffu, g, 2));
+            g = __fadd_rn(g, __shfl_down_sync(0xffffffffu, g, 1));
+            if ((lane & 15) == 0) y[(u64)(t0 + c0 + t) * d_inner + hi0 + wp * R + upper] = __fadd_rn(g, __fmul_rn(upper ? x[1] : x[0], dd));
         }
     }
+    u32 nbad = 0;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float* st = state + ((u64)slot * d_inner + hi0 + wp * R + r) * DS;
+        bool nonfinite = false;
 #pragma unroll
-        for (int j = 0; j < J; j++) st[lane + 32 * j] = sv[r][j];
+        for (int j = 0; j < J; j++) {
+            st[lane + 32 * j] = sv[r][j];
+            nonfinite |= !isfinite(sv[r][j]);
+        }
+        // Non-finite values are absorbing (NaN and inf stay non-finite through s * da + B * xdt),
+        // so a row whose final state is finite never held one; a row that ends non-finite is
+        // scanned again from sv0 (from global memory; rare) to count them per token as
+        // scan_token does.
+        if (__any_sync(0xffffffffu, nonfinite)) {
+            const int hi = hi0 + wp * R + r;
+            for (u32 t = 0; t < nt; t++) {
+                const float* row = xbc + (u64)(t0 + t) * cd;
+                const float dt = softplus_f(__fadd_rn(zx[(u64)(t0 + t) * dp + dt_col + h], bb));
+                const float da = expf_libm(__fmul_rn(dt, a));
+                const float xdt = __fmul_rn(row[hi], dt);
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    const float v = __fadd_rn(__fmul_rn(sv0[r][j], da), __fmul_rn(row[d_inner + gr * DS + lane + 32 * j], xdt));
+                    sv0[r][j] = v;
+                    nbad += !isfinite(v);
+                }
+            }
+        }
     }
     if (nbad) atomicAdd(bad, (unsigned long long)nbad);
 }
