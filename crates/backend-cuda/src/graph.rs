@@ -52,9 +52,11 @@ pub struct Queue {
     disabled: bool,
     /// The step being recorded has more tokens than a decode step (`Device::step_tokens`): its
     /// segments are launched directly, never captured (`QUARREL_CUDA_PREFILL_GRAPHS=1`: captured
-    /// as well). NOT YET MEASURED (no device time left, session 8): the hypothesis is that
-    /// capturing prefill segments at their second sight is what makes single repetitions of
-    /// Granite-4.0-H-Tiny pp512 take twice as long (6,888 and 7,476 t/s among 13,400-14,300).
+    /// as well). Measured on H100 (2026-11-23, pp512 t/s, averages of 8, captured vs direct):
+    /// Mistral-7B Q4_0 23,343 / 22,652 vs 23,350 / 23,309; TinyLlama 87,026 / 86,612 vs 86,294 /
+    /// 87,647; Granite-4.0-H-Tiny 15,790 / 16,063 vs 16,018 / 16,707 (captured runs had single
+    /// repetitions at 11,046 and 15,191): a prompt's steps rarely repeat, so capturing them
+    /// costs the capture and gains nothing.
     pub large_step: bool,
     prefill_graphs: bool,
     /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).

@@ -47,8 +47,8 @@ fn inputs(p: SsmParams, lens: &[usize], seed: u64, overflow: bool) -> Inputs {
             // dt: far above softplus's threshold (exp(dt·A) underflows to 0), far below (dt ~ 0)
             let dt_col = dp - p.n_head;
             match t % 7 {
-                3 => z[dt_col..].iter_mut().for_each(|v| *v = 40.0 + *v),
-                5 => z[dt_col..].iter_mut().for_each(|v| *v = -60.0 + *v),
+                3 => z[dt_col..].iter_mut().for_each(|v| *v += 40.0),
+                5 => z[dt_col..].iter_mut().for_each(|v| *v -= 60.0),
                 _ => {}
             }
             if overflow && s == 1 && t == len / 2 {
