@@ -44,6 +44,24 @@ pub struct ModelArgs {
     /// the GPU while they fit).
     #[arg(long = "expert-budget", value_parser = parse_bytes)]
     pub expert_budget: Option<usize>,
+    /// GPU arithmetic: fast (default) or exact (llama.cpp's CPU arithmetic: every matmul through
+    /// the decode kernels, MoE routing on the host, attention in one pass; a prompt, its tokens
+    /// one by one and any batch give the same logits bit for bit; slower prompts). The CPU
+    /// always computes exactly.
+    #[arg(long = "numerics", value_enum, default_value_t = Numerics::Fast)]
+    pub numerics: Numerics,
+}
+
+/// GPU arithmetic (`--numerics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Numerics {
+    /// The fastest kernels: a prompt's matmuls (tensor-core MMQ) and decode's (dp4a GEMV) sum
+    /// in different float orders, so a prompt and its tokens one by one can differ by roundings.
+    #[default]
+    Fast,
+    /// The CUDA backend's exact numerics (`QUARREL_CUDA_EXACT=1`): batch-invariant, the CPU
+    /// backend's bits for Q4_0 / Q4_1 / Q8_0 matmuls.
+    Exact,
 }
 
 impl ModelArgs {
@@ -72,7 +90,7 @@ impl ModelArgs {
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {} on {device}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(100));
-        let engine = load_engine(device, self.threads, &path, opts, self.expert_budget);
+        let engine = load_engine(device, self.threads, &path, opts, self.expert_budget, self.numerics);
         spinner.finish_and_clear();
         let engine = engine?;
         with_engine!(ref &engine, e => {
@@ -158,13 +176,16 @@ macro_rules! with_engine {
 pub(crate) use with_engine;
 
 /// Load `path` on `device` (`threads` for the CPU backend; `expert_budget`: GPU bytes for
-/// expert weights, the CPU keeps them all in its mapping).
-pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineOptions, expert_budget: Option<usize>) -> Result<AnyEngine> {
+/// expert weights, the CPU keeps them all in its mapping; `numerics`: the GPU's arithmetic).
+pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineOptions, expert_budget: Option<usize>, numerics: Numerics) -> Result<AnyEngine> {
     Ok(match device {
         DeviceSel::Cpu => AnyEngine::Cpu(load_on(CpuBackend::new(threads)?, path, opts)?),
         DeviceSel::Cuda(n) => {
             let be = CudaBackend::new(n).with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
             be.set_expert_budget(expert_budget);
+            if numerics == Numerics::Exact {
+                be.set_exact_numerics(true);
+            }
             AnyEngine::Cuda(load_on(be, path, opts)?)
         }
     })

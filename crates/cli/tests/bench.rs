@@ -103,6 +103,7 @@ fn bench_bad_arguments_fail_clearly() {
         (vec!["-m", m, "--pg", "8"], "--pg"),
         (vec!["-m", missing.to_str().unwrap(), "-p", "8", "-n", "0"], "not found"),
         (vec!["-m", m, "-o", "xml"], "invalid value"),
+        (vec!["-m", m, "--numerics", "approximate"], "invalid value"),
     ];
     for (args, want) in cases {
         let mut all = vec!["bench"];
@@ -111,5 +112,19 @@ fn bench_bad_arguments_fail_clearly() {
         assert!(!o.status.success(), "{args:?} should fail");
         assert!(o.stdout.is_empty(), "{args:?} printed results");
         assert!(stderr(&o).contains(want), "{args:?}: expected {want:?} in:\n{}", stderr(&o));
+    }
+}
+
+/// `--numerics exact` is accepted on every device (the CPU always computes exactly; on a GPU it
+/// turns on the CUDA backend's exact numerics) and measures like the default.
+#[test]
+fn bench_takes_numerics() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model(dir.path());
+    for numerics in ["fast", "exact"] {
+        let o = quarrel(&["bench", "-m", m.to_str().unwrap(), "--device", "cpu", "--numerics", numerics, "-t", "1", "-p", "8", "-n", "4", "-r", "1", "-o", "json"]);
+        assert!(o.status.success(), "--numerics {numerics}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON document");
+        assert_eq!(v.as_array().map(|r| r.len()), Some(2), "{v:#}");
     }
 }

@@ -79,6 +79,9 @@ pub struct Args {
     /// GPU memory for expert weights (as `quarrel run --expert-budget`).
     #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
     pub expert_budget: Option<usize>,
+    /// GPU arithmetic, as `quarrel run --numerics`: fast (default) or exact.
+    #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Fast)]
+    pub numerics: crate::common::Numerics,
     /// Skip the warm-up run before each test.
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
@@ -289,7 +292,7 @@ pub fn main(a: Args) -> Result<()> {
             if a.profile && device != crate::common::DeviceSel::Cpu {
                 bail!("--profile times ops on the CPU backend only (use --device cpu)");
             }
-            crate::common::with_engine!(crate::common::load_engine(device, t, path, opts.clone(), a.expert_budget)?, engine => {
+            crate::common::with_engine!(crate::common::load_engine(device, t, path, opts.clone(), a.expert_budget, a.numerics)?, engine => {
                 let load_ms = t0.elapsed().as_secs_f64() * 1e3;
                 let info = engine.model.info().clone();
                 let model_size: u64 = engine.gguf.tensors().iter().map(|x| x.n_bytes).sum();

@@ -187,6 +187,7 @@ pub fn main(a: Args) -> Result<()> {
         kv_mem: None,
         device: a.device.clone(),
         expert_budget: None,
+        numerics: Default::default(),
     };
     let Some((data, meta, dataset)) = endpoints else {
         let engine = model.spawn_service(ServiceOptions::default())?;

@@ -45,6 +45,10 @@ pub struct Args {
     /// GPU memory for mixture-of-experts weights (as `quarrel run --expert-budget`).
     #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
     pub expert_budget: Option<usize>,
+    /// GPU arithmetic (as `quarrel run --numerics`): fast (default) or exact (batch-invariant:
+    /// a request's logits do not depend on what it is batched with).
+    #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Fast)]
+    pub numerics: crate::common::Numerics,
     /// Most sequences decoding at once per model.
     #[arg(long, default_value_t = 64)]
     pub parallel: usize,
@@ -242,7 +246,7 @@ pub fn main(a: Args) -> Result<()> {
     let loader = CliLoader {
         explicit: explicit.clone(),
         models_dir: a.models_dir.clone(),
-        args: ModelArgs { model: None, threads: a.threads, ctx: a.ctx, kv_type: a.kv_type.clone(), batch: a.batch, kv_mem: a.kv_mem, device: a.device.clone(), expert_budget: a.expert_budget },
+        args: ModelArgs { model: None, threads: a.threads, ctx: a.ctx, kv_type: a.kv_type.clone(), batch: a.batch, kv_mem: a.kv_mem, device: a.device.clone(), expert_budget: a.expert_budget, numerics: a.numerics },
         opts,
         kv_seqs: a.kv_seqs,
     };
