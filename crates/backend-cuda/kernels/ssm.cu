@@ -384,9 +384,9 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
 // bounds and tail; the two rows' output folds share their shuffles, and non-finite state values
 // are counted from the final state (a recount only where it is non-finite). ssm_scan_chunk
 // issues ~200 instructions per token and row at DS = 128 and is bound by issuing them (323 us
-// per Granite-4.0-H-Tiny layer per 512 tokens); this kernel ~34 (~50 with scan_token's fold
-// and per-token count: 173 us), and the rows of a warp share each shared-memory read of B and
-// C. Measured on H100 (2026-11-23, Granite pp512, t/s, the ~50-instruction version): 17,300,
+// per Granite-4.0-H-Tiny layer per 512 tokens); this kernel ~34 and 143 us (~50 with
+// scan_token's fold and per-token count: 173 us; 169 us before the staging loads were grouped),
+// and the rows of a warp share each shared-memory read of B and C. Measured on H100 (2026-11-23, Granite pp512, t/s, the ~50-instruction version): 17,300,
 // generic 14,000; one row per warp 11,000; four 16,200; staging the next chunk with cp.async
 // while scanning this one: no gain (17,300).
 // Shared memory holds B and C permuted so that lane l reads its values (k = l + 32 j,
