@@ -68,7 +68,9 @@ pub(crate) fn attention(
     // a task is one token and `hg` heads of one KV head, run in lock step over each K/V row
     // (up to `attn::MULTI_MAX`); decode-only batches (the f16 vector path) with too few
     // tokens to keep every thread busy that way keep one head per task
-    let any_f32_path = !f16_cache || batch.seqs.iter().any(|s| s.len >= VEC_PATH_MAX_TOKENS);
+    let invariant = be.batch_invariant_attention();
+    let vec_path = |len: usize| f16_cache && (invariant || len < VEC_PATH_MAX_TOKENS);
+    let any_f32_path = batch.seqs.iter().any(|s| !vec_path(s.len));
     let multi_tasks = batch.n_tokens() * p.n_kv_head * group.div_ceil(attn::MULTI_MAX);
     let hg = if any_f32_path || multi_tasks >= 2 * be.n_threads() { group.min(attn::MULTI_MAX) } else { 1 };
     let chunks_per_kv = group.div_ceil(hg);
@@ -97,7 +99,7 @@ pub(crate) fn attention(
                 let Some(seq) = batch.seqs.iter().find(|s| (s.start..s.start + s.len).contains(&t)) else {
                     continue;
                 };
-                let f16_vec_path = f16_cache && seq.len < VEC_PATH_MAX_TOKENS;
+                let f16_vec_path = vec_path(seq.len);
                 let pos = batch.positions[t] as usize;
                 let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let qs: [&[f32]; attn::MULTI_MAX] =

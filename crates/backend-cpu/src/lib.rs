@@ -55,13 +55,31 @@ pub struct CpuBackend {
     n_threads: usize,
     /// Expert selections per (layer, expert), for metrics.
     moe_counts: std::sync::Mutex<Vec<Vec<u64>>>,
+    /// Attention over f16 caches takes llama.cpp's vector path (f16 query, f16 V accumulator)
+    /// for every sequence, so a token's logits do not depend on how many tokens its sequence
+    /// brings to the batch (default); `false` (`QUARREL_CPU_ATTN=llama`,
+    /// `set_batch_invariant_attention`): llama.cpp's choice, the f32 path for sequences of 64 or
+    /// more tokens in the batch (`attention.rs`).
+    batch_invariant_attn: std::sync::atomic::AtomicBool,
 }
 
 impl CpuBackend {
     /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
-        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default() })
+        let batch_invariant_attn = std::env::var("QUARREL_CPU_ATTN").map_or(true, |v| v != "llama").into();
+        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default(), batch_invariant_attn })
+    }
+
+    /// Attention over f16 caches: `true` (default) the f16 vector path for every sequence
+    /// (prefill == decode at every prompt length); `false` llama.cpp's per-batch choice (the
+    /// f32 path for sequences of 64+ tokens in the batch: llama.cpp's own long-prompt numerics).
+    pub fn set_batch_invariant_attention(&self, on: bool) {
+        self.batch_invariant_attn.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_invariant_attention(&self) -> bool {
+        self.batch_invariant_attn.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn n_threads(&self) -> usize {

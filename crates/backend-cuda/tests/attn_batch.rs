@@ -200,7 +200,8 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
 /// CPU and against its plain twin, the f32 tiled kernel: head_dim 64 / 128 / 256, 1 to 8 query
 /// heads per KV head (odd groups leave padding rows), sequences of 1 to 300 tokens after 0 to
 /// 100 cached positions (tiles shorter than 8, chunks continuing a sequence), a sliding window
-/// and a soft cap; exact attention keeps its kernels (the CPU's bits).
+/// and a soft cap; exact attention keeps its kernels (the CPU's bits under llama.cpp's rule,
+/// `set_batch_invariant_attention(false)`: the tiled f32 path for sequences of 64+ tokens).
 #[test]
 fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
     if quarrel_cuda::device_count() == 0 {
@@ -210,6 +211,7 @@ fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
     let gpu = CudaBackend::new(0).unwrap();
     gpu.set_attn_mma_min(Some(64));
     let cpu = CpuBackend::new(0).unwrap();
+    cpu.set_batch_invariant_attention(false);
     let (cached, lens) = ([0usize, 37, 100, 0], [300usize, 70, 13, 1]);
     let mut cases = Vec::new();
     for (n_head, n_kv_head, hd) in [(8, 2, 128), (4, 4, 64), (6, 2, 64), (32, 8, 128), (8, 1, 128), (4, 2, 256), (3, 1, 64)] {
