@@ -69,7 +69,8 @@ fn prefill_equals_decode_and_batch_equals_singles() {
 /// tiled f32 one (so its prefill and decode part): the CPU backend keeps the vector path for
 /// every sequence by default, and a 100-token prefill equals token-by-token decode bit for bit
 /// (with llama.cpp's rule, `QUARREL_CPU_ATTN=llama`, tiny-mixtral parted by NMSE 0.25 at 150
-/// tokens: one flipped expert).
+/// tokens: one flipped expert), as does a batch of sequences on both sides of 64 tokens each
+/// alone.
 #[test]
 fn prefill_equals_decode_past_64_tokens() {
     let dir = tempfile::tempdir().unwrap();
@@ -83,6 +84,10 @@ fn prefill_equals_decode_past_64_tokens() {
             for (p, (x, y)) in a.iter().zip(&b).enumerate() {
                 assert!(x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits()), "{name} {}: position {p} of a 100-token prefill differs from decode", ftype.name());
             }
+            // and sequences on both sides of 64 tokens batched together == each alone
+            let mut multi = engine(&path, EngineOptions { n_ctx: 128, n_batch: 512, n_seq: 4, ..Default::default() });
+            let seqs: Vec<Vec<u32>> = [90usize, 20, 64, 63].iter().enumerate().map(|(s, &n)| ids[s..s + n].to_vec()).collect();
+            assert_batch_equals_singles(&format!("{name} {}", ftype.name()), &mut multi, &seqs, 0.0);
         }
     }
 }
