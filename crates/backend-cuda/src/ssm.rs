@@ -6,7 +6,8 @@
 //!  zxbcdt (n_tok, d_in_proj) ──ssm_conv (carried conv state)──► xbc (n_tok, conv_dim)
 //!     (prefill: ssm_conv_par, every token at once, then ssm_conv_state)
 //!  xbc + dt (zxbcdt's last n_head columns) ──ssm_scan (carried ssm state)──► y (n_tok, d_inner)
-//!     (prefill: ssm_scan_chunk, inputs staged in shared memory per chunk of 32 tokens)
+//!     (prefill: ssm_scan_chunk_<64|128|256>, or ssm_scan_chunk for other state sizes: inputs
+//!      staged in shared memory per chunk of 32 tokens, decode's bits; `ScanKernel`)
 //!  y, z (zxbcdt's first d_inner columns) ──ssm_gated_norm──► out (n_tok, d_inner)
 //! ```
 //!
