@@ -173,27 +173,7 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
                 t0 += nt;
             }
         }
-        _ => {
-            let mut t0 = 0;
-            while t0 < n_tok {
-                let nt = chunk(n_tok - t0);
-                dev.launch(
-                    &format!("gemv_{name}_{nt}"),
-                    grid,
-                    128,
-                    0,
-                    &[
-                        Arg::P(w.p.ptr),
-                        Arg::P(x + 4 * (t0 * n_in) as u64),
-                        Arg::P(out + 4 * (t0 * n_out) as u64),
-                        Arg::I(n_in as i32),
-                        Arg::I(n_out as i32),
-                        Arg::I(wpr as i32),
-                    ],
-                )?;
-                t0 += nt;
-            }
-        }
+        _ => return gemv_float_tiled(dev, w, x, n_tok, out),
     }
     Ok(())
 }
@@ -351,7 +331,6 @@ impl GemvGroup {
     }
 }
 
-/// Tokens per GEMV launch: 8, 4, 2 or 1.
 /// Float matrices of at most this many bytes (MoE routers: 0.1-1.4 MB) take the GEMV at every
 /// token count: read from L2 once per 8 tokens, in the decode GEMV's float order, and without
 /// cuBLAS, whose call held the host for ~480 us per Granite-4.0-H-Tiny router (H100 2026-11-23,
@@ -367,8 +346,8 @@ fn small_float(w: &CudaWeight) -> bool {
     w.n_in % 8 == 0 && w.n_in * w.n_out * elem <= SMALL_FLOAT_BYTES
 }
 
-/// `gemv_<float type>_8` over every full chunk of 8 tokens in one launch (grid y: the chunk),
-/// then the rest in chunks of 4, 2, 1 as `gemv`; each output has the bits the decode GEMV gives.
+/// Float weights: `gemv_<float type>_8` over every full chunk of 8 tokens in one launch (grid y:
+/// the chunk), then the rest in chunks of 4, 2, 1; each output has the bits of a one-token GEMV.
 fn gemv_float_tiled(dev: &Device, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let (wpr, grid) = gemv_shape(n_out, 0);
@@ -397,6 +376,7 @@ fn gemv_float_tiled(dev: &Device, w: &CudaWeight, x: u64, n_tok: usize, out: u64
     Ok(())
 }
 
+/// Tokens per GEMV launch: 8, 4, 2 or 1.
 fn chunk(left: usize) -> usize {
     [8, 4, 2, 1].into_iter().find(|&c| c <= left).unwrap_or(1)
 }
