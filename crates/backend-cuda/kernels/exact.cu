@@ -284,7 +284,8 @@ __device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, co
                                                                           const float2* xm, float* out, int U, int n_out) { \
         gemvo_prefetch<QT, NT>(P, M, U, n_out, blockIdx.x);                                                          \
         GDC();                                                                                                   \
-        gemvo<QT, NT>(P, M, xq, xm, out, U, n_out, blockIdx.x, gridDim.x);                                                  \
+        const u64 c = blockIdx.y; /* the chunk of NT tokens (prefills: one launch for all chunks) */          \
+        gemvo<QT, NT>(P, M, xq + c * NT * U * 32, xm + c * NT * U, out + c * NT * n_out, U, n_out, blockIdx.x, gridDim.x); \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) gemvo3_##NAME##_##NT(                                      \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \

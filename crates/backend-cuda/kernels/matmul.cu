@@ -236,7 +236,8 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
                                                                          const float2* xm, float* out, int U, int n_out, int wpr) { \
         gemv_prefetch<QT>(P, M, U, n_out, wpr, blockIdx.x);                                                      \
         GDC();                                                                                                   \
-        gemv_q<QT, NT>(P, M, xq, xm, out, U, n_out, wpr, blockIdx.x);                                            \
+        const u64 c = blockIdx.y; /* the chunk of NT tokens (prefills: one launch for all chunks) */          \
+        gemv_q<QT, NT>(P, M, xq + c * NT * U * 32, xm + c * NT * U, out + c * NT * n_out, U, n_out, wpr, blockIdx.x); \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) gemv3_##NAME##_##NT(                                       \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \

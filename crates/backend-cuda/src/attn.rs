@@ -223,12 +223,14 @@ impl CudaBackend {
         };
         let name = format!("attn{kind}_{}_{dpl}", kv::kv_name(kv.spec.ty));
         let rot = kv_rotation(&kv.spec)?;
-        // the CPU rounds q to f16 for sequences shorter than 64 tokens over an f16 cache
-        // (ggml's vector path); a batch mixing short and long sequences keeps f32 q for all
-        // (kernels/attention.cu: ggml's vector-path numerics, the V accumulator in f16) when
-        // exact attention is on (`set_exact_attention`); by default all-f32 attention
+        // ggml's vector path over an f16 cache (q rounded to f16, the V accumulator in f16;
+        // kernels/attention.cu, attn_vec.cu): llama.cpp's CPU takes it for sequences shorter
+        // than 64 tokens and every decode step, the tiled f32 one for longer prompts. By default
+        // so does this backend; exact numerics (`set_exact_attention`) take the vector path at
+        // every length, as the CPU backend's default does: a prompt of any length then gives
+        // the bits of the same tokens decoded one by one
         let exact = self.exact_attn.load(std::sync::atomic::Ordering::Relaxed);
-        let vec_path = kv.spec.ty == quarrel_core::KvType::F16 && batch.seqs.iter().all(|s| s.len < 64);
+        let vec_path = kv.spec.ty == quarrel_core::KvType::F16 && (exact || batch.seqs.iter().all(|s| s.len < 64));
         // `attn_vec_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
         // head), by default up to `vec_max_positions()`, at every length in exact mode
         // (by default not for decode batches of many sequences, whose blocks would fill more than

@@ -104,8 +104,8 @@ pub struct CudaBackend {
     /// Routing on the device for decode steps (`moe_dev`).
     router: moe_dev::DevRouter,
     /// Attention over f16 caches with ggml's CPU vector-path numerics (f16 q and V
-    /// accumulator for sequences under 64 tokens, one pass over the positions) instead of f32
-    /// throughout (`QUARREL_CUDA_ATTN_EXACT=1` or `QUARREL_CUDA_EXACT=1` at creation,
+    /// accumulator, one pass over the positions) for sequences of every length, as the CPU
+    /// backend's default, instead of f32 throughout (`QUARREL_CUDA_ATTN_EXACT=1` or `QUARREL_CUDA_EXACT=1` at creation,
     /// `set_exact_attention`, `set_exact_numerics`).
     exact_attn: std::sync::atomic::AtomicBool,
     /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
@@ -158,11 +158,14 @@ impl CudaBackend {
         })
     }
 
-    /// Attention numerics over f16 caches: `true` reproduces llama.cpp's CPU flash attention
-    /// (f16 query and V accumulator for sequences under 64 tokens, as the CPU backend does;
-    /// what the fixtures made with llama.cpp's CPU build compare against) at every context
-    /// length; `false` (default) does so up to `set_attn_vec_max` positions and accumulates in
-    /// f32 with split-K over longer contexts.
+    /// Attention numerics over f16 caches: `true` takes the vector path of llama.cpp's CPU
+    /// flash attention (f16 query and V accumulator, one pass; what llama.cpp's CPU build
+    /// computes for sequences under 64 tokens and every decode step, so the fixtures' short
+    /// prompts compare bit for bit) for sequences of every length and at every context length,
+    /// as the CPU backend's default does: a prefill gives the bits of token-by-token decode;
+    /// `false` (default) takes it for sequences under 64 tokens up to `set_attn_vec_max`
+    /// positions, the tensor-core kernel for longer prompts and f32 split-K over longer
+    /// contexts.
     pub fn set_exact_attention(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
     }
@@ -191,8 +194,8 @@ impl CudaBackend {
 
     /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them
     /// bit for bit (`QUARREL_CUDA_EXACT=1` at creation): the attention of
-    /// `set_exact_attention` (one pass over the positions, no split-K, no grouped decode
-    /// kernel) and the Q4_0 / Q4_1 / Q8_0 matmuls in the CPU's float order at every token
+    /// `set_exact_attention` (the vector path at every length: one pass over the positions, no
+    /// split-K, no grouped decode kernel) and the Q4_0 / Q4_1 / Q8_0 matmuls in the CPU's float order at every token
     /// count (`exact.rs`; slower than the GEMV / MMQ / cuBLAS paths), every other matmul
     /// through the decode GEMV at every token count (a prefill then multiplies exactly as
     /// token-by-token decode does), MoE routing on the host (the CPU's router). Element-wise ops,

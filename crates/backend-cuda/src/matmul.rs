@@ -140,6 +140,9 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
             let mut t0 = 0;
             while t0 < n_tok {
                 let nt = chunk(n_tok - t0);
+                // whole chunks of 8 tokens in one launch, a chunk per grid row (blockIdx.y):
+                // each chunk's sums as its own launch would give them
+                let reps = if nt == 8 { (n_tok - t0) / 8 } else { 1 };
                 if ordered {
                     let args = [
                         Arg::P(w.p.ptr),
@@ -150,13 +153,14 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
                         Arg::I(units as i32),
                         Arg::I(n_out as i32),
                     ];
-                    dev.launch(&format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, n_out), 128, 0, &args)?;
-                    t0 += nt;
+                    let (gx, _, _) = crate::exact::grid(name, nt, n_out);
+                    dev.launch(&format!("gemvo_{name}_{nt}"), (gx, reps as u32, 1), 128, 0, &args)?;
+                    t0 += nt * reps;
                     continue;
                 }
                 dev.launch(
                     &format!("gemv_{name}_{nt}"),
-                    grid,
+                    (grid.0, reps as u32, 1),
                     128,
                     0,
                     &[
@@ -170,7 +174,7 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
                         Arg::I(wpr as i32),
                     ],
                 )?;
-                t0 += nt;
+                t0 += nt * reps;
             }
         }
         _ => return gemv_float_tiled(dev, w, x, n_tok, out),

@@ -194,6 +194,43 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// Exact numerics past 64 prompt tokens, where llama.cpp's attention leaves its vector path
+/// (and the default numerics take the tensor-core kernel): exact attention keeps the vector
+/// path at every length, so a 100-token prefill gives the bits of the same tokens decoded one
+/// by one, and sequences on both sides of 64 tokens batched together the bits of each alone,
+/// on every architecture at Q8_0 and Q4_K_M.
+#[test]
+fn exact_prefill_equals_decode_past_64_tokens() {
+    if !has_gpu() {
+        return;
+    }
+    let dir = tmpdir("moe-long");
+    let mut failures = vec![];
+    let ids: Vec<u32> = (0..100).map(|i| (i * 37 + 5) % 500).collect();
+    for (name, ftype) in PRESETS.iter().flat_map(|n| [(n, Ftype::Q8_0), (n, Ftype::Q4_K_M)]) {
+        let path = synth(name, &dir, ftype);
+        let mut whole = engine_mode(&path, EngineOptions { n_ctx: 128, n_batch: 512, n_seq: 4, ..Default::default() }, true);
+        let mut single = engine_mode(&path, EngineOptions { n_ctx: 128, n_batch: 1, ..Default::default() }, true);
+        let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
+        let differ: Vec<usize> = (0..a.len()).filter(|&p| a[p].iter().zip(&b[p]).any(|(x, y)| x.to_bits() != y.to_bits())).collect();
+        let worst = a.iter().zip(&b).map(|(x, y)| nmse(x, y)).fold(0f64, f64::max);
+        eprintln!("{name} {}: 100-token prefill vs decode: {} positions differ, worst nmse {worst:.2e}", ftype.name(), differ.len());
+        if !differ.is_empty() {
+            failures.push(format!("{name} {}: prefill vs decode differ at positions {differ:?} (worst nmse {worst:.2e})", ftype.name()));
+        }
+        let seqs: Vec<Vec<u32>> = [90usize, 20, 64, 63].iter().enumerate().map(|(s, &n)| ids[s..s + n].to_vec()).collect();
+        let batched = whole.forward_batch(&seqs).unwrap();
+        for (s, toks) in seqs.iter().enumerate() {
+            let alone = whole.eval_all(toks).unwrap();
+            if batched[s].iter().zip(&alone).any(|(x, y)| x.iter().zip(y).any(|(u, v)| u.to_bits() != v.to_bits())) {
+                failures.push(format!("{name} {}: sequence {s} ({} tokens) batched differs from alone", ftype.name(), toks.len()));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
 /// The MoE combine fused into the residual add and RMSNorm after it (`comb_add_rms_norm`, the
 /// default) gives the bits of the three launches (`set_comb_norm_fusion(false)`): every
 /// architecture with experts (Granite's scaled residual add included), in decode steps of one

@@ -324,18 +324,23 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
 
 /// Sequences under 64 query tokens over an f16 cache (every decode step, short prompts) take
 /// ggml's vector path on the CPU: bit-exact on the GPU, with exact and with default numerics
-/// (contexts within `vec_max_positions`). A 70-token prompt takes ggml's tiled f32 path on the
-/// CPU under llama.cpp's rule (`set_batch_invariant_attention(false)`; the CPU's default keeps
-/// the vector path), the GPU's f32 kernel: float order only (the default tensor-core prefill
-/// kernel, f16 q and probabilities, is off here: tests/attn_batch.rs bounds it).
+/// (contexts within `vec_max_positions`). A 70-token prompt: with default numerics, ggml's
+/// tiled f32 path on the CPU under llama.cpp's rule (`set_batch_invariant_attention(false)`)
+/// against the GPU's f32 kernel (the default tensor-core prefill kernel, f16 q and
+/// probabilities, is off here: tests/attn_batch.rs bounds it); with exact numerics, the vector
+/// path at every length on both sides (the CPU's default). Float order only (1e-5 of the rms)
+/// for that prompt; the decode steps after it bit for bit.
 #[test]
 fn exact_attention_matches_cpu() {
     let Some(gpu) = cuda() else { return };
     gpu.set_attn_mma_min(None);
     let cpu = CpuBackend::new(0).unwrap();
-    cpu.set_batch_invariant_attention(false);
-    let a = attention(&cpu);
     for exact in [false, true] {
+        // default numerics follow llama.cpp's rule (the tiled f32 path for the 70-token
+        // prompt, tensor cores off above), exact ones the CPU backend's default (the vector
+        // path at every length)
+        cpu.set_batch_invariant_attention(exact);
+        let a = attention(&cpu);
         gpu.set_exact_numerics(exact);
         eprintln!("exact numerics: {exact}");
         check_attention(&a, &attention(&gpu));
