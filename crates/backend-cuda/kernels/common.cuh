@@ -137,6 +137,9 @@ __device__ __forceinline__ void q8_store(float v, i8* __restrict__ xq, float2* _
 struct Unit {
     int q[8];
     float s0, s1, o;
+    // MMQ's offset terms (mmq.cu: mmq_offsets): o = of * om with om an f16 value (Q4_1 / Q5_1:
+    // om = o, of = 1; Q4_K / Q5_K: om = the 6-bit min, of = -dmin); set by quad_unit only
+    float om, of;
 };
 
 __device__ __forceinline__ void nibbles(uint4 v, int* q, u32 c) {

@@ -8,6 +8,12 @@
 //   Q6_K:   out += xd * (s0 * I0 + s1 * I1)            (I0, I1: integer sums of the halves)
 //   others: out += xd * (s * I) + o * xs
 // with the integer sums exact (the GEMV's and the CPU's block sums) and f32 scale products.
+// The offset terms o * xs of a stage's 8 units (Q4_1, Q5_1, Q4_K, Q5_K) are summed on the
+// tensor cores instead (`mmq_offsets`): o = of * om with om an f16 value (the block min, or
+// the K types' 6-bit min) and xs f16 (the Q8_1 sum), so one m16n8k8 f16 mma gives the exact
+// products summed in f32, then out += of * sum (one FMA per output and stage where the FMA
+// pipe did one per unit: the grouped Q4_K kernel was bound by FMA issue, 58% of its
+// instructions, H100 ncu 2026-11-23).
 //
 // Tile: 32·WM weight rows x 16·NT tokens per block of 2·WM warps (WM along the rows x 2 along
 // the tokens); a warp holds 32 rows (two m16 tiles) x 8·NT tokens (NT n8 tiles). One
@@ -34,6 +40,16 @@ __device__ __forceinline__ void mma_s8_k32(int (&c)[4], int a0, int a1, int a2, 
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+// m16n8k8 f16 x f16 -> f32: a0/a1 = rows g / g + 8 at k 2·tig, 2·tig + 1; b0 = k 2·tig, 2·tig + 1 at column g
+__device__ __forceinline__ void mma_f16_k8(float (&c)[4], u32 a0, u32 a1, u32 b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// Q4_1, Q5_1, Q4_K, Q5_K: weights with an offset term
+#define MMQ_OFS(QT) ((QT) == QT_Q4_1 || (QT) == QT_Q5_1 || (QT) == QT_Q4_K || (QT) == QT_Q5_K)
 
 __device__ __forceinline__ void mma_s8_k16(int (&c)[4], int a0, int a1, int b0) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
@@ -147,6 +163,8 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
             u.o = QT == QT_Q5_1 ? h2f((u16)(q.m[j] >> 16)) : 0.f;
         }
         u.s1 = u.s0;
+        u.om = u.o;
+        u.of = 1.f;
     } else if (QT == QT_Q8_0) {
         uint4 a = q.v[2 * j], b = q.v[2 * j + 1];
         u.q[0] = a.x; u.q[1] = a.y; u.q[2] = a.z; u.q[3] = a.w;
@@ -173,6 +191,8 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
         }
         u.s0 = u.s1 = d * (float)sc;
         u.o = -(dmin * (float)m);
+        u.om = (float)m;
+        u.of = -dmin;
     } else {  // QT_Q6_K: unit 4h + j -> n = h, kk = j
         const int kk = j;
         uint4 l0 = q.v[2 * (kk & 1)], l1 = q.v[2 * (kk & 1) + 1], h0 = q.v[4], h1 = q.v[5];
@@ -241,14 +261,42 @@ __device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __re
                     const float4 w = wv[m][i / 2];
                     const float xd = (i & 1) ? x01.z : x01.x;
                     const float t0 = fmaf(w.x, __int_as_float(c0[i]), w.y);
-                    float v = fmaf(xd, t0, acc[m][n][i]);
-                    if (QT == QT_Q4_1 || QT == QT_Q5_1 || QT == QT_Q4_K || QT == QT_Q5_K) {
-                        const float xsum = (i & 1) ? x01.w : x01.y;
-                        v = fmaf(w.z, xsum, v);
-                    }
-                    acc[m][n][i] = v;
+                    acc[m][n][i] = fmaf(xd, t0, acc[m][n][i]);  // offsets: mmq_offsets, per stage
                 }
             }
+        }
+    }
+}
+
+// The offset terms of a stage's 8 units (MMQ_OFS types) into acc: per output
+// of · Σ_u om_u · xs_u, the sum on the tensor cores (exact f16 products, f32 sums). The weight
+// tile's .w holds, per row, the packed f16 pair (om_2p, om_2p+1) at unit 2p and of at unit 1.
+template <int QT, int NT, int WM, bool FULL>
+__device__ __forceinline__ void mmq_offsets(float (&acc)[2][NT][4], const float4* __restrict__ wscb, const float2* __restrict__ xc,
+                                            int wm, int wn, int g, int tig, int nv) {
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM;
+    constexpr bool K = QT == QT_Q4_K || QT == QT_Q5_K;
+    u32 a[2][2];
+    float f[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int r = wm + m * 16 + g;
+        a[m][0] = __float_as_uint(wscb[2 * tig * MMQ_BM + r].w);
+        a[m][1] = __float_as_uint(wscb[2 * tig * MMQ_BM + r + 8].w);
+        f[m][0] = K ? wscb[MMQ_BM + r].w : 1.f;
+        f[m][1] = K ? wscb[MMQ_BM + r + 8].w : 1.f;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (!FULL && n >= nv) continue;
+        const int t = wn + n * 8 + g;
+        const u32 b0 = (u32)f2h(xc[2 * tig * BN + t].y) | ((u32)f2h(xc[(2 * tig + 1) * BN + t].y) << 16);
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_f16_k8(c, a[m][0], a[m][1], b0);
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][n][i] = K ? fmaf(f[m][i / 2], c[i], acc[m][n][i]) : acc[m][n][i] + c[i];
         }
     }
 }
@@ -267,7 +315,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
     extern __shared__ int4 smem4[];
     constexpr int NW = DB ? 2 : 1;                             // weight tiles
     int* ws = (int*)smem4;                                     // [NW][MMQ_BM][MMQ_WS]
-    float4* wsc = (float4*)(ws + NW * MMQ_BM * MMQ_WS);        // [NW][MMQ_KU][MMQ_BM]: s0, -s0·M, s1 | o, -s1·M
+    float4* wsc = (float4*)(ws + NW * MMQ_BM * MMQ_WS);        // [NW][MMQ_KU][MMQ_BM]: s0, -s0·M, then s1, -s1·M (Q6_K) or o, offset pair / factor (mmq_offsets)
     int* xs = (int*)(wsc + NW * MMQ_KU * MMQ_BM);              // [2][BN][MMQ_WS]
     float2* xsc = (float2*)(xs + 2 * BN * MMQ_WS);             // [2][MMQ_KU][BN]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -334,14 +382,20 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         int* w = ws + wb * MMQ_BM * MMQ_WS;
         float4* wc = wsc + wb * MMQ_KU * MMQ_BM;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const Unit un = quad_unit<QT>(qd, j, lh);
+        for (int j = 0; j < 4; j += 2) {
+            // units u (even) and u + 1; .w: their f16 offset multipliers packed at u, the
+            // row's offset factor at u + 1 (mmq_offsets)
+            const Unit un[2] = {quad_unit<QT>(qd, j, lh), quad_unit<QT>(qd, j + 1, lh)};
             const int u = 4 * lh + j;
-            int4* d = (int4*)&w[lr * MMQ_WS + u * 8];
-            d[0] = make_int4(un.q[0], un.q[1], un.q[2], un.q[3]);
-            d[1] = make_int4(un.q[4], un.q[5], un.q[6], un.q[7]);
-            wc[u * MMQ_BM + lr] = QT == QT_Q6_K ? make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.s1, -un.s1 * MMQ_MAGIC_F)
-                                                : make_float4(un.s0, -un.s0 * MMQ_MAGIC_F, un.o, 0.f);
+            const float pair = __uint_as_float((u32)f2h(un[0].om) | ((u32)f2h(un[1].om) << 16));
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int4* d = (int4*)&w[lr * MMQ_WS + (u + e) * 8];
+                d[0] = make_int4(un[e].q[0], un[e].q[1], un[e].q[2], un[e].q[3]);
+                d[1] = make_int4(un[e].q[4], un[e].q[5], un[e].q[6], un[e].q[7]);
+                wc[(u + e) * MMQ_BM + lr] = QT == QT_Q6_K ? make_float4(un[e].s0, -un[e].s0 * MMQ_MAGIC_F, un[e].s1, -un[e].s1 * MMQ_MAGIC_F)
+                                                          : make_float4(un[e].s0, -un[e].s0 * MMQ_MAGIC_F, un[e].o, MMQ_OFS(QT) ? (e == 0 ? pair : un[1].of) : 0.f);
+            }
         }
     };
     quad_load<QT>(qd, P, M, wrow, kb + 4 * lh, ke, U);
@@ -381,9 +435,11 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         if (nv == NT) {
 #pragma unroll 2
             for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, true>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+            if (MMQ_OFS(QT)) mmq_offsets<QT, NT, WM, true>(acc, wscb, xc, wm, wn, g, tig, nv);
         } else if (nv > 0) {
 #pragma unroll 2
             for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, false>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+            if (MMQ_OFS(QT)) mmq_offsets<QT, NT, WM, false>(acc, wscb, xc, wm, wn, g, tig, nv);
         }
         if (DB) {
             // the next stage's weights into the other tile, then the raw bytes of the one after
