@@ -8,9 +8,10 @@
 //!                             ──► out (n_tok, n_out), or split-K partials ──mmq_reduce──► out
 //! ```
 //!
-//! The per-unit formula is the GEMV's, so prefill, batched decode and single-token decode
-//! see the same numerics (and the CPU backend's for the legacy types, which pair with Q8_0 /
-//! Q8_1 alike). `reference` is the plain-Rust twin of the kernel; the GPU tests hold the kernel
+//! The per-unit integer sums and scale products are the GEMV's, so prefill, batched decode and
+//! single-token decode see the same numerics to float order (and the CPU backend's for the
+//! legacy types, which pair with Q8_0 / Q8_1 alike); the offset terms of Q4_1 / Q5_1 / Q4_K /
+//! Q5_K are summed per stage of 8 units on the tensor cores (`mmq_offsets` in mmq.cu). `reference` is the plain-Rust twin of the kernel; the GPU tests hold the kernel
 //! to it and to the CPU backend.
 
 use crate::device::{Arg, Device};
