@@ -137,44 +137,25 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
                 };
                 return dev.hold(Held::Gemv(group));
             }
-            let mut t0 = 0;
-            while t0 < n_tok {
-                let nt = chunk(n_tok - t0);
-                // whole chunks of 8 tokens in one launch, a chunk per grid row (blockIdx.y):
-                // each chunk's sums as its own launch would give them
-                let reps = if nt == 8 { (n_tok - t0) / 8 } else { 1 };
-                if ordered {
-                    let args = [
-                        Arg::P(w.p.ptr),
-                        Arg::P(w.m_ptr()),
-                        Arg::P(xq + (t0 * n_in) as u64),
-                        Arg::P(xm + (t0 * units * 8) as u64),
-                        Arg::P(out + 4 * (t0 * n_out) as u64),
-                        Arg::I(units as i32),
-                        Arg::I(n_out as i32),
-                    ];
-                    let (gx, _, _) = crate::exact::grid(name, nt, n_out);
-                    dev.launch(&format!("gemvo_{name}_{nt}"), (gx, reps as u32, 1), 128, 0, &args)?;
-                    t0 += nt * reps;
-                    continue;
+            for (t0, nt, reps) in chunks(n_tok) {
+                let (name_nt, grid) = if ordered {
+                    (format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, n_out))
+                } else {
+                    (format!("gemv_{name}_{nt}"), grid)
+                };
+                let mut args = vec![
+                    Arg::P(w.p.ptr),
+                    Arg::P(w.m_ptr()),
+                    Arg::P(xq + (t0 * n_in) as u64),
+                    Arg::P(xm + (t0 * units * 8) as u64),
+                    Arg::P(out + 4 * (t0 * n_out) as u64),
+                    Arg::I(units as i32),
+                    Arg::I(n_out as i32),
+                ];
+                if !ordered {
+                    args.push(Arg::I(wpr as i32));
                 }
-                dev.launch(
-                    &format!("gemv_{name}_{nt}"),
-                    (grid.0, reps as u32, 1),
-                    128,
-                    0,
-                    &[
-                        Arg::P(w.p.ptr),
-                        Arg::P(w.m_ptr()),
-                        Arg::P(xq + (t0 * n_in) as u64),
-                        Arg::P(xm + (t0 * units * 8) as u64),
-                        Arg::P(out + 4 * (t0 * n_out) as u64),
-                        Arg::I(units as i32),
-                        Arg::I(n_out as i32),
-                        Arg::I(wpr as i32),
-                    ],
-                )?;
-                t0 += nt * reps;
+                dev.launch(&name_nt, (grid.0, reps as u32, 1), 128, 0, &args)?;
             }
         }
         _ => return gemv_float_tiled(dev, w, x, n_tok, out),
@@ -350,34 +331,40 @@ fn small_float(w: &CudaWeight) -> bool {
     w.n_in % 8 == 0 && w.n_in * w.n_out * elem <= SMALL_FLOAT_BYTES
 }
 
-/// Float weights: `gemv_<float type>_8` over every full chunk of 8 tokens in one launch (grid y:
-/// the chunk), then the rest in chunks of 4, 2, 1; each output has the bits of a one-token GEMV.
+/// Float weights: `gemv_<float type>_<nt>` over `chunks(n_tok)`; each output has the bits of a
+/// one-token GEMV.
 fn gemv_float_tiled(dev: &Device, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let (wpr, grid) = gemv_shape(n_out, 0);
-    let launch = |t0: usize, nt: usize, chunks: usize| {
+    for (t0, nt, reps) in chunks(n_tok) {
         dev.launch(
             &format!("gemv_{}_{nt}", w.dev_ty.name()),
-            (grid.0, chunks as u32, 1),
+            (grid.0, reps as u32, 1),
             128,
             0,
             &[Arg::P(w.p.ptr), Arg::P(x + 4 * (t0 * n_in) as u64), Arg::P(out + 4 * (t0 * n_out) as u64), Arg::I(n_in as i32), Arg::I(n_out as i32), Arg::I(wpr as i32)],
-        )
-    };
-    let full = n_tok / GEMV_MAX_TOKENS;
-    if full > 65535 {
-        return Err(CudaError::Shape(format!("{n_tok} tokens: too many for one GEMV launch")));
-    }
-    if full > 0 {
-        launch(0, GEMV_MAX_TOKENS, full)?;
-    }
-    let mut t0 = full * GEMV_MAX_TOKENS;
-    while t0 < n_tok {
-        let nt = chunk(n_tok - t0);
-        launch(t0, nt, 1)?;
-        t0 += nt;
+        )?;
     }
     Ok(())
+}
+
+/// Most grid rows (`blockIdx.y`, one chunk of tokens each) in one GEMV launch.
+const MAX_GRID_Y: usize = 65535;
+
+/// The launches of a GEMV over `n_tok` tokens: (first token, tokens per chunk, chunks). Full
+/// chunks of 8 tokens go in launches of up to `MAX_GRID_Y` chunks, one per grid row
+/// (`blockIdx.y`), and the rest in chunks of 4, 2 and 1. A chunk's sums are what its own
+/// launch would give.
+fn chunks(n_tok: usize) -> Vec<(usize, usize, usize)> {
+    let mut plan = vec![];
+    let mut t0 = 0;
+    while t0 < n_tok {
+        let nt = chunk(n_tok - t0);
+        let reps = if nt == GEMV_MAX_TOKENS { ((n_tok - t0) / nt).min(MAX_GRID_Y) } else { 1 };
+        plan.push((t0, nt, reps));
+        t0 += nt * reps;
+    }
+    plan
 }
 
 /// Tokens per GEMV launch: 8, 4, 2 or 1.
@@ -505,6 +492,25 @@ fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every token in exactly one chunk, in order; full chunks of 8 batched, at most
+    /// MAX_GRID_Y per launch; the rest in chunks of 4, 2, 1.
+    #[test]
+    fn chunk_plan_covers_every_token_once() {
+        for n in [0usize, 1, 3, 7, 8, 9, 15, 16, 31, 512, 513, 8 * MAX_GRID_Y + 5, 8 * MAX_GRID_Y * 2 + 8] {
+            let plan = chunks(n);
+            let mut next = 0;
+            for &(t0, nt, reps) in &plan {
+                assert_eq!(t0, next, "{n}: {plan:?}");
+                assert!([8, 4, 2, 1].contains(&nt) && (1..=MAX_GRID_Y).contains(&reps));
+                assert!(nt == 8 || reps == 1);
+                next += nt * reps;
+            }
+            assert_eq!(next, n);
+            assert!(plan.iter().filter(|p| p.1 < 8).count() <= 3, "{n}: {plan:?}");
+        }
+        assert_eq!(chunks(23), vec![(0, 8, 2), (16, 4, 1), (20, 2, 1), (22, 1, 1)]);
+    }
 
     /// The grid covers every row; quantized rows of 64+ units never take one warp per row, and
     /// four warps only where each still has whole 32-unit steps (128+ units) and rows are few.
