@@ -16,6 +16,7 @@
 //! | `generate`   | one completion: prefill, decode loop, streaming events, finish reasons |
 //! | `batched_bench` | llama-batched-bench's protocol over N parallel sequences |
 //! | `perplexity` | llama.cpp's perplexity protocol |
+//! | `consistency` | self-consistency of a backend: prefill vs decode, batched vs alone (NMSE, argmax) |
 //! | `sampler`    | sampling chain (penalties, top-k/p, min-p, temperature, seed) |
 //! | `stop`       | stop strings over streamed text |
 //! | `kv_calibrate` | quantized KV caches: a fixed calibration pass at load (sets the CPU cache's key offsets) |
@@ -26,6 +27,7 @@
 mod batched_bench;
 mod bench;
 mod blocks;
+mod consistency;
 pub mod embedding;
 mod engine;
 mod generate;
@@ -38,6 +40,7 @@ pub mod stop;
 pub use batched_bench::BatchedRun;
 pub use bench::{mean_stddev, OpKind, OpStat, ProfiledBackend, QuantTypeKey};
 pub use blocks::{BlockPool, OutOfBlocks};
+pub use consistency::{nmse, ConsistencyCheck, ConsistencyOptions};
 pub use engine::{tokenize_templated, Engine, EngineError, EngineOptions};
 pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};
 pub use perplexity::{PerplexityChunk, PerplexityResult};

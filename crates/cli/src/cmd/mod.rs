@@ -3,6 +3,7 @@
 pub mod batched_bench;
 pub mod bench;
 pub mod chat;
+pub mod consistency;
 pub mod gpu;
 pub mod embed;
 pub mod inspect;
