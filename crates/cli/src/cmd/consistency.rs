@@ -62,7 +62,7 @@ pub fn main(mut a: Args) -> Result<()> {
     });
     print!("{}", table(&checks, a.bound));
     if let Some(b) = a.bound {
-        let over: Vec<&str> = checks.iter().filter(|c| !(c.worst() <= b)).map(|c| c.name).collect();
+        let over: Vec<&str> = checks.iter().filter(|c| c.worst() > b).map(|c| c.name).collect();
         if !over.is_empty() {
             eprintln!("worst NMSE above {b:.0e}: {}", over.join(", "));
             std::process::exit(1);
