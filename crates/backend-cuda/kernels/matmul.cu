@@ -230,7 +230,9 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
 }
 
 // gemv3_*: up to three matrices of the same type and input (q/k/v, gate/up) in one launch;
-// blocks [0, nb0) compute matrix 0, [nb0, nb0 + nb1) matrix 1, the rest matrix 2.
+// blocks [0, nb0) compute matrix 0, [nb0, nb0 + nb1) matrix 1, the rest matrix 2, each with its
+// own warps per row (wpr0..2: what its own gemv_* launch takes, so that its rows get the same
+// bits joined or alone: a prefill's chunks are never joined, a decode step's are).
 #define GEMV_Q(NAME, QT, NT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128) gemv_##NAME##_##NT(const u8* P, const u8* M, const i8* xq, \
                                                                          const float2* xm, float* out, int U, int n_out, int wpr) { \
@@ -241,15 +243,16 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) gemv3_##NAME##_##NT(                                       \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
-        const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr) {        \
+        const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr0, int wpr1,  \
+        int wpr2) {                                                                                              \
         int b = blockIdx.x;                                                                                      \
-        if (b < nb0) gemv_prefetch<QT>(P0, M0, U, n0, wpr, b);                                                   \
-        else if (b < nb0 + nb1) gemv_prefetch<QT>(P1, M1, U, n1, wpr, b - nb0);                                  \
-        else gemv_prefetch<QT>(P2, M2, U, n2, wpr, b - nb0 - nb1);                                               \
+        if (b < nb0) gemv_prefetch<QT>(P0, M0, U, n0, wpr0, b);                                                  \
+        else if (b < nb0 + nb1) gemv_prefetch<QT>(P1, M1, U, n1, wpr1, b - nb0);                                 \
+        else gemv_prefetch<QT>(P2, M2, U, n2, wpr2, b - nb0 - nb1);                                              \
         GDC();                                                                                                   \
-        if (b < nb0) gemv_q<QT, NT>(P0, M0, xq, xm, o0, U, n0, wpr, b);                                          \
-        else if (b < nb0 + nb1) gemv_q<QT, NT>(P1, M1, xq, xm, o1, U, n1, wpr, b - nb0);                          \
-        else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1);                                      \
+        if (b < nb0) gemv_q<QT, NT>(P0, M0, xq, xm, o0, U, n0, wpr0, b);                                         \
+        else if (b < nb0 + nb1) gemv_q<QT, NT>(P1, M1, xq, xm, o1, U, n1, wpr1, b - nb0);                         \
+        else gemv_q<QT, NT>(P2, M2, xq, xm, o2, U, n2, wpr2, b - nb0 - nb1);                                     \
     }
 
 // gemv3r_*: gemv3_* over q, k, v with RoPE and the KV-cache store in the epilogue (RopeEp):
@@ -259,24 +262,25 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
 #define GEMV3R_Q(NAME, QT, NT)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128) gemv3r_##NAME##_##NT(                                      \
         const u8* P0, const u8* M0, float* o0, int n0, int nb0, const u8* P1, const u8* M1, float* o1, int n1, int nb1, \
-        const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr, const u32* pos, \
-        const float* ff, float theta_scale, float freq_scale, int hd, int rope_k, u16* kd, u16* vd, const u32* slots) { \
+        const u8* P2, const u8* M2, float* o2, int n2, const i8* xq, const float2* xm, int U, int wpr0, int wpr1,  \
+        int wpr2, const u32* pos, const float* ff, float theta_scale, float freq_scale, int hd, int rope_k, u16* kd, \
+        u16* vd, const u32* slots) {                                                                             \
         int b = blockIdx.x;                                                                                      \
-        if (b < nb0) gemv_prefetch<QT>(P0, M0, U, n0, wpr, b);                                                   \
-        else if (b < nb0 + nb1) gemv_prefetch<QT>(P1, M1, U, n1, wpr, b - nb0);                                  \
-        else gemv_prefetch<QT>(P2, M2, U, n2, wpr, b - nb0 - nb1);                                               \
+        if (b < nb0) gemv_prefetch<QT>(P0, M0, U, n0, wpr0, b);                                                  \
+        else if (b < nb0 + nb1) gemv_prefetch<QT>(P1, M1, U, n1, wpr1, b - nb0);                                 \
+        else gemv_prefetch<QT>(P2, M2, U, n2, wpr2, b - nb0 - nb1);                                              \
         GDC();                                                                                                   \
         RopeEp ep{pos, ff, theta_scale, freq_scale, hd, 1, nullptr, slots};                                      \
         if (b < nb0) {                                                                                           \
-            gemv_q<QT, NT, true>(P0, M0, xq, xm, o0, U, n0, wpr, b, ep);                                              \
+            gemv_q<QT, NT, true>(P0, M0, xq, xm, o0, U, n0, wpr0, b, ep);                                              \
         } else if (b < nb0 + nb1) {                                                                              \
             ep.rope = rope_k;                                                                                    \
             ep.cache = kd;                                                                                       \
-            gemv_q<QT, NT, true>(P1, M1, xq, xm, o1, U, n1, wpr, b - nb0, ep);                                        \
+            gemv_q<QT, NT, true>(P1, M1, xq, xm, o1, U, n1, wpr1, b - nb0, ep);                                        \
         } else {                                                                                                 \
             ep.rope = 0;                                                                                         \
             ep.cache = vd;                                                                                       \
-            gemv_q<QT, NT, true>(P2, M2, xq, xm, o2, U, n2, wpr, b - nb0 - nb1, ep);                                  \
+            gemv_q<QT, NT, true>(P2, M2, xq, xm, o2, U, n2, wpr2, b - nb0 - nb1, ep);                                  \
         }                                                                                                        \
     }
 #else

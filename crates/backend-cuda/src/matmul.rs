@@ -267,12 +267,13 @@ impl GemvGroup {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32), Arg::I(wpr as i32)];
             return dev.launch_now(&format!("gemv_{name}_{nt}"), grid, 128, 0, &args);
         }
-        let total: usize = self.items.iter().map(|i| i.n_out).sum();
-        let (wpr, _) = gemv_shape(total, self.units);
-        let rows_per_block = GEMV_ROWS * GEMV_WARPS / wpr;
-        let nb: Vec<u32> = self.items.iter().map(|i| i.n_out.div_ceil(rows_per_block) as u32).collect();
+        // each matrix with the warps per row and blocks of its own launch: the same bits as a
+        // prefill's (unjoined) launches of it
+        let shapes: Vec<(usize, (u32, u32, u32))> = self.items.iter().map(|i| gemv_shape(i.n_out, self.units)).collect();
+        let nb: Vec<u32> = shapes.iter().map(|s| s.1 .0).collect();
         let mut args = self.joined_args(&nb);
-        args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u), Arg::I(wpr as i32)]);
+        args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
+        args.extend((0..3).map(|k| Arg::I(shapes.get(k).map_or(1, |s| s.0) as i32)));
         if let Some(r) = self.rope {
             let (kd, vd, slots) = r.kv.unwrap_or((0, 0, 0));
             args.extend([Arg::P(r.pos), Arg::P(r.ff), Arg::F(r.theta_scale), Arg::F(r.freq_scale), Arg::I(r.hd as i32), Arg::I(r.rope_k as i32)]);
