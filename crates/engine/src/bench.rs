@@ -68,7 +68,12 @@ impl<B: Backend> Engine<B> {
 
     /// `n` token ids: BOS first when the model adds one, then uniform random ids.
     fn bench_tokens(&self, n: usize, salt: u64) -> Vec<u32> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(BENCH_SEED ^ salt);
+        self.random_tokens(n, &mut rand_chacha::ChaCha8Rng::seed_from_u64(BENCH_SEED ^ salt))
+    }
+
+    /// `n` ids from `rng`: BOS first when the model adds one, then uniform random ids (the
+    /// benchmarks' and `consistency`'s test sequences).
+    pub(crate) fn random_tokens(&self, n: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u32> {
         let n_vocab = self.n_vocab().max(1) as u32;
         let bos = if self.tokenizer.add_bos() { self.tokenizer.bos_id() } else { None };
         (0..n).map(|i| if i == 0 { bos } else { None }.unwrap_or_else(|| rng.gen_range(0..n_vocab))).collect()

@@ -155,13 +155,6 @@ impl<B: Backend> Engine<B> {
         self.pool.release(&mut table);
         r
     }
-
-    /// `n` ids: BOS first when the model adds one, then uniform random ids.
-    fn random_tokens(&self, n: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u32> {
-        let n_vocab = self.n_vocab().max(1) as u32;
-        let bos = if self.tokenizer.add_bos() { self.tokenizer.bos_id() } else { None };
-        (0..n).map(|i| if i == 0 { bos } else { None }.unwrap_or_else(|| rng.gen_range(0..n_vocab))).collect()
-    }
 }
 
 #[cfg(test)]
