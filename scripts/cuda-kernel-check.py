@@ -15,11 +15,14 @@ ap.add_argument("--nv", default="/tmp/nv/nvidia/cu13")
 ap.add_argument("--arch", default="90")
 ap.add_argument("--jobs", type=int, default=os.cpu_count())
 ap.add_argument("--verbose", action="store_true", help="registers of every kernel")
+ap.add_argument("--only", default=None, help="comma-separated unit names (default: every unit)")
 a = ap.parse_args()
 nv_rs = open(os.path.join(root, "crates/backend-cuda/src/nvrtc.rs")).read()
 units = [(n, re.findall(r'"([\w.]+)"', f), d.encode().decode("unicode_escape"))
          for n, f, d in re.findall(r'Unit \{ name: "(\w+)", files: &\[([^\]]*)\], defines: "([^"]*)" \}', nv_rs)]
 assert units, "no units parsed from src/nvrtc.rs"
+if a.only:
+    units = [u for u in units if u[0] in a.only.split(",")]
 lib = ctypes.CDLL(os.path.join(a.nv, "lib/libnvrtc.so.13"))
 
 

@@ -18,7 +18,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const u32* _
     if (g >= (u64)n_tok * d) return;
     u64 t = g / d, i = g % d;
     float a = fresh ? 0.f : out[g];
-    for (u32 r = off[t]; r < off[t + 1]; r++) a += y[(u64)ridx[r] * d + i] * w[r];
+    for (u32 r = off[t]; r < off[t + 1]; r++) a = __fmaf_rn(y[(u64)ridx[r] * d + i], w[r], a);  // moe_combine_dev's sum
     out[g] = a;
 }
 

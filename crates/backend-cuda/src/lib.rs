@@ -109,7 +109,7 @@ pub struct CudaBackend {
     /// `set_exact_attention`, `set_exact_numerics`).
     exact_attn: std::sync::atomic::AtomicBool,
     /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
-    /// count, host MoE routing (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
+    /// count, every MoE routing by one device kernel (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
     exact_mm: std::sync::atomic::AtomicBool,
     /// Contexts (positions) up to which f16-cache attention of short sequences takes the
     /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
@@ -198,7 +198,9 @@ impl CudaBackend {
     /// split-K, no grouped decode kernel) and the Q4_0 / Q4_1 / Q8_0 matmuls in the CPU's float order at every token
     /// count (`exact.rs`; slower than the GEMV / MMQ / cuBLAS paths), every other matmul
     /// through the decode GEMV at every token count (a prefill then multiplies exactly as
-    /// token-by-token decode does), MoE routing on the host (the CPU's router). Element-wise ops,
+    /// token-by-token decode does), MoE routing by the device router at every token count (a
+    /// warp per token: the host reference's experts, weights within 4 ulp; decode steps keep it
+    /// on the device, prefills take its routes to the host to plan the chunked expert GEMV). Element-wise ops,
     /// RMSNorm, embeddings and the activation quantization have the CPU's bits always.
     pub fn set_exact_numerics(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
@@ -778,8 +780,9 @@ impl Backend for CudaBackend {
     fn moe_router(&self, layer: usize, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;
         // decode steps routed on the device: the router matmul and the routing in one launch
-        let exact = self.exact_mm.load(Ordering::Relaxed);
-        if !exact && !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.is_none_or(|b| b.len == p.n_expert) {
+        // (in exact numerics too: its logits are gemv_f32's, its routes moe_route's, bit for
+        // bit, the arithmetic a prefill's router takes below)
+        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.is_none_or(|b| b.len == p.n_expert) {
             let xp = self.rd(x)?;
             let bp = match bias {
                 Some(b) => self.rd(b)?,
@@ -797,16 +800,18 @@ impl Backend for CudaBackend {
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
         self.dev.bind()?;
         let n_tok = logits.len / p.n_expert.max(1);
-        // exact numerics: the host router (the CPU's, bit for bit) at every token count
+        // one router kernel (moe_route, a warp per token) at every token count: a token's routes
+        // do not depend on the batch. Exact numerics hand a prefill's routes to the host (its
+        // expert matmuls are decode's chunked GEMV, planned there).
         let exact = self.exact_mm.load(Ordering::Relaxed);
-        if !exact && p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p) {
+        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p) {
             let bias = match bias {
                 Some(b) if b.len == p.n_expert => self.rd(b)?,
                 Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),
                 None => 0,
             };
             let routes = self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?;
-            if !self.experts.any_offloaded() {
+            if !self.experts.any_offloaded() && !(exact && n_tok > matmul::GEMV_MAX_TOKENS) {
                 return Ok(routes);
             }
             // experts in host memory: the host needs the routes to stage them (the same
@@ -832,7 +837,8 @@ impl Backend for CudaBackend {
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
         if moe_dev::on_device(routes) {
-            return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op)?);
+            let exact = self.exact_mm.load(Ordering::Relaxed);
+            return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op, exact)?);
         }
         Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op, self.exact_mm.load(Ordering::Relaxed))?)
     }

@@ -412,8 +412,10 @@ impl DevRouter {
     }
 
     /// The routes' expert matmul: `out (routes, n_out)` from `x` (per token or per route).
+    /// `exact` (exact numerics): the warps per row from the matrix shape only (`moe_chunk::wpr_for`,
+    /// what a prefill's chunked expert GEMV takes), never the route count.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64) -> Result<(), CudaError> {
+    pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64, exact: bool) -> Result<(), CudaError> {
         let mut last = lock(&self.last)?;
         let r = last.as_mut().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         r.calls += 1;
@@ -438,7 +440,7 @@ impl DevRouter {
             // a prefill: work items planned on the device, one grouped MMQ launch per tile
             return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
         }
-        let wpr = wpr_dev(n_out, units, n_routes);
+        let wpr = if exact { crate::moe_chunk::wpr_for(n_out, units) } else { wpr_dev(n_out, units, n_routes) };
         let g = MoeGemv {
             name,
             p: w.p.ptr,
