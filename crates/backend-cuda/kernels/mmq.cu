@@ -480,8 +480,9 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
     MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
     MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2) MMQ_DB(NAME, QT)
 // The dense kernels in the "mmq" NVRTC unit, the grouped expert ones (below) in "mmq_id"
-// (MMQ_ID_UNIT): two units compiled in parallel instead of one twice as long.
-#ifndef MMQ_ID_UNIT
+// (MMQ_ID_UNIT): two units compiled in parallel instead of one twice as long. The "gemvm" unit
+// (GEMVM_UNIT: gemvm.cu after this file) takes the helpers only.
+#if !defined(MMQ_ID_UNIT) && !defined(GEMVM_UNIT)
 MMQ_ALL(q4_0, QT_Q4_0)
 MMQ_ALL(q4_1, QT_Q4_1)
 MMQ_ALL(q5_0, QT_Q5_0)

@@ -591,6 +591,8 @@ pub fn gdc_kernel_names() -> Vec<String> {
     v.extend(crate::ssm::gdc_kernel_names());
     // the GEMVs in the CPU's float order
     v.extend(crate::exact::kernel_names());
+    // the GEMVs in MMQ's float order
+    v.extend(crate::invariant::kernel_names());
     v
 }
 

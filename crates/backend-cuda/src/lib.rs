@@ -24,12 +24,14 @@
 //! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
 //! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
 //! | `exact`   | exact numerics: Q4_0 / Q4_1 / Q8_0 matmuls in the CPU backend's float order |
+//! | `invariant` | invariant numerics: every matmul in MMQ's float order (MMQ unsplit, `gemvm` decode GEMV) |
 //! | `unit`    | reference twin of the kernels' weight decoding (property-tested without a GPU) |
 //! | `error`   | `CudaError` -> `CoreError` |
 //!
 //! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
 //! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
-//! (quantized GEMM on the int8 tensor cores), `moe.cu`, `ssm.cu` (Mamba2).
+//! (quantized GEMM on the int8 tensor cores), `gemvm.cu` (the decode GEMV in MMQ's order),
+//! `moe.cu`, `ssm.cu` (Mamba2).
 
 mod attn;
 mod batch;
@@ -37,6 +39,7 @@ pub mod device;
 mod error;
 pub mod exact;
 pub mod experts;
+pub mod invariant;
 mod graph;
 mod kv;
 mod matmul;
@@ -111,6 +114,10 @@ pub struct CudaBackend {
     /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
     /// count, every MoE routing by one device kernel (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
     exact_mm: std::sync::atomic::AtomicBool,
+    /// Matmuls in MMQ's float order at every token count (`invariant.rs`: MMQ unsplit for
+    /// prompts, `gemvm_*` for decode), MoE routing on the device at every token count
+    /// (`QUARREL_CUDA_INVARIANT=1` at creation, `set_invariant_numerics`).
+    invariant_mm: std::sync::atomic::AtomicBool,
     /// Contexts (positions) up to which f16-cache attention of short sequences takes the
     /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
     attn_vec_max: std::sync::atomic::AtomicUsize,
@@ -150,6 +157,7 @@ impl CudaBackend {
             router: Default::default(),
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
+            invariant_mm: std::env::var("QUARREL_CUDA_INVARIANT").is_ok_and(|v| v == "1").into(),
             attn_vec_max: vec_max_positions().into(),
             attn_mma_min: attn::mma_min_tokens().unwrap_or(usize::MAX).into(),
             ordered_gemv: (exact::OrderedGemv::from_env() as u8).into(),
@@ -205,6 +213,24 @@ impl CudaBackend {
     pub fn set_exact_numerics(&self, on: bool) {
         self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
         self.exact_mm.store(on, std::sync::atomic::Ordering::Relaxed);
+        if on {
+            self.invariant_mm.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Batch-invariant numerics at prefill speed (`invariant.rs`): every quantized matmul in
+    /// MMQ's float order (prompts through MMQ, never split over K nor the f16 GEMM; decode steps
+    /// through the GEMV in MMQ's order), float matmuls through the float GEMV, MoE routing on the
+    /// device at every token count, and the attention of `set_exact_attention`. A prompt, its
+    /// tokens one by one and any batch give the same logits bit for bit. Not the CPU's bits
+    /// (`set_exact_numerics` gives those where it can). Experts kept in host memory
+    /// (`set_expert_budget`) still multiply in the fast order.
+    pub fn set_invariant_numerics(&self, on: bool) {
+        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.invariant_mm.store(on, std::sync::atomic::Ordering::Relaxed);
+        if on {
+            self.exact_mm.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Decode and short prompts (up to `exact::ORDERED_MAX_TOKENS` tokens) over Q4_0 / Q4_1 /
@@ -602,6 +628,9 @@ impl Backend for CudaBackend {
         if self.exact_mm.load(Ordering::Relaxed) {
             return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
+        if self.invariant_mm.load(Ordering::Relaxed) {
+            return Ok(invariant::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
+        }
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv())?)
     }
 
@@ -811,11 +840,12 @@ impl Backend for CudaBackend {
                 None => 0,
             };
             let routes = self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?;
-            if !self.experts.any_offloaded() && !(exact && n_tok > matmul::GEMV_MAX_TOKENS) {
+            // the host needs the routes for experts in host memory (to stage them) and for an
+            // exact prefill (to plan its chunked GEMV): the same router's numbers either way
+            let on_host = self.experts.any_offloaded() || (exact && n_tok > matmul::GEMV_MAX_TOKENS);
+            if !on_host {
                 return Ok(routes);
             }
-            // experts in host memory: the host needs the routes to stage them (the same
-            // router's numbers as a resident run)
             return Ok(self.router.download_last(&self.dev, &routes)?);
         }
         let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
@@ -837,8 +867,14 @@ impl Backend for CudaBackend {
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
         if moe_dev::on_device(routes) {
-            let exact = self.exact_mm.load(Ordering::Relaxed);
-            return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op, exact)?);
+            let order = if self.exact_mm.load(Ordering::Relaxed) {
+                moe_dev::Order::Exact
+            } else if self.invariant_mm.load(Ordering::Relaxed) {
+                moe_dev::Order::Invariant
+            } else {
+                moe_dev::Order::Fast
+            };
+            return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op, order)?);
         }
         Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op, self.exact_mm.load(Ordering::Relaxed))?)
     }

@@ -334,7 +334,7 @@ fn small_float(w: &CudaWeight) -> bool {
 
 /// Float weights: `gemv_<float type>_<nt>` over `chunks(n_tok)`; each output has the bits of a
 /// one-token GEMV.
-fn gemv_float_tiled(dev: &Device, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+pub(crate) fn gemv_float_tiled(dev: &Device, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let (wpr, grid) = gemv_shape(n_out, 0);
     for (t0, nt, reps) in chunks(n_tok) {
@@ -356,7 +356,7 @@ const MAX_GRID_Y: usize = 65535;
 /// chunks of 8 tokens go in launches of up to `MAX_GRID_Y` chunks, one per grid row
 /// (`blockIdx.y`), and the rest in chunks of 4, 2 and 1. A chunk's sums are what its own
 /// launch would give.
-fn chunks(n_tok: usize) -> Vec<(usize, usize, usize)> {
+pub(crate) fn chunks(n_tok: usize) -> Vec<(usize, usize, usize)> {
     let mut plan = vec![];
     let mut t0 = 0;
     while t0 < n_tok {

@@ -115,12 +115,16 @@ impl Tile {
     }
 }
 
-/// (tile, grid, units per split, splits) for a matmul.
-fn shape(n_in: usize, n_out: usize, n_tok: usize) -> (Tile, (u32, u32, u32), usize, usize) {
+/// (tile, grid, units per split, splits) for a matmul; `split: false` keeps every unit of a row
+/// in one block (invariant numerics: the sums do not depend on the grid).
+fn shape(n_in: usize, n_out: usize, n_tok: usize, split: bool) -> (Tile, (u32, u32, u32), usize, usize) {
     let t = Tile::for_tokens(n_tok);
     let (bx, by) = (n_out.div_ceil(t.rows()), n_tok.div_ceil(t.tokens()));
     let units = n_in / 32;
     let iters = units.div_ceil(KU);
+    if !split {
+        return (t, (bx as u32, by as u32, 1), units, 1);
+    }
     // split K while the grid leaves multiprocessors idle, each split keeping at least two
     // stages; the partial sums (written and read back) stay at or below the weight bytes:
     // splits <= n_in / (8 n_tok), except for grids that would leave most of the GPU idle
@@ -191,6 +195,15 @@ pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u
     mmq_raw(dev, qc, name, w.p.ptr, w.m_ptr(), w.n_in, w.n_out, x, n_tok, out)
 }
 
+/// `mmq` with every unit of a row in one block (no split K, no small-batch kernels): each output
+/// sums in the order the decode GEMV in MMQ's order (`gemvm_*`, invariant numerics) reproduces.
+pub(crate) fn mmq_unsplit(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    let DevType::Quant(name) = w.dev_ty else {
+        return Err(CudaError::Unsupported(format!("MMQ for {} weights", w.dev_ty.name())));
+    };
+    mmq_raw_split(dev, qc, name, w.p.ptr, w.m_ptr(), w.n_in, w.n_out, x, n_tok, out, false)
+}
+
 /// Bytes per unit of 32 values of a repacked type: payload plane as a fraction
 /// (numerator, denominator) and meta plane (0: none).
 pub(crate) fn unit_bytes(name: &str) -> Result<((u64, u64), u64), CudaError> {
@@ -209,16 +222,22 @@ pub(crate) fn unit_bytes(name: &str) -> Result<((u64, u64), u64), CudaError> {
 /// MMQ over raw planes (`p`, `m`) of `n_out` rows of `n_in` values of type `name`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m: u64, n_in: usize, n_out: usize, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    mmq_raw_split(dev, qc, name, p, m, n_in, n_out, x, n_tok, out, true)
+}
+
+/// `mmq_raw`; `split: false`: never split over K, never the small-batch kernels.
+#[allow(clippy::too_many_arguments)]
+fn mmq_raw_split(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m: u64, n_in: usize, n_out: usize, x: u64, n_tok: usize, out: u64, split: bool) -> Result<(), CudaError> {
     if n_tok == 0 || n_out == 0 {
         return Ok(());
     }
     let units = n_in / 32;
     let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
-    let (kernel, grid, threads, smem, k_per, splits) = if small_enabled(n_tok) {
+    let (kernel, grid, threads, smem, k_per, splits) = if split && small_enabled(n_tok) {
         let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
         (format!("mmqs_{name}_{nt}"), grid, 32 * SMALL_WARPS as u32, 0, k_per, splits)
     } else {
-        let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+        let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok, split);
         (format!("mmq_{name}_{}", tile.suffix()), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
     };
     let n = n_tok * n_out;
@@ -328,7 +347,7 @@ mod tests {
     #[test]
     fn shapes_cover_every_unit_once() {
         for (n_in, n_out, n_tok) in [(4096, 4096, 512), (4096, 4096, 32), (14336, 4096, 128), (512, 70, 33), (544, 70, 9), (32, 8, 3)] {
-            let (t, grid, k_per, splits) = shape(n_in, n_out, n_tok);
+            let (t, grid, k_per, splits) = shape(n_in, n_out, n_tok, true);
             let u = n_in / 32;
             assert_eq!(grid.2 as usize, splits);
             assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");

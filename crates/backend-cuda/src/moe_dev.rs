@@ -272,6 +272,17 @@ fn fused_router() -> bool {
     *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_ROUTER").map_or(true, |v| v != "0"))
 }
 
+/// The float order of the routed expert matmuls (`DevRouter::matmul`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// The fast kernels' (warps per row by the route count for short rows).
+    Fast,
+    /// Exact numerics: the decode GEMV with the warps per row of the matrix shape.
+    Exact,
+    /// Invariant numerics: MMQ's order (`gemvm`).
+    Invariant,
+}
+
 /// Warps per row group of a decode step's routed expert GEMV. Rows of 64+ units: the dense
 /// GEMV's rule from the matrix shape (`moe_chunk::wpr_for`). Shorter rows: by the blocks of all
 /// routes, not of one matrix (the dense rule gave Nemotron-3-Nano's down projection, 58 units x
@@ -412,10 +423,11 @@ impl DevRouter {
     }
 
     /// The routes' expert matmul: `out (routes, n_out)` from `x` (per token or per route).
-    /// `exact` (exact numerics): the warps per row from the matrix shape only (`moe_chunk::wpr_for`,
-    /// what a prefill's chunked expert GEMV takes), never the route count.
+    /// `order`: exact numerics take the warps per row from the matrix shape only
+    /// (`moe_chunk::wpr_for`, what a prefill's chunked expert GEMV takes), never the route count;
+    /// invariant numerics the GEMV in MMQ's order (`invariant::moe_dev`) for decode steps.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64, exact: bool) -> Result<(), CudaError> {
+    pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64, order: Order) -> Result<(), CudaError> {
         let mut last = lock(&self.last)?;
         let r = last.as_mut().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         r.calls += 1;
@@ -440,7 +452,12 @@ impl DevRouter {
             // a prefill: work items planned on the device, one grouped MMQ launch per tile
             return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
         }
-        let wpr = if exact { crate::moe_chunk::wpr_for(n_out, units) } else { wpr_dev(n_out, units, n_routes) };
+        if order == Order::Invariant {
+            let (p, m, eids, n_used) = (w.p.ptr, w.m_ptr(), r.eids.ptr(), r.n_used);
+            drop(last);
+            return crate::invariant::moe_dev(dev, name, (p, m), (slice_p, slice_m), eids, n_used, x_per_token, (xq, xm), units, n_out, n_routes, out);
+        }
+        let wpr = if order == Order::Exact { crate::moe_chunk::wpr_for(n_out, units) } else { wpr_dev(n_out, units, n_routes) };
         let g = MoeGemv {
             name,
             p: w.p.ptr,

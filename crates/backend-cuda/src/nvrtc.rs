@@ -27,6 +27,7 @@ pub(crate) const FILES: &[(&str, &str)] = &[
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("ssm.cu", include_str!("../kernels/ssm.cu")),
     ("exact.cu", include_str!("../kernels/exact.cu")),
+    ("gemvm.cu", include_str!("../kernels/gemvm.cu")),
     ("gelu.cu", include_str!("../kernels/gelu.cu")),
     ("norm_cluster.cu", include_str!("../kernels/norm_cluster.cu")),
 ];
@@ -58,6 +59,7 @@ pub(crate) const UNITS: &[Unit] = &[
     Unit { name: "mmq_id", files: &["mmq.cu"], defines: "#define MMQ_ID_UNIT\n" },
     Unit { name: "ssm", files: &["ssm.cu"], defines: "" },
     Unit { name: "exact", files: &["exact.cu"], defines: "" },
+    Unit { name: "gemvm", files: &["mmq.cu", "gemvm.cu"], defines: "#define GEMVM_UNIT\n" },
 ];
 
 fn file(name: &str) -> &'static str {
@@ -72,13 +74,15 @@ pub(crate) fn unit_source(u: &Unit) -> String {
         s.push_str("#define GEMV_NO_PREFETCH 1\n");
     }
     // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
-    // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL, MOE_GEMV_UNROLL)
+    // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL, MOE_GEMV_UNROLL), the
+    // depth of the MMQ-order GEMV's weight loads (kernels/gemvm.cu GEMVM_DEPTH)
     for (var, def) in [
         ("QUARREL_CUDA_GEMVO_R", "GEMVO_R"),
         ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"),
         ("QUARREL_CUDA_GEMVO_PIPE", "GEMVO_PIPE"),
         ("QUARREL_CUDA_GEMV_UNROLL", "GEMV_UNROLL"),
         ("QUARREL_CUDA_MOE_GEMV_UNROLL", "MOE_GEMV_UNROLL"),
+        ("QUARREL_CUDA_GEMVM_DEPTH", "GEMVM_DEPTH"),
     ] {
         if let Some(v) = std::env::var(var).ok().filter(|v| v.parse::<u8>().is_ok()) {
             s.push_str(&format!("#define {def} {v}\n"));

@@ -263,3 +263,60 @@ fn device_planned_expert_mmq_equals_host_planned() {
         }
     }
 }
+
+/// Invariant numerics (`set_invariant_numerics`): a matmul's rows do not depend on the token
+/// count. The same tokens multiplied as one batch of 9+ (MMQ, unsplit) and in chunks of 1, 2,
+/// 4 and 8 (the GEMV in MMQ's order, `gemvm_*`) give identical bits, for every type, with row
+/// tails (not a multiple of the 64 rows of a GEMVM block) and unit tails (17 and 21 units:
+/// MMQ's last stage half empty) and long rows (448 units, split over K in fast numerics).
+#[test]
+fn invariant_gemvm_equals_unsplit_mmq_bit_for_bit() {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    gpu.set_invariant_numerics(true);
+    let shapes = [(512usize, 70usize), (544, 130), (672, 33), (4096, 200), (14336, 96), (256, 1)];
+    let n_tok = 23;
+    let mut checked = 0;
+    for (si, &(n_in, n_out)) in shapes.iter().enumerate() {
+        for (ti, &ty) in TYPES.iter().enumerate() {
+            if is_k(ty) && n_in % 256 != 0 {
+                continue;
+            }
+            let v: Vec<f32> = rnd(n_in * n_out, 5000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
+            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+            let mut wr = GgufWriter::new();
+            wr.add_tensor("w", &[n_in as u64, n_out as u64], ty).unwrap();
+            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
+            // activations with outliers and an all-zero token
+            let mut x = rnd(n_tok * n_in, 91 + si as u64);
+            x[3] = 40.0;
+            x[n_in..2 * n_in].iter_mut().for_each(|v| *v = 0.0);
+            let whole = {
+                let xb = gpu.upload(&x).unwrap();
+                let mut ob = gpu.alloc(n_tok * n_out).unwrap();
+                gpu.matmul(&w, &xb, n_tok, &mut ob).unwrap();
+                gpu.download(&ob).unwrap()
+            };
+            for chunk in [1usize, 2, 3, 4, 8] {
+                let mut t0 = 0;
+                while t0 < n_tok {
+                    let nt = chunk.min(n_tok - t0);
+                    let xb = gpu.upload(&x[t0 * n_in..(t0 + nt) * n_in]).unwrap();
+                    let mut ob = gpu.alloc(nt * n_out).unwrap();
+                    gpu.matmul(&w, &xb, nt, &mut ob).unwrap();
+                    let got = gpu.download(&ob).unwrap();
+                    let want = &whole[t0 * n_out..(t0 + nt) * n_out];
+                    let differ = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    assert_eq!(differ, 0, "{ty:?} {n_in}x{n_out}: tokens {t0}..{} in chunks of {chunk}: {differ} of {} outputs differ from MMQ", t0 + nt, got.len());
+                    t0 += nt;
+                }
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("gemvm == unsplit MMQ bit for bit: {checked} (type, shape) pairs, chunks of 1, 2, 3, 4, 8 tokens");
+}

@@ -78,10 +78,35 @@ fn synth(name: &str, dir: &Path, ftype: Ftype) -> PathBuf {
     path
 }
 
-/// With exact numerics on or off.
-fn engine_mode(path: &Path, opts: EngineOptions, exact: bool) -> Engine<CudaBackend> {
+/// The GPU's numerics of a test run.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    /// The fast kernels (the default).
+    Fast,
+    /// `set_exact_numerics`: the CPU's float order where reproducible, the decode GEMV everywhere.
+    Exact,
+    /// `set_invariant_numerics`: MMQ's float order at every token count.
+    Invariant,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Fast => "default",
+            Mode::Exact => "exact",
+            Mode::Invariant => "invariant",
+        }
+    }
+}
+
+/// With the given numerics.
+fn engine_mode(path: &Path, opts: EngineOptions, mode: Mode) -> Engine<CudaBackend> {
     let be = CudaBackend::new(0).unwrap();
-    be.set_exact_numerics(exact);
+    match mode {
+        Mode::Fast => {}
+        Mode::Exact => be.set_exact_numerics(true),
+        Mode::Invariant => be.set_invariant_numerics(true),
+    }
     Engine::load(be, path, opts).unwrap()
 }
 
@@ -151,18 +176,19 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
     }
     let dir = tmpdir("moe-self");
     let (mut report, mut failures) = (vec![], vec![]);
-    for (name, ftype, exact) in PRESETS.iter().flat_map(|n| [(n, Ftype::Q8_0, true), (n, Ftype::Q4_K_M, true), (n, Ftype::Q8_0, false), (n, Ftype::Q4_K_M, false)]) {
+    let modes = [Mode::Exact, Mode::Invariant, Mode::Fast];
+    for (name, ftype, m) in PRESETS.iter().flat_map(|n| modes.iter().flat_map(move |&m| [(n, Ftype::Q8_0, m), (n, Ftype::Q4_K_M, m)])) {
         let path = synth(name, &dir, ftype);
-        let bound = if exact {
+        let bound = if m != Mode::Fast {
             SELF_CONSISTENT_EXACT
         } else if matches!(*name, "tiny-granite" | "tiny-gemma3") {
             SELF_CONSISTENT_DENSE
         } else {
             SELF_CONSISTENT
         };
-        let mode = if exact { "exact" } else { "default" };
-        let mut whole = engine_mode(&path, EngineOptions { n_ctx: 64, n_batch: 512, n_seq: 8, ..Default::default() }, exact);
-        let mut single = engine_mode(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() }, exact);
+        let mode = m.name();
+        let mut whole = engine_mode(&path, EngineOptions { n_ctx: 64, n_batch: 512, n_seq: 8, ..Default::default() }, m);
+        let mut single = engine_mode(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() }, m);
         let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 500).collect();
         let a = whole.eval_all(&ids).unwrap();
         let b = single.eval_all(&ids).unwrap();
@@ -209,8 +235,8 @@ fn exact_prefill_equals_decode_past_64_tokens() {
     let ids: Vec<u32> = (0..100).map(|i| (i * 37 + 5) % 500).collect();
     for (name, ftype) in PRESETS.iter().flat_map(|n| [(n, Ftype::Q8_0), (n, Ftype::Q4_K_M)]) {
         let path = synth(name, &dir, ftype);
-        let mut whole = engine_mode(&path, EngineOptions { n_ctx: 128, n_batch: 512, n_seq: 4, ..Default::default() }, true);
-        let mut single = engine_mode(&path, EngineOptions { n_ctx: 128, n_batch: 1, ..Default::default() }, true);
+        let mut whole = engine_mode(&path, EngineOptions { n_ctx: 128, n_batch: 512, n_seq: 4, ..Default::default() }, Mode::Exact);
+        let mut single = engine_mode(&path, EngineOptions { n_ctx: 128, n_batch: 1, ..Default::default() }, Mode::Exact);
         let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
         let differ: Vec<usize> = (0..a.len()).filter(|&p| a[p].iter().zip(&b[p]).any(|(x, y)| x.to_bits() != y.to_bits())).collect();
         let worst = a.iter().zip(&b).map(|(x, y)| nmse(x, y)).fold(0f64, f64::max);
@@ -498,12 +524,14 @@ fn exact_numerics_consistent_on_a_7b_shape() {
         let path = dir.join(format!("mistral-7b-2l-{}.gguf", ftype.name()));
         let spec = SynthSpec::new(*Preset::by_name("mistral-7b").unwrap(), ftype).seed(7).layers(2);
         write_synth_with(&spec, WriteOptions { row_pool: 256 }, &path, &mut |_, _| {}).unwrap();
-        let mut e = engine_mode(&path, EngineOptions { n_ctx: 100, n_batch: 512, n_seq: 4, ..Default::default() }, true);
-        let checks = e.consistency(&ConsistencyOptions { n_tokens: 100, n_prefill: 40, n_seqs: 4, seed: 5 }).unwrap();
-        for c in &checks {
-            eprintln!("mistral-7b x2 {}: {}: {} of {} positions identical, worst nmse {:.2e}", ftype.name(), c.name, c.identical(), c.nmse.len(), c.worst());
-            if c.identical() != c.nmse.len() {
-                failures.push(format!("{} {}: {} of {} positions differ (worst nmse {:.2e})", ftype.name(), c.name, c.nmse.len() - c.identical(), c.nmse.len(), c.worst()));
+        for mode in [Mode::Exact, Mode::Invariant] {
+            let mut e = engine_mode(&path, EngineOptions { n_ctx: 100, n_batch: 512, n_seq: 4, ..Default::default() }, mode);
+            let checks = e.consistency(&ConsistencyOptions { n_tokens: 100, n_prefill: 40, n_seqs: 4, seed: 5 }).unwrap();
+            for c in &checks {
+                eprintln!("mistral-7b x2 {} {}: {}: {} of {} positions identical, worst nmse {:.2e}", ftype.name(), mode.name(), c.name, c.identical(), c.nmse.len(), c.worst());
+                if c.identical() != c.nmse.len() {
+                    failures.push(format!("{} {}: {}: {} of {} positions differ (worst nmse {:.2e})", ftype.name(), mode.name(), c.name, c.nmse.len() - c.identical(), c.nmse.len(), c.worst()));
+                }
             }
         }
         let _ = std::fs::remove_file(&path);

@@ -44,10 +44,11 @@ pub struct ModelArgs {
     /// the GPU while they fit).
     #[arg(long = "expert-budget", value_parser = parse_bytes)]
     pub expert_budget: Option<usize>,
-    /// GPU arithmetic: fast (default) or exact (llama.cpp's CPU arithmetic: every matmul through
-    /// the decode kernels, MoE routing on the host, attention in one pass; a prompt, its tokens
-    /// one by one and any batch give the same logits bit for bit; slower prompts). The CPU
-    /// always computes exactly.
+    /// GPU arithmetic: fast (default); invariant (a prompt, its tokens one by one and any batch
+    /// give the same logits bit for bit: matmuls in the prompt kernels' float order at every
+    /// token count, attention in one pass); or exact (batch-invariant too, and llama.cpp's CPU
+    /// arithmetic where the GPU can reproduce it: every matmul through the decode kernels,
+    /// slower prompts). The CPU always computes exactly.
     #[arg(long = "numerics", value_enum, default_value_t = Numerics::Fast)]
     pub numerics: Numerics,
 }
@@ -62,6 +63,9 @@ pub enum Numerics {
     /// The CUDA backend's exact numerics (`QUARREL_CUDA_EXACT=1`): batch-invariant, the CPU
     /// backend's bits for Q4_0 / Q4_1 / Q8_0 matmuls.
     Exact,
+    /// The CUDA backend's invariant numerics (`QUARREL_CUDA_INVARIANT=1`): batch-invariant at
+    /// prompt speed (MMQ's float order at every token count).
+    Invariant,
 }
 
 impl ModelArgs {
@@ -183,8 +187,10 @@ pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineO
         DeviceSel::Cuda(n) => {
             let be = CudaBackend::new(n).with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
             be.set_expert_budget(expert_budget);
-            if numerics == Numerics::Exact {
-                be.set_exact_numerics(true);
+            match numerics {
+                Numerics::Fast => {}
+                Numerics::Exact => be.set_exact_numerics(true),
+                Numerics::Invariant => be.set_invariant_numerics(true),
             }
             AnyEngine::Cuda(load_on(be, path, opts)?)
         }

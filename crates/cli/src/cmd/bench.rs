@@ -79,7 +79,7 @@ pub struct Args {
     /// GPU memory for expert weights (as `quarrel run --expert-budget`).
     #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
     pub expert_budget: Option<usize>,
-    /// GPU arithmetic, as `quarrel run --numerics`: fast (default) or exact.
+    /// GPU arithmetic, as `quarrel run --numerics`: fast (default), invariant or exact.
     #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Fast)]
     pub numerics: crate::common::Numerics,
     /// Skip the warm-up run before each test.

@@ -19,9 +19,9 @@ use quarrel_engine::{ConsistencyCheck, ConsistencyOptions};
 ///
 /// For each: the worst and mean NMSE of the logits over the compared positions (squared
 /// differences over the reference's squares), positions bit for bit identical, and positions
-/// whose greedy pick (argmax) differs. The CPU backend and `--numerics exact` on CUDA compute
-/// batch-invariantly (0 everywhere); CUDA's default fast kernels sum prompts and decode steps in
-/// different float orders.
+/// whose greedy pick (argmax) differs. The CPU backend and `--numerics exact` or `--numerics
+/// invariant` on CUDA compute batch-invariantly (0 everywhere); CUDA's default fast kernels sum
+/// prompts and decode steps in different float orders.
 ///
 /// With --bound, exits with status 1 when a comparison's worst NMSE exceeds it.
 ///

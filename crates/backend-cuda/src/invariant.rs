@@ -1,0 +1,125 @@
+//! Invariant numerics (`CudaBackend::set_invariant_numerics`, `--numerics invariant`): every
+//! token count multiplies in MMQ's float order, so a prompt's logits do not depend on how its
+//! tokens were batched (one prefill, a prefill then decode steps, or a batch of sequences),
+//! at prefill speed: prompts take MMQ itself (never split over K, never the f16 GEMM), decode
+//! steps the GEMV in MMQ's order (`kernels/gemvm.cu`: per output the same integer unit sums,
+//! rounded scale products, fused multiply-adds and tensor-core offset sums, in the same order).
+//! Float weights (routers, small F32 / F16 matrices) take the float GEMV at every token count.
+//!
+//! ```text
+//!  quantized W, n_tok <= 8:  x ──q8_activations──► (xq, xm) ──gemvm_<type>_<NT>──► out
+//!  quantized W, n_tok > 8:   x ──q8_activations──► (xq, xm) ──mmq_<type>_<tile> (unsplit)──► out
+//!  float W:                  x ──gemv_<type>_<NT> (chunks of up to 8 tokens)──► out
+//!  routed experts:           device routes: n_tok <= 8 moe_gemvm_dev_<type>, else mmq_id (grouped)
+//! ```
+//!
+//! With the routing, attention (`set_exact_attention`: one pass at every length) and every other
+//! op already independent of the batch, the whole forward pass is.
+
+use crate::device::{Arg, Device};
+use crate::error::CudaError;
+use crate::matmul::QCache;
+use crate::weight::{CudaWeight, DevType};
+use std::sync::Mutex;
+
+/// Rows per block of `gemvm_*` / `moe_gemvm_dev_*` (GEMVM_ROWS in gemvm.cu).
+const ROWS_PER_BLOCK: usize = 16;
+const THREADS: u32 = 128;
+
+/// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ` in MMQ's order at every token count.
+pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+    if n_tok == 0 {
+        return Ok(());
+    }
+    if let Ok(mut g) = qc.lock() {
+        // the output may reuse the cached input's memory
+        if g.as_ref().is_some_and(|c| c.x == out) {
+            *g = None;
+        }
+    }
+    let DevType::Quant(name) = w.dev_ty else {
+        return crate::matmul::gemv_float_tiled(dev, w, x, n_tok, out);
+    };
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    if n_in % 32 != 0 {
+        return Err(CudaError::Shape(format!("invariant matmul: rows of {n_in} values are not whole units")));
+    }
+    if n_tok > crate::matmul::GEMV_MAX_TOKENS {
+        return crate::mmq::mmq_unsplit(dev, qc, w, x, n_tok, out);
+    }
+    let units = n_in / 32;
+    let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
+    for (t0, nt, reps) in crate::matmul::chunks(n_tok) {
+        dev.launch(
+            &format!("gemvm_{name}_{nt}"),
+            (n_out.div_ceil(ROWS_PER_BLOCK) as u32, reps as u32, 1),
+            THREADS,
+            0,
+            &[
+                Arg::P(w.p.ptr),
+                Arg::P(w.m_ptr()),
+                Arg::P(xq + (t0 * n_in) as u64),
+                Arg::P(xm + (t0 * units * 8) as u64),
+                Arg::P(out + 4 * (t0 * n_out) as u64),
+                Arg::I(units as i32),
+                Arg::I(n_out as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// One routed expert matmul of a decode step over device routes (`moe_gemvm_dev_<name>`):
+/// route j's rows of its expert (planes at `p` / `m` plus the expert's slice) times input row
+/// j / n_used (`per_token`) or j, into rows of `out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_dev(
+    dev: &Device,
+    name: &str,
+    (p, m): (u64, u64),
+    slice: (u64, u64),
+    eids: u64,
+    n_used: usize,
+    per_token: bool,
+    (xq, xm): (u64, u64),
+    units: usize,
+    n_out: usize,
+    n_routes: usize,
+    out: u64,
+) -> Result<(), CudaError> {
+    dev.launch(
+        &format!("moe_gemvm_dev_{name}"),
+        (n_out.div_ceil(ROWS_PER_BLOCK) as u32, n_routes as u32, 1),
+        THREADS,
+        0,
+        &[
+            Arg::P(p),
+            Arg::P(m),
+            Arg::P(out),
+            Arg::P(0),
+            Arg::P(0),
+            Arg::P(0),
+            Arg::U64(slice.0),
+            Arg::U64(slice.1),
+            Arg::P(eids),
+            Arg::I(n_used as i32),
+            Arg::I(per_token as i32),
+            Arg::P(xq),
+            Arg::P(xm),
+            Arg::I(units as i32),
+            Arg::I(n_out as i32),
+        ],
+    )
+}
+
+/// Kernel names this module launches (all begin with GDC: launched with PDL).
+pub fn kernel_names() -> Vec<String> {
+    let mut v = vec![];
+    for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
+        for nt in [1, 2, 4, 8] {
+            v.push(format!("gemvm_{q}_{nt}"));
+        }
+        v.push(format!("moe_gemvm_dev_{q}"));
+    }
+    v
+}
