@@ -41,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("pos  cpu-pre/gpu-pre  cpu-pre/gpu-dec  gpu-pre/gpu-dec  cpu-pre/cpu-dec  argmax equal");
     let am = |v: &[f32]| v.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0;
     let mut worst = [0f64; 4];
+    #[allow(clippy::needless_range_loop)] // four runs indexed by position side by side
     for p in 0..ids.len() {
         let e = [nmse(&runs[0][p], &runs[2][p]), nmse(&runs[0][p], &runs[3][p]), nmse(&runs[2][p], &runs[3][p]), nmse(&runs[0][p], &runs[1][p])];
         for (w, x) in worst.iter_mut().zip(e) {

@@ -134,9 +134,9 @@ impl DevBatch {
             check_table(s, n_blocks)?;
             bt_off.push(bt.len() as u32);
             bt.extend_from_slice(&s.block_table);
-            for t in s.start..s.start + s.len {
-                let p = b.positions[t] as usize;
-                slots[t] = (s.block_table[p / block_size] as usize * block_size + p % block_size) as u32;
+            for (slot, &pos) in slots[s.start..s.start + s.len].iter_mut().zip(&b.positions[s.start..s.start + s.len]) {
+                let p = pos as usize;
+                *slot = (s.block_table[p / block_size] as usize * block_size + p % block_size) as u32;
             }
             let mut t0 = s.start;
             while t0 < s.start + s.len {

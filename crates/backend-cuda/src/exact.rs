@@ -98,12 +98,7 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
     if n_tok == 0 {
         return Ok(());
     }
-    if let Ok(mut g) = qc.lock() {
-        // the output may reuse the cached input's memory
-        if g.as_ref().is_some_and(|c| c.x == out) {
-            *g = None;
-        }
-    }
+    crate::matmul::forget_input_at(qc, out);
     crate::matmul::gemv(dev, qc, w, x, n_tok, out, true)
 }
 

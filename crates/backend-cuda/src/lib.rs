@@ -811,7 +811,7 @@ impl Backend for CudaBackend {
         // decode steps routed on the device: the router matmul and the routing in one launch
         // (in exact numerics too: its logits are gemv_f32's, its routes moe_route's, bit for
         // bit, the arithmetic a prefill's router takes below)
-        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.is_none_or(|b| b.len == p.n_expert) {
+        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.map_or(true, |b| b.len == p.n_expert) {
             let xp = self.rd(x)?;
             let bp = match bias {
                 Some(b) => self.rd(b)?,

@@ -93,12 +93,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
     if n_tok == 0 {
         return Ok(());
     }
-    if let Ok(mut g) = qc.lock() {
-        // the output may reuse the cached input's memory
-        if g.as_ref().is_some_and(|c| c.x == out) {
-            *g = None;
-        }
-    }
+    forget_input_at(qc, out);
     let ordered = ordered && crate::exact::applies(w);
     if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm || (ordered && n_tok <= crate::exact::ORDERED_MAX_TOKENS) {
         gemv(dev, qc, w, x, n_tok, out, ordered)
@@ -143,15 +138,7 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
                 } else {
                     (format!("gemv_{name}_{nt}"), grid)
                 };
-                let mut args = vec![
-                    Arg::P(w.p.ptr),
-                    Arg::P(w.m_ptr()),
-                    Arg::P(xq + (t0 * n_in) as u64),
-                    Arg::P(xm + (t0 * units * 8) as u64),
-                    Arg::P(out + 4 * (t0 * n_out) as u64),
-                    Arg::I(units as i32),
-                    Arg::I(n_out as i32),
-                ];
+                let mut args = chunk_args(w, (xq, xm), out, t0);
                 if !ordered {
                     args.push(Arg::I(wpr as i32));
                 }
@@ -161,6 +148,31 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
         _ => return gemv_float_tiled(dev, w, x, n_tok, out),
     }
     Ok(())
+}
+
+/// Drop the cached Q8 form of an input that lives at `out`: a matmul's output may reuse the
+/// memory of its cached input.
+pub(crate) fn forget_input_at(qc: &Mutex<Option<QCache>>, out: u64) {
+    if let Ok(mut g) = qc.lock() {
+        if g.as_ref().is_some_and(|c| c.x == out) {
+            *g = None;
+        }
+    }
+}
+
+/// The arguments of a quantized GEMV launch over the chunk of tokens from `t0` (weight planes,
+/// the chunk's Q8 activations and output rows, units per row, rows): `gemv_*`, `gemvo_*`, `gemvm_*`.
+pub(crate) fn chunk_args(w: &CudaWeight, (xq, xm): (u64, u64), out: u64, t0: usize) -> Vec<Arg> {
+    let (n_in, n_out, units) = (w.n_in, w.n_out, w.n_in / 32);
+    vec![
+        Arg::P(w.p.ptr),
+        Arg::P(w.m_ptr()),
+        Arg::P(xq + (t0 * n_in) as u64),
+        Arg::P(xm + (t0 * units * 8) as u64),
+        Arg::P(out + 4 * (t0 * n_out) as u64),
+        Arg::I(units as i32),
+        Arg::I(n_out as i32),
+    ]
 }
 
 /// One matrix of a held GEMV group.

@@ -139,9 +139,9 @@ pub(crate) fn matmul(qc: &Mutex<Option<QCache>>, c: &ExpertCall) -> Result<(), C
     let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
     // `items` with their experts' planes: one launch per tile (at most MAX_ITEMS items each)
     let launch = |items: &[(Item, u64, u64)]| -> Result<(), CudaError> {
-        for t in 0..TILES.len() {
+        for (t, &tile) in TILES.iter().enumerate() {
             let mine: Vec<&(Item, u64, u64)> = items.iter().filter(|it| it.0.tile == t).collect();
-            let (suffix, rows, _, threads, smem) = mmq::id_tile(TILES[t]);
+            let (suffix, rows, _, threads, smem) = mmq::id_tile(tile);
             let kernel = format!("mmq_id_{name}_{suffix}");
             for chunk in mine.chunks(MAX_ITEMS) {
                 let v: Vec<u64> = chunk.iter().flat_map(|(it, p, m)| [*p, *m, it.off as u64 | (it.cnt as u64) << 32]).collect();

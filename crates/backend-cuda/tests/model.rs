@@ -48,7 +48,7 @@ fn engine<B: Backend>(be: B, path: &Path, opts: EngineOptions) -> Engine<B> {
 
 fn synth(ftype: &str, dir: &Path) -> PathBuf {
     let path = dir.join(format!("tiny-{ftype}.gguf"));
-    let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::from_name(ftype).unwrap()).seed(7);
+    let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name(ftype).unwrap()).seed(7);
     write_synth(&spec, &path, &mut |_, _| {}).unwrap();
     path
 }

@@ -296,7 +296,7 @@ impl<B: Backend> Engine<B> {
 pub fn kv_blocks_for_budget(spec: &KvSpec, budget: usize, n_ctx: usize) -> Result<usize, EngineError> {
     let block_bytes = spec.bytes_per_token() * spec.block_size;
     let need = n_ctx.div_ceil(spec.block_size);
-    let n = if block_bytes == 0 { 0 } else { budget / block_bytes };
+    let n = budget.checked_div(block_bytes).unwrap_or(0);
     if n < need {
         return Err(EngineError::InvalidRequest(format!(
             "KV memory budget of {:.1} MiB holds {n} blocks of {} tokens; one context of {n_ctx} tokens needs {need} ({:.1} MiB)",

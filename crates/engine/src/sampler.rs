@@ -69,7 +69,7 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) || self.min_p.is_nan() {
             return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
-        if !(self.repeat_penalty > 0.0) || !self.repeat_penalty.is_finite() {
+        if self.repeat_penalty.is_nan() || self.repeat_penalty <= 0.0 || !self.repeat_penalty.is_finite() {
             return Err(format!("repeat_penalty must be > 0, got {}", self.repeat_penalty));
         }
         if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
