@@ -10,139 +10,303 @@
 // Here the integer dots run on dp4a, round(s0 * I) is one rounded product (I is exact in f32),
 // and C comes from the same mma instruction over the same operands.
 //
-// Layout: a block of 128 threads holds 16 rows and walks their units in chunks of 4 stages
-// (32 units). Per chunk, thread (row r = tid / 8, quad q = tid % 8) decodes 4 consecutive units
-// of row r (`quad_load` / `quad_unit`: MMQ's decoding, the same scales; the 8 threads of a row
-// read its 4 super-blocks' bytes in one run) and writes their rounded products to shared
-// memory; warp w then sums the offset products of stage w on the tensor cores (16 rows x up to
-// 8 tokens: one mma); then thread (r, t) folds row r's chain for token t in MMQ's order. The
-// weight loads run GEMVM_DEPTH chunks ahead in registers (decode is bound by bytes in flight).
+// Layout (v3): a block holds 16 rows; GEMVM_W producer warps split the row's stages and F fold
+// warps run the chains. Producer warp w takes stages w, w + W, w + 2W, ... (round k: stage
+// kW + w); lane (row r = lane / 2, half h = lane % 2) decodes the 4 units 4h .. 4h + 3 of row r
+// (`quad_load` / `quad_unit`: MMQ's decoding, the same scales), writes their rounded products
+// to the round's slot in shared memory, and the warp sums the stage's offset products on the
+// tensor cores (16 rows x up to 8 tokens: one mma, the A operand gathered by shuffles). Fold
+// thread (row, token) walks the rounds in order, folding each stage's units then its offset
+// sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer
+// warps wrote it; empty: the fold read it), so no warp waits on a block-wide barrier: the
+// producers' weight loads (GEMVM_DEPTH rounds ahead in registers) keep streaming while the
+// fold trails them.
 
 #ifndef GEMVM_DEPTH
 #define GEMVM_DEPTH 2
 #endif
-#define GEMVM_ROWS 16   // rows per block
-#define GEMVM_CHUNK 4   // stages per chunk
+#define GEMVM_ROWS 16        // rows per block
+#define GEMVM_W 8            // producer warps per block
+#define GEMVM_TPS (8 * GEMVM_W + 8)  // row stride of a slot's products (padded: conflict-free float4 stores)
 
-template <int QT, int NT>
-__device__ __forceinline__ void gemvm_q(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
-                                        const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int blk,
-                                        bool gdc) {
-    __shared__ float tp[NT][GEMVM_ROWS][8 * GEMVM_CHUNK + 1];     // rounded unit products (padded: no bank conflicts)
-    __shared__ u32 om[GEMVM_ROWS][4 * GEMVM_CHUNK + 1];           // f16 offset multiplier pairs
-    __shared__ float of[GEMVM_ROWS][GEMVM_CHUNK + 1];              // the row's offset factor per stage
-    __shared__ float cs[GEMVM_CHUNK][GEMVM_ROWS][9];               // offset sums (stage, row, token)
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int r = tid / 8, q = tid % 8, sc = q / 2, h = q % 2;    // this thread's quad
-    const int row0 = blk * GEMVM_ROWS;
-    const u64 row = (u64)min(row0 + r, n_out - 1);  // rows past the end re-read the last (dropped)
-    const int S = (U + 7) / 8;                      // stages
-    const int NC = (S + GEMVM_CHUNK - 1) / GEMVM_CHUNK;
-    constexpr int D = GEMVM_DEPTH;
-    Quad qd[D];
-#pragma unroll
-    for (int d = 0; d < D; d++)
-        if (d < NC) quad_load<QT>(qd[d], P, M, row, 8 * (GEMVM_CHUNK * d + sc) + 4 * h, U, U);
-    if (gdc) GDC();
-    // fold threads: (row fr, token ft)
-    const int fr = tid % GEMVM_ROWS, ft = tid / GEMVM_ROWS;
-    float acc = 0.f;
-    const int g = lane / 4, tig = lane % 4;
-    for (int c0 = 0; c0 < NC; c0 += D) {
-#pragma unroll
-        for (int d = 0; d < D; d++) {
-            const int c = c0 + d;
-            if (c >= NC) break;
-            const int k0 = 8 * (GEMVM_CHUNK * c + sc) + 4 * h;  // this thread's first unit
-            u32 pair = 0u;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const Unit un = quad_unit<QT>(qd[d], j, h);
-                if (MMQ_OFS(QT)) {
-                    if (j % 2 == 0) pair = (u32)f2h(un.om);
-                    else {
-                        pair |= (u32)f2h(un.om) << 16;
-                        om[r][4 * sc + 2 * h + j / 2] = pair;
-                    }
-                    if (j == 1 && h == 0) of[r][sc] = un.of;
-                }
-                const int k = min(k0 + j, U - 1);
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const int4* xp = (const int4*)(xq + ((u64)t * U + k) * 32);
-                    const int4 xa = xp[0], xb = xp[1];
-                    const int i0 = dp4a(un.q[3], xa.w, dp4a(un.q[2], xa.z, dp4a(un.q[1], xa.y, dp4a(un.q[0], xa.x, 0))));
-                    const int i1 = dp4a(un.q[7], xb.w, dp4a(un.q[6], xb.z, dp4a(un.q[5], xb.y, dp4a(un.q[4], xb.x, 0))));
-                    tp[t][r][8 * sc + 4 * h + j] = QT == QT_Q6_K ? __fadd_rn(__fmul_rn(un.s0, (float)i0), __fmul_rn(un.s1, (float)i1))
-                                                                 : __fmul_rn(un.s0, (float)(i0 + i1));
-                }
-            }
-            if (c + D < NC) quad_load<QT>(qd[d], P, M, row, 8 * (GEMVM_CHUNK * (c + D) + sc) + 4 * h, U, U);
-            __syncthreads();
-            // warp w: the offset sums of stage w of the chunk (rows g / g + 8, unit pairs
-            // 2·tig, 2·tig + 1, token column g), as mmq_offsets
-            const int s = GEMVM_CHUNK * c + warp;
-            if (MMQ_OFS(QT) && warp < GEMVM_CHUNK && s < S) {
-                const u32 a0 = om[g][4 * warp + tig], a1 = om[g + 8][4 * warp + tig];
-                u32 b0 = 0u;
-                if (g < NT) {
-                    const int ka = 8 * s + 2 * tig, kb = ka + 1;
-                    const float xa = ka < U ? xm[(u64)g * U + ka].y : 0.f, xb = kb < U ? xm[(u64)g * U + kb].y : 0.f;
-                    b0 = (u32)f2h(xa) | ((u32)f2h(xb) << 16);
-                }
-                float cv[4] = {0.f, 0.f, 0.f, 0.f};
-                mma_f16_k8(cv, a0, a1, b0);
-#pragma unroll
-                for (int i = 0; i < 4; i++) cs[warp][g + 8 * (i / 2)][2 * tig + (i & 1)] = cv[i];
-            }
-            if (MMQ_OFS(QT)) __syncthreads();
-            // the chains in MMQ's order: per stage its units, then its offset sum
-            if (ft < NT) {
-#pragma unroll
-                for (int st = 0; st < GEMVM_CHUNK; st++) {
-                    const int ss = GEMVM_CHUNK * c + st;
-                    if (ss >= S) break;
-#pragma unroll
-                    for (int u = 0; u < 8; u++) {
-                        const int k = 8 * ss + u;
-                        if (k < U) acc = fmaf(xm[(u64)ft * U + k].x, tp[ft][fr][8 * st + u], acc);
-                    }
-                    if (MMQ_OFS(QT)) acc = (QT == QT_Q4_K || QT == QT_Q5_K) ? fmaf(of[fr][st], cs[st][fr][ft], acc) : __fadd_rn(acc, cs[st][fr][ft]);
-                }
-            }
-            __syncthreads();  // every read of this chunk's products done before the next writes them
-        }
-    }
-    if (ft < NT && row0 + fr < n_out) out[(u64)ft * n_out + row0 + fr] = acc;
+// Shared memory of a block over NT tokens (src/invariant.rs `dims` mirrors it).
+template <int NT>
+struct GemvmShape {
+    static constexpr int NS = NT <= 2 ? 4 : 2;               // slots (rounds in flight)
+    static constexpr int F = NT <= 2 ? 1 : NT / 2;           // fold warps: 16 rows x NT tokens
+    static constexpr int THREADS = 32 * (GEMVM_W + F);
+    static constexpr int TP = NT * GEMVM_ROWS * GEMVM_TPS;   // products (token, row, stage unit)
+    static constexpr int CS = GEMVM_W * NT * GEMVM_ROWS;     // offset sums (stage, token, row)
+    static constexpr int OF = GEMVM_W * GEMVM_ROWS;          // offset factors (stage, row)
+    static constexpr int SLOT = TP + CS + OF;                // floats per slot
+    static constexpr int MIN_BLOCKS = NT <= 2 ? 2 : 1;       // per multiprocessor (register budget)
+};
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(u64* b, u32 n) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* b) {
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared.b64 st, [%0];\n\t}" ::"r"(smem_u32(b)) : "memory");
+}
+// Wait until the phase of parity `parity` of barrier b has completed.
+__device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
 }
 
-// out (NT, n_out) = x · Wᵀ over NT tokens (x as Q8 units), blockIdx.y: chunk of NT tokens.
+// One group of 16 rows: the matrix (planes P, M), its Q8 input (xq, xm) and output rows, and
+// the group's index in the matrix.
+struct GemvmJob {
+    const u8* P;
+    const u8* M;
+    const i8* xq;
+    const float2* xm;
+    float* out;
+    int n_out, blk;
+};
+
+// The block walks row groups gi = blockIdx.x, blockIdx.x + gridDim.x, ... of NG (a grid of a
+// few blocks per multiprocessor that stays resident: the loads of the next group stream while
+// the fold finishes this one); `map(gi)` names a group's job. The producers' rounds run on
+// across groups (round kk: group kk / NR, its round kk % NR).
+template <int QT, int NT, class Map>
+__device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gdc) {
+    using G = GemvmShape<NT>;
+    constexpr int W = GEMVM_W, D = GEMVM_DEPTH;
+    constexpr bool K = QT == QT_Q4_K || QT == QT_Q5_K;
+    extern __shared__ __align__(16) float gsm[];
+    u64* full = (u64*)(gsm + G::NS * G::SLOT);
+    u64* empty = full + G::NS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int S = (U + 7) / 8;        // stages per row
+    const int NR = (S + W - 1) / W;   // rounds per group
+    const int first = blockIdx.x, step = gridDim.x;
+    const int KK = (first < NG ? (NG - first + step - 1) / step : 0) * NR;  // this block's rounds
+    const int r = lane / 2, h = lane % 2;
+    // rows past the end re-read the last (dropped)
+    auto wrow = [&](const GemvmJob& j) { return (u64)min(j.blk * GEMVM_ROWS + r, j.n_out - 1); };
+    Quad qd[D];
+    if (warp < W) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int s = W * (d % NR) + warp;
+            if (d < KK && s < S) {
+                const GemvmJob j = map(first + d / NR * step);
+                quad_load<QT>(qd[d], j.P, j.M, wrow(j), 8 * s + 4 * h, U, U);
+            }
+        }
+    }
+    if (tid == 0) {
+        for (int i = 0; i < G::NS; i++) {
+            mbar_init(&full[i], 32 * W);
+            mbar_init(&empty[i], 32 * G::F);
+        }
+    }
+    __syncthreads();
+    if (gdc) GDC();
+    if (warp < W) {
+        const int g = lane / 4, tig = lane % 4;
+        for (int k0 = 0; k0 < KK; k0 += D) {
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int kk = k0 + d;
+                if (kk >= KK) break;
+                const int k = kk % NR, s = W * k + warp, slot = kk % G::NS;
+                const GemvmJob job = map(first + kk / NR * step);
+                float pr[NT][4];
+                u32 p0 = 0u, p1 = 0u, b0 = 0u;
+                float ofv = 0.f;
+                if (s < S) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const Unit un = quad_unit<QT>(qd[d], j, h);
+                        if (MMQ_OFS(QT)) {
+                            const u32 hv = (u32)f2h(un.om);
+                            if (j == 0) p0 = hv;
+                            if (j == 1) p0 |= hv << 16;
+                            if (j == 2) p1 = hv;
+                            if (j == 3) p1 |= hv << 16;
+                            if (j == 0) ofv = un.of;
+                        }
+                        const int ku = min(8 * s + 4 * h + j, U - 1);
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            const int4* xp = (const int4*)(job.xq + ((u64)t * U + ku) * 32);
+                            const int4 xa = xp[0], xb = xp[1];
+                            const int i0 = dp4a(un.q[3], xa.w, dp4a(un.q[2], xa.z, dp4a(un.q[1], xa.y, dp4a(un.q[0], xa.x, 0))));
+                            const int i1 = dp4a(un.q[7], xb.w, dp4a(un.q[6], xb.z, dp4a(un.q[5], xb.y, dp4a(un.q[4], xb.x, 0))));
+                            pr[t][j] = QT == QT_Q6_K ? __fadd_rn(__fmul_rn(un.s0, (float)i0), __fmul_rn(un.s1, (float)i1))
+                                                     : __fmul_rn(un.s0, (float)(i0 + i1));
+                        }
+                    }
+                    if (MMQ_OFS(QT) && g < NT) {
+                        const int ka = 8 * s + 2 * tig, kb = ka + 1;
+                        const float xa = ka < U ? job.xm[(u64)g * U + ka].y : 0.f, xb = kb < U ? job.xm[(u64)g * U + kb].y : 0.f;
+                        b0 = (u32)f2h(xa) | ((u32)f2h(xb) << 16);
+                    }
+                }
+                {  // these registers load round kk + D next
+                    const int kn = kk + D, s2 = W * (kn % NR) + warp;
+                    if (kn < KK && s2 < S) {
+                        const GemvmJob jn = map(first + kn / NR * step);
+                        quad_load<QT>(qd[d], jn.P, jn.M, wrow(jn), 8 * s2 + 4 * h, U, U);
+                    }
+                }
+                if (kk >= G::NS) mbar_wait(&empty[slot], (kk / G::NS - 1) & 1);
+                if (s < S) {
+                    float* tp = gsm + slot * G::SLOT;
+                    float* cs = tp + G::TP;
+                    float* of = cs + G::CS;
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        *(float4*)&tp[(t * GEMVM_ROWS + r) * GEMVM_TPS + 8 * warp + 4 * h] = make_float4(pr[t][0], pr[t][1], pr[t][2], pr[t][3]);
+                    if (MMQ_OFS(QT)) {
+                        // A: rows g / g + 8, unit pair tig of the stage, held by lanes 2g + tig / 2 (+ 16)
+                        const int src = 2 * g + tig / 2;
+                        const u32 x0 = __shfl_sync(0xffffffffu, p0, src), x1 = __shfl_sync(0xffffffffu, p1, src);
+                        const u32 y0 = __shfl_sync(0xffffffffu, p0, src + 16), y1 = __shfl_sync(0xffffffffu, p1, src + 16);
+                        float cv[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma_f16_k8(cv, (tig & 1) ? x1 : x0, (tig & 1) ? y1 : y0, b0);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int tok = 2 * tig + (i & 1);
+                            if (tok < NT) cs[(warp * NT + tok) * GEMVM_ROWS + g + 8 * (i / 2)] = cv[i];
+                        }
+                        if (K && h == 0) of[warp * GEMVM_ROWS + r] = ofv;
+                    }
+                }
+                mbar_arrive(&full[slot]);
+            }
+        }
+    } else {
+        const int ti = tid - 32 * W, fr = ti % GEMVM_ROWS, ft = ti / GEMVM_ROWS;  // fold thread (row, token)
+        float acc = 0.f;
+        for (int kk = 0; kk < KK; kk++) {
+            const int k = kk % NR, slot = kk % G::NS;
+            const GemvmJob job = map(first + kk / NR * step);
+            mbar_wait(&full[slot], (kk / G::NS) & 1);
+            if (ft < NT) {
+                const float* tp = gsm + slot * G::SLOT + (ft * GEMVM_ROWS + fr) * GEMVM_TPS;
+                const float* cs = gsm + slot * G::SLOT + G::TP;
+                const float* of = cs + G::CS;
+#pragma unroll
+                for (int st = 0; st < W; st++) {
+                    const int s = W * k + st;
+                    if (s >= S) break;
+                    const float4 a = *(const float4*)&tp[8 * st], b = *(const float4*)&tp[8 * st + 4];
+                    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int ku = 8 * s + u;
+                        if (ku < U) acc = fmaf(job.xm[(u64)ft * U + ku].x, v[u], acc);
+                    }
+                    if (MMQ_OFS(QT)) {
+                        const float c = cs[(st * NT + ft) * GEMVM_ROWS + fr];
+                        acc = K ? fmaf(of[st * GEMVM_ROWS + fr], c, acc) : __fadd_rn(acc, c);
+                    }
+                }
+            }
+            mbar_arrive(&empty[slot]);
+            if (k == NR - 1) {  // the group's chains are complete
+                const int row = job.blk * GEMVM_ROWS + fr;
+                if (ft < NT && row < job.n_out) job.out[(u64)ft * job.n_out + row] = acc;
+                acc = 0.f;
+            }
+        }
+    }
+}
+
+// Jobs of one matrix.
+struct GemvmOne {
+    const u8* P;
+    const u8* M;
+    const i8* xq;
+    const float2* xm;
+    float* out;
+    int n_out;
+    __device__ GemvmJob operator()(int gi) const { return {P, M, xq, xm, out, n_out, gi}; }
+};
+
+// Jobs of two or three matrices over the same input: groups [0, b0) of matrix 0, [b0, b0 + b1)
+// of matrix 1, the rest of matrix 2.
+struct GemvmThree {
+    const u8 *P0, *P1, *P2, *M0, *M1, *M2;
+    float *out0, *out1, *out2;
+    int n0, n1, n2, b0, b1;
+    const i8* xq;
+    const float2* xm;
+    __device__ GemvmJob operator()(int gi) const {
+        if (gi < b0) return {P0, M0, xq, xm, out0, n0, gi};
+        if (gi < b0 + b1) return {P1, M1, xq, xm, out1, n1, gi - b0};
+        return {P2, M2, xq, xm, out2, n2, gi - b0 - b1};
+    }
+};
+
+// Routed experts over device routes: group gi of route j = (gi / groups) % n_routes, matrix
+// gi / (groups · n_routes) (gate, up), expert eids[j], input row j / n_used (per token) or j.
+struct GemvmMoe {
+    const u8 *P0, *P1, *M0, *M1;
+    float *out0, *out1;
+    u64 slice_p, slice_m;
+    const u32* eids;
+    int n_used, per_token, groups, n_routes, U, n_out;
+    const i8* xq;
+    const float2* xm;
+    __device__ GemvmJob operator()(int gi) const {
+        const bool z = gi >= groups * n_routes;
+        const int j = (gi / groups) % n_routes;
+        const u64 e = eids[j], x = per_token ? j / n_used : j;
+        const u8* M = z ? M1 : M0;
+        return {(z ? P1 : P0) + e * slice_p, M ? M + e * slice_m : M, xq + x * U * 32, xm + x * U, (z ? out1 : out0) + (u64)j * n_out,
+                n_out, gi % groups};
+    }
+};
+
+// out (NT, n_out) = x · Wᵀ over NT tokens (x as Q8 units), blockIdx.y: chunk of NT tokens;
+// gridDim.x blocks walk the ceil(n_out / 16) row groups.
 #define GEMVM(NAME, QT, NT)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(128) gemvm_##NAME##_##NT(const u8* __restrict__ P,        \
-        const u8* __restrict__ M, const i8* __restrict__ xq, const float2* __restrict__ xm, float* __restrict__ out, int U, \
-        int n_out) {                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GemvmShape<NT>::THREADS, GemvmShape<NT>::MIN_BLOCKS) gemvm_##NAME##_##NT( \
+        const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq, const float2* __restrict__ xm,     \
+        float* __restrict__ out, int U, int n_out) {                                                                    \
         const u64 c = blockIdx.y;                                                                                       \
-        gemvm_q<QT, NT>(P, M, xq + c * NT * U * 32, xm + c * NT * U, out + c * NT * n_out, U, n_out, blockIdx.x, true);  \
+        const GemvmOne map{P, M, xq + c * NT * U * 32, xm + c * NT * U, out + c * NT * n_out, n_out};                   \
+        gemvm_run<QT, NT>(map, (n_out + GEMVM_ROWS - 1) / GEMVM_ROWS, U, true);                                         \
     }
-// Routed experts with the routes on the device (moe_route): launch row j (blockIdx.y) is route
-// j, expert eids[j] at P + eid * slice_p (M + eid * slice_m), input row j / n_used (x per
-// token) or j; blockIdx.z picks one of two matrices of one shape over the same input (gate
-// and up; P1 null: one matrix).
+// Two or three matrices over the same input in one launch (q/k/v, gate/up): row groups [0, b0)
+// of matrix 0, [b0, b0 + b1) of matrix 1, the rest of matrix 2 (n2 = 0: two matrices). Each
+// group's rows are its own launch's, bit for bit (a group's sums never depend on the grid).
+#define GEMVM3(NAME, QT, NT)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GemvmShape<NT>::THREADS, GemvmShape<NT>::MIN_BLOCKS)                   \
+        gemvm3_##NAME##_##NT(const u8* __restrict__ P0, const u8* __restrict__ M0, float* __restrict__ out0, int n0, int b0, \
+                             const u8* __restrict__ P1, const u8* __restrict__ M1, float* __restrict__ out1, int n1, int b1, \
+                             const u8* __restrict__ P2, const u8* __restrict__ M2, float* __restrict__ out2, int n2,     \
+                             const i8* __restrict__ xq, const float2* __restrict__ xm, int U) {                          \
+        const GemvmThree map{P0, P1, P2, M0, M1, M2, out0, out1, out2, n0, n1, n2, b0, b1, xq, xm};               \
+        gemvm_run<QT, NT>(map, b0 + b1 + (n2 + GEMVM_ROWS - 1) / GEMVM_ROWS, U, true);                                  \
+    }
+// Routed experts with the routes on the device (moe_route): route j, expert eids[j] at P +
+// eid * slice_p (M + eid * slice_m), input row j / n_used (x per token) or j; a second matrix
+// of one shape over the same input (gate and up) where P1 is not null.
 #define MOE_GEMVM_DEV(NAME, QT)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128) moe_gemvm_dev_##NAME(const u8* __restrict__ P0,     \
-        const u8* __restrict__ M0, float* __restrict__ out0, const u8* __restrict__ P1, const u8* __restrict__ M1,       \
-        float* __restrict__ out1, u64 slice_p, u64 slice_m, const u32* __restrict__ eids, int n_used, int per_token,     \
-        const i8* __restrict__ xq, const float2* __restrict__ xm, int U, int n_out) {                                   \
+    extern "C" __global__ void __launch_bounds__(GemvmShape<1>::THREADS, GemvmShape<1>::MIN_BLOCKS) moe_gemvm_dev_##NAME( \
+        const u8* __restrict__ P0, const u8* __restrict__ M0, float* __restrict__ out0, const u8* __restrict__ P1,        \
+        const u8* __restrict__ M1, float* __restrict__ out1, u64 slice_p, u64 slice_m, const u32* __restrict__ eids,     \
+        int n_used, int per_token, const i8* __restrict__ xq, const float2* __restrict__ xm, int U, int n_out,             \
+        int n_routes) {                                                                                                 \
         GDC();                                                                                                          \
-        const int j = blockIdx.y;                                                                                       \
-        const u8* P = blockIdx.z ? P1 : P0;                                                                             \
-        const u8* M = blockIdx.z ? M1 : M0;                                                                             \
-        float* out = blockIdx.z ? out1 : out0;                                                                          \
-        const u64 e = eids[j], s = per_token ? j / n_used : j;                                                          \
-        gemvm_q<QT, 1>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, \
-                       blockIdx.x, false);                                                                              \
+        const int groups = (n_out + GEMVM_ROWS - 1) / GEMVM_ROWS;                                                       \
+        const GemvmMoe map{P0, P1, M0, M1, out0, out1, slice_p, slice_m, eids, n_used, per_token, groups, n_routes, U, n_out, xq, xm}; \
+        gemvm_run<QT, 1>(map, groups * n_routes * (P1 ? 2 : 1), U, false);                                             \
     }
-#define GEMVM_ALL(NAME, QT) GEMVM(NAME, QT, 1) GEMVM(NAME, QT, 2) GEMVM(NAME, QT, 4) GEMVM(NAME, QT, 8) MOE_GEMVM_DEV(NAME, QT)
+#define GEMVM_ALL(NAME, QT)                                                                          \
+    GEMVM(NAME, QT, 1) GEMVM(NAME, QT, 2) GEMVM(NAME, QT, 4) GEMVM(NAME, QT, 8) GEMVM3(NAME, QT, 1) GEMVM3(NAME, QT, 2) \
+        GEMVM3(NAME, QT, 4) GEMVM3(NAME, QT, 8) MOE_GEMVM_DEV(NAME, QT)
 GEMVM_ALL(q4_0, QT_Q4_0)
 GEMVM_ALL(q4_1, QT_Q4_1)
 GEMVM_ALL(q5_0, QT_Q5_0)

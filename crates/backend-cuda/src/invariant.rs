@@ -8,6 +8,7 @@
 //!
 //! ```text
 //!  quantized W, n_tok <= 8:  x ──q8_activations──► (xq, xm) ──gemvm_<type>_<NT>──► out
+//!                            (q/k/v, gate/up over one input: one gemvm3_<type>_<NT> launch)
 //!  quantized W, n_tok > 8:   x ──q8_activations──► (xq, xm) ──mmq_<type>_<tile> (unsplit)──► out
 //!  float W:                  x ──gemv_<type>_<NT> (chunks of up to 8 tokens)──► out
 //!  routed experts:           device routes: n_tok <= 8 moe_gemvm_dev_<type>, else mmq_id (grouped)
@@ -23,20 +24,36 @@ use crate::weight::{CudaWeight, DevType};
 use std::sync::Mutex;
 
 /// Rows per block of `gemvm_*` / `moe_gemvm_dev_*` (GEMVM_ROWS in gemvm.cu).
-const ROWS_PER_BLOCK: usize = 16;
-const THREADS: u32 = 128;
+pub(crate) const ROWS_PER_BLOCK: usize = 16;
+/// Producer warps per block (GEMVM_W) and the padded row stride of a slot's products (GEMVM_TPS).
+const PRODUCERS: usize = 8;
+const TPS: usize = 8 * PRODUCERS + 8;
+
+/// Threads and dynamic shared memory of a `gemvm_*_<nt>` block (gemvm.cu `GemvmShape<NT>`):
+/// the producer warps plus a fold warp per 32 (row, token) chains, and a ring of slots (4 for
+/// one or two tokens, else 2) of products, offset sums and offset factors, then a full / empty
+/// mbarrier pair per slot.
+pub(crate) fn dims(nt: usize) -> (u32, u32) {
+    debug_assert!(matches!(nt, 1 | 2 | 4 | 8));
+    let (slots, fold) = if nt <= 2 { (4, 1) } else { (2, nt / 2) };
+    let slot = nt * ROWS_PER_BLOCK * TPS + PRODUCERS * nt * ROWS_PER_BLOCK + PRODUCERS * ROWS_PER_BLOCK;
+    ((32 * (PRODUCERS + fold)) as u32, (slots * (4 * slot + 16)) as u32)
+}
+
+/// Blocks of a `gemvm*` launch over `groups` row groups of 16: as many as stay resident
+/// (`GemvmShape<NT>::MIN_BLOCKS` per multiprocessor: 2 for one or two tokens, else 1), each
+/// walking its share of the groups, or one per group where there are fewer.
+pub(crate) fn grid(dev: &Device, groups: usize, nt: usize) -> u32 {
+    let per_sm = if nt <= 2 { 2 } else { 1 };
+    groups.min(per_sm * dev.n_sm).max(1) as u32
+}
 
 /// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ` in MMQ's order at every token count.
 pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     if n_tok == 0 {
         return Ok(());
     }
-    if let Ok(mut g) = qc.lock() {
-        // the output may reuse the cached input's memory
-        if g.as_ref().is_some_and(|c| c.x == out) {
-            *g = None;
-        }
-    }
+    crate::matmul::forget_input_at(qc, out);
     let DevType::Quant(name) = w.dev_ty else {
         return crate::matmul::gemv_float_tiled(dev, w, x, n_tok, out);
     };
@@ -47,23 +64,19 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
     if n_tok > crate::matmul::GEMV_MAX_TOKENS {
         return crate::mmq::mmq_unsplit(dev, qc, w, x, n_tok, out);
     }
-    let units = n_in / 32;
     let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
+    if crate::matmul::holds(n_tok) {
+        // q/k/v (gate/up) over the same input join one `gemvm3_*` launch
+        return crate::matmul::hold(dev, crate::matmul::GemvOrder::Mmq, w, (xq, xm), n_tok, out);
+    }
     for (t0, nt, reps) in crate::matmul::chunks(n_tok) {
+        let (threads, smem) = dims(nt);
         dev.launch(
             &format!("gemvm_{name}_{nt}"),
-            (n_out.div_ceil(ROWS_PER_BLOCK) as u32, reps as u32, 1),
-            THREADS,
-            0,
-            &[
-                Arg::P(w.p.ptr),
-                Arg::P(w.m_ptr()),
-                Arg::P(xq + (t0 * n_in) as u64),
-                Arg::P(xm + (t0 * units * 8) as u64),
-                Arg::P(out + 4 * (t0 * n_out) as u64),
-                Arg::I(units as i32),
-                Arg::I(n_out as i32),
-            ],
+            (grid(dev, n_out.div_ceil(ROWS_PER_BLOCK), nt), reps as u32, 1),
+            threads,
+            smem,
+            &crate::matmul::chunk_args(w, (xq, xm), out, t0),
         )?;
     }
     Ok(())
@@ -87,11 +100,12 @@ pub(crate) fn moe_dev(
     n_routes: usize,
     out: u64,
 ) -> Result<(), CudaError> {
+    let (threads, smem) = dims(1);
     dev.launch(
         &format!("moe_gemvm_dev_{name}"),
-        (n_out.div_ceil(ROWS_PER_BLOCK) as u32, n_routes as u32, 1),
-        THREADS,
-        0,
+        (grid(dev, n_out.div_ceil(ROWS_PER_BLOCK) * n_routes, 1), 1, 1),
+        threads,
+        smem,
         &[
             Arg::P(p),
             Arg::P(m),
@@ -108,6 +122,7 @@ pub(crate) fn moe_dev(
             Arg::P(xm),
             Arg::I(units as i32),
             Arg::I(n_out as i32),
+            Arg::I(n_routes as i32),
         ],
     )
 }
@@ -118,6 +133,7 @@ pub fn kernel_names() -> Vec<String> {
     for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
         for nt in [1, 2, 4, 8] {
             v.push(format!("gemvm_{q}_{nt}"));
+            v.push(format!("gemvm3_{q}_{nt}"));
         }
         v.push(format!("moe_gemvm_dev_{q}"));
     }

@@ -117,20 +117,10 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
     let name = w.dev_ty.name();
     match w.dev_ty {
         DevType::Quant(_) => {
-            let units = n_in / 32;
             let (xq, xm) = q8_activations(dev, qc, x, n_tok, n_in, out)?;
-            if matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse {
-                // held: q/k/v (gate/up) that follow over the same input join one launch
-                let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out };
-                let joined = dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.accepts(name, ordered, n_tok, xq, units, out)));
-                let group = match joined {
-                    Some(Held::Gemv(mut gr)) => {
-                        gr.items.push(item);
-                        gr
-                    }
-                    _ => GemvGroup { name, ordered, nt: n_tok, xq, xm, units, items: vec![item], rope: None },
-                };
-                return dev.hold(Held::Gemv(group));
+            if holds(n_tok) {
+                let order = if ordered { GemvOrder::Ordered } else { GemvOrder::Fast };
+                return hold(dev, order, w, (xq, xm), n_tok, out);
             }
             for (t0, nt, reps) in chunks(n_tok) {
                 let (name_nt, grid) = if ordered {
@@ -175,6 +165,39 @@ pub(crate) fn chunk_args(w: &CudaWeight, (xq, xm): (u64, u64), out: u64, t0: usi
     ]
 }
 
+/// Whether a GEMV over `n_tok` tokens is held to join the matrices that follow over the same
+/// input (`QUARREL_CUDA_NO_FUSE=1`: never).
+pub(crate) fn holds(n_tok: usize) -> bool {
+    matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse
+}
+
+/// Hold the GEMV of quantized `w` over the Q8 input `(xq, xm)` of `n_tok` tokens: q/k/v
+/// (gate/up) that follow over the same input join it in one launch.
+pub(crate) fn hold(dev: &Device, order: GemvOrder, w: &CudaWeight, (xq, xm): (u64, u64), n_tok: usize, out: u64) -> Result<(), CudaError> {
+    let (name, units) = (w.dev_ty.name(), w.n_in / 32);
+    let item = GemvItem { p: w.p.ptr, m: w.m_ptr(), out, n_out: w.n_out };
+    let joined = dev.take_held_if(|h| matches!(h, Held::Gemv(gr) if gr.accepts(name, order, n_tok, xq, units, out)));
+    let group = match joined {
+        Some(Held::Gemv(mut gr)) => {
+            gr.items.push(item);
+            gr
+        }
+        _ => GemvGroup { name, order, nt: n_tok, xq, xm, units, items: vec![item], rope: None },
+    };
+    dev.hold(Held::Gemv(group))
+}
+
+/// The float order of a held GEMV group's kernels.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum GemvOrder {
+    /// `gemv_*` / `gemv3_*`: lanes over units, a warp reduction
+    Fast,
+    /// `gemvo_*` / `gemvo3_*`: the CPU's order (exact numerics)
+    Ordered,
+    /// `gemvm_*` / `gemvm3_*`: MMQ's order (invariant numerics)
+    Mmq,
+}
+
 /// One matrix of a held GEMV group.
 pub(crate) struct GemvItem {
     p: u64,
@@ -186,8 +209,7 @@ pub(crate) struct GemvItem {
 /// Quantized GEMVs of one weight type over the same Q8 input, launched together.
 pub(crate) struct GemvGroup {
     name: &'static str,
-    /// the CPU's float order (`gemvo_*` / `gemvo3_*`)
-    ordered: bool,
+    order: GemvOrder,
     nt: usize,
     xq: u64,
     xm: u64,
@@ -224,7 +246,7 @@ impl GemvGroup {
     /// A fast q/k/v group of `n_tok` tokens whose next RoPE target (q, then k) is `x` of
     /// `n` values with these parameters (`r`: rope_k false, kv unset).
     pub(crate) fn rope_fits(&self, x: u64, n_tok: usize, n: usize, r: &RopeFuse) -> bool {
-        if self.ordered || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || r.hd % 2 != 0 {
+        if self.order != GemvOrder::Fast || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || r.hd % 2 != 0 {
             return false;
         }
         let k = match &self.rope {
@@ -264,15 +286,18 @@ impl GemvGroup {
 
 impl GemvGroup {
     #[allow(clippy::too_many_arguments)]
-    fn accepts(&self, name: &str, ordered: bool, nt: usize, xq: u64, units: usize, out: u64) -> bool {
-        self.items.len() < 3 && self.name == name && self.ordered == ordered && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
+    fn accepts(&self, name: &str, order: GemvOrder, nt: usize, xq: u64, units: usize, out: u64) -> bool {
+        self.items.len() < 3 && self.name == name && self.order == order && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
     }
 
-    /// One `gemv_*` launch, or one `gemv3_*` for two or three matrices.
+    /// One `gemv_*` launch, or one `gemv3_*` for two or three matrices (`gemvo*`, `gemvm*` in
+    /// the other orders).
     pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
-        if self.ordered {
-            return self.launch_ordered(dev);
+        match self.order {
+            GemvOrder::Ordered => return self.launch_ordered(dev),
+            GemvOrder::Mmq => return self.launch_mmq(dev),
+            GemvOrder::Fast => {}
         }
         if let [i] = self.items.as_slice() {
             let (wpr, grid) = gemv_shape(i.n_out, self.units);
@@ -312,6 +337,24 @@ impl GemvGroup {
             args.extend([Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]);
         }
         args
+    }
+
+    /// `gemvm_*` / `gemvm3_*` (invariant numerics): blocks of 16 rows, each matrix's the same
+    /// joined or alone.
+    fn launch_mmq(&self, dev: &Device) -> Result<(), CudaError> {
+        let (name, nt, u) = (self.name, self.nt, self.units as i32);
+        let (threads, smem) = crate::invariant::dims(nt);
+        let blocks = |n_out: usize| n_out.div_ceil(crate::invariant::ROWS_PER_BLOCK) as u32;
+        if let [i] = self.items.as_slice() {
+            let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
+            let grid = crate::invariant::grid(dev, blocks(i.n_out) as usize, nt);
+            return dev.launch_now(&format!("gemvm_{name}_{nt}"), (grid, 1, 1), threads, smem, &args);
+        }
+        let nb: Vec<u32> = self.items.iter().map(|i| blocks(i.n_out)).collect();
+        let mut args = self.joined_args(&nb);
+        args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
+        let grid = crate::invariant::grid(dev, nb.iter().sum::<u32>() as usize, nt);
+        dev.launch_now(&format!("gemvm3_{name}_{nt}"), (grid, 1, 1), threads, smem, &args)
     }
 
     /// `gemvo_*` / `gemvo3_*` (grids: `exact::grid`).
