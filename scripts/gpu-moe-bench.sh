@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # MoE / hybrid models on a CUDA GPU (issue 7): the GPU tests of crates/backend-cuda/tests/moe.rs,
-# then llama.cpp's llama-bench and `quarrel bench --device cuda` on the same full-size synthetic
+# then llama.cpp's llama-bench and `quarrel bench --device cuda` (fast and invariant numerics;
+# NUMERICS="fast exact invariant" to choose) on the same full-size synthetic
 # files (Nemotron-3-Nano-30B-A3B, Granite-4.0-H-Tiny, Mixtral-8x7B at Q4_K_M), one run.
 #
 #   QUARREL=path/to/quarrel MOE_TEST=path/to/moe-test-binary LLAMA_BIN=dir-with-llama-bench \
@@ -31,5 +32,8 @@ wait $SYN
 for m in $MODELS; do
   echo "== $m"
   [ -n "${LLAMA_BIN:-}" ] && timeout 120 "$LLAMA_BIN/llama-bench" -m "$M/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 2 2>&1 | grep -E "^\| [a-z]" | tail -2
-  timeout 120 "$Q" bench --device cuda -m "$M/$m.gguf" -p 512 -n 128 -r 2 2>&1 | grep -E "^\| [a-z]|rror" | tail -2
+  for n in ${NUMERICS:-fast invariant}; do
+    echo "-- quarrel --numerics $n"
+    timeout 120 "$Q" bench --device cuda -m "$M/$m.gguf" --numerics $n -p 512 -n 128 -r 2 2>&1 | grep -E "^\| [a-z]|rror" | tail -2
+  done
 done
