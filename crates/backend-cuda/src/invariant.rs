@@ -82,14 +82,17 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
     Ok(())
 }
 
-/// One routed expert matmul of a decode step over device routes (`moe_gemvm_dev_<name>`):
-/// route j's rows of its expert (planes at `p` / `m` plus the expert's slice) times input row
-/// j / n_used (`per_token`) or j, into rows of `out`.
+/// One routed expert matmul of a decode step over device routes (`moe_gemvm_dev_<name>`), queued
+/// now (the caller settled the held launches, or is one): route j's rows of its expert (planes
+/// at `p` / `m` plus the expert's slice) times input row j / n_used (`per_token`) or j, into
+/// rows of `out`; `second`: another matrix of the same shape over the same input and routes
+/// (the gate with the up projection: planes and output) in the same launch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe_dev(
     dev: &Device,
     name: &str,
-    (p, m): (u64, u64),
+    (p, m, out): (u64, u64, u64),
+    second: Option<(u64, u64, u64)>,
     slice: (u64, u64),
     eids: u64,
     n_used: usize,
@@ -98,21 +101,22 @@ pub(crate) fn moe_dev(
     units: usize,
     n_out: usize,
     n_routes: usize,
-    out: u64,
 ) -> Result<(), CudaError> {
     let (threads, smem) = dims(1);
-    dev.launch(
+    let (p1, m1, out1) = second.unwrap_or((0, 0, 0));
+    let groups = n_out.div_ceil(ROWS_PER_BLOCK) * n_routes * if second.is_some() { 2 } else { 1 };
+    dev.launch_now(
         &format!("moe_gemvm_dev_{name}"),
-        (grid(dev, n_out.div_ceil(ROWS_PER_BLOCK) * n_routes, 1), 1, 1),
+        (grid(dev, groups, 1), 1, 1),
         threads,
         smem,
         &[
             Arg::P(p),
             Arg::P(m),
             Arg::P(out),
-            Arg::P(0),
-            Arg::P(0),
-            Arg::P(0),
+            Arg::P(p1),
+            Arg::P(m1),
+            Arg::P(out1),
             Arg::U64(slice.0),
             Arg::U64(slice.1),
             Arg::P(eids),

@@ -8,7 +8,8 @@
 //!    same eids, wts in one launch (router GEMV, x's Q8 form, the last block routes)
 //!  decode (<= GEMV_MAX_TOKENS tokens): moe_gemv_dev, every route's row of its expert, one launch;
 //!    each launch is held (`Held::Moe`): the gate projection after the up projection joins it
-//!    (moe_gemv2_dev, one launch for both); with QUARREL_CUDA_MOE_COMB=1 the combine after the
+//!    (moe_gemv2_dev, one launch for both; in invariant numerics moe_gemvm_dev takes one or both
+//!    matrices in MMQ's order); with QUARREL_CUDA_MOE_COMB=1 the combine after the
 //!    down projection joins it too (moe_gemv_comb: the block finishing a token's row block
 //!    last adds the routes to out; off by default: slower, see `comb`)
 //!  the combine (moe_combine_dev) is held (`Held::Comb`): the residual add of its output and
@@ -125,6 +126,8 @@ pub(crate) struct MoeGemv {
     n_routes: usize,
     wpr: usize,
     early: bool,
+    /// in MMQ's order (`moe_gemvm_dev_<type>`, invariant numerics)
+    mmq: bool,
 }
 
 impl MoeGemv {
@@ -134,6 +137,9 @@ impl MoeGemv {
 
     /// Queue it alone (`moe_gemv_dev_<type>`).
     pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
+        if self.mmq {
+            return self.launch_mmq(dev, None);
+        }
         dev.launch_now(
             &format!("moe_gemv_dev_{}", self.name),
             self.grid(1),
@@ -200,11 +206,22 @@ impl MoeGemv {
             && self.n_out == o.n_out
             && self.n_routes == o.n_routes
             && self.wpr == o.wpr
+            && self.mmq == o.mmq
             && self.out != o.out
+    }
+
+    /// In MMQ's order (`moe_gemvm_dev_<type>`), with `o` in the same launch where given.
+    fn launch_mmq(&self, dev: &Device, o: Option<&MoeGemv>) -> Result<(), CudaError> {
+        let second = o.map(|o| (o.p, o.m, o.out));
+        let (n_used, per_token, x, units, n_out, n_routes) = (self.n_used, self.per_token, self.x, self.units, self.n_out, self.n_routes);
+        crate::invariant::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes)
     }
 
     /// `self` and `o` in one `moe_gemv2_dev_<type>` launch (`self`'s `early`: the earlier call).
     fn launch_pair(&self, o: &MoeGemv, dev: &Device) -> Result<(), CudaError> {
+        if self.mmq {
+            return self.launch_mmq(dev, Some(o));
+        }
         dev.launch_now(
             &format!("moe_gemv2_dev_{}", self.name),
             self.grid(2),
@@ -452,12 +469,11 @@ impl DevRouter {
             // a prefill: work items planned on the device, one grouped MMQ launch per tile
             return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
         }
-        if order == Order::Invariant {
-            let (p, m, eids, n_used) = (w.p.ptr, w.m_ptr(), r.eids.ptr(), r.n_used);
-            drop(last);
-            return crate::invariant::moe_dev(dev, name, (p, m), (slice_p, slice_m), eids, n_used, x_per_token, (xq, xm), units, n_out, n_routes, out);
-        }
-        let wpr = if order == Order::Exact { crate::moe_chunk::wpr_for(n_out, units) } else { wpr_dev(n_out, units, n_routes) };
+        let wpr = match order {
+            Order::Exact => crate::moe_chunk::wpr_for(n_out, units),
+            Order::Invariant => 1,
+            Order::Fast => wpr_dev(n_out, units, n_routes),
+        };
         let g = MoeGemv {
             name,
             p: w.p.ptr,
@@ -473,6 +489,7 @@ impl DevRouter {
             n_routes,
             wpr,
             early,
+            mmq: order == Order::Invariant,
         };
         drop(last);
         if crate::device::switches().no_fuse || !fuse() {
@@ -497,7 +514,7 @@ impl DevRouter {
             return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
         }
         // the held down projection that wrote y (one row per route): the combine joins its launch
-        let joins = |h: &Held| comb() && matches!(h, Held::Moe(g) if g.out == y && !g.per_token && g.n_routes == n_routes && g.n_out == d && g.n_routes * g.n_out.div_ceil(8 / g.wpr) <= COMB_COUNTERS * g.n_used);
+        let joins = |h: &Held| comb() && matches!(h, Held::Moe(g) if !g.mmq && g.out == y && !g.per_token && g.n_routes == n_routes && g.n_out == d && g.n_routes * g.n_out.div_ceil(8 / g.wpr) <= COMB_COUNTERS * g.n_used);
         if let Some(Held::Moe(g)) = dev.take_held_if(joins) {
             let mut c = lock(&self.comb)?;
             if c.is_none() {
