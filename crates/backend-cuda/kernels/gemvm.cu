@@ -19,11 +19,15 @@
 // thread (row, token) walks the rounds in order, folding each stage's units then its offset
 // sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer
 // warps wrote it; empty: the fold read it), so no warp waits on a block-wide barrier: the
-// producers' weight loads (GEMVM_DEPTH rounds ahead in registers) keep streaming while the
+// producers' weight loads (GEMVM_DEPTH rounds ahead in registers; one, so that three one-token
+// blocks of 72 registers share a multiprocessor: 27 warps) keep streaming while the
 // fold trails them.
 
 #ifndef GEMVM_DEPTH
-#define GEMVM_DEPTH 2
+#define GEMVM_DEPTH 1
+#endif
+#ifndef GEMVM_BLOCKS1
+#define GEMVM_BLOCKS1 3  // one-token blocks per multiprocessor (src/invariant.rs `grid`)
 #endif
 #define GEMVM_ROWS 16        // rows per block
 #define GEMVM_W 8            // producer warps per block
@@ -39,7 +43,7 @@ struct GemvmShape {
     static constexpr int CS = GEMVM_W * NT * GEMVM_ROWS;     // offset sums (stage, token, row)
     static constexpr int OF = GEMVM_W * GEMVM_ROWS;          // offset factors (stage, row)
     static constexpr int SLOT = TP + CS + OF;                // floats per slot
-    static constexpr int MIN_BLOCKS = NT <= 2 ? 2 : 1;       // per multiprocessor (register budget)
+    static constexpr int MIN_BLOCKS = NT == 1 ? GEMVM_BLOCKS1 : (NT == 2 ? 2 : 1);  // per multiprocessor (register budget)
 };
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }

@@ -41,11 +41,24 @@ pub(crate) fn dims(nt: usize) -> (u32, u32) {
 }
 
 /// Blocks of a `gemvm*` launch over `groups` row groups of 16: as many as stay resident
-/// (`GemvmShape<NT>::MIN_BLOCKS` per multiprocessor: 2 for one or two tokens, else 1), each
+/// (`GemvmShape<NT>::MIN_BLOCKS` per multiprocessor: 3 for one token, 2 for two, else 1), each
 /// walking its share of the groups, or one per group where there are fewer.
 pub(crate) fn grid(dev: &Device, groups: usize, nt: usize) -> u32 {
-    let per_sm = if nt <= 2 { 2 } else { 1 };
+    let per_sm = match nt {
+        1 => blocks_one_token(),
+        2 => 2,
+        _ => 1,
+    };
     groups.min(per_sm * dev.n_sm).max(1) as u32
+}
+
+/// One-token blocks per multiprocessor (GEMVM_BLOCKS1 in gemvm.cu, its register budget):
+/// `QUARREL_CUDA_GEMVM_BLOCKS=<n>` (1-3) for measurements, default 3 (72 registers, one weight
+/// stage per producer warp: H100 tg128 Nemotron-3-Nano 346 -> 371, Mixtral 189 -> 193 t/s against
+/// two blocks of two stages).
+fn blocks_one_token() -> usize {
+    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *B.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|b| (1..=3).contains(b)).unwrap_or(3))
 }
 
 /// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ` in MMQ's order at every token count.
