@@ -228,13 +228,12 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
 
 // Jobs of one matrix.
 struct GemvmOne {
-    const u8* P;
-    const u8* M;
-    const i8* xq;
-    const float2* xm;
-    float* out;
-    int n_out;
-    __device__ GemvmJob operator()(int gi) const { return {P, M, xq, xm, out, n_out, gi}; }
+    GemvmJob job;  // its blk unused
+    __device__ GemvmJob operator()(int gi) const {
+        GemvmJob j = job;
+        j.blk = gi;
+        return j;
+    }
 };
 
 // Jobs of two or three matrices over the same input: groups [0, b0) of matrix 0, [b0, b0 + b1)
@@ -279,7 +278,7 @@ struct GemvmMoe {
         const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq, const float2* __restrict__ xm,     \
         float* __restrict__ out, int U, int n_out) {                                                                    \
         const u64 c = blockIdx.y;                                                                                       \
-        const GemvmOne map{P, M, xq + c * NT * U * 32, xm + c * NT * U, out + c * NT * n_out, n_out};                   \
+        const GemvmOne map{{P, M, xq + c * NT * U * 32, xm + c * NT * U, out + c * NT * n_out, n_out, 0}};           \
         gemvm_run<QT, NT>(map, (n_out + GEMVM_ROWS - 1) / GEMVM_ROWS, U, true);                                         \
     }
 // Two or three matrices over the same input in one launch (q/k/v, gate/up): row groups [0, b0)
