@@ -8,8 +8,18 @@
 // accumulator are f32, the probabilities rounded to f16 for P·V. Writes attention.cu's
 // partials (m, l, acc) per (token, head, split); `attn_combine` merges and normalizes them.
 // Its plain twin is attention.cu's f32 kernel (`attn_f16_*`, QUARREL_CUDA_ATTN_MMA=0).
+//
+// Batch-invariant flavour (`attn_mmi_f16_*`, invariant numerics, src/attn.rs): the splits are
+// absolute spans of `span` positions (split s: [s·span, (s + 1)·span)) and the chunks of AM_KB
+// positions absolute multiples too, so a row's partials depend on its own position only: every
+// m16 row's scores, maxima, sums and P·V products come from that row's q and the chunk's K / V
+// alone (an mma's row never sees the other rows), and a chunk masked for a row (past its
+// position, before its window) leaves its m, l and accumulator exactly as they were (factor
+// exp(0) = 1, probabilities 0). A decode step (one query per tile) and a prompt tile of eight
+// give the same partials, `attn_combine` merges them in split order (masked splits skipped).
 
 #define AM_KB 32
+#define AM_LD 4  // K / V pieces per thread in flight while staging a chunk (2 at head_dim 256: registers)
 
 __device__ __forceinline__ void mma_f16_k16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -43,7 +53,7 @@ template <int HD>
 __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                          float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                          const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                         int bs, float scale, float softcap, int window) {
+                                         int bs, float scale, float softcap, int window, int span, int tok_base) {
     __shared__ __align__(16) u16 Ks[AM_KB][HD + 8];  // [position][dim]
     __shared__ __align__(16) u16 Vt[HD][AM_KB + 8];  // [dim][position]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -59,9 +69,15 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         hi = max(hi, p);
         lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
     }
-    const int split_len = ((hi + 1 - lo + n_split - 1) / n_split + AM_KB - 1) / AM_KB * AM_KB;
-    const int p_begin = lo + split * split_len;
-    const int p_end = min(hi + 1, p_begin + split_len);
+    int p_begin, p_end;
+    if (span > 0) {  // absolute spans and chunks (span % AM_KB == 0); skipped chunks are masked for every row
+        p_begin = max(split * span, lo / AM_KB * AM_KB);
+        p_end = min(hi + 1, (split + 1) * span);
+    } else {
+        const int split_len = ((hi + 1 - lo + n_split - 1) / n_split + AM_KB - 1) / AM_KB * AM_KB;
+        p_begin = lo + split * split_len;
+        p_end = min(hi + 1, p_begin + split_len);
+    }
     // this thread's rows: token g of heads hA (row g) and hB (row g + 8)
     const int hA = kvh * grp + 2 * warp, hB = hA + 1;
     const bool vA = g < (int)nq && 2 * warp < grp, vB = g < (int)nq && 2 * warp + 1 < grp;
@@ -95,20 +111,32 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     for (int base = p_begin; base < p_end; base += AM_KB) {
         __syncthreads();
         // K: 16-byte pieces, a row's pieces on consecutive threads; V: a piece per thread, the
-        // positions on consecutive threads (so the transposed stores fall in distinct words)
-        for (int i = threadIdx.x; i < AM_KB * HD / 8; i += blockDim.x) {
-            const int r = i / (HD / 8), c = i % (HD / 8), p = base + r;
-            uint4 kv = make_uint4(0, 0, 0, 0);
-            if (p < p_end) kv = ((const uint4*)(K + 2 * (((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD)))[c];
-            *(uint4*)&Ks[r][8 * c] = kv;
-            const int rv = i % AM_KB, cv = i / AM_KB, pv = base + rv;
-            uint4 vv = make_uint4(0, 0, 0, 0);
-            if (pv < p_end) vv = ((const uint4*)(V + 2 * (((u64)table[pv / bs] * bs + pv % bs) * row + (u64)kvh * HD)))[cv];
-            const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+        // positions on consecutive threads (so the transposed stores fall in distinct words).
+        // AM_LD pieces of each per thread in flight before the stores (a block of few warps,
+        // a decode step's, would otherwise wait out one load latency per piece)
+        constexpr int LD = HD >= 256 ? 2 : AM_LD;
+        for (int i0 = threadIdx.x; i0 < AM_KB * HD / 8; i0 += LD * blockDim.x) {
+            uint4 kv[LD], vv[LD];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                Vt[8 * cv + 2 * k][rv] = (u16)(w[k] & 0xffff);
-                Vt[8 * cv + 2 * k + 1][rv] = (u16)(w[k] >> 16);
+            for (int j = 0; j < LD; j++) {
+                const int i = i0 + j * blockDim.x;
+                const int p = base + i / (HD / 8), pv = base + i % AM_KB;
+                kv[j] = vv[j] = make_uint4(0, 0, 0, 0);
+                if (i < AM_KB * HD / 8 && p < p_end) kv[j] = ((const uint4*)(K + 2 * (((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD)))[i % (HD / 8)];
+                if (i < AM_KB * HD / 8 && pv < p_end) vv[j] = ((const uint4*)(V + 2 * (((u64)table[pv / bs] * bs + pv % bs) * row + (u64)kvh * HD)))[i / AM_KB];
+            }
+#pragma unroll
+            for (int j = 0; j < LD; j++) {
+                const int i = i0 + j * blockDim.x;
+                if (i >= AM_KB * HD / 8) break;
+                *(uint4*)&Ks[i / (HD / 8)][8 * (i % (HD / 8))] = kv[j];
+                const int rv = i % AM_KB, cv = i / AM_KB;
+                const u32 w[4] = {vv[j].x, vv[j].y, vv[j].z, vv[j].w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    Vt[8 * cv + 2 * k][rv] = (u16)(w[k] & 0xffff);
+                    Vt[8 * cv + 2 * k + 1][rv] = (u16)(w[k] >> 16);
+                }
             }
         }
         __syncthreads();
@@ -175,7 +203,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     lA = am_sum4(lA);
     lB = am_sum4(lB);
     if (vA) {
-        float* out = part + (((u64)(t0 + g) * n_head + hA) * n_split + split) * (HD + 2);
+        float* out = part + (((u64)(t0 + g - tok_base) * n_head + hA) * n_split + split) * (HD + 2);
         if (t == 0) {
             out[0] = mA;
             out[1] = lA;
@@ -187,7 +215,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         }
     }
     if (vB) {
-        float* out = part + (((u64)(t0 + g) * n_head + hB) * n_split + split) * (HD + 2);
+        float* out = part + (((u64)(t0 + g - tok_base) * n_head + hB) * n_split + split) * (HD + 2);
         if (t == 0) {
             out[0] = mB;
             out[1] = lB;
@@ -208,8 +236,21 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot,    \
         int q16, const float* koff, int hp) {                                                                        \
         GDC();                                                                                                         \
-        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window);          \
+        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, 0, 0);    \
+    }
+// attn_mmi_f16_<hd>: the batch-invariant flavour; grid (tiles from `tiles`, KV heads, spans),
+// partials of tokens from tok_base on (the launch's first tile's first token).
+#define ATTN_MMI(HD)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) attn_mmi_f16_##HD(                                              \
+        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
+        const u32* bt, int n_head, int n_kv_head, int bs, float scale, float softcap, int window, int span,           \
+        int tok_base) {                                                                                                \
+        GDC();                                                                                                         \
+        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span, tok_base); \
     }
 ATTN_MMA(64)
 ATTN_MMA(128)
 ATTN_MMA(256)
+ATTN_MMI(64)
+ATTN_MMI(128)
+ATTN_MMI(256)

@@ -34,10 +34,27 @@ pub fn vec_max_positions() -> usize {
 /// numerics = CPU numerics").
 const VEC_MAX_POSITIONS: usize = 384;
 
-/// Kernel names of `kernels/attn_mma.cu` (tensor-core prefill attention over an f16 cache).
+/// Kernel names of `kernels/attn_mma.cu` (tensor-core attention over an f16 cache: the prefill
+/// kernel and its batch-invariant flavour).
 pub fn mma_kernel_names() -> Vec<String> {
-    [64, 128, 256].iter().map(|hd| format!("attn_mma_f16_{hd}")).collect()
+    [64, 128, 256].iter().flat_map(|hd| [format!("attn_mma_f16_{hd}"), format!("attn_mmi_f16_{hd}")]).collect()
 }
+
+/// Positions per split of the batch-invariant tensor-core attention (`attn_mmi_f16_*`, invariant
+/// numerics): absolute spans [s·256, (s + 1)·256), so a query's partials depend on its own
+/// position only. A multiple of the kernel's chunk (AM_KB).
+const INV_SPAN: usize = 256;
+/// Whether invariant numerics take the tensor-core attention (`attn_mmi_f16_*`, the default) or
+/// the one-pass kernel of exact attention (`QUARREL_CUDA_INVARIANT_ATTN=vec`: the attention
+/// before session 16, for comparisons; as invariant, slower prompts).
+fn invariant_mma() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("QUARREL_CUDA_INVARIANT_ATTN").map_or(true, |v| v != "vec"))
+}
+
+/// Bytes of partials one `attn_mmi_f16_*` launch may write: longer batches are launched in
+/// runs of tiles (the same scratch reused in stream order).
+const INV_SCRATCH: usize = 256 << 20;
 
 /// The smallest batch (query tokens) whose prefill attention over an f16 cache takes the
 /// tensor-core kernel (`attn_mma_f16_*`: f16 q and probabilities, f32 scores, softmax and
@@ -246,6 +263,18 @@ impl CudaBackend {
         let (kp, vp) = (kv.k[layer].ptr, kv.v[layer].ptr);
         let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         let (qp, op) = (self.rd(q)?, self.wr(out));
+        // invariant numerics: the tensor-core kernel with absolute splits at every token count
+        // (a shape it does not take keeps the one-pass kernel of exact attention, also invariant)
+        let group = p.n_head / p.n_kv_head;
+        if self.invariant_mm.load(std::sync::atomic::Ordering::Relaxed)
+            && invariant_mma()
+            && kv.spec.ty == quarrel_core::KvType::F16
+            && matches!(hd, 64 | 128 | 256)
+            && group <= 16
+            && offsets_fit
+        {
+            return self.attention_invariant([qp, kp, vp, op], q.len, kv, batch, p);
+        }
         if vec {
             return self.with_batch(batch, kv, p.sliding_window, |db| {
                 // the scores and the scan spread over all threads, the chain over hd of them:
@@ -313,6 +342,72 @@ impl CudaBackend {
                 0,
                 &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
             )?;
+            Ok(())
+        })
+    }
+}
+
+impl CudaBackend {
+    /// Attention in invariant numerics (`attn_mmi_f16_*` then `attn_combine`): the partials of
+    /// absolute spans of `INV_SPAN` positions, merged in span order, as many spans as the
+    /// batch's latest position needs (decode grids change every `INV_SPAN` positions: a graph
+    /// captured again then). Spans past a query's position are masked for it (skipped by the
+    /// combine), so the batch's other queries never change its bits.
+    fn attention_invariant(&self, [qp, kp, vp, op]: [u64; 4], q_len: usize, kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
+        let hd = p.head_dim;
+        let n_ctx = batch.positions.iter().max().map_or(0, |&x| x as usize + 1);
+        let n_split = n_ctx.div_ceil(INV_SPAN).max(1);
+        // a warp per two query heads of the KV head (the m16 rows: 8 tokens x 2 heads); decode
+        // steps (one token per tile: 2 of a warp's 16 rows) take at least 4 warps, the extra ones
+        // only staging K / V (the thread count never changes a row's arithmetic)
+        let one = batch.seqs.iter().all(|s| s.len <= 1);
+        let threads = 32 * (p.n_head / p.n_kv_head).div_ceil(2).max(if one { 4 } else { 1 }) as u32;
+        let per_token = 4 * p.n_head * n_split * (hd + 2);
+        let max_tok = (INV_SCRATCH / per_token).max(batch::ATT_QT);
+        self.with_batch(batch, kv, p.sliding_window, |db| {
+            let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q_len)? } else { (0, 0) };
+            let tiles = db.tile_tokens();
+            let whole = tiles.last().map_or(0, |&(t0, nq)| t0 + nq) - tiles.first().map_or(0, |t| t.0);
+            let part = self.dev.scratch(per_token * whole.min(max_tok))?;
+            let mut a = 0;
+            while a < tiles.len() {
+                // tiles [a, b): the tokens whose partials fit the scratch
+                let first = tiles[a].0;
+                let mut b = a + 1;
+                while b < tiles.len() && tiles[b].0 + tiles[b].1 - first <= max_tok {
+                    b += 1;
+                }
+                let n_tok = tiles[b - 1].0 + tiles[b - 1].1 - first;
+                let args = [
+                    Arg::P(qp),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(part.ptr()),
+                    Arg::P(db.tiles() + 12 * a as u64),
+                    Arg::P(db.pos()),
+                    Arg::P(db.bt_off()),
+                    Arg::P(db.bt()),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_kv_head as i32),
+                    Arg::I(kv.spec.block_size as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                    Arg::I(INV_SPAN as i32),
+                    Arg::I(first as i32),
+                ];
+                self.dev.launch(&format!("attn_mmi_f16_{hd}"), ((b - a) as u32, p.n_kv_head as u32, n_split as u32), threads, 0, &args)?;
+                let values = (first * p.n_head * hd) as u64;
+                let (xq_at, xm_at) = if xq == 0 { (0, 0) } else { (xq + values, xm + 8 * (values / 32)) };
+                self.dev.launch(
+                    "attn_combine",
+                    ((n_tok * p.n_head) as u32, 1, 1),
+                    hd as u32,
+                    0,
+                    &[Arg::P(part.ptr()), Arg::P(op + 4 * values), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq_at), Arg::P(xm_at)],
+                )?;
+                a = b;
+            }
             Ok(())
         })
     }

@@ -80,6 +80,8 @@ pub struct DevBatch {
     mem: PoolMem,
     pub n_tok: usize,
     pub n_tiles: usize,
+    /// (first token, tokens) of each attention tile, as uploaded
+    tile_tokens: Vec<(usize, usize)>,
     off_slots: usize,
     off_tiles: usize,
     off_btoff: usize,
@@ -121,6 +123,10 @@ impl DevBatch {
     pub fn bt(&self) -> u64 {
         self.at(self.off_bt)
     }
+    /// (first token, tokens) of each tile of `tiles()`, in its order.
+    pub fn tile_tokens(&self) -> &[(usize, usize)] {
+        &self.tile_tokens
+    }
 
     /// Validate `b` against a cache of `n_blocks` blocks of `block_size` and upload its arrays.
     pub fn new(dev: &Device, b: &ForwardBatch, block_size: usize, n_blocks: usize, window: Option<usize>) -> Result<DevBatch, CudaError> {
@@ -146,6 +152,7 @@ impl DevBatch {
             }
         }
         let n_tiles = tiles.len() / 3;
+        let tile_tokens = tiles.chunks_exact(3).map(|t| (t[0] as usize, t[1] as usize)).collect();
         let mut all = Vec::with_capacity(2 * n + tiles.len() + bt_off.len() + bt.len());
         all.extend_from_slice(&b.positions);
         let off_slots = all.len();
@@ -165,6 +172,7 @@ impl DevBatch {
             mem,
             n_tok: n,
             n_tiles,
+            tile_tokens,
             off_slots,
             off_tiles,
             off_btoff,

@@ -288,3 +288,87 @@ fn one_pass_kernels_match_cpu_bits() {
         assert!(nmse(&want, &new) <= tol::CPU && (c.softcap.is_some() || d_cpu == 0), "{what}: one-pass kernel vs CPU");
     }
 }
+
+/// One sequence of `total` tokens (random q, k, v per token, the same whatever the chunking)
+/// fed in chunks of `chunks` tokens (the last repeated until `total`) over one scattered cache
+/// of `n_blocks` blocks; returns every token's attention output in order.
+fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_blocks: usize) -> Vec<f32> {
+    let bs = 16;
+    // the sequence's blocks: every third one, backwards
+    let table: Vec<u32> = (0..total.div_ceil(bs) as u32).map(|i| n_blocks as u32 - 1 - 3 * i).collect();
+    assert!(3 * total.div_ceil(bs) <= n_blocks, "blocks overlap");
+    let spec = KvSpec { n_layer: 1, n_kv_head: c.n_kv_head, head_dim: c.hd, block_size: bs, n_blocks, ty: c.ty };
+    let mut kv = be.alloc_kv(&spec).unwrap();
+    let (row, qrow) = (c.n_kv_head * c.hd, c.n_head * c.hd);
+    let (ks, vs) = (rnd(total * row, 41), rnd(total * row, 42));
+    let qs: Vec<f32> = rnd(total * qrow, 43).iter().map(|x| x * 3.0).collect();
+    let p = AttnParams {
+        n_head: c.n_head,
+        n_kv_head: c.n_kv_head,
+        head_dim: c.hd,
+        scale: 1.0 / (c.hd as f32).sqrt(),
+        sliding_window: c.window,
+        softcap: c.softcap,
+    };
+    let mut out = Vec::with_capacity(total * qrow);
+    let (mut a, mut i) = (0, 0);
+    while a < total {
+        let n = chunks[i.min(chunks.len() - 1)].min(total - a);
+        i += 1;
+        let b = ForwardBatch {
+            tokens: vec![0; n],
+            positions: (a as u32..(a + n) as u32).collect(),
+            seqs: vec![SeqBatch { start: 0, len: n, block_table: table.clone() }],
+            logits_rows: vec![n - 1],
+            state_slots: vec![],
+        };
+        let k = be.upload(&ks[a * row..(a + n) * row]).unwrap();
+        let v = be.upload(&vs[a * row..(a + n) * row]).unwrap();
+        be.kv_store(&mut kv, 0, &k, &v, &b).unwrap();
+        let q = be.upload(&qs[a * qrow..(a + n) * qrow]).unwrap();
+        let mut o = be.alloc(n * qrow).unwrap();
+        be.attention(&q, &kv, 0, &b, &p, &mut o).unwrap();
+        out.extend(be.download(&o).unwrap());
+        a += n;
+    }
+    out
+}
+
+/// Invariant numerics' attention (`attn_mmi_f16_*`: the tensor cores over absolute 256-position
+/// spans, at every token count): a 700-token sequence prefilled at once, in chunks of 100 / 300
+/// / 7 tokens, or as 250 tokens then one token per step gives the same bits for every token
+/// (across three spans, tiles of fewer than 8 tokens, windows, soft caps, odd groups), with
+/// a cache of other sizes too (decode grids follow the cache); and it stays within the tensor-core
+/// kernel's bound of the CPU.
+#[test]
+fn invariant_attention_prefill_equals_decode_bits() {
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+        return;
+    }
+    let gpu = CudaBackend::new(0).unwrap();
+    gpu.set_invariant_numerics(true);
+    let cpu = CpuBackend::new(0).unwrap();
+    cpu.set_batch_invariant_attention(false);
+    let total = 700;
+    let mut cases = Vec::new();
+    for (n_head, n_kv_head, hd) in [(32, 8, 128), (4, 4, 64), (3, 1, 64), (8, 2, 256)] {
+        cases.push(Case { n_head, n_kv_head, hd, ty: KvType::F16, window: None, softcap: None });
+    }
+    cases.push(Case { n_head: 8, n_kv_head: 2, hd: 128, ty: KvType::F16, window: Some(300), softcap: None });
+    cases.push(Case { n_head: 8, n_kv_head: 4, hd: 256, ty: KvType::F16, window: Some(50), softcap: Some(30.0) });
+    for c in &cases {
+        let what = format!("heads {}/{} hd {} window {:?} softcap {:?}", c.n_head, c.n_kv_head, c.hd, c.window, c.softcap);
+        let whole = chunked(&gpu, c, total, &[total], 160);
+        let want = chunked(&cpu, c, total, &[total], 160);
+        let e = nmse(&want, &whole);
+        eprintln!("invariant {what}: vs CPU nmse {e:.2e}");
+        assert!(e <= tol::MMA_CPU, "invariant {what}: vs CPU {e:.3e}");
+        for (chunks, n_blocks) in [(&[100usize, 300, 7][..], 160), (&[250, 1][..], 160), (&[250, 1][..], 400)] {
+            let got = chunked(&gpu, c, total, chunks, n_blocks);
+            let qrow = c.n_head * c.hd;
+            let differ: Vec<usize> = (0..total).filter(|&t| (t * qrow..(t + 1) * qrow).any(|i| got[i].to_bits() != whole[i].to_bits())).collect();
+            assert!(differ.is_empty(), "invariant {what}: chunks {chunks:?} ({n_blocks} blocks) differ from one prefill at {} tokens, first {:?}", differ.len(), &differ[..differ.len().min(8)]);
+        }
+    }
+}
