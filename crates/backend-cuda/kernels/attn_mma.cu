@@ -53,7 +53,8 @@ template <int HD>
 __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                          float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                          const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                         int bs, float scale, float softcap, int window, int span, int tok_base) {
+                                         int bs, float scale, float softcap, int window, int span, int tok_base,
+                                         float* __restrict__ out, i8* __restrict__ xq, float2* __restrict__ xm) {
     __shared__ __align__(16) u16 Ks[AM_KB][HD + 8];  // [position][dim]
     __shared__ __align__(16) u16 Vt[HD][AM_KB + 8];  // [dim][position]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -202,6 +203,36 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     }
     lA = am_sum4(lA);
     lB = am_sum4(lB);
+    if (out) {
+        // one span (the batch's positions all below `span`): the rows normalized here with
+        // attn_combine's arithmetic for one split (weight exp(0) = 1: L = 0 + l, O = 0 + acc,
+        // O · (1 / L)), the same bits without the partials and the combine's launch; Q8 copies
+        // for the next matmul where asked (a warp per row through a staging row)
+        __shared__ float stg[8][HD];
+        for (int rr = 0; rr < 16; rr++) {
+            const int tok = rr % 8, b = rr / 8;
+            if (tok >= (int)nq || 2 * warp + b >= grp) continue;  // warp-uniform
+            if (g == tok) {
+                const float L = __fadd_rn(0.f, b ? lB : lA);
+                const float inv = __fdiv_rn(1.f, L);
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) {
+                    stg[warp][8 * n + 2 * t] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o[n][2 * b]), inv) : 0.f;
+                    stg[warp][8 * n + 2 * t + 1] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o[n][2 * b + 1]), inv) : 0.f;
+                }
+            }
+            __syncwarp();
+            const u64 th = (u64)(t0 + tok) * n_head + (b ? hB : hA);
+#pragma unroll
+            for (int j = 0; j < HD / 32; j++) {
+                const float v = stg[warp][32 * j + lane];
+                out[th * HD + 32 * j + lane] = v;
+                if (xq) q8_store(v, xq, xm, th * (HD / 32) + j);
+            }
+            __syncwarp();
+        }
+        return;
+    }
     if (vA) {
         float* out = part + (((u64)(t0 + g - tok_base) * n_head + hA) * n_split + split) * (HD + 2);
         if (t == 0) {
@@ -236,17 +267,20 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot,    \
         int q16, const float* koff, int hp) {                                                                        \
         GDC();                                                                                                         \
-        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, 0, 0);    \
+        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, 0, 0,     \
+                     nullptr, nullptr, nullptr);                                                                       \
     }
 // attn_mmi_f16_<hd>: the batch-invariant flavour; grid (tiles from `tiles`, KV heads, spans),
-// partials of tokens from tok_base on (the launch's first tile's first token).
+// partials of tokens from tok_base on (the launch's first tile's first token), or with `out`
+// (one span) the normalized rows and their Q8 copies (xq, xm; null: none) in place of them.
 #define ATTN_MMI(HD)                                                                                                   \
     extern "C" __global__ void __launch_bounds__(256) attn_mmi_f16_##HD(                                              \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
         const u32* bt, int n_head, int n_kv_head, int bs, float scale, float softcap, int window, int span,           \
-        int tok_base) {                                                                                                \
+        int tok_base, float* out, i8* xq, float2* xm) {                                                                \
         GDC();                                                                                                         \
-        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span, tok_base); \
+        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span, tok_base, \
+                     out, xq, xm);                                                                                     \
     }
 ATTN_MMA(64)
 ATTN_MMA(128)

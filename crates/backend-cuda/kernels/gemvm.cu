@@ -17,11 +17,11 @@
 // to the round's slot in shared memory, and the warp sums the stage's offset products on the
 // tensor cores (16 rows x up to 8 tokens: one mma, the A operand gathered by shuffles). Fold
 // thread (row, token) walks the rounds in order, folding each stage's units then its offset
-// sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer
-// warps wrote it; empty: the fold read it), so no warp waits on a block-wide barrier: the
-// producers' weight loads (GEMVM_DEPTH rounds ahead in registers; one, so that three one-token
-// blocks of 72 registers share a multiprocessor: 27 warps) keep streaming while the
-// fold trails them.
+// sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer warps
+// wrote it; empty: the fold read it; one arrival per warp), so no warp waits on a block-wide
+// barrier: the producers' weight loads (GEMVM_DEPTH rounds ahead in registers; one, so that three
+// one-token blocks of 72 registers share a multiprocessor: 27 warps) keep streaming while the fold
+// trails them.
 
 #ifndef GEMVM_DEPTH
 #define GEMVM_DEPTH 1
@@ -108,8 +108,8 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
     }
     if (tid == 0) {
         for (int i = 0; i < G::NS; i++) {
-            mbar_init(&full[i], 32 * W);
-            mbar_init(&empty[i], 32 * G::F);
+            mbar_init(&full[i], W);     // a lane per producer warp arrives
+            mbar_init(&empty[i], G::F);  // and per fold warp
         }
     }
     __syncthreads();
@@ -185,7 +185,10 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                         if (K && h == 0) of[warp * GEMVM_ROWS + r] = ofv;
                     }
                 }
-                mbar_arrive(&full[slot]);
+                // the warp's stores, then one arrival for it (__syncwarp orders the lanes'
+                // shared-memory writes before lane 0's release)
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&full[slot]);
             }
         }
     } else {
@@ -216,7 +219,8 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                     }
                 }
             }
-            mbar_arrive(&empty[slot]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[slot]);
             if (k == NR - 1) {  // the group's chains are complete
                 const int row = job.blk * GEMVM_ROWS + fr;
                 if (ft < NT && row < job.n_out) job.out[(u64)ft * job.n_out + row] = acc;

@@ -349,8 +349,8 @@ impl CudaBackend {
 
 impl CudaBackend {
     /// Attention in invariant numerics (`attn_mmi_f16_*` then `attn_combine`): the partials of
-    /// absolute spans of `INV_SPAN` positions, merged in span order, as many spans as the
-    /// batch's latest position needs (decode grids change every `INV_SPAN` positions: a graph
+    /// absolute spans of `INV_SPAN` positions, merged in span order (one span: normalized by the
+    /// kernel itself with the combine's arithmetic), as many spans as the batch's latest position needs (decode grids change every `INV_SPAN` positions: a graph
     /// captured again then). Spans past a query's position are masked for it (skipped by the
     /// combine), so the batch's other queries never change its bits.
     fn attention_invariant(&self, [qp, kp, vp, op]: [u64; 4], q_len: usize, kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
@@ -366,6 +366,35 @@ impl CudaBackend {
         let max_tok = (INV_SCRATCH / per_token).max(batch::ATT_QT);
         self.with_batch(batch, kv, p.sliding_window, |db| {
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q_len)? } else { (0, 0) };
+            let kname = format!("attn_mmi_f16_{hd}");
+            let args = |part: u64, tiles: u64, first: usize, (o, q, m): (u64, u64, u64)| {
+                vec![
+                    Arg::P(qp),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(part),
+                    Arg::P(tiles),
+                    Arg::P(db.pos()),
+                    Arg::P(db.bt_off()),
+                    Arg::P(db.bt()),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_kv_head as i32),
+                    Arg::I(kv.spec.block_size as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
+                    Arg::I(INV_SPAN as i32),
+                    Arg::I(first as i32),
+                    Arg::P(o),
+                    Arg::P(q),
+                    Arg::P(m),
+                ]
+            };
+            if n_split == 1 {
+                // one span: the kernel normalizes the rows itself (the combine's bits for one split)
+                let a = args(0, db.tiles(), 0, (op, xq, xm));
+                return Ok(self.dev.launch(&kname, (db.n_tiles as u32, p.n_kv_head as u32, 1), threads, 0, &a)?);
+            }
             let tiles = db.tile_tokens();
             let whole = tiles.last().map_or(0, |&(t0, nq)| t0 + nq) - tiles.first().map_or(0, |t| t.0);
             let part = self.dev.scratch(per_token * whole.min(max_tok))?;
@@ -378,25 +407,8 @@ impl CudaBackend {
                     b += 1;
                 }
                 let n_tok = tiles[b - 1].0 + tiles[b - 1].1 - first;
-                let args = [
-                    Arg::P(qp),
-                    Arg::P(kp),
-                    Arg::P(vp),
-                    Arg::P(part.ptr()),
-                    Arg::P(db.tiles() + 12 * a as u64),
-                    Arg::P(db.pos()),
-                    Arg::P(db.bt_off()),
-                    Arg::P(db.bt()),
-                    Arg::I(p.n_head as i32),
-                    Arg::I(p.n_kv_head as i32),
-                    Arg::I(kv.spec.block_size as i32),
-                    Arg::F(p.scale),
-                    Arg::F(p.softcap.unwrap_or(0.0)),
-                    Arg::I(p.sliding_window.unwrap_or(0) as i32),
-                    Arg::I(INV_SPAN as i32),
-                    Arg::I(first as i32),
-                ];
-                self.dev.launch(&format!("attn_mmi_f16_{hd}"), ((b - a) as u32, p.n_kv_head as u32, n_split as u32), threads, 0, &args)?;
+                let launch_args = args(part.ptr(), db.tiles() + 12 * a as u64, first, (0, 0, 0));
+                self.dev.launch(&kname, ((b - a) as u32, p.n_kv_head as u32, n_split as u32), threads, 0, &launch_args)?;
                 let values = (first * p.n_head * hd) as u64;
                 let (xq_at, xm_at) = if xq == 0 { (0, 0) } else { (xq + values, xm + 8 * (values / 32)) };
                 self.dev.launch(

@@ -76,7 +76,7 @@ pub(crate) fn unit_source(u: &Unit) -> String {
     // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
     // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL, MOE_GEMV_UNROLL), the
     // depth of the MMQ-order GEMV's weight loads and its one-token blocks per multiprocessor
-    // (kernels/gemvm.cu GEMVM_DEPTH, GEMVM_BLOCKS1)
+    // and its producer warps (kernels/gemvm.cu GEMVM_DEPTH, GEMVM_BLOCKS1, GEMVM_W)
     for (var, def) in [
         ("QUARREL_CUDA_GEMVO_R", "GEMVO_R"),
         ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"),
@@ -85,7 +85,12 @@ pub(crate) fn unit_source(u: &Unit) -> String {
         ("QUARREL_CUDA_MOE_GEMV_UNROLL", "MOE_GEMV_UNROLL"),
         ("QUARREL_CUDA_GEMVM_DEPTH", "GEMVM_DEPTH"),
         ("QUARREL_CUDA_GEMVM_BLOCKS", "GEMVM_BLOCKS1"),
+        ("QUARREL_CUDA_GEMVM_W", "GEMVM_W"),
     ] {
+        // the MMQ-order GEMV's shape is its unit's alone (a variant recompiles that unit only)
+        if def.starts_with("GEMVM_") && u.name != "gemvm" {
+            continue;
+        }
         if let Some(v) = std::env::var(var).ok().filter(|v| v.parse::<u8>().is_ok()) {
             s.push_str(&format!("#define {def} {v}\n"));
         }

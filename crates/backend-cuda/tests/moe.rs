@@ -510,7 +510,8 @@ fn fused_router_matches_matmul_and_reference() {
 /// (4,096 rows, two) in decode steps, where the joined launch used to pick the warps for all
 /// three (6e-4 prefill vs decode at 32 layers, H100 2026-11-23). Every matrix of a joined launch
 /// now sums as its own launch does: a 100-token prefill, the tokens after a 40-token prefill one
-/// by one, and a batch of 4 all give bit-identical logits (`Engine::consistency`).
+/// by one, and a batch of 4 all give bit-identical logits (`Engine::consistency`). Invariant
+/// numerics the same, and over 300 tokens too (attention across its 256-position spans).
 #[test]
 fn exact_numerics_consistent_on_a_7b_shape() {
     if !has_gpu() {
@@ -524,9 +525,11 @@ fn exact_numerics_consistent_on_a_7b_shape() {
         let path = dir.join(format!("mistral-7b-2l-{}.gguf", ftype.name()));
         let spec = SynthSpec::new(*Preset::by_name("mistral-7b").unwrap(), ftype).seed(7).layers(2);
         write_synth_with(&spec, WriteOptions { row_pool: 256 }, &path, &mut |_, _| {}).unwrap();
-        for mode in [Mode::Exact, Mode::Invariant] {
-            let mut e = engine_mode(&path, EngineOptions { n_ctx: 100, n_batch: 512, n_seq: 4, ..Default::default() }, mode);
-            let checks = e.consistency(&ConsistencyOptions { n_tokens: 100, n_prefill: 40, n_seqs: 4, seed: 5 }).unwrap();
+        // invariant numerics also past 256 positions (the attention's second span: a prompt of
+        // 100 normalized in the kernel, decode steps then the combine, against one prefill)
+        for (mode, n) in [(Mode::Exact, 100), (Mode::Invariant, 100), (Mode::Invariant, 300)] {
+            let mut e = engine_mode(&path, EngineOptions { n_ctx: n, n_batch: 512, n_seq: 4, ..Default::default() }, mode);
+            let checks = e.consistency(&ConsistencyOptions { n_tokens: n, n_prefill: 40.max(n / 3), n_seqs: 4, seed: 5 }).unwrap();
             for c in &checks {
                 eprintln!("mistral-7b x2 {} {}: {}: {} of {} positions identical, worst nmse {:.2e}", ftype.name(), mode.name(), c.name, c.identical(), c.nmse.len(), c.worst());
                 if c.identical() != c.nmse.len() {
