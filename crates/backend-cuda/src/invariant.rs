@@ -14,8 +14,9 @@
 //!  routed experts:           device routes: n_tok <= 8 moe_gemvm_dev_<type>, else mmq_id (grouped)
 //! ```
 //!
-//! With the routing, attention (`set_exact_attention`: one pass at every length) and every other
-//! op already independent of the batch, the whole forward pass is.
+//! With the routing, attention (`attn_mmi_f16_*` over f16 caches: the tensor cores over absolute
+//! 256-position spans at every token count, `attn.rs`; other caches `set_exact_attention`'s one
+//! pass) and every other op already independent of the batch, the whole forward pass is.
 
 use crate::device::{Arg, Device};
 use crate::error::CudaError;

@@ -46,7 +46,7 @@ pub struct ModelArgs {
     pub expert_budget: Option<usize>,
     /// GPU arithmetic: fast (default); invariant (a prompt, its tokens one by one and any batch
     /// give the same logits bit for bit: matmuls in the prompt kernels' float order at every
-    /// token count, attention in one pass); or exact (batch-invariant too, and llama.cpp's CPU
+    /// token count, attention on the tensor cores over fixed position spans); or exact (batch-invariant too, and llama.cpp's CPU
     /// arithmetic where the GPU can reproduce it: every matmul through the decode kernels,
     /// slower prompts). The CPU always computes exactly.
     #[arg(long = "numerics", value_enum, default_value_t = Numerics::Fast)]
