@@ -78,12 +78,15 @@ struct GemvmJob {
 // The block walks row groups gi = blockIdx.x, blockIdx.x + gridDim.x, ... of NG (a grid of a
 // few blocks per multiprocessor that stays resident: the loads of the next group stream while
 // the fold finishes this one); `map(gi)` names a group's job. The producers' rounds run on
-// across groups (round kk: group kk / NR, its round kk % NR).
+// across groups (round kk: group kk / NR, its round kk % NR, both counted rather than divided:
+// the kernel is bound by instruction issue as much as by memory, and integer division sequences
+// were a large part of its instructions, ncu 2026-11-23).
 template <int QT, int NT, class Map>
 __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gdc) {
     using G = GemvmShape<NT>;
     constexpr int W = GEMVM_W, D = GEMVM_DEPTH;
     constexpr bool K = QT == QT_Q4_K || QT == QT_Q5_K;
+    constexpr bool KQ = K || QT == QT_Q6_K;  // super-block types: U % 8 == 0
     extern __shared__ __align__(16) float gsm[];
     u64* full = (u64*)(gsm + G::NS * G::SLOT);
     u64* empty = full + G::NS;
@@ -116,13 +119,16 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
     if (gdc) GDC();
     if (warp < W) {
         const int g = lane / 4, tig = lane % 4;
+        // round kk's group (its place gn in the block's list) and round k within it, and those
+        // of round kk + D (the registers' next load): counted, not divided
+        int gn = 0, k = 0, ln = D / NR, lk = D % NR;
         for (int k0 = 0; k0 < KK; k0 += D) {
 #pragma unroll
             for (int d = 0; d < D; d++) {
                 const int kk = k0 + d;
                 if (kk >= KK) break;
-                const int k = kk % NR, s = W * k + warp, slot = kk % G::NS;
-                const GemvmJob job = map(first + kk / NR * step);
+                const int s = W * k + warp, slot = kk % G::NS;
+                const GemvmJob job = map(first + gn * step);
                 float pr[NT][4];
                 u32 p0 = 0u, p1 = 0u, b0 = 0u;
                 float ofv = 0.f;
@@ -138,7 +144,8 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                             if (j == 3) p1 |= hv << 16;
                             if (j == 0) ofv = un.of;
                         }
-                        const int ku = min(8 * s + 4 * h + j, U - 1);
+                        // K-quant rows are whole stages; others may end inside one
+                        const int ku = KQ ? 8 * s + 4 * h + j : min(8 * s + 4 * h + j, U - 1);
 #pragma unroll
                         for (int t = 0; t < NT; t++) {
                             const int4* xp = (const int4*)(job.xq + ((u64)t * U + ku) * 32);
@@ -156,9 +163,9 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                     }
                 }
                 {  // these registers load round kk + D next
-                    const int kn = kk + D, s2 = W * (kn % NR) + warp;
-                    if (kn < KK && s2 < S) {
-                        const GemvmJob jn = map(first + kn / NR * step);
+                    const int s2 = W * lk + warp;
+                    if (kk + D < KK && s2 < S) {
+                        const GemvmJob jn = map(first + ln * step);
                         quad_load<QT>(qd[d], jn.P, jn.M, wrow(jn), 8 * s2 + 4 * h, U, U);
                     }
                 }
@@ -189,14 +196,17 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                 // shared-memory writes before lane 0's release)
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&full[slot]);
+                if (++k == NR) k = 0, gn++;
+                if (++lk == NR) lk = 0, ln++;
             }
         }
     } else {
         const int ti = tid - 32 * W, fr = ti % GEMVM_ROWS, ft = ti / GEMVM_ROWS;  // fold thread (row, token)
         float acc = 0.f;
+        int gn = 0, k = 0;  // counted as the producers'
         for (int kk = 0; kk < KK; kk++) {
-            const int k = kk % NR, slot = kk % G::NS;
-            const GemvmJob job = map(first + kk / NR * step);
+            const int slot = kk % G::NS;
+            const GemvmJob job = map(first + gn * step);
             mbar_wait(&full[slot], (kk / G::NS) & 1);
             if (ft < NT) {
                 const float* tp = gsm + slot * G::SLOT + (ft * GEMVM_ROWS + fr) * GEMVM_TPS;
@@ -211,7 +221,7 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
 #pragma unroll
                     for (int u = 0; u < 8; u++) {
                         const int ku = 8 * s + u;
-                        if (ku < U) acc = fmaf(job.xm[(u64)ft * U + ku].x, v[u], acc);
+                        if (KQ || ku < U) acc = fmaf(job.xm[(u64)ft * U + ku].x, v[u], acc);
                     }
                     if (MMQ_OFS(QT)) {
                         const float c = cs[(st * NT + ft) * GEMVM_ROWS + fr];
@@ -221,10 +231,12 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[slot]);
-            if (k == NR - 1) {  // the group's chains are complete
+            if (++k == NR) {  // the group's chains are complete
                 const int row = job.blk * GEMVM_ROWS + fr;
                 if (ft < NT && row < job.n_out) job.out[(u64)ft * job.n_out + row] = acc;
                 acc = 0.f;
+                k = 0;
+                gn++;
             }
         }
     }
@@ -255,6 +267,17 @@ struct GemvmThree {
     }
 };
 
+// n / d for 0 <= n < 2^31 by a multiply and a shift (d >= 1 set up once: Granlund-Montgomery):
+// the maps run every round, and a runtime integer division is a long instruction sequence.
+struct FastDiv {
+    u32 d, m, l;
+    __device__ explicit FastDiv(u32 d_) : d(d_), l(0) {
+        while ((1u << l) < d) l++;
+        m = (u32)(((1ull << 32) * ((1ull << l) - d)) / d + 1);
+    }
+    __device__ u32 div(u32 n) const { return (__umulhi(n, m) + n) >> l; }
+};
+
 // Routed experts over device routes: group gi of route j = (gi / groups) % n_routes, matrix
 // gi / (groups · n_routes) (gate, up), expert eids[j], input row j / n_used (per token) or j.
 struct GemvmMoe {
@@ -265,13 +288,15 @@ struct GemvmMoe {
     int n_used, per_token, groups, n_routes, U, n_out;
     const i8* xq;
     const float2* xm;
+    FastDiv by_groups, by_used;
     __device__ GemvmJob operator()(int gi) const {
-        const bool z = gi >= groups * n_routes;
-        const int j = (gi / groups) % n_routes;
-        const u64 e = eids[j], x = per_token ? j / n_used : j;
+        const u32 q = by_groups.div((u32)gi);  // route-major index over both matrices
+        const bool z = (int)q >= n_routes;
+        const int j = (int)q - (z ? n_routes : 0);
+        const u64 e = eids[j], x = per_token ? by_used.div((u32)j) : (u32)j;
         const u8* M = z ? M1 : M0;
         return {(z ? P1 : P0) + e * slice_p, M ? M + e * slice_m : M, xq + x * U * 32, xm + x * U, (z ? out1 : out0) + (u64)j * n_out,
-                n_out, gi % groups};
+                n_out, gi - (int)q * groups};
     }
 };
 
@@ -308,7 +333,8 @@ struct GemvmMoe {
         int n_routes) {                                                                                                 \
         GDC();                                                                                                          \
         const int groups = (n_out + GEMVM_ROWS - 1) / GEMVM_ROWS;                                                       \
-        const GemvmMoe map{P0, P1, M0, M1, out0, out1, slice_p, slice_m, eids, n_used, per_token, groups, n_routes, U, n_out, xq, xm}; \
+        const GemvmMoe map{P0, P1, M0, M1, out0, out1, slice_p, slice_m, eids, n_used, per_token, groups, n_routes, U, n_out, xq, xm, \
+                           FastDiv((u32)groups), FastDiv((u32)max(n_used, 1))};                  \
         gemvm_run<QT, 1>(map, groups * n_routes * (P1 ? 2 : 1), U, false);                                             \
     }
 #define GEMVM_ALL(NAME, QT)                                                                          \
