@@ -16,8 +16,9 @@
 // (`quad_load` / `quad_unit`: MMQ's decoding, the same scales), writes their rounded products
 // to the round's slot in shared memory, and the warp sums the stage's offset products on the
 // tensor cores (16 rows x up to 8 tokens: one mma, the A operand gathered by shuffles). Fold
-// thread (row, token) walks the rounds in order, folding each stage's units then its offset
-// sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer warps
+// thread (row, token) walks the rounds in order, folding each stage's units (their activation
+// scales staged in the slot too: shared-memory reads, not a global load per unit) then its
+// offset sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer warps
 // wrote it; empty: the fold read it; one arrival per warp), so no warp waits on a block-wide
 // barrier: the producers' weight loads (GEMVM_DEPTH rounds ahead in registers; one, so that three
 // one-token blocks of 72 registers share a multiprocessor: 27 warps) keep streaming while the fold
@@ -42,7 +43,8 @@ struct GemvmShape {
     static constexpr int TP = NT * GEMVM_ROWS * GEMVM_TPS;   // products (token, row, stage unit)
     static constexpr int CS = GEMVM_W * NT * GEMVM_ROWS;     // offset sums (stage, token, row)
     static constexpr int OF = GEMVM_W * GEMVM_ROWS;          // offset factors (stage, row)
-    static constexpr int SLOT = TP + CS + OF;                // floats per slot
+    static constexpr int XS = GEMVM_W * NT * 8;              // activation scales (stage, token, unit)
+    static constexpr int SLOT = TP + CS + OF + XS;           // floats per slot
     static constexpr int MIN_BLOCKS = NT == 1 ? GEMVM_BLOCKS1 : (NT == 2 ? 2 : 1);  // per multiprocessor (register budget)
 };
 
@@ -131,8 +133,13 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                 const GemvmJob job = map(first + gn * step);
                 float pr[NT][4];
                 u32 p0 = 0u, p1 = 0u, b0 = 0u;
-                float ofv = 0.f;
+                float ofv = 0.f, xsv[(NT + 3) / 4];  // lane l: unit l % 8 of token l / 8 (+ 32 / 8)
                 if (s < S) {
+#pragma unroll
+                    for (int i = 0; i < (NT + 3) / 4; i++) {
+                        const int l = lane + 32 * i, t = l / 8, ku = 8 * s + l % 8;
+                        xsv[i] = t < NT && (KQ || ku < U) ? job.xm[(u64)t * U + ku].x : 0.f;
+                    }
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
                         const Unit un = quad_unit<QT>(qd[d], j, h);
@@ -174,6 +181,10 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                     float* tp = gsm + slot * G::SLOT;
                     float* cs = tp + G::TP;
                     float* of = cs + G::CS;
+                    float* xs = of + G::OF;
+#pragma unroll
+                    for (int i = 0; i < (NT + 3) / 4; i++)
+                        if (lane + 32 * i < 8 * NT) xs[warp * NT * 8 + lane + 32 * i] = xsv[i];
 #pragma unroll
                     for (int t = 0; t < NT; t++)
                         *(float4*)&tp[(t * GEMVM_ROWS + r) * GEMVM_TPS + 8 * warp + 4 * h] = make_float4(pr[t][0], pr[t][1], pr[t][2], pr[t][3]);
@@ -212,6 +223,7 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                 const float* tp = gsm + slot * G::SLOT + (ft * GEMVM_ROWS + fr) * GEMVM_TPS;
                 const float* cs = gsm + slot * G::SLOT + G::TP;
                 const float* of = cs + G::CS;
+                const float* xs = of + G::OF + ft * 8;  // the token's unit scales, stage st at + st * NT * 8
 #pragma unroll
                 for (int st = 0; st < W; st++) {
                     const int s = W * k + st;
@@ -219,9 +231,11 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                     const float4 a = *(const float4*)&tp[8 * st], b = *(const float4*)&tp[8 * st + 4];
                     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
+                    const float4 xa = *(const float4*)&xs[st * NT * 8], xb = *(const float4*)&xs[st * NT * 8 + 4];
+                    const float xd[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
                     for (int u = 0; u < 8; u++) {
-                        const int ku = 8 * s + u;
-                        if (KQ || ku < U) acc = fmaf(job.xm[(u64)ft * U + ku].x, v[u], acc);
+                        if (KQ || 8 * s + u < U) acc = fmaf(xd[u], v[u], acc);
                     }
                     if (MMQ_OFS(QT)) {
                         const float c = cs[(st * NT + ft) * GEMVM_ROWS + fr];

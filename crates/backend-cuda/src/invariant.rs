@@ -32,12 +32,13 @@ const TPS: usize = 8 * PRODUCERS + 8;
 
 /// Threads and dynamic shared memory of a `gemvm_*_<nt>` block (gemvm.cu `GemvmShape<NT>`):
 /// the producer warps plus a fold warp per 32 (row, token) chains, and a ring of slots (4 for
-/// one or two tokens, else 2) of products, offset sums and offset factors, then a full / empty
+/// one or two tokens, else 2) of products, offset sums, offset factors and activation scales, then a full / empty
 /// mbarrier pair per slot.
 pub(crate) fn dims(nt: usize) -> (u32, u32) {
     debug_assert!(matches!(nt, 1 | 2 | 4 | 8));
     let (slots, fold) = if nt <= 2 { (4, 1) } else { (2, nt / 2) };
-    let slot = nt * ROWS_PER_BLOCK * TPS + PRODUCERS * nt * ROWS_PER_BLOCK + PRODUCERS * ROWS_PER_BLOCK;
+    // products, offset sums, offset factors, activation scales (gemvm.cu GemvmShape)
+    let slot = nt * ROWS_PER_BLOCK * TPS + PRODUCERS * nt * ROWS_PER_BLOCK + PRODUCERS * ROWS_PER_BLOCK + PRODUCERS * nt * 8;
     ((32 * (PRODUCERS + fold)) as u32, (slots * (4 * slot + 16)) as u32)
 }
 
