@@ -39,6 +39,29 @@ struct Case {
     softcap: Option<f32>,
 }
 
+impl Case {
+    /// The attention parameters of the case (scale 1/√hd).
+    fn params(&self) -> AttnParams {
+        AttnParams {
+            n_head: self.n_head,
+            n_kv_head: self.n_kv_head,
+            head_dim: self.hd,
+            scale: 1.0 / (self.hd as f32).sqrt(),
+            sliding_window: self.window,
+            softcap: self.softcap,
+        }
+    }
+}
+
+/// Whether there is no CUDA device (said once per test: it skips).
+fn no_gpu() -> bool {
+    let none = quarrel_cuda::device_count() == 0;
+    if none {
+        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+    }
+    none
+}
+
 /// Prompts of `lens` tokens stored for every sequence, then one decode token each; returns
 /// the decode step's attention output.
 fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
@@ -83,14 +106,7 @@ fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
     let k1 = be.upload(&rnd(lens.len() * row, 21)).unwrap();
     let v1 = be.upload(&rnd(lens.len() * row, 22)).unwrap();
     be.kv_store(&mut kv, 0, &k1, &v1, &dec).unwrap();
-    let p = AttnParams {
-        n_head: c.n_head,
-        n_kv_head: c.n_kv_head,
-        head_dim: c.hd,
-        scale: 1.0 / (c.hd as f32).sqrt(),
-        sliding_window: c.window,
-        softcap: c.softcap,
-    };
+    let p = c.params();
     let q = be.upload(&rnd(lens.len() * c.n_head * c.hd, 23).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
     let mut o = be.alloc(lens.len() * c.n_head * c.hd).unwrap();
     be.attention(&q, &kv, 0, &dec, &p, &mut o).unwrap();
@@ -99,8 +115,7 @@ fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
 
 #[test]
 fn batched_decode_attention_matches_cpu_and_per_head_kernel() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+    if no_gpu() {
         return;
     }
     let gpu = CudaBackend::new(0).unwrap();
@@ -182,14 +197,7 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
     let k = be.upload(&rnd(n * row, 11)).unwrap();
     let v = be.upload(&rnd(n * row, 12)).unwrap();
     be.kv_store(&mut kv, 0, &k, &v, &b).unwrap();
-    let p = AttnParams {
-        n_head: c.n_head,
-        n_kv_head: c.n_kv_head,
-        head_dim: c.hd,
-        scale: 1.0 / (c.hd as f32).sqrt(),
-        sliding_window: c.window,
-        softcap: c.softcap,
-    };
+    let p = c.params();
     let q = be.upload(&rnd(n * c.n_head * c.hd, 23).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
     let mut o = be.alloc(n * c.n_head * c.hd).unwrap();
     be.attention(&q, &kv, 0, &b, &p, &mut o).unwrap();
@@ -205,8 +213,7 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
 /// `set_batch_invariant_attention(false)`: the tiled f32 path for sequences of 64+ tokens).
 #[test]
 fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+    if no_gpu() {
         return;
     }
     let gpu = CudaBackend::new(0).unwrap();
@@ -255,8 +262,7 @@ fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
 /// and each other's bits everywhere (with a soft cap too, where tanhf may differ from libm's).
 #[test]
 fn one_pass_kernels_match_cpu_bits() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+    if no_gpu() {
         return;
     }
     let gpu = CudaBackend::new(0).unwrap();
@@ -302,14 +308,7 @@ fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_block
     let (row, qrow) = (c.n_kv_head * c.hd, c.n_head * c.hd);
     let (ks, vs) = (rnd(total * row, 41), rnd(total * row, 42));
     let qs: Vec<f32> = rnd(total * qrow, 43).iter().map(|x| x * 3.0).collect();
-    let p = AttnParams {
-        n_head: c.n_head,
-        n_kv_head: c.n_kv_head,
-        head_dim: c.hd,
-        scale: 1.0 / (c.hd as f32).sqrt(),
-        sliding_window: c.window,
-        softcap: c.softcap,
-    };
+    let p = c.params();
     let mut out = Vec::with_capacity(total * qrow);
     let (mut a, mut i) = (0, 0);
     while a < total {
@@ -337,13 +336,12 @@ fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_block
 /// Invariant numerics' attention (`attn_mmi_f16_*`: the tensor cores over absolute 256-position
 /// spans, at every token count): a 700-token sequence prefilled at once, in chunks of 100 / 300
 /// / 7 tokens, or as 250 tokens then one token per step gives the same bits for every token
-/// (across three spans, tiles of fewer than 8 tokens, windows, soft caps, odd groups), with
-/// a cache of other sizes too (decode grids follow the cache); and it stays within the tensor-core
-/// kernel's bound of the CPU.
+/// (across three spans, batches inside the first span normalized by the kernel itself, tiles of
+/// fewer than 8 tokens, windows, soft caps, odd groups), in a cache of 160 or 400 blocks; and it
+/// stays within the tensor-core kernel's bound of the CPU.
 #[test]
 fn invariant_attention_prefill_equals_decode_bits() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
+    if no_gpu() {
         return;
     }
     let gpu = CudaBackend::new(0).unwrap();
