@@ -350,9 +350,10 @@ impl CudaBackend {
 impl CudaBackend {
     /// Attention in invariant numerics (`attn_mmi_f16_*` then `attn_combine`): the partials of
     /// absolute spans of `INV_SPAN` positions, merged in span order (one span: normalized by the
-    /// kernel itself with the combine's arithmetic), as many spans as the batch's latest position needs (decode grids change every `INV_SPAN` positions: a graph
-    /// captured again then). Spans past a query's position are masked for it (skipped by the
-    /// combine), so the batch's other queries never change its bits.
+    /// kernel itself with the combine's arithmetic), as many spans as the batch's latest
+    /// position needs (decode grids change every `INV_SPAN` positions: a graph is captured
+    /// again then). Spans past a query's position are masked for it (skipped by the combine),
+    /// so the batch's other queries never change its bits.
     fn attention_invariant(&self, [qp, kp, vp, op]: [u64; 4], q_len: usize, kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
         let hd = p.head_dim;
         let n_ctx = batch.positions.iter().max().map_or(0, |&x| x as usize + 1);
