@@ -17,8 +17,8 @@
 // to the round's slot in shared memory, and the warp sums the stage's offset products on the
 // tensor cores (16 rows x up to 8 tokens: one mma, the A operand gathered by shuffles). Fold
 // thread (row, token) walks the rounds in order, folding each stage's units (their activation
-// scales staged in the slot too: shared-memory reads, not a global load per unit) then its
-// offset sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer warps
+// scales staged in the slot too: shared-memory reads, not a global load per unit) then its offset
+// sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer warps
 // wrote it; empty: the fold read it; one arrival per warp), so no warp waits on a block-wide
 // barrier: the producers' weight loads (GEMVM_DEPTH rounds ahead in registers; one, so that three
 // one-token blocks of 72 registers share a multiprocessor: 27 warps) keep streaming while the fold
@@ -133,7 +133,7 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                 const GemvmJob job = map(first + gn * step);
                 float pr[NT][4];
                 u32 p0 = 0u, p1 = 0u, b0 = 0u;
-                float ofv = 0.f, xsv[(NT + 3) / 4];  // lane l: unit l % 8 of token l / 8 (+ 32 / 8)
+                float ofv = 0.f, xsv[(NT + 3) / 4];  // value lane + 32i: token (lane + 32i) / 8, unit % 8
                 if (s < S) {
 #pragma unroll
                     for (int i = 0; i < (NT + 3) / 4; i++) {
