@@ -16,6 +16,8 @@ ap.add_argument("--arch", default="90")
 ap.add_argument("--jobs", type=int, default=os.cpu_count())
 ap.add_argument("--verbose", action="store_true", help="registers of every kernel")
 ap.add_argument("--only", default=None, help="comma-separated unit names (default: every unit)")
+ap.add_argument("--keep", default=None, help="directory for each unit's CUBIN and, where cuobjdump is found (--cuobjdump), its SASS")
+ap.add_argument("--cuobjdump", default="cuobjdump", help="cuobjdump binary (pip: nvidia-cuda-cuobjdump)")
 a = ap.parse_args()
 nv_rs = open(os.path.join(root, "crates/backend-cuda/src/nvrtc.rs")).read()
 units = [(n, re.findall(r'"([\w.]+)"', f), d.encode().decode("unicode_escape"))
@@ -48,6 +50,14 @@ def check(unit):
     with tempfile.TemporaryDirectory() as d:
         open(f"{d}/k.ptx", "wb").write(ptx.value)
         r = subprocess.run([os.path.join(a.nv, "bin/ptxas"), f"-arch=sm_{a.arch}", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"], capture_output=True, text=True)
+        if a.keep and r.returncode == 0:
+            os.makedirs(a.keep, exist_ok=True)
+            open(os.path.join(a.keep, f"{name}.cubin"), "wb").write(open(f"{d}/k.cubin", "rb").read())
+            try:
+                sass = subprocess.run([a.cuobjdump, "-sass", f"{d}/k.cubin"], capture_output=True, text=True).stdout
+                open(os.path.join(a.keep, f"{name}.sass"), "w").write(sass)
+            except OSError:
+                pass
     fn = None
     for line in r.stderr.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)

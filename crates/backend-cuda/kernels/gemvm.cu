@@ -10,42 +10,69 @@
 // Here the integer dots run on dp4a, round(s0 * I) is one rounded product (I is exact in f32),
 // and C comes from the same mma instruction over the same operands.
 //
-// Layout (v3): a block holds 16 rows; GEMVM_W producer warps split the row's stages and F fold
-// warps run the chains. Producer warp w takes stages w, w + W, w + 2W, ... (round k: stage
-// kW + w); lane (row r = lane / 2, half h = lane % 2) decodes the 4 units 4h .. 4h + 3 of row r
-// (`quad_load` / `quad_unit`: MMQ's decoding, the same scales), writes their rounded products
-// to the round's slot in shared memory, and the warp sums the stage's offset products on the
-// tensor cores (16 rows x up to 8 tokens: one mma, the A operand gathered by shuffles). Fold
-// thread (row, token) walks the rounds in order, folding each stage's units (their activation
-// scales staged in the slot too: shared-memory reads, not a global load per unit) then its offset
-// sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each (full: the W producer warps
-// wrote it; empty: the fold read it; one arrival per warp), so no warp waits on a block-wide
-// barrier: the producers' weight loads (GEMVM_DEPTH rounds ahead in registers; one, so that three
-// one-token blocks of 72 registers share a multiprocessor: 27 warps) keep streaming while the fold
-// trails them.
+// Layout (v4): a block holds 16 rows; GEMVM_W compute warps split the row's stages, F fold
+// warps run the chains and one copy warp feeds them. Round k of a row group is its stages
+// kW .. kW + W - 1: in every row a contiguous run of bytes (K-quant super-blocks, or the quant
+// and meta planes of 8W units), which the copy warp brings into one of GEMVM_NB buffers in
+// shared memory with the bulk-copy engine (one cp.async.bulk per row and plane, plus the
+// round's Q8 activations and their scales per token; completion counted in bytes on the
+// buffer's mbarrier; the routes and job of a group read once per group, not per round), so
+// the weight stream needs no registers, no per-lane 64-bit addresses and no uncoalesced loads
+// (v3 loaded each lane's 64 bytes from global memory: ncu 2026-11-23, L1 wavefronts the top
+// utilization and global-load latency the top stall). The dense kernels' weights of the first
+// rounds are asked for before the PDL wait (they do not depend on the previous kernel).
+// Compute warp w takes stage w of each round; lane (row r = lane / 2, half h = lane % 2) decodes
+// the 4 units 4h .. 4h + 3 of row r from the buffer (`quad_load` / `quad_unit`: MMQ's decoding,
+// the same scales), frees the buffer once the products are made, writes the rounded products
+// to the round's slot, and the warp sums the stage's offset products on the tensor cores (16
+// rows x up to 8 tokens: one mma, the A operand gathered by shuffles). Fold thread (row, token)
+// walks the rounds in order, folding each stage's units (their activation scales staged in the
+// slot too) then its offset sum. Slots form a ring of GEMVM_NS rounds with an mbarrier pair each
+// (full: the W compute warps wrote it; empty: the fold read it; one arrival per warp), buffers a
+// ring of GEMVM_NB (full: bytes landed; empty: the W compute warps read it): no warp waits on a
+// block-wide barrier.
 
-#ifndef GEMVM_DEPTH
-#define GEMVM_DEPTH 1
-#endif
-#ifndef GEMVM_BLOCKS1
-#define GEMVM_BLOCKS1 3  // one-token blocks per multiprocessor (src/invariant.rs `grid`)
+#ifndef GEMVM_NB
+#define GEMVM_NB 3           // weight buffers: rounds in flight in the copy engine
 #endif
 #define GEMVM_ROWS 16        // rows per block
-#define GEMVM_W 8            // producer warps per block
+#define GEMVM_W 8            // compute warps per block
+#define GEMVM_RU (8 * GEMVM_W)  // units per round
 #define GEMVM_TPS (8 * GEMVM_W + 8)  // row stride of a slot's products (padded: conflict-free float4 stores)
 
-// Shared memory of a block over NT tokens (src/invariant.rs `dims` mirrors it).
-template <int NT>
+// A buffer's rows (src/invariant.rs `dims` mirrors it): K types one run of W super-blocks (SB
+// bytes each) per row, others the quant plane (PU bytes per unit) and the meta plane (MSZ);
+// each row padded by 16 bytes (rows 4 banks apart: conflict-free 16-byte loads).
+template <int QT>
+struct GemvmPlanes {
+    static constexpr bool K = QT == QT_Q4_K || QT == QT_Q5_K || QT == QT_Q6_K;
+    static constexpr int SB = QT == QT_Q4_K ? 144 : (QT == QT_Q5_K ? 176 : 224);
+    static constexpr int PU = QT == QT_Q8_0 ? 32 : 16;
+    static constexpr int MSZ = (QT == QT_Q4_0 || QT == QT_Q8_0) ? 2 : (QT == QT_Q4_1 ? 4 : 8);
+    static constexpr int RSP = (K ? GEMVM_W * SB : GEMVM_RU * PU) + 16;
+    static constexpr int RSM = K ? 0 : GEMVM_RU * MSZ + 16;
+};
+
+// Shared memory of a block over NT tokens (src/invariant.rs `dims` mirrors it): NS slots, then
+// NB buffers, then the mbarriers.
+template <int QT, int NT>
 struct GemvmShape {
+    using PL = GemvmPlanes<QT>;
     static constexpr int NS = NT <= 2 ? 4 : 2;               // slots (rounds in flight)
     static constexpr int F = NT <= 2 ? 1 : NT / 2;           // fold warps: 16 rows x NT tokens
-    static constexpr int THREADS = 32 * (GEMVM_W + F);
+    static constexpr int THREADS = 32 * (GEMVM_W + F + 1);
     static constexpr int TP = NT * GEMVM_ROWS * GEMVM_TPS;   // products (token, row, stage unit)
     static constexpr int CS = GEMVM_W * NT * GEMVM_ROWS;     // offset sums (stage, token, row)
     static constexpr int OF = GEMVM_W * GEMVM_ROWS;          // offset factors (stage, row)
     static constexpr int XS = GEMVM_W * NT * 8;              // activation scales (stage, token, unit)
     static constexpr int SLOT = TP + CS + OF + XS;           // floats per slot
-    static constexpr int MIN_BLOCKS = NT == 1 ? GEMVM_BLOCKS1 : (NT == 2 ? 2 : 1);  // per multiprocessor (register budget)
+    static constexpr int XB = NT * GEMVM_RU * 32;            // a buffer's activations (token, unit, 32 int8)
+    static constexpr int XM = NT * GEMVM_RU * 8;             // and their scales (token, unit, {d, sum})
+    static constexpr int BUF = GEMVM_ROWS * (PL::RSP + PL::RSM) + XB + XM;  // bytes per buffer
+    static constexpr int SMEM = NS * SLOT * 4 + GEMVM_NB * BUF + (2 * NS + 2 * GEMVM_NB) * 8;
+    // per multiprocessor (the register budget): three one-token blocks where their shared
+    // memory fits (228 KB, 1 KB each reserved), else two
+    static constexpr int MIN_BLOCKS = NT == 1 ? (3 * (SMEM + 1024) <= 228 * 1024 ? 3 : 2) : (NT == 2 ? 2 : 1);
 };
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -54,6 +81,14 @@ __device__ __forceinline__ void mbar_init(u64* b, u32 n) {
 }
 __device__ __forceinline__ void mbar_arrive(u64* b) {
     asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared.b64 st, [%0];\n\t}" ::"r"(smem_u32(b)) : "memory");
+}
+// Arrive and expect `bytes` more from the copy engine in this phase.
+__device__ __forceinline__ void mbar_arrive_tx(u64* b, u32 bytes) {
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+// Expect `bytes` more without arriving.
+__device__ __forceinline__ void mbar_expect_tx(u64* b, u32 bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
 }
 // Wait until the phase of parity `parity` of barrier b has completed.
 __device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
@@ -64,6 +99,13 @@ __device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
                      : "r"(smem_u32(b)), "r"(parity)
                      : "memory");
     } while (!done);
+}
+// `bytes` (a multiple of 16, both ends 16-byte aligned) from global memory to shared memory by
+// the bulk-copy engine, counted on barrier `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %1;\n\tcp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [g], %2, [%3];\n\t}" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
 }
 
 // One group of 16 rows: the matrix (planes P, M), its Q8 input (xq, xm) and output rows, and
@@ -78,146 +120,204 @@ struct GemvmJob {
 };
 
 // The block walks row groups gi = blockIdx.x, blockIdx.x + gridDim.x, ... of NG (a grid of a
-// few blocks per multiprocessor that stays resident: the loads of the next group stream while
-// the fold finishes this one); `map(gi)` names a group's job. The producers' rounds run on
-// across groups (round kk: group kk / NR, its round kk % NR, both counted rather than divided:
-// the kernel is bound by instruction issue as much as by memory, and integer division sequences
-// were a large part of its instructions, ncu 2026-11-23).
+// few blocks per multiprocessor that stays resident: the copies of the next group stream while
+// the fold finishes this one); `map(gi)` names a group's job. The rounds run on across groups
+// (round kk: group kk / NR, its round kk % NR, both counted rather than divided: integer
+// division sequences were a large part of v3's instructions, ncu 2026-11-23).
 template <int QT, int NT, class Map>
 __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gdc) {
-    using G = GemvmShape<NT>;
-    constexpr int W = GEMVM_W, D = GEMVM_DEPTH;
+    using G = GemvmShape<QT, NT>;
+    using PL = GemvmPlanes<QT>;
+    constexpr int W = GEMVM_W, NB = GEMVM_NB;
     constexpr bool K = QT == QT_Q4_K || QT == QT_Q5_K;
-    constexpr bool KQ = K || QT == QT_Q6_K;  // super-block types: U % 8 == 0
+    constexpr bool KQ = PL::K;  // super-block types: U % 8 == 0
     extern __shared__ __align__(16) float gsm[];
-    u64* full = (u64*)(gsm + G::NS * G::SLOT);
+    u8* bufs = (u8*)(gsm + G::NS * G::SLOT);
+    u64* full = (u64*)(bufs + NB * G::BUF);
     u64* empty = full + G::NS;
+    u64* wfull = empty + G::NS;
+    u64* wempty = wfull + NB;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int S = (U + 7) / 8;        // stages per row
     const int NR = (S + W - 1) / W;   // rounds per group
     const int first = blockIdx.x, step = gridDim.x;
     const int KK = (first < NG ? (NG - first + step - 1) / step : 0) * NR;  // this block's rounds
-    const int r = lane / 2, h = lane % 2;
-    // rows past the end re-read the last (dropped)
-    auto wrow = [&](const GemvmJob& j) { return (u64)min(j.blk * GEMVM_ROWS + r, j.n_out - 1); };
-    Quad qd[D];
-    if (warp < W) {
-#pragma unroll
-        for (int d = 0; d < D; d++) {
-            const int s = W * (d % NR) + warp;
-            if (d < KK && s < S) {
-                const GemvmJob j = map(first + d / NR * step);
-                quad_load<QT>(qd[d], j.P, j.M, wrow(j), 8 * s + 4 * h, U, U);
-            }
-        }
-    }
+    // the meta plane and the activation scales by the copy engine where their rows are whole
+    // 16-byte runs, else per lane from global memory
+    const bool mbulk = !KQ && (U * PL::MSZ) % 16 == 0, xbulk = U % 2 == 0;
     if (tid == 0) {
         for (int i = 0; i < G::NS; i++) {
-            mbar_init(&full[i], W);     // a lane per producer warp arrives
+            mbar_init(&full[i], W);     // a lane per compute warp arrives
             mbar_init(&empty[i], G::F);  // and per fold warp
         }
+        for (int i = 0; i < NB; i++) {
+            mbar_init(&wfull[i], 1);   // the copy warp's arrival, plus the bytes
+            mbar_init(&wempty[i], W);  // a lane per compute warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    if (warp == W + G::F) {
+        // the copy warp: lane r < 16 copies row r's runs, lane 16 + t token t's activations
+        // round kk's bytes of row r / token t: (weights, activations)
+        auto issue = [&](int kk, const GemvmJob& job, int k, bool wts, bool act) {
+            u8* buf = bufs + (kk % NB) * G::BUF;
+            u64* bar = &wfull[kk % NB];
+            const int nrows = min(GEMVM_ROWS, job.n_out - job.blk * GEMVM_ROWS);
+            const int nu = min(GEMVM_RU, U - GEMVM_RU * k);  // units of the round (K: whole stages)
+            const u32 pb = KQ ? (u32)(nu / 8) * PL::SB : (u32)nu * PL::PU, mb = mbulk ? (u32)nu * PL::MSZ : 0u, xb = (u32)nu * 32;
+            const u32 sb = xbulk ? (u32)nu * 8 : 0u;
+            const u32 bytes = (wts ? (u32)nrows * (pb + mb) : 0u) + (act ? NT * (xb + sb) : 0u);
+            if (lane == 0) {
+                if (act) mbar_arrive_tx(bar, bytes);
+                else mbar_expect_tx(bar, bytes);
+            }
+            __syncwarp();
+            if (wts && lane < nrows) {
+                const u64 row = (u64)job.blk * GEMVM_ROWS + lane;
+                if (KQ) {
+                    bulk_copy(buf + lane * PL::RSP, job.P + (row * (U / 8) + W * k) * PL::SB, pb, bar);
+                } else {
+                    bulk_copy(buf + lane * PL::RSP, job.P + (row * U + GEMVM_RU * k) * PL::PU, pb, bar);
+                    if (mbulk) bulk_copy(buf + GEMVM_ROWS * PL::RSP + lane * PL::RSM, job.M + (row * U + GEMVM_RU * k) * PL::MSZ, mb, bar);
+                }
+            }
+            if (act && lane >= 16 && lane < 16 + NT) {
+                const int t = lane - 16;
+                u8* xbuf = buf + GEMVM_ROWS * (PL::RSP + PL::RSM);
+                bulk_copy(xbuf + t * GEMVM_RU * 32, job.xq + ((u64)t * U + GEMVM_RU * k) * 32, xb, bar);
+                if (xbulk) bulk_copy(xbuf + G::XB + t * GEMVM_RU * 8, job.xm + (u64)t * U + GEMVM_RU * k, sb, bar);
+            }
+        };
+        const int P0 = min(NB, KK);
+        // the first rounds' weights before the previous kernel's end, their activations after
+        for (int kk = 0; kk < P0; kk++) issue(kk, map(first + kk / NR * step), kk % NR, true, !gdc);
+        if (gdc) {
+            GDC();
+            for (int kk = 0; kk < P0; kk++) issue(kk, map(first + kk / NR * step), kk % NR, false, true);
+        }
+        int gn = P0 / NR, k = P0 % NR;
+        GemvmJob job;
+        if (P0 < KK) job = map(first + gn * step);
+        for (int kk = P0; kk < KK; kk++) {
+            mbar_wait(&wempty[kk % NB], (kk / NB - 1) & 1);
+            issue(kk, job, k, true, true);
+            if (++k == NR) {  // the next group's job (the map reads the routes: once per group)
+                k = 0, gn++;
+                if (kk + 1 < KK) job = map(first + gn * step);
+            }
+        }
+        return;
+    }
     if (gdc) GDC();
     if (warp < W) {
-        const int g = lane / 4, tig = lane % 4;
-        // round kk's group (its place gn in the block's list) and round k within it, and those
-        // of round kk + D (the registers' next load): counted, not divided
-        int gn = 0, k = 0, ln = D / NR, lk = D % NR;
-        for (int k0 = 0; k0 < KK; k0 += D) {
+        const int r = lane / 2, h = lane % 2, g = lane / 4, tig = lane % 4;
+        int gn = 0, k = 0;  // round kk's group (its place in the block's list) and round in it
+        GemvmJob job;
+        if (KK > 0) job = map(first);
+        for (int kk = 0; kk < KK; kk++) {
+            const int s = W * k + warp, slot = kk % G::NS, b = kk % NB;
+            const u8* buf = bufs + b * G::BUF;
+            // the round's activation scales: in the buffer (unit u of token t at t * RU + u), or global
+            const float2* xmr = xbulk ? (const float2*)(buf + GEMVM_ROWS * (PL::RSP + PL::RSM) + G::XB) : job.xm + GEMVM_RU * k;
+            const int xms = xbulk ? GEMVM_RU : U;  // its token stride
+            float pr[NT][4];
+            u32 p0 = 0u, p1 = 0u, b0 = 0u;
+            float ofv = 0.f, xsv[(NT + 3) / 4];  // value lane + 32i: token (lane + 32i) / 8, unit % 8
+            mbar_wait(&wfull[b], (kk / NB) & 1);
+            if (s < S) {
 #pragma unroll
-            for (int d = 0; d < D; d++) {
-                const int kk = k0 + d;
-                if (kk >= KK) break;
-                const int s = W * k + warp, slot = kk % G::NS;
-                const GemvmJob job = map(first + gn * step);
-                float pr[NT][4];
-                u32 p0 = 0u, p1 = 0u, b0 = 0u;
-                float ofv = 0.f, xsv[(NT + 3) / 4];  // value lane + 32i: token (lane + 32i) / 8, unit % 8
-                if (s < S) {
-#pragma unroll
-                    for (int i = 0; i < (NT + 3) / 4; i++) {
-                        const int l = lane + 32 * i, t = l / 8, ku = 8 * s + l % 8;
-                        xsv[i] = t < NT && (KQ || ku < U) ? job.xm[(u64)t * U + ku].x : 0.f;
-                    }
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const Unit un = quad_unit<QT>(qd[d], j, h);
-                        if (MMQ_OFS(QT)) {
-                            const u32 hv = (u32)f2h(un.om);
-                            if (j == 0) p0 = hv;
-                            if (j == 1) p0 |= hv << 16;
-                            if (j == 2) p1 = hv;
-                            if (j == 3) p1 |= hv << 16;
-                            if (j == 0) ofv = un.of;
-                        }
-                        // K-quant rows are whole stages; others may end inside one
-                        const int ku = KQ ? 8 * s + 4 * h + j : min(8 * s + 4 * h + j, U - 1);
-#pragma unroll
-                        for (int t = 0; t < NT; t++) {
-                            const int4* xp = (const int4*)(job.xq + ((u64)t * U + ku) * 32);
-                            const int4 xa = xp[0], xb = xp[1];
-                            const int i0 = dp4a(un.q[3], xa.w, dp4a(un.q[2], xa.z, dp4a(un.q[1], xa.y, dp4a(un.q[0], xa.x, 0))));
-                            const int i1 = dp4a(un.q[7], xb.w, dp4a(un.q[6], xb.z, dp4a(un.q[5], xb.y, dp4a(un.q[4], xb.x, 0))));
-                            pr[t][j] = QT == QT_Q6_K ? __fadd_rn(__fmul_rn(un.s0, (float)i0), __fmul_rn(un.s1, (float)i1))
-                                                     : __fmul_rn(un.s0, (float)(i0 + i1));
-                        }
-                    }
-                    if (MMQ_OFS(QT) && g < NT) {
-                        const int ka = 8 * s + 2 * tig, kb = ka + 1;
-                        const float xa = ka < U ? job.xm[(u64)g * U + ka].y : 0.f, xb = kb < U ? job.xm[(u64)g * U + kb].y : 0.f;
-                        b0 = (u32)f2h(xa) | ((u32)f2h(xb) << 16);
-                    }
+                for (int i = 0; i < (NT + 3) / 4; i++) {
+                    const int l = lane + 32 * i, t = l / 8, ku = 8 * s + l % 8;
+                    xsv[i] = t < NT && (KQ || ku < U) ? xmr[t * xms + 8 * warp + l % 8].x : 0.f;
                 }
-                {  // these registers load round kk + D next
-                    const int s2 = W * lk + warp;
-                    if (kk + D < KK && s2 < S) {
-                        const GemvmJob jn = map(first + ln * step);
-                        quad_load<QT>(qd[d], jn.P, jn.M, wrow(jn), 8 * s2 + 4 * h, U, U);
-                    }
+                if (MMQ_OFS(QT) && g < NT) {
+                    const int ka = 8 * s + 2 * tig, kb = ka + 1;
+                    const float xa = ka < U ? xmr[g * xms + 8 * warp + 2 * tig].y : 0.f, xb = kb < U ? xmr[g * xms + 8 * warp + 2 * tig + 1].y : 0.f;
+                    b0 = (u32)f2h(xa) | ((u32)f2h(xb) << 16);
                 }
-                if (kk >= G::NS) mbar_wait(&empty[slot], (kk / G::NS - 1) & 1);
-                if (s < S) {
-                    float* tp = gsm + slot * G::SLOT;
-                    float* cs = tp + G::TP;
-                    float* of = cs + G::CS;
-                    float* xs = of + G::OF;
+                // this lane's 4 units: k0 within the round, ke the round's units
+                const int k0 = 8 * warp + 4 * h, ke = min(GEMVM_RU, U - GEMVM_RU * k);
+                const u8* prow = buf + r * PL::RSP;
+                Quad qd;
+                if (KQ || mbulk) {
+                    quad_load<QT>(qd, prow, buf + GEMVM_ROWS * PL::RSP + r * PL::RSM, 0, k0, ke, 0);
+                } else {  // the meta plane from global memory (rows past the end re-read the last)
+                    const u64 row = (u64)min(job.blk * GEMVM_ROWS + r, job.n_out - 1);
+                    quad_load<QT>(qd, prow, job.M + (row * U + GEMVM_RU * k) * PL::MSZ, 0, k0, ke, 0);
+                }
+                const u8* xbuf = buf + GEMVM_ROWS * (PL::RSP + PL::RSM);
 #pragma unroll
-                    for (int i = 0; i < (NT + 3) / 4; i++)
-                        if (lane + 32 * i < 8 * NT) xs[warp * NT * 8 + lane + 32 * i] = xsv[i];
-#pragma unroll
-                    for (int t = 0; t < NT; t++)
-                        *(float4*)&tp[(t * GEMVM_ROWS + r) * GEMVM_TPS + 8 * warp + 4 * h] = make_float4(pr[t][0], pr[t][1], pr[t][2], pr[t][3]);
+                for (int j = 0; j < 4; j++) {
+                    const Unit un = quad_unit<QT>(qd, j, h);
                     if (MMQ_OFS(QT)) {
-                        // A: rows g / g + 8, unit pair tig of the stage, held by lanes 2g + tig / 2 (+ 16)
-                        const int src = 2 * g + tig / 2;
-                        const u32 x0 = __shfl_sync(0xffffffffu, p0, src), x1 = __shfl_sync(0xffffffffu, p1, src);
-                        const u32 y0 = __shfl_sync(0xffffffffu, p0, src + 16), y1 = __shfl_sync(0xffffffffu, p1, src + 16);
-                        float cv[4] = {0.f, 0.f, 0.f, 0.f};
-                        mma_f16_k8(cv, (tig & 1) ? x1 : x0, (tig & 1) ? y1 : y0, b0);
+                        const u32 hv = (u32)f2h(un.om);
+                        if (j == 0) p0 = hv;
+                        if (j == 1) p0 |= hv << 16;
+                        if (j == 2) p1 = hv;
+                        if (j == 3) p1 |= hv << 16;
+                        if (j == 0) ofv = un.of;
+                    }
+                    // units past the row's end: zero weights and scales (quad_load), whatever
+                    // the buffer holds there
 #pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const int tok = 2 * tig + (i & 1);
-                            if (tok < NT) cs[(warp * NT + tok) * GEMVM_ROWS + g + 8 * (i / 2)] = cv[i];
-                        }
-                        if (K && h == 0) of[warp * GEMVM_ROWS + r] = ofv;
+                    for (int t = 0; t < NT; t++) {
+                        const int4* xp = (const int4*)(xbuf + (t * GEMVM_RU + k0 + j) * 32);
+                        const int4 xa = xp[0], xb = xp[1];
+                        const int i0 = dp4a(un.q[3], xa.w, dp4a(un.q[2], xa.z, dp4a(un.q[1], xa.y, dp4a(un.q[0], xa.x, 0))));
+                        const int i1 = dp4a(un.q[7], xb.w, dp4a(un.q[6], xb.z, dp4a(un.q[5], xb.y, dp4a(un.q[4], xb.x, 0))));
+                        pr[t][j] = QT == QT_Q6_K ? __fadd_rn(__fmul_rn(un.s0, (float)i0), __fmul_rn(un.s1, (float)i1))
+                                                 : __fmul_rn(un.s0, (float)(i0 + i1));
                     }
                 }
-                // the warp's stores, then one arrival for it (__syncwarp orders the lanes'
-                // shared-memory writes before lane 0's release)
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&full[slot]);
-                if (++k == NR) k = 0, gn++;
-                if (++lk == NR) lk = 0, ln++;
+            }
+            // the warp's reads of the buffer are done (its values are in registers)
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&wempty[b]);
+            if (kk >= G::NS) mbar_wait(&empty[slot], (kk / G::NS - 1) & 1);
+            if (s < S) {
+                float* tp = gsm + slot * G::SLOT;
+                float* cs = tp + G::TP;
+                float* of = cs + G::CS;
+                float* xs = of + G::OF;
+#pragma unroll
+                for (int i = 0; i < (NT + 3) / 4; i++)
+                    if (lane + 32 * i < 8 * NT) xs[warp * NT * 8 + lane + 32 * i] = xsv[i];
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    *(float4*)&tp[(t * GEMVM_ROWS + r) * GEMVM_TPS + 8 * warp + 4 * h] = make_float4(pr[t][0], pr[t][1], pr[t][2], pr[t][3]);
+                if (MMQ_OFS(QT)) {
+                    // A: rows g / g + 8, unit pair tig of the stage, held by lanes 2g + tig / 2 (+ 16)
+                    const int src = 2 * g + tig / 2;
+                    const u32 x0 = __shfl_sync(0xffffffffu, p0, src), x1 = __shfl_sync(0xffffffffu, p1, src);
+                    const u32 y0 = __shfl_sync(0xffffffffu, p0, src + 16), y1 = __shfl_sync(0xffffffffu, p1, src + 16);
+                    float cv[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16_k8(cv, (tig & 1) ? x1 : x0, (tig & 1) ? y1 : y0, b0);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int tok = 2 * tig + (i & 1);
+                        if (tok < NT) cs[(warp * NT + tok) * GEMVM_ROWS + g + 8 * (i / 2)] = cv[i];
+                    }
+                    if (K && h == 0) of[warp * GEMVM_ROWS + r] = ofv;
+                }
+            }
+            // the warp's stores, then one arrival for it (__syncwarp orders the lanes'
+            // shared-memory writes before lane 0's release)
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&full[slot]);
+            if (++k == NR) {
+                k = 0, gn++;
+                if (kk + 1 < KK) job = map(first + gn * step);
             }
         }
     } else {
         const int ti = tid - 32 * W, fr = ti % GEMVM_ROWS, ft = ti / GEMVM_ROWS;  // fold thread (row, token)
         float acc = 0.f;
-        int gn = 0, k = 0;  // counted as the producers'
+        int gn = 0, k = 0;  // counted as the compute warps'
+        GemvmJob job;
+        if (KK > 0) job = map(first);
         for (int kk = 0; kk < KK; kk++) {
             const int slot = kk % G::NS;
-            const GemvmJob job = map(first + gn * step);
             mbar_wait(&full[slot], (kk / G::NS) & 1);
             if (ft < NT) {
                 const float* tp = gsm + slot * G::SLOT + (ft * GEMVM_ROWS + fr) * GEMVM_TPS;
@@ -230,7 +330,6 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                     if (s >= S) break;
                     const float4 a = *(const float4*)&tp[8 * st], b = *(const float4*)&tp[8 * st + 4];
                     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
                     const float4 xa = *(const float4*)&xs[st * NT * 8], xb = *(const float4*)&xs[st * NT * 8 + 4];
                     const float xd[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
@@ -251,6 +350,7 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
                 acc = 0.f;
                 k = 0;
                 gn++;
+                if (kk + 1 < KK) job = map(first + gn * step);
             }
         }
     }
@@ -317,7 +417,7 @@ struct GemvmMoe {
 // out (NT, n_out) = x · Wᵀ over NT tokens (x as Q8 units), blockIdx.y: chunk of NT tokens;
 // gridDim.x blocks walk the ceil(n_out / 16) row groups.
 #define GEMVM(NAME, QT, NT)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(GemvmShape<NT>::THREADS, GemvmShape<NT>::MIN_BLOCKS) gemvm_##NAME##_##NT( \
+    extern "C" __global__ void __launch_bounds__(GemvmShape<QT, NT>::THREADS, GemvmShape<QT, NT>::MIN_BLOCKS) gemvm_##NAME##_##NT( \
         const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq, const float2* __restrict__ xm,     \
         float* __restrict__ out, int U, int n_out) {                                                                    \
         const u64 c = blockIdx.y;                                                                                       \
@@ -328,7 +428,7 @@ struct GemvmMoe {
 // of matrix 0, [b0, b0 + b1) of matrix 1, the rest of matrix 2 (n2 = 0: two matrices). Each
 // group's rows are its own launch's, bit for bit (a group's sums never depend on the grid).
 #define GEMVM3(NAME, QT, NT)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(GemvmShape<NT>::THREADS, GemvmShape<NT>::MIN_BLOCKS)                   \
+    extern "C" __global__ void __launch_bounds__(GemvmShape<QT, NT>::THREADS, GemvmShape<QT, NT>::MIN_BLOCKS)                   \
         gemvm3_##NAME##_##NT(const u8* __restrict__ P0, const u8* __restrict__ M0, float* __restrict__ out0, int n0, int b0, \
                              const u8* __restrict__ P1, const u8* __restrict__ M1, float* __restrict__ out1, int n1, int b1, \
                              const u8* __restrict__ P2, const u8* __restrict__ M2, float* __restrict__ out2, int n2,     \
@@ -340,7 +440,7 @@ struct GemvmMoe {
 // eid * slice_p (M + eid * slice_m), input row j / n_used (x per token) or j; a second matrix
 // of one shape over the same input (gate and up) where P1 is not null.
 #define MOE_GEMVM_DEV(NAME, QT)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GemvmShape<1>::THREADS, GemvmShape<1>::MIN_BLOCKS) moe_gemvm_dev_##NAME( \
+    extern "C" __global__ void __launch_bounds__(GemvmShape<QT, 1>::THREADS, GemvmShape<QT, 1>::MIN_BLOCKS) moe_gemvm_dev_##NAME( \
         const u8* __restrict__ P0, const u8* __restrict__ M0, float* __restrict__ out0, const u8* __restrict__ P1,        \
         const u8* __restrict__ M1, float* __restrict__ out1, u64 slice_p, u64 slice_m, const u32* __restrict__ eids,     \
         int n_used, int per_token, const i8* __restrict__ xq, const float2* __restrict__ xm, int U, int n_out,             \

@@ -173,6 +173,8 @@ pub struct Device {
     pdl: bool,
     /// `gdc_kernel_names()`: the kernels that may be launched so.
     gdc: std::collections::HashSet<String>,
+    /// `resident_blocks` answers by (kernel, threads, shared memory).
+    resident: Mutex<HashMap<(String, u32, u32), usize>>,
 }
 
 /// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
@@ -274,6 +276,7 @@ impl Device {
             held: Mutex::new(None),
             pdl,
             gdc: gdc_kernel_names().into_iter().collect(),
+            resident: Mutex::new(HashMap::new()),
         })
     }
 
@@ -283,6 +286,24 @@ impl Device {
 
     pub fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
         self.funcs.get(name).ok_or_else(|| CudaError::Driver(format!("kernel {name} missing from the module")))
+    }
+
+    /// Blocks of `threads` threads and `smem` bytes of dynamic shared memory of kernel `name`
+    /// that one multiprocessor holds at once (the driver's occupancy answer for the kernel's
+    /// registers too; at least 1).
+    pub(crate) fn resident_blocks(&self, name: &str, threads: u32, smem: u32) -> Result<usize, CudaError> {
+        let key = (name.to_string(), threads, smem);
+        if let Some(n) = self.resident.lock().map_err(|_| CudaError::Driver("occupancy lock poisoned".into()))?.get(&key) {
+            return Ok(*n);
+        }
+        let f = self.func(name)?;
+        if smem > 48 * 1024 {
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(drv("shared memory attribute"))?;
+        }
+        let n = f.occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None).map_err(drv("occupancy"))?.max(1) as usize;
+        self.resident.lock().map_err(|_| CudaError::Driver("occupancy lock poisoned".into()))?.insert(key, n);
+        Ok(n)
     }
 
     /// A pooled buffer of at least `bytes` (contents undefined).

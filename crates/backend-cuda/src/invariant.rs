@@ -26,41 +26,64 @@ use std::sync::Mutex;
 
 /// Rows per block of `gemvm_*` / `moe_gemvm_dev_*` (GEMVM_ROWS in gemvm.cu).
 pub(crate) const ROWS_PER_BLOCK: usize = 16;
-/// Producer warps per block (GEMVM_W) and the padded row stride of a slot's products (GEMVM_TPS).
-const PRODUCERS: usize = 8;
-const TPS: usize = 8 * PRODUCERS + 8;
+/// Compute warps per block (GEMVM_W), units per round (GEMVM_RU) and the padded row stride of
+/// a slot's products (GEMVM_TPS).
+const COMPUTE_WARPS: usize = 8;
+const ROUND_UNITS: usize = 8 * COMPUTE_WARPS;
+const TPS: usize = 8 * COMPUTE_WARPS + 8;
 
-/// Threads and dynamic shared memory of a `gemvm_*_<nt>` block (gemvm.cu `GemvmShape<NT>`):
-/// the producer warps plus a fold warp per 32 (row, token) chains, and a ring of slots (4 for
-/// one or two tokens, else 2) of products, offset sums, offset factors and activation scales, then a full / empty
-/// mbarrier pair per slot.
-pub(crate) fn dims(nt: usize) -> (u32, u32) {
+/// Weight buffers in flight per block (GEMVM_NB): `QUARREL_CUDA_GEMVM_NB=<n>` for measurements
+/// (the same variable recompiles the gemvm unit with it, src/nvrtc.rs), default 3 (H100
+/// Mixtral-8x7B tg128: 1 / 2 / 3 buffers 208.9 / 215.1 / 224.9 t/s).
+fn buffers() -> usize {
+    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *B.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_NB").ok().and_then(|v| v.parse().ok()).filter(|b| (1..=8).contains(b)).unwrap_or(3))
+}
+
+/// A buffer row's padded bytes per round (gemvm.cu `GemvmPlanes`): (quant plane or K-quant
+/// super-blocks, meta plane).
+fn row_bytes(name: &str) -> (usize, usize) {
+    let k = |sb: usize| (COMPUTE_WARPS * sb + 16, 0);
+    let plane = |pu: usize, msz: usize| (ROUND_UNITS * pu + 16, ROUND_UNITS * msz + 16);
+    match name {
+        "q4_K" => k(144),
+        "q5_K" => k(176),
+        "q6_K" => k(224),
+        "q8_0" => plane(32, 2),
+        "q4_0" => plane(16, 2),
+        "q4_1" => plane(16, 4),
+        _ => plane(16, 8), // q5_0, q5_1
+    }
+}
+
+/// Threads and dynamic shared memory of a `gemvm*_<name>_<nt>` block (gemvm.cu
+/// `GemvmShape<QT, NT>`): the compute warps, a fold warp per 32 (row, token) chains and the copy
+/// warp; a ring of slots (4 for one or two tokens, else 2) of products, offset sums, offset
+/// factors and activation scales, the weight buffers (16 rows plus the round's activations and
+/// their scales), then an mbarrier pair per slot and per buffer.
+pub(crate) fn dims(name: &str, nt: usize) -> (u32, u32) {
     debug_assert!(matches!(nt, 1 | 2 | 4 | 8));
     let (slots, fold) = if nt <= 2 { (4, 1) } else { (2, nt / 2) };
-    // products, offset sums, offset factors, activation scales (gemvm.cu GemvmShape)
-    let slot = nt * ROWS_PER_BLOCK * TPS + PRODUCERS * nt * ROWS_PER_BLOCK + PRODUCERS * ROWS_PER_BLOCK + PRODUCERS * nt * 8;
-    ((32 * (PRODUCERS + fold)) as u32, (slots * (4 * slot + 16)) as u32)
+    let w = COMPUTE_WARPS;
+    let slot = nt * ROWS_PER_BLOCK * TPS + w * nt * ROWS_PER_BLOCK + w * ROWS_PER_BLOCK + w * nt * 8;
+    let (rsp, rsm) = row_bytes(name);
+    let buf = ROWS_PER_BLOCK * (rsp + rsm) + nt * ROUND_UNITS * (32 + 8);
+    let nb = buffers();
+    ((32 * (w + fold + 1)) as u32, (slots * slot * 4 + nb * buf + (2 * slots + 2 * nb) * 8) as u32)
 }
 
-/// Blocks of a `gemvm*` launch over `groups` row groups of 16: as many as stay resident
-/// (`GemvmShape<NT>::MIN_BLOCKS` per multiprocessor: 3 for one token, 2 for two, else 1), each
+/// Blocks of a `gemvm*` launch over `groups` row groups of 16: as many as stay resident (the
+/// driver's occupancy for the kernel's registers and shared memory;
+/// `QUARREL_CUDA_GEMVM_BLOCKS=<n>` caps the blocks per multiprocessor for measurements), each
 /// walking its share of the groups, or one per group where there are fewer.
-pub(crate) fn grid(dev: &Device, groups: usize, nt: usize) -> u32 {
-    let per_sm = match nt {
-        1 => blocks_one_token(),
-        2 => 2,
-        _ => 1,
-    };
-    groups.min(per_sm * dev.n_sm).max(1) as u32
+pub(crate) fn grid(dev: &Device, kernel: &str, (threads, smem): (u32, u32), groups: usize) -> Result<u32, CudaError> {
+    let per_sm = dev.resident_blocks(kernel, threads, smem)?.min(cap_per_sm());
+    Ok(groups.min(per_sm * dev.n_sm).max(1) as u32)
 }
 
-/// One-token blocks per multiprocessor (GEMVM_BLOCKS1 in gemvm.cu, its register budget):
-/// `QUARREL_CUDA_GEMVM_BLOCKS=<n>` (1-3) for measurements, default 3 (72 registers, one weight
-/// stage per producer warp: H100 tg128 Nemotron-3-Nano 346 -> 371, Mixtral 189 -> 193 t/s against
-/// two blocks of two stages).
-fn blocks_one_token() -> usize {
+fn cap_per_sm() -> usize {
     static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|b| (1..=3).contains(b)).unwrap_or(3))
+    *B.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|b| *b >= 1).unwrap_or(usize::MAX))
 }
 
 /// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ` in MMQ's order at every token count.
@@ -85,10 +108,11 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
         return crate::matmul::hold(dev, crate::matmul::GemvOrder::Mmq, w, (xq, xm), n_tok, out);
     }
     for (t0, nt, reps) in crate::matmul::chunks(n_tok) {
-        let (threads, smem) = dims(nt);
+        let kernel = format!("gemvm_{name}_{nt}");
+        let (threads, smem) = dims(name, nt);
         dev.launch(
-            &format!("gemvm_{name}_{nt}"),
-            (grid(dev, n_out.div_ceil(ROWS_PER_BLOCK), nt), reps as u32, 1),
+            &kernel,
+            (grid(dev, &kernel, (threads, smem), n_out.div_ceil(ROWS_PER_BLOCK))?, reps as u32, 1),
             threads,
             smem,
             &crate::matmul::chunk_args(w, (xq, xm), out, t0),
@@ -117,12 +141,13 @@ pub(crate) fn moe_dev(
     n_out: usize,
     n_routes: usize,
 ) -> Result<(), CudaError> {
-    let (threads, smem) = dims(1);
+    let kernel = format!("moe_gemvm_dev_{name}");
+    let (threads, smem) = dims(name, 1);
     let (p1, m1, out1) = second.unwrap_or((0, 0, 0));
     let groups = n_out.div_ceil(ROWS_PER_BLOCK) * n_routes * if second.is_some() { 2 } else { 1 };
     dev.launch_now(
-        &format!("moe_gemvm_dev_{name}"),
-        (grid(dev, groups, 1), 1, 1),
+        &kernel,
+        (grid(dev, &kernel, (threads, smem), groups)?, 1, 1),
         threads,
         smem,
         &[

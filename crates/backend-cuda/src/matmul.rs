@@ -343,18 +343,20 @@ impl GemvGroup {
     /// joined or alone.
     fn launch_mmq(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
-        let (threads, smem) = crate::invariant::dims(nt);
+        let (threads, smem) = crate::invariant::dims(name, nt);
         let blocks = |n_out: usize| n_out.div_ceil(crate::invariant::ROWS_PER_BLOCK) as u32;
         if let [i] = self.items.as_slice() {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
-            let grid = crate::invariant::grid(dev, blocks(i.n_out) as usize, nt);
-            return dev.launch_now(&format!("gemvm_{name}_{nt}"), (grid, 1, 1), threads, smem, &args);
+            let kernel = format!("gemvm_{name}_{nt}");
+            let grid = crate::invariant::grid(dev, &kernel, (threads, smem), blocks(i.n_out) as usize)?;
+            return dev.launch_now(&kernel, (grid, 1, 1), threads, smem, &args);
         }
         let nb: Vec<u32> = self.items.iter().map(|i| blocks(i.n_out)).collect();
         let mut args = self.joined_args(&nb);
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
-        let grid = crate::invariant::grid(dev, nb.iter().sum::<u32>() as usize, nt);
-        dev.launch_now(&format!("gemvm3_{name}_{nt}"), (grid, 1, 1), threads, smem, &args)
+        let kernel = format!("gemvm3_{name}_{nt}");
+        let grid = crate::invariant::grid(dev, &kernel, (threads, smem), nb.iter().sum::<u32>() as usize)?;
+        dev.launch_now(&kernel, (grid, 1, 1), threads, smem, &args)
     }
 
     /// `gemvo_*` / `gemvo3_*` (grids: `exact::grid`).

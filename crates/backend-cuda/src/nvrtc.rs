@@ -75,17 +75,15 @@ pub(crate) fn unit_source(u: &Unit) -> String {
     }
     // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
     // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL, MOE_GEMV_UNROLL), the
-    // depth of the MMQ-order GEMV's weight loads and its one-token blocks per multiprocessor
-    // and its producer warps (kernels/gemvm.cu GEMVM_DEPTH, GEMVM_BLOCKS1, GEMVM_W)
+    // weight buffers of the MMQ-order GEMV (kernels/gemvm.cu GEMVM_NB; src/invariant.rs reads
+    // the same variable for its shared memory)
     for (var, def) in [
         ("QUARREL_CUDA_GEMVO_R", "GEMVO_R"),
         ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"),
         ("QUARREL_CUDA_GEMVO_PIPE", "GEMVO_PIPE"),
         ("QUARREL_CUDA_GEMV_UNROLL", "GEMV_UNROLL"),
         ("QUARREL_CUDA_MOE_GEMV_UNROLL", "MOE_GEMV_UNROLL"),
-        ("QUARREL_CUDA_GEMVM_DEPTH", "GEMVM_DEPTH"),
-        ("QUARREL_CUDA_GEMVM_BLOCKS", "GEMVM_BLOCKS1"),
-        ("QUARREL_CUDA_GEMVM_W", "GEMVM_W"),
+        ("QUARREL_CUDA_GEMVM_NB", "GEMVM_NB"),
     ] {
         // the MMQ-order GEMV's shape is its unit's alone (a variant recompiles that unit only)
         if def.starts_with("GEMVM_") && u.name != "gemvm" {
