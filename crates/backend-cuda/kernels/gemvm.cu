@@ -69,7 +69,11 @@ struct GemvmShape {
     static constexpr int XB = NT * GEMVM_RU * 32;            // a buffer's activations (token, unit, 32 int8)
     static constexpr int XM = NT * GEMVM_RU * 8;             // and their scales (token, unit, {d, sum})
     static constexpr int BUF = GEMVM_ROWS * (PL::RSP + PL::RSM) + XB + XM;  // bytes per buffer
-    static constexpr int SMEM = NS * SLOT * 4 + GEMVM_NB * BUF + (2 * NS + 2 * GEMVM_NB) * 8;
+    // GEMVM_NB buffers, fewer where they would not fit a block's 227 KB (8 tokens of Q6_K, Q8_0)
+    __device__ static constexpr int bytes(int nb) { return NS * SLOT * 4 + nb * BUF + (2 * NS + 2 * nb) * 8; }
+    __device__ static constexpr int fit(int nb) { return nb > 1 && bytes(nb) > 227 * 1024 ? fit(nb - 1) : nb; }
+    static constexpr int NB = fit(GEMVM_NB);
+    static constexpr int SMEM = bytes(NB);
     // per multiprocessor (the register budget): three one-token blocks where their shared
     // memory fits (228 KB, 1 KB each reserved), else two
     static constexpr int MIN_BLOCKS = NT == 1 ? (3 * (SMEM + 1024) <= 228 * 1024 ? 3 : 2) : (NT == 2 ? 2 : 1);
@@ -128,7 +132,7 @@ template <int QT, int NT, class Map>
 __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gdc) {
     using G = GemvmShape<QT, NT>;
     using PL = GemvmPlanes<QT>;
-    constexpr int W = GEMVM_W, NB = GEMVM_NB;
+    constexpr int W = GEMVM_W, NB = G::NB;
     constexpr bool K = QT == QT_Q4_K || QT == QT_Q5_K;
     constexpr bool KQ = PL::K;  // super-block types: U % 8 == 0
     extern __shared__ __align__(16) float gsm[];
@@ -146,6 +150,10 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
     // 16-byte runs, else per lane from global memory
     const bool mbulk = !KQ && (U * PL::MSZ) % 16 == 0, xbulk = U % 2 == 0;
     if (tid == 0) {
+        // the host's shared memory (src/invariant.rs `dims`) must cover this layout
+        u32 dsm;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
+        if (dsm < (u32)G::SMEM) __trap();
         for (int i = 0; i < G::NS; i++) {
             mbar_init(&full[i], W);     // a lane per compute warp arrives
             mbar_init(&empty[i], G::F);  // and per fold warp

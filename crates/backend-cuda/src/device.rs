@@ -177,6 +177,12 @@ pub struct Device {
     resident: Mutex<HashMap<(String, u32, u32), usize>>,
 }
 
+/// `QUARREL_CUDA_CARVEOUT=<0-100>`: every kernel's preferred shared-memory share of the L1 /
+/// shared split, in percent (measurements: a multiprocessor changes its split only when idle).
+fn carveout() -> Option<i32> {
+    std::env::var("QUARREL_CUDA_CARVEOUT").ok().and_then(|v| v.parse().ok()).filter(|c| (0..=100).contains(c))
+}
+
 /// A launch held back for fusion with the op that follows (see `CudaBackend`'s ops).
 pub(crate) enum Held {
     /// `x += y` (`x += s·y` with `s` set, the product rounded first) over `n` values: a following
@@ -260,6 +266,9 @@ impl Device {
                 .iter()
                 .find_map(|m| m.load_function(&name).ok())
                 .ok_or_else(|| CudaError::Driver(format!("kernel {name} is in no compiled unit (src/nvrtc.rs UNITS)")))?;
+            if let Some(c) = carveout() {
+                f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, c).map_err(drv("carveout"))?;
+            }
             funcs.insert(name, f);
         }
         let pdl = cc.0 >= 9 && std::env::var("QUARREL_CUDA_PDL").map_or(true, |v| v != "0");

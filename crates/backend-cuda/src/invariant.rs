@@ -68,8 +68,10 @@ pub(crate) fn dims(name: &str, nt: usize) -> (u32, u32) {
     let slot = nt * ROWS_PER_BLOCK * TPS + w * nt * ROWS_PER_BLOCK + w * ROWS_PER_BLOCK + w * nt * 8;
     let (rsp, rsm) = row_bytes(name);
     let buf = ROWS_PER_BLOCK * (rsp + rsm) + nt * ROUND_UNITS * (32 + 8);
-    let nb = buffers();
-    ((32 * (w + fold + 1)) as u32, (slots * slot * 4 + nb * buf + (2 * slots + 2 * nb) * 8) as u32)
+    // GEMVM_NB buffers, fewer where they would not fit a block's 227 KB (gemvm.cu `fit`)
+    let bytes = |nb: usize| slots * slot * 4 + nb * buf + (2 * slots + 2 * nb) * 8;
+    let nb = (1..=buffers()).rev().find(|&nb| nb == 1 || bytes(nb) <= 227 * 1024).unwrap_or(1);
+    ((32 * (w + fold + 1)) as u32, bytes(nb) as u32)
 }
 
 /// Blocks of a `gemvm*` launch over `groups` row groups of 16: as many as stay resident (the
