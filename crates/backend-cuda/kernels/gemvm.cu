@@ -446,18 +446,21 @@ struct GemvmMoe {
     }
 // Routed experts with the routes on the device (moe_route): route j, expert eids[j] at P +
 // eid * slice_p (M + eid * slice_m), input row j / n_used (x per token) or j; a second matrix
-// of one shape over the same input (gate and up) where P1 is not null.
+// of one shape over the same input (gate and up) where P1 is not null. `early`: the routes were
+// written at least two launches back (the kernel right before waited for them: complete and
+// visible), so the first rounds' expert weights are asked for before the PDL wait, as the dense
+// kernels' are (the down projection: its weights stream while the activation kernel runs).
 #define MOE_GEMVM_DEV(NAME, QT)                                                                                         \
     extern "C" __global__ void __launch_bounds__(GemvmShape<QT, 1>::THREADS, GemvmShape<QT, 1>::MIN_BLOCKS) moe_gemvm_dev_##NAME( \
         const u8* __restrict__ P0, const u8* __restrict__ M0, float* __restrict__ out0, const u8* __restrict__ P1,        \
         const u8* __restrict__ M1, float* __restrict__ out1, u64 slice_p, u64 slice_m, const u32* __restrict__ eids,     \
         int n_used, int per_token, const i8* __restrict__ xq, const float2* __restrict__ xm, int U, int n_out,             \
-        int n_routes) {                                                                                                 \
-        GDC();                                                                                                          \
+        int n_routes, int early) {                                                                                      \
+        if (!early) GDC();                                                                                              \
         const int groups = (n_out + GEMVM_ROWS - 1) / GEMVM_ROWS;                                                       \
         const GemvmMoe map{P0, P1, M0, M1, out0, out1, slice_p, slice_m, eids, n_used, per_token, groups, n_routes, U, n_out, xq, xm, \
                            FastDiv((u32)groups), FastDiv((u32)max(n_used, 1))};                  \
-        gemvm_run<QT, 1>(map, groups * n_routes * (P1 ? 2 : 1), U, false);                                             \
+        gemvm_run<QT, 1>(map, groups * n_routes * (P1 ? 2 : 1), U, early != 0);                                        \
     }
 #define GEMVM_ALL(NAME, QT)                                                                          \
     GEMVM(NAME, QT, 1) GEMVM(NAME, QT, 2) GEMVM(NAME, QT, 4) GEMVM(NAME, QT, 8) GEMVM3(NAME, QT, 1) GEMVM3(NAME, QT, 2) \

@@ -127,7 +127,9 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
 /// now (the caller settled the held launches, or is one): route j's rows of its expert (planes
 /// at `p` / `m` plus the expert's slice) times input row j / n_used (`per_token`) or j, into
 /// rows of `out`; `second`: another matrix of the same shape over the same input and routes
-/// (the gate with the up projection: planes and output) in the same launch.
+/// (the gate with the up projection: planes and output) in the same launch; `early`: the routes
+/// were written at least two launches back (`moe_dev::DevRoutes::calls`), so the kernel may read
+/// them before its PDL wait.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe_dev(
     dev: &Device,
@@ -142,6 +144,7 @@ pub(crate) fn moe_dev(
     units: usize,
     n_out: usize,
     n_routes: usize,
+    early: bool,
 ) -> Result<(), CudaError> {
     let kernel = format!("moe_gemvm_dev_{name}");
     let (threads, smem) = dims(name, 1);
@@ -169,6 +172,7 @@ pub(crate) fn moe_dev(
             Arg::I(units as i32),
             Arg::I(n_out as i32),
             Arg::I(n_routes as i32),
+            Arg::I(early as i32),
         ],
     )
 }

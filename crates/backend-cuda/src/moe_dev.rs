@@ -214,7 +214,7 @@ impl MoeGemv {
     fn launch_mmq(&self, dev: &Device, o: Option<&MoeGemv>) -> Result<(), CudaError> {
         let second = o.map(|o| (o.p, o.m, o.out));
         let (n_used, per_token, x, units, n_out, n_routes) = (self.n_used, self.per_token, self.x, self.units, self.n_out, self.n_routes);
-        crate::invariant::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes)
+        crate::invariant::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early)
     }
 
     /// `self` and `o` in one `moe_gemv2_dev_<type>` launch (`self`'s `early`: the earlier call).
