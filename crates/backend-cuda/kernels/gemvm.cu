@@ -35,6 +35,9 @@
 #ifndef GEMVM_NB
 #define GEMVM_NB 3           // weight buffers: rounds in flight in the copy engine
 #endif
+#ifndef GEMVM_NS
+#define GEMVM_NS 4           // product slots of one- and two-token blocks
+#endif
 #define GEMVM_ROWS 16        // rows per block
 #define GEMVM_W 8            // compute warps per block
 #define GEMVM_RU (8 * GEMVM_W)  // units per round
@@ -58,7 +61,7 @@ struct GemvmPlanes {
 template <int QT, int NT>
 struct GemvmShape {
     using PL = GemvmPlanes<QT>;
-    static constexpr int NS = NT <= 2 ? 4 : 2;               // slots (rounds in flight)
+    static constexpr int NS = NT <= 2 ? GEMVM_NS : 2;        // slots (rounds in flight)
     static constexpr int F = NT <= 2 ? 1 : NT / 2;           // fold warps: 16 rows x NT tokens
     static constexpr int THREADS = 32 * (GEMVM_W + F + 1);
     static constexpr int TP = NT * GEMVM_ROWS * GEMVM_TPS;   // products (token, row, stage unit)

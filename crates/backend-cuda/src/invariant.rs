@@ -40,6 +40,13 @@ fn buffers() -> usize {
     *B.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_NB").ok().and_then(|v| v.parse().ok()).filter(|b| (1..=8).contains(b)).unwrap_or(3))
 }
 
+/// Product slots of one- and two-token blocks (GEMVM_NS): `QUARREL_CUDA_GEMVM_NS=<n>` for
+/// measurements (recompiles the gemvm unit too), default 4.
+fn slots() -> usize {
+    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_NS").ok().and_then(|v| v.parse().ok()).filter(|s| (1..=8).contains(s)).unwrap_or(4))
+}
+
 /// A buffer row's padded bytes per round (gemvm.cu `GemvmPlanes`): (quant plane or K-quant
 /// super-blocks, meta plane).
 fn row_bytes(name: &str) -> (usize, usize) {
@@ -63,7 +70,7 @@ fn row_bytes(name: &str) -> (usize, usize) {
 /// their scales), then an mbarrier pair per slot and per buffer.
 pub(crate) fn dims(name: &str, nt: usize) -> (u32, u32) {
     debug_assert!(matches!(nt, 1 | 2 | 4 | 8));
-    let (slots, fold) = if nt <= 2 { (4, 1) } else { (2, nt / 2) };
+    let (slots, fold) = if nt <= 2 { (slots(), 1) } else { (2, nt / 2) };
     let w = COMPUTE_WARPS;
     let slot = nt * ROWS_PER_BLOCK * TPS + w * nt * ROWS_PER_BLOCK + w * ROWS_PER_BLOCK + w * nt * 8;
     let (rsp, rsm) = row_bytes(name);

@@ -75,8 +75,8 @@ pub(crate) fn unit_source(u: &Unit) -> String {
     }
     // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
     // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL, MOE_GEMV_UNROLL), the
-    // weight buffers of the MMQ-order GEMV (kernels/gemvm.cu GEMVM_NB; src/invariant.rs reads
-    // the same variable for its shared memory)
+    // weight buffers and product slots of the MMQ-order GEMV (kernels/gemvm.cu GEMVM_NB,
+    // GEMVM_NS; src/invariant.rs reads the same variables for its shared memory)
     for (var, def) in [
         ("QUARREL_CUDA_GEMVO_R", "GEMVO_R"),
         ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"),
@@ -84,6 +84,7 @@ pub(crate) fn unit_source(u: &Unit) -> String {
         ("QUARREL_CUDA_GEMV_UNROLL", "GEMV_UNROLL"),
         ("QUARREL_CUDA_MOE_GEMV_UNROLL", "MOE_GEMV_UNROLL"),
         ("QUARREL_CUDA_GEMVM_NB", "GEMVM_NB"),
+        ("QUARREL_CUDA_GEMVM_NS", "GEMVM_NS"),
     ] {
         // the MMQ-order GEMV's shape is its unit's alone (a variant recompiles that unit only)
         if def.starts_with("GEMVM_") && u.name != "gemvm" {
