@@ -49,18 +49,19 @@ fn slots() -> usize {
 
 /// A buffer row's padded bytes per round (gemvm.cu `GemvmPlanes`): (quant plane or K-quant
 /// super-blocks, meta plane).
-fn row_bytes(name: &str) -> (usize, usize) {
+fn row_bytes(name: &str) -> Result<(usize, usize), CudaError> {
     let k = |sb: usize| (COMPUTE_WARPS * sb + 16, 0);
     let plane = |pu: usize, msz: usize| (ROUND_UNITS * pu + 16, ROUND_UNITS * msz + 16);
-    match name {
+    Ok(match name {
         "q4_K" => k(144),
         "q5_K" => k(176),
         "q6_K" => k(224),
         "q8_0" => plane(32, 2),
         "q4_0" => plane(16, 2),
         "q4_1" => plane(16, 4),
-        _ => plane(16, 8), // q5_0, q5_1
-    }
+        "q5_0" | "q5_1" => plane(16, 8),
+        other => return Err(CudaError::Unsupported(format!("the MMQ-order GEMV over {other} weights"))),
+    })
 }
 
 /// Threads and dynamic shared memory of a `gemvm*_<name>_<nt>` block (gemvm.cu
@@ -68,17 +69,17 @@ fn row_bytes(name: &str) -> (usize, usize) {
 /// warp; a ring of slots (4 for one or two tokens, else 2) of products, offset sums, offset
 /// factors and activation scales, the weight buffers (16 rows plus the round's activations and
 /// their scales), then an mbarrier pair per slot and per buffer.
-pub(crate) fn dims(name: &str, nt: usize) -> (u32, u32) {
+pub(crate) fn dims(name: &str, nt: usize) -> Result<(u32, u32), CudaError> {
     debug_assert!(matches!(nt, 1 | 2 | 4 | 8));
     let (slots, fold) = if nt <= 2 { (slots(), 1) } else { (2, nt / 2) };
     let w = COMPUTE_WARPS;
     let slot = nt * ROWS_PER_BLOCK * TPS + w * nt * ROWS_PER_BLOCK + w * ROWS_PER_BLOCK + w * nt * 8;
-    let (rsp, rsm) = row_bytes(name);
+    let (rsp, rsm) = row_bytes(name)?;
     let buf = ROWS_PER_BLOCK * (rsp + rsm) + nt * ROUND_UNITS * (32 + 8);
     // GEMVM_NB buffers, fewer where they would not fit a block's 227 KB (gemvm.cu `fit`)
     let bytes = |nb: usize| slots * slot * 4 + nb * buf + (2 * slots + 2 * nb) * 8;
     let nb = (1..=buffers()).rev().find(|&nb| nb == 1 || bytes(nb) <= 227 * 1024).unwrap_or(1);
-    ((32 * (w + fold + 1)) as u32, bytes(nb) as u32)
+    Ok(((32 * (w + fold + 1)) as u32, bytes(nb) as u32))
 }
 
 /// Blocks of a `gemvm*` launch over `groups` row groups of 16: as many as stay resident (the
@@ -118,7 +119,7 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
     }
     for (t0, nt, reps) in crate::matmul::chunks(n_tok) {
         let kernel = format!("gemvm_{name}_{nt}");
-        let (threads, smem) = dims(name, nt);
+        let (threads, smem) = dims(name, nt)?;
         dev.launch(
             &kernel,
             (grid(dev, &kernel, (threads, smem), n_out.div_ceil(ROWS_PER_BLOCK))?, reps as u32, 1),
@@ -154,7 +155,7 @@ pub(crate) fn moe_dev(
     early: bool,
 ) -> Result<(), CudaError> {
     let kernel = format!("moe_gemvm_dev_{name}");
-    let (threads, smem) = dims(name, 1);
+    let (threads, smem) = dims(name, 1)?;
     let (p1, m1, out1) = second.unwrap_or((0, 0, 0));
     let groups = n_out.div_ceil(ROWS_PER_BLOCK) * n_routes * if second.is_some() { 2 } else { 1 };
     dev.launch_now(
@@ -195,4 +196,44 @@ pub fn kernel_names() -> Vec<String> {
         v.push(format!("moe_gemvm_dev_{q}"));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    /// The host's mirror of the kernel's layout (`dims`) takes the kernel's constants: a
+    /// mismatch gives a block less shared memory than its layout (the kernel traps on the GPU;
+    /// this catches it without one).
+    #[test]
+    fn gemvm_constants_match_the_kernel() {
+        let src = include_str!("../kernels/gemvm.cu");
+        let define = |name: &str| -> usize {
+            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+        };
+        assert_eq!(define("GEMVM_W"), super::COMPUTE_WARPS);
+        assert_eq!(define("GEMVM_ROWS"), super::ROWS_PER_BLOCK);
+        if std::env::var_os("QUARREL_CUDA_GEMVM_NB").is_none() {
+            assert_eq!(define("GEMVM_NB"), super::buffers());
+        }
+        if std::env::var_os("QUARREL_CUDA_GEMVM_NS").is_none() {
+            assert_eq!(define("GEMVM_NS"), super::slots());
+        }
+        // the planes' bytes per unit / super-block (GemvmPlanes)
+        for needle in [
+            "SB = QT == QT_Q4_K ? 144 : (QT == QT_Q5_K ? 176 : 224)",
+            "PU = QT == QT_Q8_0 ? 32 : 16",
+            "MSZ = (QT == QT_Q4_0 || QT == QT_Q8_0) ? 2 : (QT == QT_Q4_1 ? 4 : 8)",
+            "XB = NT * GEMVM_RU * 32",
+            "XM = NT * GEMVM_RU * 8",
+            "fit(nb - 1)",
+            "227 * 1024",
+        ] {
+            assert!(src.contains(needle), "gemvm.cu no longer has `{needle}`: update invariant::dims");
+        }
+        let (threads, smem) = super::dims("q4_K", 1).unwrap();
+        assert_eq!(threads, 32 * (8 + 1 + 1));
+        // 4 slots of 1,472 floats, 3 buffers of 16 rows x (8 x 144 + 16) bytes + 64 units x 40, 14 barriers
+        assert_eq!(smem as usize, 4 * 1472 * 4 + 3 * (16 * 1168 + 64 * 40) + 14 * 8);
+        assert!(super::dims("q2_K", 1).is_err());
+    }
 }

@@ -343,7 +343,7 @@ impl GemvGroup {
     /// joined or alone.
     fn launch_mmq(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
-        let (threads, smem) = crate::invariant::dims(name, nt);
+        let (threads, smem) = crate::invariant::dims(name, nt)?;
         let blocks = |n_out: usize| n_out.div_ceil(crate::invariant::ROWS_PER_BLOCK) as u32;
         if let [i] = self.items.as_slice() {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
