@@ -433,10 +433,7 @@ mod tests {
     #[test]
     fn attn_vec_constants_match_the_kernel() {
         let src = include_str!("../kernels/attn_vec.cu");
-        let define = |name: &str| -> usize {
-            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
-            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
-        };
+        let define = |name: &str| crate::nvrtc::kernel_define(src, name);
         assert_eq!(define("AV_CH"), super::VEC_CHUNK);
         assert_eq!(define("AV_G"), super::VEC_GROUP);
         assert_eq!(super::VEC_CHUNK % (2 * super::VEC_GROUP), 0);

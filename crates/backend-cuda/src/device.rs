@@ -175,6 +175,8 @@ pub struct Device {
     gdc: std::collections::HashSet<String>,
     /// `resident_blocks` answers by (kernel, threads, shared memory).
     resident: Mutex<HashMap<(String, u32, u32), usize>>,
+    /// The dynamic shared memory each kernel was allowed past 48 KB (`allow_smem`).
+    smem_allowed: Mutex<HashMap<String, u32>>,
 }
 
 /// `QUARREL_CUDA_CARVEOUT=<0-100>`: every kernel's preferred shared-memory share of the L1 /
@@ -286,6 +288,7 @@ impl Device {
             pdl,
             gdc: gdc_kernel_names().into_iter().collect(),
             resident: Mutex::new(HashMap::new()),
+            smem_allowed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -306,13 +309,25 @@ impl Device {
             return Ok(*n);
         }
         let f = self.func(name)?;
-        if smem > 48 * 1024 {
-            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                .map_err(drv("shared memory attribute"))?;
-        }
+        self.allow_smem(name, f, smem)?;
         let n = f.occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None).map_err(drv("occupancy"))?.max(1) as usize;
         self.resident.lock().map_err(|_| CudaError::Driver("occupancy lock poisoned".into()))?.insert(key, n);
         Ok(n)
+    }
+
+    /// Let kernel `name` take `smem` bytes of dynamic shared memory (past 48 KB the driver wants
+    /// it asked for): one driver call per kernel and larger size, not one per launch.
+    fn allow_smem(&self, name: &str, f: &CudaFunction, smem: u32) -> Result<(), CudaError> {
+        if smem <= 48 * 1024 {
+            return Ok(());
+        }
+        let mut allowed = self.smem_allowed.lock().map_err(|_| CudaError::Driver("shared memory lock poisoned".into()))?;
+        if allowed.get(name).is_some_and(|&a| a >= smem) {
+            return Ok(());
+        }
+        f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).map_err(drv("shared memory attribute"))?;
+        allowed.insert(name.to_string(), smem);
+        Ok(())
     }
 
     /// A pooled buffer of at least `bytes` (contents undefined).
@@ -469,10 +484,7 @@ impl Device {
         if !skip.is_empty() && skip.iter().any(|p| name.starts_with(p.as_str())) {
             return Ok(());
         }
-        if smem > 48 * 1024 {
-            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                .map_err(drv("shared memory attribute"))?;
-        }
+        self.allow_smem(name, f, smem)?;
         // every parameter is at most 8 bytes: one little-endian slot each
         let args: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let pdl = self.pdl && self.gdc.contains(name);

@@ -206,10 +206,7 @@ mod tests {
     #[test]
     fn gemvm_constants_match_the_kernel() {
         let src = include_str!("../kernels/gemvm.cu");
-        let define = |name: &str| -> usize {
-            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
-            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
-        };
+        let define = |name: &str| crate::nvrtc::kernel_define(src, name);
         assert_eq!(define("GEMVM_W"), super::COMPUTE_WARPS);
         assert_eq!(define("GEMVM_ROWS"), super::ROWS_PER_BLOCK);
         if std::env::var_os("QUARREL_CUDA_GEMVM_NB").is_none() {

@@ -224,6 +224,14 @@ pub(crate) fn compile_all(cc: (i32, i32)) -> Result<Vec<Ptx>, CudaError> {
     out.into_iter().collect()
 }
 
+/// The value of `#define <name> <integer>` in a kernel source (tests that hold the host's
+/// mirrors of kernel constants to the kernel).
+#[cfg(test)]
+pub(crate) fn kernel_define(src: &str, name: &str) -> usize {
+    let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+    line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
