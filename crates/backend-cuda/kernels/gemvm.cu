@@ -124,6 +124,20 @@ struct GemvmJob {
     const float2* xm;
     float* out;
     int n_out, blk;
+    int mat = 0;  // which of a joined launch's matrices (q, k, v: the epilogue's choice)
+};
+
+// The epilogue of the q/k/v launch (gemvm3r_*, the fast path's gemv3r_*): RoPE of q's rows and,
+// with rope_k, k's (adjacent pairs: rows 2i and 2i + 1 of a head, fold lanes l and l ^ 1), and
+// the f16 KV-cache store of k (kd) and v (vd) at row slots[t] * n_out + r, with `rope_rot` and
+// `f2h`: the rope and kv_store kernels' own arithmetic on the same values, so the same bits.
+struct GemvmRope {
+    const u32* pos;  // position of token t
+    const float* ff;  // frequency factors (null: none)
+    float theta_scale, freq_scale;
+    int hd, rope_k;
+    u16 *kd, *vd;  // null: not stored
+    const u32* slots;
 };
 
 // The block walks row groups gi = blockIdx.x, blockIdx.x + gridDim.x, ... of NG (a grid of a
@@ -131,8 +145,8 @@ struct GemvmJob {
 // the fold finishes this one); `map(gi)` names a group's job. The rounds run on across groups
 // (round kk: group kk / NR, its round kk % NR, both counted rather than divided: integer
 // division sequences were a large part of v3's instructions, ncu 2026-11-23).
-template <int QT, int NT, class Map>
-__device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gdc) {
+template <int QT, int NT, class Map, bool EP = false>
+__device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gdc, const GemvmRope ep = GemvmRope()) {
     using G = GemvmShape<QT, NT>;
     using PL = GemvmPlanes<QT>;
     constexpr int W = GEMVM_W, NB = G::NB;
@@ -357,7 +371,25 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
             if (lane == 0) mbar_arrive(&empty[slot]);
             if (++k == NR) {  // the group's chains are complete
                 const int row = job.blk * GEMVM_ROWS + fr;
-                if (ft < NT && row < job.n_out) job.out[(u64)ft * job.n_out + row] = acc;
+                if (EP) {
+                    // the pair's other row (lane ^ 1: rows fr ^ 1 of the same token); every
+                    // lane of the warp takes part
+                    const float other = __shfl_xor_sync(0xffffffffu, acc, 1);
+                    if (ft < NT && row < job.n_out) {
+                        float y = acc;
+                        if (job.mat == 0 || (job.mat == 1 && ep.rope_k)) {
+                            const bool odd = fr & 1;
+                            float y0, y1;
+                            rope_rot(odd ? other : acc, odd ? acc : other, ep.pos[ft], ep.ff, (row % ep.hd) / 2, ep.theta_scale, ep.freq_scale, &y0, &y1);
+                            y = odd ? y1 : y0;
+                        }
+                        job.out[(u64)ft * job.n_out + row] = y;
+                        u16* c = job.mat == 1 ? ep.kd : (job.mat == 2 ? ep.vd : nullptr);
+                        if (c) c[(u64)ep.slots[ft] * job.n_out + row] = f2h(y);
+                    }
+                } else if (ft < NT && row < job.n_out) {
+                    job.out[(u64)ft * job.n_out + row] = acc;
+                }
                 acc = 0.f;
                 k = 0;
                 gn++;
@@ -386,9 +418,9 @@ struct GemvmThree {
     const i8* xq;
     const float2* xm;
     __device__ GemvmJob operator()(int gi) const {
-        if (gi < b0) return {P0, M0, xq, xm, out0, n0, gi};
-        if (gi < b0 + b1) return {P1, M1, xq, xm, out1, n1, gi - b0};
-        return {P2, M2, xq, xm, out2, n2, gi - b0 - b1};
+        if (gi < b0) return {P0, M0, xq, xm, out0, n0, gi, 0};
+        if (gi < b0 + b1) return {P1, M1, xq, xm, out1, n1, gi - b0, 1};
+        return {P2, M2, xq, xm, out2, n2, gi - b0 - b1, 2};
     }
 };
 
@@ -447,6 +479,20 @@ struct GemvmMoe {
         const GemvmThree map{P0, P1, P2, M0, M1, M2, out0, out1, out2, n0, n1, n2, b0, b1, xq, xm};               \
         gemvm_run<QT, NT>(map, b0 + b1 + (n2 + GEMVM_ROWS - 1) / GEMVM_ROWS, U, true);                                  \
     }
+// gemvm3r_*: gemvm3_* over q, k, v with RoPE and the KV-cache store in the fold's epilogue
+// (GemvmRope): q rotated; k rotated when rope_k, stored to kd when set; v stored to vd when set
+// (f16 caches, rows of n1 = n2 values per slot). Rows are whole rope pairs: heads of even size.
+#define GEMVM3R(NAME, QT, NT)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(GemvmShape<QT, NT>::THREADS, GemvmShape<QT, NT>::MIN_BLOCKS)           \
+        gemvm3r_##NAME##_##NT(const u8* __restrict__ P0, const u8* __restrict__ M0, float* __restrict__ out0, int n0, int b0, \
+                              const u8* __restrict__ P1, const u8* __restrict__ M1, float* __restrict__ out1, int n1, int b1, \
+                              const u8* __restrict__ P2, const u8* __restrict__ M2, float* __restrict__ out2, int n2,    \
+                              const i8* __restrict__ xq, const float2* __restrict__ xm, int U, const u32* pos, const float* ff, \
+                              float theta_scale, float freq_scale, int hd, int rope_k, u16* kd, u16* vd, const u32* slots) { \
+        const GemvmThree map{P0, P1, P2, M0, M1, M2, out0, out1, out2, n0, n1, n2, b0, b1, xq, xm};               \
+        const GemvmRope ep{pos, ff, theta_scale, freq_scale, hd, rope_k, kd, vd, slots};                          \
+        gemvm_run<QT, NT, GemvmThree, true>(map, b0 + b1 + (n2 + GEMVM_ROWS - 1) / GEMVM_ROWS, U, true, ep);           \
+    }
 // Routed experts with the routes on the device (moe_route): route j, expert eids[j] at P +
 // eid * slice_p (M + eid * slice_m), input row j / n_used (x per token) or j; a second matrix
 // of one shape over the same input (gate and up) where P1 is not null. `early`: the routes were
@@ -467,7 +513,8 @@ struct GemvmMoe {
     }
 #define GEMVM_ALL(NAME, QT)                                                                          \
     GEMVM(NAME, QT, 1) GEMVM(NAME, QT, 2) GEMVM(NAME, QT, 4) GEMVM(NAME, QT, 8) GEMVM3(NAME, QT, 1) GEMVM3(NAME, QT, 2) \
-        GEMVM3(NAME, QT, 4) GEMVM3(NAME, QT, 8) MOE_GEMVM_DEV(NAME, QT)
+        GEMVM3(NAME, QT, 4) GEMVM3(NAME, QT, 8) GEMVM3R(NAME, QT, 1) GEMVM3R(NAME, QT, 2) GEMVM3R(NAME, QT, 4)        \
+        GEMVM3R(NAME, QT, 8) MOE_GEMVM_DEV(NAME, QT)
 GEMVM_ALL(q4_0, QT_Q4_0)
 GEMVM_ALL(q4_1, QT_Q4_1)
 GEMVM_ALL(q5_0, QT_Q5_0)

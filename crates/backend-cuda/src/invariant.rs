@@ -192,6 +192,7 @@ pub fn kernel_names() -> Vec<String> {
         for nt in [1, 2, 4, 8] {
             v.push(format!("gemvm_{q}_{nt}"));
             v.push(format!("gemvm3_{q}_{nt}"));
+            v.push(format!("gemvm3r_{q}_{nt}"));
         }
         v.push(format!("moe_gemvm_dev_{q}"));
     }

@@ -246,7 +246,8 @@ impl GemvGroup {
     /// A fast q/k/v group of `n_tok` tokens whose next RoPE target (q, then k) is `x` of
     /// `n` values with these parameters (`r`: rope_k false, kv unset).
     pub(crate) fn rope_fits(&self, x: u64, n_tok: usize, n: usize, r: &RopeFuse) -> bool {
-        if self.order != GemvOrder::Fast || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || r.hd % 2 != 0 {
+        // the fast GEMV's epilogue (gemv3r_*) or the MMQ-order GEMV's fold (gemvm3r_*)
+        if !matches!(self.order, GemvOrder::Fast | GemvOrder::Mmq) || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || r.hd % 2 != 0 {
             return false;
         }
         let k = match &self.rope {
@@ -354,7 +355,13 @@ impl GemvGroup {
         let nb: Vec<u32> = self.items.iter().map(|i| blocks(i.n_out)).collect();
         let mut args = self.joined_args(&nb);
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
-        let kernel = format!("gemvm3_{name}_{nt}");
+        // q/k/v with RoPE and the KV store: in the fold's epilogue (the same bits as the kernels)
+        let kernel = if self.rope.is_some() { format!("gemvm3r_{name}_{nt}") } else { format!("gemvm3_{name}_{nt}") };
+        if let Some(r) = self.rope {
+            let (kd, vd, slots) = r.kv.unwrap_or((0, 0, 0));
+            args.extend([Arg::P(r.pos), Arg::P(r.ff), Arg::F(r.theta_scale), Arg::F(r.freq_scale), Arg::I(r.hd as i32), Arg::I(r.rope_k as i32)]);
+            args.extend([Arg::P(kd), Arg::P(vd), Arg::P(slots)]);
+        }
         let grid = crate::invariant::grid(dev, &kernel, (threads, smem), nb.iter().sum::<u32>() as usize)?;
         dev.launch_now(&kernel, (grid, 1, 1), threads, smem, &args)
     }
