@@ -217,8 +217,11 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
                 const float inv = __fdiv_rn(1.f, L);
 #pragma unroll
                 for (int n = 0; n < HD / 8; n++) {
-                    stg[warp][8 * n + 2 * t] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o[n][2 * b]), inv) : 0.f;
-                    stg[warp][8 * n + 2 * t + 1] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o[n][2 * b + 1]), inv) : 0.f;
+                    // the row's accumulators chosen by value, not by a runtime index (which put
+                    // o in local memory: ncu 2026-11-24, 16 STL.128 per thread and LDLs here)
+                    const float o0 = b ? o[n][2] : o[n][0], o1 = b ? o[n][3] : o[n][1];
+                    stg[warp][8 * n + 2 * t] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o0), inv) : 0.f;
+                    stg[warp][8 * n + 2 * t + 1] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o1), inv) : 0.f;
                 }
             }
             __syncwarp();
