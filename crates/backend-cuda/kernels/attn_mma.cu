@@ -49,7 +49,7 @@ __device__ __forceinline__ float am_logit(float s, int p, int pq, int lq, float 
 }
 
 // Parameters as attention.cu's ATTN_ARGS (rot, q16, koff, hp unused: f16 cache, f32 path).
-template <int HD>
+template <int HD, int NDS = 1>
 __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                          float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                          const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
@@ -61,7 +61,12 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     const int g = lane >> 2, t = lane & 3;
     // the latest tiles (most positions) first
     const int tile = gridDim.x - 1 - blockIdx.x;
-    const int kvh = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
+    // NDS > 1 (decode steps, attn_mmid_*): blockIdx.y = kvh * NDS + ds, and the block computes
+    // P·V and the output for the dims of n8 tiles [ds * NPT, (ds + 1) * NPT) only (S, the
+    // softmax and every row's arithmetic as with NDS = 1: the same bits, NDS times the blocks)
+    constexpr int NPT = HD / 8 / NDS;
+    const int kvh = blockIdx.y / NDS, ds = blockIdx.y % NDS, n_lo = ds * NPT;
+    const int split = blockIdx.z, n_split = gridDim.z;
     const int grp = n_head / n_kv_head;
     const u32 t0 = tiles[3 * tile], nq = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
     int hi = 0, lo = 0x7fffffff;
@@ -103,9 +108,9 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
             qa[ks][3] = am_pack(x3.x, x3.y);
         }
     }
-    float o[HD / 8][4];
+    float o[NPT][4];  // n8 tile n_lo + n of the output
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < NPT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float mA = -INF, mB = -INF, lA = 0.f, lB = 0.f;  // l: this thread's share of the row sums
     const u64 row = (u64)n_kv_head * HD;
     const u32* table = bt + bt_off[seq];
@@ -121,10 +126,11 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
 #pragma unroll
             for (int j = 0; j < LD; j++) {
                 const int i = i0 + j * blockDim.x;
-                const int p = base + i / (HD / 8), pv = base + i % AM_KB;
+                const int p = base + i / (HD / 8), pv = base + i % AM_KB, cv = i / AM_KB - n_lo;
                 kv[j] = vv[j] = make_uint4(0, 0, 0, 0);
                 if (i < AM_KB * HD / 8 && p < p_end) kv[j] = ((const uint4*)(K + 2 * (((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD)))[i % (HD / 8)];
-                if (i < AM_KB * HD / 8 && pv < p_end) vv[j] = ((const uint4*)(V + 2 * (((u64)table[pv / bs] * bs + pv % bs) * row + (u64)kvh * HD)))[i / AM_KB];
+                if (i < AM_KB * HD / 8 && pv < p_end && (NDS == 1 || (cv >= 0 && cv < NPT)))
+                    vv[j] = ((const uint4*)(V + 2 * (((u64)table[pv / bs] * bs + pv % bs) * row + (u64)kvh * HD)))[i / AM_KB];
             }
 #pragma unroll
             for (int j = 0; j < LD; j++) {
@@ -182,7 +188,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         mA = nA;
         mB = nB;
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
+        for (int n = 0; n < NPT; n++) {
             o[n][0] *= cA;
             o[n][1] *= cA;
             o[n][2] *= cB;
@@ -194,9 +200,9 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
             const u32 a0 = am_pack(s[2 * kk][0], s[2 * kk][1]), a1 = am_pack(s[2 * kk][2], s[2 * kk][3]);
             const u32 a2 = am_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), a3 = am_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
-            for (int n = 0; n < HD / 8; n++) {
-                const u32 b0 = *(const u32*)&Vt[8 * n + g][kk * 16 + 2 * t];
-                const u32 b1 = *(const u32*)&Vt[8 * n + g][kk * 16 + 8 + 2 * t];
+            for (int n = 0; n < NPT; n++) {
+                const u32 b0 = *(const u32*)&Vt[8 * (n_lo + n) + g][kk * 16 + 2 * t];
+                const u32 b1 = *(const u32*)&Vt[8 * (n_lo + n) + g][kk * 16 + 8 + 2 * t];
                 mma_f16_k16(o[n], a0, a1, a2, a3, b0, b1);
             }
         }
@@ -216,7 +222,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
                 const float L = __fadd_rn(0.f, b ? lB : lA);
                 const float inv = __fdiv_rn(1.f, L);
 #pragma unroll
-                for (int n = 0; n < HD / 8; n++) {
+                for (int n = 0; n < NPT; n++) {
                     // the row's accumulators chosen by value, not by a runtime index (which put
                     // o in local memory: ncu 2026-11-24, 16 STL.128 per thread and LDLs here)
                     const float o0 = b ? o[n][2] : o[n][0], o1 = b ? o[n][3] : o[n][1];
@@ -226,11 +232,13 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
             }
             __syncwarp();
             const u64 th = (u64)(t0 + tok) * n_head + (b ? hB : hA);
+            // this block's dims [8 n_lo, 8 n_lo + 8 NPT): Q8 blocks of 32 (NPT % 4 == 0)
 #pragma unroll
-            for (int j = 0; j < HD / 32; j++) {
+            for (int j = 0; j < NPT / 4; j++) {
                 const float v = stg[warp][32 * j + lane];
-                out[th * HD + 32 * j + lane] = v;
-                if (xq) q8_store(v, xq, xm, th * (HD / 32) + j);
+                const int d = 8 * n_lo + 32 * j + lane;
+                out[th * HD + d] = v;
+                if (xq) q8_store(v, xq, xm, th * (HD / 32) + d / 32);
             }
             __syncwarp();
         }
@@ -238,26 +246,26 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     }
     if (vA) {
         float* out = part + (((u64)(t0 + g - tok_base) * n_head + hA) * n_split + split) * (HD + 2);
-        if (t == 0) {
+        if (t == 0 && ds == 0) {
             out[0] = mA;
             out[1] = lA;
         }
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            out[2 + 8 * n + 2 * t] = o[n][0];
-            out[3 + 8 * n + 2 * t] = o[n][1];
+        for (int n = 0; n < NPT; n++) {
+            out[2 + 8 * (n_lo + n) + 2 * t] = o[n][0];
+            out[3 + 8 * (n_lo + n) + 2 * t] = o[n][1];
         }
     }
     if (vB) {
         float* out = part + (((u64)(t0 + g - tok_base) * n_head + hB) * n_split + split) * (HD + 2);
-        if (t == 0) {
+        if (t == 0 && ds == 0) {
             out[0] = mB;
             out[1] = lB;
         }
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            out[2 + 8 * n + 2 * t] = o[n][2];
-            out[3 + 8 * n + 2 * t] = o[n][3];
+        for (int n = 0; n < NPT; n++) {
+            out[2 + 8 * (n_lo + n) + 2 * t] = o[n][2];
+            out[3 + 8 * (n_lo + n) + 2 * t] = o[n][3];
         }
     }
 }
@@ -285,9 +293,26 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span, tok_base, \
                      out, xq, xm);                                                                                     \
     }
+// attn_mmid_f16_<hd>: attn_mmi_f16_<hd> for decode steps (one query per tile) over HD / 32
+// blocks per KV head, each the P·V and output of 32 dims (grid (tiles, KV heads x HD / 32,
+// spans)): the same bits, with four times the blocks and a quarter of the P·V, V staging and
+// epilogue per block (a decode step's few blocks are latency-bound: Mixtral's 8 took 13.7 us
+// per layer inside the decode graph, QUARREL_CUDA_SKIP on H100 2026-11-24).
+#define ATTN_MMID(HD)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) attn_mmid_f16_##HD(                                             \
+        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
+        const u32* bt, int n_head, int n_kv_head, int bs, float scale, float softcap, int window, int span,           \
+        int tok_base, float* out, i8* xq, float2* xm) {                                                                \
+        GDC();                                                                                                         \
+        attn_mma<HD, HD / 32>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span, \
+                              tok_base, out, xq, xm);                                                                  \
+    }
 ATTN_MMA(64)
 ATTN_MMA(128)
 ATTN_MMA(256)
 ATTN_MMI(64)
 ATTN_MMI(128)
 ATTN_MMI(256)
+ATTN_MMID(64)
+ATTN_MMID(128)
+ATTN_MMID(256)

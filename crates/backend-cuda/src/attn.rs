@@ -35,9 +35,16 @@ pub fn vec_max_positions() -> usize {
 const VEC_MAX_POSITIONS: usize = 384;
 
 /// Kernel names of `kernels/attn_mma.cu` (tensor-core attention over an f16 cache: the prefill
-/// kernel and its batch-invariant flavour).
+/// kernel, its batch-invariant flavour and that flavour's decode split).
 pub fn mma_kernel_names() -> Vec<String> {
-    [64, 128, 256].iter().flat_map(|hd| [format!("attn_mma_f16_{hd}"), format!("attn_mmi_f16_{hd}")]).collect()
+    [64, 128, 256].iter().flat_map(|hd| [format!("attn_mma_f16_{hd}"), format!("attn_mmi_f16_{hd}"), format!("attn_mmid_f16_{hd}")]).collect()
+}
+
+/// Whether invariant decode steps split each KV head's output dims over `hd / 32` blocks
+/// (`attn_mmid_f16_*`: the same bits; `QUARREL_CUDA_ATTN_MMID=0`: one block per KV head).
+fn decode_split() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_MMID").map_or(true, |v| v != "0"))
 }
 
 /// Positions per split of the batch-invariant tensor-core attention (`attn_mmi_f16_*`, invariant
@@ -367,7 +374,10 @@ impl CudaBackend {
         let max_tok = (INV_SCRATCH / per_token).max(batch::ATT_QT);
         self.with_batch(batch, kv, p.sliding_window, |db| {
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q_len)? } else { (0, 0) };
-            let kname = format!("attn_mmi_f16_{hd}");
+            // decode steps: hd / 32 blocks per KV head, 32 output dims each (attn_mmid_f16_*)
+            let nds = if one && decode_split() && matches!(hd, 64 | 128 | 256) { hd / 32 } else { 1 };
+            let kname = if nds > 1 { format!("attn_mmid_f16_{hd}") } else { format!("attn_mmi_f16_{hd}") };
+            let gy = (p.n_kv_head * nds) as u32;
             let args = |part: u64, tiles: u64, first: usize, (o, q, m): (u64, u64, u64)| {
                 vec![
                     Arg::P(qp),
@@ -394,7 +404,7 @@ impl CudaBackend {
             if n_split == 1 {
                 // one span: the kernel normalizes the rows itself (the combine's bits for one split)
                 let a = args(0, db.tiles(), 0, (op, xq, xm));
-                return Ok(self.dev.launch(&kname, (db.n_tiles as u32, p.n_kv_head as u32, 1), threads, 0, &a)?);
+                return Ok(self.dev.launch(&kname, (db.n_tiles as u32, gy, 1), threads, 0, &a)?);
             }
             let tiles = db.tile_tokens();
             let whole = tiles.last().map_or(0, |&(t0, nq)| t0 + nq) - tiles.first().map_or(0, |t| t.0);
@@ -409,7 +419,7 @@ impl CudaBackend {
                 }
                 let n_tok = tiles[b - 1].0 + tiles[b - 1].1 - first;
                 let launch_args = args(part.ptr(), db.tiles() + 12 * a as u64, first, (0, 0, 0));
-                self.dev.launch(&kname, ((b - a) as u32, p.n_kv_head as u32, n_split as u32), threads, 0, &launch_args)?;
+                self.dev.launch(&kname, ((b - a) as u32, gy, n_split as u32), threads, 0, &launch_args)?;
                 let values = (first * p.n_head * hd) as u64;
                 let (xq_at, xm_at) = if xq == 0 { (0, 0) } else { (xq + values, xm + 8 * (values / 32)) };
                 self.dev.launch(

@@ -203,6 +203,8 @@ pub(crate) enum Held {
     Moe(crate::moe_dev::MoeGemv),
     /// A decode step's Mamba2 conv: the scan over its output joins it (`ssm::ConvHeld`).
     SsmConv(crate::ssm::ConvHeld),
+    /// A decode step's conv + scan (`ssm_conv_scan`): the gated norm of its output joins it.
+    SsmScan(crate::ssm::ScanHeld),
     /// The weighted combine of device-routed expert rows (`moe_dev::CombHeld`): an `add` of
     /// its output into `x` makes it `CombAdd`.
     Comb(crate::moe_dev::CombHeld),
@@ -453,6 +455,7 @@ impl Device {
             Some(Held::Gemv(g)) => g.launch(self),
             Some(Held::Moe(g)) => g.launch(self),
             Some(Held::SsmConv(c)) => c.launch(self),
+            Some(Held::SsmScan(c)) => c.launch(self, None),
             Some(Held::Comb(c)) => c.launch(self),
             Some(Held::CombAdd { c, x, n, s }) => {
                 c.launch(self)?;

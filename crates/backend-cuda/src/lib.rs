@@ -956,6 +956,12 @@ impl Backend for CudaBackend {
         let op = (self.wr(out), out.len);
         // the output projection's Q8 input written by the norm (no quantize launch)
         let q8 = if ssm::gated_norm_q8(p) { self.q8_out(op.0, out.len)? } else { (0, 0) };
+        // a decode step's held conv + scan that wrote y: its last blocks normalize (one launch)
+        if let Some(device::Held::SsmScan(c)) = self.dev.take_held_if(|h| matches!(h, device::Held::SsmScan(c) if c.normalizes(p, yp, zp.0))) {
+            check_len("ssm_gated_norm weight", wp.1, p.d_inner)?;
+            check_len("ssm_gated_norm output", op.1, yp.1)?;
+            return Ok(c.launch(&self.dev, Some((wp.0, op.0, p.eps, q8.0, q8.1)))?);
+        }
         Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op, q8)?)
     }
 }
