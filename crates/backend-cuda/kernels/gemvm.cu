@@ -436,7 +436,9 @@ struct FastDiv {
 };
 
 // Routed experts over device routes: group gi of route j = (gi / groups) % n_routes, matrix
-// gi / (groups · n_routes) (gate, up), expert eids[j], input row j / n_used (per token) or j.
+// gi / (groups · n_routes) (gate, up), expert eids[j], input row j / n_used (per token) or j;
+// groups from moe_g on: a dense matrix over the same input row 0 (a shared expert's up
+// projection of a one-token step: planes PS / MS, nS rows into outS).
 struct GemvmMoe {
     const u8 *P0, *P1, *M0, *M1;
     float *out0, *out1;
@@ -446,7 +448,11 @@ struct GemvmMoe {
     const i8* xq;
     const float2* xm;
     FastDiv by_groups, by_used;
+    const u8 *PS, *MS;
+    float* outS;
+    int nS, moe_g;
     __device__ GemvmJob operator()(int gi) const {
+        if (gi >= moe_g) return {PS, MS, xq, xm, outS, nS, gi - moe_g};
         const u32 q = by_groups.div((u32)gi);  // route-major index over both matrices
         const bool z = (int)q >= n_routes;
         const int j = (int)q - (z ? n_routes : 0);
@@ -504,12 +510,12 @@ struct GemvmMoe {
         const u8* __restrict__ P0, const u8* __restrict__ M0, float* __restrict__ out0, const u8* __restrict__ P1,        \
         const u8* __restrict__ M1, float* __restrict__ out1, u64 slice_p, u64 slice_m, const u32* __restrict__ eids,     \
         int n_used, int per_token, const i8* __restrict__ xq, const float2* __restrict__ xm, int U, int n_out,             \
-        int n_routes, int early) {                                                                                      \
+        int n_routes, int early, const u8* __restrict__ PS, const u8* __restrict__ MS, float* __restrict__ outS, int nS) { \
         if (!early) GDC();                                                                                              \
-        const int groups = (n_out + GEMVM_ROWS - 1) / GEMVM_ROWS;                                                       \
+        const int groups = (n_out + GEMVM_ROWS - 1) / GEMVM_ROWS, moe_g = groups * n_routes * (P1 ? 2 : 1);          \
         const GemvmMoe map{P0, P1, M0, M1, out0, out1, slice_p, slice_m, eids, n_used, per_token, groups, n_routes, U, n_out, xq, xm, \
-                           FastDiv((u32)groups), FastDiv((u32)max(n_used, 1))};                  \
-        gemvm_run<QT, 1>(map, groups * n_routes * (P1 ? 2 : 1), U, early != 0);                                        \
+                           FastDiv((u32)groups), FastDiv((u32)max(n_used, 1)), PS, MS, outS, nS, moe_g};                 \
+        gemvm_run<QT, 1>(map, moe_g + (nS + GEMVM_ROWS - 1) / GEMVM_ROWS, U, early != 0);                              \
     }
 #define GEMVM_ALL(NAME, QT)                                                                          \
     GEMVM(NAME, QT, 1) GEMVM(NAME, QT, 2) GEMVM(NAME, QT, 4) GEMVM(NAME, QT, 8) GEMVM3(NAME, QT, 1) GEMVM3(NAME, QT, 2) \

@@ -24,14 +24,28 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const u32* _
 
 // x = max(x, 0)²; xq/xm non-null (n a multiple of 32): the result also as Q8 (quantize_q8's
 // arithmetic: the down matmul that follows needs no quantize launch).
-extern "C" __global__ void relu_sqr(float* __restrict__ x, u64 n, i8* __restrict__ xq, float2* __restrict__ xm) {
-    GDC();
-    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void relu_sqr_at(float* __restrict__ x, u64 n, i8* __restrict__ xq, float2* __restrict__ xm, u64 g) {
     if (g >= n) return;
     float v = fmaxf(x[g], 0.f);
     float o = __fmul_rn(v, v);
     x[g] = o;
     if (xq) q8_store(o, xq, xm, g / 32);
+}
+
+extern "C" __global__ void relu_sqr(float* __restrict__ x, u64 n, i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    relu_sqr_at(x, n, xq, xm, (u64)blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+// relu_sqr of two buffers in one launch (an MoE layer's routed and shared expert activations):
+// the first buffer's blocks, then the second's (blocks of 256 threads, n0 rounded up to them:
+// a warp never spans both, so the Q8 blocks are relu_sqr's).
+extern "C" __global__ void relu_sqr2(float* __restrict__ x0, u64 n0, i8* __restrict__ xq0, float2* __restrict__ xm0, float* __restrict__ x1,
+                                     u64 n1, i8* __restrict__ xq1, float2* __restrict__ xm1) {
+    GDC();
+    const u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x, b0 = (n0 + 255) / 256 * 256;
+    if (g < b0) relu_sqr_at(x0, n0, xq0, xm0, g);
+    else relu_sqr_at(x1, n1, xq1, xm1, g - b0);
 }
 
 // Routed expert GEMV (decode, a few tokens): launch row j (blockIdx.y) computes

@@ -134,46 +134,6 @@ __device__ __forceinline__ void shift_state(float* st, int nc, u32 fresh, float 
     st[nc - 2] = v;
 }
 
-// ssm_gated_norm's block for one (token, group) of gs values, run by a block of any multiple
-// of 32 threads as the block of VB = clamp(round32(gs), 32, 1024) threads that ssm_gated_norm
-// launches: virtual thread vt takes values vt, vt + VB, ..., virtual warps reduce as its warps
-// and the partials as its partials, so the f64 sum, the scale and every output have its bits.
-// y read through L2 (other blocks of the calling kernel wrote it).
-__device__ __forceinline__ void gated_norm_as(const float* y, const float* z, const float* __restrict__ w, float* o, int gs, float eps,
-                                              i8* __restrict__ xq, float2* __restrict__ xm, u64 q0) {
-    __shared__ double gpart[32];
-    const int VB = min(max((gs + 31) / 32 * 32, 32), 1024), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int vb = 0; vb < VB; vb += blockDim.x) {
-        if (vb + 32 * warp >= VB) break;  // warp-uniform (VB and vb multiples of 32)
-        const int vt = vb + threadIdx.x;
-        double ss = 0.0;
-        for (int i = vt; i < gs; i += VB) {
-            const float v = __fmul_rn(silu_ggml(z[i]), __ldcg(y + i));
-            ss += (double)__fmul_rn(v, v);
-        }
-#pragma unroll
-        for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
-        if (lane == 0) gpart[vt / 32] = ss;
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        double v = threadIdx.x < VB / 32 ? gpart[threadIdx.x] : 0.0;
-#pragma unroll
-        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
-        if (threadIdx.x == 0) gpart[0] = v;
-    }
-    __syncthreads();
-    const float scale = __fdiv_rn(1.0f, sqrtf(__fadd_rn((float)(gpart[0] / (double)gs), eps)));
-    for (int vb = 0; vb < VB; vb += blockDim.x) {
-        if (vb + 32 * warp >= VB) break;
-        for (int i = vb + threadIdx.x; i < gs; i += VB) {
-            const float v = __fmul_rn(__fmul_rn(__fmul_rn(silu_ggml(z[i]), __ldcg(y + i)), scale), w[i]);
-            o[i] = v;
-            if (xq) q8_store(v, xq, xm, (q0 + i) / 32);
-        }
-    }
-}
-
 // ssm_conv and ssm_scan of a decode step (every sequence one token or none) in one launch.
 // Blocks as ssm_scan's (8 warps: rows hi0 .. hi0 + 7 of one head); each block first computes
 // the conv outputs it reads, its 8 x channels and its group's B and C channels, with ssm_conv's
@@ -181,16 +141,16 @@ __device__ __forceinline__ void gated_norm_as(const float* y, const float* z, co
 // same bits). Conv state and output xbc: a block writes its x channels' state and output, the
 // first block of a group the group's B / C outputs; the B / C state, which every block of the
 // group reads, is shifted by the group's block that finishes last (a counter per state slot and
-// group at cnt[slot * n_group + group], reset by it). With nw set, that block also runs the
-// gated RMSNorm of the group's y (ssm_gated_norm's arithmetic, `gated_norm_as`: the same bits)
-// into nout (and its Q8 form into xq / xm where set): no ssm_gated_norm launch.
+// group at cnt[slot * n_group + group], reset by it).
 extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __restrict__ zx, const float* __restrict__ cw,
         const float* __restrict__ cbias, const u32* __restrict__ seq, float* __restrict__ cstate, float* __restrict__ xbc,
         const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dtb, float* __restrict__ sstate,
-        float* y, unsigned long long* __restrict__ bad, int n_seq, int n_head, int hd, int ds, int n_group, int dp,
-        int dt_col, int nc, u32* __restrict__ cnt, const float* __restrict__ nw, float* __restrict__ nout, float eps,
-        i8* __restrict__ xq, float2* __restrict__ xm) {
-    GDC();
+        float* __restrict__ y, unsigned long long* __restrict__ bad, int n_seq, int n_head, int hd, int ds, int n_group, int dp,
+        int dt_col, int nc, u32* __restrict__ cnt) {
+    // Before the PDL wait, what the previous kernel (the input projection) does not write: the
+    // sequence table (uploaded before the step), the recurrent state row, the per-head inputs,
+    // and each conv channel's sum over its carried state (the taps before the new input, in
+    // ssm_conv's order); the projection zx only after it.
     extern __shared__ float cs_sm[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int d_inner = n_head * hd, cd = d_inner + 2 * n_group * ds, hpg = n_head / n_group;
@@ -198,7 +158,6 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
     const int s = (int)(wg0 / d_inner), hi0 = (int)(wg0 % d_inner), h = hi0 / hd, gr = h / hpg;
     const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
     if (nt == 1) {
-        // the scan's state row and per-head inputs first: their loads overlap the conv's
         const int hi = hi0 + warp;
         float* sst = sstate + ((u64)slot * d_inner + hi) * ds;
         float sv[8];  // d_state <= 256
@@ -208,17 +167,34 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
             sv[j] = (k < ds && !fresh) ? sst[k] : 0.f;
         }
         const float a = A[h], dd = D[h], bb = dtb[h];
+        // this thread's conv channels i = tid + 256 r (2 ds + 8 <= 768)
+        float pacc[3], wlast[3], cb[3];
+#pragma unroll
+        for (int r = 0; r < 3; r++) {
+            const int i = threadIdx.x + r * blockDim.x;
+            pacc[r] = wlast[r] = cb[r] = 0.f;
+            if (i < 2 * ds + 8) {
+                const int ch = i < ds ? d_inner + gr * ds + i : (i < 2 * ds ? d_inner + (n_group + gr) * ds + (i - ds) : hi0 + (i - 2 * ds));
+                const float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
+                const float* wc = cw + (u64)ch * nc;
+                float acc = 0.f;
+                for (int k = 0; k < nc - 1; k++) acc = fmaf(fresh ? 0.f : st[k], wc[k], acc);
+                pacc[r] = acc;
+                wlast[r] = wc[nc - 1];
+                cb[r] = cbias ? cbias[ch] : 0.f;
+            }
+        }
+        GDC();
         const float dtr = zx[(u64)t0 * dp + dt_col + h];
         const float* in = zx + (u64)t0 * dp + d_inner;  // the conv's input columns
-        for (int i = threadIdx.x; i < 2 * ds + 8; i += blockDim.x) {
-            const int ch = i < ds ? d_inner + gr * ds + i : (i < 2 * ds ? d_inner + (n_group + gr) * ds + (i - ds) : hi0 + (i - 2 * ds));
-            const float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
-            const float* wc = cw + (u64)ch * nc;
-            float acc = 0.f;
-            for (int k = 0; k < nc - 1; k++) acc = fmaf(fresh ? 0.f : st[k], wc[k], acc);
-            acc = fmaf(in[ch], wc[nc - 1], acc);
-            const float v = __fadd_rn(acc, cbias ? cbias[ch] : 0.f);
-            cs_sm[i] = ch < (cd & ~15) ? silu_ggml(v) : silu_libm(v);
+#pragma unroll
+        for (int r = 0; r < 3; r++) {
+            const int i = threadIdx.x + r * blockDim.x;
+            if (i < 2 * ds + 8) {
+                const int ch = i < ds ? d_inner + gr * ds + i : (i < 2 * ds ? d_inner + (n_group + gr) * ds + (i - ds) : hi0 + (i - 2 * ds));
+                const float v = __fadd_rn(fmaf(in[ch], wlast[r], pacc[r]), cb[r]);
+                cs_sm[i] = ch < (cd & ~15) ? silu_ggml(v) : silu_libm(v);
+            }
         }
         __syncthreads();
         float* out = xbc + (u64)t0 * cd;
@@ -242,31 +218,25 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
             if (k < ds) sst[k] = sv[j];
         }
         if (nbad) atomicAdd(bad, nbad);
+    } else {
+        GDC();
     }
     // every block of the group has read the group's B / C conv state before it counts itself
     // done; the group's last block shifts it (one channel per thread, its loads before its stores)
     __shared__ u32 last;
-    if (nw) __threadfence();  // this block's y rows visible to the group's last block (the norm)
     __syncthreads();
     u32* c = cnt + (u64)slot * n_group + gr;
     if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (u32)(hpg * hd / 8 - 1);
     __syncthreads();
     if (!last) return;
     if (threadIdx.x == 0) *c = 0u;  // ready for the next launch
-    if (nt != 1) return;
+    if (nt != 1 || nc < 2) return;
     __threadfence();
-    if (nc >= 2) {
-        const float* in = zx + (u64)t0 * dp + d_inner;
-        for (int i = threadIdx.x; i < 2 * ds; i += blockDim.x) {
-            const int ch = i < ds ? d_inner + gr * ds + i : d_inner + (n_group + gr) * ds + (i - ds);
-            float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
-            shift_state(st, nc, fresh, in[ch]);
-        }
-    }
-    if (nw) {
-        const int gs = d_inner / n_group;
-        const u64 o0 = (u64)t0 * d_inner + (u64)gr * gs;
-        gated_norm_as(y + o0, zx + (u64)t0 * dp + gr * gs, nw + gr * gs, nout + o0, gs, eps, xq, xm, o0);
+    const float* in = zx + (u64)t0 * dp + d_inner;
+    for (int i = threadIdx.x; i < 2 * ds; i += blockDim.x) {
+        const int ch = i < ds ? d_inner + gr * ds + i : d_inner + (n_group + gr) * ds + (i - ds);
+        float* st = cstate + ((u64)slot * cd + ch) * (nc - 1);
+        shift_state(st, nc, fresh, in[ch]);
     }
 }
 

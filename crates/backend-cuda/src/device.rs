@@ -203,8 +203,9 @@ pub(crate) enum Held {
     Moe(crate::moe_dev::MoeGemv),
     /// A decode step's Mamba2 conv: the scan over its output joins it (`ssm::ConvHeld`).
     SsmConv(crate::ssm::ConvHeld),
-    /// A decode step's conv + scan (`ssm_conv_scan`): the gated norm of its output joins it.
-    SsmScan(crate::ssm::ScanHeld),
+    /// A ReLU² in place over `n` values at `x` (Q8 copy at xq / xm where set): a ReLU² of another
+    /// buffer that follows (an MoE layer's shared expert after its routed experts) joins it.
+    ReluSqr { x: u64, n: u64, xq: u64, xm: u64 },
     /// The weighted combine of device-routed expert rows (`moe_dev::CombHeld`): an `add` of
     /// its output into `x` makes it `CombAdd`.
     Comb(crate::moe_dev::CombHeld),
@@ -455,7 +456,7 @@ impl Device {
             Some(Held::Gemv(g)) => g.launch(self),
             Some(Held::Moe(g)) => g.launch(self),
             Some(Held::SsmConv(c)) => c.launch(self),
-            Some(Held::SsmScan(c)) => c.launch(self, None),
+            Some(Held::ReluSqr { x, n, xq, xm }) => self.launch_1d_now("relu_sqr", n, &[Arg::P(x), Arg::U64(n), Arg::P(xq), Arg::P(xm)]),
             Some(Held::Comb(c)) => c.launch(self),
             Some(Held::CombAdd { c, x, n, s }) => {
                 c.launch(self)?;

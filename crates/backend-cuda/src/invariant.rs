@@ -137,7 +137,8 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
 /// rows of `out`; `second`: another matrix of the same shape over the same input and routes
 /// (the gate with the up projection: planes and output) in the same launch; `early`: the routes
 /// were written at least two launches back (`moe_dev::DevRoutes::calls`), so the kernel may read
-/// them before its PDL wait.
+/// them before its PDL wait; `dense`: a dense matrix over the same one-token input in the same
+/// launch (planes, output, rows: a shared expert's up projection).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe_dev(
     dev: &Device,
@@ -153,11 +154,13 @@ pub(crate) fn moe_dev(
     n_out: usize,
     n_routes: usize,
     early: bool,
+    dense: Option<(u64, u64, u64, usize)>,
 ) -> Result<(), CudaError> {
     let kernel = format!("moe_gemvm_dev_{name}");
     let (threads, smem) = dims(name, 1)?;
     let (p1, m1, out1) = second.unwrap_or((0, 0, 0));
-    let groups = n_out.div_ceil(ROWS_PER_BLOCK) * n_routes * if second.is_some() { 2 } else { 1 };
+    let (ps, ms, outs, ns) = dense.unwrap_or((0, 0, 0, 0));
+    let groups = n_out.div_ceil(ROWS_PER_BLOCK) * n_routes * if second.is_some() { 2 } else { 1 } + ns.div_ceil(ROWS_PER_BLOCK);
     dev.launch_now(
         &kernel,
         (grid(dev, &kernel, (threads, smem), groups)?, 1, 1),
@@ -181,6 +184,10 @@ pub(crate) fn moe_dev(
             Arg::I(n_out as i32),
             Arg::I(n_routes as i32),
             Arg::I(early as i32),
+            Arg::P(ps),
+            Arg::P(ms),
+            Arg::P(outs),
+            Arg::I(ns as i32),
         ],
     )
 }

@@ -100,6 +100,10 @@ pub struct CudaBackend {
     gelu_table: Mutex<Option<PoolMem>>,
     /// The last activations quantized to Q8 (q, k and v share their input; so do gate and up).
     qcache: Mutex<Option<matmul::QCache>>,
+    /// The Q8 activations cached before `qcache` where two ops wrote theirs in one launch
+    /// (`relu_sqr2`: the routed experts' and the shared expert's); a matmul over them swaps it
+    /// back in (`promote_q8`).
+    qprev: Mutex<Option<matmul::QCache>>,
     /// Expert selections per layer and expert (`moe_selections`).
     moe_counts: Mutex<Vec<Vec<u64>>>,
     /// Device bytes for expert tensors (`set_expert_budget`) and the expert cache's counters.
@@ -152,6 +156,7 @@ impl CudaBackend {
             freq_factors: Mutex::new(Vec::new()),
             gelu_table: Mutex::new(None),
             qcache: Mutex::new(None),
+            qprev: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
             experts: experts::ExpertBudget::new(None),
             router: Default::default(),
@@ -375,8 +380,10 @@ impl CudaBackend {
         if let Ok(mut g) = self.batch.lock() {
             *g = None;
         }
-        if let Ok(mut g) = self.qcache.lock() {
-            *g = None;
+        for q in [&self.qcache, &self.qprev] {
+            if let Ok(mut g) = q.lock() {
+                *g = None;
+            }
         }
         Ok(self.dev.flush()?)
     }
@@ -387,9 +394,20 @@ impl CudaBackend {
 
     /// A write to `ptr` makes the cached quantized activations stale if they came from it.
     fn written(&self, ptr: u64) {
-        if let Ok(mut g) = self.qcache.lock() {
-            if g.as_ref().is_some_and(|c| c.x == ptr) {
-                *g = None;
+        for q in [&self.qcache, &self.qprev] {
+            if let Ok(mut g) = q.lock() {
+                if g.as_ref().is_some_and(|c| c.x == ptr) {
+                    *g = None;
+                }
+            }
+        }
+    }
+
+    /// Before an op that reads `x`'s Q8 form: the previous cache entry back in if it is x's.
+    fn promote_q8(&self, x: u64) {
+        if let (Ok(mut c), Ok(mut p)) = (self.qcache.lock(), self.qprev.lock()) {
+            if p.as_ref().is_some_and(|q| q.x == x) && !c.as_ref().is_some_and(|q| q.x == x) {
+                std::mem::swap(&mut *c, &mut *p);
             }
         }
     }
@@ -471,6 +489,13 @@ fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
 }
 
+/// Whether a ReLU² is held so that the next one (of another buffer) joins its launch
+/// (`relu_sqr2`); `QUARREL_CUDA_RELU_PAIR=0`: each its own launch.
+fn relu_pairs() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("QUARREL_CUDA_RELU_PAIR").map_or(true, |v| v != "0"))
+}
+
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(CoreError::Shape(format!("{what}: buffer has {got} elements, expected {want}")));
@@ -534,8 +559,10 @@ impl Backend for CudaBackend {
         if let Ok(mut g) = self.batch.lock() {
             *g = None;
         }
-        if let Ok(mut g) = self.qcache.lock() {
-            *g = None;
+        for q in [&self.qcache, &self.qprev] {
+            if let Ok(mut g) = q.lock() {
+                *g = None;
+            }
         }
         self.dev.flush()?;
         Ok(v)
@@ -626,6 +653,7 @@ impl Backend for CudaBackend {
             return Err(CoreError::Unsupported("a plain matmul over an expert tensor kept in host memory (moe_matmul only)".into()));
         }
         let xp = self.rd(x)?;
+        self.promote_q8(xp);
         let op = self.wr(out);
         if self.exact_mm.load(Ordering::Relaxed) {
             return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
@@ -868,6 +896,7 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
+        self.promote_q8(xp);
         if moe_dev::on_device(routes) {
             let order = if self.exact_mm.load(Ordering::Relaxed) {
                 moe_dev::Order::Exact
@@ -897,8 +926,21 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let n = x.len as u64;
         let xp = self.rw(x)?;
+        // a held ReLU² of another buffer (the routed experts' before the shared expert's): one
+        // launch, its Q8 form kept as the previous cache entry
+        if let Some(Held::ReluSqr { x: x0, n: n0, xq: q0, xm: m0 }) = self.dev.take_held_if(|h| matches!(h, Held::ReluSqr { x, .. } if *x != xp)) {
+            let first = self.qcache.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.take();
+            *self.qprev.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))? = first.filter(|c| c.x == x0);
+            let (xq, xm) = self.q8_out(xp, x.len)?;
+            let blocks = n0.div_ceil(256) + n.div_ceil(256);
+            let args = [Arg::P(x0), Arg::U64(n0), Arg::P(q0), Arg::P(m0), Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)];
+            return Ok(self.dev.launch("relu_sqr2", (blocks as u32, 1, 1), 256, 0, &args)?);
+        }
         // the down matmul's Q8 input written by the same kernel (no quantize launch)
         let (xq, xm) = self.q8_out(xp, x.len)?;
+        if n > 0 && !device::switches().no_fuse && relu_pairs() {
+            return Ok(self.dev.hold(Held::ReluSqr { x: xp, n, xq, xm })?);
+        }
         self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
         Ok(())
     }
@@ -956,12 +998,6 @@ impl Backend for CudaBackend {
         let op = (self.wr(out), out.len);
         // the output projection's Q8 input written by the norm (no quantize launch)
         let q8 = if ssm::gated_norm_q8(p) { self.q8_out(op.0, out.len)? } else { (0, 0) };
-        // a decode step's held conv + scan that wrote y: its last blocks normalize (one launch)
-        if let Some(device::Held::SsmScan(c)) = self.dev.take_held_if(|h| matches!(h, device::Held::SsmScan(c) if c.normalizes(p, yp, zp.0))) {
-            check_len("ssm_gated_norm weight", wp.1, p.d_inner)?;
-            check_len("ssm_gated_norm output", op.1, yp.1)?;
-            return Ok(c.launch(&self.dev, Some((wp.0, op.0, p.eps, q8.0, q8.1)))?);
-        }
         Ok(ssm::gated_norm(&self.dev, p, yp, zp, wp, op, q8)?)
     }
 }

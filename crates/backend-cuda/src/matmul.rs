@@ -243,6 +243,13 @@ pub(crate) fn rope_fusion() -> bool {
 }
 
 impl GemvGroup {
+    /// The one matrix of a one-token group in MMQ's order over `xq` of `units` units per row
+    /// and weight type `name` (planes, output, rows), if this is such a group.
+    pub(crate) fn single_mmq(&self, name: &str, xq: u64, units: usize) -> Option<(u64, u64, u64, usize)> {
+        let i = self.items.first()?;
+        (self.order == GemvOrder::Mmq && self.items.len() == 1 && self.nt == 1 && self.rope.is_none() && self.name == name && self.xq == xq && self.units == units).then_some((i.p, i.m, i.out, i.n_out))
+    }
+
     /// A fast q/k/v group of `n_tok` tokens whose next RoPE target (q, then k) is `x` of
     /// `n` values with these parameters (`r`: rope_k false, kv unset).
     pub(crate) fn rope_fits(&self, x: u64, n_tok: usize, n: usize, r: &RopeFuse) -> bool {

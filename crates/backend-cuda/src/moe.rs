@@ -327,5 +327,5 @@ pub fn kernel_names() -> Vec<String> {
 
 /// Kernels of this module that begin with `GDC()` (launched with programmatic dependent launch).
 pub fn gdc_kernel_names() -> Vec<String> {
-    vec!["relu_sqr".to_string()]
+    vec!["relu_sqr".to_string(), "relu_sqr2".to_string()]
 }

@@ -128,6 +128,9 @@ pub(crate) struct MoeGemv {
     early: bool,
     /// in MMQ's order (`moe_gemvm_dev_<type>`, invariant numerics)
     mmq: bool,
+    /// a held dense GEMV over the same one-token input joined to the launch (planes, output,
+    /// rows: the shared expert's up projection; MMQ order only)
+    dense: Option<(u64, u64, u64, usize)>,
 }
 
 impl MoeGemv {
@@ -214,7 +217,8 @@ impl MoeGemv {
     fn launch_mmq(&self, dev: &Device, o: Option<&MoeGemv>) -> Result<(), CudaError> {
         let second = o.map(|o| (o.p, o.m, o.out));
         let (n_used, per_token, x, units, n_out, n_routes) = (self.n_used, self.per_token, self.x, self.units, self.n_out, self.n_routes);
-        crate::invariant::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early)
+        let dense = self.dense.or(o.and_then(|o| o.dense));
+        crate::invariant::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early, dense)
     }
 
     /// `self` and `o` in one `moe_gemv2_dev_<type>` launch (`self`'s `early`: the earlier call).
@@ -263,6 +267,13 @@ pub fn applies(n_tok: usize, p: &MoeRouting) -> bool {
     let prefill_host = *PREFILL_HOST.get_or_init(|| std::env::var("QUARREL_CUDA_PREFILL_HOST_ROUTE").is_ok_and(|v| v == "1"));
     let max_tok = if prefill_host { crate::matmul::GEMV_MAX_TOKENS } else { usize::MAX };
     !host && n_tok > 0 && n_tok <= max_tok && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
+}
+
+/// Whether a held dense GEMV over a one-token step's input (a shared expert's up projection)
+/// joins the routed experts' MMQ-order launch; `QUARREL_CUDA_MOE_SHARED=0`: its own launch.
+fn join_shared() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_SHARED").map_or(true, |v| v != "0"))
 }
 
 /// Whether decode's routed expert GEMVs are held to share launches (gate + up, down + combine);
@@ -490,8 +501,18 @@ impl DevRouter {
             wpr,
             early,
             mmq: order == Order::Invariant,
+            dense: None,
         };
+        let r_tok = r.n_tok;
         drop(last);
+        let mut g = g;
+        // a held dense GEMV in MMQ's order over the same one-token input (the shared expert's up
+        // projection before the routed experts'): its row groups join this launch
+        if g.mmq && r_tok == 1 && x_per_token && !crate::device::switches().no_fuse && fuse() && join_shared() {
+            if let Some(Held::Gemv(d)) = dev.take_held_if(|h| matches!(h, Held::Gemv(d) if d.single_mmq(name, xq, units).is_some())) {
+                g.dense = d.single_mmq(name, xq, units);
+            }
+        }
         if crate::device::switches().no_fuse || !fuse() {
             dev.settle()?;
             return g.launch(dev);

@@ -230,47 +230,6 @@ impl ConvHeld {
     }
 }
 
-/// Whether a decode step's gated norm joins the conv + scan launch before it (`ssm_conv_scan`
-/// with the norm's arguments); `QUARREL_CUDA_SSM_NORM=0`: its own `ssm_gated_norm` launch.
-fn norm_fusion() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_SSM_NORM").map_or(true, |v| v != "0") && !crate::device::switches().no_fuse)
-}
-
-/// `ssm_gated_norm`'s block size for these parameters (one block per token and group, from
-/// the group size only, so prefill and decode sum alike; `ssm_conv_scan` runs it virtually).
-fn gated_norm_threads(p: &SsmParams) -> u32 {
-    ((p.d_inner / p.n_group.max(1)).div_ceil(32) * 32).clamp(32, 1024) as u32
-}
-
-/// A decode step's `ssm_conv_scan`, held (`Held::SsmScan`) so that the gated RMSNorm of its
-/// output y joins it: the group's last block normalizes the group (`gated_norm_as`, the same
-/// bits as `ssm_gated_norm`).
-pub(crate) struct ScanHeld {
-    p: SsmParams,
-    args: Vec<Arg>,
-    n_seq: usize,
-    y: u64,
-    zx: u64,
-    /// the sequence table the arguments point at (kept alive until the launch is queued)
-    _seq: crate::device::PoolMem,
-}
-
-impl ScanHeld {
-    /// Queue it, with the norm `(w, out, eps, xq, xm)` or without (`None`).
-    pub(crate) fn launch(&self, dev: &Device, norm: Option<(u64, u64, f32, u64, u64)>) -> Result<(), CudaError> {
-        let (w, out, eps, xq, xm) = norm.unwrap_or((0, 0, 0.0, 0, 0));
-        let mut args = self.args.clone();
-        args.extend([Arg::P(w), Arg::P(out), Arg::F(eps), Arg::P(xq), Arg::P(xm)]);
-        dev.launch_now("ssm_conv_scan", ((self.n_seq * self.p.d_inner / 8) as u32, 1, 1), 256, (4 * (2 * self.p.d_state + 8)) as u32, &args)
-    }
-
-    /// Whether the gated norm of `y` (rows of d_inner) with projection `zx` is this scan's.
-    pub(crate) fn normalizes(&self, p: &SsmParams, y: Dev, zx: u64) -> bool {
-        self.p == *p && self.y == y.0 && self.zx == zx && y.1 == self.n_seq * p.d_inner
-    }
-}
-
 /// Scan inputs: conv output, the projection (for dt), per-head A, D and dt bias.
 pub(crate) struct ScanArgs {
     pub xbc: Dev,
@@ -330,7 +289,12 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
     let joins = |h: &crate::device::Held| matches!(h, crate::device::Held::SsmConv(c) if c.out == s.xbc.0 && c.layer == layer && c.p == *p && c.zx == s.zx.0);
     if let Some(crate::device::Held::SsmConv(c)) = dev.take_held_if(joins) {
         let state = st.ssm[layer].as_ref().ok_or_else(|| CudaError::Shape(format!("layer {layer} has no recurrent state")))?.ptr;
-        let args = vec![
+        return dev.launch(
+            "ssm_conv_scan",
+            ((c.n_seq * p.d_inner / 8) as u32, 1, 1),
+            256,
+            (4 * (2 * p.d_state + 8)) as u32,
+            &[
                 Arg::P(c.zx),
                 Arg::P(c.w),
                 Arg::P(c.bias),
@@ -352,13 +316,8 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
                 Arg::I((dp - p.n_head) as i32),
                 Arg::I(p.d_conv as i32),
                 Arg::P(st.cnt.ptr),
-            ];
-        let scan = ScanHeld { p: *p, args, n_seq: c.n_seq, y: y.0, zx: c.zx, _seq: c.seq };
-        // held: the gated norm of y that follows joins it (the group's last block runs it)
-        if norm_fusion() && gated_norm_threads(p) <= 1024 {
-            return dev.hold(crate::device::Held::SsmScan(scan));
-        }
-        return scan.launch(dev, None);
+            ],
+        );
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
     let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;

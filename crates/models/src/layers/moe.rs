@@ -89,6 +89,30 @@ impl<B: Backend> MoeFfn<B> {
         be.moe_matmul(&self.ffn_down_exps, ne, &h, &routes, false, &mut y)?;
         be.moe_combine(&y, &routes, out)
     }
+
+    /// ReLU² experts (no gate tensor) plus a ReLU² shared expert, `(n_tok, n_embd)`: the same
+    /// ops and sums as the shared expert first then `forward_add`, ordered so that a GPU can
+    /// join them (routing, shared up then routed up over the same input: one launch; both
+    /// ReLU² back to back: one launch; shared down, routed down, the combine adding to the
+    /// shared output).
+    pub fn forward_relu_shared(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize, s: &ReluSqrMlp<B>) -> Result<B::Buf> {
+        debug_assert!(self.ffn_gate_exps.is_none());
+        let ne = self.routing.n_expert;
+        let routes = self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?;
+        let mut u = be.alloc(n_tok * s.n_ff)?; // (n_tok, n_ff_shexp)
+        be.matmul(&s.ffn_up, x, n_tok, &mut u)?;
+        let r = routes.len();
+        let mut up = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
+        be.moe_matmul(&self.ffn_up_exps, ne, x, &routes, true, &mut up)?;
+        be.relu_sqr(&mut up)?;
+        be.relu_sqr(&mut u)?;
+        let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
+        be.matmul(&s.ffn_down, &u, n_tok, &mut out)?;
+        let mut y = be.alloc(r * n_embd)?; // (routes, n_embd)
+        be.moe_matmul(&self.ffn_down_exps, ne, &up, &routes, false, &mut y)?;
+        be.moe_combine(&y, &routes, &mut out)?;
+        Ok(out)
+    }
 }
 
 /// The feed-forward part of a layer, as the file has it.
@@ -120,6 +144,7 @@ impl<B: Backend> FeedForward<B> {
             FeedForward::SwiGlu(m) => m.forward(be, x, n_tok, n_embd),
             FeedForward::ReluSqr(m) => m.forward(be, x, n_tok, n_embd),
             FeedForward::Moe(moe, None) => moe.forward(be, x, n_tok, n_embd),
+            FeedForward::Moe(moe, Some(SharedExpert::ReluSqr(m))) if moe.ffn_gate_exps.is_none() => moe.forward_relu_shared(be, x, n_tok, n_embd, m),
             FeedForward::Moe(moe, Some(s)) => {
                 // the shared expert first: the routed experts' combine adds to its output
                 let mut out = match s {
