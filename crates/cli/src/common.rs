@@ -44,21 +44,26 @@ pub struct ModelArgs {
     /// the GPU while they fit).
     #[arg(long = "expert-budget", value_parser = parse_bytes)]
     pub expert_budget: Option<usize>,
-    /// GPU arithmetic: fast (default); invariant (a prompt, its tokens one by one and any batch
+    /// GPU arithmetic: auto (default: invariant for models with routed experts or Mamba2
+    /// layers, fast otherwise); fast; invariant (a prompt, its tokens one by one and any batch
     /// give the same logits bit for bit: matmuls in the prompt kernels' float order at every
     /// token count, attention on the tensor cores over fixed position spans); or exact (batch-invariant too, and llama.cpp's CPU
     /// arithmetic where the GPU can reproduce it: every matmul through the decode kernels,
     /// slower prompts). The CPU always computes exactly.
-    #[arg(long = "numerics", value_enum, default_value_t = Numerics::Fast)]
+    #[arg(long = "numerics", value_enum, default_value_t = Numerics::Auto)]
     pub numerics: Numerics,
 }
 
 /// GPU arithmetic (`--numerics`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Numerics {
+    /// Invariant for models whose routing or recurrent state would carry a rounding difference
+    /// between a prompt and its tokens one by one into different expert choices or states
+    /// (`{arch}.expert_count` > 0 or `{arch}.ssm.*` in the file), fast otherwise.
+    #[default]
+    Auto,
     /// The fastest kernels: a prompt's matmuls (tensor-core MMQ) and decode's (dp4a GEMV) sum
     /// in different float orders, so a prompt and its tokens one by one can differ by roundings.
-    #[default]
     Fast,
     /// The CUDA backend's exact numerics (`QUARREL_CUDA_EXACT=1`): batch-invariant, the CPU
     /// backend's bits for Q4_0 / Q4_1 / Q8_0 matmuls.
@@ -187,14 +192,32 @@ pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineO
         DeviceSel::Cuda(n) => {
             let be = CudaBackend::new(n).with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
             be.set_expert_budget(expert_budget);
-            match numerics {
-                Numerics::Fast => {}
+            match resolve_numerics(numerics, path) {
+                Numerics::Auto | Numerics::Fast => {}
                 Numerics::Exact => be.set_exact_numerics(true),
                 Numerics::Invariant => be.set_invariant_numerics(true),
             }
             AnyEngine::Cuda(load_on(be, path, opts)?)
         }
     })
+}
+
+/// What `auto` numerics are for the model at `path` (others as given): invariant where the
+/// file has routed experts or Mamba2 layers, fast otherwise (and where the file cannot be read:
+/// loading it reports why).
+pub fn resolve_numerics(n: Numerics, path: &Path) -> Numerics {
+    if n != Numerics::Auto {
+        return n;
+    }
+    let Ok(g) = quarrel_gguf::Gguf::open(path) else { return Numerics::Fast };
+    let Ok(arch) = g.architecture() else { return Numerics::Fast };
+    let experts = g.get_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) > 0;
+    let recurrent = g.get(&format!("{arch}.ssm.conv_kernel")).is_some();
+    if experts || recurrent {
+        Numerics::Invariant
+    } else {
+        Numerics::Fast
+    }
 }
 
 fn load_on<B: Backend>(be: B, path: &Path, opts: EngineOptions) -> Result<Engine<B>> {
@@ -224,7 +247,30 @@ pub fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, resolve_numerics, Numerics};
+
+    /// `auto` numerics: invariant for files with routed experts or Mamba2 layers (tiny
+    /// synthetic Mixtral-style MoE, Nemotron-H MoE, Mamba2), fast for dense transformers;
+    /// an explicit choice is kept.
+    #[test]
+    fn auto_numerics_follow_the_architecture() {
+        use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+        use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+        let dir = tempfile::tempdir().unwrap();
+        let dense = dir.path().join("tiny.gguf");
+        write_synth(&SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::F32).seed(1), &dense, &mut |_, _| {}).unwrap();
+        assert_eq!(resolve_numerics(Numerics::Auto, &dense), Numerics::Fast);
+        assert_eq!(resolve_numerics(Numerics::Invariant, &dense), Numerics::Invariant);
+        for (name, want) in [("tiny-mixtral", Numerics::Invariant), ("tiny-nemotron-h-moe", Numerics::Invariant), ("tiny-mamba2", Numerics::Invariant), ("tiny-granite", Numerics::Fast)] {
+            let path = dir.path().join(format!("{name}.gguf"));
+            let spec = ArchSynthSpec { preset: ArchPreset::by_name(name).unwrap_or_else(|| panic!("preset {name}")).clone(), ftype: Ftype::F32, seed: 1, vocab_from: None };
+            write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
+            assert_eq!(resolve_numerics(Numerics::Auto, &path), want, "{name}");
+            assert_eq!(resolve_numerics(Numerics::Fast, &path), Numerics::Fast, "{name}");
+        }
+        // an unreadable file: fast (loading it reports the error)
+        assert_eq!(resolve_numerics(Numerics::Auto, &dir.path().join("missing.gguf")), Numerics::Fast);
+    }
 
     #[test]
     fn sizes_parse_with_units_and_bad_ones_are_errors() {

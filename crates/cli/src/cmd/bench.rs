@@ -79,8 +79,8 @@ pub struct Args {
     /// GPU memory for expert weights (as `quarrel run --expert-budget`).
     #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
     pub expert_budget: Option<usize>,
-    /// GPU arithmetic, as `quarrel run --numerics`: fast (default), invariant or exact.
-    #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Fast)]
+    /// GPU arithmetic, as `quarrel run --numerics`: auto (default), fast, invariant or exact.
+    #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Auto)]
     pub numerics: crate::common::Numerics,
     /// Skip the warm-up run before each test.
     #[arg(long = "no-warmup")]

@@ -45,9 +45,9 @@ pub struct Args {
     /// GPU memory for mixture-of-experts weights (as `quarrel run --expert-budget`).
     #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
     pub expert_budget: Option<usize>,
-    /// GPU arithmetic (as `quarrel run --numerics`): fast (default), invariant (batch-invariant
-    /// at prompt speed) or exact (batch-invariant, llama.cpp's CPU arithmetic where it can).
-    #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Fast)]
+    /// GPU arithmetic (as `quarrel run --numerics`): auto (default: invariant for MoE /
+    /// hybrid models, fast otherwise), fast, invariant (batch-invariant at prompt speed) or exact (batch-invariant, llama.cpp's CPU arithmetic where it can).
+    #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Auto)]
     pub numerics: crate::common::Numerics,
     /// Most sequences decoding at once per model.
     #[arg(long, default_value_t = 64)]
