@@ -35,6 +35,7 @@
 
 mod attn;
 mod batch;
+mod bufs;
 pub mod device;
 mod error;
 pub mod exact;
@@ -390,61 +391,6 @@ impl CudaBackend {
 
     fn buf(&self, n: usize) -> Result<CudaBuf> {
         Ok(CudaBuf { mem: self.dev.scratch(4 * n.max(1))?, len: n, zero_pending: AtomicBool::new(false) })
-    }
-
-    /// A write to `ptr` makes the cached quantized activations stale if they came from it.
-    fn written(&self, ptr: u64) {
-        for q in [&self.qcache, &self.qprev] {
-            if let Ok(mut g) = q.lock() {
-                if g.as_ref().is_some_and(|c| c.x == ptr) {
-                    *g = None;
-                }
-            }
-        }
-    }
-
-    /// Before an op that reads `x`'s Q8 form: the previous cache entry back in if it is x's.
-    fn promote_q8(&self, x: u64) {
-        if let (Ok(mut c), Ok(mut p)) = (self.qcache.lock(), self.qprev.lock()) {
-            if p.as_ref().is_some_and(|q| q.x == x) && !c.as_ref().is_some_and(|q| q.x == x) {
-                std::mem::swap(&mut *c, &mut *p);
-            }
-        }
-    }
-
-    /// Q8 scratch for an op that writes `n` values at `out` and their Q8 form in one go
-    /// (`None`: kernel arguments 0, the op writes f32 only).
-    fn q8_out(&self, out: u64, n: usize) -> Result<(u64, u64)> {
-        if n % 32 != 0 || device::switches().no_fused_q8 {
-            return Ok((0, 0));
-        }
-        let c = matmul::QCache::new(&self.dev, out, n)?;
-        let ptrs = (c.xq.ptr(), c.xm.ptr());
-        *self.qcache.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))? = Some(c);
-        Ok(ptrs)
-    }
-
-    /// The pointer of a buffer an op reads (running its deferred zeroing first).
-    fn rd(&self, b: &CudaBuf) -> Result<u64> {
-        if b.zero_pending.swap(false, Ordering::AcqRel) {
-            self.dev.zero(b.ptr(), 4 * b.len)?;
-            self.written(b.ptr());
-        }
-        Ok(b.ptr())
-    }
-
-    /// The pointer of a buffer an op reads and updates in place.
-    fn rw(&self, b: &mut CudaBuf) -> Result<u64> {
-        let p = self.rd(b)?;
-        self.written(p);
-        Ok(p)
-    }
-
-    /// The pointer of a buffer an op overwrites completely.
-    fn wr(&self, b: &mut CudaBuf) -> u64 {
-        b.zero_pending.store(false, Ordering::Release);
-        self.written(b.ptr());
-        b.ptr()
     }
 
     fn with_batch<T>(&self, b: &ForwardBatch, kv: &CudaKv, window: Option<usize>, f: impl FnOnce(&DevBatch) -> Result<T>) -> Result<T> {
