@@ -284,29 +284,22 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
 // attn_mmi_f16_<hd>: the batch-invariant flavour; grid (tiles from `tiles`, KV heads, spans),
 // partials of tokens from tok_base on (the launch's first tile's first token), or with `out`
 // (one span) the normalized rows and their Q8 copies (xq, xm; null: none) in place of them.
-#define ATTN_MMI(HD)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) attn_mmi_f16_##HD(                                              \
+// attn_mmid_f16_<hd>: the same for decode steps (one query per tile) over HD / 32 blocks per KV
+// head, each the P·V and output of 32 dims (grid (tiles, KV heads x HD / 32, spans)): the same
+// bits, with four times the blocks and a quarter of the P·V, V staging and epilogue per block (a
+// decode step's few blocks are latency-bound: Mixtral's 8 took 13.7 us per layer inside the
+// decode graph, QUARREL_CUDA_SKIP on H100 2026-11-24).
+#define ATTN_MMI_AS(NAME, HD, NDS)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                                           \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
         const u32* bt, int n_head, int n_kv_head, int bs, float scale, float softcap, int window, int span,           \
         int tok_base, float* out, i8* xq, float2* xm) {                                                                \
         GDC();                                                                                                         \
-        attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span, tok_base, \
-                     out, xq, xm);                                                                                     \
+        attn_mma<HD, NDS>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span,  \
+                          tok_base, out, xq, xm);                                                                      \
     }
-// attn_mmid_f16_<hd>: attn_mmi_f16_<hd> for decode steps (one query per tile) over HD / 32
-// blocks per KV head, each the P·V and output of 32 dims (grid (tiles, KV heads x HD / 32,
-// spans)): the same bits, with four times the blocks and a quarter of the P·V, V staging and
-// epilogue per block (a decode step's few blocks are latency-bound: Mixtral's 8 took 13.7 us
-// per layer inside the decode graph, QUARREL_CUDA_SKIP on H100 2026-11-24).
-#define ATTN_MMID(HD)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) attn_mmid_f16_##HD(                                             \
-        const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
-        const u32* bt, int n_head, int n_kv_head, int bs, float scale, float softcap, int window, int span,           \
-        int tok_base, float* out, i8* xq, float2* xm) {                                                                \
-        GDC();                                                                                                         \
-        attn_mma<HD, HD / 32>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span, \
-                              tok_base, out, xq, xm);                                                                  \
-    }
+#define ATTN_MMI(HD) ATTN_MMI_AS(attn_mmi_f16_##HD, HD, 1)
+#define ATTN_MMID(HD) ATTN_MMI_AS(attn_mmid_f16_##HD, HD, HD / 32)
 ATTN_MMA(64)
 ATTN_MMA(128)
 ATTN_MMA(256)
