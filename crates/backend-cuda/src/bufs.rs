@@ -18,6 +18,14 @@ impl CudaBackend {
         }
     }
 
+    /// Move the current cache entry, if it is `x`'s, to the previous slot (an op about to write
+    /// another buffer's Q8 form in the same launch keeps both).
+    pub(crate) fn keep_q8_as_previous(&self, x: u64) -> Result<()> {
+        let first = self.qcache.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.take();
+        *self.qprev.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))? = first.filter(|c| c.x == x);
+        Ok(())
+    }
+
     /// Before an op that reads `x`'s Q8 form: the previous cache entry back in if it is x's.
     pub(crate) fn promote_q8(&self, x: u64) {
         if let (Ok(mut c), Ok(mut p)) = (self.qcache.lock(), self.qprev.lock()) {

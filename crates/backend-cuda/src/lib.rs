@@ -875,8 +875,7 @@ impl Backend for CudaBackend {
         // a held ReLU² of another buffer (the routed experts' before the shared expert's): one
         // launch, its Q8 form kept as the previous cache entry
         if let Some(Held::ReluSqr { x: x0, n: n0, xq: q0, xm: m0 }) = self.dev.take_held_if(|h| matches!(h, Held::ReluSqr { x, .. } if *x != xp)) {
-            let first = self.qcache.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?.take();
-            *self.qprev.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))? = first.filter(|c| c.x == x0);
+            self.keep_q8_as_previous(x0)?;
             let (xq, xm) = self.q8_out(xp, x.len)?;
             let blocks = n0.div_ceil(256) + n.div_ceil(256);
             let args = [Arg::P(x0), Arg::U64(n0), Arg::P(q0), Arg::P(m0), Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)];

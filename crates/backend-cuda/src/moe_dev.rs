@@ -485,7 +485,7 @@ impl DevRouter {
             Order::Invariant => 1,
             Order::Fast => wpr_dev(n_out, units, n_routes),
         };
-        let g = MoeGemv {
+        let mut g = MoeGemv {
             name,
             p: w.p.ptr,
             m: w.m_ptr(),
@@ -505,13 +505,13 @@ impl DevRouter {
         };
         let r_tok = r.n_tok;
         drop(last);
-        let mut g = g;
         // a held dense GEMV in MMQ's order over the same one-token input (the shared expert's up
         // projection before the routed experts'): its row groups join this launch
         if g.mmq && r_tok == 1 && x_per_token && !crate::device::switches().no_fuse && fuse() && join_shared() {
-            if let Some(Held::Gemv(d)) = dev.take_held_if(|h| matches!(h, Held::Gemv(d) if d.single_mmq(name, xq, units).is_some())) {
-                g.dense = d.single_mmq(name, xq, units);
-            }
+            g.dense = dev.take_held_if(|h| matches!(h, Held::Gemv(d) if d.single_mmq(name, xq, units).is_some())).and_then(|h| match h {
+                Held::Gemv(d) => d.single_mmq(name, xq, units),
+                _ => None,
+            });
         }
         if crate::device::switches().no_fuse || !fuse() {
             dev.settle()?;
