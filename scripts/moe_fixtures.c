@@ -1,6 +1,8 @@
 // llama.cpp's logits on the tiny MoE / hybrid Mamba2 synthetic models (issue 7 fixtures).
 //
-// Usage: moe_fixtures MODEL.gguf PRESET OUT.json SIMD
+// Usage: moe_fixtures MODEL.gguf PRESET OUT.json SIMD [N_GPU_LAYERS]
+// N_GPU_LAYERS > 0 (a CUDA build of libllama: scripts/moe-fixtures-cuda.sh): the model's layers
+// on the GPU, llama.cpp's own CUDA numerics (flash attention as its defaults choose).
 // Evaluates the fixed token sequence in one llama_decode with logits for every position
 // (what llama-cpp-python's logits_all=True does) and writes the tokens and logits as JSON
 // (6 significant digits). Built and run by scripts/moe-fixtures.sh against libllama
@@ -18,14 +20,15 @@ static void quiet(enum ggml_log_level level, const char * text, void * ud) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s MODEL.gguf PRESET OUT.json SIMD\n", argv[0]);
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: %s MODEL.gguf PRESET OUT.json SIMD [N_GPU_LAYERS]\n", argv[0]);
         return 2;
     }
+    const int ngl = argc == 6 ? atoi(argv[5]) : 0;
     llama_log_set(quiet, NULL);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
+    mp.n_gpu_layers = ngl;
     struct llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (!model) { fprintf(stderr, "%s: load failed\n", argv[1]); return 1; }
     struct llama_context_params cp = llama_context_default_params();
@@ -54,7 +57,11 @@ int main(int argc, char ** argv) {
     FILE * f = fopen(argv[3], "w");
     if (!f) { perror(argv[3]); return 1; }
     fprintf(f, "{\"preset\":\"%s\",\"model\":\"%s.gguf (quarrel synth -p %s -q q8_0 --seed 7)\",", argv[2], argv[2], argv[2]);
-    fprintf(f, "\"reference\":\"llama.cpp 0.3.36 libllama, CPU (%s), one llama_decode with logits at every position\",", argv[4]);
+    if (ngl > 0) {
+        fprintf(f, "\"reference\":\"llama.cpp 0.3.36 libllama, CUDA (%s, n_gpu_layers %d, default context parameters), one llama_decode with logits at every position\",", argv[4], ngl);
+    } else {
+        fprintf(f, "\"reference\":\"llama.cpp 0.3.36 libllama, CPU (%s), one llama_decode with logits at every position\",", argv[4]);
+    }
     fprintf(f, "\"tokens\":[");
     for (int i = 0; i < N_TOK; i++) fprintf(f, "%s%d", i ? "," : "", toks[i]);
     fprintf(f, "],\"n_vocab\":%d,\"logits\":[", n_vocab);

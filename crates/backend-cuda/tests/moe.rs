@@ -4,8 +4,9 @@
 //! attention, the dense Q8_0 matmuls in its float order): NMSE <= 1e-9 where attention cannot
 //! enter (position 0; every position of tiny-mamba2), <= 1e-4 at every position (the issue's
 //! bar; H100 2026-11-22: 2.6e-12 .. 3.2e-12 for six archs, 1.6e-5 for tiny-nemotron-h-moe,
-//! whose expert matmuls keep the GPU's float order); prefill equals token-by-token decode and a
-//! batch equals each sequence alone, in both numerics modes. Skipped with a message where no
+//! whose expert matmuls keep the GPU's float order); with invariant numerics within llama.cpp's
+//! own CUDA-vs-CPU spread; prefill equals token-by-token decode and a batch equals each sequence
+//! alone, in both numerics modes. Skipped with a message where no
 //! CUDA device exists.
 
 use quarrel_cuda::CudaBackend;
@@ -139,6 +140,14 @@ fn read_fixture(path: &Path) -> Fixture {
     }
 }
 
+/// Exact numerics against llama.cpp's CPU fixtures: the bound (and the ops to 1e-9 where
+/// attention cannot enter). Invariant numerics (the CLI's default for these models) against the
+/// same fixtures: within the spread of llama.cpp's own backends on the same file (its CUDA build
+/// vs its CPU build, tests/fixtures/moe-cuda, scripts/moe-fixtures-cuda.sh) or the issue's
+/// bound, whichever is larger. On these random tiny models any change of float order shows as
+/// a few 1e-4 of NMSE once a 1-ulp difference crosses a rounding boundary of an f16 KV entry or
+/// a Q8 activation (llama.cpp's CUDA build differs from its CPU build by up to 5.1e-4, H100
+/// 2026-11-24); a wrong op gives 1e-2 and more.
 #[test]
 fn moe_and_hybrid_logits_match_llama_cpp() {
     if !has_gpu() {
@@ -146,27 +155,45 @@ fn moe_and_hybrid_logits_match_llama_cpp() {
     }
     let dir = tmpdir("moe-fx");
     let (mut report, mut failures) = (vec![], vec![]);
+    let worst = |e: &[f64]| e.iter().copied().fold(0f64, f64::max);
+    let per_pos = |e: &[f64]| e.iter().map(|e| format!("{e:.1e}")).collect::<Vec<_>>();
     for name in PRESETS {
-        let fx = fixture(&format!("moe/{name}.json"));
-        let f = read_fixture(&fx);
+        let f = read_fixture(&fixture(&format!("moe/{name}.json")));
+        let fc = read_fixture(&fixture(&format!("moe-cuda/{name}.json")));
+        assert_eq!(f.tokens, fc.tokens, "{name}: the CPU and CUDA fixtures' tokens");
+        let spread: Vec<f64> = f.logits.iter().zip(&fc.logits).map(|(a, b)| nmse(a, b)).collect();
         let path = synth(name, &dir, Ftype::Q8_0);
-        let mut e = engine_exact(&path, EngineOptions { n_ctx: 64, ..Default::default() });
-        assert_eq!(e.n_vocab(), f.n_vocab);
-        let ours = e.eval_all(&f.tokens).unwrap();
-        assert_eq!(ours.len(), f.logits.len(), "{name}: positions");
-        let errs: Vec<f64> = f.logits.iter().zip(&ours).map(|(a, b)| nmse(a, b)).collect();
-        let worst = errs.iter().copied().fold(0f64, f64::max);
-        // the ops themselves: position 0, and every position of the attention-free model
-        let exact = if *name == "tiny-mamba2" { worst } else { errs[0] };
-        assert!(exact <= OPS_EXACT, "{name}: nmse {exact:.3e} where no attention enters (bound {OPS_EXACT:.0e})");
-        report.push(format!("{name}: worst nmse vs llama.cpp {worst:.2e} over {} positions", errs.len()));
-        if worst.is_nan() || worst > VS_LLAMA {
-            failures.push(format!("{name}: nmse per position {:?}", errs.iter().map(|e| format!("{e:.1e}")).collect::<Vec<_>>()));
+        for m in [Mode::Exact, Mode::Invariant] {
+            let opts = EngineOptions { n_ctx: 64, ..Default::default() };
+            let mut e = if m == Mode::Exact { engine_exact(&path, opts) } else { engine_mode(&path, opts, m) };
+            assert_eq!(e.n_vocab(), f.n_vocab);
+            let ours = e.eval_all(&f.tokens).unwrap();
+            assert_eq!(ours.len(), f.logits.len(), "{name}: positions");
+            let errs: Vec<f64> = f.logits.iter().zip(&ours).map(|(a, b)| nmse(a, b)).collect();
+            let vs_cuda: Vec<f64> = fc.logits.iter().zip(&ours).map(|(a, b)| nmse(a, b)).collect();
+            let bound = if m == Mode::Exact {
+                // the ops themselves: position 0, and every position of the attention-free model
+                let ops = if *name == "tiny-mamba2" { worst(&errs) } else { errs[0] };
+                assert!(ops <= OPS_EXACT, "{name}: nmse {ops:.3e} where no attention enters (bound {OPS_EXACT:.0e})");
+                VS_LLAMA
+            } else {
+                VS_LLAMA.max(2.0 * worst(&spread))
+            };
+            report.push(format!(
+                "{name} {}: worst nmse vs llama.cpp CPU {:.2e} (bound {bound:.1e}), vs llama.cpp CUDA {:.2e}; llama.cpp CUDA vs CPU {:.2e}",
+                m.name(),
+                worst(&errs),
+                worst(&vs_cuda),
+                worst(&spread)
+            ));
+            if errs.iter().any(|e| e.is_nan() || *e > bound) {
+                failures.push(format!("{name} {}: nmse per position {:?} (bound {bound:.1e})", m.name(), per_pos(&errs)));
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{}", report.join("\n"));
-    assert!(failures.is_empty(), "GPU logits differ from llama.cpp (nmse > {VS_LLAMA:.0e}):\n{}", failures.join("\n"));
+    assert!(failures.is_empty(), "GPU logits differ from llama.cpp:\n{}", failures.join("\n"));
 }
 
 #[test]
