@@ -51,12 +51,61 @@ fn decode_split() -> bool {
 /// numerics): absolute spans [s·256, (s + 1)·256), so a query's partials depend on its own
 /// position only. A multiple of the kernel's chunk (AM_KB).
 const INV_SPAN: usize = 256;
-/// Whether invariant numerics take the tensor-core attention (`attn_mmi_f16_*`, the default) or
-/// the one-pass kernel of exact attention (`QUARREL_CUDA_INVARIANT_ATTN=vec`: the attention
-/// before session 16, for comparisons; as invariant, slower prompts).
-fn invariant_mma() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUARREL_CUDA_INVARIANT_ATTN").map_or(true, |v| v != "vec"))
+/// Query positions below `inv_vec_below()` take the one-pass kernel of exact attention in
+/// invariant numerics (`attn_vec2_f16`: llama.cpp's CPU order, so short prompts and their decode
+/// steps give the CPU's attention bits), positions from it on the tensor-core kernel
+/// (`attn_mmi_f16_*`). Both compute a query row from its own position and the cache alone, so
+/// the split keeps prompts, decode steps and batches bit-identical. The one-pass kernel has the
+/// shorter chain for a decode step at a short context, the tensor-core one the far cheaper
+/// prompt rows (a block per query row and head there, K / V read again by each). H100
+/// 2026-11-24 (call F, Mixtral-8x7B Q4_K_M, one run; pp512 / tg128 / pp128+tg128 /
+/// pp256+tg128 t/s): split at 128: 4,405 / 245.6 / 378.0 / 527.9; at 256: 4,190 / 247.7 /
+/// 423.1 / 533.0; at 384: 4,026 / 246.7 / 421.9 / 589.1; no split (tensor cores only): 4,521
+/// / 232.3 / 382.8 / 533.1; llama.cpp 3,990-4,036 / 191.3-194.2 / 343.0-349.5 / 500.5-508.9.
+/// 128 keeps prompts within ~3% of the tensor-core kernel alone; a higher split buys decode
+/// speed at medium contexts with prompt speed. `QUARREL_CUDA_INV_VEC_BELOW=<n>` (a multiple of
+/// `batch::TILE_SPAN`: tiles never straddle one) sets it for measurements.
+const INV_VEC_BELOW: u32 = 128;
+
+/// Positions below which invariant numerics' attention takes the one-pass kernel (0: never,
+/// where `QUARREL_CUDA_INVARIANT_ATTN` chose one kernel for all; the tensor-core one from there).
+pub fn invariant_one_pass_below() -> usize {
+    match invariant_attn() {
+        InvAttn::Split => inv_vec_below() as usize,
+        InvAttn::Mma => 0,
+        InvAttn::Vec => usize::MAX,
+    }
+}
+
+fn inv_vec_below() -> u32 {
+    static V: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        let v = std::env::var("QUARREL_CUDA_INV_VEC_BELOW").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(INV_VEC_BELOW);
+        v / batch::TILE_SPAN * batch::TILE_SPAN
+    })
+}
+
+/// Attention kernels of invariant numerics (`QUARREL_CUDA_INVARIANT_ATTN`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum InvAttn {
+    /// The one-pass kernel below `inv_vec_below()` positions, the tensor-core kernel from there
+    /// on (the default). H100 2026-11-24: Mixtral-8x7B tg128 245.6 vs 232.3 t/s with the
+    /// tensor cores only (call F); the one-pass kernel everywhere (`Vec`) decodes ~100 t/s at
+    /// depth 4096 vs ~190 and prefills pp4096 at 2,102 vs 3,956 t/s (call C).
+    Split,
+    /// The tensor-core kernel at every position (`mma`: the default of sessions 16-18).
+    Mma,
+    /// The one-pass kernel at every position (`vec`: before session 16; slow long prompts).
+    Vec,
+}
+
+fn invariant_attn() -> InvAttn {
+    static V: std::sync::OnceLock<InvAttn> = std::sync::OnceLock::new();
+    *V.get_or_init(|| match std::env::var("QUARREL_CUDA_INVARIANT_ATTN").as_deref() {
+        Ok("vec") => InvAttn::Vec,
+        Ok("mma") => InvAttn::Mma,
+        _ => InvAttn::Split,
+    })
 }
 
 /// Bytes of partials one `attn_mmi_f16_*` launch may write: longer batches are launched in
@@ -114,10 +163,10 @@ fn kv_rotation(spec: &KvSpec) -> Result<usize> {
 /// The parameters every paged-attention kernel starts with (kernels/attention.cu ATTN_ARGS,
 /// attn_vec.cu): q, k, v, the output, the batch's tiles / positions / block tables, the head
 /// shape, the cache's block size, the scale, softcap and sliding window.
-fn attn_args(ptrs: [u64; 4], db: &DevBatch, p: &AttnParams, hd: usize, block_size: usize) -> Vec<Arg> {
+fn attn_args(ptrs: [u64; 4], tiles: u64, db: &DevBatch, p: &AttnParams, hd: usize, block_size: usize) -> Vec<Arg> {
     let mut args: Vec<Arg> = ptrs.into_iter().map(Arg::P).collect();
     args.extend([
-        Arg::P(db.tiles()),
+        Arg::P(tiles),
         Arg::P(db.pos()),
         Arg::P(db.bt_off()),
         Arg::P(db.bt()),
@@ -274,7 +323,7 @@ impl CudaBackend {
         // (a shape it does not take keeps the one-pass kernel of exact attention, also invariant)
         let group = p.n_head / p.n_kv_head;
         if self.invariant_mm.load(std::sync::atomic::Ordering::Relaxed)
-            && invariant_mma()
+            && invariant_attn() != InvAttn::Vec
             && kv.spec.ty == quarrel_core::KvType::F16
             && matches!(hd, 64 | 128 | 256)
             && group <= 16
@@ -284,19 +333,8 @@ impl CudaBackend {
         }
         if vec {
             return self.with_batch(batch, kv, p.sliding_window, |db| {
-                // the scores and the scan spread over all threads, the chain over hd of them:
-                // 256 where few blocks run (one per SM), 128 (or hd) where many do (two
-                // 256-thread blocks fill an SM's registers)
-                let blocks = db.n_tiles * p.n_head;
-                let threads = if blocks >= 512 { hd.div_ceil(32).max(4) as u32 * 32 } else { 256 };
-                let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
-                let smem = attn_vec_smem(hd);
-                let mut args = attn_args([qp, kp, vp, op], db, p, hd, kv.spec.block_size);
-                args.extend([Arg::P(xq), Arg::P(xm)]);
-                let per_tile = if one { 1 } else { batch::ATT_QT as u32 };
-                let kname = if vec_old() { "attn_vec_f16" } else { "attn_vec2_f16" };
-                self.dev.launch(kname, (db.n_tiles as u32, p.n_head as u32, per_tile), threads, smem, &args)?;
-                Ok(())
+                let q8 = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
+                self.attn_vec_launch([qp, kp, vp, op], (db.tiles(), db.n_tiles), one, db, p, kv.spec.block_size, q8)
             });
         }
         self.with_batch(batch, kv, p.sliding_window, |db| {
@@ -336,7 +374,7 @@ impl CudaBackend {
                 }
             };
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
-            let mut args = attn_args([qp, kp, vp, part.ptr()], db, p, hd, kv.spec.block_size);
+            let mut args = attn_args([qp, kp, vp, part.ptr()], db.tiles(), db, p, hd, kv.spec.block_size);
             args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff), Arg::I(hp as i32)]);
             // attng_* (gqa) take attn1_*'s parameters without the last (hp)
             let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
@@ -355,13 +393,56 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// The one-pass kernel (`attn_vec2_f16`, or `attn_vec_f16`) over `n_tiles` tiles at `tiles`
+    /// (`db.tiles()` or a part of it in its layout), writing the rows and their Q8 form (`q8`:
+    /// (0, 0) none).
+    #[allow(clippy::too_many_arguments)]
+    fn attn_vec_launch(&self, ptrs: [u64; 4], (tiles, n_tiles): (u64, usize), one: bool, db: &DevBatch, p: &AttnParams, block_size: usize, (xq, xm): (u64, u64)) -> Result<()> {
+        let hd = p.head_dim;
+        // the scores and the scan spread over all threads, the chain over hd of them: 256 where
+        // few blocks run (one per SM), 128 (or hd) where many do (two 256-thread blocks fill an
+        // SM's registers); the thread count never changes a row's arithmetic
+        let blocks = n_tiles * p.n_head;
+        let threads = if blocks >= 512 { hd.div_ceil(32).max(4) as u32 * 32 } else { 256 };
+        let mut args = attn_args(ptrs, tiles, db, p, hd, block_size);
+        args.extend([Arg::P(xq), Arg::P(xm)]);
+        let per_tile = if one { 1 } else { batch::ATT_QT as u32 };
+        let kname = if vec_old() { "attn_vec_f16" } else { "attn_vec2_f16" };
+        self.dev.launch(kname, (n_tiles as u32, p.n_head as u32, per_tile), threads, attn_vec_smem(hd), &args)?;
+        Ok(())
+    }
+
+    /// Attention in invariant numerics: rows of positions below `INV_VEC_BELOW` by the one-pass
+    /// kernel (`InvAttn::Split`), the others as `attention_mmi`. A batch of both kinds runs
+    /// `attention_mmi` over every row, then the one-pass kernel over the low tiles, whose rows
+    /// it writes again (their tensor-core values discarded: simpler than a combine that skips
+    /// rows, and only prompts that cross the boundary pay for it).
+    fn attention_invariant(&self, ptrs: [u64; 4], q_len: usize, kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
+        let hd = p.head_dim;
+        let one = batch.seqs.iter().all(|s| s.len <= 1);
+        let q8 = if hd % 32 == 0 { self.q8_out(ptrs[3], q_len)? } else { (0, 0) };
+        let below = if invariant_attn() == InvAttn::Split { inv_vec_below() } else { 0 };
+        let n_low = batch.positions.iter().filter(|&&x| x < below).count();
+        if n_low == batch.n_tokens() {
+            return self.with_batch(batch, kv, p.sliding_window, |db| self.attn_vec_launch(ptrs, (db.tiles(), db.n_tiles), one, db, p, kv.spec.block_size, q8));
+        }
+        if n_low == 0 {
+            return self.attention_mmi(ptrs, q8, kv, batch, p);
+        }
+        self.attention_mmi(ptrs, q8, kv, batch, p)?;
+        self.with_batch(batch, kv, p.sliding_window, |db| {
+            let (tiles, n) = db.low_tiles(below);
+            self.attn_vec_launch(ptrs, (tiles, n), one, db, p, kv.spec.block_size, q8)
+        })
+    }
+
     /// Attention in invariant numerics (`attn_mmi_f16_*` then `attn_combine`): the partials of
     /// absolute spans of `INV_SPAN` positions, merged in span order (one span: normalized by the
     /// kernel itself with the combine's arithmetic), as many spans as the batch's latest
     /// position needs (decode grids change every `INV_SPAN` positions: a graph is captured
     /// again then). Spans past a query's position are masked for it (skipped by the combine),
     /// so the batch's other queries never change its bits.
-    fn attention_invariant(&self, [qp, kp, vp, op]: [u64; 4], q_len: usize, kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
+    fn attention_mmi(&self, [qp, kp, vp, op]: [u64; 4], (xq, xm): (u64, u64), kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
         let hd = p.head_dim;
         let n_ctx = batch.positions.iter().max().map_or(0, |&x| x as usize + 1);
         let n_split = n_ctx.div_ceil(INV_SPAN).max(1);
@@ -373,7 +454,6 @@ impl CudaBackend {
         let per_token = 4 * p.n_head * n_split * (hd + 2);
         let max_tok = (INV_SCRATCH / per_token).max(batch::ATT_QT);
         self.with_batch(batch, kv, p.sliding_window, |db| {
-            let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q_len)? } else { (0, 0) };
             // decode steps: hd / 32 blocks per KV head, 32 output dims each (attn_mmid_f16_*)
             let nds = if one && decode_split() && matches!(hd, 64 | 128 | 256) { hd / 32 } else { 1 };
             let kname = if nds > 1 { format!("attn_mmid_f16_{hd}") } else { format!("attn_mmi_f16_{hd}") };

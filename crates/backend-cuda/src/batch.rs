@@ -72,6 +72,11 @@ pub fn kernel_names() -> Vec<String> {
 /// Query tokens per attention tile (ATT_QT in attention.cu).
 pub const ATT_QT: usize = 8;
 
+/// Tiles never straddle a multiple of this many positions (a tile's tokens all lie in one
+/// `TILE_SPAN`-position span): invariant attention takes one kernel for the positions below a
+/// multiple of it and another from there on (attn.rs `INV_VEC_BELOW`), a tile at a time.
+pub const TILE_SPAN: u32 = 64;
+
 pub struct DevBatch {
     positions: Vec<u32>,
     seqs: Vec<(usize, usize, Vec<u32>)>,
@@ -82,8 +87,12 @@ pub struct DevBatch {
     pub n_tiles: usize,
     /// (first token, tokens) of each attention tile, as uploaded
     tile_tokens: Vec<(usize, usize)>,
+    /// The tiles again, ordered by their first position (stable), with those positions: the
+    /// tiles below a position are a prefix of it (`low_tiles`)
+    by_pos: Vec<u32>,
     off_slots: usize,
     off_tiles: usize,
+    off_by_pos: usize,
     off_btoff: usize,
     off_bt: usize,
 }
@@ -117,6 +126,11 @@ impl DevBatch {
     pub fn tiles(&self) -> u64 {
         self.at(self.off_tiles)
     }
+    /// The tiles whose positions lie below `below` (a multiple of `TILE_SPAN`), in `tiles()`'s
+    /// layout: (pointer, count).
+    pub fn low_tiles(&self, below: u32) -> (u64, usize) {
+        (self.at(self.off_by_pos), self.by_pos.partition_point(|&p| p < below))
+    }
     pub fn bt_off(&self) -> u64 {
         self.at(self.off_btoff)
     }
@@ -144,21 +158,22 @@ impl DevBatch {
                 let p = pos as usize;
                 *slot = (s.block_table[p / block_size] as usize * block_size + p % block_size) as u32;
             }
-            let mut t0 = s.start;
-            while t0 < s.start + s.len {
-                let nq = ATT_QT.min(s.start + s.len - t0);
-                tiles.extend_from_slice(&[t0 as u32, nq as u32, si as u32]);
-                t0 += nq;
-            }
+            seq_tiles(&b.positions, s.start, s.len, si, &mut tiles);
         }
         let n_tiles = tiles.len() / 3;
+        let mut order: Vec<usize> = (0..n_tiles).collect();
+        order.sort_by_key(|&i| b.positions[tiles[3 * i] as usize]);
+        let by_pos: Vec<u32> = order.iter().map(|&i| b.positions[tiles[3 * i] as usize]).collect();
+        let tiles_by_pos: Vec<u32> = order.iter().flat_map(|&i| tiles[3 * i..3 * i + 3].iter().copied()).collect();
         let tile_tokens = tiles.chunks_exact(3).map(|t| (t[0] as usize, t[1] as usize)).collect();
-        let mut all = Vec::with_capacity(2 * n + tiles.len() + bt_off.len() + bt.len());
+        let mut all = Vec::with_capacity(2 * n + 2 * tiles.len() + bt_off.len() + bt.len());
         all.extend_from_slice(&b.positions);
         let off_slots = all.len();
         all.extend_from_slice(&slots);
         let off_tiles = all.len();
         all.extend_from_slice(&tiles);
+        let off_by_pos = all.len();
+        all.extend_from_slice(&tiles_by_pos);
         let off_btoff = all.len();
         all.extend_from_slice(&bt_off);
         let off_bt = all.len();
@@ -173,11 +188,25 @@ impl DevBatch {
             n_tok: n,
             n_tiles,
             tile_tokens,
+            by_pos,
             off_slots,
             off_tiles,
+            off_by_pos,
             off_btoff,
             off_bt,
         })
+    }
+}
+
+/// Tiles (first token, tokens, sequence) of sequence `si`'s tokens [start, start + len): runs of
+/// up to ATT_QT tokens, each within one `TILE_SPAN`-position span of its first token.
+fn seq_tiles(positions: &[u32], start: usize, len: usize, si: usize, tiles: &mut Vec<u32>) {
+    let mut t0 = start;
+    while t0 < start + len {
+        let span = positions[t0] / TILE_SPAN;
+        let nq = (t0..(t0 + ATT_QT).min(start + len)).take_while(|&t| positions[t] / TILE_SPAN == span).count();
+        tiles.extend_from_slice(&[t0 as u32, nq as u32, si as u32]);
+        t0 += nq;
     }
 }
 
@@ -186,4 +215,37 @@ fn check_table(s: &SeqBatch, n_blocks: usize) -> Result<(), CudaError> {
         return Err(CudaError::Shape(format!("block table names block {b} of a cache of {n_blocks}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiles cover a sequence's tokens in order, at most ATT_QT each, none across a multiple of
+    /// TILE_SPAN positions (invariant attention's kernel choice is per tile).
+    #[test]
+    fn tiles_cover_tokens_and_never_straddle_a_span() {
+        for (p0, len) in [(0u32, 1usize), (0, 700), (250, 20), (255, 2), (256, 9), (1000, 300), (7, 249)] {
+            let positions: Vec<u32> = (0..len as u32).map(|i| p0 + i).collect();
+            let mut tiles = vec![];
+            seq_tiles(&positions, 0, len, 3, &mut tiles);
+            let mut next = 0;
+            for t in tiles.chunks_exact(3) {
+                let (t0, nq) = (t[0] as usize, t[1] as usize);
+                assert_eq!((t0, t[2]), (next, 3));
+                assert!((1..=ATT_QT).contains(&nq));
+                assert_eq!(positions[t0] / TILE_SPAN, positions[t0 + nq - 1] / TILE_SPAN, "tile at {t0} of {nq} from position {p0}");
+                next = t0 + nq;
+            }
+            assert_eq!(next, len);
+        }
+        // runs of ATT_QT away from a boundary
+        let mut tiles = vec![];
+        seq_tiles(&(0..16).collect::<Vec<u32>>(), 0, 16, 0, &mut tiles);
+        assert_eq!(tiles, [0, 8, 0, 8, 8, 0]);
+        // a run broken at 256
+        let mut tiles = vec![];
+        seq_tiles(&(250..262).collect::<Vec<u32>>(), 0, 12, 0, &mut tiles);
+        assert_eq!(tiles, [0, 6, 0, 6, 6, 0]);
+    }
 }

@@ -57,7 +57,7 @@ mod ssm;
 pub mod unit;
 mod weight;
 
-pub use attn::vec_max_positions;
+pub use attn::{invariant_one_pass_below, vec_max_positions};
 pub use device::{available, device_count};
 pub use error::CudaError;
 pub use kv::CudaKv;
@@ -227,9 +227,11 @@ impl CudaBackend {
     /// Batch-invariant numerics at prefill speed (`invariant.rs`): every quantized matmul in
     /// MMQ's float order (prompts through MMQ, never split over K nor the f16 GEMM; decode steps
     /// through the GEMV in MMQ's order), float matmuls through the float GEMV, MoE routing on the
-    /// device at every token count, and attention in one order at every token count (f16 caches:
-    /// `attn_mmi_f16_*` on the tensor cores over absolute position spans; others the one pass of
-    /// `set_exact_attention`). A prompt, its
+    /// device at every token count, and attention in one order per query position at every
+    /// token count (f16 caches: the one pass of `set_exact_attention` below position 128, so
+    /// short prompts and their decode have llama.cpp's CPU attention bits, `attn_mmi_f16_*` on
+    /// the tensor cores over absolute position spans from there; other caches the one pass).
+    /// A prompt, its
     /// tokens one by one and any batch give the same logits bit for bit. Not the CPU's bits
     /// (`set_exact_numerics` gives those where it can). Experts kept in host memory
     /// (`set_expert_budget`) still multiply in the fast order.
