@@ -54,7 +54,9 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
                                          float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                          const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
                                          int bs, float scale, float softcap, int window, int span, int tok_base,
-                                         float* __restrict__ out, i8* __restrict__ xq, float2* __restrict__ xm) {
+                                         float* __restrict__ out, i8* __restrict__ xq, float2* __restrict__ xm, int pf = 0) {
+    // prompts wait for the previous kernel at once; decode steps first ask for their K / V rows
+    if (NDS == 1) GDC();
     __shared__ __align__(16) u16 Ks[AM_KB][HD + 8];  // [position][dim]
     __shared__ __align__(16) u16 Vt[HD][AM_KB + 8];  // [dim][position]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -84,6 +86,23 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         p_begin = lo + split * split_len;
         p_end = min(hi + 1, p_begin + split_len);
     }
+    const u64 row = (u64)n_kv_head * HD;
+    const u32* table = bt + bt_off[seq];
+    if (NDS > 1) {
+        // decode steps (pf): the span's K rows (a share per block of the KV head's NDS) and this
+        // block's V dims on their way to L2 before the PDL wait, so that the chunk loop's loads
+        // find them there. The batch arrays were uploaded before the step and the cached rows
+        // written by earlier steps; the newest row's lines, prefetched before its writer ends,
+        // are updated in L2 by it (prefetch.L2 leaves L1 alone; the loads come after the wait).
+        if (pf)
+            for (int p = p_begin + threadIdx.x; p < p_end; p += blockDim.x) {
+                const u64 off = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD;
+                if ((p - p_begin) % NDS == ds)
+                    for (int d = 0; d < HD; d += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"((const u16*)K + off + d));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"((const u16*)V + off + 8 * n_lo));
+            }
+        GDC();
+    }
     // this thread's rows: token g of heads hA (row g) and hB (row g + 8)
     const int hA = kvh * grp + 2 * warp, hB = hA + 1;
     const bool vA = g < (int)nq && 2 * warp < grp, vB = g < (int)nq && 2 * warp + 1 < grp;
@@ -112,8 +131,6 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
 #pragma unroll
     for (int n = 0; n < NPT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float mA = -INF, mB = -INF, lA = 0.f, lB = 0.f;  // l: this thread's share of the row sums
-    const u64 row = (u64)n_kv_head * HD;
-    const u32* table = bt + bt_off[seq];
     for (int base = p_begin; base < p_end; base += AM_KB) {
         __syncthreads();
         // K: 16-byte pieces, a row's pieces on consecutive threads; V: a piece per thread, the
@@ -277,7 +294,6 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
         const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot,    \
         int q16, const float* koff, int hp) {                                                                        \
-        GDC();                                                                                                         \
         attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, 0, 0,     \
                      nullptr, nullptr, nullptr);                                                                       \
     }
@@ -293,10 +309,9 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     extern "C" __global__ void __launch_bounds__(256) NAME(                                                           \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
         const u32* bt, int n_head, int n_kv_head, int bs, float scale, float softcap, int window, int span,           \
-        int tok_base, float* out, i8* xq, float2* xm) {                                                                \
-        GDC();                                                                                                         \
+        int tok_base, float* out, i8* xq, float2* xm, int pf) {                                                        \
         attn_mma<HD, NDS>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, span,  \
-                          tok_base, out, xq, xm);                                                                      \
+                          tok_base, out, xq, xm, pf); /* GDC() inside */                                              \
     }
 #define ATTN_MMI(HD) ATTN_MMI_AS(attn_mmi_f16_##HD, HD, 1)
 #define ATTN_MMID(HD) ATTN_MMI_AS(attn_mmid_f16_##HD, HD, HD / 32)

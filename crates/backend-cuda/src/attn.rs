@@ -47,6 +47,16 @@ fn decode_split() -> bool {
     *ON.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_MMID").map_or(true, |v| v != "0"))
 }
 
+/// Whether invariant decode steps (`attn_mmid_f16_*`) ask for their span's K / V rows into L2
+/// before the PDL wait (`QUARREL_CUDA_MMID_PREFETCH=0`: not, for comparisons). H100 2026-11-24
+/// (call G, Mixtral-8x7B, interleaved, t/s with / without): pp128+tg128 388.1 / 386.3 vs 380.3 /
+/// 379.6, pp256+tg128 541.1 / 541.4 vs 522.7 / 527.5, pp512+tg128 839.7 / 844.4 vs 821.8 /
+/// 825.0 (decode past the one-pass split; the chunk loop's loads then hit L2).
+fn decode_prefetch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("QUARREL_CUDA_MMID_PREFETCH").map_or(true, |v| v != "0"))
+}
+
 /// Positions per split of the batch-invariant tensor-core attention (`attn_mmi_f16_*`, invariant
 /// numerics): absolute spans [s·256, (s + 1)·256), so a query's partials depend on its own
 /// position only. A multiple of the kernel's chunk (AM_KB).
@@ -479,6 +489,7 @@ impl CudaBackend {
                     Arg::P(o),
                     Arg::P(q),
                     Arg::P(m),
+                    Arg::I(decode_prefetch() as i32),
                 ]
             };
             if n_split == 1 {
