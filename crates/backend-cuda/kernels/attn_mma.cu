@@ -89,12 +89,12 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     const u64 row = (u64)n_kv_head * HD;
     const u32* table = bt + bt_off[seq];
     if (NDS > 1) {
-        // decode steps (pf): the span's K rows (a share per block of the KV head's NDS) and this
+        // decode steps (pf & 1): the span's K rows (a share per block of the KV head's NDS) and this
         // block's V dims on their way to L2 before the PDL wait, so that the chunk loop's loads
         // find them there. The batch arrays were uploaded before the step and the cached rows
         // written by earlier steps; the newest row's lines, prefetched before its writer ends,
         // are updated in L2 by it (prefetch.L2 leaves L1 alone; the loads come after the wait).
-        if (pf)
+        if (pf & 1)
             for (int p = p_begin + threadIdx.x; p < p_end; p += blockDim.x) {
                 const u64 off = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD;
                 if ((p - p_begin) % NDS == ds)
@@ -131,39 +131,57 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
 #pragma unroll
     for (int n = 0; n < NPT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float mA = -INF, mB = -INF, lA = 0.f, lB = 0.f;  // l: this thread's share of the row sums
+    // K: 16-byte pieces, a row's pieces on consecutive threads; V: a piece per thread, the
+    // positions on consecutive threads (so the transposed stores fall in distinct words).
+    // AM_LD pieces of each per thread in flight before the stores (a block of few warps, a
+    // decode step's, would otherwise wait out one load latency per piece)
+    constexpr int LD = HD >= 256 ? 2 : AM_LD;
+    // the pieces i0 + j · blockDim of the chunk at `base` into registers
+    auto fetch = [&](int base, int i0, uint4 (&kv)[LD], uint4 (&vv)[LD]) {
+#pragma unroll
+        for (int j = 0; j < LD; j++) {
+            const int i = i0 + j * blockDim.x;
+            const int p = base + i / (HD / 8), pv = base + i % AM_KB, cv = i / AM_KB - n_lo;
+            kv[j] = vv[j] = make_uint4(0, 0, 0, 0);
+            if (i < AM_KB * HD / 8 && p < p_end) kv[j] = ((const uint4*)(K + 2 * (((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD)))[i % (HD / 8)];
+            if (i < AM_KB * HD / 8 && pv < p_end && (NDS == 1 || (cv >= 0 && cv < NPT)))
+                vv[j] = ((const uint4*)(V + 2 * (((u64)table[pv / bs] * bs + pv % bs) * row + (u64)kvh * HD)))[i / AM_KB];
+        }
+    };
+    // and from registers into Ks / Vt
+    auto stage = [&](int i0, const uint4 (&kv)[LD], const uint4 (&vv)[LD]) {
+#pragma unroll
+        for (int j = 0; j < LD; j++) {
+            const int i = i0 + j * blockDim.x;
+            if (i >= AM_KB * HD / 8) break;
+            *(uint4*)&Ks[i / (HD / 8)][8 * (i % (HD / 8))] = kv[j];
+            const int rv = i % AM_KB, cv = i / AM_KB;
+            const u32 w[4] = {vv[j].x, vv[j].y, vv[j].z, vv[j].w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                Vt[8 * cv + 2 * k][rv] = (u16)(w[k] & 0xffff);
+                Vt[8 * cv + 2 * k + 1][rv] = (u16)(w[k] >> 16);
+            }
+        }
+    };
+    // decode steps (pf & 2) whose chunk is one round of pieces: the next chunk's pieces load
+    // while this chunk is computed (the same values staged: the same bits)
+    const bool pipe = NDS > 1 && (pf & 2) && AM_KB * HD / 8 <= LD * (int)blockDim.x;
+    uint4 nk[LD], nv[LD];
+    if (pipe && p_begin < p_end) fetch(p_begin, threadIdx.x, nk, nv);
     for (int base = p_begin; base < p_end; base += AM_KB) {
         __syncthreads();
-        // K: 16-byte pieces, a row's pieces on consecutive threads; V: a piece per thread, the
-        // positions on consecutive threads (so the transposed stores fall in distinct words).
-        // AM_LD pieces of each per thread in flight before the stores (a block of few warps,
-        // a decode step's, would otherwise wait out one load latency per piece)
-        constexpr int LD = HD >= 256 ? 2 : AM_LD;
-        for (int i0 = threadIdx.x; i0 < AM_KB * HD / 8; i0 += LD * blockDim.x) {
-            uint4 kv[LD], vv[LD];
-#pragma unroll
-            for (int j = 0; j < LD; j++) {
-                const int i = i0 + j * blockDim.x;
-                const int p = base + i / (HD / 8), pv = base + i % AM_KB, cv = i / AM_KB - n_lo;
-                kv[j] = vv[j] = make_uint4(0, 0, 0, 0);
-                if (i < AM_KB * HD / 8 && p < p_end) kv[j] = ((const uint4*)(K + 2 * (((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * HD)))[i % (HD / 8)];
-                if (i < AM_KB * HD / 8 && pv < p_end && (NDS == 1 || (cv >= 0 && cv < NPT)))
-                    vv[j] = ((const uint4*)(V + 2 * (((u64)table[pv / bs] * bs + pv % bs) * row + (u64)kvh * HD)))[i / AM_KB];
-            }
-#pragma unroll
-            for (int j = 0; j < LD; j++) {
-                const int i = i0 + j * blockDim.x;
-                if (i >= AM_KB * HD / 8) break;
-                *(uint4*)&Ks[i / (HD / 8)][8 * (i % (HD / 8))] = kv[j];
-                const int rv = i % AM_KB, cv = i / AM_KB;
-                const u32 w[4] = {vv[j].x, vv[j].y, vv[j].z, vv[j].w};
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    Vt[8 * cv + 2 * k][rv] = (u16)(w[k] & 0xffff);
-                    Vt[8 * cv + 2 * k + 1][rv] = (u16)(w[k] >> 16);
-                }
+        if (pipe) {
+            stage(threadIdx.x, nk, nv);
+        } else {
+            for (int i0 = threadIdx.x; i0 < AM_KB * HD / 8; i0 += LD * blockDim.x) {
+                uint4 kv[LD], vv[LD];
+                fetch(base, i0, kv, vv);
+                stage(i0, kv, vv);
             }
         }
         __syncthreads();
+        if (pipe && base + AM_KB < p_end) fetch(base + AM_KB, threadIdx.x, nk, nv);
         // S = q·K^T: 4 n8 tiles of positions; s[j]: (row g, pos 8j+2t, +1), (row g+8, same)
         float s[AM_KB / 8][4];
 #pragma unroll

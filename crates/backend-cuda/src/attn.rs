@@ -57,6 +57,16 @@ fn decode_prefetch() -> bool {
     *ON.get_or_init(|| std::env::var("QUARREL_CUDA_MMID_PREFETCH").map_or(true, |v| v != "0"))
 }
 
+/// Whether invariant decode steps (`attn_mmid_f16_*`) load the next 32-position chunk's K / V
+/// while computing this one (`QUARREL_CUDA_MMID_PIPE=0`: not, for comparisons). H100 2026-11-24
+/// (call I, Mixtral-8x7B, interleaved, t/s with / without): pp128+tg128 400.7 / 400.1 vs 395.0 /
+/// 390.7, pp256+tg128 565.3 / 561.5 vs 552.6 / 545.8, pp512+tg128 886.7 / 886.1 vs 865.4 /
+/// 856.8 (llama.cpp 361.2 / 359.1, 514.5 / 511.2, 812.1 / 807.8).
+fn decode_pipeline() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("QUARREL_CUDA_MMID_PIPE").map_or(true, |v| v != "0"))
+}
+
 /// Positions per split of the batch-invariant tensor-core attention (`attn_mmi_f16_*`, invariant
 /// numerics): absolute spans [s·256, (s + 1)·256), so a query's partials depend on its own
 /// position only. A multiple of the kernel's chunk (AM_KB).
@@ -489,7 +499,7 @@ impl CudaBackend {
                     Arg::P(o),
                     Arg::P(q),
                     Arg::P(m),
-                    Arg::I(decode_prefetch() as i32),
+                    Arg::I(decode_prefetch() as i32 | (decode_pipeline() as i32) << 1),
                 ]
             };
             if n_split == 1 {
