@@ -432,8 +432,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Attention in invariant numerics: rows of positions below `INV_VEC_BELOW` by the one-pass
-    /// kernel (`InvAttn::Split`), the others as `attention_mmi`. A batch of both kinds runs
+    /// Attention in invariant numerics: rows of positions below `inv_vec_below()` (128 unless
+    /// `QUARREL_CUDA_INV_VEC_BELOW` says otherwise) by the one-pass kernel (`InvAttn::Split`),
+    /// the others as `attention_mmi`. A batch of both kinds runs
     /// `attention_mmi` over every row, then the one-pass kernel over the low tiles, whose rows
     /// it writes again (their tensor-core values discarded: simpler than a combine that skips
     /// rows, and only prompts that cross the boundary pay for it).
