@@ -12,6 +12,7 @@
 //! | `backend` | the `Backend` trait: fused LLM-level ops; `Unsupported` where a backend lacks one |
 //! | `batch`   | `ForwardBatch`: flat tokens of several sequences, positions, block tables, logits rows |
 //! | `cache`   | cache specs a model declares (`KvSpec`), KV element types |
+| `numerics` | `Numerics`: fast, invariant or exact float orders, and a model's default |
 //! | `rope`    | RoPE parameters (style, base, scaling) |
 //! | `moe`     | MoE routing parameters, `Route`, the host reference router |
 //! | `ssm`     | Mamba2 shapes, recurrent `StateSpec`, reference conv / scan / gated norm |
@@ -25,6 +26,7 @@ mod batch;
 mod cache;
 mod error;
 pub mod moe;
+mod numerics;
 pub mod ssm;
 mod rope;
 pub mod sample;
@@ -35,6 +37,7 @@ pub use batch::{ForwardBatch, SeqBatch};
 pub use cache::{KvSpec, KvType};
 pub use error::{CoreError, Result};
 pub use moe::{Gating, MoeRouting, Route};
+pub use numerics::Numerics;
 pub use ssm::{SsmParams, StateSpec};
 pub use rope::{RopeParams, RopeStyle};
 pub use sample::{sample_row_ref, SampleRow, SAMPLE_MAX_K};
