@@ -2,7 +2,8 @@
 //! tokens stored in the KV slots its block table points at: wrong tables, wrong prefix
 //! sharing or a lost recompute after preemption all change its outputs.
 
-use super::scheduler::{Scheduler, StepModel};
+use super::scheduler::Scheduler;
+use super::step_model::StepModel;
 use super::seq::Seq;
 use super::types::*;
 use crate::generate::{FinishReason, GenerateParams};
