@@ -84,7 +84,7 @@ fn tokenizer() -> Arc<Tokenizer> {
         use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
-        let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::F32).seed(1);
+        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::F32).seed(1);
         write_synth(&spec, &path, &mut |_, _| {}).unwrap();
         let g = quarrel_gguf::Gguf::open(&path).unwrap();
         Arc::new(Tokenizer::from_gguf(&g).unwrap())
