@@ -1,6 +1,6 @@
 //! The step loop's brain: each step builds one batch under a token budget from running
-//! decodes, running prompt chunks and newly admitted requests; runs it; samples; streams;
-//! retires finished requests. Memory comes from the `BlockManager`; when a running decode
+//! decodes, running prompt chunks and newly admitted requests (a prefix cache lookup on
+//! admission), runs it (`execute`), and retires finished requests. Memory comes from the `BlockManager`; when a running decode
 //! needs a block and none is free, the newest, lowest-priority request is preempted (its
 //! blocks released, recomputed later), so no request fails for memory another will free.
 
@@ -186,12 +186,35 @@ impl<M: StepModel> Scheduler<M> {
     /// One schedule -> execute -> update round. Returns the tokens processed.
     pub fn step(&mut self) -> usize {
         self.reap(Instant::now());
-        let bs = self.blocks.block_size();
         let mut budget = self.opts.max_batch_tokens;
         for s in &mut self.running {
             s.sched = 0;
         }
-        // 1. running requests: decodes first, then prompt chunks; older and interactive first
+        self.schedule_running(&mut budget);
+        self.admit(&mut budget);
+        let n_tokens = self.opts.max_batch_tokens - budget;
+        if n_tokens > 0 {
+            self.execute();
+        } else if self.running.len() > 1 {
+            // prompt chunks of several requests hold all memory and none can grow: free the newest
+            let newest = (0..self.running.len()).max_by_key(|&i| (self.running[i].priority, self.running[i].order));
+            if let Some(v) = newest {
+                self.preempt(v);
+                let s = self.running.remove(v);
+                self.waiting.push(s);
+            }
+        }
+        self.metrics.steps_total += u64::from(n_tokens > 0);
+        self.refresh_metrics(n_tokens);
+        n_tokens
+    }
+
+
+    /// Running requests take their tokens of this step from `budget`: decodes first, then
+    /// prompt chunks; older and interactive first. A decode short of memory preempts the
+    /// newest unscheduled request (or itself); preempted requests go back to the queue.
+    fn schedule_running(&mut self, budget: &mut usize) {
+        let bs = self.blocks.block_size();
         let mut order: Vec<usize> = (0..self.running.len()).collect();
         order.sort_by_key(|&i| {
             let s = &self.running[i];
@@ -204,14 +227,14 @@ impl<M: StepModel> Scheduler<M> {
         });
         let mut preempted = vec![false; self.running.len()];
         for &i in &order {
-            if budget == 0 {
+            if *budget == 0 {
                 break;
             }
             if preempted[i] {
                 continue;
             }
-            let full = budget == self.opts.max_batch_tokens;
-            let Some(mut n) = self.chunk_len(&self.running[i], budget, full) else { continue };
+            let full = *budget == self.opts.max_batch_tokens;
+            let Some(mut n) = self.chunk_len(&self.running[i], *budget, full) else { continue };
             let (have, done) = (self.running[i].table.len(), self.running[i].n_computed);
             if self.blocks.blocks_needed(have, done + n) > self.blocks.n_available() {
                 if n == 1 {
@@ -243,7 +266,7 @@ impl<M: StepModel> Scheduler<M> {
             let ok = self.blocks.reserve(&mut s.table, s.n_computed + n);
             debug_assert!(ok);
             s.sched = n;
-            budget -= n;
+            *budget -= n;
         }
         // preempted requests go back to the queue, keeping their place by arrival
         let mut i = 0;
@@ -256,9 +279,14 @@ impl<M: StepModel> Scheduler<M> {
                 i += 1;
             }
         }
-        // 2. admissions, in (priority, arrival) order, while memory and budget allow
+    }
+
+    /// Admit waiting requests in (priority, arrival) order while memory, `budget` and
+    /// `max_running` allow; a new request first takes what the prefix cache holds of its prompt.
+    fn admit(&mut self, budget: &mut usize) {
+        let bs = self.blocks.block_size();
         self.waiting.sort_by_key(|s| (s.priority, s.order));
-        while budget > 0 && self.running.len() < self.opts.max_running && !self.waiting.is_empty() {
+        while *budget > 0 && self.running.len() < self.opts.max_running && !self.waiting.is_empty() {
             let mut s = self.waiting.remove(0);
             if s.n_computed == 0 && s.table.is_empty() {
                 let chain = s.cacheable_chain(bs);
@@ -277,8 +305,8 @@ impl<M: StepModel> Scheduler<M> {
                 }
                 s.table = hits;
             }
-            let full = budget == self.opts.max_batch_tokens;
-            let mut n = self.chunk_len(&s, budget, full).unwrap_or(0);
+            let full = *budget == self.opts.max_batch_tokens;
+            let mut n = self.chunk_len(&s, *budget, full).unwrap_or(0);
             let avail = self.blocks.n_available();
             if n > 0 && self.blocks.blocks_needed(s.table.len(), s.n_computed + n) > avail {
                 let fit = ((s.table.len() + avail) * bs).saturating_sub(s.n_computed);
@@ -299,25 +327,9 @@ impl<M: StepModel> Scheduler<M> {
             }
             s.first_scheduled.get_or_insert_with(Instant::now);
             s.sched = n;
-            budget -= n;
+            *budget -= n;
             self.running.push(s);
         }
-        // 3. execute
-        let n_tokens = self.opts.max_batch_tokens - budget;
-        if n_tokens > 0 {
-            self.execute();
-        } else if self.running.len() > 1 {
-            // prompt chunks of several requests hold all memory and none can grow: free the newest
-            let newest = (0..self.running.len()).max_by_key(|&i| (self.running[i].priority, self.running[i].order));
-            if let Some(v) = newest {
-                self.preempt(v);
-                let s = self.running.remove(v);
-                self.waiting.push(s);
-            }
-        }
-        self.metrics.steps_total += u64::from(n_tokens > 0);
-        self.refresh_metrics(n_tokens);
-        n_tokens
     }
 
     fn refresh_metrics(&mut self, batch_tokens: usize) {
