@@ -1,7 +1,8 @@
 //! `Engine`: a loaded model with its tokenizer, KV cache and block pool.
 
 use crate::blocks::{BlockPool, OutOfBlocks};
-use quarrel_core::{Backend, CoreError, ForwardBatch, KvSpec, KvType, SampleRow, SeqBatch, StateSpec};
+use crate::decode::{forward_picks, Picked, RowPick};
+use quarrel_core::{Backend, CoreError, ForwardBatch, KvSpec, KvType, SeqBatch, StateSpec};
 use quarrel_gguf::Gguf;
 use quarrel_models::Model;
 use quarrel_tokenizer::Tokenizer;
@@ -221,10 +222,10 @@ impl<B: Backend> Engine<B> {
         Ok(out)
     }
 
-    /// Like `run_sequence` with the last token's logits wanted, but returns the token picked
-    /// from them only: greedy (`pick` None: `Model::forward_argmax`) or by a sampling chain
-    /// (`Model::forward_sample`); a GPU backend downloads the id, not the logits.
-    pub(crate) fn run_sequence_pick(&mut self, table: &mut Vec<u32>, tokens: &[u32], start_pos: usize, pick: Option<&SampleRow>) -> Result<u32, EngineError> {
+    /// Like `run_sequence` with the last token's logits wanted, but returns the token `pick`
+    /// chooses from them (`decode::forward_picks`: on a device only the id comes back unless
+    /// the pick wants the logits).
+    pub(crate) fn run_sequence_pick(&mut self, table: &mut Vec<u32>, tokens: &[u32], start_pos: usize, pick: &RowPick) -> Result<Picked, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::InvalidRequest("no tokens to run".into()));
         }
@@ -241,11 +242,8 @@ impl<B: Backend> Engine<B> {
             logits_rows: vec![chunk.len() - 1],
             state_slots: self.state_slots(1)?,
         };
-        let ids = match pick {
-            None => self.model.forward_argmax(&self.backend, &batch, &mut self.kv)?,
-            Some(row) => self.model.forward_sample(&self.backend, &batch, &mut self.kv, std::slice::from_ref(row))?,
-        };
-        ids.first().copied().ok_or_else(|| CoreError::Backend("the model's pick returned no row".into()).into())
+        let picked = forward_picks(&*self.model, &self.backend, &batch, &mut self.kv, std::slice::from_ref(pick))?;
+        picked.into_iter().next().ok_or_else(|| CoreError::Backend("the model's pick returned no row".into()).into())
     }
 
     /// Run several sequences in ONE forward pass (each from position 0), returning the logits

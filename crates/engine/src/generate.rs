@@ -1,8 +1,9 @@
-//! One completion: prompt processing, the decode loop, streaming and finish reasons.
+//! One completion on the calling thread: its parameters, events and result, and the loop
+//! that feeds a `SeqDecoder` (the service's per-request decode logic) one sequence at a time.
 
+use crate::decode::SeqDecoder;
 use crate::engine::{Engine, EngineError};
-use crate::sampler::{Sampler, SamplingParams};
-use crate::stop::{StopMatcher, StopOutcome};
+use crate::sampler::SamplingParams;
 use quarrel_core::Backend;
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,9 @@ impl<B: Backend> Engine<B> {
         r
     }
 
+    /// The decode loop of one sequence: the `SeqDecoder` the service runs per request, fed
+    /// by `forward_picks` over a batch of this one sequence (the prompt first, in chunks of
+    /// `n_batch`, then one token a step).
     fn generate_inner(
         &mut self,
         table: &mut Vec<u32>,
@@ -113,84 +117,40 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Completion, EngineError> {
         let mut timings = Timings { prompt_tokens: prompt.len(), ..Default::default() };
         let t0 = Instant::now();
-        // picks need no logits on the host: the backend returns the token ids (plain greedy:
-        // `argmax_rows`; else `sample_rows` with the chain and the draw of the request's RNG)
-        let greedy = params.sampling.is_plain_greedy();
-        let mut sampler = Sampler::new(params.sampling.clone());
+        let mut t_first = t0;
+        let mut dec = SeqDecoder::new(params, None, self.tokenizer.detokenizer());
         let mut history = prompt.to_vec();
-        let mut next = if greedy {
-            self.run_sequence_pick(table, prompt, 0, None)?
-        } else {
-            let row = sampler.row(&history);
-            self.run_sequence_pick(table, prompt, 0, Some(&row))?
-        };
-        timings.prompt_time = t0.elapsed();
-        let mut detok = self.tokenizer.detokenizer();
-        let mut stops = StopMatcher::new(&params.stop);
-        let mut text = String::new();
-        let mut tokens = vec![];
-        let mut t_first = Instant::now();
-        let mut hit_stop = false;
+        let mut n_computed = 0;
+        let (mut text, mut tokens) = (String::new(), vec![]);
         let finish = loop {
-            let tok = next;
-            if tokens.is_empty() {
+            let pick = dec.next_pick(&history);
+            let picked = self.run_sequence_pick(table, &history[n_computed..], n_computed, &pick)?;
+            n_computed = history.len();
+            if n_computed == prompt.len() {
+                timings.prompt_time = t0.elapsed();
                 timings.time_to_first_token = t0.elapsed();
                 t_first = Instant::now();
             }
-            if self.tokenizer.is_eog(tok) && !params.ignore_eos {
-                break FinishReason::Stop;
-            }
-            tokens.push(tok);
-            history.push(tok);
-            let piece = detok.push(&self.tokenizer, tok).unwrap_or_default();
-            let emit = match stops.push(&piece) {
-                StopOutcome::Continue(s) => s,
-                StopOutcome::Stop(s) => {
-                    hit_stop = true;
-                    s
+            let acc = dec.accept(&self.tokenizer, picked.id, picked.logits.as_deref(), history.len() + 1, self.opts.n_ctx);
+            if let Some((id, piece)) = acc.token {
+                history.push(id);
+                tokens.push(id);
+                text.push_str(&piece);
+                if !on_token(Event { token: Some(id), text: &piece }) {
+                    break FinishReason::Cancelled;
                 }
-            };
-            text.push_str(&emit);
-            if !on_token(Event { token: Some(tok), text: &emit }) {
-                break FinishReason::Cancelled;
             }
-            if hit_stop {
-                break FinishReason::Stop;
+            if let Some(reason) = acc.finish {
+                break reason;
             }
-            if tokens.len() >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            let pos = history.len() - 1;
-            if pos + 1 >= self.opts.n_ctx {
-                break FinishReason::ContextFull;
-            }
-            next = if greedy {
-                self.run_sequence_pick(table, &[tok], pos, None)?
-            } else {
-                let row = sampler.row(&history);
-                self.run_sequence_pick(table, &[tok], pos, Some(&row))?
-            };
         };
-        if !hit_stop {
-            // release what the detokenizer and the stop matcher held back
-            let mut rest = match stops.push(&detok.flush()) {
-                StopOutcome::Continue(s) => s,
-                StopOutcome::Stop(s) => {
-                    hit_stop = true;
-                    s
-                }
-            };
-            if !hit_stop {
-                rest.push_str(&stops.flush());
-            }
-            if !rest.is_empty() {
-                text.push_str(&rest);
-                on_token(Event { token: None, text: &rest });
-            }
+        let (rest, finish) = dec.finish(finish);
+        if !rest.is_empty() {
+            text.push_str(&rest);
+            on_token(Event { token: None, text: &rest });
         }
         timings.gen_tokens = tokens.len();
         timings.gen_time = t_first.elapsed();
         Ok(Completion { text, tokens, finish_reason: finish, timings })
     }
 }
-

@@ -5,15 +5,16 @@
 //!                               ▼
 //!   Engine: BlockPool ─► ForwardBatch (chunks of n_batch) ─► Model::forward(kv) ─► logits
 //!                               ▲                                                  │
-//!                               └──────── next token ◄── Sampler ◄─────────────────┘
-//!                                            │
-//!                        Detokenizer ─► StopMatcher ─► events (text pieces, finish)
+//!                               └──────── next token ◄── picks on the backend ◄────┘
+//!                                            │          (SeqDecoder: sampling chain + draw)
+//!            SeqDecoder: Detokenizer ─► StopMatcher ─► finish rules ─► events (text pieces, finish)
 //! ```
 //!
 //! | module       | responsibility |
 //! |--------------|----------------|
 //! | `engine`     | `Engine`: loads a model, owns the KV cache, recurrent state slots and block pool, runs sequences |
-//! | `generate`   | one completion: prefill, decode loop, streaming events, finish reasons |
+//! | `decode`     | one sequence's decode logic shared by `generate` and the service: picks (device or host), detokenizing, stop strings, finish rules, logprobs |
+//! | `generate`   | one completion on the calling thread: a `SeqDecoder` fed a batch of one sequence |
 //! | `batched_bench` | llama-batched-bench's protocol over N parallel sequences |
 //! | `perplexity` | llama.cpp's perplexity protocol |
 //! | `consistency` | self-consistency of a backend: prefill vs decode, batched vs alone (NMSE, argmax) |
@@ -28,6 +29,7 @@ mod batched_bench;
 mod bench;
 mod blocks;
 mod consistency;
+pub mod decode;
 pub mod embedding;
 mod engine;
 mod generate;

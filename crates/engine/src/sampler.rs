@@ -207,9 +207,7 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy() {
-        let mut p = SamplingParams::default();
-        p.top_k = 1;
-        p.temperature = 5.0;
+        let p = SamplingParams { top_k: 1, temperature: 5.0, ..Default::default() };
         let mut s = Sampler::new(p);
         for _ in 0..20 {
             assert_eq!(s.sample(&[0.1, 0.3, 0.2], &[]), 1);

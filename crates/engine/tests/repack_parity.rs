@@ -29,7 +29,7 @@ fn q4_0_and_q4_k_logits_match_llama_cpp_repacked_kernels() {
     let bound = if full { 1e-9 } else { 1e-3 };
     for ftype in ["q4_0", "q4_k_m"] {
         let path = dir.path().join(format!("tiny-{ftype}.gguf"));
-        let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::from_name(ftype).unwrap()).seed(7);
+        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name(ftype).unwrap()).seed(7);
         write_synth(&spec, &path, &mut |_, _| {}).unwrap();
         let text = std::fs::read_to_string(fixture(&format!("repack/tiny-{ftype}.json"))).unwrap();
         let f: Fixture = serde_json::from_str(&text).unwrap();

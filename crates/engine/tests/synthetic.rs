@@ -8,7 +8,7 @@ use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
 
 fn synth(ftype: &str, dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join(format!("tiny-{ftype}.gguf"));
-    let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::from_name(ftype).unwrap()).seed(7);
+    let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name(ftype).unwrap()).seed(7);
     write_synth(&spec, &path, &mut |_, _| {}).unwrap();
     path
 }

@@ -1,9 +1,11 @@
 //! `EngineHandle`: the step loop on its own thread, fed by a command channel; requests
 //! stream their events back over per-request channels.
 
-use super::scheduler::{Scheduler, StepModel};
+use super::scheduler::Scheduler;
+use super::step_model::StepModel;
 use super::seq::Seq;
 use super::types::*;
+use crate::decode::{forward_picks, Picked, RowPick};
 use crate::engine::Engine;
 use quarrel_core::Backend;
 use quarrel_tokenizer::Tokenizer;
@@ -62,6 +64,11 @@ impl<B: Backend> StepModel for EngineModel<B> {
     fn forward(&mut self, batch: &quarrel_core::ForwardBatch) -> Result<Vec<f32>, String> {
         let e = &mut self.0;
         e.model.forward(&e.backend, batch, &mut e.kv).map_err(|e| e.to_string())
+    }
+
+    fn forward_picks(&mut self, batch: &quarrel_core::ForwardBatch, rows: &[RowPick]) -> Result<Vec<Picked>, String> {
+        let e = &mut self.0;
+        forward_picks(&*e.model, &e.backend, batch, &mut e.kv, rows).map_err(|e| e.to_string())
     }
 
     fn hidden(&mut self, batch: &quarrel_core::ForwardBatch) -> Result<Vec<f32>, String> {

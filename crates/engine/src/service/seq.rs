@@ -1,11 +1,10 @@
 //! One request's life in the step loop: its tokens, how many have KV, its blocks, its
-//! sampler and text state, and the channel its events go to.
+//! decoder (the same `SeqDecoder` as `Engine::generate`), and the channel its events go to.
 
 use super::blocks::block_hash;
-use super::types::{Priority, RequestId, RequestTimings, StreamEvent, TokenLogprob, Usage};
+use super::types::{Priority, RequestId, RequestTimings, StreamEvent, Usage};
+use crate::decode::{Picked, RowPick, SeqDecoder};
 use crate::generate::{FinishReason, GenerateParams};
-use crate::sampler::Sampler;
-use crate::stop::{StopMatcher, StopOutcome};
 use quarrel_tokenizer::{Detokenizer, Tokenizer};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -25,12 +24,7 @@ pub(crate) struct Seq {
     pub table: Vec<u32>,
     /// Hashes of the leading full blocks already registered (or found) in the prefix cache.
     pub hashes: Vec<u64>,
-    pub params: GenerateParams,
-    pub logprobs: Option<usize>,
-    sampler: Sampler,
-    detok: Detokenizer,
-    stops: StopMatcher,
-    pub generated: usize,
+    dec: SeqDecoder,
     pub cached_tokens: usize,
     /// Admitted at least once (no longer counted as queued).
     pub admitted: bool,
@@ -66,12 +60,7 @@ impl Seq {
             n_computed: 0,
             table: vec![],
             hashes: vec![],
-            sampler: Sampler::new(params.sampling.clone()),
-            stops: StopMatcher::new(&params.stop),
-            params,
-            logprobs,
-            detok,
-            generated: 0,
+            dec: SeqDecoder::new(&params, logprobs, detok),
             cached_tokens: 0,
             admitted: false,
             first_scheduled: None,
@@ -114,7 +103,7 @@ impl Seq {
     }
 
     pub fn usage(&self) -> Usage {
-        Usage { prompt_tokens: self.prompt_len, completion_tokens: self.generated, cached_tokens: self.cached_tokens }
+        Usage { prompt_tokens: self.prompt_len, completion_tokens: self.dec.generated(), cached_tokens: self.cached_tokens }
     }
 
     pub fn timings(&self) -> RequestTimings {
@@ -128,77 +117,30 @@ impl Seq {
         }
     }
 
-    /// Sample from the logits of the last token, stream it, and say whether the request is
-    /// finished. Mirrors `Engine::generate` so that a request gives the same tokens in both.
-    pub fn accept(&mut self, logits: &[f32], tok: &Tokenizer, n_ctx: usize) -> Option<FinishReason> {
-        let id = self.sampler.sample(logits, &self.tokens);
-        let now = Instant::now();
-        if self.first_token.is_none() {
-            self.first_token = Some(now);
-        }
-        self.last_token = Some(now);
-        if tok.is_eog(id) && !self.params.ignore_eos {
-            return Some(self.finish_text(tok, FinishReason::Stop));
-        }
-        let logprob = self.logprobs.map(|n| token_logprob(logits, id, n, tok));
-        self.tokens.push(id);
-        self.generated += 1;
-        let piece = self.detok.push(tok, id).unwrap_or_default();
-        let (text, hit_stop) = match self.stops.push(&piece) {
-            StopOutcome::Continue(s) => (s, false),
-            StopOutcome::Stop(s) => (s, true),
-        };
-        self.send(StreamEvent::Token { id: Some(id), text, logprob });
-        if hit_stop {
-            return Some(FinishReason::Stop);
-        }
-        if self.generated >= self.params.max_tokens {
-            return Some(self.finish_text(tok, FinishReason::Length));
-        }
-        if self.tokens.len() >= n_ctx {
-            return Some(self.finish_text(tok, FinishReason::ContextFull));
-        }
-        None
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.dec.generated()
     }
 
-    /// Release held-back text at the end (unless it completes a stop string).
-    fn finish_text(&mut self, _tok: &Tokenizer, reason: FinishReason) -> FinishReason {
-        let tail = self.detok.flush();
-        let (mut rest, hit) = match self.stops.push(&tail) {
-            StopOutcome::Continue(s) => (s, false),
-            StopOutcome::Stop(s) => (s, true),
-        };
-        if !hit {
-            rest.push_str(&self.stops.flush());
+    /// How the token after the last one is picked (one call per pick: it may take a draw).
+    pub fn next_pick(&mut self) -> RowPick {
+        self.dec.next_pick(&self.tokens)
+    }
+
+    /// Take the picked token, stream it, and say whether the request is finished.
+    pub fn accept(&mut self, picked: &Picked, tok: &Tokenizer, n_ctx: usize) -> Option<FinishReason> {
+        let now = Instant::now();
+        self.first_token.get_or_insert(now);
+        self.last_token = Some(now);
+        let acc = self.dec.accept(tok, picked.id, picked.logits.as_deref(), self.tokens.len() + 1, n_ctx);
+        if let Some((id, text)) = acc.token {
+            self.tokens.push(id);
+            self.send(StreamEvent::Token { id: Some(id), text, logprob: acc.logprob });
         }
+        let (rest, reason) = self.dec.finish(acc.finish?);
         if !rest.is_empty() {
             self.send(StreamEvent::Token { id: None, text: rest, logprob: None });
         }
-        if hit {
-            FinishReason::Stop
-        } else {
-            reason
-        }
-    }
-}
-
-/// The chosen token's log-probability and the `n` best alternatives.
-fn token_logprob(logits: &[f32], id: u32, n: usize, tok: &Tokenizer) -> TokenLogprob {
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = m + logits.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
-    let lp = |i: usize| (logits[i] as f64 - lse) as f32;
-    let text = |i: u32| String::from_utf8_lossy(&tok.token_to_piece(i, true)).into_owned();
-    let mut top: Vec<u32> = (0..logits.len() as u32).collect();
-    let n = n.min(top.len());
-    if n > 0 && n < top.len() {
-        top.select_nth_unstable_by(n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-    }
-    top.truncate(n);
-    top.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-    TokenLogprob {
-        token: id,
-        text: text(id),
-        logprob: lp(id as usize),
-        top: top.into_iter().map(|i| (i, text(i), lp(i as usize))).collect(),
+        Some(reason)
     }
 }

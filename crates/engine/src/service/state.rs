@@ -1,4 +1,9 @@
-//! Recurrent-state prefix checkpoints for the scheduler (hybrid Mamba2 models).
+//! Recurrent state for the scheduler (hybrid Mamba2 models): a state slot per running
+//! request, and prefix checkpoints of the state at chunk boundaries.
+
+use super::scheduler::Scheduler;
+use super::step_model::StepModel;
+use super::types::RequestId;
 
 /// Snapshots of a sequence's recurrent state at chunk boundaries, keyed by the prefix-cache
 /// hash of the block ending there, in state slots of their own; least recently used first out.
@@ -44,6 +49,74 @@ impl Checkpoints {
     pub(crate) fn forget(&mut self, hash: u64) {
         if let Some((s, _)) = self.slot_of.remove(&hash) {
             self.free.push(s);
+        }
+    }
+}
+
+impl<M: StepModel> Scheduler<M> {
+    /// Give every running request a state slot (recurrent models); slots of requests no
+    /// longer running return to the free list first.
+    pub(super) fn assign_slots(&mut self) {
+        if self.scratch_slot.is_none() {
+            return;
+        }
+        self.gc_slots(None);
+        let ids: Vec<RequestId> = self.running.iter().map(|s| s.id).collect();
+        for id in ids {
+            self.slot_for(id);
+        }
+    }
+
+    /// Return the slots of requests no longer running (`keep`: one about to run).
+    fn gc_slots(&mut self, keep: Option<RequestId>) {
+        let running: std::collections::HashSet<RequestId> = self.running.iter().map(|s| s.id).chain(keep).collect();
+        let free = &mut self.free_slots;
+        self.slot_of.retain(|id, slot| {
+            let keep = running.contains(id);
+            if !keep {
+                free.push(*slot);
+            }
+            keep
+        });
+    }
+
+    fn slot_for(&mut self, id: RequestId) -> Option<u32> {
+        if let Some(&s) = self.slot_of.get(&id) {
+            return Some(s);
+        }
+        let slot = self.free_slots.pop()?;
+        self.slot_of.insert(id, slot);
+        Some(slot)
+    }
+
+    /// Recurrent models: the longest prefix of the cached blocks `hashes` that ends where a
+    /// state checkpoint was taken; that checkpoint is copied into the request's slot. Returns
+    /// the number of blocks to keep (0: recompute from the start).
+    pub(super) fn restore_checkpoint(&mut self, id: RequestId, hashes: &[u64]) -> usize {
+        let Some(k) = (1..=hashes.len()).rev().find(|&k| self.ckpt.slot_of.contains_key(&hashes[k - 1])) else { return 0 };
+        self.gc_slots(Some(id));
+        let (Some(src), Some(dst)) = (self.ckpt.get(hashes[k - 1]), self.slot_for(id)) else { return 0 };
+        match self.model.copy_state(src, dst) {
+            Ok(()) => k,
+            Err(_) => {
+                self.ckpt.forget(hashes[k - 1]);
+                0
+            }
+        }
+    }
+
+    /// Recurrent models: snapshot the state of requests whose prompt processing just ended a
+    /// chunk on a block boundary, under the hash of that block.
+    pub(super) fn take_checkpoints(&mut self, done: &[(RequestId, usize, u64)]) {
+        for &(id, _, hash) in done {
+            if self.ckpt.slot_of.contains_key(&hash) {
+                continue;
+            }
+            let Some(&src) = self.slot_of.get(&id) else { continue };
+            let Some(dst) = self.ckpt.insert(hash) else { continue };
+            if self.model.copy_state(src, dst).is_err() {
+                self.ckpt.forget(hash);
+            }
         }
     }
 }

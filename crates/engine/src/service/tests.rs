@@ -2,7 +2,8 @@
 //! tokens stored in the KV slots its block table points at: wrong tables, wrong prefix
 //! sharing or a lost recompute after preemption all change its outputs.
 
-use super::scheduler::{Scheduler, StepModel};
+use super::scheduler::Scheduler;
+use super::step_model::StepModel;
 use super::seq::Seq;
 use super::types::*;
 use crate::generate::{FinishReason, GenerateParams};
@@ -83,7 +84,7 @@ fn tokenizer() -> Arc<Tokenizer> {
         use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
-        let spec = SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::F32).seed(1);
+        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::F32).seed(1);
         write_synth(&spec, &path, &mut |_, _| {}).unwrap();
         let g = quarrel_gguf::Gguf::open(&path).unwrap();
         Arc::new(Tokenizer::from_gguf(&g).unwrap())
@@ -335,4 +336,37 @@ fn memory_pressure_preempts_and_still_matches_solo_runs() {
         assert_eq!(got[i], solo(r, n_ctx), "request {i}");
     }
     assert_eq!(s.metrics.kv_blocks_free, 14);
+}
+
+/// The finish rules of the decoder both paths share, in their order: end of generation
+/// (not streamed; ignored with `ignore_eos`), then `max_tokens`, then the context.
+#[test]
+fn decoder_finish_rules() {
+    use crate::decode::SeqDecoder;
+    let tok = tokenizer();
+    let eog = tok.eog_ids()[0];
+    let plain = (0..tok.n_vocab() as u32).find(|&t| !tok.is_eog(t)).unwrap();
+    let g = |max_tokens, ignore_eos| GenerateParams { sampling: SamplingParams::greedy(), max_tokens, ignore_eos, ..Default::default() };
+    let mut d = SeqDecoder::new(&g(3, false), None, tok.detokenizer());
+    let a = d.accept(&tok, eog, None, 5, 100);
+    assert!(a.token.is_none() && a.finish == Some(FinishReason::Stop), "end of generation: {a:?}");
+    assert_eq!(d.generated(), 0);
+    let mut d = SeqDecoder::new(&g(3, true), None, tok.detokenizer());
+    let a = d.accept(&tok, eog, None, 5, 100);
+    assert!(a.token.as_ref().is_some_and(|t| t.0 == eog) && a.finish.is_none(), "ignore_eos keeps going: {a:?}");
+    assert_eq!(d.accept(&tok, plain, None, 6, 100).finish, None);
+    assert_eq!(d.accept(&tok, plain, None, 7, 100).finish, Some(FinishReason::Length));
+    assert_eq!(d.generated(), 3);
+    let mut d = SeqDecoder::new(&g(3, false), None, tok.detokenizer());
+    assert_eq!(d.accept(&tok, plain, None, 99, 100).finish, None);
+    assert_eq!(d.accept(&tok, plain, None, 100, 100).finish, Some(FinishReason::ContextFull));
+    assert_eq!(d.finish(FinishReason::ContextFull).1, FinishReason::ContextFull);
+    // logprobs need the logits row: none without it
+    let mut d = SeqDecoder::new(&g(3, false), Some(2), tok.detokenizer());
+    let mut logits = vec![0f32; tok.n_vocab()];
+    logits[plain as usize] = 3.0;
+    let a = d.accept(&tok, plain, Some(&logits), 5, 100);
+    let lp = a.logprob.expect("a logprob with the logits");
+    assert_eq!((lp.token, lp.top.len(), lp.top[0].0), (plain, 2, plain));
+    assert!(d.accept(&tok, plain, None, 6, 100).logprob.is_none());
 }

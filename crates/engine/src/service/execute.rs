@@ -1,0 +1,104 @@
+//! One scheduled step run: the `ForwardBatch` assembled from the scheduled requests, the
+//! picks (each request's `SeqDecoder` says how; the model picks on its backend), then per
+//! request: KV progress, newly full blocks into the prefix cache, state checkpoints, and the
+//! picked token handed to the request's decoder (stream, finish).
+
+use super::blocks::block_hash;
+use super::scheduler::Scheduler;
+use super::step_model::StepModel;
+use super::types::{ServiceError, StreamEvent};
+use quarrel_core::{ForwardBatch, SeqBatch};
+
+impl<M: StepModel> Scheduler<M> {
+    pub(super) fn execute(&mut self) {
+        self.assign_slots();
+        let mut batch = ForwardBatch::default();
+        let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
+        let mut picks = vec![];
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if s.sched == 0 {
+                continue;
+            }
+            let start = batch.tokens.len();
+            batch.tokens.extend_from_slice(&s.tokens[s.n_computed..s.n_computed + s.sched]);
+            batch.positions.extend((s.n_computed..s.n_computed + s.sched).map(|p| p as u32));
+            batch.seqs.push(SeqBatch { start, len: s.sched, block_table: s.table.clone() });
+            if self.scratch_slot.is_some() {
+                // max_running <= slots, so every running request has one
+                batch.state_slots.push(self.slot_of.get(&s.id).copied().unwrap_or(u32::MAX));
+            }
+            if s.n_computed + s.sched == s.tokens.len() {
+                row_of[i] = Some(batch.logits_rows.len());
+                batch.logits_rows.push(start + s.sched - 1);
+                picks.push(s.next_pick());
+            }
+        }
+        let picked = match self.model.forward_picks(&batch, &picks) {
+            Ok(p) if p.len() == picks.len() => p,
+            Ok(p) => {
+                let e = format!("the model picked {} tokens for {} rows", p.len(), picks.len());
+                self.fail_scheduled(&e);
+                return;
+            }
+            Err(e) => {
+                self.fail_scheduled(&e);
+                return;
+            }
+        };
+        let bs = self.blocks.block_size();
+        let mut finished = vec![];
+        let mut checkpoints = vec![];
+        let (recurrent_cache, pc) = (self.scratch_slot.is_some() && self.opts.prefix_cache, self.opts.prompt_chunk);
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if s.sched == 0 {
+                continue;
+            }
+            s.n_computed += s.sched;
+            if s.n_computed <= s.prompt_len {
+                self.metrics.prompt_tokens_total += s.sched as u64;
+            }
+            // newly completed full blocks join the prefix cache
+            while s.hashes.len() < s.n_computed / bs {
+                let b = s.hashes.len();
+                let parent = s.hashes.last().copied().unwrap_or(0);
+                let toks = &s.tokens[b * bs..(b + 1) * bs];
+                let h = block_hash(parent, toks);
+                self.blocks.register(s.table[b], parent, h, toks);
+                s.hashes.push(h);
+            }
+            let n = s.n_computed;
+            if recurrent_cache && n <= s.prompt_len && n % bs == 0 && n % pc == 0 && n / bs >= 1 && n / bs <= s.hashes.len() {
+                checkpoints.push((s.id, n, s.hashes[n / bs - 1]));
+            }
+            if let Some(r) = row_of[i] {
+                let before = s.generated();
+                let fin = s.accept(&picked[r], &self.tok, self.n_ctx);
+                self.metrics.generated_tokens_total += (s.generated() - before) as u64;
+                if let Some(reason) = fin {
+                    finished.push((s.id, reason));
+                }
+            }
+        }
+        self.take_checkpoints(&checkpoints);
+        for (id, reason) in finished {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let mut s = self.running.remove(i);
+                self.retire(&mut s, reason);
+            }
+        }
+    }
+
+    /// Fail the requests of this step's batch (the others keep going).
+    fn fail_scheduled(&mut self, e: &str) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].sched > 0 {
+                let mut s = self.running.remove(i);
+                self.release(&mut s);
+                s.send(StreamEvent::Error(ServiceError::Inference(e.to_string())));
+            } else {
+                i += 1;
+            }
+        }
+    }
+}

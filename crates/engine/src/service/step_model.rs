@@ -1,0 +1,46 @@
+//! What the scheduler needs from a model: a batched forward over the paged cache that picks
+//! tokens, hidden states for embeddings, and the recurrent-state slots.
+
+use crate::decode::{pick_on_host, Picked, RowPick};
+use quarrel_core::ForwardBatch;
+
+/// What the scheduler needs from a model: a batched forward over the paged cache.
+pub trait StepModel {
+    fn n_vocab(&self) -> usize;
+    /// Logits `(batch.logits_rows.len(), n_vocab)`.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+    /// Run `batch` and pick one token per logits row (`rows` in `logits_rows` order). An
+    /// engine picks on its backend (`decode::forward_picks`); the default picks on the host
+    /// from `forward`'s logits.
+    fn forward_picks(&mut self, batch: &ForwardBatch, rows: &[RowPick]) -> Result<Vec<Picked>, String> {
+        let logits = self.forward(batch)?;
+        pick_on_host(&logits, self.n_vocab(), rows)
+    }
+    /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
+    fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+    /// Recurrent-state slots the model's cache holds (0: no recurrent layers). The last
+    /// slot is scratch (embeddings); running requests get one of the others each.
+    fn state_slots(&self) -> usize {
+        0
+    }
+    /// Of `state_slots`, how many (the last ones) hold prefix checkpoints.
+    fn checkpoint_slots(&self) -> usize {
+        0
+    }
+    /// Recurrent state: (bytes allocated, non-finite values met so far).
+    fn state_stats(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// MoE models: expert selections so far, `[layer][expert]`.
+    fn expert_selections(&self) -> Option<Vec<Vec<u64>>> {
+        None
+    }
+    /// MoE routing and Mamba2 conv / scan time since load.
+    fn op_times(&self) -> quarrel_models::layers::timing::OpTimes {
+        Default::default()
+    }
+    /// Copy recurrent state slot `src` to `dst`.
+    fn copy_state(&mut self, _src: u32, _dst: u32) -> Result<(), String> {
+        Err("the model has no recurrent state".into())
+    }
+}
