@@ -177,6 +177,21 @@ fn gemm_matmul_large_shapes() {
 
 /// The tile kernel directly, against the one-row kernel, with all tile sizes (and rows long
 /// enough for the Q6_K tile's several chunks of super-blocks, a short last chunk included).
+/// The rows of `x` quantized to `ty`'s activation type (and their row bytes), and the weight
+/// rows `w` packed into one panel.
+fn quantized_and_packed(g: simd::Gemm, ty: QuantType, n_in: usize, w: &[u8], x: &[f32]) -> (Vec<u8>, usize, Vec<u8>) {
+    let act = ty.vec_dot_type();
+    let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
+    let mut xq = vec![0u8; arb * (x.len() / n_in)];
+    for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
+        quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
+    }
+    let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
+    let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
+    g.pack_weights(n_in, &wrows, &mut wp);
+    (xq, arb, wp)
+}
+
 #[test]
 fn gemm_tiles_match_dot() {
     for (&ty, n_blocks) in TYPES[..N_GEMM].iter().flat_map(|ty| [(ty, 3), (ty, 11), (ty, 19)]) {
@@ -188,15 +203,7 @@ fn gemm_tiles_match_dot() {
         let w = weight_bytes(ty, n_in, GEMM_ROWS, 3, true);
         let x = rnd(4, n_in * GEMM_TOKENS, 3.0);
         let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, GEMM_TOKENS);
-        let act = ty.vec_dot_type();
-        let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
-        let mut xq = vec![0u8; arb * GEMM_TOKENS];
-        for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
-            quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
-        }
-        let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
-        let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
-        g.pack_weights(n_in, &wrows, &mut wp);
+        let (xq, arb, wp) = quantized_and_packed(g, ty, n_in, &w, &x);
         for nt in 1..=GEMM_TOKENS {
             let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
             // deliberately unaligned panel
@@ -236,15 +243,7 @@ fn wide_tiles_match_dot() {
                 row[(t * 5) % n_in] *= 1.0 + 3.0 * t as f32;
             }
             let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, WT);
-            let act = ty.vec_dot_type();
-            let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
-            let mut xq = vec![0u8; arb * WT];
-            for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
-                quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
-            }
-            let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
-            let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
-            g.pack_weights(n_in, &wrows, &mut wp);
+            let (xq, arb, wp) = quantized_and_packed(g, ty, n_in, &w, &x);
             for nt in 1..=WT {
                 let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
                 // deliberately unaligned panel
