@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compare the traced intermediates of two runs (crates/core/src/trace.rs output with
-QUARREL_TRACE=all QUARREL_TRACE_ROW=<width>, runs separated by `=== <name>` lines, as
+QUARREL_TRACE=all,row=<width>, runs separated by `=== <name>` lines, as
 crates/backend-cuda/examples/numerics_compare.rs prints them): per traced op (name-layer) the
 largest relative difference of a row's sum of squares, token by token. A prefill run's rows are
 its tokens; a decode run's k-th occurrence of an op is token k.

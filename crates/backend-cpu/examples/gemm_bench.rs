@@ -3,9 +3,6 @@
 //! `cargo run --release -p quarrel-cpu --example gemm_bench [-- --threads 2 --tokens 512 --type q4_1]`
 //! (`--dim 1024 --ffn 2816 --kv 256 --vocab 32000` for other shapes, e.g. for the K-quants,
 //! whose rows must be multiples of 256).
-//!
-//! Compare with the one-row kernels per (row, token) by running it again with
-//! `QUARREL_NO_GEMM=1` in the environment.
 
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cpu::CpuBackend;
@@ -13,17 +10,9 @@ use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 use std::time::Instant;
 
-fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{best_secs, rnd};
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(default)
@@ -61,13 +50,7 @@ fn main() {
         let w = be.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
         let x = rnd(2, n_in * n_tok, 2.0);
         let mut out = vec![0f32; n_out * n_tok];
-        be.matmul(&w, &x, n_tok, &mut out).unwrap();
-        let mut best = f64::INFINITY;
-        for _ in 0..reps {
-            let t = Instant::now();
-            be.matmul(&w, &x, n_tok, &mut out).unwrap();
-            best = best.min(t.elapsed().as_secs_f64());
-        }
+        let best = best_secs(reps, || be.matmul(&w, &x, n_tok, &mut out).unwrap());
         total += best;
         let gmac = (n_in * n_out * n_tok) as f64 / best / 1e9;
         println!("{name:<24} {:>9.2} ms {gmac:>7.1} GMAC/s", best * 1e3);

@@ -1,11 +1,13 @@
 //! Best-of-N time of one backend matmul: `matmul_speed TYPE N_IN N_OUT N_TOK [THREADS] [REPS]`
-//! (random weights). A benchmark that prints figures, not a test; compare settings
-//! (`QUARREL_REPACK`, `QUARREL_NO_REPACK`) in alternating runs.
+//! (random weights). A benchmark that prints figures, not a test; compare builds or
+//! `QUARREL_SIMD` levels in alternating runs.
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
-use std::time::Instant;
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::best_secs;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -21,12 +23,6 @@ fn main() {
     let w = be.load_weight(WeightSource { gguf: &gg, name: "w" }).unwrap();
     let xa: Vec<f32> = (0..n_in * n_tok).map(|i| ((i * 37 % 101) as f32 - 50.0) / 30.0).collect();
     let mut out = vec![0f32; n_out * n_tok];
-    be.matmul(&w, &xa, n_tok, &mut out).unwrap();
-    let mut best = f64::MAX;
-    for _ in 0..reps {
-        let t = Instant::now();
-        be.matmul(&w, &xa, n_tok, &mut out).unwrap();
-        best = best.min(t.elapsed().as_secs_f64());
-    }
+    let best = best_secs(reps, || be.matmul(&w, &xa, n_tok, &mut out).unwrap());
     println!("{} {n_in}x{n_out} x {n_tok} tokens, {threads} threads: best {:.3} ms", ty.name(), best * 1e3);
 }

@@ -13,17 +13,9 @@ use quarrel_cpu::simd::{self, Level};
 use std::hint::black_box;
 use std::time::Instant;
 
-fn random_row(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        })
-        .collect()
-}
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::random_row;
 
 fn quantized(ty: QuantType, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; ty.row_bytes(x.len()).unwrap()];

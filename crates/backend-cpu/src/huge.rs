@@ -10,8 +10,8 @@
 //! 2 MiB-aligned, advised at once, and only then filled.
 //!
 //! Small buffers share 32 MiB chunks ([`Arena`]): a chunk lives while any region of it does,
-//! and untouched parts of a chunk stay unbacked. `QUARREL_NO_HUGE_PAGES=1`: plain 4 KiB
-//! pages (A/B; the same mappings without the advice).
+//! and untouched parts of a chunk stay unbacked. `QUARREL_HUGE_PAGES=0`: plain 4 KiB
+//! pages (the same mappings without the advice).
 
 use std::sync::{Arc, Mutex};
 
@@ -38,8 +38,7 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 fn huge_pages_wanted() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("QUARREL_NO_HUGE_PAGES").is_none_or(|v| v.is_empty() || v == "0"))
+    crate::tuning::get().huge_pages
 }
 
 impl Mapping {

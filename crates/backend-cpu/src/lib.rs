@@ -27,6 +27,7 @@
 //! | `huge`      | zeroed buffers on transparent huge pages (kept panels, repacked weights, K/V stores) |
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
 //! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
+//! | `tuning`    | the environment variables this crate reads (parsed once), `tuning_table()`, the tests' `set_repack` |
 
 pub mod actquant;
 mod attention;
@@ -39,6 +40,7 @@ mod ops;
 pub mod pool;
 pub mod simd;
 pub mod ssm;
+pub mod tuning;
 mod weight;
 
 pub use kv::CpuKv;
@@ -67,7 +69,7 @@ impl CpuBackend {
     /// A backend with `n_threads` worker threads (0 = number of physical-ish cores).
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
-        let batch_invariant_attn = std::env::var("QUARREL_CPU_ATTN").map_or(true, |v| v != "llama").into();
+        let batch_invariant_attn = tuning::get().invariant_attn.into();
         Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default(), batch_invariant_attn })
     }
 

@@ -106,7 +106,7 @@ fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok
     // touched a few times per op instead of once per 16 rows
     let unit = if gemv8.is_some() { GEMV_ROWS } else { 4 };
     let n_units = n_out.div_ceil(unit);
-    let units_per_task = n_units.div_ceil(gemv_tasks_per_thread() * be.n_threads().max(1)).max(1);
+    let units_per_task = n_units.div_ceil(GEMV_TASKS_PER_THREAD * be.n_threads().max(1)).max(1);
     let rows_per_task = units_per_task * unit;
     let n_tasks = n_out.div_ceil(rows_per_task);
     let (wb, rb) = (w.bytes(), w.row_bytes());
@@ -147,11 +147,8 @@ fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok
     });
 }
 
-/// Tasks per thread of a GEMV (`QUARREL_GEMV_TASKS`, read once; default 4).
-fn gemv_tasks_per_thread() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("QUARREL_GEMV_TASKS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(4))
-}
+/// Tasks per thread of a GEMV (contiguous row runs; the pool hands out the leftovers).
+const GEMV_TASKS_PER_THREAD: usize = 4;
 
 /// 64 bytes, 64-byte aligned: panel storage.
 #[derive(Clone, Copy)]
@@ -204,16 +201,10 @@ const TASKS_PER_THREAD: usize = 8;
 /// lanes idle, and below this the 8-token tiles do less work).
 const WIDE_MIN_TOKENS: usize = 12;
 
-/// `QUARREL_NO_WIDE_GEMM` (any value, read once): only the 8-token tiles (A/B runs).
-fn no_wide() -> bool {
-    static NO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *NO.get_or_init(|| std::env::var_os("QUARREL_NO_WIDE_GEMM").is_some())
-}
-
 /// The GEMM kernels when `matmul_quantized` would run the wide tiles for this weight and
 /// token count (no repacked form in use, a GEMM kind with wide tiles, tokens enough).
 fn wide_gemm(be: &CpuBackend, w: &CpuWeight, n_tok: usize) -> Option<Gemm> {
-    if n_tok < WIDE_MIN_TOKENS || no_wide() {
+    if n_tok < WIDE_MIN_TOKENS {
         return None;
     }
     if let Some(rt) = simd::repack::enabled(w.ty) {
@@ -551,7 +542,7 @@ fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, p
     }
     let aux: &[ActAux] = &aux;
     let n_groups = n_out.div_ceil(R);
-    let want = gemv_tasks_per_thread() * be.n_threads().max(1);
+    let want = GEMV_TASKS_PER_THREAD * be.n_threads().max(1);
     let gpt = n_groups.div_ceil(want.min(n_groups));
     let row_tasks = n_groups.div_ceil(gpt);
     let chunks = n_tok.div_ceil(TILE_TOKENS);

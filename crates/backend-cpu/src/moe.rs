@@ -2,22 +2,9 @@
 //! (per expert: gather its rows, one quantized matmul over a zero-copy view of its slice of
 //! the 3-D tensor, scatter back) and the weighted combine.
 
-use crate::ggml_math::expf_ggml;
+use crate::ggml_math::{expf_ggml, reduce16};
 use crate::{matmul, CpuBackend, CpuWeight};
 use quarrel_core::{CoreError, MoeRouting, Result, Route};
-
-/// `_mm512_reduce_add_ps`'s tree over 16 lanes (8, 4, then 2+2).
-fn reduce16(x: &[f32; 16]) -> f32 {
-    let mut t8 = [0f32; 8];
-    for i in 0..8 {
-        t8[i] = x[i] + x[i + 8];
-    }
-    let mut t4 = [0f32; 4];
-    for i in 0..4 {
-        t4[i] = t8[i] + t8[i + 4];
-    }
-    (t4[0] + t4[2]) + (t4[1] + t4[3])
-}
 
 /// Softmax as ggml's AVX-512 build computes it (`ggml_vec_soft_max_f32`): 16-wide chunks of
 /// `ggml_v_expf` whose lane sums (reduce tree) accumulate in f64, the remainder with libm

@@ -133,7 +133,7 @@ impl SpinPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             stop: Padded(AtomicBool::new(false)),
-            prof: std::env::var_os("QUARREL_CPU_PROFILE").filter(|v| !v.is_empty() && v != "0").map(|_| Box::default()),
+            prof: crate::tuning::get().profile.then(Box::default),
             started: UnsafeCell::new(None),
         });
         let workers = (1..n_threads.max(1))
@@ -251,13 +251,8 @@ fn backoff(spins: &mut u32) {
     }
 }
 
-/// Thread `k`'s range of `n` tasks over `t` threads (all of them on thread 0's counter with
-/// `QUARREL_POOL_SHARED_COUNTER=1`: one counter for all, tasks dealt in turn, for A/B).
+/// Thread `k`'s range of `n` tasks over `t` threads.
 fn range(k: usize, t: usize, n: usize) -> std::ops::Range<usize> {
-    static SHARED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *SHARED.get_or_init(|| std::env::var_os("QUARREL_POOL_SHARED_COUNTER").is_some_and(|v| !v.is_empty() && v != "0")) {
-        return if k == 0 { 0..n } else { n..n };
-    }
     k * n / t..(k + 1) * n / t
 }
 

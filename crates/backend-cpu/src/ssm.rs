@@ -4,7 +4,7 @@
 
 use crate::matmul::SyncPtr;
 use crate::{CpuBackend, CpuKv};
-use crate::ggml_math::silu_ggml;
+use crate::ggml_math::{fold_lanes, silu_ggml};
 use quarrel_core::ssm::softplus;
 use quarrel_core::{CoreError, ForwardBatch, Result, SsmParams, StateSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -141,24 +141,6 @@ fn conv_seq_body(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: 
     }
 }
 
-/// `_mm512_reduce_add_ps` of the four 16-lane accumulators as ggml folds them
-/// (0 += 2, 1 += 3, 0 += 1, then the 8/4/2+2 lane tree).
-#[inline(always)]
-fn fold_lanes(acc: &[[f32; 16]; 4]) -> f32 {
-    let mut x = [0f32; 16];
-    for l in 0..16 {
-        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut t8 = [0f32; 8];
-    for i in 0..8 {
-        t8[i] = x[i] + x[i + 8];
-    }
-    let mut t4 = [0f32; 4];
-    for i in 0..4 {
-        t4[i] = t8[i] + t8[i + 4];
-    }
-    (t4[0] + t4[2]) + (t4[1] + t4[3])
-}
 
 /// The 64-wide steps of one state row: `s = s*da + b*xdt` (two multiplies and an add), and
 /// four 16-lane accumulators `acc[j][l] += s*c` (FMA) over the steps. Scalar twin.

@@ -193,14 +193,15 @@ impl CpuWeight {
     }
 }
 
-/// Take `bytes` from the process-wide budget for kept GEMM panels (`QUARREL_GEMM_PANELS_MB`,
-/// default 1024 MiB, read once); false when it is spent (the caller packs per call).
+/// Bytes the process keeps as GEMM panels at most (beyond, the matmul packs per call).
+const PANEL_BUDGET: usize = 1024 << 20;
+
+/// Take `bytes` from the process-wide budget for kept GEMM panels ([`PANEL_BUDGET`]); false
+/// when it is spent (the caller packs per call).
 fn reserve_panel_bytes(bytes: usize) -> bool {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static USED: AtomicUsize = AtomicUsize::new(0);
-    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let budget = *BUDGET.get_or_init(|| std::env::var("QUARREL_GEMM_PANELS_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1024) << 20);
-    USED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| (u + bytes <= budget).then_some(u + bytes)).is_ok()
+    USED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| (u + bytes <= PANEL_BUDGET).then_some(u + bytes)).is_ok()
 }
 
 /// Ask the kernel to reclaim the pages that lie wholly inside `bytes` (Linux

@@ -45,6 +45,14 @@ fn case(hd8: usize, len: usize, pad: usize, offset: usize, cap: bool, split: usi
     }
 }
 
+impl Case {
+    /// The run split in two at `split`.
+    fn halves(&self) -> [Run; 2] {
+        let (r, s) = (self.run, self.split);
+        [Run { len: s, ..r }, Run { start: r.start + s * r.stride, len: r.len - s, ..r }]
+    }
+}
+
 type RunFn<'a> = &'a dyn Fn(Run, &mut Online, &mut [f32]);
 
 /// `f` over the case's run split in two at `split` (the state carries across), from a fresh
@@ -52,10 +60,9 @@ type RunFn<'a> = &'a dyn Fn(Run, &mut Online, &mut [f32]);
 fn drive(c: &Case, f: RunFn<'_>) -> (u32, u32, Vec<u32>) {
     let mut st = Online::START;
     let mut acc = vec![0f32; c.hd];
-    let a = Run { len: c.split, ..c.run };
-    let b = Run { start: c.run.start + c.split * c.run.stride, len: c.run.len - c.split, ..c.run };
-    f(a, &mut st, &mut acc);
-    f(b, &mut st, &mut acc);
+    for r in c.halves() {
+        f(r, &mut st, &mut acc);
+    }
     (st.m.to_bits(), st.s.to_bits(), bits(&acc))
 }
 
@@ -102,9 +109,7 @@ proptest! {
         let q: Vec<&[f32]> = qs.iter().map(|x| &x[..]).collect();
         let mut st = vec![Online::START; nq];
         let mut accs = vec![vec![0f32; c.hd]; nq];
-        let a = Run { len: c.split, ..c.run };
-        let b = Run { start: c.run.start + c.split * c.run.stride, len: c.run.len - c.split, ..c.run };
-        for r in [a, b] {
+        for r in c.halves() {
             let mut acc: Vec<&mut [f32]> = accs.iter_mut().map(|x| &mut x[..]).collect();
             attn::vec_f16_run_multi(&q, &k16, &v16, r, c.sc, &mut st, &mut acc);
         }
@@ -127,9 +132,7 @@ proptest! {
             let q: Vec<&[f32]> = qs.iter().map(|x| &x[..]).collect();
             let mut st = vec![Online::START; nq];
             let mut accs = vec![vec![0f32; c.hd]; nq];
-            let a = Run { len: c.split, ..c.run };
-            let b = Run { start: c.run.start + c.split * c.run.stride, len: c.run.len - c.split, ..c.run };
-            for r in [a, b] {
+            for r in c.halves() {
                 let mut acc: Vec<&mut [f32]> = accs.iter_mut().map(|x| &mut x[..]).collect();
                 attn::f32_run_multi(&q, k, v, r, c.sc, &mut st, &mut acc);
             }
@@ -164,13 +167,7 @@ fn f16_decode_attention_matches_naive_softmax() {
     let v = rnd(2, n * nkv * hd, 2.0);
     let r16 = |x: f32| f16::from_f32(x).to_f32() as f64;
     for t in 0..n {
-        let batch = ForwardBatch {
-            tokens: vec![0],
-            positions: vec![t as u32],
-            seqs: vec![SeqBatch { start: 0, len: 1, block_table: table.clone() }],
-            logits_rows: vec![],
-            state_slots: vec![],
-        };
+        let batch = common::seq_batch(t, 1, table.clone());
         let row = nkv * hd;
         be.kv_store(&mut kv, 0, &k[t * row..(t + 1) * row].to_vec(), &v[t * row..(t + 1) * row].to_vec(), &batch).unwrap();
         let q = rnd(100 + t as u64, nh * hd, 2.0);
@@ -225,13 +222,7 @@ fn many_decode_tokens_equal_each_alone() {
             .collect();
         let row = nkv * hd;
         for (s, &l) in lens.iter().enumerate() {
-            let batch = ForwardBatch {
-                tokens: vec![0; l + 1],
-                positions: (0..=l as u32).collect(),
-                seqs: vec![SeqBatch { start: 0, len: l + 1, block_table: tables[s].clone() }],
-                logits_rows: vec![],
-                state_slots: vec![],
-            };
+            let batch = common::seq_batch(0, l + 1, tables[s].clone());
             let (k, v) = (rnd(10 + s as u64, (l + 1) * row, 2.0), rnd(50 + s as u64, (l + 1) * row, 2.0));
             be.kv_store(&mut kv, 0, &k, &v, &batch).unwrap();
         }
@@ -247,13 +238,7 @@ fn many_decode_tokens_equal_each_alone() {
         let mut out = vec![0f32; q.len()];
         be.attention(&q, &kv, 0, &all, &p, &mut out).unwrap();
         for s in 0..n_seq {
-            let one = ForwardBatch {
-                tokens: vec![0],
-                positions: vec![lens[s] as u32],
-                seqs: vec![SeqBatch { start: 0, len: 1, block_table: tables[s].clone() }],
-                logits_rows: vec![],
-                state_slots: vec![],
-            };
+            let one = common::seq_batch(lens[s], 1, tables[s].clone());
             let qs = q[s * nh * hd..(s + 1) * nh * hd].to_vec();
             let mut o = vec![0f32; qs.len()];
             be.attention(&qs, &kv, 0, &one, &p, &mut o).unwrap();

@@ -1,5 +1,5 @@
-//! The matmul with compact kept panels (the default; Q4_0 through them with
-//! `QUARREL_NO_REPACK=1`, set before the first matmul of this test binary) against the one-row
+//! The matmul with compact kept panels (the default; Q4_0 through them with the repacked path
+//! off, `tuning::set_repack(false)`, before the first matmul of this test binary) against the one-row
 //! kernels: every output the same bits.
 
 mod common;
@@ -43,8 +43,8 @@ fn check(ty: QuantType, n_in: usize, n_out: usize, n_tok: usize, threads: usize,
 
 #[test]
 fn compact_panels_give_the_one_row_kernels_bits() {
-    // set before any thread of this binary reads the environment (the only test here)
-    std::env::set_var("QUARREL_NO_REPACK", "1");
+    // set before any weight of this binary is used (the only test here)
+    quarrel_cpu::tuning::set_repack(false);
     let g = simd::gemm_fn(QuantType::Q4_1);
     if !g.is_some_and(|g| g.compact_panel_bytes(64).is_some()) {
         eprintln!("no compact GEMM panels on this CPU: skipped");

@@ -57,21 +57,28 @@ fn weight_file(ty: QuantType, n_in: usize, n_out: usize, bytes: &[u8]) -> Arc<Gg
     Arc::new(Gguf::from_bytes(g.to_bytes(&[bytes]).unwrap()).unwrap())
 }
 
-/// What every output of the matmul must be: for types with a repacked form in use
-/// (`simd::repack::enabled`), its scalar reference per (row, token); else [`per_output_dot`].
-fn per_output(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_tok: usize) -> Vec<f32> {
-    let Some(rt) = simd::repack::enabled(ty) else {
-        return per_output_dot(ty, n_in, n_out, w, x, n_tok);
-    };
+/// The rows of `x` quantized to `ty`'s activation type as ggml's x86 build does, and their
+/// row bytes.
+fn ggml_x86_acts(ty: QuantType, n_in: usize, x: &[f32]) -> (Vec<u8>, usize) {
     let act = ty.vec_dot_type();
     let arb = act.row_bytes(n_in).unwrap();
-    let mut xq = vec![0u8; arb * n_tok];
+    let mut xq = vec![0u8; arb * (x.len() / n_in)];
     for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
         match simd::quantize_row_fn_ggml_x86(act) {
             Some(f) => f(xr, qr),
             None => quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap(),
         }
     }
+    (xq, arb)
+}
+
+/// What every output of the matmul must be: for types with a repacked form in use
+/// (`simd::repack::enabled`), its scalar reference per (row, token); else [`per_output_dot`].
+fn per_output(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_tok: usize) -> Vec<f32> {
+    let Some(rt) = simd::repack::enabled(ty) else {
+        return per_output_dot(ty, n_in, n_out, w, x, n_tok);
+    };
+    let (xq, arb) = ggml_x86_acts(ty, n_in, x);
     let packed = simd::repack::repack(rt, n_in, n_out, w);
     let gb = rt.group_bytes(n_in);
     let mut out = vec![0f32; n_tok * n_out];
@@ -87,15 +94,7 @@ fn per_output(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_t
 /// What the matmul computed before the GEMM path: the activation quantizer of ggml's x86
 /// build, then the one-row kernel per (row, token).
 fn per_output_dot(ty: QuantType, n_in: usize, n_out: usize, w: &[u8], x: &[f32], n_tok: usize) -> Vec<f32> {
-    let act = ty.vec_dot_type();
-    let arb = act.row_bytes(n_in).unwrap();
-    let mut xq = vec![0u8; arb * n_tok];
-    for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
-        match simd::quantize_row_fn_ggml_x86(act) {
-            Some(f) => f(xr, qr),
-            None => quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap(),
-        }
-    }
+    let (xq, arb) = ggml_x86_acts(ty, n_in, x);
     let wrb = ty.row_bytes(n_in).unwrap();
     let mut out = vec![0f32; n_tok * n_out];
     for t in 0..n_tok {
@@ -177,6 +176,21 @@ fn gemm_matmul_large_shapes() {
 
 /// The tile kernel directly, against the one-row kernel, with all tile sizes (and rows long
 /// enough for the Q6_K tile's several chunks of super-blocks, a short last chunk included).
+/// The rows of `x` quantized to `ty`'s activation type (and their row bytes), and the weight
+/// rows `w` packed into one panel.
+fn quantized_and_packed(g: simd::Gemm, ty: QuantType, n_in: usize, w: &[u8], x: &[f32]) -> (Vec<u8>, usize, Vec<u8>) {
+    let act = ty.vec_dot_type();
+    let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
+    let mut xq = vec![0u8; arb * (x.len() / n_in)];
+    for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
+        quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
+    }
+    let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
+    let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
+    g.pack_weights(n_in, &wrows, &mut wp);
+    (xq, arb, wp)
+}
+
 #[test]
 fn gemm_tiles_match_dot() {
     for (&ty, n_blocks) in TYPES[..N_GEMM].iter().flat_map(|ty| [(ty, 3), (ty, 11), (ty, 19)]) {
@@ -188,15 +202,7 @@ fn gemm_tiles_match_dot() {
         let w = weight_bytes(ty, n_in, GEMM_ROWS, 3, true);
         let x = rnd(4, n_in * GEMM_TOKENS, 3.0);
         let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, GEMM_TOKENS);
-        let act = ty.vec_dot_type();
-        let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
-        let mut xq = vec![0u8; arb * GEMM_TOKENS];
-        for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
-            quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
-        }
-        let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
-        let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
-        g.pack_weights(n_in, &wrows, &mut wp);
+        let (xq, arb, wp) = quantized_and_packed(g, ty, n_in, &w, &x);
         for nt in 1..=GEMM_TOKENS {
             let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
             // deliberately unaligned panel
@@ -236,15 +242,7 @@ fn wide_tiles_match_dot() {
                 row[(t * 5) % n_in] *= 1.0 + 3.0 * t as f32;
             }
             let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, WT);
-            let act = ty.vec_dot_type();
-            let (arb, wrb) = (act.row_bytes(n_in).unwrap(), ty.row_bytes(n_in).unwrap());
-            let mut xq = vec![0u8; arb * WT];
-            for (xr, qr) in x.chunks(n_in).zip(xq.chunks_mut(arb)) {
-                quarrel_cpu::actquant::quantize_row(act, xr, qr).unwrap();
-            }
-            let wrows: Vec<&[u8]> = w.chunks(wrb).collect();
-            let mut wp = vec![0u8; g.weight_panel_bytes(n_in)];
-            g.pack_weights(n_in, &wrows, &mut wp);
+            let (xq, arb, wp) = quantized_and_packed(g, ty, n_in, &w, &x);
             for nt in 1..=WT {
                 let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
                 // deliberately unaligned panel

@@ -6,7 +6,7 @@
 
 mod common;
 use proptest::prelude::*;
-use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
+use quarrel_core::{AttnParams, Backend, KvSpec, KvType};
 use quarrel_cpu::CpuBackend;
 
 fn rnd(seed: u64, n: usize) -> Vec<f32> {
@@ -50,13 +50,7 @@ proptest! {
         let n_blocks = n.div_ceil(bs) * 2 + 1;
         // a scattered block table
         let table: Vec<u32> = (0..n.div_ceil(bs) as u32).map(|i| (i * 2 + 1) % n_blocks as u32).collect();
-        let batch = ForwardBatch {
-            tokens: vec![0; n],
-            positions: (0..n as u32).collect(),
-            seqs: vec![SeqBatch { start: 0, len: n, block_table: table }],
-            logits_rows: vec![],
-            state_slots: vec![],
-        };
+        let batch = common::seq_batch(0, n, table);
         let (k, v, q) = (rnd(seed, n * nkv * hd), rnd(seed ^ 1, n * nkv * hd), rnd(seed ^ 2, n * nh * hd));
         let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: None, softcap: None };
         let run = |ty: KvType, k: &[f32], v: &[f32]| {

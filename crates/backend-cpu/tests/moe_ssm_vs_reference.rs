@@ -16,11 +16,7 @@ fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     common::rnd_from_state(seed, n, scale)
 }
 
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
+use common::nmse;
 
 fn expert_file(ty: QuantType, n_in: usize, n_out: usize, n_exp: usize, w: &[f32]) -> Arc<Gguf> {
     let mut g = GgufWriter::new();

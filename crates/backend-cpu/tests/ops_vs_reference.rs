@@ -2,7 +2,7 @@
 //! attention (vs a naive softmax over the cache), paged layout independence.
 
 mod common;
-use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, SeqBatch, WeightSource};
+use quarrel_core::{AttnParams, Backend, KvSpec, KvType, QuantType, WeightSource};
 use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
@@ -11,11 +11,7 @@ fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     common::rnd_from_state(seed, n, scale)
 }
 
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
+use common::nmse;
 
 fn weight_file(ty: QuantType, n_in: usize, n_out: usize, w: &[f32]) -> Arc<Gguf> {
     let mut g = GgufWriter::new();
@@ -63,13 +59,7 @@ fn paged_attention_matches_naive_softmax() {
     let n = 11;
     // scattered, non-contiguous blocks
     let table = vec![5, 2, 7];
-    let batch = ForwardBatch {
-        tokens: vec![0; n],
-        positions: (0..n as u32).collect(),
-        seqs: vec![SeqBatch { start: 0, len: n, block_table: table }],
-        logits_rows: vec![],
-        state_slots: vec![],
-    };
+    let batch = common::seq_batch(0, n, table);
     let k = rnd(1, n * nkv * hd, 2.0);
     let v = rnd(2, n * nkv * hd, 2.0);
     let q = rnd(3, n * nh * hd, 2.0);

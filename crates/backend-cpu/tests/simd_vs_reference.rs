@@ -5,17 +5,8 @@ use proptest::prelude::*;
 use quarrel_core::QuantType;
 use quarrel_cpu::simd::{self, Level};
 
-fn random_row(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        })
-        .collect()
-}
+mod common;
+use common::random_row;
 
 /// SIMD levels to test: every supported one above Scalar.
 fn levels() -> Vec<Level> {
@@ -183,8 +174,7 @@ fn some_kernel_is_selected_on_x86() {
     if std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
-        && std::env::var_os("QUARREL_NO_SIMD").is_none()
-        && std::env::var_os("QUARREL_SIMD").is_none()
+        && quarrel_cpu::tuning::get().simd_cap.is_none_or(|c| c >= Level::Avx2)
     {
         assert!(simd::detected_level() >= Level::Avx2);
         for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K] {

@@ -1,5 +1,5 @@
 //! Where the GPU's logits part from the CPU backend's, per position: one prefill and token by
-//! token on each backend, NMSE of every pair. With `QUARREL_TRACE=all QUARREL_TRACE_ROW=<n_embd>`
+//! token on each backend, NMSE of every pair. With `QUARREL_TRACE=all,row=<n_embd>`
 //! the models' traced intermediates of the four runs are printed between `=== <run>` markers
 //! (stderr), for `scripts/trace-diff.py` to name the first op that diverges.
 //!

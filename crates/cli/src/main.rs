@@ -65,6 +65,15 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // `quarrel --version --verbose`: also the CPU backend's SIMD level and environment table
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() == 2 && args.iter().any(|a| a == "--verbose") && args.iter().any(|a| a == "--version" || a == "-V") {
+        println!("quarrel {}\nsimd: {}", env!("CARGO_PKG_VERSION"), quarrel_cpu::simd::features_string());
+        for (name, value, meaning) in quarrel_cpu::tuning::tuning_table() {
+            println!("{name}={value}\t{meaning}");
+        }
+        return;
+    }
     let cli = Cli::parse_from(llama_style_args(std::env::args()));
     let r = match cli.cmd {
         Command::Run(a) => cmd::run::main(a),

@@ -153,7 +153,7 @@ fn logits_match_llama_cpp() {
 }
 
 /// Diagnostic (ignored): per-token traces of one tiny model (`MOE_TRACE_PRESET`), with
-/// `QUARREL_TRACE=all QUARREL_TRACE_ROW=<n_embd>`, to diff against llama.cpp's eval callback.
+/// `QUARREL_TRACE=all,row=<n_embd>`, to diff against llama.cpp's eval callback.
 #[test]
 #[ignore]
 fn trace_one() {

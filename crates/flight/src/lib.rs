@@ -17,12 +17,13 @@
 //! | `client`   | `LongbowClient`: endpoints, connect/reconnect, GetFlightInfo, ListFlights, DoGet, search, DoAction |
 //! | `put`      | streaming DoPut: acknowledgement window, `slow_down` backoff, retries without loss or duplicates |
 //! | `pipeline` | `ingest`: engine embeddings -> batches -> DoPut, embedding overlapped with upload |
-//! | `peer`     | the pyarrow test peer (`tests/flight_peer.py`) as a child process, for tests |
+//! | `peer`     | test support (feature `test-peer`): the pyarrow peer (`tests/flight_peer.py`) as a child process |
 //! | `error`    | `FlightClientError`, transient vs final |
 
 pub mod batch;
 pub mod client;
 pub mod error;
+#[cfg(any(test, feature = "test-peer"))]
 pub mod peer;
 pub mod pipeline;
 pub mod put;

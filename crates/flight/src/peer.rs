@@ -1,5 +1,7 @@
-//! The Longbow test peer (`tests/flight_peer.py`, pyarrow's Flight server) as a child
-//! process on loopback ports, for this crate's and the CLI's tests; stopped on drop.
+//! Test support, compiled for tests and with the `test-peer` feature only: the Longbow test
+//! peer (`tests/flight_peer.py`, pyarrow's Flight server) as a child process on loopback
+//! ports, for this crate's and the CLI's tests; stopped on drop. Reads `QUARREL_FLIGHT_PEER`
+//! (the script) and `QUARREL_PYTHON` (the interpreter).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -91,6 +91,25 @@ pub(crate) fn check_run(run: &Run, hd: usize, n: usize) {
     }
 }
 
+/// The checks of a run of `G` queries (head dims a multiple of `lanes`) over rows of `k_len`
+/// / `v_len` values, and the queries' and accumulators' pointers: `(hd, q, acc)`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn multi_args<const G: usize>(
+    q: &[&[f32]],
+    lanes: usize,
+    (k_len, v_len): (usize, usize),
+    run: &Run,
+    st: &[Online],
+    acc: &mut [&mut [f32]],
+) -> (usize, [*const f32; G], [*mut f32; G]) {
+    assert!(q.len() == G && st.len() == G && acc.len() == G);
+    let hd = q[0].len();
+    assert!(hd.is_multiple_of(lanes) && q.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
+    check_run(run, hd, k_len);
+    check_run(run, hd, v_len);
+    (hd, std::array::from_fn(|g| q[g].as_ptr()), std::array::from_fn(|g| acc[g].as_mut_ptr()))
+}
+
 #[inline]
 fn r16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
@@ -213,23 +232,7 @@ fn dot_f16_ggml(a: &[f32], b: &[f16]) -> f32 {
             }
         }
     }
-    let mut x = [0f32; 16];
-    for l in 0..16 {
-        let s0 = acc[0][l] + acc[2][l];
-        let s1 = acc[1][l] + acc[3][l];
-        x[l] = s0 + s1;
-    }
-    let mut t8 = [0f32; 8];
-    for i in 0..8 {
-        t8[i] = x[i] + x[i + 8];
-    }
-    let mut t4 = [0f32; 4];
-    for i in 0..4 {
-        t4[i] = t8[i] + t8[i + 4];
-    }
-    let c0 = t4[0] + t4[2];
-    let c1 = t4[1] + t4[3];
-    let mut sum = (c0 + c1) as f64;
+    let mut sum = crate::ggml_math::fold_lanes(&acc) as f64;
     for k in np..n {
         sum += (a[k] * b[k].to_f32()) as f64;
     }

@@ -19,7 +19,7 @@
 //! type (AVX-512: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 with VNNI; Q4_K, Q5_K, Q6_K);
 //! `tests/gemm_vs_dot.rs` checks that bit for bit.
 //! `QUARREL_SIMD=scalar|avx2|avx512|avx512vnni` caps the level picked by [`dot_fn`],
-//! [`dot4_fn`] and the quantizers (read once); `QUARREL_NO_SIMD` (any value) means `scalar`.
+//! [`dot4_fn`] and the quantizers (read once, in [`crate::tuning`]).
 //! On other architectures everything compiles to "no kernel" (callers use the reference).
 //!
 //! [`repack`]: Q4_0, Q4_K and IQ4_NL weights (AVX2 / AVX-512 VNNI; Q4_1, Q8_0 opt-in) are interleaved into 16-row groups
@@ -104,19 +104,12 @@ pub fn available_levels() -> Vec<Level> {
     Level::ALL.iter().copied().filter(|l| l.is_supported()).collect()
 }
 
-/// The best level this CPU supports, capped by `QUARREL_SIMD` / `QUARREL_NO_SIMD`
-/// (environment read once per process).
+/// The best level this CPU supports, capped by `QUARREL_SIMD` ([`crate::tuning`]).
 pub fn detected_level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         let best = available_levels().last().copied().unwrap_or(Level::Scalar);
-        if std::env::var_os("QUARREL_NO_SIMD").is_some() {
-            return Level::Scalar;
-        }
-        match std::env::var("QUARREL_SIMD").ok().and_then(|s| Level::from_name(&s)) {
-            Some(cap) => cap.min(best),
-            None => best,
-        }
+        crate::tuning::get().simd_cap.map_or(best, |cap| cap.min(best))
     })
 }
 
@@ -156,21 +149,29 @@ pub fn matmul_level(ty: QuantType) -> Level {
     }
 }
 
+/// `$x86` (an x86 kernel of `$level` for `$ty`) where `$level` is a SIMD level this CPU
+/// supports, else None.
+macro_rules! at_level {
+    ($level:expr, $ty:expr, $x86:expr) => {{
+        if $level == Level::Scalar || !$level.is_supported() {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            $x86
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = $ty;
+            None
+        }
+    }};
+}
+
 /// The kernel of `level` for `ty` (falling back to a lower level's kernel where `level` has
 /// none of its own), or None if the CPU lacks `level` or no SIMD kernel exists for `ty`.
 pub fn dot_fn_for(ty: QuantType, level: Level) -> Option<DotFn> {
-    if level == Level::Scalar || !level.is_supported() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86::dot_fn(ty, level)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        None
-    }
+    at_level!(level, ty, x86::dot_fn(ty, level))
 }
 
 /// Four-row kernel for `ty` at the detected level, or None (call the one-row kernel 4 times).
@@ -185,18 +186,7 @@ pub fn dot4_fn(ty: QuantType) -> Option<Dot4Fn> {
 
 /// Four-row kernel of `level` for `ty` (see [`dot_fn_for`]).
 pub fn dot4_fn_for(ty: QuantType, level: Level) -> Option<Dot4Fn> {
-    if level == Level::Scalar || !level.is_supported() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86::dot4_fn(ty, level)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        None
-    }
+    at_level!(level, ty, x86::dot4_fn(ty, level))
 }
 
 /// SIMD quantizer for an activation type (`Q8_0`, `Q8_1`, `Q8_K`) at the detected level,
@@ -208,18 +198,7 @@ pub fn quantize_row_fn(ty: QuantType) -> Option<QuantizeRowFn> {
 
 /// The quantizer of `level` for `ty` (see [`dot_fn_for`]).
 pub fn quantize_row_fn_for(ty: QuantType, level: Level) -> Option<QuantizeRowFn> {
-    if level == Level::Scalar || !level.is_supported() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86::quantize_row_fn(ty, level, false)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        None
-    }
+    at_level!(level, ty, x86::quantize_row_fn(ty, level, false))
 }
 
 /// SIMD quantizer with the rounding of ggml's x86 build for `Q8_0` / `Q8_1`
@@ -232,18 +211,7 @@ pub fn quantize_row_fn_ggml_x86(ty: QuantType) -> Option<QuantizeRowFn> {
 
 /// [`quantize_row_fn_ggml_x86`] at `level` (see [`dot_fn_for`]).
 pub fn quantize_row_fn_ggml_x86_for(ty: QuantType, level: Level) -> Option<QuantizeRowFn> {
-    if level == Level::Scalar || !level.is_supported() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86::quantize_row_fn(ty, level, true)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        None
-    }
+    at_level!(level, ty, x86::quantize_row_fn(ty, level, true))
 }
 
 /// `gemv8(n, w, row_bytes, a, out)`: the [`dot_fn`] results of the [`GEMV_ROWS`] weight rows
@@ -255,13 +223,8 @@ pub type Gemv8Fn = fn(usize, &[u8], usize, &[u8], &mut [f32; GEMV_ROWS]);
 pub const GEMV_ROWS: usize = 8;
 
 /// The eight-row decode kernel matching [`dot_fn`]`(ty)`, or None: Q4_0, Q4_1 and Q8_0
-/// (llama.cpp-order kernels) where the detected level is `Avx512Vnni`. `QUARREL_NO_GEMV`
-/// (any value, read once) turns it off.
+/// (llama.cpp-order kernels) where the detected level is `Avx512Vnni`.
 pub fn gemv8_fn(ty: QuantType) -> Option<Gemv8Fn> {
-    static NO_GEMV: OnceLock<bool> = OnceLock::new();
-    if *NO_GEMV.get_or_init(|| std::env::var_os("QUARREL_NO_GEMV").is_some()) {
-        return None;
-    }
     #[cfg(target_arch = "x86_64")]
     {
         use x86::gemv_ggml::{self as g, Ty};
@@ -310,13 +273,9 @@ pub struct Gemm {
 
 /// The GEMM kernels matching [`dot_fn`]`(ty)`, or None (use [`dot_fn`] per output). There
 /// are kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (llama.cpp-order one-row kernels) where the
-/// detected level (after the `QUARREL_SIMD` cap) is `Avx512Vnni`, and for Q4_K, Q5_K and Q6_K where [`matmul_level`] is `Avx512` or above. `QUARREL_NO_GEMM` (any value, read
-/// once) turns them all off.
+/// detected level (after the `QUARREL_SIMD` cap) is `Avx512Vnni`, and for Q4_K, Q5_K and Q6_K
+/// where [`matmul_level`] is `Avx512` or above.
 pub fn gemm_fn(ty: QuantType) -> Option<Gemm> {
-    static NO_GEMM: OnceLock<bool> = OnceLock::new();
-    if *NO_GEMM.get_or_init(|| std::env::var_os("QUARREL_NO_GEMM").is_some()) {
-        return None;
-    }
     #[cfg(target_arch = "x86_64")]
     {
         let level = matmul_level(ty);
@@ -368,12 +327,7 @@ impl Gemm {
 
     /// Bytes of a *compact* weight panel where kept panels are compact (Q4_0, Q4_1: half the
     /// bytes, [`Gemm::expand_panel`] before the tiles), else None.
-    /// `QUARREL_NO_COMPACT_PANELS` (any value, read once): None (A/B runs).
     pub fn compact_panel_bytes(&self, n_in: usize) -> Option<usize> {
-        static NO: OnceLock<bool> = OnceLock::new();
-        if *NO.get_or_init(|| std::env::var_os("QUARREL_NO_COMPACT_PANELS").is_some()) {
-            return None;
-        }
         self.kind.compact_panel_bytes(n_in)
     }
 

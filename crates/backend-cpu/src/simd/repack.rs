@@ -240,22 +240,15 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
 }
 
 /// Whether the repacked matmul runs for `ty` on this CPU: where AVX2 kernels run (AVX-512
-/// VNNI ones where the level allows), unless `QUARREL_NO_REPACK` is set, for Q4_0, Q4_K and
+/// VNNI ones where the level allows), for Q4_0, Q4_K and
 /// IQ4_NL: types llama.cpp's x86 build repacks, so this is also llama.cpp's float order.
-/// Q4_1 and Q8_0 keep ggml's vec_dot order by default (llama.cpp does not repack them on
-/// x86; with the repacked order SmolLM2's greedy texts matched llama.cpp's 2/8 times (Q4_1)
-/// and the tiny-nemotron-h fixture's logits moved to NMSE 1.6e-4 (Q8_0)).
-/// `QUARREL_REPACK=q4_1,q8_0` (type names, comma-separated, read once) adds them.
+/// Q4_1 and Q8_0 keep ggml's vec_dot order in the matmul (llama.cpp does not repack them on
+/// x86; their repacked kernels serve [`tile_for`] only). [`crate::tuning::set_repack`]
+/// turns the path off for tests.
 pub fn enabled(ty: QuantType) -> Option<RepackTy> {
-    use std::sync::OnceLock;
-    static FLAGS: OnceLock<(bool, Vec<String>)> = OnceLock::new();
-    let (off, extra) = FLAGS.get_or_init(|| {
-        let extra = std::env::var("QUARREL_REPACK").unwrap_or_default();
-        (std::env::var_os("QUARREL_NO_REPACK").is_some(), extra.split(',').map(|s| s.trim().to_ascii_lowercase()).filter(|s| !s.is_empty()).collect())
-    });
     let t = RepackTy::of(ty)?;
-    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K | RepackTy::IQ4_NL) || extra.iter().any(|e| e.eq_ignore_ascii_case(ty.name()));
-    if *off || !on || !kernels_available() {
+    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K | RepackTy::IQ4_NL);
+    if !on || !crate::tuning::repack_on() || !kernels_available() {
         return None;
     }
     Some(t)

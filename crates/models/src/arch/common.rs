@@ -9,6 +9,7 @@
 //!                         └────── LayerStack::final_hidden ────┘└─► hidden (embeddings)
 //! ```
 
+use crate::hparams::Hparams;
 use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
@@ -57,6 +58,14 @@ impl<B: Backend> Head<B> {
     }
 }
 
+/// An architecture's loaded model: its config `C`, description, head and layers `L`.
+pub struct Stack<B: Backend, C, L> {
+    pub cfg: C,
+    pub info: ModelInfo,
+    pub head: Head<B>,
+    pub layers: Vec<L>,
+}
+
 /// What an architecture file implements: its layer stack up to the output norm, and its head.
 /// Every `LayerStack` is a [`Model`] (the impl below), so the outputs are computed one way for
 /// every arch: logits are the head's projection of [`final_hidden`](LayerStack::final_hidden),
@@ -64,8 +73,14 @@ impl<B: Backend> Head<B> {
 /// `Backend::sample_rows`: a device backend downloads only the ids), and `hidden` downloads
 /// the normed rows.
 pub trait LayerStack<B: Backend>: Send + Sync {
-    fn info(&self) -> &ModelInfo;
-    fn head(&self) -> &Head<B>;
+    /// The model's description and its head.
+    fn parts(&self) -> (&ModelInfo, &Head<B>);
+    fn info(&self) -> &ModelInfo {
+        self.parts().0
+    }
+    fn head(&self) -> &Head<B> {
+        self.parts().1
+    }
     /// The layers, then the output norm of the `logits_rows`: `(rows, n_embd)`.
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf>;
     /// The logits of the `logits_rows`, left on the backend: `(rows, n_vocab)`. Default: the
@@ -120,12 +135,44 @@ pub fn n_params(g: &Gguf) -> u64 {
     g.tensors().iter().map(|t| t.n_elements()).sum()
 }
 
+/// The `ModelInfo` of a model of `arch` from `g` without recurrent layers (`n_params`
+/// counted from the file); `kv`: the attention layers' (`n_kv_head`, `head_dim`).
+pub fn model_info(g: &Gguf, arch: &str, n_vocab: usize, n_embd: usize, n_layer: usize, n_ctx_train: usize, kv: (usize, usize)) -> ModelInfo {
+    let (n_kv_head, head_dim) = kv;
+    ModelInfo { arch: arch.into(), n_vocab, n_embd, n_layer, n_ctx_train, n_kv_head, head_dim, n_params: n_params(g), recurrent: vec![] }
+}
+
 /// `attention.scale` from the file, 0 meaning the usual `1 / sqrt(head_dim)`.
 pub fn attn_scale(file_scale: f32, head_dim: usize) -> f32 {
     if file_scale == 0.0 {
         1.0 / (head_dim as f32).sqrt()
     } else {
         file_scale
+    }
+}
+
+/// `attention.head_count`, `attention.head_count_kv` (default: all heads) and
+/// `attention.key_length` (default `n_embd / head_count`), checked for grouped-query
+/// attention: `(n_head, n_head_kv, head_dim)`.
+pub fn head_counts(h: &Hparams, n_embd: usize) -> Result<(usize, usize, usize)> {
+    let n_head = h.positive("attention.head_count")?;
+    let n_head_kv = h.usize_or("attention.head_count_kv", n_head)?;
+    let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
+    if n_head_kv == 0 || n_head % n_head_kv != 0 {
+        return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
+    }
+    Ok((n_head, n_head_kv, head_dim))
+}
+
+/// The RoPE frequency scale of `rope.scaling.type`: 1 for none, `1 / rope.scaling.factor`
+/// for linear, 1 for the `carried` types (applied elsewhere); others are unsupported
+/// (`who` prefixes the error).
+pub fn rope_freq_scale(h: &Hparams, who: &str, carried: &[&str]) -> Result<f32> {
+    match h.opt_str("rope.scaling.type")? {
+        None | Some("none") => Ok(1.0),
+        Some("linear") => Ok(1.0 / h.f32_or("rope.scaling.factor", 1.0)?),
+        Some(t) if carried.contains(&t) => Ok(1.0),
+        Some(other) => Err(CoreError::Unsupported(format!("{who}rope scaling type {other:?}"))),
     }
 }
 

@@ -17,7 +17,7 @@
 //!                             └─ norm ─► output (tied) ─► [softcap] ─► logits
 //! ```
 
-use super::common::{n_params, reject_tensors, trace, Head, LayerStack};
+use super::common::{head_counts, model_info, reject_tensors, rope_freq_scale, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::{GateAct, SwiGluMlp};
@@ -58,12 +58,7 @@ impl Config {
         let h = Hparams::new(g)?;
         let n_embd = h.positive("embedding_length")?;
         let n_layer = h.positive("block_count")?;
-        let n_head = h.positive("attention.head_count")?;
-        let n_head_kv = h.usize_or("attention.head_count_kv", n_head)?;
-        let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
-        }
+        let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
         if h.usize_or("attention.value_length", head_dim)? != head_dim {
             return Err(CoreError::Unsupported("gemma3 with value_length != key_length".into()));
         }
@@ -71,11 +66,7 @@ impl Config {
         if softcap != 0.0 {
             return Err(CoreError::Unsupported(format!("gemma3 final_logit_softcapping {softcap}")));
         }
-        let rope_freq_scale = match h.opt_str("rope.scaling.type")? {
-            None | Some("none") => 1.0,
-            Some("linear") => 1.0 / h.f32_or("rope.scaling.factor", 1.0)?,
-            Some(other) => return Err(CoreError::Unsupported(format!("gemma3 rope scaling type {other:?}"))),
-        };
+        let rope_freq_scale = rope_freq_scale(&h, "gemma3 ", &[])?;
         let sliding_window = h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0);
         let is_swa = match sliding_window {
             None => vec![false; n_layer],
@@ -131,12 +122,7 @@ pub struct Layer<B: Backend> {
     pub post_ffw_norm: B::Weight,
 }
 
-pub struct Gemma3<B: Backend> {
-    pub cfg: Config,
-    info: ModelInfo,
-    head: Head<B>,
-    layers: Vec<Layer<B>>,
-}
+pub type Gemma3<B> = Stack<B, Config, Layer<B>>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
@@ -176,27 +162,13 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             post_ffw_norm: norm("post_ffw_norm")?,
         });
     }
-    let info = ModelInfo {
-        arch: "gemma3".into(),
-        n_vocab: c.n_vocab,
-        n_embd: c.n_embd,
-        n_layer: c.n_layer,
-        n_ctx_train: c.n_ctx_train,
-        n_kv_head: c.n_head_kv,
-        head_dim: c.head_dim,
-        n_params: n_params(g),
-        recurrent: vec![],
-    };
+    let info = model_info(g, "gemma3", c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
     Ok(Box::new(Gemma3 { cfg, info, head, layers }))
 }
 
 impl<B: Backend> LayerStack<B> for Gemma3<B> {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn head(&self) -> &Head<B> {
-        &self.head
+    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+        (&self.info, &self.head)
     }
 
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {

@@ -10,12 +10,11 @@
 //!                               └─ norm ─► output ─► ÷ logit_scale ─► logits
 //! ```
 
-use super::common::{attn_scale, n_params, reject_tensors, trace, Head, LayerStack};
+use super::common::{attn_scale, model_info, reject_tensors, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
-use crate::layers::mlp::SwiGluMlp;
-use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn, SharedExpert};
+use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
@@ -115,12 +114,7 @@ pub struct Layer<B: Backend> {
     pub ffn: FeedForward<B>,
 }
 
-pub struct Granite<B: Backend> {
-    pub cfg: Config,
-    info: ModelInfo,
-    head: Head<B>,
-    layers: Vec<Layer<B>>,
-}
+pub type Granite<B> = Stack<B, Config, Layer<B>>;
 
 /// Biases this implementation does not apply.
 const UNSUPPORTED: [&str; 5] = ["attn_output.bias", "attn_q.bias", "ffn_up.bias", "ffn_gate.bias", "ffn_down.bias"];
@@ -146,17 +140,8 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
                 Mixer::Attention(SelfAttention::load(be, g, il, c.n_embd, attn, rope.clone())?)
             }
         };
-        let ffn = match &c.moe {
-            None => FeedForward::SwiGlu(SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?),
-            Some(r) => {
-                let shared = if c.n_ff_shexp > 0 {
-                    Some(SharedExpert::SwiGlu(SwiGluMlp::load_suffixed(be, g, il, "_shexp", c.n_embd, c.n_ff_shexp)?))
-                } else {
-                    None
-                };
-                FeedForward::Moe(MoeFfn::load(be, g, il, c.n_embd, c.n_ff, r.clone(), ExpertAct::SwiGlu)?, shared)
-            }
-        };
+        let spec = FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: c.n_ff_shexp };
+        let ffn = FeedForward::load(be, g, il, c.n_embd, spec)?;
         layers.push(Layer {
             attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
             mixer,
@@ -164,30 +149,20 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             ffn,
         });
     }
+    let max_kv = c.n_head_kv.iter().copied().max().unwrap_or(0).max(1);
     let info = ModelInfo {
-        arch: c.arch.clone(),
-        n_vocab: c.n_vocab,
-        n_embd: c.n_embd,
-        n_layer: c.n_layer,
-        n_ctx_train: c.n_ctx_train,
-        n_kv_head: c.n_head_kv.iter().copied().max().unwrap_or(0).max(1),
-        head_dim: c.head_dim,
-        n_params: n_params(g),
         recurrent: match &c.ssm {
             Some(p) => c.n_head_kv.iter().map(|&kv| (kv == 0).then_some(*p)).collect(),
             None => vec![],
         },
+        ..model_info(g, &c.arch, c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (max_kv, c.head_dim))
     };
     Ok(Box::new(Granite { head: Head::load(be, g, c.n_embd, c.n_vocab)?, cfg, info, layers }))
 }
 
 impl<B: Backend> LayerStack<B> for Granite<B> {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn head(&self) -> &Head<B> {
-        &self.head
+    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+        (&self.info, &self.head)
     }
 
     fn op_times(&self) -> OpTimes {

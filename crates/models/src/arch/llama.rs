@@ -3,11 +3,10 @@
 //! Mixtral-style experts (`ffn_gate_inp` + `ffn_{gate,up,down}_exps`, softmax top-k,
 //! renormalized) where the file has them.
 
-use super::common::{n_params, trace, Head, LayerStack};
+use super::common::{head_counts, model_info, rope_freq_scale, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
-use crate::layers::mlp::SwiGluMlp;
-use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn};
+use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
@@ -38,24 +37,9 @@ impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
         let h = Hparams::new(g)?;
         let n_embd = h.positive("embedding_length")?;
-        let n_head = h.positive("attention.head_count")?;
-        let n_head_kv = h.usize_or("attention.head_count_kv", n_head)?;
-        let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
-        }
-        let rope_freq_scale = match h.opt_str("rope.scaling.type")? {
-            None | Some("none") => 1.0,
-            Some("linear") => 1.0 / h.f32_or("rope.scaling.factor", 1.0)?,
-            Some(other) => {
-                // llama3 scaling is carried by rope_freqs.weight; yarn is not implemented
-                if other == "llama3" {
-                    1.0
-                } else {
-                    return Err(CoreError::Unsupported(format!("rope scaling type {other:?}")));
-                }
-            }
-        };
+        let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
+        // llama3 scaling is carried by rope_freqs.weight; yarn is not implemented
+        let rope_freq_scale = rope_freq_scale(&h, "", &["llama3"])?;
         let n_rot = h.usize_or("rope.dimension_count", head_dim)?;
         Ok(Config {
             n_embd,
@@ -85,12 +69,7 @@ pub struct Layer<B: Backend> {
     pub ffn: FeedForward<B>,
 }
 
-pub struct Llama<B: Backend> {
-    pub cfg: Config,
-    info: ModelInfo,
-    head: Head<B>,
-    layers: Vec<Layer<B>>,
-}
+pub type Llama<B> = Stack<B, Config, Layer<B>>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
@@ -128,33 +107,16 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
             attn: SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?,
             ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
-            ffn: match &c.moe {
-                None => FeedForward::SwiGlu(SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?),
-                Some(r) => FeedForward::Moe(MoeFfn::load(be, g, il, c.n_embd, c.n_ff, r.clone(), ExpertAct::SwiGlu)?, None),
-            },
+            ffn: FeedForward::load(be, g, il, c.n_embd, FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: 0 })?,
         });
     }
-    let info = ModelInfo {
-        arch: "llama".into(),
-        n_vocab: c.n_vocab,
-        n_embd: c.n_embd,
-        n_layer: c.n_layer,
-        n_ctx_train: c.n_ctx_train,
-        n_kv_head: c.n_head_kv,
-        head_dim: c.head_dim,
-        n_params: n_params(g),
-        recurrent: vec![],
-    };
+    let info = model_info(g, "llama", c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
     Ok(Box::new(Llama { cfg, info, head, layers }))
 }
 
 impl<B: Backend> LayerStack<B> for Llama<B> {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn head(&self) -> &Head<B> {
-        &self.head
+    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+        (&self.info, &self.head)
     }
 
     fn op_times(&self) -> OpTimes {

@@ -9,12 +9,11 @@
 //!  tokens ─embed─► x ─ per layer: x += (mamba2 | attention | ffn | moe+shexp)(rmsnorm x) ─► norm ─► output
 //! ```
 
-use super::common::{attn_scale, n_params, reject_tensors, trace, Head, LayerStack};
+use super::common::{attn_scale, model_info, reject_tensors, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
-use crate::layers::mlp::ReluSqrMlp;
-use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, MoeFfn, SharedExpert};
+use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
@@ -119,12 +118,7 @@ pub struct Layer<B: Backend> {
     pub mixer: Mixer<B>,
 }
 
-pub struct NemotronH<B: Backend> {
-    pub cfg: Config,
-    info: ModelInfo,
-    head: Head<B>,
-    layers: Vec<Layer<B>>,
-}
+pub type NemotronH<B> = Stack<B, Config, Layer<B>>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
@@ -149,41 +143,23 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
                 };
                 Mixer::Attention(SelfAttention::load(be, g, il, c.n_embd, p, no_rope.clone())?)
             }
-            LayerKind::Ffn { n_ff } => Mixer::Ffn(match &c.moe {
-                None => FeedForward::ReluSqr(ReluSqrMlp::load(be, g, il, "", c.n_embd, n_ff)?),
-                Some(r) => {
-                    let shared = if c.n_ff_shexp > 0 {
-                        Some(SharedExpert::ReluSqr(ReluSqrMlp::load(be, g, il, "_shexp", c.n_embd, c.n_ff_shexp)?))
-                    } else {
-                        None
-                    };
-                    FeedForward::Moe(MoeFfn::load(be, g, il, c.n_embd, n_ff, r.clone(), ExpertAct::ReluSqr)?, shared)
-                }
-            }),
+            LayerKind::Ffn { n_ff } => {
+                let spec = FfnSpec { act: ExpertAct::ReluSqr, n_ff, moe: c.moe.as_ref(), n_ff_shexp: c.n_ff_shexp };
+                Mixer::Ffn(FeedForward::load(be, g, il, c.n_embd, spec)?)
+            }
         };
         layers.push(Layer { attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?, mixer });
     }
     let info = ModelInfo {
-        arch: c.arch.clone(),
-        n_vocab: c.n_vocab,
-        n_embd: c.n_embd,
-        n_layer: c.n_layer,
-        n_ctx_train: c.n_ctx_train,
-        n_kv_head: max_kv,
-        head_dim: c.head_dim,
-        n_params: n_params(g),
         recurrent: c.kinds.iter().map(|k| (*k == LayerKind::Mamba2).then_some(c.ssm)).collect(),
+        ..model_info(g, &c.arch, c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (max_kv, c.head_dim))
     };
     Ok(Box::new(NemotronH { head: Head::load(be, g, c.n_embd, c.n_vocab)?, cfg, info, layers }))
 }
 
 impl<B: Backend> LayerStack<B> for NemotronH<B> {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn head(&self) -> &Head<B> {
-        &self.head
+    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+        (&self.info, &self.head)
     }
 
     fn op_times(&self) -> OpTimes {

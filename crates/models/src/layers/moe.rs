@@ -133,6 +133,34 @@ impl<B: Backend> FeedForward<B> {
     }
 }
 
+/// What a layer's feed-forward is: dense (`n_ff` wide) or, with `moe`, experts of `n_ff`
+/// each plus a shared expert of `n_ff_shexp` (0: none); `act` is every part's activation.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnSpec<'a> {
+    pub act: ExpertAct,
+    pub n_ff: usize,
+    pub moe: Option<&'a MoeRouting>,
+    pub n_ff_shexp: usize,
+}
+
+impl<B: Backend> FeedForward<B> {
+    /// Load layer `il`'s feed-forward as `spec` says (`ffn_*`, `ffn_*_exps`, `ffn_*_shexp`).
+    pub fn load(be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize, spec: FfnSpec<'_>) -> Result<Self> {
+        let Some(r) = spec.moe else {
+            return Ok(match spec.act {
+                ExpertAct::SwiGlu => FeedForward::SwiGlu(SwiGluMlp::load(be, g, il, n_embd, spec.n_ff)?),
+                ExpertAct::ReluSqr => FeedForward::ReluSqr(ReluSqrMlp::load(be, g, il, "", n_embd, spec.n_ff)?),
+            });
+        };
+        let shared = match (spec.n_ff_shexp, spec.act) {
+            (0, _) => None,
+            (n, ExpertAct::SwiGlu) => Some(SharedExpert::SwiGlu(SwiGluMlp::load_suffixed(be, g, il, "_shexp", n_embd, n)?)),
+            (n, ExpertAct::ReluSqr) => Some(SharedExpert::ReluSqr(ReluSqrMlp::load(be, g, il, "_shexp", n_embd, n)?)),
+        };
+        Ok(FeedForward::Moe(MoeFfn::load(be, g, il, n_embd, spec.n_ff, r.clone(), spec.act)?, shared))
+    }
+}
+
 pub enum SharedExpert<B: Backend> {
     SwiGlu(SwiGluMlp<B>),
     ReluSqr(ReluSqrMlp<B>),

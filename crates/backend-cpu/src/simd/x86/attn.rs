@@ -3,7 +3,7 @@
 //! of ggml's AVX-512 `ggml_vec_dot_f16` are two 8-lane registers here), K and V are read
 //! straight from the cache (f16 widened in registers, exactly).
 
-use crate::simd::attn::{check_run, Online, Run, Scoring};
+use crate::simd::attn::{check_run, multi_args, Online, Run, Scoring};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -58,13 +58,7 @@ pub(crate) unsafe fn vec_f16_run_multi<const G: usize>(
     st: &mut [Online],
     acc: &mut [&mut [f32]],
 ) {
-    assert!(q16.len() == G && st.len() == G && acc.len() == G);
-    let hd = q16[0].len();
-    assert!(hd.is_multiple_of(8) && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
-    check_run(&run, hd, k.len());
-    check_run(&run, hd, v.len());
-    let qp: [*const f32; G] = std::array::from_fn(|g| q16[g].as_ptr());
-    let ap: [*mut f32; G] = std::array::from_fn(|g| acc[g].as_mut_ptr());
+    let (hd, qp, ap) = multi_args::<G>(q16, 8, (k.len(), v.len()), &run, st, acc);
     for j in 0..run.len {
         let at = run.start + j * run.stride;
         let (kr, vr) = (k.as_ptr().add(at), v.as_ptr().add(at));
@@ -170,13 +164,7 @@ pub(crate) unsafe fn f32_run_multi<T: Elem, const G: usize>(
     st: &mut [Online],
     acc: &mut [&mut [f32]],
 ) {
-    assert!(q.len() == G && st.len() == G && acc.len() == G);
-    let hd = q[0].len();
-    assert!(hd.is_multiple_of(8) && q.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
-    check_run(&run, hd, k.len());
-    check_run(&run, hd, v.len());
-    let qp: [*const f32; G] = std::array::from_fn(|g| q[g].as_ptr());
-    let ap: [*mut f32; G] = std::array::from_fn(|g| acc[g].as_mut_ptr());
+    let (hd, qp, ap) = multi_args::<G>(q, 8, (k.len(), v.len()), &run, st, acc);
     for j in 0..run.len {
         let at = run.start + j * run.stride;
         let (kr, vr) = (k.as_ptr().add(at), v.as_ptr().add(at));

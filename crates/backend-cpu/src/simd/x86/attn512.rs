@@ -21,7 +21,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops over the kernel's registers
 
-use crate::simd::attn::{check_run, Online, Run, Scoring};
+use crate::simd::attn::{multi_args, Online, Run, Scoring};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -62,13 +62,7 @@ pub(crate) unsafe fn vec_f16_run_multi_avx512<const G: usize>(
     acc: &mut [&mut [f32]],
     vexp: bool,
 ) {
-    assert!(q16.len() == G && st.len() == G && acc.len() == G);
-    let hd = q16[0].len();
-    assert!(hd.is_multiple_of(16) && q16.iter().all(|x| x.len() == hd) && acc.iter().all(|a| a.len() == hd));
-    check_run(&run, hd, k.len());
-    check_run(&run, hd, v.len());
-    let qp: [*const f32; G] = std::array::from_fn(|g| q16[g].as_ptr());
-    let ap: [*mut f32; G] = std::array::from_fn(|g| acc[g].as_mut_ptr());
+    let (hd, qp, ap) = multi_args::<G>(q16, 16, (k.len(), v.len()), &run, st, acc);
     let row = |j: usize| run.start + j * run.stride;
     let mut j0 = 0;
     while j0 < run.len {

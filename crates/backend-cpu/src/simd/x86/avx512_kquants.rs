@@ -5,7 +5,7 @@
 //! Q8_K `bsums`. `Level::Avx512Vnni` uses the same kernels with `vpdpwssd` fusing the
 //! scale multiply and the accumulate.
 
-use super::kquants::{k4_scales_mins, q3k_scales, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::kquants::{k4_block_start, q3k_scales, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::*;
 
 pub(super) fn dot_fn_avx512(ty: QuantType) -> Option<DotFn> {
@@ -191,15 +191,7 @@ macro_rules! kquant_kernels {
             for i in 0..nb {
                 let (x, y) = (wp.add(i * 144), ap.add(i * Q8K_BYTES));
                 prefetch(x, 144);
-                let yd = f32_at(y);
-                let d = yd * f16_at(x);
-                let dmin = -yd * f16_at(x.add(2));
-                let u = k4_scales_mins(x.add(4));
-                let ms = _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0] as i32, u[1] as i32, u[2] as i32, u[3] as i32));
-                let q8sums = load32(y.add(Q8K_BSUMS));
-                let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-                let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), q8s);
-                acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+                let (d, ms) = k4_block_start(x, y, &mut acc_m);
                 let scb = _mm512_broadcast_i32x4(_mm256_castsi256_si128(ms));
                 let mut sumi = _mm512_setzero_si512();
                 for j in 0..4 {
@@ -225,15 +217,7 @@ macro_rules! kquant_kernels {
             for i in 0..nb {
                 let (x, y) = (wp.add(i * 176), ap.add(i * Q8K_BYTES));
                 prefetch(x, 176);
-                let yd = f32_at(y);
-                let d = yd * f16_at(x);
-                let dmin = -yd * f16_at(x.add(2));
-                let u = k4_scales_mins(x.add(4));
-                let ms = _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0] as i32, u[1] as i32, u[2] as i32, u[3] as i32));
-                let q8sums = load32(y.add(Q8K_BSUMS));
-                let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-                let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), q8s);
-                acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+                let (d, ms) = k4_block_start(x, y, &mut acc_m);
                 let scb = _mm512_broadcast_i32x4(_mm256_castsi256_si128(ms));
                 // low half of chunk j: bit 2j of qh[l]; high half: bit 2j + 1
                 let mut hb = pair_shifted::<1>(load32(x.add(16)));

@@ -95,6 +95,39 @@ pub(crate) unsafe fn k4_scales_mins(p: *const u8) -> [u32; 4] {
     ]
 }
 
+/// The start of a Q4_K / Q5_K super-block `x` against the Q8_K block `y`: the mins' term
+/// (`dmin · Σ m · bsums`) added to `acc_m`; returns `d` and the scales and mins as i16
+/// (`[sc0..sc8, m0..m8]`).
+/// SAFETY: AVX2+FMA+F16C; `x` holds the block's first 16 bytes, `y` a whole Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn k4_block_start(x: *const u8, y: *const u8, acc_m: &mut __m128) -> (f32, __m256i) {
+    let yd = f32_at(y);
+    let d = yd * f16_at(x);
+    let dmin = -yd * f16_at(x.add(2));
+    let u = k4_scales_mins(x.add(4));
+    let ms = _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0] as i32, u[1] as i32, u[2] as i32, u[3] as i32));
+    let q8sums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
+    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256(q8sums, 1));
+    let prod = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
+    *acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *acc_m);
+    (d, ms)
+}
+
+/// `sumi` plus chunk `j` of a Q4_K / Q5_K super-block: the low (`lo`) and high (`hi`) 32
+/// codes times their 64 Q8_K bytes of `y`, times their sub-block scales.
+/// SAFETY: AVX2+FMA+F16C; `y` a whole Q8_K block; `j < 4`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_chunk(sumi: __m256i, scales: __m256i, j: usize, lo: __m256i, hi: __m256i, y: *const u8) -> __m256i {
+    let q8 = y.add(Q8K_QS + 64 * j);
+    let q8l = _mm256_loadu_si256(q8 as *const __m256i);
+    let q8h = _mm256_loadu_si256(q8.add(32) as *const __m256i);
+    let pl = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, one_shuffle(2 * j)), _mm256_maddubs_epi16(lo, q8l));
+    let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, one_shuffle(2 * j + 1)), _mm256_maddubs_epi16(hi, q8h));
+    _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph))
+}
+
 /// The Q3_K 12-byte scale field unpacked to 16 signed scales (`s - 32`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -205,15 +238,7 @@ pub(crate) unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for i in 0..nb {
         let (x, y) = (wp.add(i * 144), ap.add(i * Q8K_BYTES));
         prefetch(x, 144);
-        let yd = f32_at(y);
-        let d = yd * f16_at(x);
-        let dmin = -yd * f16_at(x.add(2));
-        let u = k4_scales_mins(x.add(4));
-        let ms = _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0] as i32, u[1] as i32, u[2] as i32, u[3] as i32));
-        let q8sums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
-        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256(q8sums, 1));
-        let prod = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let (d, ms) = k4_block_start(x, y, &mut acc_m);
         let sc = _mm256_castsi256_si128(ms);
         let scales = _mm256_set_m128i(sc, sc);
         let mut sumi = _mm256_setzero_si256();
@@ -221,18 +246,7 @@ pub(crate) unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let q4bits = _mm256_loadu_si256(x.add(16 + 32 * j) as *const __m256i);
             let q4l = _mm256_and_si256(q4bits, m4);
             let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
-            let q8 = y.add(Q8K_QS + 64 * j);
-            let q8l = _mm256_loadu_si256(q8 as *const __m256i);
-            let q8h = _mm256_loadu_si256(q8.add(32) as *const __m256i);
-            let pl = _mm256_madd_epi16(
-                _mm256_shuffle_epi8(scales, one_shuffle(2 * j)),
-                _mm256_maddubs_epi16(q4l, q8l),
-            );
-            let ph = _mm256_madd_epi16(
-                _mm256_shuffle_epi8(scales, one_shuffle(2 * j + 1)),
-                _mm256_maddubs_epi16(q4h, q8h),
-            );
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            sumi = k4_chunk(sumi, scales, j, q4l, q4h, y);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -253,15 +267,7 @@ pub(crate) unsafe fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for i in 0..nb {
         let (x, y) = (wp.add(i * 176), ap.add(i * Q8K_BYTES));
         prefetch(x, 176);
-        let yd = f32_at(y);
-        let d = yd * f16_at(x);
-        let dmin = -yd * f16_at(x.add(2));
-        let u = k4_scales_mins(x.add(4));
-        let ms = _mm256_cvtepu8_epi16(_mm_setr_epi32(u[0] as i32, u[1] as i32, u[2] as i32, u[3] as i32));
-        let q8sums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
-        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256(q8sums, 1));
-        let prod = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let (d, ms) = k4_block_start(x, y, &mut acc_m);
         let sc = _mm256_castsi256_si128(ms);
         let scales = _mm256_set_m128i(sc, sc);
         let mut hbits = _mm256_loadu_si256(x.add(16) as *const __m256i);
@@ -274,18 +280,7 @@ pub(crate) unsafe fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             hbits = _mm256_srli_epi16(hbits, 2);
             let q5l = _mm256_or_si256(_mm256_and_si256(q5bits, m4), h0);
             let q5h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q5bits, 4), m4), h1);
-            let q8 = y.add(Q8K_QS + 64 * j);
-            let q8l = _mm256_loadu_si256(q8 as *const __m256i);
-            let q8h = _mm256_loadu_si256(q8.add(32) as *const __m256i);
-            let pl = _mm256_madd_epi16(
-                _mm256_shuffle_epi8(scales, one_shuffle(2 * j)),
-                _mm256_maddubs_epi16(q5l, q8l),
-            );
-            let ph = _mm256_madd_epi16(
-                _mm256_shuffle_epi8(scales, one_shuffle(2 * j + 1)),
-                _mm256_maddubs_epi16(q5h, q8h),
-            );
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            sumi = k4_chunk(sumi, scales, j, q5l, q5h, y);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }

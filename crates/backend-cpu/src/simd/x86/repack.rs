@@ -70,7 +70,7 @@ pub(crate) fn tile(vnni: bool, ty: RepackTy, n_in: usize, group: &[u8], acts: &[
             // at most K_TOKENS tokens per kernel call (registers)
             let mut t0 = 0;
             while t0 < acts.len() {
-                let n = (acts.len() - t0).min(k_tokens());
+                let n = (acts.len() - t0).min(K_TOKENS);
                 let (a4, x4) = (&a[t0..], &x[t0..]);
                 // SAFETY: as above (the same rows, `n` of them from `t0`).
                 unsafe {
@@ -107,7 +107,7 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
         let gp = g.add(b * GROUP_BLOCK);
         let mut p = 0;
         while p < GROUP_BLOCK {
-            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(pf_ahead() + p) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(super::PREFETCH_AHEAD + p) as *const i8);
             p += 64;
         }
         let mut isum = [_mm512_setzero_si512(); T];
@@ -228,19 +228,9 @@ unsafe fn kernel<const T: usize, const TY: u8>(nb: usize, g: *const u8, a: &[*co
     }
 }
 
-/// How far ahead (bytes) the Q4_K kernel prefetches its weights (`QUARREL_PF_K`, read once).
-fn pf_ahead() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("QUARREL_PF_K").ok().and_then(|v| v.parse().ok()).unwrap_or(super::PREFETCH_AHEAD))
-}
-
-/// Tokens per Q4_K kernel call (`QUARREL_K_TOKENS`, 1..=8, read once; default 8: the
-/// accumulators then spill, but they are touched once per super-block, and the unpacked
-/// codes serve twice the tokens - 157-171 vs 73-81 GMAC/s in `repack_speed`, 2048x2048, T=8).
-fn k_tokens() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("QUARREL_K_TOKENS").ok().and_then(|v| v.parse().ok()).filter(|n| (1..=TILE_TOKENS).contains(n)).unwrap_or(TILE_TOKENS))
-}
+/// Tokens per Q4_K kernel call: all of a tile's (the accumulators then spill, but they are
+/// touched once per super-block, and the unpacked codes serve twice the tokens).
+const K_TOKENS: usize = TILE_TOKENS;
 
 /// `KVALUES_IQ4NL[i] + 128` as 16 unsigned bytes (the codes `vpdpbusd` multiplies).
 fn lut_iq4nl() -> &'static [u8; 16] {
