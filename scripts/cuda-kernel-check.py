@@ -17,6 +17,7 @@ ap.add_argument("--jobs", type=int, default=os.cpu_count())
 ap.add_argument("--verbose", action="store_true", help="registers of every kernel")
 ap.add_argument("--only", default=None, help="comma-separated unit names (default: every unit)")
 ap.add_argument("--keep", default=None, help="directory for each unit's CUBIN and, where cuobjdump is found (--cuobjdump), its SASS")
+ap.add_argument("--ptx", default=None, help="directory for each kernel's PTX (DIR/<unit>/<kernel>.ptx: compare two checkouts with diff -r)")
 ap.add_argument("--cuobjdump", default="cuobjdump", help="cuobjdump binary (pip: nvidia-cuda-cuobjdump)")
 a = ap.parse_args()
 nv_rs = open(os.path.join(root, "crates/backend-cuda/src/nvrtc.rs")).read()
@@ -47,6 +48,11 @@ def check(unit):
     lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
     ptx = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetPTX(prog, ptx)
+    if a.ptx:
+        os.makedirs(os.path.join(a.ptx, name), exist_ok=True)
+        text = ptx.value.decode()
+        for m in re.finditer(r"^\.visible \.entry (\w+)\(.*?^}", text, re.S | re.M):
+            open(os.path.join(a.ptx, name, f"{m.group(1)}.ptx"), "w").write(m.group(0))
     with tempfile.TemporaryDirectory() as d:
         open(f"{d}/k.ptx", "wb").write(ptx.value)
         r = subprocess.run([os.path.join(a.nv, "bin/ptxas"), f"-arch=sm_{a.arch}", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"], capture_output=True, text=True)

@@ -3,7 +3,8 @@
 //! choice of the grouped-query decode attention kernel for batches of many sequences
 //! (`kernels/attn_batch.cu`).
 
-use crate::device::{Device, PoolMem};
+use crate::runtime::PoolMem;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use quarrel_core::{ForwardBatch, KvType, SeqBatch};
 

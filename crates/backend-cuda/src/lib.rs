@@ -12,61 +12,61 @@
 //! The driver API, NVRTC and cuBLAS are loaded at run time (cudarc), so this crate builds and
 //! links on machines without CUDA; `device_count()` says whether a GPU can be used.
 //!
-//! | module    | responsibility |
-//! |-----------|----------------|
-//! | `device`  | context, stream, kernel module (NVRTC + disk cache), raw memory, buffer pool, launches |
-//! | `weight`  | `CudaWeight`: per-type repacking and upload |
-//! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
-//! | `mmq`     | quantized GEMM for 9+ tokens: Q8 activations, int8 tensor-core mma, exact block sums |
-//! | `moe`     | MoE: host routing, grouped-by-expert MMQ, scatter, weighted combine, relu² |
-//! | `ssm`     | Mamba2: recurrent state slots, conv1d, selective scan, gated norm |
-//! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
-//! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
-//! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
-//! | `exact`   | exact numerics: Q4_0 / Q4_1 / Q8_0 matmuls in the CPU backend's float order |
-//! | `invariant` | invariant numerics: every matmul in MMQ's float order (MMQ unsplit, `gemvm` decode GEMV) |
-//! | `unit`    | reference twin of the kernels' weight decoding (property-tested without a GPU) |
-//! | `error`   | `CudaError` -> `CoreError` |
+//! | module      | responsibility |
+//! |-------------|----------------|
+//! | `runtime`   | context, stream, memory pool, NVRTC compile + disk cache, launch queue, CUDA graphs, PDL (names no op) |
+//! | `kernels`   | the kernel registry: every kernel the units export and which wait for their predecessor |
+//! | `fusion`    | the launch an op holds back and how the next op absorbs it (`Held`) |
+//! | `weights`   | `CudaWeight`: per-type repacking and upload; `unit` (decoding twin); `experts` (expert budget / cache) |
+//! | `matmul`    | GEMV (dp4a over Q8 / f32 for float weights), cuBLAS GEMM; `mmq` (quantized GEMM on tensor cores), `mmq_order` (every matmul in MMQ's float order), `cpu_order` (Q4_0 / Q4_1 / Q8_0 in the CPU's float order) |
+//! | `attention` | paged attention: split-K, one-pass vector (CPU numerics), tensor-core prefill, batched decode |
+//! | `moe`       | MoE: `device_route` (routing + decode expert GEMVs + combine on the device), `grouped_gemm` (one MMQ launch over every expert), `chunked_gemv`, `host_route` |
+//! | `ssm`       | Mamba2: recurrent state slots, conv1d, selective scan, gated norm |
+//! | `norm`      | RMSNorm launches (plain, after an add, after a combine) |
+//! | `sample`    | argmax and sampling rows on the device |
+//! | `batch`     | a batch's positions, KV slots, attention tiles and block tables on the device |
+//! | `kv`        | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
+//! | `bufs`      | buffer access and the Q8 activation cache |
+//! | `ops`       | the `Backend` ops' bodies (elementwise, rope, kv store, MoE entry points) |
+//! | `tuning`    | the environment variables the crate reads, parsed once |
+//! | `error`     | `CudaError` -> `CoreError` |
 //!
-//! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
-//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
+//! Kernels (kernels/): `common.cuh` (quant unit decoding, `GDC()`), `matmul.cu`, `ops.cu` (norm,
+//! rope, swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
 //! (quantized GEMM on the int8 tensor cores), `gemvm.cu` (the decode GEMV in MMQ's order),
-//! `moe.cu`, `ssm.cu` (Mamba2).
+//! `exact.cu` (GEMVs in the CPU's order), `moe.cu`, `ssm.cu` (Mamba2).
 
-mod attn;
+mod attention;
 mod batch;
 mod bufs;
-pub mod device;
 mod error;
-pub mod exact;
-pub mod experts;
-pub mod invariant;
-mod graph;
+mod fusion;
+mod kernels;
 mod kv;
 mod matmul;
-pub mod mmq;
 mod moe;
-mod moe_chunk;
-mod moe_dev;
-mod moe_id;
-mod moe_route;
 mod norm;
-mod nvrtc;
+mod runtime;
 mod sample;
 mod ssm;
-pub mod unit;
-mod weight;
+mod tuning;
+mod weights;
 
-pub use attn::{invariant_one_pass_below, vec_max_positions};
-pub use device::{available, device_count};
+pub use attention::{invariant_one_pass_below, vec_max_positions};
 pub use error::CudaError;
 pub use kv::CudaKv;
+pub use matmul::mmq;
+pub use runtime::{available, device_count};
 pub use ssm::ScanKernel;
-pub use weight::{repack, CudaWeight, DevType};
+pub use kernels::waiting_kernel_names;
+pub use tuning::tuning_table;
+pub use weights::experts::ExpertStats;
+pub use weights::{repack, CudaWeight, DevType};
 
 use batch::DevBatch;
 use cudarc::cublas::CudaBlas;
-use device::{Arg, Device, Held, PoolMem};
+use fusion::{Device, Held};
+use runtime::{Arg, PoolMem};
 use quarrel_core::{
     AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, RopeStyle, Route, SsmParams, StateSpec, WeightSource,
 };
@@ -108,9 +108,9 @@ pub struct CudaBackend {
     /// Expert selections per layer and expert (`moe_selections`).
     moe_counts: Mutex<Vec<Vec<u64>>>,
     /// Device bytes for expert tensors (`set_expert_budget`) and the expert cache's counters.
-    experts: experts::ExpertBudget,
+    experts: crate::weights::experts::ExpertBudget,
     /// Routing on the device for decode steps (`moe_dev`).
-    router: moe_dev::DevRouter,
+    router: crate::moe::device_route::DevRouter,
     /// Attention over f16 caches with ggml's CPU vector-path numerics (f16 q and V
     /// accumulator, one pass over the positions) for sequences of every length, as the CPU
     /// backend's default, instead of f32 throughout (`QUARREL_CUDA_ATTN_EXACT=1` or `QUARREL_CUDA_EXACT=1` at creation,
@@ -143,7 +143,7 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// The backend on GPU `ordinal`: kernels are compiled (or read from the cache) here.
     pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
-        let dev = Device::new(ordinal)?;
+        let dev = Device::new(ordinal, &kernels::all())?;
         // SAFETY: only probes for the shared library.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));
@@ -159,14 +159,14 @@ impl CudaBackend {
             qcache: Mutex::new(None),
             qprev: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
-            experts: experts::ExpertBudget::new(None),
+            experts: crate::weights::experts::ExpertBudget::new(None),
             router: Default::default(),
             exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
             exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
             invariant_mm: std::env::var("QUARREL_CUDA_INVARIANT").is_ok_and(|v| v == "1").into(),
             attn_vec_max: vec_max_positions().into(),
-            attn_mma_min: attn::mma_min_tokens().unwrap_or(usize::MAX).into(),
-            ordered_gemv: (exact::OrderedGemv::from_env() as u8).into(),
+            attn_mma_min: crate::attention::mma_min_tokens().unwrap_or(usize::MAX).into(),
+            ordered_gemv: (crate::matmul::cpu_order::OrderedGemv::from_env() as u8).into(),
             loaded_bytes: 0.into(),
             scan_kernel: (ssm::ScanKernel::from_env() as u8).into(),
         })
@@ -252,14 +252,14 @@ impl CudaBackend {
     /// slower per 7B matrix at one token (7B Q4_0 tg128 363 vs 400 t/s, 2026-11-22). Prefill of
     /// more tokens stays on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
     pub fn set_ordered_gemv(&self, on: bool) {
-        let mode = if on { exact::OrderedGemv::On } else { exact::OrderedGemv::Off };
+        let mode = if on { crate::matmul::cpu_order::OrderedGemv::On } else { crate::matmul::cpu_order::OrderedGemv::Off };
         self.ordered_gemv.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens take the ordered GEMV now.
     pub fn ordered_gemv(&self) -> bool {
         let loaded = self.loaded_bytes.load(Ordering::Relaxed);
-        exact::OrderedGemv::from_u8(self.ordered_gemv.load(Ordering::Relaxed)).applies(loaded)
+        crate::matmul::cpu_order::OrderedGemv::from_u8(self.ordered_gemv.load(Ordering::Relaxed)).applies(loaded)
     }
 
     /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
@@ -308,7 +308,7 @@ impl CudaBackend {
     }
 
     /// What the expert cache did so far (hits, uploads).
-    pub fn expert_stats(&self) -> experts::ExpertStats {
+    pub fn expert_stats(&self) -> crate::weights::experts::ExpertStats {
         self.experts.stats()
     }
 
@@ -347,8 +347,9 @@ impl CudaBackend {
         self.scan_kernel.store(k as u8, Ordering::Relaxed);
     }
 
-    pub fn device(&self) -> &Device {
-        &self.dev
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> (usize, usize) {
+        self.dev.ctx.mem_get_info().unwrap_or((0, 0))
     }
 
     /// Wait for all queued work (for timing).
@@ -362,8 +363,8 @@ impl CudaBackend {
         use cudarc::driver::result as r;
         self.dev.bind()?;
         self.dev.flush()?;
-        let a = device::DevMem::alloc(&self.dev, bytes)?;
-        let b = device::DevMem::alloc(&self.dev, bytes)?;
+        let a = runtime::DevMem::alloc(&self.dev, bytes)?;
+        let b = runtime::DevMem::alloc(&self.dev, bytes)?;
         let s = self.dev.stream.cu_stream();
         // SAFETY: two live allocations of `bytes`.
         let copy = || unsafe { r::memcpy_dtod_async(b.ptr, a.ptr, bytes, s) };
@@ -571,7 +572,7 @@ impl Backend for CudaBackend {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.n_out) {
             return Err(CoreError::Model(format!("token id {t} is outside the vocabulary of {}", table.n_out)));
         }
-        self.dev.step_tokens(tokens.len());
+        self.dev.step_begins(tokens.len() > matmul::GEMV_MAX_TOKENS);
         let tok = self.dev.upload_async(tokens)?;
         let n = tokens.len() as i32;
         let o = self.wr(out);
@@ -604,10 +605,10 @@ impl Backend for CudaBackend {
         self.promote_q8(xp);
         let op = self.wr(out);
         if self.exact_mm.load(Ordering::Relaxed) {
-            return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
+            return Ok(crate::matmul::cpu_order::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
         if self.invariant_mm.load(Ordering::Relaxed) {
-            return Ok(invariant::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
+            return Ok(crate::matmul::mmq_order::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv())?)
     }
@@ -678,13 +679,10 @@ impl Backend for CudaBackend {
         if let Some(Held::Rope { args: mut first, n: n1 }) = self.dev.take_held_if(|h| matches!(h, Held::Rope { args: a, .. } if same(a))) {
             first[10] = Arg::P(xp);
             first[11] = Arg::I(n_head as i32);
-            if device::switches().no_fuse2 {
-                return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
-            }
             // held again: the kv_store of k that usually follows joins the launch
             return Ok(self.dev.hold(Held::RopeQk { args: first, n: n1 + n })?);
         }
-        if _keep.is_none() && !device::switches().no_fuse {
+        if _keep.is_none() {
             return Ok(self.dev.hold(Held::Rope { args, n })?);
         }
         self.dev.launch_1d("rope", n, &args)?;
@@ -726,7 +724,7 @@ impl Backend for CudaBackend {
         check_len("add", y.len, x.len)?;
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
-        if n > 0 && !device::switches().no_fuse {
+        if n > 0 {
             // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`; with the MoE
             // combine that wrote y held too, `comb_add_rms_norm`)
             return Ok(self.dev.hold(self.held_add(xp, yp, n, None))?);
@@ -745,7 +743,7 @@ impl Backend for CudaBackend {
         check_len("add_scaled", y.len, x.len)?;
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
-        if n > 0 && !device::switches().no_fuse {
+        if n > 0 {
             return Ok(self.dev.hold(self.held_add(xp, yp, n, Some(s)))?);
         }
         self.dev.launch_1d("add_scaled", n, &[Arg::P(xp), Arg::P(yp), Arg::F(s), Arg::U64(n)])?;
@@ -811,7 +809,7 @@ impl Backend for CudaBackend {
         // do not depend on the batch. Exact numerics hand a prefill's routes to the host (its
         // expert matmuls are decode's chunked GEMV, planned there).
         let exact = self.exact_mm.load(Ordering::Relaxed);
-        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p) {
+        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && crate::moe::device_route::applies(n_tok, p) {
             let bias = match bias {
                 Some(b) if b.len == p.n_expert => self.rd(b)?,
                 Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),
@@ -845,13 +843,13 @@ impl Backend for CudaBackend {
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
         self.promote_q8(xp);
-        if moe_dev::on_device(routes) {
+        if crate::moe::device_route::on_device(routes) {
             let order = if self.exact_mm.load(Ordering::Relaxed) {
-                moe_dev::Order::Exact
+                crate::moe::device_route::Order::Exact
             } else if self.invariant_mm.load(Ordering::Relaxed) {
-                moe_dev::Order::Invariant
+                crate::moe::device_route::Order::Invariant
             } else {
-                moe_dev::Order::Fast
+                crate::moe::device_route::Order::Fast
             };
             return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op, order)?);
         }
@@ -864,7 +862,7 @@ impl Backend for CudaBackend {
         // an output still pending its zero fill is written by the combine (no fill launch)
         let fresh = out.zero_pending.load(Ordering::Acquire) && !routes.is_empty();
         let op = if fresh { self.wr(out) } else { self.rw(out)? };
-        if moe_dev::on_device(routes) {
+        if crate::moe::device_route::on_device(routes) {
             return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len, fresh)?);
         }
         Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len, fresh)?)
@@ -885,7 +883,7 @@ impl Backend for CudaBackend {
         }
         // the down matmul's Q8 input written by the same kernel (no quantize launch)
         let (xq, xm) = self.q8_out(xp, x.len)?;
-        if n > 0 && !device::switches().no_fuse && relu_pairs() {
+        if n > 0 && relu_pairs() {
             return Ok(self.dev.hold(Held::ReluSqr { x: xp, n, xq, xm })?);
         }
         self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;

@@ -3,7 +3,8 @@
 //! (`comb_add_rms_norm`), and a cluster of blocks per row (`*_cl`, off by default). Every
 //! variant computes the row with the same split and order: the same bits.
 
-use crate::device::{Arg, Device, Held};
+use crate::runtime::Arg;
+use crate::fusion::{Device, Held};
 use crate::error::CudaError;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 

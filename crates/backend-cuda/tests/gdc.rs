@@ -1,4 +1,4 @@
-//! Every kernel launched with programmatic dependent launch (`device::gdc_kernel_names`) must
+//! Every kernel launched with programmatic dependent launch (`quarrel_cuda::waiting_kernel_names`) must
 //! wait for its predecessor (`GDC()`) before touching memory, or it races the kernel before it.
 //! Checked on the kernel sources (no GPU needed): each `extern "C" __global__` kernel, macro
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
@@ -143,7 +143,7 @@ fn every_pdl_kernel_waits_for_its_predecessor() {
         .filter(|(_, b)| b.contains("GDC();") || waiting.iter().any(|f| b.contains(&format!("{f}<")) || b.contains(&format!("{f}("))))
         .map(|(n, _)| n)
         .collect();
-    for name in quarrel_cuda::device::gdc_kernel_names() {
+    for name in quarrel_cuda::waiting_kernel_names() {
         assert!(good.iter().any(|p| matches(p, &name)), "{name} is launched with PDL but no kernel of that name calls GDC()");
     }
     // and the check can fail: a kernel without GDC() is not accepted

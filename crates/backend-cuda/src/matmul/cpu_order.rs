@@ -13,10 +13,10 @@
 //!  other types:    x ──matmul::gemv (chunks of 8 tokens)──► out
 //! ```
 
-use crate::device::Device;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::weight::{CudaWeight, DevType};
+use crate::weights::{CudaWeight, DevType};
 use quarrel_core::QuantType;
 use std::sync::Mutex;
 
@@ -134,11 +134,12 @@ pub fn kernel_names() -> Vec<String> {
 /// (`weight::repack` planes `p`, `m`; `u` units per row) against one token's Q8 activations
 /// (`mmq::quantize_q8_ref`: int8 `xq`, `(d, d·Σq)` per unit), in the kernel's (= the CPU
 /// backend's) float order. Q4_0, Q4_1, Q8_0 only.
+#[cfg(test)]
 pub fn reference_row(t: DevType, p: &[u8], m: &[u8], row: usize, u: usize, xq: &[i8], xm: &[(f32, f32)]) -> f32 {
     let name = t.name();
     let (mut acc8, mut acc, mut summs) = ([0f32; 8], 0f32, 0f32);
     for k in 0..u {
-        let w = crate::unit::load_unit(t, p, m, row, k, u);
+        let w = crate::weights::unit::load_unit(t, p, m, row, k, u);
         let xb = &xq[k * 32..k * 32 + 32];
         let (xd, xs) = xm[k];
         // lane l: the exact integer dot of elements 4l..4l+3
@@ -173,7 +174,7 @@ pub fn reference_row(t: DevType, p: &[u8], m: &[u8], row: usize, u: usize, xq: &
 mod tests {
     use super::*;
 
-    use crate::weight::repack;
+    use crate::weights::repack;
     use quarrel_core::{Backend, WeightSource};
 
     #[test]
@@ -224,7 +225,7 @@ mod tests {
             let (t, p, m) = repack(ty, &bytes).unwrap();
             let m = m.unwrap_or_default();
             let u = n_in / 32;
-            let (xq, xm) = crate::mmq::quantize_q8_ref(&x);
+            let (xq, xm) = crate::matmul::mmq::quantize_q8_ref(&x);
             for tok in 0..n_tok {
                 for row in 0..n_out {
                     let got = reference_row(t, &p, &m, row, u, &xq[tok * n_in..(tok + 1) * n_in], &xm[tok * u..(tok + 1) * u]);

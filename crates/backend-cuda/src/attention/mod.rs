@@ -236,7 +236,7 @@ impl CudaBackend {
                 sum.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
             }
             let m: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
-            kv.k_off[layer] = Some(device::DevMem::upload(&self.dev, &m)?);
+            kv.k_off[layer] = Some(crate::runtime::DevMem::upload(&self.dev, &m)?);
         }
         let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         // f32/f16: a thread per value; quantized: a warp per rotation block (8 to a block)
@@ -544,8 +544,8 @@ mod tests {
     /// sized from them: a mismatch reads past the allocation).
     #[test]
     fn attn_vec_constants_match_the_kernel() {
-        let src = include_str!("../kernels/attn_vec.cu");
-        let define = |name: &str| crate::nvrtc::kernel_define(src, name);
+        let src = include_str!("../../kernels/attn_vec.cu");
+        let define = |name: &str| crate::runtime::nvrtc::kernel_define(src, name);
         assert_eq!(define("AV_CH"), super::VEC_CHUNK);
         assert_eq!(define("AV_G"), super::VEC_GROUP);
         assert_eq!(super::VEC_CHUNK % (2 * super::VEC_GROUP), 0);

@@ -18,10 +18,11 @@
 //! 256-position spans at every token count, `attn.rs`; other caches `set_exact_attention`'s one
 //! pass) and every other op already independent of the batch, the whole forward pass is.
 
-use crate::device::{Arg, Device};
+use crate::runtime::Arg;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::weight::{CudaWeight, DevType};
+use crate::weights::{CudaWeight, DevType};
 use std::sync::Mutex;
 
 /// Rows per block of `gemvm_*` / `moe_gemvm_dev_*` (GEMVM_ROWS in gemvm.cu).
@@ -110,7 +111,7 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
         return Err(CudaError::Shape(format!("invariant matmul: rows of {n_in} values are not whole units")));
     }
     if n_tok > crate::matmul::GEMV_MAX_TOKENS {
-        return crate::mmq::mmq_unsplit(dev, qc, w, x, n_tok, out);
+        return crate::matmul::mmq::mmq_unsplit(dev, qc, w, x, n_tok, out);
     }
     let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
     if crate::matmul::holds(n_tok) {
@@ -213,8 +214,8 @@ mod tests {
     /// this catches it without one).
     #[test]
     fn gemvm_constants_match_the_kernel() {
-        let src = include_str!("../kernels/gemvm.cu");
-        let define = |name: &str| crate::nvrtc::kernel_define(src, name);
+        let src = include_str!("../../kernels/gemvm.cu");
+        let define = |name: &str| crate::runtime::nvrtc::kernel_define(src, name);
         assert_eq!(define("GEMVM_W"), super::COMPUTE_WARPS);
         assert_eq!(define("GEMVM_ROWS"), super::ROWS_PER_BLOCK);
         if std::env::var_os("QUARREL_CUDA_GEMVM_NB").is_none() {
@@ -233,7 +234,7 @@ mod tests {
             "fit(nb - 1)",
             "227 * 1024",
         ] {
-            assert!(src.contains(needle), "gemvm.cu no longer has `{needle}`: update invariant::dims");
+            assert!(src.contains(needle), "gemvm.cu no longer has `{needle}`: update crate::matmul::mmq_order::dims");
         }
         let (threads, smem) = super::dims("q4_K", 1).unwrap();
         assert_eq!(threads, 32 * (8 + 1 + 1));

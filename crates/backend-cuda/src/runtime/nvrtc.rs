@@ -9,27 +9,27 @@
 use crate::error::CudaError;
 use cudarc::nvrtc::{result, sys, Ptx};
 use std::ffi::{c_char, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Kernel sources, embedded in the binary. `common.cuh` opens every unit.
 pub(crate) const FILES: &[(&str, &str)] = &[
-    ("common.cuh", include_str!("../kernels/common.cuh")),
-    ("norm_row.cuh", include_str!("../kernels/norm_row.cuh")),
-    ("ops.cu", include_str!("../kernels/ops.cu")),
-    ("sample.cu", include_str!("../kernels/sample.cu")),
-    ("matmul.cu", include_str!("../kernels/matmul.cu")),
-    ("attention.cu", include_str!("../kernels/attention.cu")),
-    ("attn_batch.cu", include_str!("../kernels/attn_batch.cu")),
-    ("attn_vec.cu", include_str!("../kernels/attn_vec.cu")),
-    ("attn_mma.cu", include_str!("../kernels/attn_mma.cu")),
-    ("mmq.cu", include_str!("../kernels/mmq.cu")),
-    ("mmq_small.cu", include_str!("../kernels/mmq_small.cu")),
-    ("moe.cu", include_str!("../kernels/moe.cu")),
-    ("ssm.cu", include_str!("../kernels/ssm.cu")),
-    ("exact.cu", include_str!("../kernels/exact.cu")),
-    ("gemvm.cu", include_str!("../kernels/gemvm.cu")),
-    ("gelu.cu", include_str!("../kernels/gelu.cu")),
-    ("norm_cluster.cu", include_str!("../kernels/norm_cluster.cu")),
+    ("common.cuh", include_str!("../../kernels/common.cuh")),
+    ("norm_row.cuh", include_str!("../../kernels/norm_row.cuh")),
+    ("ops.cu", include_str!("../../kernels/ops.cu")),
+    ("sample.cu", include_str!("../../kernels/sample.cu")),
+    ("matmul.cu", include_str!("../../kernels/matmul.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
+    ("attn_batch.cu", include_str!("../../kernels/attn_batch.cu")),
+    ("attn_vec.cu", include_str!("../../kernels/attn_vec.cu")),
+    ("attn_mma.cu", include_str!("../../kernels/attn_mma.cu")),
+    ("mmq.cu", include_str!("../../kernels/mmq.cu")),
+    ("mmq_small.cu", include_str!("../../kernels/mmq_small.cu")),
+    ("moe.cu", include_str!("../../kernels/moe.cu")),
+    ("ssm.cu", include_str!("../../kernels/ssm.cu")),
+    ("exact.cu", include_str!("../../kernels/exact.cu")),
+    ("gemvm.cu", include_str!("../../kernels/gemvm.cu")),
+    ("gelu.cu", include_str!("../../kernels/gelu.cu")),
+    ("norm_cluster.cu", include_str!("../../kernels/norm_cluster.cu")),
 ];
 
 /// One NVRTC program: its files in order (a file that uses another's macros or templates names
@@ -66,34 +66,9 @@ fn file(name: &str) -> &'static str {
     FILES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).unwrap_or_else(|| panic!("kernel file {name} missing from FILES"))
 }
 
-/// A unit's whole source: `QUARREL_CUDA_NO_PREFETCH` (no L2 prefetch of GEMV weights before the
-/// PDL wait, for comparisons) becomes a define, so it is part of the cache key too.
+/// A unit's whole source: its defines, then `common.cuh` and its files.
 pub(crate) fn unit_source(u: &Unit) -> String {
     let mut s = String::new();
-    if std::env::var_os("QUARREL_CUDA_NO_PREFETCH").is_some() {
-        s.push_str("#define GEMV_NO_PREFETCH 1\n");
-    }
-    // ordered-GEMV launch shapes for measurements (kernels/exact.cu, src/exact.rs)
-    // and the fast GEMV's unrolling (kernels/matmul.cu GEMV_UNROLL, MOE_GEMV_UNROLL), the
-    // weight buffers and product slots of the MMQ-order GEMV (kernels/gemvm.cu GEMVM_NB,
-    // GEMVM_NS; src/invariant.rs reads the same variables for its shared memory)
-    for (var, def) in [
-        ("QUARREL_CUDA_GEMVO_R", "GEMVO_R"),
-        ("QUARREL_CUDA_GEMVO_UNR", "GEMVO_UNR"),
-        ("QUARREL_CUDA_GEMVO_PIPE", "GEMVO_PIPE"),
-        ("QUARREL_CUDA_GEMV_UNROLL", "GEMV_UNROLL"),
-        ("QUARREL_CUDA_MOE_GEMV_UNROLL", "MOE_GEMV_UNROLL"),
-        ("QUARREL_CUDA_GEMVM_NB", "GEMVM_NB"),
-        ("QUARREL_CUDA_GEMVM_NS", "GEMVM_NS"),
-    ] {
-        // the MMQ-order GEMV's shape is its unit's alone (a variant recompiles that unit only)
-        if def.starts_with("GEMVM_") && u.name != "gemvm" {
-            continue;
-        }
-        if let Some(v) = std::env::var(var).ok().filter(|v| v.parse::<u8>().is_ok()) {
-            s.push_str(&format!("#define {def} {v}\n"));
-        }
-    }
     s.push_str(u.defines);
     for name in std::iter::once("common.cuh").chain(u.files.iter().copied()) {
         s.push_str(&format!("// ---- {name}\n{}\n", file(name)));
@@ -106,16 +81,6 @@ fn fnv(s: &str) -> u64 {
     s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
-pub(crate) fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("QUARREL_CUDA_CACHE") {
-        return PathBuf::from(d);
-    }
-    if let Some(h) = std::env::var_os("QUARREL_HOME") {
-        return PathBuf::from(h).join("cuda");
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/quarrel/cuda")).unwrap_or_else(|| std::env::temp_dir().join("quarrel-cuda"))
-}
-
 /// What NVRTC produces for a unit: a CUBIN for `sm_XY` or PTX for `compute_XY`.
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) enum Target {
@@ -123,12 +88,12 @@ pub(crate) enum Target {
     Ptx,
 }
 
-fn cache_file(u: &Unit, cc: (i32, i32), t: Target) -> PathBuf {
+fn cache_file(dir: &Path, u: &Unit, cc: (i32, i32), t: Target) -> PathBuf {
     let (arch, ext) = match t {
         Target::Cubin => (format!("sm_{}{}", cc.0, cc.1), "cubin"),
         Target::Ptx => (format!("compute_{}{}", cc.0, cc.1), "ptx"),
     };
-    cache_dir().join(format!("{}-{:016x}-{arch}.{ext}", u.name, fnv(&unit_source(u))))
+    dir.join(format!("{}-{:016x}-{arch}.{ext}", u.name, fnv(&unit_source(u))))
 }
 
 fn as_ptx(t: Target, bytes: Vec<u8>) -> Ptx {
@@ -168,9 +133,9 @@ fn nvrtc(src: &str, name: &str, arch: &str, t: Target) -> Result<Vec<u8>, String
     out
 }
 
-/// A unit's compiled code for `cc`, from the disk cache or compiled now (and cached).
-pub(crate) fn compile_unit(u: &Unit, cc: (i32, i32), t: Target) -> Result<Ptx, CudaError> {
-    let path = cache_file(u, cc, t);
+/// A unit's compiled code for `cc`, from the disk cache in `dir` or compiled now (and cached).
+pub(crate) fn compile_unit(dir: &Path, u: &Unit, cc: (i32, i32), t: Target) -> Result<Ptx, CudaError> {
+    let path = cache_file(dir, u, cc, t);
     if let Ok(bytes) = std::fs::read(&path) {
         return Ok(as_ptx(t, bytes));
     }
@@ -185,7 +150,7 @@ pub(crate) fn compile_unit(u: &Unit, cc: (i32, i32), t: Target) -> Result<Ptx, C
             bytes.pop();
         }
     }
-    if std::fs::create_dir_all(cache_dir()).is_ok() {
+    if std::fs::create_dir_all(dir).is_ok() {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, &bytes).is_ok() {
             let _ = std::fs::rename(&tmp, &path);
@@ -196,15 +161,15 @@ pub(crate) fn compile_unit(u: &Unit, cc: (i32, i32), t: Target) -> Result<Ptx, C
 
 /// Every unit's CUBIN for `cc`: cached ones read, the others compiled in parallel, with a
 /// spinner (or one line when stderr is no terminal) while NVRTC works.
-pub(crate) fn compile_all(cc: (i32, i32)) -> Result<Vec<Ptx>, CudaError> {
-    let missing = UNITS.iter().filter(|u| !cache_file(u, cc, Target::Cubin).exists()).count();
+pub(crate) fn compile_all(dir: &Path, cc: (i32, i32)) -> Result<Vec<Ptx>, CudaError> {
+    let missing = UNITS.iter().filter(|u| !cache_file(dir, u, cc, Target::Cubin).exists()).count();
     if missing > 0 {
         // SAFETY: only probes for the shared library.
         if !unsafe { sys::is_culib_present() } {
             return Err(CudaError::NoDevice("NVRTC (libnvrtc.so) not found: install the CUDA toolkit's runtime compiler or add it to LD_LIBRARY_PATH".into()));
         }
     }
-    let msg = format!("compiling {missing} CUDA kernel units for sm_{}{} in parallel (first use; cached in {})", cc.0, cc.1, cache_dir().display());
+    let msg = format!("compiling {missing} CUDA kernel units for sm_{}{} in parallel (first use; cached in {})", cc.0, cc.1, dir.display());
     let bar = indicatif::ProgressBar::new_spinner().with_message(msg.clone());
     if missing > 0 {
         if bar.is_hidden() {
@@ -214,7 +179,7 @@ pub(crate) fn compile_all(cc: (i32, i32)) -> Result<Vec<Ptx>, CudaError> {
     }
     let t0 = std::time::Instant::now();
     let out: Vec<Result<Ptx, CudaError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = UNITS.iter().map(|u| s.spawn(move || compile_unit(u, cc, Target::Cubin))).collect();
+        let hs: Vec<_> = UNITS.iter().map(|u| s.spawn(move || compile_unit(dir, u, cc, Target::Cubin))).collect();
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(CudaError::Compile("an NVRTC thread panicked".into())))).collect()
     });
     bar.finish_and_clear();
@@ -260,12 +225,11 @@ mod tests {
             return;
         }
         let dir = std::env::temp_dir().join(format!("quarrel-nvrtc-test-{}", std::process::id()));
-        std::env::set_var("QUARREL_CUDA_CACHE", &dir);
-        let first = compile_all((9, 0)).expect("units compile");
+        let first = compile_all(&dir, (9, 0)).expect("units compile");
         assert_eq!(first.len(), UNITS.len());
         let cached = std::fs::read_dir(&dir).unwrap().count();
         assert_eq!(cached, UNITS.len());
-        assert_eq!(compile_all((9, 0)).expect("from the cache").len(), UNITS.len());
+        assert_eq!(compile_all(&dir, (9, 0)).expect("from the cache").len(), UNITS.len());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

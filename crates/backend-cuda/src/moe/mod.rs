@@ -17,12 +17,18 @@
 //! Expert tensors beyond `--expert-budget` live in host memory (`experts::Offload`): each
 //! routed expert is taken from its device slot, uploaded first when it is not cached.
 
-use crate::device::{Arg, Device};
+pub(crate) mod chunked_gemv;
+pub(crate) mod device_route;
+mod grouped_gemm;
+mod host_route;
+
+use crate::runtime::Arg;
+use crate::fusion::Device;
 use crate::error::CudaError;
-use crate::experts::ExpertBudget;
+use crate::weights::experts::ExpertBudget;
 use crate::matmul::QCache;
-use crate::mmq;
-use crate::weight::{CudaWeight, DevType};
+use crate::matmul::mmq;
+use crate::weights::{CudaWeight, DevType};
 use quarrel_core::Route;
 use std::sync::Mutex;
 
@@ -99,16 +105,16 @@ pub(crate) fn moe_matmul(
     }
     // exact numerics (`CudaBackend::set_exact_numerics`): decode's arithmetic at every size
     if exact && n_in % 32 == 0 {
-        return crate::moe_chunk::matmul(&call);
+        return crate::moe::chunked_gemv::matmul(&call);
     }
     match prefill_path() {
         // one grouped MMQ launch over every expert's routes (moe_id)
         Prefill::Grouped if n_in % 32 == 0 => {
-            return crate::moe_id::matmul(qc, &call);
+            return crate::moe::grouped_gemm::matmul(qc, &call);
         }
         // few routes per expert: chunked GEMV, one launch (moe_chunk: decode's bits)
-        Prefill::Chunked if n_in % 32 == 0 && crate::moe_chunk::applies(routes.len(), groups.len()) => {
-            return crate::moe_chunk::matmul(&call);
+        Prefill::Chunked if n_in % 32 == 0 && crate::moe::chunked_gemv::applies(routes.len(), groups.len()) => {
+            return crate::moe::chunked_gemv::matmul(&call);
         }
         _ => {}
     }
@@ -176,7 +182,7 @@ fn moe_gemv(c: &ExpertCall) -> Result<(), CudaError> {
         let (wp_d, wm_d, src_d, dst_d) = (dev.upload_async(&wp)?, dev.upload_async(&wm)?, dev.upload_async(&src)?, dev.upload_async(&dst)?);
         // warps per row group by the matrix shape alone (moe_chunk::wpr_for: the same sums as
         // a prefill's chunked GEMV)
-        let wpr = crate::moe_chunk::wpr_for(n_out, units);
+        let wpr = crate::moe::chunked_gemv::wpr_for(n_out, units);
         let grid = (n_out.div_ceil(8 / wpr) as u32, rows.len() as u32, 1);
         dev.launch(
             &kernel,
@@ -304,7 +310,7 @@ pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], 
 
 /// The router on the host (`quarrel_core::moe`), counting each layer's expert selections.
 pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32], bias: Option<&[f32]>, p: &quarrel_core::MoeRouting) -> quarrel_core::Result<Vec<Route>> {
-    let routes = crate::moe_route::route_fast(logits, bias, p)?;
+    let routes = crate::moe::host_route::route_fast(logits, bias, p)?;
     let mut c = counts.lock().map_err(|_| quarrel_core::CoreError::Backend("lock poisoned".into()))?;
     if c.len() <= layer {
         c.resize(layer + 1, Vec::new());

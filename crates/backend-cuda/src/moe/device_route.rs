@@ -28,11 +28,12 @@
 //! host paths run with them. `QUARREL_CUDA_HOST_ROUTE=1` keeps routing on the host,
 //! `QUARREL_CUDA_PREFILL_HOST_ROUTE=1` for steps of more than `GEMV_MAX_TOKENS` tokens only.
 
-use crate::device::{Arg, DevMem, Device, Held, PoolMem};
+use crate::runtime::{Arg, DevMem, PoolMem};
+use crate::fusion::{Device, Held};
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::mmq;
-use crate::weight::{CudaWeight, DevType};
+use crate::matmul::mmq;
+use crate::weights::{CudaWeight, DevType};
 use quarrel_core::{Gating, MoeRouting, Route};
 use std::sync::Mutex;
 
@@ -218,7 +219,7 @@ impl MoeGemv {
         let second = o.map(|o| (o.p, o.m, o.out));
         let (n_used, per_token, x, units, n_out, n_routes) = (self.n_used, self.per_token, self.x, self.units, self.n_out, self.n_routes);
         let dense = self.dense.or(o.and_then(|o| o.dense));
-        crate::invariant::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early, dense)
+        crate::matmul::mmq_order::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early, dense)
     }
 
     /// `self` and `o` in one `moe_gemv2_dev_<type>` launch (`self`'s `early`: the earlier call).
@@ -322,9 +323,9 @@ fn wpr_dev(n_out: usize, units: usize, n_routes: usize) -> usize {
     static F: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_WPR").ok().and_then(|v| v.parse().ok()).filter(|w| [0, 1, 2, 4].contains(w)));
     match forced {
-        Some(0) => crate::moe_chunk::wpr_for(n_out, units),
+        Some(0) => crate::moe::chunked_gemv::wpr_for(n_out, units),
         Some(w) => w,
-        None if units >= 64 => crate::moe_chunk::wpr_for(n_out, units),
+        None if units >= 64 => crate::moe::chunked_gemv::wpr_for(n_out, units),
         None => {
             let blocks = n_out.div_ceil(8) * n_routes;
             if blocks >= 1024 {
@@ -416,7 +417,7 @@ impl DevRouter {
         let logits = dev.scratch(4 * n_tok * p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
         // gemv_f32's warps per row (matmul::gemv_shape for float weights) and grid
-        let wpr = crate::moe_chunk::wpr_for(p.n_expert, 0);
+        let wpr = crate::moe::chunked_gemv::wpr_for(p.n_expert, 0);
         let grid = p.n_expert.div_ceil(8 / wpr) as u32;
         dev.launch(
             &format!("moe_router_f32_{n_tok}"),
@@ -481,7 +482,7 @@ impl DevRouter {
             return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
         }
         let wpr = match order {
-            Order::Exact => crate::moe_chunk::wpr_for(n_out, units),
+            Order::Exact => crate::moe::chunked_gemv::wpr_for(n_out, units),
             Order::Invariant => 1,
             Order::Fast => wpr_dev(n_out, units, n_routes),
         };
@@ -507,13 +508,13 @@ impl DevRouter {
         drop(last);
         // a held dense GEMV in MMQ's order over the same one-token input (the shared expert's up
         // projection before the routed experts'): its row groups join this launch
-        if g.mmq && r_tok == 1 && x_per_token && !crate::device::switches().no_fuse && fuse() && join_shared() {
+        if g.mmq && r_tok == 1 && x_per_token && fuse() && join_shared() {
             g.dense = dev.take_held_if(|h| matches!(h, Held::Gemv(d) if d.single_mmq(name, xq, units).is_some())).and_then(|h| match h {
                 Held::Gemv(d) => d.single_mmq(name, xq, units),
                 _ => None,
             });
         }
-        if crate::device::switches().no_fuse || !fuse() {
+        if !fuse() {
             dev.settle()?;
             return g.launch(dev);
         }
@@ -548,7 +549,7 @@ impl DevRouter {
         }
         let c = CombHeld { y, wts: r.wts.ptr(), out, d, n_tok: r.n_tok, n_used: r.n_used, fresh };
         // held: the residual add of out and the RMSNorm after it may absorb it
-        if d % 4 == 0 && !crate::device::switches().no_fuse && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
+        if d % 4 == 0 && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
             return dev.hold(Held::Comb(c));
         }
         dev.settle()?;
@@ -600,7 +601,7 @@ fn grouped(
     n_out: usize,
     out: u64,
 ) -> Result<(), CudaError> {
-    use crate::moe_id::{max_items, split_table, TILES};
+    use crate::moe::grouped_gemm::{max_items, split_table, TILES};
     let bound = max_items(n_routes, n_expert);
     let max = *bound.iter().max().unwrap_or(&1);
     let (src, dst) = (dev.scratch(4 * n_routes)?, dev.scratch(4 * n_routes)?);
@@ -611,7 +612,7 @@ fn grouped(
         return Err(CudaError::Shape(format!("{n_routes} routes in one step: too many work items for one launch")));
     }
     let m_ptr = w.m_ptr();
-    let one = crate::moe_id::one_launch(n_routes, n_expert);
+    let one = crate::moe::grouped_gemm::one_launch(n_routes, n_expert);
     dev.launch(
         "moe_plan",
         (1, 1, 1),

@@ -12,11 +12,11 @@
 //! activations, no scatter of the results, no split K). Per route the sums are the dense
 //! MMQ's: exact integer block sums over the Q8 activations decode uses, f32 scale products.
 
-use crate::device::Arg;
+use crate::runtime::Arg;
 use crate::moe::ExpertCall;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::mmq;
+use crate::matmul::mmq;
 use quarrel_core::Route;
 use std::sync::Mutex;
 

@@ -12,10 +12,10 @@
 //! its tokens independently in the same order, and the warps per row (`wpr`) depend on the
 //! matrix height only.
 
-use crate::device::Arg;
+use crate::runtime::Arg;
 use crate::moe::ExpertCall;
 use crate::error::CudaError;
-use crate::mmq;
+use crate::matmul::mmq;
 use quarrel_core::Route;
 
 /// Rows per chunk (gemv_q's widest token count).

@@ -9,9 +9,13 @@
 //! | 1-D tensors (norms) | f32 |
 //! | other types (Q2_K, Q3_K, IQ4_NL, MXFP4, ...) | dequantized at load to f16 (no kernel of their own yet) |
 
-use crate::device::{DevMem, Device};
+pub mod experts;
+pub mod unit;
+
+use crate::runtime::DevMem;
+use crate::fusion::Device;
 use crate::error::CudaError;
-use crate::experts::{ExpertBudget, Offload};
+use crate::weights::experts::{ExpertBudget, Offload};
 use quarrel_core::{QuantType, WeightSource};
 
 /// How the kernels read a weight.
@@ -54,7 +58,7 @@ pub struct CudaWeight {
     pub exact: bool,
     /// A 3-D expert tensor beyond the expert budget: in host memory, hot experts cached on the
     /// device (`p`, `m` are then placeholders).
-    pub(crate) offload: Option<crate::experts::Offload>,
+    pub(crate) offload: Option<crate::weights::experts::Offload>,
 }
 
 /// Whether `g`'s weights multiply with decode's numerics at every token count: the file has

@@ -14,11 +14,12 @@
 //! Q5_K are summed per stage of 8 units on the tensor cores (`mmq_offsets` in mmq.cu). `reference` is the plain-Rust twin of the kernel; the GPU tests hold the kernel
 //! to it and to the CPU backend.
 
-use crate::device::{Arg, Device};
+use crate::runtime::Arg;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::unit::{load_unit, Unit};
-use crate::weight::{CudaWeight, DevType};
+use crate::weights::unit::{load_unit, Unit};
+use crate::weights::{CudaWeight, DevType};
 use std::sync::Mutex;
 
 /// Units staged per iteration (MMQ_KU in mmq.cu).
@@ -337,7 +338,7 @@ pub fn reference(t: DevType, p: &[u8], m: &[u8], n_in: usize, n_out: usize, x: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weight::repack;
+    use crate::weights::repack;
     use proptest::prelude::*;
     use quarrel_core::QuantType;
 
