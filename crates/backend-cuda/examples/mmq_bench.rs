@@ -73,9 +73,7 @@ fn main() {
                 let x = be.upload(&rnd(n * n_in, n as u64)).expect("upload");
                 let mut out = be.alloc(n * n_out).expect("alloc");
                 let mmq = time(&be, reps, || be.matmul_mmq(&w, &x, n, &mut out));
-                std::env::set_var("QUARREL_CUDA_MMQ_MAX", "0");
-                let blas = time(&be, reps, || be.matmul(&w, &x, n, &mut out));
-                std::env::remove_var("QUARREL_CUDA_MMQ_MAX");
+                let blas = time(&be, reps, || be.matmul_gemm(&w, &x, n, &mut out));
                 println!("| {ty} | {n_in} | {n_out} | {n} | {mmq:.1} | {blas:.1} | {:.2} | {:.0} |", blas / mmq, wbytes / mmq / 1e3);
             }
         }

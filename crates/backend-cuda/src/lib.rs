@@ -188,12 +188,6 @@ impl CudaBackend {
     /// over an f16 cache takes `attn_vec2_f16` (the CPU's numerics, one pass) by default;
     /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
     /// 384; 0: split-K (and the grouped batch-decode kernel) always.
-    /// Process-wide: RMSNorm rows by a cluster of blocks (`true`, sm_90+ only) or one block per
-    /// row (the default), as `QUARREL_CUDA_NORM_CLUSTER=1|0` (the same bits; for A/B tests).
-    pub fn set_norm_cluster(&self, on: bool) {
-        norm::NORM_CLUSTER.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
-    }
-
     pub fn set_attn_vec_max(&self, positions: usize) {
         self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
     }
@@ -325,6 +319,16 @@ impl CudaBackend {
             }
         }
         Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op)?)
+    }
+
+    /// The cuBLAS GEMM path of `matmul` at any token count (benchmarks compare it with MMQ).
+    pub fn matmul_gemm(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("matmul input", x.len, n_tok * w.n_in)?;
+        check_len("matmul output", out.len, n_tok * w.n_out)?;
+        let xp = self.rd(x)?;
+        let op = self.wr(out);
+        Ok(matmul::gemm(&self.dev, &self.blas, w, xp, n_tok, op)?)
     }
 
     /// `x += y` (`x += s·y`) to hold: joined to the held MoE combine that writes `y`, if any.

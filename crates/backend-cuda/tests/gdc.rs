@@ -4,7 +4,7 @@
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 17] = [
+const SOURCES: [&str; 15] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/sample.cu"),
@@ -12,14 +12,12 @@ const SOURCES: [&str; 17] = [
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/attn_batch.cu"),
     include_str!("../kernels/mmq.cu"),
-    include_str!("../kernels/mmq_small.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/ssm.cu"),
     include_str!("../kernels/exact.cu"),
     include_str!("../kernels/attn_vec.cu"),
     include_str!("../kernels/attn_mma.cu"),
     include_str!("../kernels/gelu.cu"),
-    include_str!("../kernels/norm_cluster.cu"),
     include_str!("../kernels/gemvm.cu"),
     include_str!("../kernels/norm_row.cuh"),
 ];

@@ -1,8 +1,7 @@
 //! The MMQ kernels (quantized GEMM on the int8 tensor cores) against their plain-Rust twin
 //! (`quarrel_cuda::mmq::reference`, the same exact-integer formula) and against the CPU
 //! backend, for every quant type with a kernel, ragged shapes (row, token and unit tails) and
-//! the split-K path, the tiled kernels and the opt-in small-batch ones (up to 32 tokens) for the
-//! same batches; plus MMQ == GEMV for the same tokens. Skips without a CUDA device.
+//! the split-K path; plus MMQ == GEMV for the same tokens. Needs a CUDA device.
 
 mod common;
 use common::{nmse, rnd};
@@ -65,18 +64,6 @@ fn mmq_matches_twin_cpu_and_gemv() {
             let mut ob = gpu.alloc(n_tok * n_out).unwrap();
             gpu.matmul_mmq(&w, &xb, n_tok, &mut ob).unwrap();
             let got = gpu.download(&ob).unwrap();
-            if n_tok <= quarrel_cuda::mmq::SMALL_MAX_TOKENS {
-                // the small-batch kernels (mmq_small.cu, opt-in) for the same batch
-                std::env::set_var("QUARREL_CUDA_MMQ_SMALL", "1");
-                let mut os = gpu.alloc(n_tok * n_out).unwrap();
-                gpu.matmul_mmq(&w, &xb, n_tok, &mut os).unwrap();
-                std::env::remove_var("QUARREL_CUDA_MMQ_SMALL");
-                let small = gpu.download(&os).unwrap();
-                let e = nmse(&twin, &small);
-                eprintln!("| {ty} | {n_in} | {n_out} | {n_tok} (small) | {e:.2e} | | |");
-                assert!(e <= tol::TWIN, "{ty} {n_in}x{n_out} n_tok {n_tok} small-batch kernel: nmse vs twin {e:.3e}");
-            }
-
             // the GEMV path, 8 tokens at a time
             let mut gemv = Vec::with_capacity(n_tok * n_out);
             for c in x.chunks(8 * n_in) {

@@ -528,10 +528,9 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
 }
 
 /// RMSNorm rows of 2,048 to 8,192 values (a model's hidden size): alone, after a residual add
-/// and after a scaled one (one fused kernel each) — the cluster kernels (`*_cl`, NORM_NC blocks
-/// per row) give the one-block kernels' bits, and both the CPU's values.
+/// and after a scaled one (one fused kernel each) give the CPU's values.
 #[test]
-fn cluster_rms_norm_matches_one_block_and_cpu() {
+fn wide_rms_norm_matches_cpu() {
     let Some(gpu) = cuda() else { return };
     let cpu = CpuBackend::new(0).unwrap();
     fn run<B: Backend>(be: &B, d: usize, rows: usize) -> Vec<Vec<f32>> {
@@ -561,15 +560,10 @@ fn cluster_rms_norm_matches_one_block_and_cpu() {
     for d in [2048usize, 4096, 6144, 8192] {
         for rows in [1usize, 3] {
             let want = run(&cpu, d, rows);
-            gpu.set_norm_cluster(false);
-            let one = run(&gpu, d, rows);
-            gpu.set_norm_cluster(true);
-            let cl = run(&gpu, d, rows);
-            for (i, ((a, b), c)) in want.iter().zip(&one).zip(&cl).enumerate() {
-                let differ = b.iter().zip(c).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-                let e = nmse(a, c);
-                eprintln!("d {d} rows {rows} output {i}: {differ} values differ (cluster vs one block), nmse vs CPU {e:.2e}");
-                assert_eq!(differ, 0, "d {d} rows {rows} output {i}: cluster vs one-block RMSNorm");
+            let got = run(&gpu, d, rows);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                let e = nmse(a, b);
+                eprintln!("d {d} rows {rows} output {i}: nmse vs CPU {e:.2e}");
                 assert!(e <= tol::ELEMENTWISE, "d {d} rows {rows} output {i}: nmse {e:.3e} vs CPU");
             }
         }

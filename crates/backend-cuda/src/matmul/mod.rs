@@ -66,12 +66,7 @@ const GEMV_ROWS: usize = 2;
 /// 4096x32000 48.4 vs 43.2. Float weights and short rows (< 64 units): by the block count, as
 /// before (enough blocks for ~1000 to run).
 fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
-    // `QUARREL_CUDA_GEMV_WPR` (1, 2 or 4): warps per row of quantized rows of >= 64 units, for measurements
-    static WPR: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *WPR.get_or_init(|| std::env::var("QUARREL_CUDA_GEMV_WPR").ok().and_then(|v| v.parse().ok()).filter(|w| [1, 2, 4].contains(w)));
-    let wpr = if let (Some(w), true) = (forced, units >= 64) {
-        w
-    } else if units >= 64 {
+    let wpr = if units >= 64 {
         if units >= 128 && n_out < 2400 {
             4
         } else {
@@ -447,7 +442,7 @@ fn chunk(left: usize) -> usize {
     [8, 4, 2, 1].into_iter().find(|&c| c <= left).unwrap_or(1)
 }
 
-fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+pub(crate) fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let n_w = (n_in * n_out) as u64;
     // the weight as f16: in place for F16 weights; else a cached f16 copy (made once while
@@ -514,9 +509,6 @@ fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out
 
 /// Whether an f16 copy of `bytes` fits, leaving a fifth of the device free.
 fn f16_cache_fits(dev: &Device, bytes: usize) -> bool {
-    if std::env::var("QUARREL_CUDA_F16_CACHE").is_ok_and(|v| v == "0") {
-        return false;
-    }
     let (free, total) = dev.ctx.mem_get_info().unwrap_or((0, 0));
     free > bytes + total / 5
 }

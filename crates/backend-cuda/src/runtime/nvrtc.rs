@@ -23,13 +23,11 @@ pub(crate) const FILES: &[(&str, &str)] = &[
     ("attn_vec.cu", include_str!("../../kernels/attn_vec.cu")),
     ("attn_mma.cu", include_str!("../../kernels/attn_mma.cu")),
     ("mmq.cu", include_str!("../../kernels/mmq.cu")),
-    ("mmq_small.cu", include_str!("../../kernels/mmq_small.cu")),
     ("moe.cu", include_str!("../../kernels/moe.cu")),
     ("ssm.cu", include_str!("../../kernels/ssm.cu")),
     ("exact.cu", include_str!("../../kernels/exact.cu")),
     ("gemvm.cu", include_str!("../../kernels/gemvm.cu")),
     ("gelu.cu", include_str!("../../kernels/gelu.cu")),
-    ("norm_cluster.cu", include_str!("../../kernels/norm_cluster.cu")),
 ];
 
 /// One NVRTC program: its files in order (a file that uses another's macros or templates names
@@ -44,7 +42,7 @@ pub(crate) struct Unit {
 /// The units (`scripts/cuda-kernel-check.py` reads this table: keep one unit per line). The f16
 /// attention kernels (with ggml's exact vector path) take longest: one unit per DPL.
 pub(crate) const UNITS: &[Unit] = &[
-    Unit { name: "ops", files: &["norm_row.cuh", "ops.cu", "sample.cu", "gelu.cu", "norm_cluster.cu"], defines: "" },
+    Unit { name: "ops", files: &["norm_row.cuh", "ops.cu", "sample.cu", "gelu.cu"], defines: "" },
     Unit { name: "attn_f32", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
     Unit { name: "attn_f16_2", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
     Unit { name: "attn_f16_4", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },
@@ -55,7 +53,6 @@ pub(crate) const UNITS: &[Unit] = &[
     Unit { name: "attn_vec", files: &["attn_vec.cu"], defines: "" },
     Unit { name: "attn_mma", files: &["attn_mma.cu"], defines: "" },
     Unit { name: "matmul", files: &["matmul.cu", "moe.cu"], defines: "" },
-    Unit { name: "mmq", files: &["mmq.cu", "mmq_small.cu"], defines: "" },
     Unit { name: "mmq_id", files: &["mmq.cu"], defines: "#define MMQ_ID_UNIT\n" },
     Unit { name: "ssm", files: &["ssm.cu"], defines: "" },
     Unit { name: "exact", files: &["exact.cu"], defines: "" },
