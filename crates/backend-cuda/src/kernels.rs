@@ -16,7 +16,7 @@ pub(crate) fn all() -> Vec<Kernel> {
 /// if its body starts with `GDC();`.
 pub fn waiting_kernel_names() -> Vec<String> {
     let mut v: Vec<String> =
-        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "add_scaled_rms_norm", "comb_add_rms_norm", "comb_add_scaled_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "geglu", "add", "add_scaled", "scale", "gather_rows", "attn_combine", "attn_vec_f16", "attn_vec2_f16"]
+        ["quantize_q8", "zero_fill", "rms_norm", "add_rms_norm", "add_scaled_rms_norm", "comb_add_rms_norm", "comb_add_scaled_rms_norm", "argmax_rows", "sample_rows", "rope", "rope_kv_f32", "rope_kv_f16", "swiglu", "geglu", "add", "add_scaled", "scale", "gather_rows", "attn_combine", "attn_vec2_f16"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -41,7 +41,6 @@ pub fn waiting_kernel_names() -> Vec<String> {
         for dpl in [2, 4, 8] {
             v.push(format!("attn_{k}_{dpl}"));
             v.push(format!("attn1_{k}_{dpl}"));
-            v.push(format!("attn1g_{k}_{dpl}"));
         }
     }
     // tensor-core prefill attention (attn_mma.cu)

@@ -39,6 +39,7 @@
 mod attention;
 mod batch;
 mod bufs;
+mod config;
 mod error;
 mod fusion;
 mod kernels;
@@ -46,13 +47,14 @@ mod kv;
 mod matmul;
 mod moe;
 mod norm;
+mod probe;
 mod runtime;
 mod sample;
 mod ssm;
 mod tuning;
 mod weights;
 
-pub use attention::{invariant_one_pass_below, vec_max_positions};
+pub use attention::{invariant_one_pass_below, MMA_MIN_TOKENS, VEC_MAX_POSITIONS};
 pub use error::CudaError;
 pub use kv::CudaKv;
 pub use matmul::mmq;
@@ -68,7 +70,7 @@ use cudarc::cublas::CudaBlas;
 use fusion::{Device, Held};
 use runtime::{Arg, PoolMem};
 use quarrel_core::{
-    AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, RopeStyle, Route, SsmParams, StateSpec, WeightSource,
+    AttnParams, Backend, CoreError, Numerics, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, RopeStyle, Route, SsmParams, StateSpec, WeightSource,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -111,32 +113,25 @@ pub struct CudaBackend {
     experts: crate::weights::experts::ExpertBudget,
     /// Routing on the device for decode steps (`moe_dev`).
     router: crate::moe::device_route::DevRouter,
-    /// Attention over f16 caches with ggml's CPU vector-path numerics (f16 q and V
-    /// accumulator, one pass over the positions) for sequences of every length, as the CPU
-    /// backend's default, instead of f32 throughout (`QUARREL_CUDA_ATTN_EXACT=1` or `QUARREL_CUDA_EXACT=1` at creation,
-    /// `set_exact_attention`, `set_exact_numerics`).
-    exact_attn: std::sync::atomic::AtomicBool,
-    /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
-    /// count, every MoE routing by one device kernel (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
-    exact_mm: std::sync::atomic::AtomicBool,
-    /// Matmuls in MMQ's float order at every token count (`invariant.rs`: MMQ unsplit for
-    /// prompts, `gemvm_*` for decode), MoE routing on the device at every token count
-    /// (`QUARREL_CUDA_INVARIANT=1` at creation, `set_invariant_numerics`).
-    invariant_mm: std::sync::atomic::AtomicBool,
+    /// `quarrel_core::Numerics` as u8 (`set_numerics`).
+    numerics: std::sync::atomic::AtomicU8,
     /// Contexts (positions) up to which f16-cache attention of short sequences takes the
-    /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
+    /// one-pass kernel with the CPU's numerics (`attention::VEC_MAX_POSITIONS`; tests:
+    /// `set_attn_vec_max`).
     attn_vec_max: std::sync::atomic::AtomicUsize,
     /// Prefill batches of at least this many tokens take the tensor-core attention over f16
-    /// caches (`set_attn_mma_min`; usize::MAX: never).
+    /// caches (`attention::MMA_MIN_TOKENS`; tests: `set_attn_mma_min`, usize::MAX: never).
     attn_mma_min: std::sync::atomic::AtomicUsize,
-    /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens in the CPU's float
-    /// order (`exact.rs`): `exact::OrderedGemv` as u8 (`QUARREL_CUDA_ORDERED_GEMV=0|1` at creation,
-    /// `set_ordered_gemv`; default auto: small models).
+    /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `cpu_order::ORDERED_MAX_TOKENS` tokens in the CPU's
+    /// float order: `cpu_order::OrderedGemv` as u8 (default auto: small models; tests:
+    /// `set_ordered_gemv`).
     ordered_gemv: std::sync::atomic::AtomicU8,
     /// Bytes of all weights loaded on this backend (the auto choice of `ordered_gemv`).
     loaded_bytes: std::sync::atomic::AtomicUsize,
-    /// The prefill scan kernel (`ssm::ScanKernel` as u8: `QUARREL_CUDA_SCAN` at creation,
-    /// `set_scan_kernel`).
+    /// Decode batches of several sequences take the grouped-query kernel where it applies
+    /// (tests compare it with the per-head kernel: `set_gqa_decode`).
+    gqa_decode: AtomicBool,
+    /// The prefill scan kernel (`ssm::ScanKernel` as u8; tests: `set_scan_kernel`).
     scan_kernel: std::sync::atomic::AtomicU8,
 }
 
@@ -161,174 +156,14 @@ impl CudaBackend {
             moe_counts: Mutex::new(Vec::new()),
             experts: crate::weights::experts::ExpertBudget::new(None),
             router: Default::default(),
-            exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
-            exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
-            invariant_mm: std::env::var("QUARREL_CUDA_INVARIANT").is_ok_and(|v| v == "1").into(),
-            attn_vec_max: vec_max_positions().into(),
-            attn_mma_min: crate::attention::mma_min_tokens().unwrap_or(usize::MAX).into(),
-            ordered_gemv: (crate::matmul::cpu_order::OrderedGemv::from_env() as u8).into(),
+            numerics: (Numerics::Fast as u8).into(),
+            attn_vec_max: attention::VEC_MAX_POSITIONS.into(),
+            attn_mma_min: attention::MMA_MIN_TOKENS.into(),
+            ordered_gemv: (crate::matmul::cpu_order::OrderedGemv::Auto as u8).into(),
             loaded_bytes: 0.into(),
-            scan_kernel: (ssm::ScanKernel::from_env() as u8).into(),
+            gqa_decode: true.into(),
+            scan_kernel: (ssm::ScanKernel::Specialized as u8).into(),
         })
-    }
-
-    /// Attention numerics over f16 caches: `true` takes the vector path of llama.cpp's CPU
-    /// flash attention (f16 query and V accumulator, one pass; what llama.cpp's CPU build
-    /// computes for sequences under 64 tokens and every decode step, so the fixtures' short
-    /// prompts compare bit for bit) for sequences of every length and at every context length,
-    /// as the CPU backend's default does: a prefill gives the bits of token-by-token decode;
-    /// `false` (default) takes it for sequences under 64 tokens up to `set_attn_vec_max`
-    /// positions, the tensor-core kernel for longer prompts and f32 split-K over longer
-    /// contexts.
-    pub fn set_exact_attention(&self, on: bool) {
-        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
-    /// over an f16 cache takes `attn_vec2_f16` (the CPU's numerics, one pass) by default;
-    /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
-    /// 384; 0: split-K (and the grouped batch-decode kernel) always.
-    pub fn set_attn_vec_max(&self, positions: usize) {
-        self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Prefill batches (query tokens) from which attention over an f16 cache takes the
-    /// tensor-core kernel (kernels/attn_mma.cu; f16 q and probabilities); `None`: the f32 tiled
-    /// kernel always. Initially `QUARREL_CUDA_ATTN_MMA_MIN` or 64 (`QUARREL_CUDA_ATTN_MMA=0`:
-    /// `None`). Exact attention never takes it.
-    pub fn set_attn_mma_min(&self, tokens: Option<usize>) {
-        self.attn_mma_min.store(tokens.unwrap_or(usize::MAX), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them
-    /// bit for bit (`QUARREL_CUDA_EXACT=1` at creation): the attention of
-    /// `set_exact_attention` (the vector path at every length: one pass over the positions, no
-    /// split-K, no grouped decode kernel) and the Q4_0 / Q4_1 / Q8_0 matmuls in the CPU's float order at every token
-    /// count (`exact.rs`; slower than the GEMV / MMQ / cuBLAS paths), every other matmul
-    /// through the decode GEMV at every token count (a prefill then multiplies exactly as
-    /// token-by-token decode does), MoE routing by the device router at every token count (a
-    /// warp per token: the host reference's experts, weights within 4 ulp; decode steps keep it
-    /// on the device, prefills take its routes to the host to plan the chunked expert GEMV). Element-wise ops,
-    /// RMSNorm, embeddings and the activation quantization have the CPU's bits always.
-    pub fn set_exact_numerics(&self, on: bool) {
-        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
-        self.exact_mm.store(on, std::sync::atomic::Ordering::Relaxed);
-        if on {
-            self.invariant_mm.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Batch-invariant numerics at prefill speed (`invariant.rs`): every quantized matmul in
-    /// MMQ's float order (prompts through MMQ, never split over K nor the f16 GEMM; decode steps
-    /// through the GEMV in MMQ's order), float matmuls through the float GEMV, MoE routing on the
-    /// device at every token count, and attention in one order per query position at every
-    /// token count (f16 caches: the one pass of `set_exact_attention` below position 128, so
-    /// short prompts and their decode have llama.cpp's CPU attention bits, `attn_mmi_f16_*` on
-    /// the tensor cores over absolute position spans from there; other caches the one pass).
-    /// A prompt, its
-    /// tokens one by one and any batch give the same logits bit for bit. Not the CPU's bits
-    /// (`set_exact_numerics` gives those where it can). Experts kept in host memory
-    /// (`set_expert_budget`) still multiply in the fast order.
-    pub fn set_invariant_numerics(&self, on: bool) {
-        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
-        self.invariant_mm.store(on, std::sync::atomic::Ordering::Relaxed);
-        if on {
-            self.exact_mm.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Decode and short prompts (up to `exact::ORDERED_MAX_TOKENS` tokens) over Q4_0 / Q4_1 /
-    /// Q8_0 weights: `true` multiplies in the CPU backend's float order (the CPU's bits, through
-    /// `gemvo_*`), `false` with the fast GEMV's order (per-lane partial sums, a tree reduction).
-    /// The default (`exact::OrderedGemv::Auto`) is the CPU's order for models of at most
-    /// `exact::ORDERED_AUTO_MAX_BYTES` of weights, whose decode steps are bound by launches, not
-    /// by bandwidth; bigger models take the fast order: on an H100 the ordered GEMV is 5-30%
-    /// slower per 7B matrix at one token (7B Q4_0 tg128 363 vs 400 t/s, 2026-11-22). Prefill of
-    /// more tokens stays on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
-    pub fn set_ordered_gemv(&self, on: bool) {
-        let mode = if on { crate::matmul::cpu_order::OrderedGemv::On } else { crate::matmul::cpu_order::OrderedGemv::Off };
-        self.ordered_gemv.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens take the ordered GEMV now.
-    pub fn ordered_gemv(&self) -> bool {
-        let loaded = self.loaded_bytes.load(Ordering::Relaxed);
-        crate::matmul::cpu_order::OrderedGemv::from_u8(self.ordered_gemv.load(Ordering::Relaxed)).applies(loaded)
-    }
-
-    /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
-    /// the experts beyond it stay in pinned host memory and the most recently routed are
-    /// cached on the device (see `experts`). `None`: no limit (experts that do not fit in
-    /// device memory are offloaded all the same, instead of failing the load).
-    pub fn set_expert_budget(&self, bytes: Option<usize>) {
-        self.experts.set(bytes);
-    }
-
-    /// Route `logits (n_tok, n_expert)` with the device router (`moe_dev`, as decode steps do)
-    /// and download the routes: the kernel against `quarrel_core::moe::route_reference`.
-    pub fn moe_route_on_device(&self, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
-        self.dev.bind()?;
-        let n_tok = logits.len / p.n_expert.max(1);
-        if p.n_expert == 0 || p.n_used == 0 || p.n_used > p.n_expert.min(8) || p.n_expert > 1024 || logits.len != n_tok * p.n_expert {
-            return Err(CoreError::Shape(format!("device routing of {} logits, {} of {} experts", logits.len, p.n_used, p.n_expert)));
-        }
-        let bias = match bias {
-            Some(b) => self.rd(b)?,
-            None => 0,
-        };
-        let ph = self.router.route(&self.dev, None, self.rd(logits)?, n_tok, bias, p)?;
-        Ok(self.router.download_last(&self.dev, &ph)?)
-    }
-
-    /// The router matmul and the routing in one launch (`moe_router_f32`, as decode steps run
-    /// it) with the routes downloaded: the fused kernel against `matmul` + the host reference.
-    pub fn moe_router_on_device(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
-        self.dev.bind()?;
-        check_len("router input", x.len, n_tok * w.n_in)?;
-        let bias = match bias {
-            Some(b) => self.rd(b)?,
-            None => 0,
-        };
-        let ph = self.router.route_fused(&self.dev, &self.qcache, None, w, self.rd(x)?, n_tok, bias, p)?;
-        let ph = ph.ok_or_else(|| CoreError::Unsupported(format!("fused router: {n_tok} tokens, {} weights, {p:?}", w.dev_ty.name())))?;
-        Ok(self.router.download_last(&self.dev, &ph)?)
-    }
-
-    /// Whether decode steps over `kv`'s recurrent state run the Mamba2 conv and scan as one
-    /// launch (`ssm_conv_scan`, the default) or two (tests: the fused kernel against its twin).
-    pub fn set_ssm_merge(&self, kv: &CudaKv, on: bool) -> Result<()> {
-        state(kv)?.merge.store(on, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// What the expert cache did so far (hits, uploads).
-    pub fn expert_stats(&self) -> crate::weights::experts::ExpertStats {
-        self.experts.stats()
-    }
-
-    /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
-    pub fn matmul_mmq(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        check_len("matmul input", x.len, n_tok * w.n_in)?;
-        check_len("matmul output", out.len, n_tok * w.n_out)?;
-        let xp = self.rd(x)?;
-        let op = self.wr(out);
-        if let Ok(mut g) = self.qcache.lock() {
-            if g.as_ref().is_some_and(|c| c.x == op) {
-                *g = None;
-            }
-        }
-        Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op)?)
-    }
-
-    /// The cuBLAS GEMM path of `matmul` at any token count (benchmarks compare it with MMQ).
-    pub fn matmul_gemm(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        check_len("matmul input", x.len, n_tok * w.n_in)?;
-        check_len("matmul output", out.len, n_tok * w.n_out)?;
-        let xp = self.rd(x)?;
-        let op = self.wr(out);
-        Ok(matmul::gemm(&self.dev, &self.blas, w, xp, n_tok, op)?)
     }
 
     /// `x += y` (`x += s·y`) to hold: joined to the held MoE combine that writes `y`, if any.
@@ -337,49 +172,6 @@ impl CudaBackend {
             Some(Held::Comb(c)) => Held::CombAdd { c, x, n, s },
             _ => Held::Add { x, y, n, s },
         }
-    }
-
-    /// Whether a decode step's MoE combine joins the residual add and RMSNorm after it
-    /// (`comb_add_rms_norm`, the default; tests compare both ways bit for bit).
-    pub fn set_comb_norm_fusion(&self, on: bool) {
-        self.router.comb_norm.store(on, Ordering::Relaxed);
-    }
-
-    /// The kernel of prefill scans (tests compare them bit for bit; default the specialized
-    /// kernel where the state size has one).
-    pub fn set_scan_kernel(&self, k: ssm::ScanKernel) {
-        self.scan_kernel.store(k as u8, Ordering::Relaxed);
-    }
-
-    /// Free and total device memory in bytes.
-    pub fn mem_info(&self) -> (usize, usize) {
-        self.dev.ctx.mem_get_info().unwrap_or((0, 0))
-    }
-
-    /// Wait for all queued work (for timing).
-    pub fn synchronize(&self) -> Result<()> {
-        self.dev.flush()?;
-        self.dev.stream.synchronize().map_err(|e| CoreError::Backend(format!("synchronize: {e:?}")))
-    }
-
-    /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
-    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
-        use cudarc::driver::result as r;
-        self.dev.bind()?;
-        self.dev.flush()?;
-        let a = runtime::DevMem::alloc(&self.dev, bytes)?;
-        let b = runtime::DevMem::alloc(&self.dev, bytes)?;
-        let s = self.dev.stream.cu_stream();
-        // SAFETY: two live allocations of `bytes`.
-        let copy = || unsafe { r::memcpy_dtod_async(b.ptr, a.ptr, bytes, s) };
-        copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
-        self.synchronize()?;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
-        }
-        self.synchronize()?;
-        Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64())
     }
 
     /// A download of ids ended the step (as `download`): drop the step's cached arrays so that
@@ -440,13 +232,6 @@ impl CudaBackend {
 
 fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
-}
-
-/// Whether a ReLU² is held so that the next one (of another buffer) joins its launch
-/// (`relu_sqr2`); `QUARREL_CUDA_RELU_PAIR=0`: each its own launch.
-fn relu_pairs() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_RELU_PAIR").map_or(true, |v| v != "0"))
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
@@ -608,10 +393,10 @@ impl Backend for CudaBackend {
         let xp = self.rd(x)?;
         self.promote_q8(xp);
         let op = self.wr(out);
-        if self.exact_mm.load(Ordering::Relaxed) {
+        if self.exact_mm() {
             return Ok(crate::matmul::cpu_order::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
-        if self.invariant_mm.load(Ordering::Relaxed) {
+        if self.invariant_mm() {
             return Ok(crate::matmul::mmq_order::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv())?)
@@ -812,7 +597,7 @@ impl Backend for CudaBackend {
         // one router kernel (moe_route, a warp per token) at every token count: a token's routes
         // do not depend on the batch. Exact numerics hand a prefill's routes to the host (its
         // expert matmuls are decode's chunked GEMV, planned there).
-        let exact = self.exact_mm.load(Ordering::Relaxed);
+        let exact = self.exact_mm();
         if p.n_expert > 0 && logits.len == n_tok * p.n_expert && crate::moe::device_route::applies(n_tok, p) {
             let bias = match bias {
                 Some(b) if b.len == p.n_expert => self.rd(b)?,
@@ -848,16 +633,16 @@ impl Backend for CudaBackend {
         let (xp, op) = (self.rd(x)?, self.wr(out));
         self.promote_q8(xp);
         if crate::moe::device_route::on_device(routes) {
-            let order = if self.exact_mm.load(Ordering::Relaxed) {
+            let order = if self.exact_mm() {
                 crate::moe::device_route::Order::Exact
-            } else if self.invariant_mm.load(Ordering::Relaxed) {
+            } else if self.invariant_mm() {
                 crate::moe::device_route::Order::Invariant
             } else {
                 crate::moe::device_route::Order::Fast
             };
             return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op, order)?);
         }
-        Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op, self.exact_mm.load(Ordering::Relaxed))?)
+        Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op, self.exact_mm())?)
     }
 
     fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {
@@ -887,7 +672,7 @@ impl Backend for CudaBackend {
         }
         // the down matmul's Q8 input written by the same kernel (no quantize launch)
         let (xq, xm) = self.q8_out(xp, x.len)?;
-        if n > 0 && relu_pairs() {
+        if n > 0 {
             return Ok(self.dev.hold(Held::ReluSqr { x: xp, n, xq, xm })?);
         }
         self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;

@@ -179,17 +179,10 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
     }
     let c = ConvHeld { layer, p: *p, zx: zx.0, w: w.0, bias: bias.map_or(0, |b| b.0), seq, n_seq, state, out: out.0 };
     // a decode step of one token per sequence: held, the scan that reads `out` joins it
-    if merge() && st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
+    if st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
         return dev.hold(crate::fusion::Held::SsmConv(c));
     }
     c.launch(dev)
-}
-
-/// Whether a decode step's conv joins the scan's launch (`ssm_conv_scan`);
-/// `QUARREL_CUDA_SSM_MERGE=0`: two launches (comparisons).
-fn merge() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_SSM_MERGE").map_or(true, |v| v != "0"))
 }
 
 /// A decode step's `ssm_conv`, held (`Held::SsmConv`) so that the scan over its output joins
@@ -251,15 +244,6 @@ pub enum ScanKernel {
 }
 
 impl ScanKernel {
-    /// `QUARREL_CUDA_SCAN=generic`: the generic kernel; default specialized.
-    pub fn from_env() -> ScanKernel {
-        if std::env::var("QUARREL_CUDA_SCAN").is_ok_and(|v| v == "generic") {
-            ScanKernel::Generic
-        } else {
-            ScanKernel::Specialized
-        }
-    }
-
     pub(crate) fn from_u8(v: u8) -> ScanKernel {
         if v == 0 {
             ScanKernel::Generic

@@ -111,8 +111,7 @@ fn mmq_rejects_float_weights() {
 /// `moe_matmul`) against the twin per route on that route's expert, for every type: skewed
 /// routings (one expert takes most routes: several work items of one expert; experts with
 /// none), per-token and per-route inputs, row tails, and every token tile (16 to 128 routes
-/// per expert on average). Also the per-expert MMQ and chunked-GEMV paths it replaced
-/// (`QUARREL_CUDA_MOE_PREFILL=mmq|chunk` are read once per process, so only the default runs).
+/// per expert on average).
 #[test]
 fn grouped_expert_mmq_matches_twin_per_route() {
     use quarrel_core::Route;
@@ -251,7 +250,7 @@ fn device_planned_expert_mmq_equals_host_planned() {
     }
 }
 
-/// Invariant numerics (`set_invariant_numerics`): a matmul's rows do not depend on the token
+/// Invariant numerics (`Numerics::Invariant`): a matmul's rows do not depend on the token
 /// count. The same tokens multiplied as one batch of 9+ (MMQ, unsplit) and in chunks of 1, 2,
 /// 4 and 8 (the GEMV in MMQ's order, `gemvm_*`) give identical bits, for every type, with row
 /// tails (not a multiple of the 64 rows of a GEMVM block) and unit tails (17 and 21 units:
@@ -263,7 +262,7 @@ fn invariant_gemvm_equals_unsplit_mmq_bit_for_bit() {
         return;
     }
     let gpu = CudaBackend::new(0).unwrap();
-    gpu.set_invariant_numerics(true);
+    gpu.set_numerics(quarrel_core::Numerics::Invariant);
     let shapes = [(512usize, 70usize), (544, 130), (672, 33), (4096, 200), (14336, 96), (256, 1)];
     let n_tok = 23;
     let mut checked = 0;

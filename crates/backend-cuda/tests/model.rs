@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// differences of 1e-7 flip single Q8 steps that random-weight models amplify to ~1e-3
 /// (a kernel bug gives O(1)).
 const LOGITS_NMSE: f64 = 5e-3;
-/// The same with exact numerics (`set_exact_numerics`), per mix: Q4_0 / Q4_1 / Q8_0 matmuls,
+/// The same with exact numerics (`Numerics::Exact`), per mix: Q4_0 / Q4_1 / Q8_0 matmuls,
 /// attention, element-wise ops and activation quantization give the CPU's bits (RoPE's cos /
 /// sin, 1 ulp apart on ~1% of angles, vanish in the f16 rounding of q and k), so the q8_0 mix
 /// is bit-exact (H100 2026-11-22: 0); float weights differ by f32 vs f16 activations (9e-8,
@@ -92,7 +92,7 @@ fn synthetic_models_logits_match_cpu() {
         let mut worst_x = (0f64, 0f64);
         for n_batch in [512, 1] {
             let be = CudaBackend::new(0).unwrap();
-            be.set_exact_numerics(true);
+            be.set_numerics(quarrel_core::Numerics::Exact);
             let x = engine(be, &path, EngineOptions { n_batch, ..opts.clone() }).eval_all(&ids).unwrap();
             for (p, (u, v)) in a.iter().zip(&x).enumerate() {
                 let e = nmse(u, v);
@@ -145,7 +145,7 @@ fn smollm2_greedy_texts_match_cpu() {
     let mut counts = vec![];
     for exact in [true, false] {
         let be = CudaBackend::new(0).unwrap();
-        be.set_exact_numerics(exact);
+        be.set_numerics(if exact { quarrel_core::Numerics::Exact } else { quarrel_core::Numerics::Fast });
         let mut gpu = engine(be, &path, opts.clone());
         let (mut same_cpu, mut same_ref) = (0, 0);
         for c in cases {

@@ -1,6 +1,6 @@
 //! MoE and hybrid Mamba2 architectures on the GPU: the tiny synthetic models of every such
 //! registry entry (written exactly as scripts/moe-fixtures.sh wrote them for llama.cpp) against
-//! llama.cpp's committed fixtures, with exact numerics (`set_exact_numerics`: llama.cpp's CPU
+//! llama.cpp's committed fixtures, with exact numerics (`Numerics::Exact`: llama.cpp's CPU
 //! attention, the dense Q8_0 matmuls in its float order): NMSE <= 1e-9 where attention cannot
 //! enter (position 0; every position of tiny-mamba2), <= 1e-4 at every position (the issue's
 //! bar; H100 2026-11-22: 2.6e-12 .. 3.2e-12 for six archs, 1.6e-5 for tiny-nemotron-h-moe,
@@ -22,7 +22,7 @@ const VS_LLAMA: f64 = 1e-4;
 /// The first position (it attends only to itself, so attention rounding cannot enter) and the
 /// attention-free tiny-mamba2 at every position: the MoE and SSM ops alone vs llama.cpp.
 const OPS_EXACT: f64 = 1e-9;
-/// Prefill vs decode, batched vs alone, with exact numerics (`set_exact_numerics`: every matmul
+/// Prefill vs decode, batched vs alone, with exact numerics (`Numerics::Exact`: every matmul
 /// through the decode GEMVs at every token count, host routing, one-pass attention): the
 /// issue's bound (H100 2026-11-22: 0, bit-identical, for all seven at Q8_0 and Q4_K_M).
 const SELF_CONSISTENT_EXACT: f64 = 1e-5;
@@ -84,9 +84,9 @@ fn synth(name: &str, dir: &Path, ftype: Ftype) -> PathBuf {
 enum Mode {
     /// The fast kernels (the default).
     Fast,
-    /// `set_exact_numerics`: the CPU's float order where reproducible, the decode GEMV everywhere.
+    /// `Numerics::Exact`: the CPU's float order where reproducible, the decode GEMV everywhere.
     Exact,
-    /// `set_invariant_numerics`: MMQ's float order at every token count.
+    /// `Numerics::Invariant`: MMQ's float order at every token count.
     Invariant,
 }
 
@@ -105,8 +105,8 @@ fn engine_mode(path: &Path, opts: EngineOptions, mode: Mode) -> Engine<CudaBacke
     let be = CudaBackend::new(0).unwrap();
     match mode {
         Mode::Fast => {}
-        Mode::Exact => be.set_exact_numerics(true),
-        Mode::Invariant => be.set_invariant_numerics(true),
+        Mode::Exact => be.set_numerics(quarrel_core::Numerics::Exact),
+        Mode::Invariant => be.set_numerics(quarrel_core::Numerics::Invariant),
     }
     Engine::load(be, path, opts).unwrap()
 }
@@ -114,7 +114,7 @@ fn engine_mode(path: &Path, opts: EngineOptions, mode: Mode) -> Engine<CudaBacke
 /// With exact numerics: llama.cpp's CPU attention and matmul float order (what the fixtures were made with).
 fn engine_exact(path: &Path, opts: EngineOptions) -> Engine<CudaBackend> {
     let be = CudaBackend::new(0).unwrap();
-    be.set_exact_numerics(true);
+    be.set_numerics(quarrel_core::Numerics::Exact);
     Engine::load(be, path, opts).unwrap()
 }
 

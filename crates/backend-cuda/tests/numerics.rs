@@ -202,12 +202,12 @@ fn quantized_matmul_equals_cpu_to_float_order() {
     assert!(bad.is_empty(), "quantized matmuls beyond float order: {bad:?}");
 }
 
-/// Exact numerics (`set_exact_numerics`): Q4_0, Q4_1 and Q8_0 matmuls give the CPU's bits at
+/// Exact numerics (`Numerics::Exact`): Q4_0, Q4_1 and Q8_0 matmuls give the CPU's bits at
 /// every token count (the CPU's float order, kernels/exact.cu; rows of 24 units: one partial step).
 #[test]
 fn exact_matmul_bit_exact() {
     let Some(gpu) = cuda() else { return };
-    gpu.set_exact_numerics(true);
+    gpu.set_numerics(quarrel_core::Numerics::Exact);
     let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
     let mut bad = vec![];
@@ -277,7 +277,7 @@ fn ordered_gemv_bit_exact() {
     assert!(bad.is_empty(), "ordered GEMVs not bit-exact: {bad:?}");
 }
 
-/// Attention over an f16 cache with llama.cpp's CPU numerics (`set_exact_attention`): a prompt
+/// Attention over an f16 cache with llama.cpp's CPU numerics (exact numerics): a prompt
 /// of 20 tokens and one of 70 (ggml's tiled f32 path from 64 query rows), then decode steps.
 fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
     let (n_head, n_kv_head, hd, bs) = (9, 3, 64, 16);
@@ -341,7 +341,7 @@ fn exact_attention_matches_cpu() {
         // path at every length)
         cpu.set_batch_invariant_attention(exact);
         let a = attention(&cpu);
-        gpu.set_exact_numerics(exact);
+        gpu.set_numerics(if exact { quarrel_core::Numerics::Exact } else { quarrel_core::Numerics::Fast });
         eprintln!("exact numerics: {exact}");
         check_attention(&a, &attention(&gpu));
     }
@@ -376,7 +376,7 @@ fn decode_attention_long_contexts_match_cpu() {
     for (lens, window) in [([300usize, 41usize], None), ([1500, 1100], None), ([1500, 700], Some(500)), ([limit + 700, 90], None)] {
         let a = long_decode(&cpu, lens, window);
         for exact in [false, true] {
-            gpu.set_exact_numerics(exact);
+            gpu.set_numerics(if exact { quarrel_core::Numerics::Exact } else { quarrel_core::Numerics::Fast });
             let b = long_decode(&gpu, lens, window);
             let bit_exact = exact || lens[0] + 3 <= limit;
             for (step, (x, y)) in a.iter().zip(&b).enumerate() {
@@ -390,7 +390,7 @@ fn decode_attention_long_contexts_match_cpu() {
             }
         }
     }
-    gpu.set_exact_numerics(false);
+    gpu.set_numerics(quarrel_core::Numerics::Fast);
     assert!(bad.is_empty(), "decode attention differs from the CPU's: {bad:?}");
 }
 

@@ -371,15 +371,14 @@ impl GemvGroup {
         dev.launch_now(&kernel, (grid, 1, 1), threads, smem, &args)
     }
 
-    /// `gemvo_*` / `gemvo3_*` (grids: `exact::grid`).
+    /// `gemvo_*` / `gemvo3_*` (grids: `cpu_order::grid`).
     fn launch_ordered(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
         if let [i] = self.items.as_slice() {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
             return dev.launch_now(&format!("gemvo_{name}_{nt}"), crate::matmul::cpu_order::grid(name, nt, i.n_out), 128, 0, &args);
         }
-        let total: usize = self.items.iter().map(|i| i.n_out).sum();
-        let nb: Vec<u32> = self.items.iter().map(|i| crate::matmul::cpu_order::grid_share(name, nt, i.n_out, i.n_out as f64 / total as f64).0).collect();
+        let nb: Vec<u32> = self.items.iter().map(|i| crate::matmul::cpu_order::grid(name, nt, i.n_out).0).collect();
         let mut args = self.joined_args(&nb);
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
         dev.launch_now(&format!("gemvo3_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args)

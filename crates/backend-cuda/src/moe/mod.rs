@@ -2,12 +2,12 @@
 //!
 //! ```text
 //!  router logits ──download──► host router (quarrel_core::moe::route_with) ──► routes
-//!  x ──quantize_q8 (once)──► moe_id: one grouped MMQ launch (every expert's routes) ──► out
-//!  (QUARREL_CUDA_MOE_PREFILL=mmq: x ──gather_rows (grouped by expert)──► xs ──mmq per expert
-//!   ──► ys ──moe_scatter_rows──► out (route order); =chunk: moe_chunk's chunked GEMV)
+//!  x ──quantize_q8 (once)──► grouped_gemm: one grouped MMQ launch (every expert's routes) ──► out
+//!  (rows not of whole units: x ──gather_rows (grouped by expert)──► xs ──mmq per expert
+//!   ──► ys ──moe_scatter_rows──► out (route order))
 //!  (steps of at most GEMV_MAX_TOKENS tokens instead: x ──quantize_q8──► moe_gemv, every route's
-//!   row of its expert in one launch, written in route order; few routes per expert:
-//!   moe_chunk's chunked GEMV, one launch)
+//!   row of its expert in one launch, written in route order; exact numerics: chunked_gemv's
+//!   chunked GEMV, decode's bits at every size)
 //!  y (routes, d) ──moe_combine (per token, route order)──► out[token] += weight · y
 //! ```
 //!
@@ -103,20 +103,13 @@ pub(crate) fn moe_matmul(
     if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in % 32 == 0 {
         return moe_gemv(&call);
     }
-    // exact numerics (`CudaBackend::set_exact_numerics`): decode's arithmetic at every size
+    // exact numerics: decode's arithmetic at every size (`chunked_gemv`)
     if exact && n_in % 32 == 0 {
         return crate::moe::chunked_gemv::matmul(&call);
     }
-    match prefill_path() {
-        // one grouped MMQ launch over every expert's routes (moe_id)
-        Prefill::Grouped if n_in % 32 == 0 => {
-            return crate::moe::grouped_gemm::matmul(qc, &call);
-        }
-        // few routes per expert: chunked GEMV, one launch (moe_chunk: decode's bits)
-        Prefill::Chunked if n_in % 32 == 0 && crate::moe::chunked_gemv::applies(routes.len(), groups.len()) => {
-            return crate::moe::chunked_gemv::matmul(&call);
-        }
-        _ => {}
+    // one grouped MMQ launch over every expert's routes (`grouped_gemm`)
+    if n_in % 32 == 0 {
+        return crate::moe::grouped_gemm::matmul(qc, &call);
     }
     let (mut src, mut dst) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
     for (_, idx) in &groups {
@@ -242,27 +235,6 @@ fn moe_gemv(c: &ExpertCall) -> Result<(), CudaError> {
             Ok(())
         }
     }
-}
-
-/// How prefill steps multiply their experts.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Prefill {
-    /// One grouped MMQ launch per matrix (the default).
-    Grouped,
-    /// `QUARREL_CUDA_MOE_PREFILL=chunk`: the chunked GEMV where few routes per expert (decode's
-    /// bits), else MMQ per expert.
-    Chunked,
-    /// `QUARREL_CUDA_MOE_PREFILL=mmq`: one MMQ call per expert.
-    PerExpert,
-}
-
-fn prefill_path() -> Prefill {
-    static P: std::sync::OnceLock<Prefill> = std::sync::OnceLock::new();
-    *P.get_or_init(|| match std::env::var("QUARREL_CUDA_MOE_PREFILL").as_deref() {
-        Ok("chunk") => Prefill::Chunked,
-        Ok("mmq") => Prefill::PerExpert,
-        _ => Prefill::Grouped,
-    })
 }
 
 fn clear(qc: &Mutex<Option<QCache>>) {
