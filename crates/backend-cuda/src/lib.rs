@@ -138,7 +138,7 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// The backend on GPU `ordinal`: kernels are compiled (or read from the cache) here.
     pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
-        let dev = Device::new(ordinal, &kernels::all())?;
+        let dev = Device::new(ordinal, &kernels::PROGRAM, &kernels::all())?;
         // SAFETY: only probes for the shared library.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));

@@ -33,11 +33,9 @@ fn is_k(ty: QuantType) -> bool {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_matches_twin_cpu_and_gemv() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     let cpu = CpuBackend::new(0).unwrap();
     // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
@@ -91,11 +89,9 @@ fn mmq_matches_twin_cpu_and_gemv() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_rejects_float_weights() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     let mut wr = GgufWriter::new();
     wr.add_tensor("w", &[64, 4], QuantType::F32).unwrap();
@@ -113,12 +109,10 @@ fn mmq_rejects_float_weights() {
 /// none), per-token and per-route inputs, row tails, and every token tile (16 to 128 routes
 /// per expert on average).
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn grouped_expert_mmq_matches_twin_per_route() {
     use quarrel_core::Route;
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, tokens, used per token, skew)
     let shapes = [(256usize, 70usize, 8usize, 40usize, 2usize, false), (512, 130, 16, 100, 4, true), (768, 64, 4, 200, 2, false), (256, 200, 32, 300, 6, true), (1024, 96, 8, 64, 8, false)];
@@ -185,12 +179,10 @@ fn grouped_expert_mmq_matches_twin_per_route() {
 /// even routings; and the device combine equals the host combine. Also holds the result to
 /// the twin.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn device_planned_expert_mmq_equals_host_planned() {
     use quarrel_core::{Gating, MoeRouting};
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, used, tokens, logit bias toward expert 0: skew)
     let shapes = [(256usize, 70usize, 8usize, 2usize, 40usize, 0.0f32), (512, 130, 64, 6, 300, 4.0), (256, 64, 128, 6, 200, 0.0), (1024, 96, 4, 2, 700, 3.0)];
@@ -256,11 +248,9 @@ fn device_planned_expert_mmq_equals_host_planned() {
 /// tails (not a multiple of the 64 rows of a GEMVM block) and unit tails (17 and 21 units:
 /// MMQ's last stage half empty) and long rows (448 units, split over K in fast numerics).
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn invariant_gemvm_equals_unsplit_mmq_bit_for_bit() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     gpu.set_numerics(quarrel_core::Numerics::Invariant);
     let shapes = [(512usize, 70usize), (544, 130), (672, 33), (4096, 200), (14336, 96), (256, 1)];

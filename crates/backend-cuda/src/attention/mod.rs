@@ -420,7 +420,7 @@ mod tests {
     #[test]
     fn attn_vec_constants_match_the_kernel() {
         let src = include_str!("../../kernels/attn_vec.cu");
-        let define = |name: &str| crate::runtime::nvrtc::kernel_define(src, name);
+        let define = |name: &str| crate::kernels::kernel_define(src, name);
         assert_eq!(define("AV_CH"), super::VEC_CHUNK);
         assert_eq!(define("AV_G"), super::VEC_GROUP);
         assert_eq!(super::VEC_CHUNK % (2 * super::VEC_GROUP), 0);

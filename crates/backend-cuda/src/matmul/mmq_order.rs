@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn gemvm_constants_match_the_kernel() {
         let src = include_str!("../../kernels/gemvm.cu");
-        let define = |name: &str| crate::runtime::nvrtc::kernel_define(src, name);
+        let define = |name: &str| crate::kernels::kernel_define(src, name);
         assert_eq!(define("GEMVM_W"), super::COMPUTE_WARPS);
         assert_eq!(define("GEMVM_ROWS"), super::ROWS_PER_BLOCK);
         assert_eq!(define("GEMVM_NB"), super::BUFFERS);

@@ -66,9 +66,9 @@ pub struct Device<H> {
 }
 
 impl<H: Deferred> Device<H> {
-    /// The device `ordinal` with the compiled units loaded and `kernels` looked up in them
+    /// The device `ordinal` with `program`'s units loaded and `kernels` looked up in them
     /// (programmatic dependent launch, sm_90+, for those that wait for their predecessor).
-    pub fn new(ordinal: usize, kernels: &[Kernel]) -> Result<Device<H>, CudaError> {
+    pub fn new(ordinal: usize, program: &nvrtc::Program, kernels: &[Kernel]) -> Result<Device<H>, CudaError> {
         let n = device_count();
         if n == 0 {
             return Err(CudaError::NoDevice("no CUDA driver (libcuda.so) or no CUDA device found".into()));
@@ -85,11 +85,11 @@ impl<H: Deferred> Device<H> {
         let n_sm = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(drv("multiprocessor count"))?.max(1) as usize;
         let mut modules = Vec::new();
         let dir = &crate::tuning::get().cache_dir;
-        for (unit, code) in nvrtc::UNITS.iter().zip(nvrtc::compile_all(dir, cc)?) {
+        for (unit, code) in program.units.iter().zip(nvrtc::compile_all(dir, program, cc)?) {
             let module = match ctx.load_module(code) {
                 Ok(m) => m,
                 // a CUBIN the driver cannot take (NVRTC newer than the driver): PTX, JIT-compiled
-                Err(_) => ctx.load_module(nvrtc::compile_unit(dir, unit, cc, nvrtc::Target::Ptx)?).map_err(drv("loading a kernel module"))?,
+                Err(_) => ctx.load_module(nvrtc::compile_unit(dir, program, unit, cc, nvrtc::Target::Ptx)?).map_err(drv("loading a kernel module"))?,
             };
             modules.push(module);
         }
@@ -102,7 +102,7 @@ impl<H: Deferred> Device<H> {
             let f = modules
                 .iter()
                 .find_map(|m| m.load_function(&k.name).ok())
-                .ok_or_else(|| CudaError::Driver(format!("kernel {} is in no compiled unit (src/runtime/nvrtc.rs UNITS)", k.name)))?;
+                .ok_or_else(|| CudaError::Driver(format!("kernel {} is in no compiled unit (src/kernels.rs UNITS)", k.name)))?;
             funcs.insert(k.name.clone(), (f, pdl && k.waits));
         }
         Ok(Device {
