@@ -387,8 +387,7 @@ impl GemvGroup {
 
 /// Float matrices of at most this many bytes (MoE routers: 0.1-1.4 MB) take the GEMV at every
 /// token count: read from L2 once per 8 tokens, in the decode GEMV's float order, and without
-/// cuBLAS, whose call held the host for ~480 us per Granite-4.0-H-Tiny router (H100 2026-11-23,
-/// `QUARREL_CUDA_HOST_TIME`: 19 ms per 512-token prefill).
+/// cuBLAS, whose call holds the host for ~480 us per small router matrix.
 const SMALL_FLOAT_BYTES: usize = 4 << 20;
 
 fn small_float(w: &CudaWeight) -> bool {
@@ -445,7 +444,7 @@ pub(crate) fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok:
     let (n_in, n_out) = (w.n_in, w.n_out);
     let n_w = (n_in * n_out) as u64;
     // the weight as f16: in place for F16 weights; else a cached f16 copy (made once while
-    // free memory allows, QUARREL_CUDA_F16_CACHE=0 turns it off) or a scratch dequantized per call
+    // free memory allows) or a scratch dequantized per call
     let w16_scratch;
     let mut cached = w.f16.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
     let w16 = match w.dev_ty {
