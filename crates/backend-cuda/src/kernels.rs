@@ -48,6 +48,12 @@ const UNITS: &[Unit] = &[
 /// The kernel sources the device compiles.
 pub(crate) const PROGRAM: Program = Program { files: FILES, units: UNITS };
 
+/// Every kernel's name and whether it waits for its predecessor (`tests/gdc.rs` holds them to
+/// the kernel sources).
+pub fn kernel_registry() -> Vec<(String, bool)> {
+    all().into_iter().map(|k| (k.name, k.waits)).collect()
+}
+
 /// Every kernel, looked up once when the device starts.
 pub(crate) fn all() -> Vec<Kernel> {
     let waiting = waiting_kernel_names().into_iter().map(|name| Kernel { name, waits: true });

@@ -27,8 +27,10 @@
 //! | `batch`     | a batch's positions, KV slots, attention tiles and block tables on the device |
 //! | `kv`        | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
 //! | `bufs`      | buffer access and the Q8 activation cache |
-//! | `ops`       | the `Backend` ops' bodies (elementwise, rope, kv store, MoE entry points) |
-//! | `tuning`    | the environment variables the crate reads, parsed once |
+//! | `ops`       | the longest `Backend` op bodies (RoPE and its fusions, GELU, ReLU², MoE routing) |
+//! | `config`    | `set_numerics`, the expert budget, the `test-switches` setters |
+//! | `probe`     | entry points that run one path directly (tests, benchmarks) and device probes |
+//! | `tuning`    | the environment variables the crate reads, parsed once (`tuning_table`) |
 //! | `error`     | `CudaError` -> `CoreError` |
 //!
 //! Kernels (kernels/): `common.cuh` (quant unit decoding, `GDC()`), `matmul.cu`, `ops.cu` (norm,
@@ -61,7 +63,7 @@ pub use kv::CudaKv;
 pub use matmul::mmq;
 pub use runtime::{available, device_count};
 pub use ssm::ScanKernel;
-pub use kernels::waiting_kernel_names;
+pub use kernels::{kernel_registry, waiting_kernel_names};
 pub use tuning::tuning_table;
 pub use weights::experts::ExpertStats;
 pub use weights::{repack, CudaWeight, DevType};

@@ -148,3 +148,21 @@ fn every_pdl_kernel_waits_for_its_predecessor() {
     assert!(!ks.iter().any(|(n, b)| n == "zero_fill" && !b.contains("GDC();")));
     assert!(matches("gemv3_##NAME##_##NT", "gemv3_q4_0_1") && !matches("gemv3_##NAME##_##NT", "gemv_q4_0_1"));
 }
+
+/// Every kernel of the registry (`quarrel_cuda::kernel_registry`, looked up when the device
+/// starts: a missing one fails the start) is defined by a kernel of the sources, and is listed
+/// once.
+#[test]
+fn every_registered_kernel_is_defined_once() {
+    let src: String = SOURCES.iter().map(|s| s.replace("\\\n", "\n")).collect::<Vec<_>>().join("\n");
+    let ks = kernels(&src);
+    let reg = quarrel_cuda::kernel_registry();
+    assert!(reg.len() > 100, "only {} kernels registered", reg.len());
+    let mut seen = std::collections::HashSet::new();
+    for (name, _) in &reg {
+        assert!(seen.insert(name.clone()), "{name} is registered twice");
+        assert!(ks.iter().any(|(p, _)| matches(p, name)), "{name} is registered but no kernel of the sources defines it");
+    }
+    // and the check can fail
+    assert!(!ks.iter().any(|(p, _)| matches(p, "no_such_kernel")));
+}
