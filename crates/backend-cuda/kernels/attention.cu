@@ -354,7 +354,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
         attn_part<KT, DPL, ATT_QT, false>(ATTN_PASS);                                                                \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(ATTN_ARGS) { attn_part<KT, DPL, 1, false>(ATTN_PASS); }
-// ATTN_DPL (src/nvrtc.rs): only one DPL's kernels in this unit
+// ATTN_DPL (src/kernels.rs): only one DPL's kernels in this unit
 #if !defined(ATTN_DPL) || ATTN_DPL == 2
 #define ATTN_2(NAME, KT) ATTN(NAME, KT, 2)
 #else
@@ -371,7 +371,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #define ATTN_8(NAME, KT)
 #endif
 #define ATTN_ALL(NAME, KT) ATTN_2(NAME, KT) ATTN_4(NAME, KT) ATTN_8(NAME, KT)
-// ATTN_KV (src/nvrtc.rs): only one KV type's kernels in this unit (the units compile in
+// ATTN_KV (src/kernels.rs): only one KV type's kernels in this unit (the units compile in
 // parallel; these templates are the slowest part of the whole build)
 #if !defined(ATTN_KV) || ATTN_KV == KV_F32
 ATTN_ALL(f32, KV_F32)
