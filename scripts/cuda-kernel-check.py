@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compile the CUDA backend's kernels without a GPU: each unit of `UNITS` in
-crates/backend-cuda/src/nvrtc.rs as the backend does at run time (NVRTC), in parallel, then ptxas
+crates/backend-cuda/src/kernels.rs as the backend does at run time (NVRTC), in parallel, then ptxas
 for sm_90, and print errors and spills (registers per kernel with --verbose). Catches compile errors before device time is spent.
 
     python3 -m pip download --no-deps -d /tmp/nvw "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-nvcc==13.0.*"
@@ -17,12 +17,13 @@ ap.add_argument("--jobs", type=int, default=os.cpu_count())
 ap.add_argument("--verbose", action="store_true", help="registers of every kernel")
 ap.add_argument("--only", default=None, help="comma-separated unit names (default: every unit)")
 ap.add_argument("--keep", default=None, help="directory for each unit's CUBIN and, where cuobjdump is found (--cuobjdump), its SASS")
+ap.add_argument("--ptx", default=None, help="directory for each kernel's PTX (DIR/<unit>/<kernel>.ptx: compare two checkouts with diff -r)")
 ap.add_argument("--cuobjdump", default="cuobjdump", help="cuobjdump binary (pip: nvidia-cuda-cuobjdump)")
 a = ap.parse_args()
-nv_rs = open(os.path.join(root, "crates/backend-cuda/src/nvrtc.rs")).read()
+nv_rs = open(os.path.join(root, "crates/backend-cuda/src/kernels.rs")).read()
 units = [(n, re.findall(r'"([\w.]+)"', f), d.encode().decode("unicode_escape"))
          for n, f, d in re.findall(r'Unit \{ name: "(\w+)", files: &\[([^\]]*)\], defines: "([^"]*)" \}', nv_rs)]
-assert units, "no units parsed from src/nvrtc.rs"
+assert units, "no units parsed from src/kernels.rs"
 if a.only:
     units = [u for u in units if u[0] in a.only.split(",")]
 lib = ctypes.CDLL(os.path.join(a.nv, "lib/libnvrtc.so.13"))
@@ -47,6 +48,11 @@ def check(unit):
     lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
     ptx = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetPTX(prog, ptx)
+    if a.ptx:
+        os.makedirs(os.path.join(a.ptx, name), exist_ok=True)
+        text = ptx.value.decode()
+        for m in re.finditer(r"^\.visible \.entry (\w+)\(.*?^}", text, re.S | re.M):
+            open(os.path.join(a.ptx, name, f"{m.group(1)}.ptx"), "w").write(m.group(0))
     with tempfile.TemporaryDirectory() as d:
         open(f"{d}/k.ptx", "wb").write(ptx.value)
         r = subprocess.run([os.path.join(a.nv, "bin/ptxas"), f"-arch=sm_{a.arch}", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"], capture_output=True, text=True)

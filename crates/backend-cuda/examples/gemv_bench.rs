@@ -10,49 +10,11 @@
 
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cuda::CudaBackend;
-use quarrel_gguf::{Gguf, GgufWriter};
-use std::sync::Arc;
-use std::time::Instant;
+
+mod bench_util;
+use bench_util::{rnd, time, weight};
 
 const COPIES: usize = 8;
-
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-/// A random quantized 64-row block repeated to `n_out` rows (the kernels' cost is that of any
-/// weight of the shape).
-fn weight(ty: QuantType, n_in: usize, n_out: usize) -> Arc<Gguf> {
-    let block = quarrel_quant::quantize_to_vec(ty, &rnd(n_in * 64, 5)).expect("quantize");
-    let mut bytes = Vec::with_capacity(block.len() * n_out.div_ceil(64));
-    for _ in 0..n_out.div_ceil(64) {
-        bytes.extend_from_slice(&block);
-    }
-    bytes.truncate(n_out * n_in / ty.block_size() * ty.type_size());
-    let mut w = GgufWriter::new();
-    w.add_tensor("w", &[n_in as u64, n_out as u64], ty).expect("tensor");
-    Arc::new(Gguf::from_bytes(w.to_bytes(&[bytes.as_slice()]).expect("gguf")).expect("gguf"))
-}
-
-/// Microseconds per matmul over `reps` (after one round of warm-up).
-fn time(be: &CudaBackend, reps: usize, mut f: impl FnMut(usize) -> quarrel_core::Result<()>) -> f64 {
-    for i in 0..COPIES {
-        f(i).expect("warm-up");
-    }
-    be.synchronize().expect("sync");
-    let t = Instant::now();
-    for i in 0..reps {
-        f(i).expect("matmul");
-    }
-    be.synchronize().expect("sync");
-    t.elapsed().as_secs_f64() * 1e6 / reps as f64
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -83,7 +45,7 @@ fn main() {
                 let mut out = be.alloc(n * n_out).expect("alloc");
                 let mut run = |ordered: bool| {
                     be.set_ordered_gemv(ordered);
-                    time(&be, reps, |i| be.matmul(&ws[i % COPIES], &x, n, &mut out))
+                    time(&be, reps, COPIES, |i| be.matmul(&ws[i % COPIES], &x, n, &mut out))
                 };
                 let (fast, ord) = (run(false), run(true));
                 println!(

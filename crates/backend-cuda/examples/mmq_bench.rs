@@ -9,42 +9,9 @@
 
 use quarrel_core::{Backend, QuantType, WeightSource};
 use quarrel_cuda::CudaBackend;
-use quarrel_gguf::{Gguf, GgufWriter};
-use std::sync::Arc;
-use std::time::Instant;
 
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn weight(ty: QuantType, n_in: usize, n_out: usize) -> Arc<Gguf> {
-    let block = quarrel_quant::quantize_to_vec(ty, &rnd(n_in * 64, 5)).expect("quantize");
-    let mut bytes = Vec::with_capacity(block.len() * n_out / 64);
-    for _ in 0..n_out / 64 {
-        bytes.extend_from_slice(&block);
-    }
-    let mut w = GgufWriter::new();
-    w.add_tensor("w", &[n_in as u64, n_out as u64], ty).expect("tensor");
-    Arc::new(Gguf::from_bytes(w.to_bytes(&[bytes.as_slice()]).expect("gguf")).expect("gguf"))
-}
-
-/// Microseconds per matmul over `reps` (after one warm-up).
-fn time(be: &CudaBackend, reps: usize, mut f: impl FnMut() -> quarrel_core::Result<()>) -> f64 {
-    f().expect("warm-up");
-    be.synchronize().expect("sync");
-    let t = Instant::now();
-    for _ in 0..reps {
-        f().expect("matmul");
-    }
-    be.synchronize().expect("sync");
-    t.elapsed().as_secs_f64() * 1e6 / reps as f64
-}
+mod bench_util;
+use bench_util::{rnd, time, weight};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -72,10 +39,8 @@ fn main() {
             for &n in &toks {
                 let x = be.upload(&rnd(n * n_in, n as u64)).expect("upload");
                 let mut out = be.alloc(n * n_out).expect("alloc");
-                let mmq = time(&be, reps, || be.matmul_mmq(&w, &x, n, &mut out));
-                std::env::set_var("QUARREL_CUDA_MMQ_MAX", "0");
-                let blas = time(&be, reps, || be.matmul(&w, &x, n, &mut out));
-                std::env::remove_var("QUARREL_CUDA_MMQ_MAX");
+                let mmq = time(&be, reps, 1, |_| be.matmul_mmq(&w, &x, n, &mut out));
+                let blas = time(&be, reps, 1, |_| be.matmul_gemm(&w, &x, n, &mut out));
                 println!("| {ty} | {n_in} | {n_out} | {n} | {mmq:.1} | {blas:.1} | {:.2} | {:.0} |", blas / mmq, wbytes / mmq / 1e3);
             }
         }

@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("=== {name}");
         let logits = if gpu {
             let be = CudaBackend::new(0)?;
-            be.set_exact_numerics(exact);
+            be.set_numerics(if exact { quarrel_core::Numerics::Exact } else { quarrel_core::Numerics::Fast });
             Engine::load(be, path.as_ref(), opts(n_batch))?.eval_all(&ids)?
         } else {
             Engine::load(CpuBackend::new(0)?, path.as_ref(), opts(n_batch))?.eval_all(&ids)?

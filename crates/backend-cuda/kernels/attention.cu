@@ -343,8 +343,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #undef QTOK
 #undef QHEAD
 
-// attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode);
-// attn1g_*: one token, up to ATT_QT heads of one KV head per warp (decode with grouped heads).
+// attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode).
 #define ATTN_ARGS                                                                                                  \
     const float *q, const u8 *K, const u8 *V, float *part, const u32 *tiles, const u32 *pos, const u32 *bt_off,     \
         const u32 *bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, \
@@ -354,11 +353,8 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(ATTN_ARGS) {                              \
         attn_part<KT, DPL, ATT_QT, false>(ATTN_PASS);                                                                \
     }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(ATTN_ARGS) { attn_part<KT, DPL, 1, false>(ATTN_PASS); } \
-    extern "C" __global__ void __launch_bounds__(32) attn1g_##NAME##_##DPL(ATTN_ARGS) {                            \
-        attn_part<KT, DPL, ATT_QT, true>(ATTN_PASS);                                                                 \
-    }
-// ATTN_DPL (src/nvrtc.rs): only one DPL's kernels in this unit
+    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(ATTN_ARGS) { attn_part<KT, DPL, 1, false>(ATTN_PASS); }
+// ATTN_DPL (src/kernels.rs): only one DPL's kernels in this unit
 #if !defined(ATTN_DPL) || ATTN_DPL == 2
 #define ATTN_2(NAME, KT) ATTN(NAME, KT, 2)
 #else
@@ -375,7 +371,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #define ATTN_8(NAME, KT)
 #endif
 #define ATTN_ALL(NAME, KT) ATTN_2(NAME, KT) ATTN_4(NAME, KT) ATTN_8(NAME, KT)
-// ATTN_KV (src/nvrtc.rs): only one KV type's kernels in this unit (the units compile in
+// ATTN_KV (src/kernels.rs): only one KV type's kernels in this unit (the units compile in
 // parallel; these templates are the slowest part of the whole build)
 #if !defined(ATTN_KV) || ATTN_KV == KV_F32
 ATTN_ALL(f32, KV_F32)

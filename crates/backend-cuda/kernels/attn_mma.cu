@@ -7,7 +7,7 @@
 // softcap, causal mask and sliding window as attention.cu's f32 kernel) and the output
 // accumulator are f32, the probabilities rounded to f16 for P·V. Writes attention.cu's
 // partials (m, l, acc) per (token, head, split); `attn_combine` merges and normalizes them.
-// Its plain twin is attention.cu's f32 kernel (`attn_f16_*`, QUARREL_CUDA_ATTN_MMA=0).
+// Its plain twin is attention.cu's f32 kernel (`attn_f16_*`, the crate's tests compare them).
 //
 // Batch-invariant flavour (`attn_mmi_f16_*`, invariant numerics, src/attn.rs): the splits are
 // absolute spans of `span` positions (split s: [s·span, (s + 1)·span)) and the chunks of AM_KB
@@ -321,8 +321,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
 // attn_mmid_f16_<hd>: the same for decode steps (one query per tile) over HD / 32 blocks per KV
 // head, each the P·V and output of 32 dims (grid (tiles, KV heads x HD / 32, spans)): the same
 // bits, with four times the blocks and a quarter of the P·V, V staging and epilogue per block (a
-// decode step's few blocks are latency-bound: Mixtral's 8 took 13.7 us per layer inside the
-// decode graph, QUARREL_CUDA_SKIP on H100 2026-11-24).
+// decode step's few blocks are latency-bound).
 #define ATTN_MMI_AS(NAME, HD, NDS)                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) NAME(                                                           \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \

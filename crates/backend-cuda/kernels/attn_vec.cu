@@ -299,17 +299,9 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
     if (xq && tid < hd) q8_store(o, xq, xm, (th * hd + tid) / 32);
 }
 
-extern "C" __global__ void __launch_bounds__(256) attn_vec_f16(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
-                                                               float* __restrict__ out, const u32* __restrict__ tiles, const u32* __restrict__ pos,
-                                                               const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
-                                                               int hd, int bs, float scale, float softcap, int window, i8* __restrict__ xq,
-                                                               float2* __restrict__ xm) {
-    attn_vec_body<false>(q, K, V, out, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, xq, xm);
-}
-
-// attn_vec_f16 with the scores computed by 8 lanes per position (`av_scores8`) and the chain's
-// groups with a new maximum run from the V values already in registers: the same arithmetic,
-// the same bits.
+// The one-pass kernel: attn_vec_body with the scores computed by 8 lanes per position
+// (`av_scores8`) and the chain's groups with a new maximum run from the V values already in
+// registers (V2; the template's other flavour has no kernel any more).
 extern "C" __global__ void __launch_bounds__(256) attn_vec2_f16(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                                                 float* __restrict__ out, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                                                 const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,

@@ -54,8 +54,8 @@ __device__ __forceinline__ void raw_q(const RawUnit& r, int* q) {
 
 // Rows per warp (the chains of R rows run side by side on R * NT lanes, and the activations
 // each lane loads serve R rows) and steps of 32 units loaded before any arithmetic.
-// GEMVO_R (Q4_0's rows per warp), GEMVO_UNR and GEMVO_PIPE (1: the next batch of steps is loaded
-// before the current one is summed) are set for measurements only (src/nvrtc.rs: QUARREL_CUDA_GEMVO_*).
+// GEMVO_R, GEMVO_UNR and GEMVO_PIPE (1: the next batch of steps loaded before the current one is
+// summed) override the shapes below; the backend defines none of them.
 #ifndef GEMVO_PIPE
 #define GEMVO_PIPE 0
 #endif

@@ -476,9 +476,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
         mmq<QT, 8, 4, false, true>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                     \
     }
-#define MMQ_ALL(NAME, QT)                                                                                          \
-    MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ(NAME, QT, 8, 4, 1)                    \
-    MMQ(NAME, QT, 1, 2, 4) MMQ(NAME, QT, 2, 2, 4) MMQ(NAME, QT, 4, 2, 3) MMQ(NAME, QT, 8, 2, 2) MMQ_DB(NAME, QT)
+#define MMQ_ALL(NAME, QT) MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ_DB(NAME, QT)
 // The dense kernels in the "mmq" NVRTC unit, the grouped expert ones (below) in "mmq_id"
 // (MMQ_ID_UNIT): two units compiled in parallel instead of one twice as long. The "gemvm" unit
 // (GEMVM_UNIT: gemvm.cu after this file) takes the helpers only.
@@ -512,8 +510,7 @@ MMQ_ALL(q6_K, QT_Q6_K)
         mmq<QT, NT, WM, true, DB>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \
     }
 #define MMQ_ID_ALL(NAME, QT)                                                                                       \
-    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_ID(NAME, QT, 8, 2, 2) \
-    MMQ_ID(NAME, QT, 8, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, true, 8_4d)
+    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, true, 8_4d)
 #ifdef MMQ_ID_UNIT
 MMQ_ID_ALL(q4_0, QT_Q4_0)
 MMQ_ID_ALL(q4_1, QT_Q4_1)

@@ -262,52 +262,6 @@ __device__ __forceinline__ void moe_prefetch(const u8* P, const u8* M, u64 slice
         const u64 e = eids[j], s = per_token ? j / n_used : j;                                                         \
         gemv_q<QT, 1, false, MOE_GEMV_UNROLL>(P + e * slice_p, M ? M + e * slice_m : M, xq + s * U * 32, xm + s * U, out + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
     }
-// The weighted combine after moe_gemv_comb's rows: the block that completes a token's row block
-// last (a counter per (token, row block) in cnt, reset by that block) adds the token's n_used
-// routes' rows, in route order, to out (fresh: out not read) — moe_combine_dev's sum.
-__device__ __forceinline__ void moe_comb_last(const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
-                                              int n_used, int d, int wpr, int fresh, u32* __restrict__ cnt, int j) {
-    __shared__ u32 last;
-    __threadfence();  // this block's rows of y visible to the block that combines them
-    __syncthreads();
-    const int tok = j / n_used;
-    u32* c = cnt + (u64)tok * gridDim.x + blockIdx.x;
-    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (u32)(n_used - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int rows = GEMV_ROWS * GEMV_WARPS / wpr;
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-        const int row = blockIdx.x * rows + i;
-        if (row >= d) break;
-        float a = fresh ? 0.f : out[(u64)tok * d + row];
-        for (int r = tok * n_used; r < (tok + 1) * n_used; r++) a = __fmaf_rn(__ldcg(y + (u64)r * d + row), w[r], a);
-        out[(u64)tok * d + row] = a;
-    }
-    if (threadIdx.x == 0) *c = 0u;  // ready for the next launch
-}
-
-// moe_gemv_dev of the down projection (input per route) with the weighted combine into out.
-#define MOE_GEMV_COMB(NAME, QT)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(128) moe_gemv_comb_##NAME(const u8* __restrict__ P, const u8* __restrict__ M, \
-        u64 slice_p, u64 slice_m, const u32* __restrict__ eids, int n_used, const i8* __restrict__ xq,                  \
-        const float2* __restrict__ xm, float* __restrict__ y, int U, int n_out, int wpr, int early, const float* __restrict__ w, \
-        float* __restrict__ out, int fresh, u32* __restrict__ cnt) {                                                    \
-        const int j = blockIdx.y;                                                                                      \
-        moe_prefetch<QT>(P, M, slice_p, slice_m, eids, j, early, U, n_out, wpr);                                       \
-        GDC();                                                                                                         \
-        const u64 e = eids[j];                                                                                         \
-        gemv_q<QT, 1, false, MOE_GEMV_UNROLL>(P + e * slice_p, M ? M + e * slice_m : M, xq + (u64)j * U * 32, xm + (u64)j * U, y + (u64)j * n_out, U, n_out, wpr, blockIdx.x); \
-        moe_comb_last(y, w, out, n_used, n_out, wpr, fresh, cnt, j);                                                   \
-    }
-MOE_GEMV_COMB(q4_0, QT_Q4_0)
-MOE_GEMV_COMB(q4_1, QT_Q4_1)
-MOE_GEMV_COMB(q5_0, QT_Q5_0)
-MOE_GEMV_COMB(q5_1, QT_Q5_1)
-MOE_GEMV_COMB(q8_0, QT_Q8_0)
-MOE_GEMV_COMB(q4_K, QT_Q4_K)
-MOE_GEMV_COMB(q5_K, QT_Q5_K)
-MOE_GEMV_COMB(q6_K, QT_Q6_K)
 
 MOE_GEMV_DEV(q4_0, QT_Q4_0)
 MOE_GEMV_DEV(q4_1, QT_Q4_1)

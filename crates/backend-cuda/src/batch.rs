@@ -3,7 +3,8 @@
 //! choice of the grouped-query decode attention kernel for batches of many sequences
 //! (`kernels/attn_batch.cu`).
 
-use crate::device::{Device, PoolMem};
+use crate::runtime::PoolMem;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use quarrel_core::{ForwardBatch, KvType, SeqBatch};
 
@@ -21,11 +22,11 @@ pub(crate) struct GqaLaunch {
 
 /// The grouped-query kernel for a decode batch (one token per sequence) of `n_seqs >= 2`
 /// sequences, when it applies: f32 / f16 cache, head_dim 64, 128 or 256, 2 to 8 query heads per
-/// KV head, and `QUARREL_CUDA_ATTN_GQA` not `0`. Splits over positions bring the grid to about
+/// KV head. Splits over positions bring the grid to about
 /// `GQA_WARPS` warps (at most `max_splits`: they depend on the cache's size only, so decode
 /// steps repeat exactly and replay as a graph). `None`: the per-head kernel (`attn1_*`).
 pub(crate) fn gqa_decode(n_seqs: usize, ty: KvType, n_head: usize, n_kv_head: usize, hd: usize, max_splits: usize) -> Option<GqaLaunch> {
-    if n_seqs < 2 || n_kv_head == 0 || n_head % n_kv_head != 0 || std::env::var("QUARREL_CUDA_ATTN_GQA").is_ok_and(|v| v == "0") {
+    if n_seqs < 2 || n_kv_head == 0 || n_head % n_kv_head != 0 {
         return None;
     }
     let g = n_head / n_kv_head;

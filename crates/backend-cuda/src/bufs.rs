@@ -2,7 +2,7 @@
 //! deferred zeroing first, writes make the cached Q8 form of that buffer stale, and an op that
 //! writes its output's Q8 form too (norms, activations) records it for the matmul that follows.
 
-use crate::{device, matmul, CudaBackend, CudaBuf};
+use crate::{matmul, CudaBackend, CudaBuf};
 use quarrel_core::{CoreError, Result};
 use std::sync::atomic::Ordering;
 
@@ -38,7 +38,7 @@ impl CudaBackend {
     /// Q8 scratch for an op that writes `n` values at `out` and their Q8 form in one go
     /// (`None`: kernel arguments 0, the op writes f32 only).
     pub(crate) fn q8_out(&self, out: u64, n: usize) -> Result<(u64, u64)> {
-        if n % 32 != 0 || device::switches().no_fused_q8 {
+        if n % 32 != 0 {
             return Ok((0, 0));
         }
         let c = matmul::QCache::new(&self.dev, out, n)?;

@@ -3,7 +3,8 @@
 //! in blocks of up to 256 values, as the CPU cache stores them, keys less the layer's key
 //! offset first), zeroed at allocation.
 
-use crate::device::{DevMem, Device};
+use crate::runtime::DevMem;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use quarrel_core::{KvSpec, KvType};
 

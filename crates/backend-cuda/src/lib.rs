@@ -12,63 +12,68 @@
 //! The driver API, NVRTC and cuBLAS are loaded at run time (cudarc), so this crate builds and
 //! links on machines without CUDA; `device_count()` says whether a GPU can be used.
 //!
-//! | module    | responsibility |
-//! |-----------|----------------|
-//! | `device`  | context, stream, kernel module (NVRTC + disk cache), raw memory, buffer pool, launches |
-//! | `weight`  | `CudaWeight`: per-type repacking and upload |
-//! | `matmul`  | GEMV (dp4a over Q8 activations / f32 for float weights) and cuBLAS GEMM for prefill |
-//! | `mmq`     | quantized GEMM for 9+ tokens: Q8 activations, int8 tensor-core mma, exact block sums |
-//! | `moe`     | MoE: host routing, grouped-by-expert MMQ, scatter, weighted combine, relu² |
-//! | `ssm`     | Mamba2: recurrent state slots, conv1d, selective scan, gated norm |
-//! | `batch`   | a batch's positions, KV slots, attention tiles and block tables on the device |
-//! | `kv`      | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
-//! | `graph`   | launch queue: kernels recorded per step, repeating steps replayed as CUDA graphs |
-//! | `exact`   | exact numerics: Q4_0 / Q4_1 / Q8_0 matmuls in the CPU backend's float order |
-//! | `invariant` | invariant numerics: every matmul in MMQ's float order (MMQ unsplit, `gemvm` decode GEMV) |
-//! | `unit`    | reference twin of the kernels' weight decoding (property-tested without a GPU) |
-//! | `error`   | `CudaError` -> `CoreError` |
+//! | module      | responsibility |
+//! |-------------|----------------|
+//! | `runtime`   | context, stream, memory pool, NVRTC compile + disk cache, launch queue, CUDA graphs, PDL (names no op) |
+//! | `kernels`   | the kernel registry: every kernel the units export and which wait for their predecessor |
+//! | `fusion`    | the launch an op holds back and how the next op absorbs it (`Held`) |
+//! | `weights`   | `CudaWeight`: per-type repacking and upload; `unit` (decoding twin); `experts` (expert budget / cache) |
+//! | `matmul`    | GEMV (dp4a over Q8 / f32 for float weights), cuBLAS GEMM; `mmq` (quantized GEMM on tensor cores), `mmq_order` (every matmul in MMQ's float order), `cpu_order` (Q4_0 / Q4_1 / Q8_0 in the CPU's float order) |
+//! | `attention` | paged attention: split-K, one-pass vector (CPU numerics), tensor-core prefill, batched decode |
+//! | `moe`       | MoE: `device_route` (routing + decode expert GEMVs + combine on the device), `grouped_gemm` (one MMQ launch over every expert), `chunked_gemv`, `host_route` |
+//! | `ssm`       | Mamba2: recurrent state slots, conv1d, selective scan, gated norm |
+//! | `norm`      | RMSNorm launches (plain, after an add, after a combine) |
+//! | `sample`    | argmax and sampling rows on the device |
+//! | `batch`     | a batch's positions, KV slots, attention tiles and block tables on the device |
+//! | `kv`        | `CudaKv`: paged K/V per layer (f32, f16, q8_0, q4_0) |
+//! | `bufs`      | buffer access and the Q8 activation cache |
+//! | `ops`       | the longest `Backend` op bodies (RoPE and its fusions, GELU, ReLU², MoE routing) |
+//! | `config`    | `set_numerics`, the expert budget, the `test-switches` setters |
+//! | `probe`     | entry points that run one path directly (tests, benchmarks) and device probes |
+//! | `tuning`    | the environment variables the crate reads, parsed once (`tuning_table`) |
+//! | `error`     | `CudaError` -> `CoreError` |
 //!
-//! Kernels: `kernels/common.cuh` (quant unit decoding), `matmul.cu`, `ops.cu` (norm, rope,
-//! swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
+//! Kernels (kernels/): `common.cuh` (quant unit decoding, `GDC()`), `matmul.cu`, `ops.cu` (norm,
+//! rope, swiglu, kv store), `attention.cu` (flash-style paged attention with split-K), `mmq.cu`
 //! (quantized GEMM on the int8 tensor cores), `gemvm.cu` (the decode GEMV in MMQ's order),
-//! `moe.cu`, `ssm.cu` (Mamba2).
+//! `exact.cu` (GEMVs in the CPU's order), `moe.cu`, `ssm.cu` (Mamba2).
 
-mod attn;
+mod attention;
 mod batch;
 mod bufs;
-pub mod device;
+mod config;
 mod error;
-pub mod exact;
-pub mod experts;
-pub mod invariant;
-mod graph;
+mod fusion;
+mod kernels;
 mod kv;
 mod matmul;
-pub mod mmq;
 mod moe;
-mod moe_chunk;
-mod moe_dev;
-mod moe_id;
-mod moe_route;
 mod norm;
-mod nvrtc;
+mod ops;
+mod probe;
+mod runtime;
 mod sample;
 mod ssm;
-pub mod unit;
-mod weight;
+mod tuning;
+mod weights;
 
-pub use attn::{invariant_one_pass_below, vec_max_positions};
-pub use device::{available, device_count};
+pub use attention::{invariant_one_pass_below, MMA_MIN_TOKENS, VEC_MAX_POSITIONS};
 pub use error::CudaError;
 pub use kv::CudaKv;
+pub use matmul::mmq;
+pub use runtime::{available, device_count};
 pub use ssm::ScanKernel;
-pub use weight::{repack, CudaWeight, DevType};
+pub use kernels::{kernel_registry, waiting_kernel_names};
+pub use tuning::tuning_table;
+pub use weights::experts::ExpertStats;
+pub use weights::{repack, CudaWeight, DevType};
 
 use batch::DevBatch;
 use cudarc::cublas::CudaBlas;
-use device::{Arg, Device, Held, PoolMem};
+use fusion::{Device, Held};
+use runtime::{Arg, PoolMem};
 use quarrel_core::{
-    AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, RopeStyle, Route, SsmParams, StateSpec, WeightSource,
+    AttnParams, Backend, CoreError, Numerics, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, Route, SsmParams, StateSpec, WeightSource,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -108,42 +113,35 @@ pub struct CudaBackend {
     /// Expert selections per layer and expert (`moe_selections`).
     moe_counts: Mutex<Vec<Vec<u64>>>,
     /// Device bytes for expert tensors (`set_expert_budget`) and the expert cache's counters.
-    experts: experts::ExpertBudget,
+    experts: crate::weights::experts::ExpertBudget,
     /// Routing on the device for decode steps (`moe_dev`).
-    router: moe_dev::DevRouter,
-    /// Attention over f16 caches with ggml's CPU vector-path numerics (f16 q and V
-    /// accumulator, one pass over the positions) for sequences of every length, as the CPU
-    /// backend's default, instead of f32 throughout (`QUARREL_CUDA_ATTN_EXACT=1` or `QUARREL_CUDA_EXACT=1` at creation,
-    /// `set_exact_attention`, `set_exact_numerics`).
-    exact_attn: std::sync::atomic::AtomicBool,
-    /// Matmuls in the CPU backend's float order / through the decode GEMV at every token
-    /// count, every MoE routing by one device kernel (`QUARREL_CUDA_EXACT=1` at creation, `set_exact_numerics`).
-    exact_mm: std::sync::atomic::AtomicBool,
-    /// Matmuls in MMQ's float order at every token count (`invariant.rs`: MMQ unsplit for
-    /// prompts, `gemvm_*` for decode), MoE routing on the device at every token count
-    /// (`QUARREL_CUDA_INVARIANT=1` at creation, `set_invariant_numerics`).
-    invariant_mm: std::sync::atomic::AtomicBool,
+    router: crate::moe::device_route::DevRouter,
+    /// `quarrel_core::Numerics` as u8 (`set_numerics`).
+    numerics: std::sync::atomic::AtomicU8,
     /// Contexts (positions) up to which f16-cache attention of short sequences takes the
-    /// one-pass kernel with the CPU's numerics by default (`set_attn_vec_max`).
+    /// one-pass kernel with the CPU's numerics (`attention::VEC_MAX_POSITIONS`; tests:
+    /// `set_attn_vec_max`).
     attn_vec_max: std::sync::atomic::AtomicUsize,
     /// Prefill batches of at least this many tokens take the tensor-core attention over f16
-    /// caches (`set_attn_mma_min`; usize::MAX: never).
+    /// caches (`attention::MMA_MIN_TOKENS`; tests: `set_attn_mma_min`, usize::MAX: never).
     attn_mma_min: std::sync::atomic::AtomicUsize,
-    /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens in the CPU's float
-    /// order (`exact.rs`): `exact::OrderedGemv` as u8 (`QUARREL_CUDA_ORDERED_GEMV=0|1` at creation,
-    /// `set_ordered_gemv`; default auto: small models).
+    /// Q4_0 / Q4_1 / Q8_0 matmuls of up to `cpu_order::ORDERED_MAX_TOKENS` tokens in the CPU's
+    /// float order: `cpu_order::OrderedGemv` as u8 (default auto: small models; tests:
+    /// `set_ordered_gemv`).
     ordered_gemv: std::sync::atomic::AtomicU8,
     /// Bytes of all weights loaded on this backend (the auto choice of `ordered_gemv`).
     loaded_bytes: std::sync::atomic::AtomicUsize,
-    /// The prefill scan kernel (`ssm::ScanKernel` as u8: `QUARREL_CUDA_SCAN` at creation,
-    /// `set_scan_kernel`).
+    /// Decode batches of several sequences take the grouped-query kernel where it applies
+    /// (tests compare it with the per-head kernel: `set_gqa_decode`).
+    gqa_decode: AtomicBool,
+    /// The prefill scan kernel (`ssm::ScanKernel` as u8; tests: `set_scan_kernel`).
     scan_kernel: std::sync::atomic::AtomicU8,
 }
 
 impl CudaBackend {
     /// The backend on GPU `ordinal`: kernels are compiled (or read from the cache) here.
     pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
-        let dev = Device::new(ordinal)?;
+        let dev = Device::new(ordinal, &kernels::PROGRAM, &kernels::all())?;
         // SAFETY: only probes for the shared library.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(CudaError::NoDevice("cuBLAS (libcublas.so) not found: add the CUDA libraries to LD_LIBRARY_PATH".into()));
@@ -159,172 +157,16 @@ impl CudaBackend {
             qcache: Mutex::new(None),
             qprev: Mutex::new(None),
             moe_counts: Mutex::new(Vec::new()),
-            experts: experts::ExpertBudget::new(None),
+            experts: crate::weights::experts::ExpertBudget::new(None),
             router: Default::default(),
-            exact_attn: ["QUARREL_CUDA_EXACT", "QUARREL_CUDA_ATTN_EXACT"].iter().any(|k| std::env::var(k).is_ok_and(|v| v == "1")).into(),
-            exact_mm: std::env::var("QUARREL_CUDA_EXACT").is_ok_and(|v| v == "1").into(),
-            invariant_mm: std::env::var("QUARREL_CUDA_INVARIANT").is_ok_and(|v| v == "1").into(),
-            attn_vec_max: vec_max_positions().into(),
-            attn_mma_min: attn::mma_min_tokens().unwrap_or(usize::MAX).into(),
-            ordered_gemv: (exact::OrderedGemv::from_env() as u8).into(),
+            numerics: (Numerics::Fast as u8).into(),
+            attn_vec_max: attention::VEC_MAX_POSITIONS.into(),
+            attn_mma_min: attention::MMA_MIN_TOKENS.into(),
+            ordered_gemv: (crate::matmul::cpu_order::OrderedGemv::Auto as u8).into(),
             loaded_bytes: 0.into(),
-            scan_kernel: (ssm::ScanKernel::from_env() as u8).into(),
+            gqa_decode: true.into(),
+            scan_kernel: (ssm::ScanKernel::Specialized as u8).into(),
         })
-    }
-
-    /// Attention numerics over f16 caches: `true` takes the vector path of llama.cpp's CPU
-    /// flash attention (f16 query and V accumulator, one pass; what llama.cpp's CPU build
-    /// computes for sequences under 64 tokens and every decode step, so the fixtures' short
-    /// prompts compare bit for bit) for sequences of every length and at every context length,
-    /// as the CPU backend's default does: a prefill gives the bits of token-by-token decode;
-    /// `false` (default) takes it for sequences under 64 tokens up to `set_attn_vec_max`
-    /// positions, the tensor-core kernel for longer prompts and f32 split-K over longer
-    /// contexts.
-    pub fn set_exact_attention(&self, on: bool) {
-        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Contexts (positions, the batch's largest) up to which decode and short-prompt attention
-    /// over an f16 cache takes `attn_vec2_f16` (the CPU's numerics, one pass) by default;
-    /// longer ones take the f32 split-K kernels. Initially `QUARREL_CUDA_ATTN_VEC_MAX` or
-    /// 384; 0: split-K (and the grouped batch-decode kernel) always.
-    /// Process-wide: RMSNorm rows by a cluster of blocks (`true`, sm_90+ only) or one block per
-    /// row (the default), as `QUARREL_CUDA_NORM_CLUSTER=1|0` (the same bits; for A/B tests).
-    pub fn set_norm_cluster(&self, on: bool) {
-        norm::NORM_CLUSTER.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub fn set_attn_vec_max(&self, positions: usize) {
-        self.attn_vec_max.store(positions, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Prefill batches (query tokens) from which attention over an f16 cache takes the
-    /// tensor-core kernel (kernels/attn_mma.cu; f16 q and probabilities); `None`: the f32 tiled
-    /// kernel always. Initially `QUARREL_CUDA_ATTN_MMA_MIN` or 64 (`QUARREL_CUDA_ATTN_MMA=0`:
-    /// `None`). Exact attention never takes it.
-    pub fn set_attn_mma_min(&self, tokens: Option<usize>) {
-        self.attn_mma_min.store(tokens.unwrap_or(usize::MAX), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The CPU backend's (llama.cpp's CPU build's) numerics where the GPU can reproduce them
-    /// bit for bit (`QUARREL_CUDA_EXACT=1` at creation): the attention of
-    /// `set_exact_attention` (the vector path at every length: one pass over the positions, no
-    /// split-K, no grouped decode kernel) and the Q4_0 / Q4_1 / Q8_0 matmuls in the CPU's float order at every token
-    /// count (`exact.rs`; slower than the GEMV / MMQ / cuBLAS paths), every other matmul
-    /// through the decode GEMV at every token count (a prefill then multiplies exactly as
-    /// token-by-token decode does), MoE routing by the device router at every token count (a
-    /// warp per token: the host reference's experts, weights within 4 ulp; decode steps keep it
-    /// on the device, prefills take its routes to the host to plan the chunked expert GEMV). Element-wise ops,
-    /// RMSNorm, embeddings and the activation quantization have the CPU's bits always.
-    pub fn set_exact_numerics(&self, on: bool) {
-        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
-        self.exact_mm.store(on, std::sync::atomic::Ordering::Relaxed);
-        if on {
-            self.invariant_mm.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Batch-invariant numerics at prefill speed (`invariant.rs`): every quantized matmul in
-    /// MMQ's float order (prompts through MMQ, never split over K nor the f16 GEMM; decode steps
-    /// through the GEMV in MMQ's order), float matmuls through the float GEMV, MoE routing on the
-    /// device at every token count, and attention in one order per query position at every
-    /// token count (f16 caches: the one pass of `set_exact_attention` below position 128, so
-    /// short prompts and their decode have llama.cpp's CPU attention bits, `attn_mmi_f16_*` on
-    /// the tensor cores over absolute position spans from there; other caches the one pass).
-    /// A prompt, its
-    /// tokens one by one and any batch give the same logits bit for bit. Not the CPU's bits
-    /// (`set_exact_numerics` gives those where it can). Experts kept in host memory
-    /// (`set_expert_budget`) still multiply in the fast order.
-    pub fn set_invariant_numerics(&self, on: bool) {
-        self.exact_attn.store(on, std::sync::atomic::Ordering::Relaxed);
-        self.invariant_mm.store(on, std::sync::atomic::Ordering::Relaxed);
-        if on {
-            self.exact_mm.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Decode and short prompts (up to `exact::ORDERED_MAX_TOKENS` tokens) over Q4_0 / Q4_1 /
-    /// Q8_0 weights: `true` multiplies in the CPU backend's float order (the CPU's bits, through
-    /// `gemvo_*`), `false` with the fast GEMV's order (per-lane partial sums, a tree reduction).
-    /// The default (`exact::OrderedGemv::Auto`) is the CPU's order for models of at most
-    /// `exact::ORDERED_AUTO_MAX_BYTES` of weights, whose decode steps are bound by launches, not
-    /// by bandwidth; bigger models take the fast order: on an H100 the ordered GEMV is 5-30%
-    /// slower per 7B matrix at one token (7B Q4_0 tg128 363 vs 400 t/s, 2026-11-22). Prefill of
-    /// more tokens stays on MMQ / cuBLAS either way (`set_exact_numerics` covers those).
-    pub fn set_ordered_gemv(&self, on: bool) {
-        let mode = if on { exact::OrderedGemv::On } else { exact::OrderedGemv::Off };
-        self.ordered_gemv.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether matmuls of up to `exact::ORDERED_MAX_TOKENS` tokens take the ordered GEMV now.
-    pub fn ordered_gemv(&self) -> bool {
-        let loaded = self.loaded_bytes.load(Ordering::Relaxed);
-        exact::OrderedGemv::from_u8(self.ordered_gemv.load(Ordering::Relaxed)).applies(loaded)
-    }
-
-    /// Device memory for the expert tensors of models loaded from now on (`--expert-budget`):
-    /// the experts beyond it stay in pinned host memory and the most recently routed are
-    /// cached on the device (see `experts`). `None`: no limit (experts that do not fit in
-    /// device memory are offloaded all the same, instead of failing the load).
-    pub fn set_expert_budget(&self, bytes: Option<usize>) {
-        self.experts.set(bytes);
-    }
-
-    /// Route `logits (n_tok, n_expert)` with the device router (`moe_dev`, as decode steps do)
-    /// and download the routes: the kernel against `quarrel_core::moe::route_reference`.
-    pub fn moe_route_on_device(&self, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
-        self.dev.bind()?;
-        let n_tok = logits.len / p.n_expert.max(1);
-        if p.n_expert == 0 || p.n_used == 0 || p.n_used > p.n_expert.min(8) || p.n_expert > 1024 || logits.len != n_tok * p.n_expert {
-            return Err(CoreError::Shape(format!("device routing of {} logits, {} of {} experts", logits.len, p.n_used, p.n_expert)));
-        }
-        let bias = match bias {
-            Some(b) => self.rd(b)?,
-            None => 0,
-        };
-        let ph = self.router.route(&self.dev, None, self.rd(logits)?, n_tok, bias, p)?;
-        Ok(self.router.download_last(&self.dev, &ph)?)
-    }
-
-    /// The router matmul and the routing in one launch (`moe_router_f32`, as decode steps run
-    /// it) with the routes downloaded: the fused kernel against `matmul` + the host reference.
-    pub fn moe_router_on_device(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
-        self.dev.bind()?;
-        check_len("router input", x.len, n_tok * w.n_in)?;
-        let bias = match bias {
-            Some(b) => self.rd(b)?,
-            None => 0,
-        };
-        let ph = self.router.route_fused(&self.dev, &self.qcache, None, w, self.rd(x)?, n_tok, bias, p)?;
-        let ph = ph.ok_or_else(|| CoreError::Unsupported(format!("fused router: {n_tok} tokens, {} weights, {p:?}", w.dev_ty.name())))?;
-        Ok(self.router.download_last(&self.dev, &ph)?)
-    }
-
-    /// Whether decode steps over `kv`'s recurrent state run the Mamba2 conv and scan as one
-    /// launch (`ssm_conv_scan`, the default) or two (tests: the fused kernel against its twin).
-    pub fn set_ssm_merge(&self, kv: &CudaKv, on: bool) -> Result<()> {
-        state(kv)?.merge.store(on, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// What the expert cache did so far (hits, uploads).
-    pub fn expert_stats(&self) -> experts::ExpertStats {
-        self.experts.stats()
-    }
-
-    /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
-    pub fn matmul_mmq(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        check_len("matmul input", x.len, n_tok * w.n_in)?;
-        check_len("matmul output", out.len, n_tok * w.n_out)?;
-        let xp = self.rd(x)?;
-        let op = self.wr(out);
-        if let Ok(mut g) = self.qcache.lock() {
-            if g.as_ref().is_some_and(|c| c.x == op) {
-                *g = None;
-            }
-        }
-        Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op)?)
     }
 
     /// `x += y` (`x += s·y`) to hold: joined to the held MoE combine that writes `y`, if any.
@@ -333,48 +175,6 @@ impl CudaBackend {
             Some(Held::Comb(c)) => Held::CombAdd { c, x, n, s },
             _ => Held::Add { x, y, n, s },
         }
-    }
-
-    /// Whether a decode step's MoE combine joins the residual add and RMSNorm after it
-    /// (`comb_add_rms_norm`, the default; tests compare both ways bit for bit).
-    pub fn set_comb_norm_fusion(&self, on: bool) {
-        self.router.comb_norm.store(on, Ordering::Relaxed);
-    }
-
-    /// The kernel of prefill scans (tests compare them bit for bit; default the specialized
-    /// kernel where the state size has one).
-    pub fn set_scan_kernel(&self, k: ssm::ScanKernel) {
-        self.scan_kernel.store(k as u8, Ordering::Relaxed);
-    }
-
-    pub fn device(&self) -> &Device {
-        &self.dev
-    }
-
-    /// Wait for all queued work (for timing).
-    pub fn synchronize(&self) -> Result<()> {
-        self.dev.flush()?;
-        self.dev.stream.synchronize().map_err(|e| CoreError::Backend(format!("synchronize: {e:?}")))
-    }
-
-    /// Device-to-device copy bandwidth (bytes read + written per second) over `bytes`.
-    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
-        use cudarc::driver::result as r;
-        self.dev.bind()?;
-        self.dev.flush()?;
-        let a = device::DevMem::alloc(&self.dev, bytes)?;
-        let b = device::DevMem::alloc(&self.dev, bytes)?;
-        let s = self.dev.stream.cu_stream();
-        // SAFETY: two live allocations of `bytes`.
-        let copy = || unsafe { r::memcpy_dtod_async(b.ptr, a.ptr, bytes, s) };
-        copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
-        self.synchronize()?;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            copy().map_err(|e| CoreError::Backend(format!("{e:?}")))?;
-        }
-        self.synchronize()?;
-        Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64())
     }
 
     /// A download of ids ended the step (as `download`): drop the step's cached arrays so that
@@ -435,13 +235,6 @@ impl CudaBackend {
 
 fn state(kv: &CudaKv) -> Result<&ssm::CudaState> {
     kv.state.as_ref().ok_or_else(|| CoreError::Shape("the cache has no recurrent state (alloc_state not called)".into()))
-}
-
-/// Whether a ReLU² is held so that the next one (of another buffer) joins its launch
-/// (`relu_sqr2`); `QUARREL_CUDA_RELU_PAIR=0`: each its own launch.
-fn relu_pairs() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_RELU_PAIR").map_or(true, |v| v != "0"))
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
@@ -571,7 +364,7 @@ impl Backend for CudaBackend {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.n_out) {
             return Err(CoreError::Model(format!("token id {t} is outside the vocabulary of {}", table.n_out)));
         }
-        self.dev.step_tokens(tokens.len());
+        self.dev.step_begins(tokens.len() > matmul::GEMV_MAX_TOKENS);
         let tok = self.dev.upload_async(tokens)?;
         let n = tokens.len() as i32;
         let o = self.wr(out);
@@ -603,11 +396,11 @@ impl Backend for CudaBackend {
         let xp = self.rd(x)?;
         self.promote_q8(xp);
         let op = self.wr(out);
-        if self.exact_mm.load(Ordering::Relaxed) {
-            return Ok(exact::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
+        if self.exact_mm() {
+            return Ok(crate::matmul::cpu_order::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
-        if self.invariant_mm.load(Ordering::Relaxed) {
-            return Ok(invariant::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
+        if self.invariant_mm() {
+            return Ok(crate::matmul::mmq_order::matmul(&self.dev, &self.qcache, w, xp, n_tok, op)?);
         }
         Ok(matmul::matmul(&self.dev, &self.blas, &self.qcache, w, xp, n_tok, op, self.ordered_gemv())?)
     }
@@ -632,63 +425,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &mut CudaBuf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
-        self.dev.bind()?;
-        check_len("rope input", x.len, positions.len() * n_head * head_dim)?;
-        if p.n_rot > head_dim || p.n_rot % 2 != 0 || p.n_rot == 0 {
-            return Err(CoreError::Shape(format!("rope: n_rot {} vs head_dim {head_dim}", p.n_rot)));
-        }
-        if let Some(f) = &p.freq_factors {
-            if f.len() < p.n_rot / 2 {
-                return Err(CoreError::Shape(format!("rope: {} freq factors for n_rot {}", f.len(), p.n_rot)));
-            }
-        }
-        let xp = self.rw(x)?;
-        let (pos, _keep) = self.positions_ptr(positions)?;
-        let ff = self.freq_factors_ptr(&p.freq_factors)?;
-        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-        let n = (positions.len() * n_head * p.n_rot / 2) as u64;
-        let args = vec![
-            Arg::P(xp),
-            Arg::P(pos),
-            Arg::P(ff),
-            Arg::I(positions.len() as i32),
-            Arg::I(n_head as i32),
-            Arg::I(head_dim as i32),
-            Arg::I(p.n_rot as i32),
-            Arg::F(theta_scale),
-            Arg::F(p.freq_scale),
-            Arg::I((p.style == RopeStyle::Neox) as i32),
-            Arg::P(0),
-            Arg::I(0),
-        ];
-        if n == 0 {
-            return Ok(());
-        }
-        // q, then k, of a held q/k/v GEMV: rotated in its epilogue
-        if _keep.is_none() && p.style != RopeStyle::Neox && p.n_rot == head_dim && matmul::rope_fusion() {
-            let r = matmul::RopeFuse { pos, ff, theta_scale, freq_scale: p.freq_scale, hd: head_dim, rope_k: false, kv: None };
-            let n_vals = positions.len() * n_head * head_dim;
-            if let Some(Held::Gemv(mut g)) = self.dev.take_held_if(|h| matches!(h, Held::Gemv(g) if g.rope_fits(xp, positions.len(), n_vals, &r))) {
-                g.add_rope(r);
-                return Ok(self.dev.hold(Held::Gemv(g))?);
-            }
-        }
-        // k right after q (same positions and parameters): one launch for both
-        let same = |a: &[Arg]| a.len() == args.len() && a[0].bits() != xp && (1..4).chain(5..10).all(|i| a[i].bits() == args[i].bits());
-        if let Some(Held::Rope { args: mut first, n: n1 }) = self.dev.take_held_if(|h| matches!(h, Held::Rope { args: a, .. } if same(a))) {
-            first[10] = Arg::P(xp);
-            first[11] = Arg::I(n_head as i32);
-            if device::switches().no_fuse2 {
-                return Ok(self.dev.launch_now("rope", ((n1 + n).div_ceil(256) as u32, 1, 1), 256, 0, &first)?);
-            }
-            // held again: the kv_store of k that usually follows joins the launch
-            return Ok(self.dev.hold(Held::RopeQk { args: first, n: n1 + n })?);
-        }
-        if _keep.is_none() && !device::switches().no_fuse {
-            return Ok(self.dev.hold(Held::Rope { args, n })?);
-        }
-        self.dev.launch_1d("rope", n, &args)?;
-        Ok(())
+        self.rope_op(x, positions, n_head, head_dim, p)
     }
 
     fn swiglu(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
@@ -703,22 +440,7 @@ impl Backend for CudaBackend {
     }
 
     fn geglu(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        check_len("geglu up", up.len, gate.len)?;
-        check_len("geglu output", out.len, gate.len)?;
-        let table = {
-            let mut t = self.gelu_table.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
-            if t.is_none() {
-                *t = Some(self.dev.upload_async(quarrel_core::act::gelu_table())?);
-            }
-            t.as_ref().map_or(0, |m| m.ptr())
-        };
-        let n = gate.len as u64;
-        let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
-        let (xq, xm) = self.q8_out(o, gate.len)?;
-        let args = [Arg::P(g), Arg::P(u), Arg::P(table), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)];
-        self.dev.launch_1d("geglu", n, &args)?;
-        Ok(())
+        self.geglu_op(gate, up, out)
     }
 
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<()> {
@@ -726,7 +448,7 @@ impl Backend for CudaBackend {
         check_len("add", y.len, x.len)?;
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
-        if n > 0 && !device::switches().no_fuse {
+        if n > 0 {
             // held: an RMSNorm of x that follows absorbs it (`add_rms_norm`; with the MoE
             // combine that wrote y held too, `comb_add_rms_norm`)
             return Ok(self.dev.hold(self.held_add(xp, yp, n, None))?);
@@ -745,7 +467,7 @@ impl Backend for CudaBackend {
         check_len("add_scaled", y.len, x.len)?;
         let n = x.len as u64;
         let (xp, yp) = (self.rw(x)?, self.rd(y)?);
-        if n > 0 && !device::switches().no_fuse {
+        if n > 0 {
             return Ok(self.dev.hold(self.held_add(xp, yp, n, Some(s)))?);
         }
         self.dev.launch_1d("add_scaled", n, &[Arg::P(xp), Arg::P(yp), Arg::F(s), Arg::U64(n)])?;
@@ -785,53 +507,11 @@ impl Backend for CudaBackend {
     // ---- MoE (moe.rs) and Mamba2 (ssm.rs) ---------------------------------------------------
 
     fn moe_router(&self, layer: usize, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
-        self.dev.bind()?;
-        // decode steps routed on the device: the router matmul and the routing in one launch
-        // (in exact numerics too: its logits are gemv_f32's, its routes moe_route's, bit for
-        // bit, the arithmetic a prefill's router takes below)
-        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.map_or(true, |b| b.len == p.n_expert) {
-            let xp = self.rd(x)?;
-            let bp = match bias {
-                Some(b) => self.rd(b)?,
-                None => 0,
-            };
-            if let Some(r) = self.router.route_fused(&self.dev, &self.qcache, Some(layer), w, xp, n_tok, bp, p)? {
-                return Ok(r);
-            }
-        }
-        let mut logits = self.alloc(n_tok * p.n_expert)?; // (n_tok, n_expert)
-        self.matmul(w, x, n_tok, &mut logits)?;
-        self.moe_route(layer, &logits, bias, p)
+        self.moe_router_op(layer, w, x, n_tok, bias, p)
     }
 
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
-        self.dev.bind()?;
-        let n_tok = logits.len / p.n_expert.max(1);
-        // one router kernel (moe_route, a warp per token) at every token count: a token's routes
-        // do not depend on the batch. Exact numerics hand a prefill's routes to the host (its
-        // expert matmuls are decode's chunked GEMV, planned there).
-        let exact = self.exact_mm.load(Ordering::Relaxed);
-        if p.n_expert > 0 && logits.len == n_tok * p.n_expert && moe_dev::applies(n_tok, p) {
-            let bias = match bias {
-                Some(b) if b.len == p.n_expert => self.rd(b)?,
-                Some(b) => return Err(CoreError::Shape(format!("expert bias has {} values, expected {}", b.len, p.n_expert))),
-                None => 0,
-            };
-            let routes = self.router.route(&self.dev, Some(layer), self.rd(logits)?, n_tok, bias, p)?;
-            // the host needs the routes for experts in host memory (to stage them) and for an
-            // exact prefill (to plan its chunked GEMV): the same router's numbers either way
-            let on_host = self.experts.any_offloaded() || (exact && n_tok > matmul::GEMV_MAX_TOKENS);
-            if !on_host {
-                return Ok(routes);
-            }
-            return Ok(self.router.download_last(&self.dev, &routes)?);
-        }
-        let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
-        let b: Option<Vec<f32>> = match bias {
-            Some(b) => Some(self.dev.download(self.rd(b)?, b.len)?),
-            None => None,
-        };
-        moe::route(&self.moe_counts, layer, &l, b.as_deref(), p)
+        self.moe_route_op(layer, logits, bias, p)
     }
 
     fn moe_selections(&self) -> Result<Vec<Vec<u64>>> {
@@ -845,17 +525,17 @@ impl Backend for CudaBackend {
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
         self.promote_q8(xp);
-        if moe_dev::on_device(routes) {
-            let order = if self.exact_mm.load(Ordering::Relaxed) {
-                moe_dev::Order::Exact
-            } else if self.invariant_mm.load(Ordering::Relaxed) {
-                moe_dev::Order::Invariant
+        if crate::moe::device_route::on_device(routes) {
+            let order = if self.exact_mm() {
+                crate::moe::device_route::Order::Exact
+            } else if self.invariant_mm() {
+                crate::moe::device_route::Order::Invariant
             } else {
-                moe_dev::Order::Fast
+                crate::moe::device_route::Order::Fast
             };
             return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op, order)?);
         }
-        Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op, self.exact_mm.load(Ordering::Relaxed))?)
+        Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op, self.exact_mm())?)
     }
 
     fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {
@@ -864,32 +544,14 @@ impl Backend for CudaBackend {
         // an output still pending its zero fill is written by the combine (no fill launch)
         let fresh = out.zero_pending.load(Ordering::Acquire) && !routes.is_empty();
         let op = if fresh { self.wr(out) } else { self.rw(out)? };
-        if moe_dev::on_device(routes) {
+        if crate::moe::device_route::on_device(routes) {
             return Ok(self.router.combine(&self.dev, yp, y.len, routes.len(), op, out.len, fresh)?);
         }
         Ok(moe::moe_combine(&self.dev, yp, y.len, routes, op, out.len, fresh)?)
     }
 
     fn relu_sqr(&self, x: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        let n = x.len as u64;
-        let xp = self.rw(x)?;
-        // a held ReLU² of another buffer (the routed experts' before the shared expert's): one
-        // launch, its Q8 form kept as the previous cache entry
-        if let Some(Held::ReluSqr { x: x0, n: n0, xq: q0, xm: m0 }) = self.dev.take_held_if(|h| matches!(h, Held::ReluSqr { x, .. } if *x != xp)) {
-            self.keep_q8_as_previous(x0)?;
-            let (xq, xm) = self.q8_out(xp, x.len)?;
-            let blocks = n0.div_ceil(256) + n.div_ceil(256);
-            let args = [Arg::P(x0), Arg::U64(n0), Arg::P(q0), Arg::P(m0), Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)];
-            return Ok(self.dev.launch("relu_sqr2", (blocks as u32, 1, 1), 256, 0, &args)?);
-        }
-        // the down matmul's Q8 input written by the same kernel (no quantize launch)
-        let (xq, xm) = self.q8_out(xp, x.len)?;
-        if n > 0 && !device::switches().no_fuse && relu_pairs() {
-            return Ok(self.dev.hold(Held::ReluSqr { x: xp, n, xq, xm })?);
-        }
-        self.dev.launch_1d("relu_sqr", n, &[Arg::P(xp), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
-        Ok(())
+        self.relu_sqr_op(x)
     }
 
     fn alloc_state(&self, kv: &mut CudaKv, spec: &StateSpec) -> Result<()> {

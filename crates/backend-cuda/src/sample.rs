@@ -9,7 +9,8 @@
 //!  params (10 words / row) + penalty pairs ──upload (stream-ordered)──┘
 //! ```
 
-use crate::device::{Arg, Device};
+use crate::runtime::Arg;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use quarrel_core::SampleRow;
 

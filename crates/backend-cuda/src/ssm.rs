@@ -16,7 +16,8 @@
 //! sequence starting at position 0 starts from zeros. Non-finite state values are counted
 //! on the device and reported by `state_stats` (the scan itself does not synchronize).
 
-use crate::device::{Arg, DevMem, Device};
+use crate::runtime::{Arg, DevMem};
+use crate::fusion::Device;
 use crate::error::CudaError;
 use quarrel_core::{ForwardBatch, SsmParams, StateSpec};
 
@@ -100,7 +101,7 @@ impl CudaState {
     }
 
     /// The batch's sequences as `[slot, first token, tokens, fresh]` on the device.
-    fn seqs(&self, dev: &Device, layer: usize, p: &SsmParams, batch: &ForwardBatch) -> Result<(crate::device::PoolMem, usize), CudaError> {
+    fn seqs(&self, dev: &Device, layer: usize, p: &SsmParams, batch: &ForwardBatch) -> Result<(crate::runtime::PoolMem, usize), CudaError> {
         if self.spec.layers.get(layer).copied().flatten() != Some(*p) {
             return Err(CudaError::Shape(format!("layer {layer} has no recurrent state of shape {p:?}")));
         }
@@ -178,17 +179,10 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
     }
     let c = ConvHeld { layer, p: *p, zx: zx.0, w: w.0, bias: bias.map_or(0, |b| b.0), seq, n_seq, state, out: out.0 };
     // a decode step of one token per sequence: held, the scan that reads `out` joins it
-    if merge() && st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
-        return dev.hold(crate::device::Held::SsmConv(c));
+    if st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
+        return dev.hold(crate::fusion::Held::SsmConv(c));
     }
     c.launch(dev)
-}
-
-/// Whether a decode step's conv joins the scan's launch (`ssm_conv_scan`);
-/// `QUARREL_CUDA_SSM_MERGE=0`: two launches (comparisons).
-fn merge() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_SSM_MERGE").map_or(true, |v| v != "0"))
 }
 
 /// A decode step's `ssm_conv`, held (`Held::SsmConv`) so that the scan over its output joins
@@ -199,7 +193,7 @@ pub(crate) struct ConvHeld {
     zx: u64,
     w: u64,
     bias: u64,
-    seq: crate::device::PoolMem,
+    seq: crate::runtime::PoolMem,
     n_seq: usize,
     state: u64,
     out: u64,
@@ -250,15 +244,6 @@ pub enum ScanKernel {
 }
 
 impl ScanKernel {
-    /// `QUARREL_CUDA_SCAN=generic`: the generic kernel; default specialized.
-    pub fn from_env() -> ScanKernel {
-        if std::env::var("QUARREL_CUDA_SCAN").is_ok_and(|v| v == "generic") {
-            ScanKernel::Generic
-        } else {
-            ScanKernel::Specialized
-        }
-    }
-
     pub(crate) fn from_u8(v: u8) -> ScanKernel {
         if v == 0 {
             ScanKernel::Generic
@@ -286,8 +271,8 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
         check(&format!("ssm_scan {what}"), b.1, p.n_head)?;
     }
     // the held conv of this layer's step that wrote xbc: one launch for both
-    let joins = |h: &crate::device::Held| matches!(h, crate::device::Held::SsmConv(c) if c.out == s.xbc.0 && c.layer == layer && c.p == *p && c.zx == s.zx.0);
-    if let Some(crate::device::Held::SsmConv(c)) = dev.take_held_if(joins) {
+    let joins = |h: &crate::fusion::Held| matches!(h, crate::fusion::Held::SsmConv(c) if c.out == s.xbc.0 && c.layer == layer && c.p == *p && c.zx == s.zx.0);
+    if let Some(crate::fusion::Held::SsmConv(c)) = dev.take_held_if(joins) {
         let state = st.ssm[layer].as_ref().ok_or_else(|| CudaError::Shape(format!("layer {layer} has no recurrent state")))?.ptr;
         return dev.launch(
             "ssm_conv_scan",

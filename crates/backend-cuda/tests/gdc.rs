@@ -1,10 +1,10 @@
-//! Every kernel launched with programmatic dependent launch (`device::gdc_kernel_names`) must
+//! Every kernel launched with programmatic dependent launch (`quarrel_cuda::waiting_kernel_names`) must
 //! wait for its predecessor (`GDC()`) before touching memory, or it races the kernel before it.
 //! Checked on the kernel sources (no GPU needed): each `extern "C" __global__` kernel, macro
 //! templates included, must call `GDC()` in its body or call a device function whose body does;
 //! every listed name must be defined by such a kernel.
 
-const SOURCES: [&str; 17] = [
+const SOURCES: [&str; 15] = [
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/ops.cu"),
     include_str!("../kernels/sample.cu"),
@@ -12,14 +12,12 @@ const SOURCES: [&str; 17] = [
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/attn_batch.cu"),
     include_str!("../kernels/mmq.cu"),
-    include_str!("../kernels/mmq_small.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/ssm.cu"),
     include_str!("../kernels/exact.cu"),
     include_str!("../kernels/attn_vec.cu"),
     include_str!("../kernels/attn_mma.cu"),
     include_str!("../kernels/gelu.cu"),
-    include_str!("../kernels/norm_cluster.cu"),
     include_str!("../kernels/gemvm.cu"),
     include_str!("../kernels/norm_row.cuh"),
 ];
@@ -143,10 +141,28 @@ fn every_pdl_kernel_waits_for_its_predecessor() {
         .filter(|(_, b)| b.contains("GDC();") || waiting.iter().any(|f| b.contains(&format!("{f}<")) || b.contains(&format!("{f}("))))
         .map(|(n, _)| n)
         .collect();
-    for name in quarrel_cuda::device::gdc_kernel_names() {
+    for name in quarrel_cuda::waiting_kernel_names() {
         assert!(good.iter().any(|p| matches(p, &name)), "{name} is launched with PDL but no kernel of that name calls GDC()");
     }
     // and the check can fail: a kernel without GDC() is not accepted
     assert!(!ks.iter().any(|(n, b)| n == "zero_fill" && !b.contains("GDC();")));
     assert!(matches("gemv3_##NAME##_##NT", "gemv3_q4_0_1") && !matches("gemv3_##NAME##_##NT", "gemv_q4_0_1"));
+}
+
+/// Every kernel of the registry (`quarrel_cuda::kernel_registry`, looked up when the device
+/// starts: a missing one fails the start) is defined by a kernel of the sources, and is listed
+/// once.
+#[test]
+fn every_registered_kernel_is_defined_once() {
+    let src: String = SOURCES.iter().map(|s| s.replace("\\\n", "\n")).collect::<Vec<_>>().join("\n");
+    let ks = kernels(&src);
+    let reg = quarrel_cuda::kernel_registry();
+    assert!(reg.len() > 100, "only {} kernels registered", reg.len());
+    let mut seen = std::collections::HashSet::new();
+    for (name, _) in &reg {
+        assert!(seen.insert(name.clone()), "{name} is registered twice");
+        assert!(ks.iter().any(|(p, _)| matches(p, name)), "{name} is registered but no kernel of the sources defines it");
+    }
+    // and the check can fail
+    assert!(!ks.iter().any(|(p, _)| matches(p, "no_such_kernel")));
 }

@@ -1,8 +1,7 @@
 //! The MMQ kernels (quantized GEMM on the int8 tensor cores) against their plain-Rust twin
 //! (`quarrel_cuda::mmq::reference`, the same exact-integer formula) and against the CPU
 //! backend, for every quant type with a kernel, ragged shapes (row, token and unit tails) and
-//! the split-K path, the tiled kernels and the opt-in small-batch ones (up to 32 tokens) for the
-//! same batches; plus MMQ == GEMV for the same tokens. Skips without a CUDA device.
+//! the split-K path; plus MMQ == GEMV for the same tokens. Needs a CUDA device.
 
 mod common;
 use common::{nmse, rnd};
@@ -34,11 +33,9 @@ fn is_k(ty: QuantType) -> bool {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_matches_twin_cpu_and_gemv() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     let cpu = CpuBackend::new(0).unwrap();
     // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
@@ -65,18 +62,6 @@ fn mmq_matches_twin_cpu_and_gemv() {
             let mut ob = gpu.alloc(n_tok * n_out).unwrap();
             gpu.matmul_mmq(&w, &xb, n_tok, &mut ob).unwrap();
             let got = gpu.download(&ob).unwrap();
-            if n_tok <= quarrel_cuda::mmq::SMALL_MAX_TOKENS {
-                // the small-batch kernels (mmq_small.cu, opt-in) for the same batch
-                std::env::set_var("QUARREL_CUDA_MMQ_SMALL", "1");
-                let mut os = gpu.alloc(n_tok * n_out).unwrap();
-                gpu.matmul_mmq(&w, &xb, n_tok, &mut os).unwrap();
-                std::env::remove_var("QUARREL_CUDA_MMQ_SMALL");
-                let small = gpu.download(&os).unwrap();
-                let e = nmse(&twin, &small);
-                eprintln!("| {ty} | {n_in} | {n_out} | {n_tok} (small) | {e:.2e} | | |");
-                assert!(e <= tol::TWIN, "{ty} {n_in}x{n_out} n_tok {n_tok} small-batch kernel: nmse vs twin {e:.3e}");
-            }
-
             // the GEMV path, 8 tokens at a time
             let mut gemv = Vec::with_capacity(n_tok * n_out);
             for c in x.chunks(8 * n_in) {
@@ -104,11 +89,9 @@ fn mmq_matches_twin_cpu_and_gemv() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_rejects_float_weights() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     let mut wr = GgufWriter::new();
     wr.add_tensor("w", &[64, 4], QuantType::F32).unwrap();
@@ -124,15 +107,12 @@ fn mmq_rejects_float_weights() {
 /// `moe_matmul`) against the twin per route on that route's expert, for every type: skewed
 /// routings (one expert takes most routes: several work items of one expert; experts with
 /// none), per-token and per-route inputs, row tails, and every token tile (16 to 128 routes
-/// per expert on average). Also the per-expert MMQ and chunked-GEMV paths it replaced
-/// (`QUARREL_CUDA_MOE_PREFILL=mmq|chunk` are read once per process, so only the default runs).
+/// per expert on average).
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn grouped_expert_mmq_matches_twin_per_route() {
     use quarrel_core::Route;
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, tokens, used per token, skew)
     let shapes = [(256usize, 70usize, 8usize, 40usize, 2usize, false), (512, 130, 16, 100, 4, true), (768, 64, 4, 200, 2, false), (256, 200, 32, 300, 6, true), (1024, 96, 8, 64, 8, false)];
@@ -199,12 +179,10 @@ fn grouped_expert_mmq_matches_twin_per_route() {
 /// even routings; and the device combine equals the host combine. Also holds the result to
 /// the twin.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn device_planned_expert_mmq_equals_host_planned() {
     use quarrel_core::{Gating, MoeRouting};
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, used, tokens, logit bias toward expert 0: skew)
     let shapes = [(256usize, 70usize, 8usize, 2usize, 40usize, 0.0f32), (512, 130, 64, 6, 300, 4.0), (256, 64, 128, 6, 200, 0.0), (1024, 96, 4, 2, 700, 3.0)];
@@ -264,19 +242,17 @@ fn device_planned_expert_mmq_equals_host_planned() {
     }
 }
 
-/// Invariant numerics (`set_invariant_numerics`): a matmul's rows do not depend on the token
+/// Invariant numerics (`Numerics::Invariant`): a matmul's rows do not depend on the token
 /// count. The same tokens multiplied as one batch of 9+ (MMQ, unsplit) and in chunks of 1, 2,
 /// 4 and 8 (the GEMV in MMQ's order, `gemvm_*`) give identical bits, for every type, with row
 /// tails (not a multiple of the 64 rows of a GEMVM block) and unit tails (17 and 21 units:
 /// MMQ's last stage half empty) and long rows (448 units, split over K in fast numerics).
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn invariant_gemvm_equals_unsplit_mmq_bit_for_bit() {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
-        return;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
-    gpu.set_invariant_numerics(true);
+    gpu.set_numerics(quarrel_core::Numerics::Invariant);
     let shapes = [(512usize, 70usize), (544, 130), (672, 33), (4096, 200), (14336, 96), (256, 1)];
     let n_tok = 23;
     let mut checked = 0;

@@ -1,6 +1,6 @@
 //! Whole models on the GPU against the CPU backend: synthetic models of every weight mix
 //! (logits), and SmolLM2 (greedy texts, perplexity) when `QUARREL_SMOLLM2` names the file.
-//! Skipped with a message where no CUDA device exists.
+//! Needs a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
 use quarrel_core::Backend;
 use quarrel_cpu::CpuBackend;
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// differences of 1e-7 flip single Q8 steps that random-weight models amplify to ~1e-3
 /// (a kernel bug gives O(1)).
 const LOGITS_NMSE: f64 = 5e-3;
-/// The same with exact numerics (`set_exact_numerics`), per mix: Q4_0 / Q4_1 / Q8_0 matmuls,
+/// The same with exact numerics (`Numerics::Exact`), per mix: Q4_0 / Q4_1 / Q8_0 matmuls,
 /// attention, element-wise ops and activation quantization give the CPU's bits (RoPE's cos /
 /// sin, 1 ulp apart on ~1% of angles, vanish in the f16 rounding of q and k), so the q8_0 mix
 /// is bit-exact (H100 2026-11-22: 0); float weights differ by f32 vs f16 activations (9e-8,
@@ -29,11 +29,8 @@ fn logits_nmse_exact(ftype: &str) -> f64 {
 }
 
 fn has_gpu() -> bool {
-    let n = quarrel_cuda::device_count();
-    if n == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
-    }
-    n > 0
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
+    true
 }
 
 fn nmse(a: &[f32], b: &[f32]) -> f64 {
@@ -54,6 +51,7 @@ fn synth(ftype: &str, dir: &Path) -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn synthetic_models_logits_match_cpu() {
     if !has_gpu() {
         return;
@@ -92,7 +90,7 @@ fn synthetic_models_logits_match_cpu() {
         let mut worst_x = (0f64, 0f64);
         for n_batch in [512, 1] {
             let be = CudaBackend::new(0).unwrap();
-            be.set_exact_numerics(true);
+            be.set_numerics(quarrel_core::Numerics::Exact);
             let x = engine(be, &path, EngineOptions { n_batch, ..opts.clone() }).eval_all(&ids).unwrap();
             for (p, (u, v)) in a.iter().zip(&x).enumerate() {
                 let e = nmse(u, v);
@@ -136,6 +134,7 @@ fn fixture(rel: &str) -> PathBuf {
 /// the default numerics (for a model this small: the ordered GEMV and the one-pass attention,
 /// i.e. the CPU's bits in decode and short prompts).
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn smollm2_greedy_texts_match_cpu() {
     let Some(path) = smollm2() else { return };
     let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/greedy.json")).unwrap()).unwrap();
@@ -145,7 +144,7 @@ fn smollm2_greedy_texts_match_cpu() {
     let mut counts = vec![];
     for exact in [true, false] {
         let be = CudaBackend::new(0).unwrap();
-        be.set_exact_numerics(exact);
+        be.set_numerics(if exact { quarrel_core::Numerics::Exact } else { quarrel_core::Numerics::Fast });
         let mut gpu = engine(be, &path, opts.clone());
         let (mut same_cpu, mut same_ref) = (0, 0);
         for c in cases {
@@ -170,6 +169,7 @@ fn smollm2_greedy_texts_match_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn smollm2_perplexity_matches_cpu() {
     let Some(path) = smollm2() else { return };
     let text = std::fs::read_to_string(fixture("text/gpl-3.txt")).unwrap();

@@ -5,8 +5,8 @@
 //! the Q8 activation quantization (seen through the matmul: the same integer block sums, only
 //! the float order of the block scales differs) and attention over an f16 cache in llama.cpp's
 //! CPU numerics. RoPE's cos / sin are rounded from f64 on the GPU and come from glibc on the CPU:
-//! equal for all but about 1% of angles, 1 ulp apart there. Needs a CUDA device: skipped
-//! with a message otherwise.
+//! equal for all but about 1% of angles, 1 ulp apart there. Needs a CUDA device: ignored
+//! unless asked for (scripts/gpu-test.sh).
 
 mod common;
 use common::rnd;
@@ -17,10 +17,7 @@ use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
 fn cuda() -> Option<CudaBackend> {
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
-        return None;
-    }
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     Some(CudaBackend::new(0).expect("CUDA backend"))
 }
 
@@ -103,6 +100,7 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>) -> Vec<(&'static str, Vec<f32>
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn elementwise_ops_bit_exact() {
     let Some(gpu) = cuda() else { return };
     let cpu = CpuBackend::new(0).unwrap();
@@ -137,6 +135,7 @@ fn rope<B: Backend>(be: &B, style: RopeStyle, ff: Option<Vec<f32>>) -> Vec<f32> 
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn rope_within_one_ulp_of_cpu() {
     let Some(gpu) = cuda() else { return };
     let cpu = CpuBackend::new(0).unwrap();
@@ -178,6 +177,7 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: &str, n_tok: usize, via: &str) -> V
 /// CPU pairs them with Q8_K activations (one f32 scale per 256 values), the GPU with 32-value
 /// Q8 blocks, which differ by up to ~10% of the rms on such inputs (tests/ops.rs bounds them).
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn quantized_matmul_equals_cpu_to_float_order() {
     let Some(gpu) = cuda() else { return };
     // the fast GEMV (the default; the ordered one: ordered_gemv_bit_exact)
@@ -202,12 +202,13 @@ fn quantized_matmul_equals_cpu_to_float_order() {
     assert!(bad.is_empty(), "quantized matmuls beyond float order: {bad:?}");
 }
 
-/// Exact numerics (`set_exact_numerics`): Q4_0, Q4_1 and Q8_0 matmuls give the CPU's bits at
+/// Exact numerics (`Numerics::Exact`): Q4_0, Q4_1 and Q8_0 matmuls give the CPU's bits at
 /// every token count (the CPU's float order, kernels/exact.cu; rows of 24 units: one partial step).
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_matmul_bit_exact() {
     let Some(gpu) = cuda() else { return };
-    gpu.set_exact_numerics(true);
+    gpu.set_numerics(quarrel_core::Numerics::Exact);
     let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
     let mut bad = vec![];
@@ -246,6 +247,7 @@ fn mm3<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, x: &[f32], n_tok: usize
 /// rows of 176 units (a second batch of steps and a partial step of 16 units) and row counts
 /// that are no multiple of a block's rows.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn ordered_gemv_bit_exact() {
     let Some(gpu) = cuda() else { return };
     gpu.set_ordered_gemv(true);
@@ -277,7 +279,7 @@ fn ordered_gemv_bit_exact() {
     assert!(bad.is_empty(), "ordered GEMVs not bit-exact: {bad:?}");
 }
 
-/// Attention over an f16 cache with llama.cpp's CPU numerics (`set_exact_attention`): a prompt
+/// Attention over an f16 cache with llama.cpp's CPU numerics (exact numerics): a prompt
 /// of 20 tokens and one of 70 (ggml's tiled f32 path from 64 query rows), then decode steps.
 fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
     let (n_head, n_kv_head, hd, bs) = (9, 3, 64, 16);
@@ -331,6 +333,7 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
 /// path at every length on both sides (the CPU's default). Float order only (1e-5 of the rms)
 /// for that prompt; the decode steps after it bit for bit.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_attention_matches_cpu() {
     let Some(gpu) = cuda() else { return };
     gpu.set_attn_mma_min(None);
@@ -341,7 +344,7 @@ fn exact_attention_matches_cpu() {
         // path at every length)
         cpu.set_batch_invariant_attention(exact);
         let a = attention(&cpu);
-        gpu.set_exact_numerics(exact);
+        gpu.set_numerics(if exact { quarrel_core::Numerics::Exact } else { quarrel_core::Numerics::Fast });
         eprintln!("exact numerics: {exact}");
         check_attention(&a, &attention(&gpu));
     }
@@ -367,6 +370,7 @@ fn check_attention(a: &[Vec<f32>], b: &[Vec<f32>]) {
 /// the CPU's bits with default numerics within `vec_max_positions`, and past it with exact
 /// numerics; past it with default numerics (f32 split-K) within 2% of the output's rms.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn decode_attention_long_contexts_match_cpu() {
     let Some(gpu) = cuda() else { return };
     let cpu = CpuBackend::new(0).unwrap();
@@ -376,7 +380,7 @@ fn decode_attention_long_contexts_match_cpu() {
     for (lens, window) in [([300usize, 41usize], None), ([1500, 1100], None), ([1500, 700], Some(500)), ([limit + 700, 90], None)] {
         let a = long_decode(&cpu, lens, window);
         for exact in [false, true] {
-            gpu.set_exact_numerics(exact);
+            gpu.set_numerics(if exact { quarrel_core::Numerics::Exact } else { quarrel_core::Numerics::Fast });
             let b = long_decode(&gpu, lens, window);
             let bit_exact = exact || lens[0] + 3 <= limit;
             for (step, (x, y)) in a.iter().zip(&b).enumerate() {
@@ -390,7 +394,7 @@ fn decode_attention_long_contexts_match_cpu() {
             }
         }
     }
-    gpu.set_exact_numerics(false);
+    gpu.set_numerics(quarrel_core::Numerics::Fast);
     assert!(bad.is_empty(), "decode attention differs from the CPU's: {bad:?}");
 }
 
@@ -444,6 +448,7 @@ fn long_decode<B: Backend>(be: &B, lens: [usize; 2], window: Option<usize>) -> V
 /// bit (H100 2026-11-22: every row; another product order) and are held to NMSE 1e-10 per row,
 /// so a wrong or stale row (values of another row or of other memory) fails either way.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn embed_rows_bit_exact_at_every_position() {
     let Some(gpu) = cuda() else { return };
     let cpu = CpuBackend::new(0).unwrap();
@@ -508,6 +513,7 @@ fn embed_rows_bit_exact_at_every_position() {
 /// row on one binary). Large F32 tables (16 MiB: the DMA takes milliseconds) with different
 /// values each, reused allocations in between; every row compared to the table's own values.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn fresh_tables_read_right_after_load() {
     let Some(gpu) = cuda() else { return };
     let (n_in, n_out, n_tab) = (1024usize, 4096usize, 6usize);
@@ -553,6 +559,7 @@ fn fresh_tables_read_right_after_load() {
 /// the same tokens multiplied one at a time (a decode step's router logits), for f32, f16 and
 /// bf16 weights and token counts that leave every tail.
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn small_float_matmul_prefill_equals_token_steps() {
     let Some(be) = cuda() else { return };
     for (ty, n_in, n_out) in [(QuantType::F32, 1536usize, 64usize), (QuantType::F32, 2688, 128), (QuantType::F16, 4096, 8), (QuantType::BF16, 512, 40)] {

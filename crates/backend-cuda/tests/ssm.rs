@@ -4,7 +4,7 @@
 //! for bit, for sequences that start fresh and that continue a carried state, over state sizes
 //! with and without a specialized kernel, group counts, partial chunks and extreme inputs
 //! (dt far beyond softplus's linear threshold, exp(dt·A) underflowing to 0, states overflowing).
-//! Skipped with a message where no CUDA device exists.
+//! Needs a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
 mod common;
 use common::rnd;
@@ -12,11 +12,8 @@ use quarrel_core::{Backend, ForwardBatch, KvSpec, KvType, SeqBatch, SsmParams, S
 use quarrel_cuda::{CudaBackend, CudaKv, ScanKernel};
 
 fn has_gpu() -> bool {
-    let n = quarrel_cuda::device_count();
-    if n == 0 {
-        eprintln!("no CUDA device: skipping (scripts/gpu-test.sh runs this on a GPU machine)");
-    }
-    n > 0
+    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
+    true
 }
 
 /// One shape's inputs: per sequence, per token, the conv output row (x, B, C) and the
@@ -112,6 +109,7 @@ fn by_token(p: &SsmParams, steps: &[Vec<(usize, usize, usize)>], outs: &[Vec<f32
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn prefill_scan_kernels_equal_token_steps() {
     if !has_gpu() {
         return;

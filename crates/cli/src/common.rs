@@ -194,8 +194,8 @@ pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineO
             be.set_expert_budget(expert_budget);
             match resolve_numerics(numerics, path) {
                 Numerics::Auto | Numerics::Fast => {}
-                Numerics::Exact => be.set_exact_numerics(true),
-                Numerics::Invariant => be.set_invariant_numerics(true),
+                Numerics::Exact => be.set_numerics(quarrel_core::Numerics::Exact),
+                Numerics::Invariant => be.set_numerics(quarrel_core::Numerics::Invariant),
             }
             AnyEngine::Cuda(load_on(be, path, opts)?)
         }

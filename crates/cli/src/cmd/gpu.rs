@@ -28,7 +28,7 @@ pub fn main(a: Args) -> Result<()> {
     }
     for i in 0..n {
         let be = CudaBackend::new(i).with_context(|| format!("starting CUDA on GPU {i}"))?;
-        let (free, total) = be.device().ctx.mem_get_info().unwrap_or((0, 0));
+        let (free, total) = be.mem_info();
         let bw = be.copy_bandwidth(a.copy_mib << 20, a.reps.max(1))?;
         println!(
             "{}: {:.0} of {:.0} MiB free; device-to-device copy {:.1} GB/s (read + write)",
@@ -37,6 +37,9 @@ pub fn main(a: Args) -> Result<()> {
             total as f64 / 1048576.0,
             bw / 1e9
         );
+    }
+    for (name, value, meaning) in quarrel_cuda::tuning_table() {
+        println!("{name}={value}  ({meaning})");
     }
     Ok(())
 }

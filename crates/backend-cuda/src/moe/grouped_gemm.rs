@@ -12,11 +12,11 @@
 //! activations, no scatter of the results, no split K). Per route the sums are the dense
 //! MMQ's: exact integer block sums over the Q8 activations decode uses, f32 scale products.
 
-use crate::device::Arg;
+use crate::runtime::Arg;
 use crate::moe::ExpertCall;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::mmq;
+use crate::matmul::mmq;
 use quarrel_core::Route;
 use std::sync::Mutex;
 
@@ -69,12 +69,9 @@ pub fn split_table() -> &'static [u8] {
 /// smaller classes would hold a few items each and run as launches of less than one wave
 /// after the big one (H100 2026-11-23, Mixtral-8x7B pp512 profile: the 16 / 32 / 64-route
 /// launches took 42 of 118 ms of grouped MMQ per prompt). The 128-route kernel skips the token
-/// tiles an item leaves empty, and the full items run first. `QUARREL_CUDA_MMQ_ID_ONE=0|1`
-/// overrides.
+/// tiles an item leaves empty, and the full items run first.
 pub fn one_launch(n_routes: usize, n_expert: usize) -> bool {
-    static ONE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let forced = *ONE.get_or_init(|| std::env::var("QUARREL_CUDA_MMQ_ID_ONE").ok().map(|v| v == "1"));
-    forced.unwrap_or(n_routes >= 64 * n_expert.max(1))
+    n_routes >= 64 * n_expert.max(1)
 }
 
 /// Work items per tile class that a device plan of `n_routes` routes over `n_expert` experts
@@ -235,9 +232,6 @@ mod tests {
 
     #[test]
     fn one_launch_where_experts_average_64_routes() {
-        if std::env::var("QUARREL_CUDA_MMQ_ID_ONE").is_ok() {
-            return; // forced either way
-        }
         // Mixtral pp512 (1024 routes over 8 experts), Nemotron (3072 over 128), Granite (3072 over 64)
         assert!(one_launch(1024, 8) && one_launch(512, 8));
         assert!(!one_launch(3072, 128) && !one_launch(3072, 64) && !one_launch(511, 8));

@@ -9,9 +9,7 @@
 //!  decode (<= GEMV_MAX_TOKENS tokens): moe_gemv_dev, every route's row of its expert, one launch;
 //!    each launch is held (`Held::Moe`): the gate projection after the up projection joins it
 //!    (moe_gemv2_dev, one launch for both; in invariant numerics moe_gemvm_dev takes one or both
-//!    matrices in MMQ's order); with QUARREL_CUDA_MOE_COMB=1 the combine after the
-//!    down projection joins it too (moe_gemv_comb: the block finishing a token's row block
-//!    last adds the routes to out; off by default: slower, see `comb`)
+//!    matrices in MMQ's order)
 //!  the combine (moe_combine_dev) is held (`Held::Comb`): the residual add of its output and
 //!    the RMSNorm after it run with it as one comb_add_rms_norm launch (norm.rs)
 //!  prefill: eids ──moe_plan (grouped by expert, work items per token tile)──► mmq_id per tile
@@ -25,14 +23,14 @@
 //! (another order: the same f32 result but in the rarest cases), the same tie and NaN order.
 //! Used for at most 8 experts per token and 1024 experts; with expert tensors in host memory
 //! (`--expert-budget`) the routes are downloaded (the host stages the routed experts) and the
-//! host paths run with them. `QUARREL_CUDA_HOST_ROUTE=1` keeps routing on the host,
-//! `QUARREL_CUDA_PREFILL_HOST_ROUTE=1` for steps of more than `GEMV_MAX_TOKENS` tokens only.
+//! host paths run with them.
 
-use crate::device::{Arg, DevMem, Device, Held, PoolMem};
+use crate::runtime::{Arg, DevMem, PoolMem};
+use crate::fusion::{Device, Held};
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::mmq;
-use crate::weight::{CudaWeight, DevType};
+use crate::matmul::mmq;
+use crate::weights::{CudaWeight, DevType};
 use quarrel_core::{Gating, MoeRouting, Route};
 use std::sync::Mutex;
 
@@ -43,11 +41,8 @@ pub const DEVICE_EXPERT: u32 = u32::MAX;
 pub struct DevRouter {
     last: Mutex<Option<DevRoutes>>,
     counts: Mutex<Vec<Option<(usize, DevMem)>>>,
-    /// `moe_gemv_comb`'s counters per (token, row block): zeroed once, each reset by the block
-    /// that reads it last; allocated at first use and never moved (queued launches hold it).
-    comb: Mutex<Option<(usize, DevMem)>>,
-    /// Whether a combine is held for the add + RMSNorm after it (`comb_add_rms_norm`); default
-    /// on, `QUARREL_CUDA_MOE_NORM=0` off, `CudaBackend::set_comb_norm_fusion` (tests).
+    /// Whether a combine is held for the add + RMSNorm after it (`comb_add_rms_norm`); on
+    /// unless the crate's tests compare it with three launches (`set_comb_norm_fusion`).
     pub(crate) comb_norm: std::sync::atomic::AtomicBool,
     /// `moe_router_f32`'s finished-block counter (one u32: router launches never overlap, each
     /// waits for the kernel before it), zeroed once, reset by the block that routes.
@@ -59,8 +54,7 @@ impl Default for DevRouter {
         DevRouter {
             last: Default::default(),
             counts: Default::default(),
-            comb: Default::default(),
-            comb_norm: std::env::var("QUARREL_CUDA_MOE_NORM").map_or(true, |v| v != "0").into(),
+            comb_norm: true.into(),
             router_cnt: Default::default(),
         }
     }
@@ -92,10 +86,6 @@ impl CombHeld {
         [Arg::P(self.y), Arg::P(self.wts), Arg::I(self.n_used as i32), Arg::I(self.fresh as i32)]
     }
 }
-
-/// Counters of `DevRouter::comb` (u32): a decode step's tokens times the row blocks of the
-/// largest down projection that joins its combine (more: the two launches stay separate).
-const COMB_COUNTERS: usize = 1 << 16;
 
 struct DevRoutes {
     eids: PoolMem,
@@ -167,35 +157,6 @@ impl MoeGemv {
         )
     }
 
-    /// Queued with the weighted combine (`moe_gemv_comb_<type>`): `out[token] (+)= Σ w · row`.
-    fn launch_comb(&self, dev: &Device, wts: u64, out: u64, fresh: bool, cnt: u64) -> Result<(), CudaError> {
-        dev.launch_now(
-            &format!("moe_gemv_comb_{}", self.name),
-            self.grid(1),
-            128,
-            0,
-            &[
-                Arg::P(self.p),
-                Arg::P(self.m),
-                Arg::U64(self.slice.0),
-                Arg::U64(self.slice.1),
-                Arg::P(self.eids),
-                Arg::I(self.n_used as i32),
-                Arg::P(self.x.0),
-                Arg::P(self.x.1),
-                Arg::P(self.out),
-                Arg::I(self.units as i32),
-                Arg::I(self.n_out as i32),
-                Arg::I(self.wpr as i32),
-                Arg::I(self.early as i32),
-                Arg::P(wts),
-                Arg::P(out),
-                Arg::I(fresh as i32),
-                Arg::P(cnt),
-            ],
-        )
-    }
-
     /// Whether `o` can share one launch with `self`: another matrix of the same type and
     /// shape over the same Q8 input and routes.
     fn pairs_with(&self, o: &MoeGemv) -> bool {
@@ -218,7 +179,7 @@ impl MoeGemv {
         let second = o.map(|o| (o.p, o.m, o.out));
         let (n_used, per_token, x, units, n_out, n_routes) = (self.n_used, self.per_token, self.x, self.units, self.n_out, self.n_routes);
         let dense = self.dense.or(o.and_then(|o| o.dense));
-        crate::invariant::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early, dense)
+        crate::matmul::mmq_order::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early, dense)
     }
 
     /// `self` and `o` in one `moe_gemv2_dev_<type>` launch (`self`'s `early`: the earlier call).
@@ -261,43 +222,7 @@ pub fn on_device(routes: &[Route]) -> bool {
 
 /// Whether a step of `n_tok` tokens routes on the device.
 pub fn applies(n_tok: usize, p: &MoeRouting) -> bool {
-    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let host = *HOST.get_or_init(|| std::env::var("QUARREL_CUDA_HOST_ROUTE").is_ok_and(|v| v == "1"));
-    static PREFILL_HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let prefill_host = *PREFILL_HOST.get_or_init(|| std::env::var("QUARREL_CUDA_PREFILL_HOST_ROUTE").is_ok_and(|v| v == "1"));
-    let max_tok = if prefill_host { crate::matmul::GEMV_MAX_TOKENS } else { usize::MAX };
-    !host && n_tok > 0 && n_tok <= max_tok && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
-}
-
-/// Whether a held dense GEMV over a one-token step's input (a shared expert's up projection)
-/// joins the routed experts' MMQ-order launch; `QUARREL_CUDA_MOE_SHARED=0`: its own launch.
-fn join_shared() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_SHARED").map_or(true, |v| v != "0"))
-}
-
-/// Whether decode's routed expert GEMVs are held to share launches (gate + up, down + combine);
-/// `QUARREL_CUDA_MOE_FUSE=0`: one launch each (for comparisons).
-fn fuse() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_FUSE").map_or(true, |v| v != "0"))
-}
-
-/// Whether the combine joins the down projection's launch (`moe_gemv_comb`):
-/// `QUARREL_CUDA_MOE_COMB=1`. Off by default, by measurement (H100, 2026-11-22, same files and
-/// run): Nemotron-3-Nano tg128 366.8 t/s with it against 385.7 without any held expert launch;
-/// its counters, fences and the last block's serial reads cost more than the launch it saves.
-fn comb() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_COMB").is_ok_and(|v| v == "1"))
-}
-
-/// Whether decode steps run the router matmul and the routing as one launch
-/// (`moe_router_f32`); `QUARREL_CUDA_MOE_ROUTER=0`: a `gemv_f32` and a `moe_route` launch (for
-/// comparisons).
-fn fused_router() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_ROUTER").map_or(true, |v| v != "0"))
+    n_tok > 0 && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
 }
 
 /// The float order of the routed expert matmuls (`DevRouter::matmul`).
@@ -317,15 +242,10 @@ pub enum Order {
 /// 2,688 rows, four warps per row for 6 routes: 2,016 blocks of one warp per row fill the GPU
 /// with every lane busy, where four warps left 70 of 128 lanes idle). The host-routed paths
 /// (exact numerics, prefill chunks) keep the shape rule, whose reduction they share.
-/// `QUARREL_CUDA_MOE_WPR`: 0 the shape rule everywhere, 1 / 2 / 4 forced (comparisons).
 fn wpr_dev(n_out: usize, units: usize, n_routes: usize) -> usize {
-    static F: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *F.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_WPR").ok().and_then(|v| v.parse().ok()).filter(|w| [0, 1, 2, 4].contains(w)));
-    match forced {
-        Some(0) => crate::moe_chunk::wpr_for(n_out, units),
-        Some(w) => w,
-        None if units >= 64 => crate::moe_chunk::wpr_for(n_out, units),
-        None => {
+    match units {
+        64.. => crate::moe::chunked_gemv::wpr_for(n_out, units),
+        _ => {
             let blocks = n_out.div_ceil(8) * n_routes;
             if blocks >= 1024 {
                 1
@@ -390,12 +310,12 @@ impl DevRouter {
     /// launch (`moe_router_f32_<n_tok>`: the logits as `gemv_f32_<n_tok>` computes them, the
     /// routes as `moe_route`), for decode steps of 1, 2, 4 or 8 tokens; the launch also writes
     /// x's Q8 form when the cache does not hold it (the expert matmuls read it). `None`: not
-    /// applicable (other weight types or token counts, `QUARREL_CUDA_MOE_ROUTER=0`): the caller
+    /// applicable (other weight types or token counts): the caller
     /// runs the matmul and `route`.
     #[allow(clippy::too_many_arguments)]
     pub fn route_fused(&self, dev: &Device, qc: &Mutex<Option<QCache>>, layer: Option<usize>, w: &CudaWeight, x: u64, n_tok: usize, bias: u64, p: &MoeRouting) -> Result<Option<Vec<Route>>, CudaError> {
         let n_in = w.n_in;
-        if !fused_router() || w.dev_ty != DevType::F32 || w.n_out != p.n_expert || !matches!(n_tok, 1 | 2 | 4 | 8) || n_in % 8 != 0 || !applies(n_tok, p) {
+        if w.dev_ty != DevType::F32 || w.n_out != p.n_expert || !matches!(n_tok, 1 | 2 | 4 | 8) || n_in % 8 != 0 || !applies(n_tok, p) {
             return Ok(None);
         }
         let n = n_tok * p.n_used;
@@ -416,7 +336,7 @@ impl DevRouter {
         let logits = dev.scratch(4 * n_tok * p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
         // gemv_f32's warps per row (matmul::gemv_shape for float weights) and grid
-        let wpr = crate::moe_chunk::wpr_for(p.n_expert, 0);
+        let wpr = crate::moe::chunked_gemv::wpr_for(p.n_expert, 0);
         let grid = p.n_expert.div_ceil(8 / wpr) as u32;
         dev.launch(
             &format!("moe_router_f32_{n_tok}"),
@@ -481,7 +401,7 @@ impl DevRouter {
             return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
         }
         let wpr = match order {
-            Order::Exact => crate::moe_chunk::wpr_for(n_out, units),
+            Order::Exact => crate::moe::chunked_gemv::wpr_for(n_out, units),
             Order::Invariant => 1,
             Order::Fast => wpr_dev(n_out, units, n_routes),
         };
@@ -507,15 +427,11 @@ impl DevRouter {
         drop(last);
         // a held dense GEMV in MMQ's order over the same one-token input (the shared expert's up
         // projection before the routed experts'): its row groups join this launch
-        if g.mmq && r_tok == 1 && x_per_token && !crate::device::switches().no_fuse && fuse() && join_shared() {
+        if g.mmq && r_tok == 1 && x_per_token {
             g.dense = dev.take_held_if(|h| matches!(h, Held::Gemv(d) if d.single_mmq(name, xq, units).is_some())).and_then(|h| match h {
                 Held::Gemv(d) => d.single_mmq(name, xq, units),
                 _ => None,
             });
-        }
-        if crate::device::switches().no_fuse || !fuse() {
-            dev.settle()?;
-            return g.launch(dev);
         }
         // the up projection held by the call before (same input and routes): one launch
         if let Some(Held::Moe(first)) = dev.take_held_if(|h| matches!(h, Held::Moe(f) if f.pairs_with(&g))) {
@@ -534,21 +450,9 @@ impl DevRouter {
         if d == 0 || y_len != d * n_routes || out_len != r.n_tok * d {
             return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
         }
-        // the held down projection that wrote y (one row per route): the combine joins its launch
-        let joins = |h: &Held| comb() && matches!(h, Held::Moe(g) if !g.mmq && g.out == y && !g.per_token && g.n_routes == n_routes && g.n_out == d && g.n_routes * g.n_out.div_ceil(8 / g.wpr) <= COMB_COUNTERS * g.n_used);
-        if let Some(Held::Moe(g)) = dev.take_held_if(joins) {
-            let mut c = lock(&self.comb)?;
-            if c.is_none() {
-                let m = DevMem::alloc(dev, 4 * COMB_COUNTERS)?;
-                dev.memset0(m.ptr, 4 * COMB_COUNTERS)?;
-                *c = Some((COMB_COUNTERS, m));
-            }
-            let cnt = c.as_ref().map_or(0, |(_, m)| m.ptr);
-            return g.launch_comb(dev, r.wts.ptr(), out, fresh, cnt);
-        }
-        let c = CombHeld { y, wts: r.wts.ptr(), out, d, n_tok: r.n_tok, n_used: r.n_used, fresh };
+                let c = CombHeld { y, wts: r.wts.ptr(), out, d, n_tok: r.n_tok, n_used: r.n_used, fresh };
         // held: the residual add of out and the RMSNorm after it may absorb it
-        if d % 4 == 0 && !crate::device::switches().no_fuse && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
+        if d % 4 == 0 && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
             return dev.hold(Held::Comb(c));
         }
         dev.settle()?;
@@ -600,7 +504,7 @@ fn grouped(
     n_out: usize,
     out: u64,
 ) -> Result<(), CudaError> {
-    use crate::moe_id::{max_items, split_table, TILES};
+    use crate::moe::grouped_gemm::{max_items, split_table, TILES};
     let bound = max_items(n_routes, n_expert);
     let max = *bound.iter().max().unwrap_or(&1);
     let (src, dst) = (dev.scratch(4 * n_routes)?, dev.scratch(4 * n_routes)?);
@@ -611,7 +515,7 @@ fn grouped(
         return Err(CudaError::Shape(format!("{n_routes} routes in one step: too many work items for one launch")));
     }
     let m_ptr = w.m_ptr();
-    let one = crate::moe_id::one_launch(n_routes, n_expert);
+    let one = crate::moe::grouped_gemm::one_launch(n_routes, n_expert);
     dev.launch(
         "moe_plan",
         (1, 1, 1),
@@ -674,7 +578,6 @@ pub fn gdc_kernel_names() -> Vec<String> {
     for t in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
         v.push(format!("moe_gemv_dev_{t}"));
         v.push(format!("moe_gemv2_dev_{t}"));
-        v.push(format!("moe_gemv_comb_{t}"));
     }
     v
 }

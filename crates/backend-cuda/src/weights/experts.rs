@@ -15,7 +15,8 @@
 //! so a slot that an earlier matmul of the same step read is overwritten only after that matmul.
 //! The counters (`ExpertBudget::stats`) say how often experts were found on the device.
 
-use crate::device::{DevMem, Device, PoolMem};
+use crate::runtime::{DevMem, PoolMem};
+use crate::fusion::Device;
 use crate::error::{drv, CudaError};
 use cudarc::driver::result;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -204,11 +205,6 @@ impl Offload {
     /// Device bytes this tensor holds (its slots).
     pub fn device_bytes(&self) -> usize {
         self.slots * (self.slice_p + self.slice_m)
-    }
-
-    /// Host bytes pinned for it.
-    pub fn host_bytes(&self) -> usize {
-        self.host_p.len + self.host_m.as_ref().map_or(0, |m| m.len)
     }
 
     /// Expert `e`'s device planes for a matmul over `rows` routed rows, uploading it when it

@@ -17,22 +17,11 @@ fn attn_vec_smem(hd: usize) -> u32 {
 }
 
 /// Context length (positions) up to which decode and short-prompt attention over an f16 cache
-/// take the one-pass kernel with the CPU's numerics (`attn_vec_f16`) by default; longer
-/// contexts take the f32 split-K kernel and its combine, whose numerics differ from the CPU's
-/// (f32 V accumulator, positions regrouped by the splits). `QUARREL_CUDA_ATTN_VEC_MAX=<n>`
-/// sets it for backends created from then on (0: split-K always, the default before session
-/// 6; `CudaBackend::set_attn_vec_max` per backend). Exact numerics (`set_exact_attention`) take
-/// the one-pass kernel at every length.
-pub fn vec_max_positions() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_VEC_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(VEC_MAX_POSITIONS))
-}
-
-/// The default of `vec_max_positions`: where the one-pass kernel and split-K + combine take
-/// about the same time (H100, Mistral-7B shape, 32 heads of 128: 14.4 vs 24.5 us per layer at
-/// 128..160 positions, 34.6 vs 26.4 at 512..544, 55.7 vs 33.3 at 1,024; see the README, "GPU
-/// numerics = CPU numerics").
-const VEC_MAX_POSITIONS: usize = 384;
+/// take the one-pass kernel with the CPU's numerics (`attn_vec2_f16`) by default: about where it
+/// and split-K + combine take the same time. Longer contexts take the f32 split-K kernel and
+/// its combine, whose numerics differ from the CPU's (f32 V accumulator, positions regrouped by
+/// the splits). Exact numerics take the one-pass kernel at every length.
+pub const VEC_MAX_POSITIONS: usize = 384;
 
 /// Kernel names of `kernels/attn_mma.cu` (tensor-core attention over an f16 cache: the prefill
 /// kernel, its batch-invariant flavour and that flavour's decode split).
@@ -40,92 +29,30 @@ pub fn mma_kernel_names() -> Vec<String> {
     [64, 128, 256].iter().flat_map(|hd| [format!("attn_mma_f16_{hd}"), format!("attn_mmi_f16_{hd}"), format!("attn_mmid_f16_{hd}")]).collect()
 }
 
-/// Whether invariant decode steps split each KV head's output dims over `hd / 32` blocks
-/// (`attn_mmid_f16_*`: the same bits; `QUARREL_CUDA_ATTN_MMID=0`: one block per KV head).
-fn decode_split() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_MMID").map_or(true, |v| v != "0"))
-}
-
-/// Whether invariant decode steps (`attn_mmid_f16_*`) ask for their span's K / V rows into L2
-/// before the PDL wait (`QUARREL_CUDA_MMID_PREFETCH=0`: not, for comparisons). H100 2026-11-24
-/// (call G, Mixtral-8x7B, interleaved, t/s with / without): pp128+tg128 388.1 / 386.3 vs 380.3 /
-/// 379.6, pp256+tg128 541.1 / 541.4 vs 522.7 / 527.5, pp512+tg128 839.7 / 844.4 vs 821.8 /
-/// 825.0 (decode past the one-pass split; the chunk loop's loads then hit L2).
-fn decode_prefetch() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("QUARREL_CUDA_MMID_PREFETCH").map_or(true, |v| v != "0"))
-}
-
-/// Whether invariant decode steps (`attn_mmid_f16_*`) load the next 32-position chunk's K / V
-/// while computing this one (`QUARREL_CUDA_MMID_PIPE=0`: not, for comparisons). H100 2026-11-24
-/// (call I, Mixtral-8x7B, interleaved, t/s with / without): pp128+tg128 400.7 / 400.1 vs 395.0 /
-/// 390.7, pp256+tg128 565.3 / 561.5 vs 552.6 / 545.8, pp512+tg128 886.7 / 886.1 vs 865.4 /
-/// 856.8 (llama.cpp 361.2 / 359.1, 514.5 / 511.2, 812.1 / 807.8).
-fn decode_pipeline() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("QUARREL_CUDA_MMID_PIPE").map_or(true, |v| v != "0"))
-}
+/// Flags of invariant decode steps (`attn_mmid_f16_*`): bit 0 asks for the span's K / V rows
+/// into L2 before the PDL wait, bit 1 loads the next 32-position chunk's K / V while computing
+/// this one (both faster, the same bits).
+const DECODE_FLAGS: i32 = 3;
 
 /// Positions per split of the batch-invariant tensor-core attention (`attn_mmi_f16_*`, invariant
 /// numerics): absolute spans [s·256, (s + 1)·256), so a query's partials depend on its own
 /// position only. A multiple of the kernel's chunk (AM_KB).
 const INV_SPAN: usize = 256;
-/// Query positions below `inv_vec_below()` take the one-pass kernel of exact attention in
+/// Query positions below `INV_VEC_BELOW` take the one-pass kernel of exact attention in
 /// invariant numerics (`attn_vec2_f16`: llama.cpp's CPU order, so short prompts and their decode
 /// steps give the CPU's attention bits), positions from it on the tensor-core kernel
 /// (`attn_mmi_f16_*`). Both compute a query row from its own position and the cache alone, so
 /// the split keeps prompts, decode steps and batches bit-identical. The one-pass kernel has the
 /// shorter chain for a decode step at a short context, the tensor-core one the far cheaper
-/// prompt rows (a block per query row and head there, K / V read again by each). H100
-/// 2026-11-24 (call F, Mixtral-8x7B Q4_K_M, one run; pp512 / tg128 / pp128+tg128 /
-/// pp256+tg128 t/s): split at 128: 4,405 / 245.6 / 378.0 / 527.9; at 256: 4,190 / 247.7 /
-/// 423.1 / 533.0; at 384: 4,026 / 246.7 / 421.9 / 589.1; no split (tensor cores only): 4,521
-/// / 232.3 / 382.8 / 533.1; llama.cpp 3,990-4,036 / 191.3-194.2 / 343.0-349.5 / 500.5-508.9.
-/// 128 keeps prompts within ~3% of the tensor-core kernel alone; a higher split buys decode
-/// speed at medium contexts with prompt speed. `QUARREL_CUDA_INV_VEC_BELOW=<n>` (a multiple of
-/// `batch::TILE_SPAN`: tiles never straddle one) sets it for measurements.
+/// prompt rows; 128 keeps prompts within ~3% of the tensor-core kernel alone. A multiple of
+/// `batch::TILE_SPAN` (tiles never straddle it).
 const INV_VEC_BELOW: u32 = 128;
+const _: () = assert!(INV_VEC_BELOW % batch::TILE_SPAN == 0);
 
-/// Positions below which invariant numerics' attention takes the one-pass kernel (0: never,
-/// where `QUARREL_CUDA_INVARIANT_ATTN` chose one kernel for all; the tensor-core one from there).
+/// Positions below which invariant numerics' attention takes the one-pass kernel (the
+/// tensor-core one from there).
 pub fn invariant_one_pass_below() -> usize {
-    match invariant_attn() {
-        InvAttn::Split => inv_vec_below() as usize,
-        InvAttn::Mma => 0,
-        InvAttn::Vec => usize::MAX,
-    }
-}
-
-fn inv_vec_below() -> u32 {
-    static V: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        let v = std::env::var("QUARREL_CUDA_INV_VEC_BELOW").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(INV_VEC_BELOW);
-        v / batch::TILE_SPAN * batch::TILE_SPAN
-    })
-}
-
-/// Attention kernels of invariant numerics (`QUARREL_CUDA_INVARIANT_ATTN`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum InvAttn {
-    /// The one-pass kernel below `inv_vec_below()` positions, the tensor-core kernel from there
-    /// on (the default). H100 2026-11-24: Mixtral-8x7B tg128 245.6 vs 232.3 t/s with the
-    /// tensor cores only (call F); the one-pass kernel everywhere (`Vec`) decodes ~100 t/s at
-    /// depth 4096 vs ~190 and prefills pp4096 at 2,102 vs 3,956 t/s (call C).
-    Split,
-    /// The tensor-core kernel at every position (`mma`: the default of sessions 16-18).
-    Mma,
-    /// The one-pass kernel at every position (`vec`: before session 16; slow long prompts).
-    Vec,
-}
-
-fn invariant_attn() -> InvAttn {
-    static V: std::sync::OnceLock<InvAttn> = std::sync::OnceLock::new();
-    *V.get_or_init(|| match std::env::var("QUARREL_CUDA_INVARIANT_ATTN").as_deref() {
-        Ok("vec") => InvAttn::Vec,
-        Ok("mma") => InvAttn::Mma,
-        _ => InvAttn::Split,
-    })
+    INV_VEC_BELOW as usize
 }
 
 /// Bytes of partials one `attn_mmi_f16_*` launch may write: longer batches are launched in
@@ -134,39 +61,9 @@ const INV_SCRATCH: usize = 256 << 20;
 
 /// The smallest batch (query tokens) whose prefill attention over an f16 cache takes the
 /// tensor-core kernel (`attn_mma_f16_*`: f16 q and probabilities, f32 scores, softmax and
-/// accumulator) instead of the f32 tiled kernel; `None`: never. `QUARREL_CUDA_ATTN_MMA=0` turns
-/// it off, `QUARREL_CUDA_ATTN_MMA_MIN=<n>` sets the threshold (default `MMA_MIN_TOKENS`).
-/// Exact numerics (`set_exact_attention`) never take it.
-pub fn mma_min_tokens() -> Option<usize> {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        if std::env::var("QUARREL_CUDA_ATTN_MMA").is_ok_and(|v| v == "0") {
-            return None;
-        }
-        Some(std::env::var("QUARREL_CUDA_ATTN_MMA_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(MMA_MIN_TOKENS))
-    })
-}
-
-/// Default of `mma_min_tokens`: prompts of 64+ tokens (the CPU's tiled f32 path starts there too).
-const MMA_MIN_TOKENS: usize = 64;
-
-/// Which one-pass kernel decode and short prompts take: 0 not yet read, 1 `attn_vec2_f16`
-/// (8 lanes per position's q·k, coalesced K reads; V kept in registers), 2 `attn_vec_f16` (the
-/// kernel before session 9: a thread per position's whole q·k; `QUARREL_CUDA_ATTN_VEC_OLD=1`).
-/// Both compute the same bits (tests/attn_batch.rs checks them against each other and the CPU).
-static VEC_KERNEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-fn vec_old() -> bool {
-    use std::sync::atomic::Ordering::Relaxed;
-    match VEC_KERNEL.load(Relaxed) {
-        0 => {
-            let old = std::env::var("QUARREL_CUDA_ATTN_VEC_OLD").is_ok_and(|v| v == "1");
-            VEC_KERNEL.store(if old { 2 } else { 1 }, Relaxed);
-            old
-        }
-        k => k == 2,
-    }
-}
+/// accumulator) instead of the f32 tiled kernel (the CPU's tiled f32 path starts there too).
+/// Exact numerics never take it.
+pub const MMA_MIN_TOKENS: usize = 64;
 
 /// The Hadamard rotation size of a quantized cache's rows (0 for f32/f16): quantized caches
 /// store each head rotated in blocks of this many values, as the CPU's do.
@@ -202,14 +99,6 @@ fn attn_args(ptrs: [u64; 4], tiles: u64, db: &DevBatch, p: &AttnParams, hd: usiz
 }
 
 impl CudaBackend {
-    /// Process-wide: `true` makes the one-pass attention kernel the one before session 9
-    /// (`attn_vec_f16`, as `QUARREL_CUDA_ATTN_VEC_OLD=1`), `false` the default `attn_vec2_f16`
-    /// (the same bits; for A/B tests). Takes effect for launches from then on (graphs captured
-    /// before keep theirs).
-    pub fn set_attn_vec_old(&self, old: bool) {
-        VEC_KERNEL.store(if old { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
-    }
-
     pub(crate) fn kv_store_dev(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, batch: &ForwardBatch) -> Result<()> {
         self.dev.bind()?;
         let row = kv.spec.n_kv_head * kv.spec.head_dim;
@@ -236,7 +125,7 @@ impl CudaBackend {
                 sum.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
             }
             let m: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
-            kv.k_off[layer] = Some(device::DevMem::upload(&self.dev, &m)?);
+            kv.k_off[layer] = Some(crate::runtime::DevMem::upload(&self.dev, &m)?);
         }
         let koff = kv.k_off[layer].as_ref().map_or(0, |m| m.ptr);
         // f32/f16: a thread per value; quantized: a warp per rotation block (8 to a block)
@@ -299,21 +188,9 @@ impl CudaBackend {
         }
         // every sequence one token (decode): the kernel for one query per tile
         let one = batch.seqs.iter().all(|s| s.len <= 1);
-        // QUARREL_CUDA_ATTN_GROUP=1: decode warps take hp heads of one KV head (K/V read once for
-        // them). Off by default: H100 2026-11-22, TinyLlama at depth 2048 the grouped decode
-        // kernel took 42 us (f32) / 167 us (f16 vector path) against 23 / 35 us ungrouped (a
-        // warp per head keeps 8x more warps in flight under the 32-split cap)
-        static GROUP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let grouped = *GROUP.get_or_init(|| std::env::var("QUARREL_CUDA_ATTN_GROUP").is_ok_and(|v| v == "1"));
-        let group = p.n_head / p.n_kv_head;
-        let hp = if one && grouped { (1..=batch::ATT_QT.min(group)).rev().find(|d| group % d == 0).unwrap_or(1) } else { 1 };
-        // shared memory holds ATT_QT query rows in the tiled and grouped kernels (Ks follows them)
-        let qt = if one && hp == 1 { 1 } else { batch::ATT_QT };
-        let kind = match (one, hp > 1) {
-            (true, true) => "1g",
-            (true, false) => "1",
-            _ => "",
-        };
+        // shared memory holds ATT_QT query rows in the tiled kernels (Ks follows them)
+        let qt = if one { 1 } else { batch::ATT_QT };
+        let kind = if one { "1" } else { "" };
         let name = format!("attn{kind}_{}_{dpl}", kv::kv_name(kv.spec.ty));
         let rot = kv_rotation(&kv.spec)?;
         // ggml's vector path over an f16 cache (q rounded to f16, the V accumulator in f16;
@@ -322,10 +199,10 @@ impl CudaBackend {
         // so does this backend; exact numerics (`set_exact_attention`) take the vector path at
         // every length, as the CPU backend's default does: a prompt of any length then gives
         // the bits of the same tokens decoded one by one
-        let exact = self.exact_attn.load(std::sync::atomic::Ordering::Relaxed);
+        let exact = self.exact_attn();
         let vec_path = kv.spec.ty == quarrel_core::KvType::F16 && (exact || batch.seqs.iter().all(|s| s.len < 64));
-        // `attn_vec_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
-        // head), by default up to `vec_max_positions()`, at every length in exact mode
+        // `attn_vec2_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
+        // head), by default up to `attn_vec_max` positions, at every length in exact mode
         // (by default not for decode batches of many sequences, whose blocks would fill more than
         // one wave of the GPU: the grouped split-K kernel is faster there; H100 2026-11-22,
         // 7B Q4_0, 32 / 128 sequences at 128..256 positions: 3 / 8% slower decode)
@@ -342,8 +219,7 @@ impl CudaBackend {
         // invariant numerics: the tensor-core kernel with absolute splits at every token count
         // (a shape it does not take keeps the one-pass kernel of exact attention, also invariant)
         let group = p.n_head / p.n_kv_head;
-        if self.invariant_mm.load(std::sync::atomic::Ordering::Relaxed)
-            && invariant_attn() != InvAttn::Vec
+        if self.invariant_mm()
             && kv.spec.ty == quarrel_core::KvType::F16
             && matches!(hd, 64 | 128 | 256)
             && group <= 16
@@ -361,12 +237,12 @@ impl CudaBackend {
             // split-K: enough blocks to fill the GPU; the count depends on the cache's size only
             // (each block sizes its share from the positions on the device), so decode steps
             // repeat exactly and replay as a graph
-            let blocks = db.n_tiles * p.n_head / hp;
+            let blocks = db.n_tiles * p.n_head;
             let max_splits = (kv.spec.n_blocks * kv.spec.block_size).div_ceil(64).max(1);
             // decode batches of several sequences: one warp per (sequence, KV head) serves its
             // query heads (batch.rs: gqa_decode; f32 accumulation, not the vector path's f16)
             // (not in exact mode's vector path: ggml accumulates V in f16, position by position)
-            let gqa = if one && hp == 1 && !q16 { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
+            let gqa = if one && !q16 && self.gqa_decode.load(std::sync::atomic::Ordering::Relaxed) { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
             let gqa_launch = gqa.is_some();
             // prefill over an f16 cache: the tensor-core kernel (attn_mma.cu), one block of
             // ceil(group / 2) warps per (tile, KV head, split); not in exact mode
@@ -390,13 +266,14 @@ impl CudaBackend {
                     // exact mode's vector path: one pass over the positions (ggml's f16 V
                     // accumulator is rounded position by position; splits would regroup it)
                     let n_split = if q16 { 1 } else { 512usize.div_ceil(blocks).clamp(1, max_splits.min(32)) };
-                    (name, (db.n_tiles as u32, (p.n_head / hp) as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
+                    (name, (db.n_tiles as u32, p.n_head as u32, n_split as u32), n_split, (4 * (qt * hd + 2 * 32 * (hd + 1))) as u32)
                 }
             };
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
             let mut args = attn_args([qp, kp, vp, part.ptr()], db.tiles(), db, p, hd, kv.spec.block_size);
-            args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff), Arg::I(hp as i32)]);
-            // attng_* (gqa) take attn1_*'s parameters without the last (hp)
+            // the last parameter (heads per warp) is 1: one head per warp
+            args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff), Arg::I(1)]);
+            // attng_* (gqa) take attn1_*'s parameters without the last (heads per warp)
             let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
             self.dev.launch(&name, grid, threads, smem, &args[..n_args])?;
             let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
@@ -413,7 +290,7 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// The one-pass kernel (`attn_vec2_f16`, or `attn_vec_f16`) over `n_tiles` tiles at `tiles`
+    /// The one-pass kernel (`attn_vec2_f16`) over `n_tiles` tiles at `tiles`
     /// (`db.tiles()` or a part of it in its layout), writing the rows and their Q8 form (`q8`:
     /// (0, 0) none).
     #[allow(clippy::too_many_arguments)]
@@ -427,22 +304,20 @@ impl CudaBackend {
         let mut args = attn_args(ptrs, tiles, db, p, hd, block_size);
         args.extend([Arg::P(xq), Arg::P(xm)]);
         let per_tile = if one { 1 } else { batch::ATT_QT as u32 };
-        let kname = if vec_old() { "attn_vec_f16" } else { "attn_vec2_f16" };
-        self.dev.launch(kname, (n_tiles as u32, p.n_head as u32, per_tile), threads, attn_vec_smem(hd), &args)?;
+        self.dev.launch("attn_vec2_f16", (n_tiles as u32, p.n_head as u32, per_tile), threads, attn_vec_smem(hd), &args)?;
         Ok(())
     }
 
-    /// Attention in invariant numerics: rows of positions below `inv_vec_below()` (128 unless
-    /// `QUARREL_CUDA_INV_VEC_BELOW` says otherwise) by the one-pass kernel (`InvAttn::Split`),
-    /// the others as `attention_mmi`. A batch of both kinds runs
-    /// `attention_mmi` over every row, then the one-pass kernel over the low tiles, whose rows
+    /// Attention in invariant numerics: rows of positions below `INV_VEC_BELOW` by the one-pass
+    /// kernel, the others as `attention_mmi`. A batch of both kinds runs `attention_mmi` over
+    /// every row, then the one-pass kernel over the low tiles, whose rows
     /// it writes again (their tensor-core values discarded: simpler than a combine that skips
     /// rows, and only prompts that cross the boundary pay for it).
     fn attention_invariant(&self, ptrs: [u64; 4], q_len: usize, kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
         let hd = p.head_dim;
         let one = batch.seqs.iter().all(|s| s.len <= 1);
         let q8 = if hd % 32 == 0 { self.q8_out(ptrs[3], q_len)? } else { (0, 0) };
-        let below = if invariant_attn() == InvAttn::Split { inv_vec_below() } else { 0 };
+        let below = INV_VEC_BELOW;
         let n_low = batch.positions.iter().filter(|&&x| x < below).count();
         if n_low == batch.n_tokens() {
             return self.with_batch(batch, kv, p.sliding_window, |db| self.attn_vec_launch(ptrs, (db.tiles(), db.n_tiles), one, db, p, kv.spec.block_size, q8));
@@ -476,7 +351,7 @@ impl CudaBackend {
         let max_tok = (INV_SCRATCH / per_token).max(batch::ATT_QT);
         self.with_batch(batch, kv, p.sliding_window, |db| {
             // decode steps: hd / 32 blocks per KV head, 32 output dims each (attn_mmid_f16_*)
-            let nds = if one && decode_split() && matches!(hd, 64 | 128 | 256) { hd / 32 } else { 1 };
+            let nds = if one && matches!(hd, 64 | 128 | 256) { hd / 32 } else { 1 };
             let kname = if nds > 1 { format!("attn_mmid_f16_{hd}") } else { format!("attn_mmi_f16_{hd}") };
             let gy = (p.n_kv_head * nds) as u32;
             let args = |part: u64, tiles: u64, first: usize, (o, q, m): (u64, u64, u64)| {
@@ -500,7 +375,7 @@ impl CudaBackend {
                     Arg::P(o),
                     Arg::P(q),
                     Arg::P(m),
-                    Arg::I(decode_prefetch() as i32 | (decode_pipeline() as i32) << 1),
+                    Arg::I(DECODE_FLAGS),
                 ]
             };
             if n_split == 1 {
@@ -544,8 +419,8 @@ mod tests {
     /// sized from them: a mismatch reads past the allocation).
     #[test]
     fn attn_vec_constants_match_the_kernel() {
-        let src = include_str!("../kernels/attn_vec.cu");
-        let define = |name: &str| crate::nvrtc::kernel_define(src, name);
+        let src = include_str!("../../kernels/attn_vec.cu");
+        let define = |name: &str| crate::kernels::kernel_define(src, name);
         assert_eq!(define("AV_CH"), super::VEC_CHUNK);
         assert_eq!(define("AV_G"), super::VEC_GROUP);
         assert_eq!(super::VEC_CHUNK % (2 * super::VEC_GROUP), 0);

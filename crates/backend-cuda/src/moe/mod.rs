@@ -2,12 +2,12 @@
 //!
 //! ```text
 //!  router logits ──download──► host router (quarrel_core::moe::route_with) ──► routes
-//!  x ──quantize_q8 (once)──► moe_id: one grouped MMQ launch (every expert's routes) ──► out
-//!  (QUARREL_CUDA_MOE_PREFILL=mmq: x ──gather_rows (grouped by expert)──► xs ──mmq per expert
-//!   ──► ys ──moe_scatter_rows──► out (route order); =chunk: moe_chunk's chunked GEMV)
+//!  x ──quantize_q8 (once)──► grouped_gemm: one grouped MMQ launch (every expert's routes) ──► out
+//!  (rows not of whole units: x ──gather_rows (grouped by expert)──► xs ──mmq per expert
+//!   ──► ys ──moe_scatter_rows──► out (route order))
 //!  (steps of at most GEMV_MAX_TOKENS tokens instead: x ──quantize_q8──► moe_gemv, every route's
-//!   row of its expert in one launch, written in route order; few routes per expert:
-//!   moe_chunk's chunked GEMV, one launch)
+//!   row of its expert in one launch, written in route order; exact numerics: chunked_gemv's
+//!   chunked GEMV, decode's bits at every size)
 //!  y (routes, d) ──moe_combine (per token, route order)──► out[token] += weight · y
 //! ```
 //!
@@ -17,12 +17,18 @@
 //! Expert tensors beyond `--expert-budget` live in host memory (`experts::Offload`): each
 //! routed expert is taken from its device slot, uploaded first when it is not cached.
 
-use crate::device::{Arg, Device};
+pub(crate) mod chunked_gemv;
+pub(crate) mod device_route;
+mod grouped_gemm;
+mod host_route;
+
+use crate::runtime::Arg;
+use crate::fusion::Device;
 use crate::error::CudaError;
-use crate::experts::ExpertBudget;
+use crate::weights::experts::ExpertBudget;
 use crate::matmul::QCache;
-use crate::mmq;
-use crate::weight::{CudaWeight, DevType};
+use crate::matmul::mmq;
+use crate::weights::{CudaWeight, DevType};
 use quarrel_core::Route;
 use std::sync::Mutex;
 
@@ -97,20 +103,13 @@ pub(crate) fn moe_matmul(
     if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in % 32 == 0 {
         return moe_gemv(&call);
     }
-    // exact numerics (`CudaBackend::set_exact_numerics`): decode's arithmetic at every size
+    // exact numerics: decode's arithmetic at every size (`chunked_gemv`)
     if exact && n_in % 32 == 0 {
-        return crate::moe_chunk::matmul(&call);
+        return crate::moe::chunked_gemv::matmul(&call);
     }
-    match prefill_path() {
-        // one grouped MMQ launch over every expert's routes (moe_id)
-        Prefill::Grouped if n_in % 32 == 0 => {
-            return crate::moe_id::matmul(qc, &call);
-        }
-        // few routes per expert: chunked GEMV, one launch (moe_chunk: decode's bits)
-        Prefill::Chunked if n_in % 32 == 0 && crate::moe_chunk::applies(routes.len(), groups.len()) => {
-            return crate::moe_chunk::matmul(&call);
-        }
-        _ => {}
+    // one grouped MMQ launch over every expert's routes (`grouped_gemm`)
+    if n_in % 32 == 0 {
+        return crate::moe::grouped_gemm::matmul(qc, &call);
     }
     let (mut src, mut dst) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
     for (_, idx) in &groups {
@@ -176,7 +175,7 @@ fn moe_gemv(c: &ExpertCall) -> Result<(), CudaError> {
         let (wp_d, wm_d, src_d, dst_d) = (dev.upload_async(&wp)?, dev.upload_async(&wm)?, dev.upload_async(&src)?, dev.upload_async(&dst)?);
         // warps per row group by the matrix shape alone (moe_chunk::wpr_for: the same sums as
         // a prefill's chunked GEMV)
-        let wpr = crate::moe_chunk::wpr_for(n_out, units);
+        let wpr = crate::moe::chunked_gemv::wpr_for(n_out, units);
         let grid = (n_out.div_ceil(8 / wpr) as u32, rows.len() as u32, 1);
         dev.launch(
             &kernel,
@@ -238,27 +237,6 @@ fn moe_gemv(c: &ExpertCall) -> Result<(), CudaError> {
     }
 }
 
-/// How prefill steps multiply their experts.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Prefill {
-    /// One grouped MMQ launch per matrix (the default).
-    Grouped,
-    /// `QUARREL_CUDA_MOE_PREFILL=chunk`: the chunked GEMV where few routes per expert (decode's
-    /// bits), else MMQ per expert.
-    Chunked,
-    /// `QUARREL_CUDA_MOE_PREFILL=mmq`: one MMQ call per expert.
-    PerExpert,
-}
-
-fn prefill_path() -> Prefill {
-    static P: std::sync::OnceLock<Prefill> = std::sync::OnceLock::new();
-    *P.get_or_init(|| match std::env::var("QUARREL_CUDA_MOE_PREFILL").as_deref() {
-        Ok("chunk") => Prefill::Chunked,
-        Ok("mmq") => Prefill::PerExpert,
-        _ => Prefill::Grouped,
-    })
-}
-
 fn clear(qc: &Mutex<Option<QCache>>) {
     if let Ok(mut g) = qc.lock() {
         *g = None;
@@ -304,7 +282,7 @@ pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], 
 
 /// The router on the host (`quarrel_core::moe`), counting each layer's expert selections.
 pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32], bias: Option<&[f32]>, p: &quarrel_core::MoeRouting) -> quarrel_core::Result<Vec<Route>> {
-    let routes = crate::moe_route::route_fast(logits, bias, p)?;
+    let routes = crate::moe::host_route::route_fast(logits, bias, p)?;
     let mut c = counts.lock().map_err(|_| quarrel_core::CoreError::Backend("lock poisoned".into()))?;
     if c.len() <= layer {
         c.resize(layer + 1, Vec::new());

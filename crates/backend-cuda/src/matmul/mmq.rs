@@ -14,11 +14,12 @@
 //! Q5_K are summed per stage of 8 units on the tensor cores (`mmq_offsets` in mmq.cu). `reference` is the plain-Rust twin of the kernel; the GPU tests hold the kernel
 //! to it and to the CPU backend.
 
-use crate::device::{Arg, Device};
+use crate::runtime::Arg;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::unit::{load_unit, Unit};
-use crate::weight::{CudaWeight, DevType};
+use crate::weights::unit::{load_unit, Unit};
+use crate::weights::{CudaWeight, DevType};
 use std::sync::Mutex;
 
 /// Units staged per iteration (MMQ_KU in mmq.cu).
@@ -40,71 +41,57 @@ pub const MMQ_MAX_TOKENS: usize = 32;
 /// See `MMQ_MAX_TOKENS`.
 pub const MMQ_SMALL_MATRIX_TOKENS: usize = 64;
 
-/// Whether a matmul of `n_tok` tokens over an `n_out x n_in` quantized weight takes MMQ
-/// (`QUARREL_CUDA_MMQ_MAX=<tokens>` instead: MMQ up to that many tokens, 0 never).
+/// Whether a matmul of `n_tok` tokens over an `n_out x n_in` quantized weight takes MMQ.
 pub fn mmq_wins(n_in: usize, n_out: usize, n_tok: usize) -> bool {
-    if let Some(max) = std::env::var("QUARREL_CUDA_MMQ_MAX").ok().and_then(|v| v.parse::<usize>().ok()) {
-        return n_tok <= max;
-    }
     n_tok <= MMQ_MAX_TOKENS || (n_tok <= MMQ_SMALL_MATRIX_TOKENS && n_in * n_out <= 4096 * 2048)
 }
 
-/// A kernel's tile: NT n8 tiles per warp (16·NT tokens per block), WM warps along the rows
+/// A kernel's tile: NT n8 tiles per warp (16·NT tokens per block), `WM` warps along the rows
 /// (32·WM rows, 64·WM threads per block), and how many such blocks share a multiprocessor
 /// (`__launch_bounds__` in mmq.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tile {
     nt: usize,
-    wm: usize,
 }
 
+/// Warps along the rows of every tile: 128-row blocks of 8 warps.
+const WM: usize = 4;
+
 impl Tile {
-    /// The smallest token tile that holds the batch, in 128-row blocks of 8 warps (H100,
-    /// 2026-11-23, `examples/mmq_bench.rs`, Q4_K, 128 / 512 tokens: the 128 x 128 tile took
-    /// 186 / 394 us on 4096 x 14336 and 165 / 407 us on 14336 x 4096 against 211 / 482 and
-    /// 205 / 541 us for 64-row blocks of 4 warps, two per multiprocessor, the earlier choice).
-    /// `QUARREL_CUDA_MMQ_NT` / `QUARREL_CUDA_MMQ_WM` override (measurements).
+    /// The smallest token tile that holds the batch.
     fn for_tokens(n_tok: usize) -> Tile {
-        let env = |k: &str, ok: &[usize]| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|v| ok.contains(v));
-        let nt = env("QUARREL_CUDA_MMQ_NT", &[1, 2, 4, 8]).unwrap_or(match n_tok {
+        let nt = match n_tok {
             0..=16 => 1,
             17..=32 => 2,
             33..=64 => 4,
             _ => 8,
-        });
-        let wm = env("QUARREL_CUDA_MMQ_WM", &[2, 4]).unwrap_or(4);
-        Tile { nt, wm }
+        };
+        Tile { nt }
     }
     fn rows(self) -> usize {
-        32 * self.wm
+        32 * WM
     }
     fn tokens(self) -> usize {
         16 * self.nt
     }
     fn threads(self) -> u32 {
-        64 * self.wm as u32
+        64 * WM as u32
     }
     /// Resident blocks per multiprocessor (the kernels' `__launch_bounds__`).
     fn per_sm(self) -> usize {
-        match (self.wm, self.nt) {
-            (4, 1 | 2) => 2,
-            (4, _) => 1,
-            (_, 8) => 2,
-            (_, 4) => 3,
-            _ => 4,
+        match self.nt {
+            1 | 2 => 2,
+            _ => 1,
         }
     }
     /// Whether the kernel keeps two weight tiles (the 128 x 128 tile: `mmq_*_8_4d`, one
-    /// barrier per stage, each warp decoding the next stage's weights after its multiplies;
-    /// `QUARREL_CUDA_MMQ_DB=0`: one tile, decode and multiplies between two barriers. H100
-    /// 2026-11-23, Mixtral-8x7B Q4_K_M pp512: 3,785 t/s with two, 3,663 with one).
+    /// barrier per stage, each warp decoding the next stage's weights after its multiplies).
     fn db(self) -> bool {
-        static DB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        self.nt == 8 && self.wm == 4 && *DB.get_or_init(|| std::env::var("QUARREL_CUDA_MMQ_DB").map_or(true, |v| v != "0"))
+        self.nt == 8
     }
     /// Kernel name suffix: `<NT>_<WM>`, then `d` for two weight tiles.
     fn suffix(self) -> String {
-        format!("{}_{}{}", self.nt, self.wm, if self.db() { "d" } else { "" })
+        format!("{}_{WM}{}", self.nt, if self.db() { "d" } else { "" })
     }
     /// Dynamic shared memory: the weight tile(s) (int8 rows + a float4 of scales per unit) and
     /// two stages of the activation tile (int8 rows + {d, d·Σq} per unit).
@@ -141,50 +128,8 @@ fn shape(n_in: usize, n_out: usize, n_tok: usize, split: bool) -> (Tile, (u32, u
 /// bytes). The token tile is the smallest of 16 / 32 / 64 / 128 holding `per_item` (the
 /// average routes per routed expert), as `Tile::for_tokens`.
 pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
-    let t = match per_item {
-        0..=16 => Tile { nt: 1, wm: 4 },
-        17..=32 => Tile { nt: 2, wm: 4 },
-        33..=64 => Tile { nt: 4, wm: 4 },
-        _ => Tile { nt: 8, wm: id_wm8() },
-    };
+    let t = Tile::for_tokens(per_item);
     (t.suffix(), t.rows(), t.tokens(), t.threads(), t.smem_bytes())
-}
-
-/// Warps along the rows of the grouped 128-route tile: 4 (128 rows, one block per
-/// multiprocessor) or, with `QUARREL_CUDA_MMQ_ID_WM8=2`, 2 (64 rows, two blocks: the earlier
-/// choice; H100 2026-11-23, Mixtral-8x7B Q4_K_M pp512 3,215 t/s with it, 3,576 with 4).
-fn id_wm8() -> usize {
-    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *W.get_or_init(|| if std::env::var("QUARREL_CUDA_MMQ_ID_WM8").is_ok_and(|v| v == "2") { 2 } else { 4 })
-}
-
-/// Warps per block of the small-batch kernels (MMQS_WARPS in mmq_small.cu).
-const SMALL_WARPS: usize = 8;
-/// Up to this many tokens the small-batch kernels (`mmq_small.cu`: fragments straight from
-/// the weights, no shared-memory tile) can run instead of the tiled ones.
-pub const SMALL_MAX_TOKENS: usize = 32;
-
-/// Whether `n_tok` tokens take the small-batch kernels: only with `QUARREL_CUDA_MMQ_SMALL=1`.
-/// Measured on an H100 (2026-11-22, Mistral-7B shapes): they lose to the tiled kernels at 24-32
-/// tokens (q4_K 4096x4096, 32 tokens: 27.3 vs 18.6 us; 14336x4096: 63.7 vs 43.0 us) and are
-/// level at 16; batched decode of 32 sequences 2,838 t/s with them vs 3,655 without.
-fn small_enabled(n_tok: usize) -> bool {
-    n_tok <= SMALL_MAX_TOKENS && std::env::var("QUARREL_CUDA_MMQ_SMALL").is_ok_and(|v| v == "1")
-}
-
-/// (n8 tiles, grid, units per split, splits) of the small-batch kernels: 32 rows per block of
-/// SMALL_WARPS warps (warp w takes every SMALL_WARPS-th stage of the block's units); split K
-/// until about two blocks per multiprocessor run, keeping four stages per split and the
-/// partial sums at or below the weight bytes.
-fn small_shape(n_in: usize, n_out: usize, n_tok: usize) -> (usize, (u32, u32, u32), usize, usize) {
-    let nt = n_tok.div_ceil(8);
-    let bx = n_out.div_ceil(32);
-    let units = n_in / 32;
-    let iters = units.div_ceil(KU);
-    let splits = (2 * SMS).div_ceil(bx).min(iters / 4).min(n_in / (8 * n_tok)).clamp(1, 8);
-    let k_per = iters.div_ceil(splits) * KU;
-    let splits = units.div_ceil(k_per);
-    (nt, (bx as u32, 1, splits as u32), k_per, splits)
 }
 
 /// `out (n_tok, n_out) = x · Wᵀ` through MMQ; `x` f32 on the device. Quantized weights only.
@@ -195,7 +140,7 @@ pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u
     mmq_raw(dev, qc, name, w.p.ptr, w.m_ptr(), w.n_in, w.n_out, x, n_tok, out)
 }
 
-/// `mmq` with every unit of a row in one block (no split K, no small-batch kernels): each output
+/// `mmq` with every unit of a row in one block (no split K): each output
 /// sums in the order the decode GEMV in MMQ's order (`gemvm_*`, invariant numerics) reproduces.
 pub(crate) fn mmq_unsplit(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let DevType::Quant(name) = w.dev_ty else {
@@ -225,7 +170,7 @@ pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u
     mmq_raw_split(dev, qc, name, p, m, n_in, n_out, x, n_tok, out, true)
 }
 
-/// `mmq_raw`; `split: false`: never split over K, never the small-batch kernels.
+/// `mmq_raw`; `split: false`: never split over K.
 #[allow(clippy::too_many_arguments)]
 fn mmq_raw_split(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m: u64, n_in: usize, n_out: usize, x: u64, n_tok: usize, out: u64, split: bool) -> Result<(), CudaError> {
     if n_tok == 0 || n_out == 0 {
@@ -233,13 +178,8 @@ fn mmq_raw_split(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m
     }
     let units = n_in / 32;
     let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
-    let (kernel, grid, threads, smem, k_per, splits) = if split && small_enabled(n_tok) {
-        let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
-        (format!("mmqs_{name}_{nt}"), grid, 32 * SMALL_WARPS as u32, 0, k_per, splits)
-    } else {
-        let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok, split);
-        (format!("mmq_{name}_{}", tile.suffix()), grid, tile.threads(), tile.smem_bytes(), k_per, splits)
-    };
+    let (tile, grid, k_per, splits) = shape(n_in, n_out, n_tok, split);
+    let (kernel, threads, smem) = (format!("mmq_{name}_{}", tile.suffix()), tile.threads(), tile.smem_bytes());
     let n = n_tok * n_out;
     let part = if splits > 1 { Some(dev.scratch(4 * n * splits)?) } else { None };
     let dst = part.as_ref().map_or(out, |p| p.ptr());
@@ -270,16 +210,9 @@ fn mmq_raw_split(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m
 pub fn kernel_names() -> Vec<String> {
     let mut v = vec!["mmq_reduce".to_string()];
     for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
-        for nt in [1, 2, 4, 8] {
-            v.push(format!("mmq_{q}_{nt}_2"));
-            v.push(format!("mmq_{q}_{nt}_4"));
-        }
-        v.push(format!("mmq_{q}_8_4d"));
-        for s in ["1_4", "2_4", "4_4", "8_2", "8_4", "8_4d"] {
+        for s in ["1_4", "2_4", "4_4", "8_4d"] {
+            v.push(format!("mmq_{q}_{s}"));
             v.push(format!("mmq_id_{q}_{s}"));
-        }
-        for nt in 1..=SMALL_MAX_TOKENS / 8 {
-            v.push(format!("mmqs_{q}_{nt}"));
         }
     }
     v
@@ -337,7 +270,7 @@ pub fn reference(t: DevType, p: &[u8], m: &[u8], n_in: usize, n_out: usize, x: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weight::repack;
+    use crate::weights::repack;
     use proptest::prelude::*;
     use quarrel_core::QuantType;
 
@@ -356,28 +289,15 @@ mod tests {
     }
 
     #[test]
-    fn small_shapes_cover_every_unit_once() {
-        for (n_in, n_out, n_tok) in [(4096, 4096, 32), (4096, 1024, 9), (14336, 4096, 17), (544, 70, 32), (32, 8, 1), (256, 33, 24)] {
-            let (nt, grid, k_per, splits) = small_shape(n_in, n_out, n_tok);
-            let u = n_in / 32;
-            assert_eq!(grid.2 as usize, splits);
-            assert!(k_per % KU == 0 && k_per * splits >= u && k_per * (splits - 1) < u, "{n_in} {n_out} {n_tok}");
-            assert!(grid.0 as usize * 32 >= n_out && grid.1 == 1 && nt * 8 >= n_tok && nt <= SMALL_MAX_TOKENS / 8);
-        }
-    }
-
-    #[test]
     fn tiles_fit_in_shared_memory() {
         // sm_90: 227 KiB of shared memory per block, 228 KiB per multiprocessor (1 KiB of it
         // reserved per block)
         for nt in [1, 2, 4, 8] {
-            for wm in [2, 4] {
-                let t = Tile { nt, wm };
-                // dynamic (two weight tiles where `db`), plus the static row-index table (a
-                // u32 per token slot)
-                let b = t.smem_bytes() as usize + 4 * t.tokens();
-                assert!(b <= 227 * 1024 && t.per_sm() * (b + 1024) <= 228 * 1024, "{t:?}: {b} bytes");
-            }
+            let t = Tile { nt };
+            // dynamic (two weight tiles where `db`), plus the static row-index table (a
+            // u32 per token slot)
+            let b = t.smem_bytes() as usize + 4 * t.tokens();
+            assert!(b <= 227 * 1024 && t.per_sm() * (b + 1024) <= 228 * 1024, "{t:?}: {b} bytes");
         }
     }
 

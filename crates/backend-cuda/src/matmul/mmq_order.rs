@@ -18,10 +18,11 @@
 //! 256-position spans at every token count, `attn.rs`; other caches `set_exact_attention`'s one
 //! pass) and every other op already independent of the batch, the whole forward pass is.
 
-use crate::device::{Arg, Device};
+use crate::runtime::Arg;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::weight::{CudaWeight, DevType};
+use crate::weights::{CudaWeight, DevType};
 use std::sync::Mutex;
 
 /// Rows per block of `gemvm_*` / `moe_gemvm_dev_*` (GEMVM_ROWS in gemvm.cu).
@@ -32,20 +33,11 @@ const COMPUTE_WARPS: usize = 8;
 const ROUND_UNITS: usize = 8 * COMPUTE_WARPS;
 const TPS: usize = 8 * COMPUTE_WARPS + 8;
 
-/// Weight buffers in flight per block (GEMVM_NB): `QUARREL_CUDA_GEMVM_NB=<n>` for measurements
-/// (the same variable recompiles the gemvm unit with it, src/nvrtc.rs), default 3 (H100
-/// Mixtral-8x7B tg128: 1 / 2 / 3 buffers 208.9 / 215.1 / 224.9 t/s).
-fn buffers() -> usize {
-    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_NB").ok().and_then(|v| v.parse().ok()).filter(|b| (1..=8).contains(b)).unwrap_or(3))
-}
+/// Weight buffers in flight per block (GEMVM_NB in gemvm.cu).
+const BUFFERS: usize = 3;
 
-/// Product slots of one- and two-token blocks (GEMVM_NS): `QUARREL_CUDA_GEMVM_NS=<n>` for
-/// measurements (recompiles the gemvm unit too), default 4.
-fn slots() -> usize {
-    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_NS").ok().and_then(|v| v.parse().ok()).filter(|s| (1..=8).contains(s)).unwrap_or(4))
-}
+/// Product slots of one- and two-token blocks (GEMVM_NS in gemvm.cu).
+const SLOTS: usize = 4;
 
 /// A buffer row's padded bytes per round (gemvm.cu `GemvmPlanes`): (quant plane or K-quant
 /// super-blocks, meta plane).
@@ -71,29 +63,23 @@ fn row_bytes(name: &str) -> Result<(usize, usize), CudaError> {
 /// their scales), then an mbarrier pair per slot and per buffer.
 pub(crate) fn dims(name: &str, nt: usize) -> Result<(u32, u32), CudaError> {
     debug_assert!(matches!(nt, 1 | 2 | 4 | 8));
-    let (slots, fold) = if nt <= 2 { (slots(), 1) } else { (2, nt / 2) };
+    let (slots, fold) = if nt <= 2 { (SLOTS, 1) } else { (2, nt / 2) };
     let w = COMPUTE_WARPS;
     let slot = nt * ROWS_PER_BLOCK * TPS + w * nt * ROWS_PER_BLOCK + w * ROWS_PER_BLOCK + w * nt * 8;
     let (rsp, rsm) = row_bytes(name)?;
     let buf = ROWS_PER_BLOCK * (rsp + rsm) + nt * ROUND_UNITS * (32 + 8);
     // GEMVM_NB buffers, fewer where they would not fit a block's 227 KB (gemvm.cu `fit`)
     let bytes = |nb: usize| slots * slot * 4 + nb * buf + (2 * slots + 2 * nb) * 8;
-    let nb = (1..=buffers()).rev().find(|&nb| nb == 1 || bytes(nb) <= 227 * 1024).unwrap_or(1);
+    let nb = (1..=BUFFERS).rev().find(|&nb| nb == 1 || bytes(nb) <= 227 * 1024).unwrap_or(1);
     Ok(((32 * (w + fold + 1)) as u32, bytes(nb) as u32))
 }
 
 /// Blocks of a `gemvm*` launch over `groups` row groups of 16: as many as stay resident (the
-/// driver's occupancy for the kernel's registers and shared memory;
-/// `QUARREL_CUDA_GEMVM_BLOCKS=<n>` caps the blocks per multiprocessor for measurements), each
-/// walking its share of the groups, or one per group where there are fewer.
+/// driver's occupancy for the kernel's registers and shared memory), each walking its share of
+/// the groups, or one per group where there are fewer.
 pub(crate) fn grid(dev: &Device, kernel: &str, (threads, smem): (u32, u32), groups: usize) -> Result<u32, CudaError> {
-    let per_sm = dev.resident_blocks(kernel, threads, smem)?.min(cap_per_sm());
+    let per_sm = dev.resident_blocks(kernel, threads, smem)?;
     Ok(groups.min(per_sm * dev.n_sm).max(1) as u32)
-}
-
-fn cap_per_sm() -> usize {
-    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVM_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|b| *b >= 1).unwrap_or(usize::MAX))
 }
 
 /// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ` in MMQ's order at every token count.
@@ -110,7 +96,7 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
         return Err(CudaError::Shape(format!("invariant matmul: rows of {n_in} values are not whole units")));
     }
     if n_tok > crate::matmul::GEMV_MAX_TOKENS {
-        return crate::mmq::mmq_unsplit(dev, qc, w, x, n_tok, out);
+        return crate::matmul::mmq::mmq_unsplit(dev, qc, w, x, n_tok, out);
     }
     let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
     if crate::matmul::holds(n_tok) {
@@ -213,16 +199,12 @@ mod tests {
     /// this catches it without one).
     #[test]
     fn gemvm_constants_match_the_kernel() {
-        let src = include_str!("../kernels/gemvm.cu");
-        let define = |name: &str| crate::nvrtc::kernel_define(src, name);
+        let src = include_str!("../../kernels/gemvm.cu");
+        let define = |name: &str| crate::kernels::kernel_define(src, name);
         assert_eq!(define("GEMVM_W"), super::COMPUTE_WARPS);
         assert_eq!(define("GEMVM_ROWS"), super::ROWS_PER_BLOCK);
-        if std::env::var_os("QUARREL_CUDA_GEMVM_NB").is_none() {
-            assert_eq!(define("GEMVM_NB"), super::buffers());
-        }
-        if std::env::var_os("QUARREL_CUDA_GEMVM_NS").is_none() {
-            assert_eq!(define("GEMVM_NS"), super::slots());
-        }
+        assert_eq!(define("GEMVM_NB"), super::BUFFERS);
+        assert_eq!(define("GEMVM_NS"), super::SLOTS);
         // the planes' bytes per unit / super-block (GemvmPlanes)
         for needle in [
             "SB = QT == QT_Q4_K ? 144 : (QT == QT_Q5_K ? 176 : 224)",
@@ -233,7 +215,7 @@ mod tests {
             "fit(nb - 1)",
             "227 * 1024",
         ] {
-            assert!(src.contains(needle), "gemvm.cu no longer has `{needle}`: update invariant::dims");
+            assert!(src.contains(needle), "gemvm.cu no longer has `{needle}`: update crate::matmul::mmq_order::dims");
         }
         let (threads, smem) = super::dims("q4_K", 1).unwrap();
         assert_eq!(threads, 32 * (8 + 1 + 1));

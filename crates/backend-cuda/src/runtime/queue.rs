@@ -6,6 +6,7 @@
 //! and replayed with one launch afterwards.
 
 use crate::error::{drv, CudaError};
+use crate::tuning::Profile;
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ pub struct Rec {
 /// Graphs kept (a step is several segments; a few step shapes alternate, e.g. batch sizes of
 /// the service).
 const MAX_GRAPHS: usize = 192;
-/// Launches per submitted segment (`QUARREL_CUDA_SEGMENT`; 0: a whole step at once). Small
+/// Launches per submitted segment. Small
 /// enough that the GPU starts early, large enough that the gaps between graph launches stay few.
 const SEGMENT: usize = 48;
 /// Shorter queues are launched directly.
@@ -44,24 +45,19 @@ pub struct Queue {
     /// Segments seen once (captured when they come again), with their hashes.
     seen: Vec<(u64, Vec<Rec>)>,
     graphs: Vec<(u64, Vec<Rec>, Graph)>,
-    /// Submit once this many launches are queued (0: only at synchronization points).
+    /// Submit once this many launches are queued.
     pub segment: usize,
     /// The GPU waits for us (set after a download's synchronization): the next segment is cut
     /// shorter so that the GPU starts sooner.
     pub idle: bool,
     disabled: bool,
-    /// The step being recorded has more tokens than a decode step (`Device::step_tokens`): its
-    /// segments are launched directly, never captured (`QUARREL_CUDA_PREFILL_GRAPHS=1`: captured
-    /// as well). Measured on H100 (2026-11-23, pp512 t/s, averages of 8, captured vs direct):
-    /// Mistral-7B Q4_0 23,343 / 22,652 vs 23,350 / 23,309; TinyLlama 87,026 / 86,612 vs 86,294 /
-    /// 87,647; Granite-4.0-H-Tiny 15,790 / 16,063 vs 16,018 / 16,707 (captured runs had single
-    /// repetitions at 11,046 and 15,191): a prompt's steps rarely repeat, so capturing them
-    /// costs the capture and gains nothing.
+    /// The step being recorded has more tokens than a decode step (`Device::step_begins`): its
+    /// segments are launched directly, never captured: a prompt's steps rarely repeat, so
+    /// capturing them costs the capture and gains nothing.
     pub large_step: bool,
-    prefill_graphs: bool,
-    /// `QUARREL_CUDA_PROFILE`: GPU time and launches per kernel (no graphs then).
+    /// `QUARREL_CUDA_PROFILE=kernels`: GPU time and launches per kernel (no graphs then).
     pub profile: Option<std::collections::HashMap<usize, (f64, u64)>>,
-    /// `QUARREL_CUDA_HOST_TIME`: where a step's wall time goes on the host.
+    /// `QUARREL_CUDA_PROFILE=host`: where a step's wall time goes on the host.
     pub host: Option<HostTimes>,
     first: Option<std::time::Instant>,
 }
@@ -86,12 +82,11 @@ pub struct HostTimes {
 
 impl Default for Queue {
     fn default() -> Self {
-        let profile = std::env::var_os("QUARREL_CUDA_PROFILE").map(|_| Default::default());
-        let disabled = std::env::var_os("QUARREL_CUDA_NO_GRAPHS").is_some() || profile.is_some();
-        let host = std::env::var_os("QUARREL_CUDA_HOST_TIME").map(|_| HostTimes::default());
-        let segment = std::env::var("QUARREL_CUDA_SEGMENT").ok().and_then(|v| v.parse().ok()).unwrap_or(SEGMENT);
-        let prefill_graphs = std::env::var("QUARREL_CUDA_PREFILL_GRAPHS").is_ok_and(|v| v == "1");
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment, idle: true, disabled, large_step: false, prefill_graphs, profile, host, first: None }
+        let t = crate::tuning::get();
+        let profile = (t.profile == Profile::Kernels).then(Default::default);
+        let disabled = !t.graphs || profile.is_some();
+        let host = (t.profile == Profile::Host).then(HostTimes::default);
+        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment: SEGMENT, idle: true, disabled, large_step: false, profile, host, first: None }
     }
 }
 
@@ -202,7 +197,7 @@ impl Queue {
     fn submit_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         let recs = std::mem::take(&mut self.recs);
         self.idle &= recs.is_empty();
-        let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES && (!self.large_step || self.prefill_graphs);
+        let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES && !self.large_step;
         if recs.is_empty() {
             return Ok(());
         }

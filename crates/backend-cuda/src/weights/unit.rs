@@ -5,7 +5,7 @@
 //! and the decoding formulas are checked on machines without a GPU; the GPU tests then hold the
 //! kernels to the CPU backend.
 
-use crate::weight::DevType;
+use crate::weights::DevType;
 
 /// One decoded unit: 32 signed integers, the scales of values 0..16 and 16..32, the offset.
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +97,7 @@ pub fn load_unit(t: DevType, p: &[u8], m: &[u8], row: usize, k: usize, u: usize)
 }
 
 /// Value `i` of a unit (`unit_value`).
+#[cfg(test)]
 pub fn unit_value(u: &Unit, i: usize) -> f32 {
     (if i < 16 { u.s0 } else { u.s1 }) * u.q[i] as f32 + u.o
 }
@@ -104,7 +105,7 @@ pub fn unit_value(u: &Unit, i: usize) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weight::repack;
+    use crate::weights::repack;
     use proptest::prelude::*;
     use quarrel_core::QuantType;
 

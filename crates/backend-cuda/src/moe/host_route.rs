@@ -1,5 +1,5 @@
 //! The host router, for routings the device router (`moe_dev`, every token count) does not take
-//! (more than 8 experts used or 1,024 experts, `QUARREL_CUDA_HOST_ROUTE=1`):
+//! (more than 8 experts used or 1,024 experts):
 //! `quarrel_core::moe::route_reference`'s result bit for bit, but the top `n_used` by repeated
 //! selection instead of a full sort per token (the same order: larger first, NaN last, ties by
 //! the lower expert), and the tokens split over threads. A 512-token prefill of 128 experts

@@ -8,7 +8,12 @@
 //!  quantized W where mmq::mmq_wins (by shape): MMQ (mmq.rs), Q8 activations on the int8 tensor cores
 //! ```
 
-use crate::device::{Arg, DevMem, Device, Held, PoolMem};
+pub(crate) mod cpu_order;
+pub mod mmq;
+pub(crate) mod mmq_order;
+
+use crate::runtime::{Arg, DevMem, PoolMem};
+use crate::fusion::{Device, Held};
 use std::sync::Mutex;
 
 /// Activations already quantized to Q8: `x` (device pointer) as (xq, xm).
@@ -43,7 +48,7 @@ pub(crate) fn q8_activations(dev: &Device, qc: &Mutex<Option<QCache>>, x: u64, n
     Ok((c.xq.ptr(), c.xm.ptr()))
 }
 use crate::error::CudaError;
-use crate::weight::{CudaWeight, DevType};
+use crate::weights::{CudaWeight, DevType};
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
 
 /// Up to this many tokens the GEMV kernels run (weights read once per 8 tokens); above, the GEMM.
@@ -61,12 +66,7 @@ const GEMV_ROWS: usize = 2;
 /// 4096x32000 48.4 vs 43.2. Float weights and short rows (< 64 units): by the block count, as
 /// before (enough blocks for ~1000 to run).
 fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
-    // `QUARREL_CUDA_GEMV_WPR` (1, 2 or 4): warps per row of quantized rows of >= 64 units, for measurements
-    static WPR: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *WPR.get_or_init(|| std::env::var("QUARREL_CUDA_GEMV_WPR").ok().and_then(|v| v.parse().ok()).filter(|w| [1, 2, 4].contains(w)));
-    let wpr = if let (Some(w), true) = (forced, units >= 64) {
-        w
-    } else if units >= 64 {
+    let wpr = if units >= 64 {
         if units >= 128 && n_out < 2400 {
             4
         } else {
@@ -94,11 +94,11 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
         return Ok(());
     }
     forget_input_at(qc, out);
-    let ordered = ordered && crate::exact::applies(w);
-    if n_tok <= GEMV_MAX_TOKENS || crate::device::switches().no_gemm || (ordered && n_tok <= crate::exact::ORDERED_MAX_TOKENS) {
+    let ordered = ordered && crate::matmul::cpu_order::applies(w);
+    if n_tok <= GEMV_MAX_TOKENS || (ordered && n_tok <= crate::matmul::cpu_order::ORDERED_MAX_TOKENS) {
         gemv(dev, qc, w, x, n_tok, out, ordered)
-    } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
-        crate::mmq::mmq(dev, qc, w, x, n_tok, out)
+    } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::matmul::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
+        crate::matmul::mmq::mmq(dev, qc, w, x, n_tok, out)
     } else if small_float(w) {
         gemv_float_tiled(dev, w, x, n_tok, out)
     } else {
@@ -110,7 +110,7 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
 /// order (`gemvo_*`) where `exact::applies`, else the fast kernels (`gemv_*`).
 pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64, ordered: bool) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
-    let ordered = ordered && crate::exact::applies(w);
+    let ordered = ordered && crate::matmul::cpu_order::applies(w);
     // float weights: by the block count (units 0)
     let units = if matches!(w.dev_ty, DevType::Quant(_)) { n_in / 32 } else { 0 };
     let (wpr, grid) = gemv_shape(n_out, units);
@@ -124,7 +124,7 @@ pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: 
             }
             for (t0, nt, reps) in chunks(n_tok) {
                 let (name_nt, grid) = if ordered {
-                    (format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, n_out))
+                    (format!("gemvo_{name}_{nt}"), crate::matmul::cpu_order::grid(name, nt, n_out))
                 } else {
                     (format!("gemv_{name}_{nt}"), grid)
                 };
@@ -166,9 +166,9 @@ pub(crate) fn chunk_args(w: &CudaWeight, (xq, xm): (u64, u64), out: u64, t0: usi
 }
 
 /// Whether a GEMV over `n_tok` tokens is held to join the matrices that follow over the same
-/// input (`QUARREL_CUDA_NO_FUSE=1`: never).
+/// input.
 pub(crate) fn holds(n_tok: usize) -> bool {
-    matches!(n_tok, 1 | 2 | 4 | 8) && !crate::device::switches().no_fuse
+    matches!(n_tok, 1 | 2 | 4 | 8)
 }
 
 /// Hold the GEMV of quantized `w` over the Q8 input `(xq, xm)` of `n_tok` tokens: q/k/v
@@ -235,11 +235,9 @@ pub(crate) struct RopeFuse {
     pub kv: Option<(u64, u64, u64)>,
 }
 
-/// Whether RoPE and the KV store may join a q/k/v GEMV (`QUARREL_CUDA_NO_FUSE3=1`: never).
+/// Whether RoPE and the KV store may join a q/k/v GEMV (the fused kernel pairs rows).
 pub(crate) fn rope_fusion() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let sw = crate::device::switches();
-    GEMV_ROWS % 2 == 0 && !sw.no_fuse && !sw.no_fuse2 && !*OFF.get_or_init(|| std::env::var_os("QUARREL_CUDA_NO_FUSE3").is_some())
+    GEMV_ROWS % 2 == 0
 }
 
 impl GemvGroup {
@@ -351,12 +349,12 @@ impl GemvGroup {
     /// joined or alone.
     fn launch_mmq(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
-        let (threads, smem) = crate::invariant::dims(name, nt)?;
-        let blocks = |n_out: usize| n_out.div_ceil(crate::invariant::ROWS_PER_BLOCK) as u32;
+        let (threads, smem) = crate::matmul::mmq_order::dims(name, nt)?;
+        let blocks = |n_out: usize| n_out.div_ceil(crate::matmul::mmq_order::ROWS_PER_BLOCK) as u32;
         if let [i] = self.items.as_slice() {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
             let kernel = format!("gemvm_{name}_{nt}");
-            let grid = crate::invariant::grid(dev, &kernel, (threads, smem), blocks(i.n_out) as usize)?;
+            let grid = crate::matmul::mmq_order::grid(dev, &kernel, (threads, smem), blocks(i.n_out) as usize)?;
             return dev.launch_now(&kernel, (grid, 1, 1), threads, smem, &args);
         }
         let nb: Vec<u32> = self.items.iter().map(|i| blocks(i.n_out)).collect();
@@ -369,19 +367,18 @@ impl GemvGroup {
             args.extend([Arg::P(r.pos), Arg::P(r.ff), Arg::F(r.theta_scale), Arg::F(r.freq_scale), Arg::I(r.hd as i32), Arg::I(r.rope_k as i32)]);
             args.extend([Arg::P(kd), Arg::P(vd), Arg::P(slots)]);
         }
-        let grid = crate::invariant::grid(dev, &kernel, (threads, smem), nb.iter().sum::<u32>() as usize)?;
+        let grid = crate::matmul::mmq_order::grid(dev, &kernel, (threads, smem), nb.iter().sum::<u32>() as usize)?;
         dev.launch_now(&kernel, (grid, 1, 1), threads, smem, &args)
     }
 
-    /// `gemvo_*` / `gemvo3_*` (grids: `exact::grid`).
+    /// `gemvo_*` / `gemvo3_*` (grids: `cpu_order::grid`).
     fn launch_ordered(&self, dev: &Device) -> Result<(), CudaError> {
         let (name, nt, u) = (self.name, self.nt, self.units as i32);
         if let [i] = self.items.as_slice() {
             let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32)];
-            return dev.launch_now(&format!("gemvo_{name}_{nt}"), crate::exact::grid(name, nt, i.n_out), 128, 0, &args);
+            return dev.launch_now(&format!("gemvo_{name}_{nt}"), crate::matmul::cpu_order::grid(name, nt, i.n_out), 128, 0, &args);
         }
-        let total: usize = self.items.iter().map(|i| i.n_out).sum();
-        let nb: Vec<u32> = self.items.iter().map(|i| crate::exact::grid_share(name, nt, i.n_out, i.n_out as f64 / total as f64).0).collect();
+        let nb: Vec<u32> = self.items.iter().map(|i| crate::matmul::cpu_order::grid(name, nt, i.n_out).0).collect();
         let mut args = self.joined_args(&nb);
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
         dev.launch_now(&format!("gemvo3_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args)
@@ -390,8 +387,7 @@ impl GemvGroup {
 
 /// Float matrices of at most this many bytes (MoE routers: 0.1-1.4 MB) take the GEMV at every
 /// token count: read from L2 once per 8 tokens, in the decode GEMV's float order, and without
-/// cuBLAS, whose call held the host for ~480 us per Granite-4.0-H-Tiny router (H100 2026-11-23,
-/// `QUARREL_CUDA_HOST_TIME`: 19 ms per 512-token prefill).
+/// cuBLAS, whose call holds the host for ~480 us per small router matrix.
 const SMALL_FLOAT_BYTES: usize = 4 << 20;
 
 fn small_float(w: &CudaWeight) -> bool {
@@ -444,11 +440,11 @@ fn chunk(left: usize) -> usize {
     [8, 4, 2, 1].into_iter().find(|&c| c <= left).unwrap_or(1)
 }
 
-fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+pub(crate) fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let n_w = (n_in * n_out) as u64;
     // the weight as f16: in place for F16 weights; else a cached f16 copy (made once while
-    // free memory allows, QUARREL_CUDA_F16_CACHE=0 turns it off) or a scratch dequantized per call
+    // free memory allows) or a scratch dequantized per call
     let w16_scratch;
     let mut cached = w.f16.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
     let w16 = match w.dev_ty {
@@ -511,9 +507,6 @@ fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok: usize, out
 
 /// Whether an f16 copy of `bytes` fits, leaving a fifth of the device free.
 fn f16_cache_fits(dev: &Device, bytes: usize) -> bool {
-    if std::env::var("QUARREL_CUDA_F16_CACHE").is_ok_and(|v| v == "0") {
-        return false;
-    }
     let (free, total) = dev.ctx.mem_get_info().unwrap_or((0, 0));
     free > bytes + total / 5
 }

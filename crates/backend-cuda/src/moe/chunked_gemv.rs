@@ -1,7 +1,6 @@
-//! Prefill expert matmuls as chunked GEMV: when the routes per expert are few (many experts,
-//! few used: Nemotron-3-Nano's 128 / 6), one MMQ call per expert is mostly launch overhead.
-//! Instead the routes of each expert are cut into chunks of 8 rows and one launch multiplies
-//! every chunk by its expert with the decode GEMV's arithmetic (`moe_gemv8_<type>`):
+//! Expert matmuls of a prompt in exact numerics, as chunked GEMV: the routes of each expert
+//! are cut into chunks of 8 rows and one launch multiplies every chunk by its expert with the
+//! decode GEMV's arithmetic (`moe_gemv8_<type>`), so a prompt gives decode's bits:
 //!
 //! ```text
 //!  x ──gather_rows (chunk rows, padded to 8)──► xs ──quantize_q8──► (xq, xm)
@@ -12,18 +11,14 @@
 //! its tokens independently in the same order, and the warps per row (`wpr`) depend on the
 //! matrix height only.
 
-use crate::device::Arg;
+use crate::runtime::Arg;
 use crate::moe::ExpertCall;
 use crate::error::CudaError;
-use crate::mmq;
+use crate::matmul::mmq;
 use quarrel_core::Route;
 
 /// Rows per chunk (gemv_q's widest token count).
 pub const CHUNK: usize = 8;
-
-/// Average routes per routed expert up to which a prefill takes this path (more: MMQ per
-/// expert, whose tensor-core tiles pay off).
-pub const MAX_ROWS_PER_EXPERT: usize = 64;
 
 /// Warps per row group of the expert GEMVs: the dense GEMV's measured rule (`matmul::gemv_shape`:
 /// rows of 64+ units two warps, four for 128+ units and under 2,400 rows; short rows by the
@@ -72,11 +67,6 @@ pub fn plan(groups: &[(usize, Vec<usize>)], routes: &[Route], x_per_token: bool,
         }
     }
     Ok(p)
-}
-
-/// Whether a step with `n_routes` routes over `n_groups` experts takes the chunked GEMV.
-pub fn applies(n_routes: usize, n_groups: usize) -> bool {
-    n_groups > 0 && n_routes <= MAX_ROWS_PER_EXPERT * n_groups
 }
 
 /// The chunked expert matmul (see the module doc); `out (routes, n_out)`.
@@ -195,10 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn chunked_path_for_few_rows_per_expert() {
-        assert!(applies(6 * 512, 128)); // Nemotron-3-Nano pp512: 24 per expert
-        assert!(!applies(2 * 512, 8)); // Mixtral pp512: 128 per expert (MMQ)
-        assert!(!applies(0, 0));
+    fn warps_per_row_from_the_matrix_shape() {
         assert_eq!(wpr_for(14336, 128), 2); // Mixtral gate/up
         assert_eq!(wpr_for(1856, 84), 2); // Nemotron up (2688 inputs)
         assert_eq!(wpr_for(2048, 448), 4); // down of a wide expert

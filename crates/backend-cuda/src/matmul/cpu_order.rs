@@ -3,20 +3,20 @@
 //! ggml's vec_dot order, Q4_0 in llama.cpp's repacked order). Activations are quantized as for
 //! the GEMV (`matmul::q8_activations`: the CPU's Q8_0 / Q8_1 bytes); then `gemvo_*` (2 rows a
 //! warp, the integer block sums in parallel, the float chains in order) in chunks of 8 tokens.
-//! Used by exact numerics (`set_exact_numerics`: every token count; other types take the decode
+//! Used by exact numerics (`Numerics::Exact`: every token count; other types take the decode
 //! GEMV then, whose sums do not depend on the token count) and by decode and prompts up to
 //! `ORDERED_MAX_TOKENS` tokens as [`OrderedGemv`] says (default: models of at most
-//! `ORDERED_AUTO_MAX_BYTES`; `set_ordered_gemv`, `QUARREL_CUDA_ORDERED_GEMV=0|1`).
+//! `ORDERED_AUTO_MAX_BYTES`; tests: `set_ordered_gemv`).
 //!
 //! ```text
 //!  Q4_0 Q4_1 Q8_0: x ──q8_activations──► (xq, xm) ──gemvo_<type>_<NT> (rows / 8; gemvo3: q/k/v, gate/up)──► out
 //!  other types:    x ──matmul::gemv (chunks of 8 tokens)──► out
 //! ```
 
-use crate::device::Device;
+use crate::fusion::Device;
 use crate::error::CudaError;
 use crate::matmul::QCache;
-use crate::weight::{CudaWeight, DevType};
+use crate::weights::{CudaWeight, DevType};
 use quarrel_core::QuantType;
 use std::sync::Mutex;
 
@@ -41,15 +41,6 @@ pub enum OrderedGemv {
 }
 
 impl OrderedGemv {
-    /// `QUARREL_CUDA_ORDERED_GEMV`: `1` on, `0` off, unset (or anything else) auto.
-    pub fn from_env() -> OrderedGemv {
-        match std::env::var("QUARREL_CUDA_ORDERED_GEMV").as_deref() {
-            Ok("1") => OrderedGemv::On,
-            Ok("0") => OrderedGemv::Off,
-            _ => OrderedGemv::Auto,
-        }
-    }
-
     pub fn from_u8(v: u8) -> OrderedGemv {
         match v {
             0 => OrderedGemv::Off,
@@ -73,13 +64,7 @@ const WARPS: usize = 4;
 
 /// Rows per warp of `gemvo_<name>_<nt>` (`Gemvo::R` in exact.cu): 2, but 1 for Q4_1 / Q8_0 at 8
 /// tokens (their lane dots of two rows would not fit the block's 48 KB of shared memory).
-/// `QUARREL_CUDA_GEMVO_R` (1, 2 or 4; src/nvrtc.rs passes it to the kernels) sets Q4_0's, for measurements.
 fn rows_per_warp(name: &str, nt: usize) -> usize {
-    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let r = *R.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVO_R").ok().and_then(|v| v.parse().ok()).filter(|r| [1, 2, 4].contains(r)));
-    if let (Some(r), "q4_0") = (r, name) {
-        return r;
-    }
     if name != "q4_0" && nt == 8 {
         1
     } else {
@@ -102,20 +87,10 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
     crate::matmul::gemv(dev, qc, w, x, n_tok, out, true)
 }
 
-/// The grid of `gemvo_<name>_<nt>` over `n_out` rows: a block per 4 row groups, or (measurements:
-/// `QUARREL_CUDA_GEMVO_BLOCKS=n`) at most `share` of n blocks, whose warps then loop over the
-/// row groups (the kernel takes any grid).
-pub(crate) fn grid_share(name: &str, nt: usize, n_out: usize, share: f64) -> (u32, u32, u32) {
-    static CAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let cap = *CAP.get_or_init(|| std::env::var("QUARREL_CUDA_GEMVO_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|&c: &usize| c > 0));
-    let full = n_out.div_ceil(WARPS * rows_per_warp(name, nt));
-    let b = cap.map_or(full, |c| full.min(((c as f64 * share).round() as usize).max(1)));
-    (b as u32, 1, 1)
-}
-
-/// `grid_share` of a launch over one matrix.
+/// The grid of `gemvo_<name>_<nt>` over `n_out` rows: a block per 4 row groups (the kernel
+/// takes any grid; its warps loop over the row groups).
 pub(crate) fn grid(name: &str, nt: usize, n_out: usize) -> (u32, u32, u32) {
-    grid_share(name, nt, n_out, 1.0)
+    (n_out.div_ceil(WARPS * rows_per_warp(name, nt)) as u32, 1, 1)
 }
 
 /// Kernel names this module launches (all begin with GDC: launched with PDL).
@@ -134,11 +109,12 @@ pub fn kernel_names() -> Vec<String> {
 /// (`weight::repack` planes `p`, `m`; `u` units per row) against one token's Q8 activations
 /// (`mmq::quantize_q8_ref`: int8 `xq`, `(d, d·Σq)` per unit), in the kernel's (= the CPU
 /// backend's) float order. Q4_0, Q4_1, Q8_0 only.
+#[cfg(test)]
 pub fn reference_row(t: DevType, p: &[u8], m: &[u8], row: usize, u: usize, xq: &[i8], xm: &[(f32, f32)]) -> f32 {
     let name = t.name();
     let (mut acc8, mut acc, mut summs) = ([0f32; 8], 0f32, 0f32);
     for k in 0..u {
-        let w = crate::unit::load_unit(t, p, m, row, k, u);
+        let w = crate::weights::unit::load_unit(t, p, m, row, k, u);
         let xb = &xq[k * 32..k * 32 + 32];
         let (xd, xs) = xm[k];
         // lane l: the exact integer dot of elements 4l..4l+3
@@ -173,7 +149,7 @@ pub fn reference_row(t: DevType, p: &[u8], m: &[u8], row: usize, u: usize, xq: &
 mod tests {
     use super::*;
 
-    use crate::weight::repack;
+    use crate::weights::repack;
     use quarrel_core::{Backend, WeightSource};
 
     #[test]
@@ -224,7 +200,7 @@ mod tests {
             let (t, p, m) = repack(ty, &bytes).unwrap();
             let m = m.unwrap_or_default();
             let u = n_in / 32;
-            let (xq, xm) = crate::mmq::quantize_q8_ref(&x);
+            let (xq, xm) = crate::matmul::mmq::quantize_q8_ref(&x);
             for tok in 0..n_tok {
                 for row in 0..n_out {
                     let got = reference_row(t, &p, &m, row, u, &xq[tok * n_in..(tok + 1) * n_in], &xm[tok * u..(tok + 1) * u]);

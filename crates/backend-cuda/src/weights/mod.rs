@@ -9,9 +9,13 @@
 //! | 1-D tensors (norms) | f32 |
 //! | other types (Q2_K, Q3_K, IQ4_NL, MXFP4, ...) | dequantized at load to f16 (no kernel of their own yet) |
 
-use crate::device::{DevMem, Device};
+pub mod experts;
+pub mod unit;
+
+use crate::runtime::DevMem;
+use crate::fusion::Device;
 use crate::error::CudaError;
-use crate::experts::{ExpertBudget, Offload};
+use crate::weights::experts::{ExpertBudget, Offload};
 use quarrel_core::{QuantType, WeightSource};
 
 /// How the kernels read a weight.
@@ -54,18 +58,14 @@ pub struct CudaWeight {
     pub exact: bool,
     /// A 3-D expert tensor beyond the expert budget: in host memory, hot experts cached on the
     /// device (`p`, `m` are then placeholders).
-    pub(crate) offload: Option<crate::experts::Offload>,
+    pub(crate) offload: Option<crate::weights::experts::Offload>,
 }
 
 /// Whether `g`'s weights multiply with decode's numerics at every token count: the file has
-/// experts (`{arch}.expert_count` > 0) or Mamba2 layers (`{arch}.ssm.state_size`), unless
-/// `QUARREL_CUDA_MOE_EXACT=0` (then a long prefill takes the f16 tensor-core GEMM: faster, and
-/// a near-tie in a router may pick another expert than token-by-token decode would).
+/// experts (`{arch}.expert_count` > 0) or Mamba2 layers (`{arch}.ssm.state_size`): a long
+/// prefill through the f16 tensor-core GEMM could make a near-tie in a router pick another
+/// expert than token-by-token decode would.
 pub fn exact_prefill(g: &quarrel_gguf::Gguf) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *OFF.get_or_init(|| std::env::var("QUARREL_CUDA_MOE_EXACT").is_ok_and(|v| v == "0")) {
-        return false;
-    }
     let Ok(arch) = g.architecture() else { return false };
     let experts = g.get_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) > 0;
     experts || g.get(&format!("{arch}.ssm.state_size")).is_some()
