@@ -12,7 +12,7 @@
 //! | `backend` | the `Backend` trait: fused LLM-level ops; `Unsupported` where a backend lacks one |
 //! | `batch`   | `ForwardBatch`: flat tokens of several sequences, positions, block tables, logits rows |
 //! | `cache`   | cache specs a model declares (`KvSpec`), KV element types |
-| `numerics` | `Numerics`: fast, invariant or exact float orders, and a model's default |
+//! | `numerics` | `Numerics`: fast, invariant or exact float orders, and a model's default |
 //! | `rope`    | RoPE parameters (style, base, scaling) |
 //! | `moe`     | MoE routing parameters, `Route`, the host reference router |
 //! | `ssm`     | Mamba2 shapes, recurrent `StateSpec`, reference conv / scan / gated norm |
