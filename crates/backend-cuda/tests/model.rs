@@ -6,7 +6,7 @@ use quarrel_core::Backend;
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
 use quarrel_engine::{Engine, EngineOptions, GenerateParams, SamplingParams};
-use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 use std::path::{Path, PathBuf};
 
 /// Logits NMSE bound, GPU vs CPU, per whole model. Float-weight models agree to ~1e-6; with

@@ -11,8 +11,8 @@
 
 use quarrel_cuda::CudaBackend;
 use quarrel_engine::{Engine, EngineOptions};
-use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
-use quarrel_models::synth::Ftype;
+use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+use quarrel_synth::Ftype;
 use std::path::{Path, PathBuf};
 
 const PRESETS: &[&str] = &["tiny-mixtral", "tiny-granite", "tiny-granitemoe", "tiny-granitehybrid", "tiny-mamba2", "tiny-nemotron-h", "tiny-nemotron-h-moe", "tiny-gemma3"];
@@ -550,8 +550,8 @@ fn exact_numerics_consistent_on_a_7b_shape() {
     if !has_gpu() {
         return;
     }
-    use quarrel_engine::ConsistencyOptions;
-    use quarrel_models::synth::{write_synth_with, Preset, SynthSpec, WriteOptions};
+    use quarrel_bench::{Consistency, ConsistencyOptions};
+    use quarrel_synth::{write_synth_with, Preset, SynthSpec, WriteOptions};
     let dir = tmpdir("moe-7b");
     let mut failures = vec![];
     for ftype in [Ftype::Q4_K_M, Ftype::Q8_0] {

@@ -254,8 +254,8 @@ mod tests {
     /// an explicit choice is kept.
     #[test]
     fn auto_numerics_follow_the_architecture() {
-        use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
-        use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+        use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+        use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
         let dir = tempfile::tempdir().unwrap();
         let dense = dir.path().join("tiny.gguf");
         write_synth(&SynthSpec::new(Preset::by_name("tiny").unwrap().clone(), Ftype::F32).seed(1), &dense, &mut |_, _| {}).unwrap();

@@ -164,7 +164,7 @@ impl<B: Backend> Engine<B> {
             .get_u64("general.file_type")
             .ok()
             .flatten()
-            .and_then(|id| quarrel_models::synth::Ftype::ALL.iter().find(|f| f.llama_ftype() as u64 == id))
+            .and_then(|id| quarrel_models::Ftype::ALL.iter().find(|f| f.llama_ftype() as u64 == id))
             .map(|f| f.name().to_uppercase())
             .unwrap_or_else(|| "unknown".into());
         ModelSummary {

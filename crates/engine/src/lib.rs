@@ -15,9 +15,8 @@
 //! | `engine`     | `Engine`: loads a model, owns the KV cache, recurrent state slots and block pool, runs sequences |
 //! | `decode`     | one sequence's decode logic shared by `generate` and the service: picks (device or host), detokenizing, stop strings, finish rules, logprobs |
 //! | `generate`   | one completion on the calling thread: a `SeqDecoder` fed a batch of one sequence |
-//! | `batched_bench` | llama-batched-bench's protocol over N parallel sequences |
 //! | `perplexity` | llama.cpp's perplexity protocol |
-//! | `consistency` | self-consistency of a backend: prefill vs decode, batched vs alone (NMSE, argmax) |
+//! | `raw`        | forward passes below the request level (caller-held block tables, hand-built batches) for tools such as quarrel-bench |
 //! | `sampler`    | sampling chain (penalties, top-k/p, min-p, temperature, seed) |
 //! | `stop`       | stop strings over streamed text |
 //! | `kv_calibrate` | quantized KV caches: a fixed calibration pass at load (sets the CPU cache's key offsets) |
@@ -25,24 +24,19 @@
 //! | `service`    | continuous batching: step loop thread, scheduler, prefix cache (with recurrent-state checkpoints for hybrid models), async API |
 //! | `embedding`  | text embeddings: model-family task prefixes, pooling choice, `embed_texts` |
 
-mod batched_bench;
-mod bench;
 mod blocks;
-mod consistency;
 pub mod decode;
 pub mod embedding;
 mod engine;
 mod generate;
 mod kv_calibrate;
 mod perplexity;
+mod raw;
 pub mod service;
 pub mod sampler;
 pub mod stop;
 
-pub use batched_bench::BatchedRun;
-pub use bench::{mean_stddev, OpKind, OpStat, ProfiledBackend, QuantTypeKey};
 pub use blocks::{BlockPool, OutOfBlocks};
-pub use consistency::{nmse, ConsistencyCheck, ConsistencyOptions};
 pub use engine::{tokenize_templated, Engine, EngineError, EngineOptions};
 pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};
 pub use perplexity::{PerplexityChunk, PerplexityResult};

@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use quarrel_engine::{EngineOptions, GenerateParams, Sampler, SamplingParams};
-use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
-use quarrel_models::synth::Ftype;
+use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+use quarrel_synth::Ftype;
 use std::path::{Path, PathBuf};
 
 const PRESETS: &[&str] = &[
@@ -189,31 +189,5 @@ fn full_size_widths_on_few_layers() {
         let mut single = engine(&path, EngineOptions { n_ctx: 32, n_batch: 1, ..Default::default() });
         let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
         assert_logits_close(&format!("{}: prefill vs decode", p.name), &a, &b, 1e-5);
-    }
-}
-
-/// `Engine::consistency` (`quarrel consistency`) on the CPU, which computes batch-invariantly:
-/// every compared position bit for bit identical, past the 64-token attention switch and across
-/// prefill chunks; a wrong request gets an error, not a panic.
-#[test]
-fn consistency_report_is_exact_on_the_cpu() {
-    use quarrel_engine::ConsistencyOptions;
-    let dir = tempfile::tempdir().unwrap();
-    for name in PRESETS {
-        let path = synth_as(name, dir.path(), Ftype::Q4_K_M);
-        let mut e = engine(&path, EngineOptions { n_ctx: 80, n_batch: 33, n_seq: 4, ..Default::default() });
-        let o = ConsistencyOptions { n_tokens: 80, n_prefill: 37, n_seqs: 4, seed: 3 };
-        let checks = e.consistency(&o).unwrap();
-        assert_eq!(checks.iter().map(|c| c.name).collect::<Vec<_>>(), ["prefill vs prefill+decode", "prefill vs decode", "batched vs alone"]);
-        for c in &checks {
-            assert!(c.nmse.len() >= if c.name == "batched vs alone" { 4 * 20 } else { 80 }, "{name} {}: {} positions", c.name, c.nmse.len());
-            assert_eq!(c.identical(), c.nmse.len(), "{name} {}: worst nmse {:.2e}", c.name, c.worst());
-            assert_eq!(c.argmax_differ, 0);
-        }
-        assert!(e.consistency(&ConsistencyOptions { n_seqs: 5, ..o.clone() }).is_err(), "more sequences than the cache holds");
-        assert!(e.consistency(&ConsistencyOptions { n_tokens: 81, ..o.clone() }).is_err(), "longer than the context");
-        assert!(e.consistency(&ConsistencyOptions { n_prefill: 81, ..o.clone() }).is_err(), "prefill past the tokens");
-        // the engine still works after the refused requests
-        assert_eq!(e.consistency(&o).unwrap()[1].worst(), 0.0);
     }
 }

@@ -12,7 +12,7 @@ mod common;
 use common::*;
 use quarrel_core::QuantType;
 use quarrel_engine::EngineOptions;
-use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 
 #[derive(serde::Deserialize)]
 struct Fixture {

@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use quarrel_engine::*;
-use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
-use quarrel_models::synth::Ftype;
+use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+use quarrel_synth::Ftype;
 
 fn greedy(max_tokens: usize) -> GenerateParams {
     GenerateParams { sampling: SamplingParams::greedy(), max_tokens, ignore_eos: true, ..Default::default() }

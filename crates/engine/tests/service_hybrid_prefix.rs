@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use quarrel_engine::*;
-use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
-use quarrel_models::synth::Ftype;
+use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+use quarrel_synth::Ftype;
 use std::time::Duration;
 
 fn run(h: &EngineHandle, prompt: &[u32]) -> (Vec<u32>, Duration, Usage) {

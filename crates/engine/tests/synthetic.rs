@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use quarrel_engine::{EngineOptions, GenerateParams, SamplingParams};
-use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 
 fn synth(ftype: &str, dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join(format!("tiny-{ftype}.gguf"));

@@ -9,20 +9,25 @@
 //! | module     | responsibility |
 //! |------------|----------------|
 //! | `model`    | the `Model` trait every architecture implements; `ModelInfo` |
+//! | `describe` | `ModelDescription`: routed experts, recurrent state, read before loading; the default `Numerics` |
 //! | `hparams`  | typed reading of `{arch}.*` metadata keys |
 //! | `layers`   | attention (paged, GQA, RoPE), SwiGLU / squared-ReLU MLP, MoE FFN, Mamba2 mixer |
 //! | `arch`     | one file per GGUF architecture name (llama, granite*, mamba2, nemotron_h*) |
 //! | `registry` | architecture name -> loader, one line each |
+//! | `ftype`    | llama.cpp's file types (`general.file_type`): id, name, default tensor type |
 //!
 //! Models own no state: the KV cache and the recurrent (Mamba2) state are the engine's, passed
 //! into `forward`; a model declares its recurrent layers in `ModelInfo::recurrent`.
 
 pub mod arch;
+mod describe;
+mod ftype;
 pub mod hparams;
 pub mod layers;
 mod model;
 pub mod registry;
-pub mod synth;
 
+pub use describe::ModelDescription;
+pub use ftype::Ftype;
 pub use model::{Model, ModelInfo};
 pub use registry::{load, supported_architectures};

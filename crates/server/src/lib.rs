@@ -30,7 +30,6 @@
 //! | `openapi`    | the OpenAPI 3.1 document |
 //! | `error`      | the one error shape, JSON body extractor |
 //! | `state`      | configuration and shared state |
-//! | `loadtest`   | the `quarrel loadtest` client (SSE, NDJSON, WebSocket) |
 //! | `ui`         | the web chat page: `web/` embedded, served at `/` with a strict CSP |
 
 pub mod auth;
@@ -38,7 +37,6 @@ pub mod conn;
 pub mod embeddings;
 pub mod error;
 pub mod gen;
-pub mod loadtest;
 pub mod metrics;
 pub mod middleware;
 pub mod ollama;

@@ -7,7 +7,7 @@ use axum::body::{to_bytes, Body};
 use axum::http::{Request, StatusCode};
 use quarrel_cpu::CpuBackend;
 use quarrel_engine::{Engine, EngineHandle, EngineOptions, ServiceOptions};
-use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 use quarrel_server::{AppState, KeyFile, KeyStore, ModelEntry, ModelLoader, Registry, ServerConfig};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -128,7 +128,7 @@ async fn keys_gate_the_apis_but_not_the_probes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_experts_and_recurrent_state_of_a_hybrid_moe_model() {
-    use quarrel_models::synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+    use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("nemo.gguf");
     let spec = ArchSynthSpec { preset: *ArchPreset::by_name("tiny-nemotron-h-moe").unwrap(), ftype: Ftype::Q8_0, seed: 3, vocab_from: None };

@@ -5,7 +5,8 @@ use super::bench::parse_list;
 use crate::common::ModelArgs;
 use anyhow::{bail, Result};
 use quarrel_core::Backend;
-use quarrel_engine::{BatchedRun, Engine, EngineOptions};
+use quarrel_bench::{BatchedBench, BatchedRun};
+use quarrel_engine::{Engine, EngineOptions};
 use std::io::Write;
 
 /// Measure prompt and generation throughput with several parallel sequences, like

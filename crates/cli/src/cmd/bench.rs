@@ -5,7 +5,8 @@ use crate::resolve::resolve_model;
 use anyhow::{bail, Context, Result};
 use quarrel_core::{Backend, KvType};
 use quarrel_cpu::CpuBackend;
-use quarrel_engine::{mean_stddev, Engine, EngineOptions, ProfiledBackend};
+use quarrel_bench::{mean_stddev, Bench, ProfiledBackend};
+use quarrel_engine::{Engine, EngineOptions};
 use quarrel_gguf::Gguf;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -193,7 +194,7 @@ fn model_type(g: &Gguf, arch: &str, n_params: u64) -> String {
         _ => format!("{:.0}M", n_params as f64 / 1e6),
     };
     let ftype = g.get_u64("general.file_type").ok().flatten();
-    let ft = match ftype.and_then(|f| quarrel_models::synth::Ftype::ALL.iter().find(|x| x.llama_ftype() as u64 == f)) {
+    let ft = match ftype.and_then(|f| quarrel_models::Ftype::ALL.iter().find(|x| x.llama_ftype() as u64 == f)) {
         Some(f) => {
             let n = f.name().to_ascii_uppercase();
             match n.rsplit_once('_') {
@@ -412,7 +413,7 @@ fn profile(gguf: std::sync::Arc<Gguf>, threads: usize, opts: EngineOptions, run:
     let (mut in_ops, mut mm) = (Duration::ZERO, Duration::ZERO);
     for (k, st) in &stats {
         in_ops += st.time;
-        if matches!(k, quarrel_engine::OpKind::Matmul(..) | quarrel_engine::OpKind::MatmulMany(..)) {
+        if matches!(k, quarrel_bench::OpKind::Matmul(..) | quarrel_bench::OpKind::MatmulMany(..)) {
             mm += st.time;
         }
         lines.push([

@@ -3,7 +3,7 @@
 
 use crate::common::{with_engine, ModelArgs};
 use anyhow::{bail, Result};
-use quarrel_engine::{ConsistencyCheck, ConsistencyOptions};
+use quarrel_bench::{Consistency, ConsistencyCheck, ConsistencyOptions};
 
 /// Check that the logits do not depend on how the tokens are batched.
 ///

@@ -1,7 +1,7 @@
-//! `quarrel loadtest`: wiring for the server crate's load-test client.
+//! `quarrel loadtest`: wiring for quarrel-loadtest.
 
 use anyhow::{bail, Context, Result};
-use quarrel_server::loadtest::{run, LoadConfig, Protocol};
+use quarrel_loadtest::{run, LoadConfig, Protocol};
 use std::time::Duration;
 
 /// Load-test a running `quarrel serve`: N concurrent streaming clients.

@@ -1,9 +1,9 @@
 //! `quarrel synth`: write a random-weights GGUF model with a real model's shapes
-//! (library: `quarrel_models::synth`).
+//! (library: `quarrel_synth`).
 
 use anyhow::{bail, Context, Result};
-use quarrel_models::synth::archs::{write_arch_synth_with, ArchPreset, ArchSynthSpec, ARCH_PRESETS};
-use quarrel_models::synth::{presets, write_synth_with, Ftype, Preset, SynthSpec, WriteOptions};
+use quarrel_synth::archs::{write_arch_synth_with, ArchPreset, ArchSynthSpec, ARCH_PRESETS};
+use quarrel_synth::{presets, write_synth_with, Ftype, Preset, SynthSpec, WriteOptions};
 use std::path::PathBuf;
 
 /// Write a random-weights model with a real model's shapes, metadata and quantization mix.

@@ -2,11 +2,11 @@
 //!
 //! ```text
 //! SYNTH_PRESET=tinyllama-1.1b SYNTH_QUANT=q4_0 SYNTH_OUT=/tmp/t.gguf \
-//!     cargo test --release -p quarrel-models --test synth_bench -- --ignored --nocapture
+//!     cargo test --release -p quarrel-synth --test synth_bench -- --ignored --nocapture
 //! ```
 //! Optional: SYNTH_SEED, SYNTH_LAYERS, SYNTH_VOCAB_FROM.
 
-use quarrel_models::synth::{write_synth, Ftype, Preset, SynthSpec};
+use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 use std::path::PathBuf;
 
 fn env(k: &str) -> Option<String> {
@@ -52,7 +52,7 @@ fn synth_from_env() {
 #[ignore]
 fn synth_cost_per_element() {
     use quarrel_gguf::QuantType;
-    use quarrel_models::synth::rng::SplitMix64;
+    use quarrel_synth::rng::SplitMix64;
     use std::time::Instant;
     let n = 1 << 22;
     let mut v = vec![0f32; n];

@@ -1,4 +1,7 @@
-//! # `quarrel synth`: random-weights GGUF models with real models' shapes
+//! # quarrel-synth: random-weights GGUF models with real models' shapes
+//!
+//! The writer behind `quarrel synth` and the tiny fixtures the tests of the other crates load
+//! (a tool crate: the libraries never depend on it, their tests do).
 //!
 //! ```text
 //!  SynthSpec { preset, ftype, seed, .. } ──plan──► tensor list (names, ggml dims, types: mix.rs)
@@ -11,7 +14,7 @@
 //! |-----------|----------------|
 //! | `archs`   | MoE / Mamba2 / hybrid architectures (Mixtral, Granite, Nemotron-H, Mamba2): tiny fixtures and full-size presets |
 //! | `presets` | real models' shapes (SmolLM2, TinyLlama, Llama 2/3/3.2, Mistral) and `tiny` |
-//! | `mix`     | `Ftype` (llama_ftype) and llama-quantize's per-tensor type choice |
+//! | `mix`     | llama-quantize's per-tensor type choice for an `Ftype` (the table itself: `quarrel_models::Ftype`) |
 //! | `vocab`   | synthetic SPM vocabulary, or the `tokenizer.*` keys of a real model |
 //! | `rng`     | SplitMix64 + Box-Muller, per-row seeds |
 //!

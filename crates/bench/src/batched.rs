@@ -2,8 +2,8 @@
 //! together (in forward passes of `n_batch` tokens, logits of each sequence's last token),
 //! then `tg` decode steps of one token per sequence (logits for all), timed separately.
 
-use crate::engine::{Engine, EngineError};
 use quarrel_core::{Backend, ForwardBatch, SeqBatch};
+use quarrel_engine::{Engine, EngineError};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::time::Instant;
@@ -43,16 +43,21 @@ impl BatchedRun {
     }
 }
 
-impl<B: Backend> Engine<B> {
+/// llama-batched-bench on an [`Engine`] (`use quarrel_bench::BatchedBench` brings it into scope).
+pub trait BatchedBench<B: Backend> {
     /// Run one llama-batched-bench measurement (see the module docs). Needs `pl` sequences of
     /// `pp + tg` positions in the KV cache.
-    pub fn bench_batched(&mut self, pp: usize, tg: usize, pl: usize) -> Result<BatchedRun, EngineError> {
+    fn bench_batched(&mut self, pp: usize, tg: usize, pl: usize) -> Result<BatchedRun, EngineError> {
         self.bench_batched_with(pp, tg, pl, &mut |_| {})
     }
 
-    /// [`Engine::bench_batched`], calling `before_tg(backend)` between the prompt and the
+    /// [`BatchedBench::bench_batched`], calling `before_tg(backend)` between the prompt and the
     /// generation phase (profilers reset their counters there).
-    pub fn bench_batched_with(&mut self, pp: usize, tg: usize, pl: usize, before_tg: &mut dyn FnMut(&B)) -> Result<BatchedRun, EngineError> {
+    fn bench_batched_with(&mut self, pp: usize, tg: usize, pl: usize, before_tg: &mut dyn FnMut(&B)) -> Result<BatchedRun, EngineError>;
+}
+
+impl<B: Backend> BatchedBench<B> for Engine<B> {
+    fn bench_batched_with(&mut self, pp: usize, tg: usize, pl: usize, before_tg: &mut dyn FnMut(&B)) -> Result<BatchedRun, EngineError> {
         if pl == 0 || pp + tg == 0 {
             return Err(EngineError::InvalidRequest("batched bench needs pl >= 1 and pp + tg >= 1".into()));
         }
@@ -61,11 +66,11 @@ impl<B: Backend> Engine<B> {
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xBA7C ^ ((pp as u64) << 40) ^ ((tg as u64) << 20) ^ pl as u64);
         let n_vocab = self.n_vocab() as u32;
-        let slots = self.state_slots(pl)?;
+        let slots = self.recurrent_slots(pl)?;
         let mut tables: Vec<Vec<u32>> = vec![vec![]; pl];
         let r = (|| {
             for t in tables.iter_mut() {
-                self.pool.reserve(t, pp + tg)?;
+                self.reserve_blocks(t, pp + tg)?;
             }
             // prompt: all sequences' tokens flattened, cut into n_batch pieces
             let flat: Vec<(usize, usize, u32)> =
@@ -91,7 +96,7 @@ impl<B: Backend> Engine<B> {
                         b.state_slots.push(slot);
                     }
                 }
-                self.model.forward(&self.backend, &b, &mut self.kv)?;
+                self.forward_raw(&b)?;
             }
             let t_pp = t0.elapsed().as_secs_f64();
             before_tg(&self.backend);
@@ -104,13 +109,13 @@ impl<B: Backend> Engine<B> {
                     logits_rows: (0..pl).collect(),
                     state_slots: slots.clone(),
                 };
-                self.model.forward(&self.backend, &b, &mut self.kv)?;
+                self.forward_raw(&b)?;
             }
             let t_tg = t1.elapsed().as_secs_f64();
             Ok(BatchedRun::new(pp, tg, pl, t_pp, t_tg))
         })();
         for t in &mut tables {
-            self.pool.release(t);
+            self.release_blocks(t);
         }
         r
     }

@@ -1,9 +1,9 @@
-//! `quarrel_models::synth`: files read back with expected metadata, tensor types and shapes;
+//! `quarrel_synth`: files read back with expected metadata, tensor types and shapes;
 //! determinism; numerical sanity of the weights; and (with `LLAMA_CPP_BIN_DIR` set) llama.cpp
 //! loading and running the files.
 
 use quarrel_gguf::{Gguf, QuantType};
-use quarrel_models::synth::{presets, tensor_plan, write_synth, Ftype, Preset, SynthSpec, SynthSummary};
+use quarrel_synth::{presets, tensor_plan, write_synth, Ftype, Preset, SynthSpec, SynthSummary};
 use std::path::{Path, PathBuf};
 
 fn tiny() -> Preset {
@@ -338,7 +338,7 @@ fn llama_cpp_loads_synthetic_models() {
 
 #[test]
 fn row_pool_copies_pool_rows_and_keeps_the_layout() {
-    use quarrel_models::synth::{write_synth_with, WriteOptions};
+    use quarrel_synth::{write_synth_with, WriteOptions};
     let dir = tempfile::tempdir().unwrap();
     let spec = SynthSpec::new(tiny(), Ftype::Q4_K_M).seed(3);
     let (full, pooled) = (dir.path().join("full.gguf"), dir.path().join("pooled.gguf"));

@@ -1,4 +1,4 @@
-//! Self-consistency of a backend's numerics (`Engine::consistency`, `quarrel consistency`):
+//! Self-consistency of a backend's numerics (`Consistency::consistency`, `quarrel consistency`):
 //! whether the logits of a position depend on how the tokens reached the model. Three
 //! comparisons over seeded random token ids:
 //!
@@ -13,11 +13,12 @@
 //! gives 0 everywhere; one whose prefill and decode kernels sum in different float orders
 //! gives roundings, which a model's random weights can amplify.
 
-use crate::engine::{Engine, EngineError};
+use crate::bench::random_tokens;
 use quarrel_core::Backend;
+use quarrel_engine::{Engine, EngineError};
 use rand::{Rng, SeedableRng};
 
-/// What `Engine::consistency` runs.
+/// What [`Consistency::consistency`] runs.
 #[derive(Clone, Debug)]
 pub struct ConsistencyOptions {
     /// Tokens of the test sequence (BOS first when the model adds one, then random ids).
@@ -95,10 +96,16 @@ fn argmax(v: &[f32]) -> usize {
     best
 }
 
-impl<B: Backend> Engine<B> {
+/// The consistency checks on an [`Engine`] (`use quarrel_bench::Consistency` brings them into
+/// scope).
+pub trait Consistency {
     /// Run the three comparisons of the module docs. The engine's `n_batch` sets the prefill's
     /// chunks; the batch check needs `n_seq >= o.n_seqs` and every sequence within `n_ctx`.
-    pub fn consistency(&mut self, o: &ConsistencyOptions) -> Result<Vec<ConsistencyCheck>, EngineError> {
+    fn consistency(&mut self, o: &ConsistencyOptions) -> Result<Vec<ConsistencyCheck>, EngineError>;
+}
+
+impl<B: Backend> Consistency for Engine<B> {
+    fn consistency(&mut self, o: &ConsistencyOptions) -> Result<Vec<ConsistencyCheck>, EngineError> {
         if o.n_tokens == 0 || o.n_prefill > o.n_tokens {
             return Err(EngineError::InvalidRequest(format!("consistency: {} prefill tokens of {} (need 0 <= prefill <= tokens, tokens > 0)", o.n_prefill, o.n_tokens)));
         }
@@ -109,15 +116,15 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::InvalidRequest(format!("consistency: {} sequences in a batch, the cache holds {}", o.n_seqs, self.opts.n_seq)));
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.seed);
-        let tokens = self.random_tokens(o.n_tokens, &mut rng);
+        let tokens = random_tokens(self, o.n_tokens, &mut rng);
         let reference = self.eval_all(&tokens)?;
 
         let mut after_prefill = ConsistencyCheck { name: "prefill vs prefill+decode", nmse: vec![], argmax_differ: 0 };
-        let stepped = self.stepped(&tokens, o.n_prefill)?;
-        reference.iter().zip(&stepped).for_each(|(a, b)| after_prefill.add(a, b));
+        let after = stepped(self, &tokens, o.n_prefill)?;
+        reference.iter().zip(&after).for_each(|(a, b)| after_prefill.add(a, b));
 
         let mut from_start = ConsistencyCheck { name: "prefill vs decode", nmse: vec![], argmax_differ: 0 };
-        let decoded = self.stepped(&tokens, 0)?;
+        let decoded = stepped(self, &tokens, 0)?;
         reference.iter().zip(&decoded).for_each(|(a, b)| from_start.add(a, b));
 
         let mut checks = vec![after_prefill, from_start];
@@ -126,7 +133,7 @@ impl<B: Backend> Engine<B> {
             let seqs: Vec<Vec<u32>> = (0..o.n_seqs)
                 .map(|_| {
                     let len = rng.gen_range((o.n_tokens / 4).max(1)..=o.n_tokens);
-                    self.random_tokens(len, &mut rng)
+                    random_tokens(self, len, &mut rng)
                 })
                 .collect();
             let batched = self.forward_batch(&seqs)?;
@@ -139,22 +146,22 @@ impl<B: Backend> Engine<B> {
         }
         Ok(checks)
     }
+}
 
-    /// Logits at every position: the first `n_prefill` tokens in one pass (chunks of
-    /// `n_batch`), then one decode step per token.
-    fn stepped(&mut self, tokens: &[u32], n_prefill: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-        let mut table = vec![];
-        let r = (|| {
-            let want: Vec<usize> = (0..n_prefill).collect();
-            let mut out = if n_prefill > 0 { self.run_sequence(&mut table, &tokens[..n_prefill], 0, &want)? } else { vec![] };
-            for (p, &t) in tokens.iter().enumerate().skip(n_prefill) {
-                out.extend(self.run_sequence(&mut table, &[t], p, &[0])?);
-            }
-            Ok(out)
-        })();
-        self.pool.release(&mut table);
-        r
-    }
+/// Logits at every position: the first `n_prefill` tokens in one pass (chunks of `n_batch`),
+/// then one decode step per token.
+fn stepped<B: Backend>(e: &mut Engine<B>, tokens: &[u32], n_prefill: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+    let mut table = vec![];
+    let r = (|| {
+        let want: Vec<usize> = (0..n_prefill).collect();
+        let mut out = if n_prefill > 0 { e.eval_sequence(&mut table, &tokens[..n_prefill], 0, &want)? } else { vec![] };
+        for (p, &t) in tokens.iter().enumerate().skip(n_prefill) {
+            out.extend(e.eval_sequence(&mut table, &[t], p, &[0])?);
+        }
+        Ok(out)
+    })();
+    e.release_blocks(&mut table);
+    r
 }
 
 #[cfg(test)]

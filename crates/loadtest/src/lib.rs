@@ -1,7 +1,22 @@
-//! `quarrel loadtest`: N concurrent clients, each running streaming requests back to back
-//! against a server (OpenAI SSE, ollama NDJSON or the WebSocket protocol) for a duration or
-//! a request count; reports requests/s, generated tokens/s, time to first token and
-//! end-to-end latency percentiles, and errors — as a table and as JSON.
+//! # quarrel-loadtest: concurrent streaming clients against a running Quarrel server
+//!
+//! The client behind `quarrel loadtest`: N concurrent clients, each running streaming requests
+//! back to back against a server (OpenAI SSE, ollama NDJSON or the WebSocket protocol) for a
+//! duration or a request count; reports requests/s, generated tokens/s, time to first token
+//! and end-to-end latency percentiles, and errors — as a table and as JSON. It talks HTTP and
+//! WebSocket only: no Quarrel library is linked.
+//!
+//! ```text
+//!  LoadConfig ─► run: N tokio tasks ─► (sse | ndjson | ws) request ─► stream ─► Sample
+//!                                                                        │
+//!               Report { requests/s, tokens/s, TTFT and latency percentiles } ◄──┘
+//! ```
+//!
+//! | item        | responsibility |
+//! |-------------|----------------|
+//! | `LoadConfig`, `Protocol` | what to send, where, how many clients, for how long |
+//! | `run`       | the clients and their deadline; collects one `Sample` per request |
+//! | `Report`    | aggregates (`table()` for people, `Serialize` for JSON) |
 //!
 //! A request counts as complete only when its stream ended properly (`finish_reason` and
 //! `[DONE]`, `"done": true`, or `"complete": true`); requests started before the deadline

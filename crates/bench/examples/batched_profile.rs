@@ -1,13 +1,14 @@
 //! Where a parallel-decode step goes, by op, for several thread counts side by side:
 //! `batched_profile MODEL [THREADS,...] [PL] [NPP] [NTG] [ROUNDS]`
-//! (defaults `1,2 16 128 64 2`). Runs llama-batched-bench's protocol (`Engine::bench_batched`)
+//! (defaults `1,2 16 128 64 2`). Runs llama-batched-bench's protocol (`BatchedBench::bench_batched`)
 //! on a [`ProfiledBackend`] over the CPU backend, counting only the generation phase, the
 //! thread counts alternating round by round (the machine's load changes; only ratios from
 //! one run mean anything). Prints ms per decode step by op kind, the best round per thread
 //! count; with one thread ops are timed by the thread's CPU time and the step total is too
 //! (what the busy machine's scheduling does not inflate). A benchmark, not a test.
 use quarrel_cpu::CpuBackend;
-use quarrel_engine::{Engine, EngineOptions, OpKind, ProfiledBackend};
+use quarrel_bench::{BatchedBench, OpKind, ProfiledBackend};
+use quarrel_engine::{Engine, EngineOptions};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

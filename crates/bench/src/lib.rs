@@ -1,0 +1,32 @@
+//! # quarrel-bench: measurement tools over the engine's public API
+//!
+//! Benchmarks with llama.cpp's protocols and a numerics self-check, kept out of the library
+//! crates users embed; `quarrel bench`, `quarrel batched-bench` and `quarrel consistency` are
+//! their command-line wiring.
+//!
+//! ```text
+//!  Engine<B> (or Engine<ProfiledBackend<B>>) ─► Bench::bench_pg / BatchedBench::bench_batched
+//!       │          random token ids, caller-held block tables (Engine::eval_sequence, forward_raw)
+//!       │                                   └─► Duration / BatchedRun ─► mean ± stddev (llama-bench)
+//!       └─► Consistency::consistency: prefill vs decode, batched vs alone ─► NMSE, argmax per position
+//! ```
+//!
+//! | module        | responsibility |
+//! |---------------|----------------|
+//! | `bench`       | llama-bench's pp / tg / pp+tg runs (`Bench`), mean and sample standard deviation |
+//! | `batched`     | llama-batched-bench's protocol over N parallel sequences (`BatchedBench`) |
+//! | `consistency` | self-consistency of a backend: prefill vs decode, batched vs alone (NMSE, argmax) |
+//! | `profile`     | `ProfiledBackend`: any backend with its calls timed by op kind |
+//!
+//! The measurements are extension traits on `quarrel_engine::Engine`, so they read like engine
+//! methods once imported (`use quarrel_bench::Bench; engine.bench_pp(512)`).
+
+mod batched;
+mod bench;
+mod consistency;
+mod profile;
+
+pub use batched::{BatchedBench, BatchedRun};
+pub use bench::{mean_stddev, Bench};
+pub use consistency::{nmse, Consistency, ConsistencyCheck, ConsistencyOptions};
+pub use profile::{OpKind, OpStat, ProfiledBackend, QuantTypeKey};
