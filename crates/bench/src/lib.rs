@@ -7,13 +7,14 @@
 //! ```text
 //!  Engine<B> (or Engine<ProfiledBackend<B>>) ─► Bench::bench_pg / BatchedBench::bench_batched
 //!       │          random token ids, caller-held block tables (Engine::eval_sequence, forward_raw)
-//!       │                                   └─► Duration / BatchedRun ─► mean ± stddev (llama-bench)
+//!       │                                   └─► Duration / BatchedRun ─► llama_bench::Row ─► markdown / JSON (mean ± stddev)
 //!       └─► Consistency::consistency: prefill vs decode, batched vs alone ─► NMSE, argmax per position
 //! ```
 //!
 //! | module        | responsibility |
 //! |---------------|----------------|
 //! | `bench`       | llama-bench's pp / tg / pp+tg runs (`Bench`), mean and sample standard deviation |
+//! | `llama_bench` | llama-bench's test lists, result rows and outputs (markdown, `-o json` fields) |
 //! | `batched`     | llama-batched-bench's protocol over N parallel sequences (`BatchedBench`) |
 //! | `consistency` | self-consistency of a backend: prefill vs decode, batched vs alone (NMSE, argmax) |
 //! | `profile`     | `ProfiledBackend`: any backend with its calls timed by op kind |
@@ -24,6 +25,7 @@
 mod batched;
 mod bench;
 mod consistency;
+pub mod llama_bench;
 mod profile;
 
 pub use batched::{BatchedBench, BatchedRun};

@@ -11,16 +11,20 @@
 //! | `cmd::embed`    | `quarrel embed`: embeddings as JSON lines or into Longbow (Arrow Flight) |
 //! | `cmd::perplexity` | `quarrel perplexity` (llama.cpp protocol) |
 //! | `cmd::inspect`  | `quarrel inspect`: metadata and tensor table |
-//! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes |
-//! | `cmd::batched_bench` | `quarrel batched-bench`: N parallel sequences (llama-batched-bench) |
+//! | `cmd::consistency` | `quarrel consistency`: prefill vs decode, batched vs alone (quarrel-bench) |
+//! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes (quarrel-synth) |
+//! | `cmd::bench`    | `quarrel bench`: llama-bench's protocol, flags and output (quarrel-bench) |
+//! | `cmd::batched_bench` | `quarrel batched-bench`: N parallel sequences (llama-batched-bench; quarrel-bench) |
 //! | `cmd::pull`     | `quarrel pull` and the default model |
 //! | `cmd::gpu`      | `quarrel gpu`: CUDA devices and their copy bandwidth |
 //! | `cmd::serve`    | `quarrel serve`: HTTP/WebSocket APIs (quarrel-server) |
 //! | `cmd::keys`     | `quarrel keys create|list|revoke` |
-//! | `cmd::loadtest` | `quarrel loadtest`: concurrent streaming clients against a server |
+//! | `cmd::loadtest` | `quarrel loadtest`: concurrent streaming clients against a server (quarrel-loadtest) |
 //! | `resolve`       | `-m` resolution: path, Quarrel cache, HF cache, ollama store |
-//! | `common`        | shared options (threads, context, device) and engine set-up |
+//! | `args`          | flag groups shared by the commands (model, threads and context, KV cache, device, sampling), declared once |
+//! | `common`        | engine set-up from those flags: device, backend, numerics, loading |
 
+mod args;
 mod cmd;
 mod common;
 mod resolve;

@@ -1,6 +1,6 @@
 //! `quarrel chat`: an interactive conversation using the model's chat template.
 
-use crate::common::{ModelArgs, SampleArgs};
+use crate::args::{ModelArgs, SampleArgs};
 use crate::common::with_engine;
 use anyhow::{Context, Result};
 use quarrel_tokenizer::ChatMessage;

@@ -2,7 +2,7 @@
 //! Longbow (Arrow Flight DoPut) with a progress bar; `--search` asks Longbow for the
 //! nearest neighbours of the texts instead.
 
-use crate::common::ModelArgs;
+use crate::args::{CacheArgs, ContextArgs, DeviceArgs, KvTypeArg, ModelArg, ModelArgs};
 use anyhow::{bail, Context, Result};
 use quarrel_engine::embedding::{embed_texts_blocking, EmbedOptions, EmbedTask, PrefixMode};
 use quarrel_engine::service::{EngineHandle, Pooling, ServiceOptions};
@@ -23,21 +23,15 @@ use std::time::Instant;
 #[derive(clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// Model: a .gguf path or a name (see `quarrel run --help`). Default: SmolLM2-135M-Instruct.
-    #[arg(short = 'm', long = "model")]
-    pub model: Option<String>,
-    /// Worker threads (default: all available cores).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
-    pub threads: usize,
-    /// Context length in tokens (default: the model's, at most 4096); longer texts are an error.
-    #[arg(short = 'c', long = "ctx", default_value_t = 0)]
-    pub ctx: usize,
+    #[command(flatten)]
+    pub model: ModelArg,
+    #[command(flatten)]
+    pub ctx: ContextArgs,
     /// Tokens per forward pass (short texts are packed several per forward up to this).
     #[arg(long = "ubatch", default_value_t = 512)]
     pub ubatch: usize,
-    /// Compute device: cpu or auto.
-    #[arg(long = "device", default_value = "auto")]
-    pub device: String,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// JSON-lines file of texts ("-": stdin).
     #[arg(short = 'f', long = "file")]
     pub file: Option<String>,
@@ -180,14 +174,9 @@ pub fn main(a: Args) -> Result<()> {
     };
     let model = ModelArgs {
         model: a.model.clone(),
-        threads: a.threads,
-        ctx: a.ctx,
-        kv_type: "f16".into(),
-        batch: a.ubatch,
-        kv_mem: None,
+        ctx: a.ctx.clone(),
+        cache: CacheArgs { kv: KvTypeArg::default(), batch: a.ubatch, kv_mem: None },
         device: a.device.clone(),
-        expert_budget: None,
-        numerics: Default::default(),
     };
     let Some((data, meta, dataset)) = endpoints else {
         let engine = model.spawn_service(ServiceOptions::default())?;

@@ -1,6 +1,6 @@
 //! `quarrel run`: one completion streamed to stdout; timings on stderr.
 
-use crate::common::{ModelArgs, SampleArgs};
+use crate::args::{ModelArgs, SampleArgs};
 use crate::common::with_engine;
 use anyhow::{Context, Result};
 use quarrel_tokenizer::ChatMessage;

@@ -1,7 +1,7 @@
 //! `quarrel serve`: wiring for the server crate — model catalog and loader (CPU engines behind
 //! `EngineHandle`s), keys, limits, logging, the listener.
 
-use crate::common::ModelArgs;
+use crate::args::{CacheArgs, ContextArgs, DeviceArgs, ModelArg, ModelArgs};
 use crate::resolve::{cache_dir, resolve_model};
 use anyhow::{bail, Context, Result};
 use quarrel_engine::{EngineHandle, ServiceOptions};
@@ -30,37 +30,22 @@ pub struct Args {
     pub host: IpAddr,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Worker threads per model (default: all cores).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
-    pub threads: usize,
-    /// Context length per sequence (default: the model's, at most 4096).
-    #[arg(short = 'c', long = "ctx", default_value_t = 0)]
-    pub ctx: usize,
-    #[arg(long = "kv-type", default_value = "f16")]
-    pub kv_type: String,
-    #[arg(short = 'b', long = "batch", default_value_t = 512)]
-    pub batch: usize,
-    #[arg(long = "device", default_value = "auto")]
-    pub device: String,
-    /// GPU memory for mixture-of-experts weights (as `quarrel run --expert-budget`).
-    #[arg(long = "expert-budget", value_parser = crate::common::parse_bytes)]
-    pub expert_budget: Option<usize>,
-    /// GPU arithmetic (as `quarrel run --numerics`): auto (default: invariant for MoE /
-    /// hybrid models, fast otherwise), fast, invariant (batch-invariant at prompt speed) or exact (batch-invariant, llama.cpp's CPU arithmetic where it can).
-    #[arg(long = "numerics", value_enum, default_value_t = crate::common::Numerics::Auto)]
-    pub numerics: crate::common::Numerics,
+    #[command(flatten)]
+    pub ctx: ContextArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Most sequences decoding at once per model.
     #[arg(long, default_value_t = 64)]
     pub parallel: usize,
     /// Most requests waiting per model; beyond it: 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
-    /// KV cache size per model, in full-context sequences (shared by all requests).
+    /// KV cache size per model, in full-context sequences (shared by all requests); --kv-mem
+    /// overrides it.
     #[arg(long = "kv-seqs", default_value_t = 8)]
     pub kv_seqs: usize,
-    /// KV cache memory budget per model (e.g. 512M, 2G); overrides --kv-seqs.
-    #[arg(long = "kv-mem", value_parser = crate::common::parse_bytes)]
-    pub kv_mem: Option<usize>,
     /// Do not reuse the KV blocks of earlier prompts that share a prefix.
     #[arg(long = "no-prefix-cache")]
     pub no_prefix_cache: bool,
@@ -162,7 +147,7 @@ impl ModelLoader for CliLoader {
 
     fn load(&self, entry: &ModelEntry) -> Result<EngineHandle, String> {
         let mut args = self.args.clone();
-        args.model = Some(entry.path.to_string_lossy().into_owned());
+        args.model.name = Some(entry.path.to_string_lossy().into_owned());
         let kv_seqs = self.kv_seqs;
         let engine = args.engine_with(|o| o.n_seq = kv_seqs.max(1)).map_err(|e| format!("{e:#}"))?;
         let opts = self.opts.clone();
@@ -246,7 +231,7 @@ pub fn main(a: Args) -> Result<()> {
     let loader = CliLoader {
         explicit: explicit.clone(),
         models_dir: a.models_dir.clone(),
-        args: ModelArgs { model: None, threads: a.threads, ctx: a.ctx, kv_type: a.kv_type.clone(), batch: a.batch, kv_mem: a.kv_mem, device: a.device.clone(), expert_budget: a.expert_budget, numerics: a.numerics },
+        args: ModelArgs { model: ModelArg::default(), ctx: a.ctx.clone(), cache: a.cache.clone(), device: a.device.clone() },
         opts,
         kv_seqs: a.kv_seqs,
     };

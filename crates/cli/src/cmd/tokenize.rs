@@ -1,6 +1,6 @@
 //! `quarrel tokenize`: token ids of a text, as llama-tokenize prints them.
 
-use crate::common::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::{bail, Context, Result};
 use std::io::Read;
 
