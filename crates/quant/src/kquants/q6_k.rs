@@ -26,8 +26,7 @@ fn quant(b: &[u8], idx: usize) -> i32 {
 
 /// `dequantize_row_q6_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q6_K", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q6_K", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, Q6_K_D_OFF);
         for (idx, o) in y.iter_mut().enumerate() {
             let sc = b[Q6_K_SCALES_OFF + idx / 16] as i8;
@@ -38,10 +37,9 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 
 /// `quantize_row_q6_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q6_K", QK, BLOCK_BYTES, src.len(), dst.len());
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; QK_K / 16];
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("q6_K", QK, BLOCK_BYTES, src, dst) {
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
         for ib in 0..QK_K / 16 {
@@ -98,13 +96,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 
 /// `ggml_vec_dot_q6_K_q8_K_generic`: `w` is Q6_K, `a` is Q8_K.
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q6_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q6_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
     let mut sums = [0f32; 8];
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
-    {
+    for (x, y) in dot_blocks(["q6_K vec_dot w", "q6_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE)) {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let mut aux32 = [0i32; 8];
         for idx in 0..QK_K {
