@@ -58,6 +58,15 @@ pub(crate) fn dequantize_pairs(y: &mut [f32], pair: impl Fn(usize) -> (u8, u8), 
     }
 }
 
+/// One block of `x.len() == 32` values to pairs: `store(j, q(x[j]), q(x[j + 16]))`, the
+/// inverse walk of [`dequantize_pairs`].
+#[inline]
+pub(crate) fn quantize_pairs(x: &[f32], q: impl Fn(f32) -> u8, mut store: impl FnMut(usize, u8, u8)) {
+    for j in 0..HALF {
+        store(j, q(x[j]), q(x[j + HALF]));
+    }
+}
+
 /// ggml's `sumi0 + sumi1` of the legacy dot products: the 16 element pairs `pair(j)` of a
 /// 32-element block against the `i8` quants `yq` (integer, exact).
 #[inline]

@@ -2,7 +2,7 @@
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
 use crate::scan::signed_absmax;
-use super::{dequantize_pairs, dot_pairs, q4_pair};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q4_pair};
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
 
 /// Elements per block.
@@ -26,13 +26,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);
-        for j in 0..QK / 2 {
-            let x0 = x[j] * id;
-            let x1 = x[QK / 2 + j] * id;
-            let xi0 = ((x0 + 8.5) as i8).min(15) as u8;
-            let xi1 = ((x1 + 8.5) as i8).min(15) as u8;
-            b[2 + j] = xi0 | (xi1 << 4);
-        }
+        let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| b[2 + j] = xi0 | (xi1 << 4));
     }
 }
 
@@ -71,9 +66,7 @@ pub fn quantize_row_mse(src: &[f32], dst: &mut [u8]) {
         let id = if best_d != 0.0 { 1.0 / best_d } else { 0.0 };
         write_f16(b, 0, best_d);
         let q = |v: f32| ((v * id).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
-        for j in 0..QK / 2 {
-            b[2 + j] = q(x[j]) | (q(x[QK / 2 + j]) << 4);
-        }
+        quantize_pairs(x, q, |j, xi0, xi1| b[2 + j] = xi0 | (xi1 << 4));
     }
 }
 

@@ -1,6 +1,6 @@
 //! Q4_1: `{ f16 d; f16 m; u8 qs[16] }`, value = `d * nibble + m`.
 
-use super::{dequantize_pairs, dot_pairs, q4_pair};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q4_pair};
 use crate::scan::min_max;
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1};
 
@@ -27,13 +27,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);
         write_f16(b, 2, min);
-        for j in 0..QK / 2 {
-            let x0 = (x[j] - min) * id;
-            let x1 = (x[QK / 2 + j] - min) * id;
-            let xi0 = ((x0 + 0.5) as i8).min(15) as u8;
-            let xi1 = ((x1 + 0.5) as i8).min(15) as u8;
-            b[4 + j] = xi0 | (xi1 << 4);
-        }
+        let q = |v: f32| (((v - min) * id + 0.5) as i8).min(15) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| b[4 + j] = xi0 | (xi1 << 4));
     }
 }
 

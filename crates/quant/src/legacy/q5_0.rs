@@ -1,7 +1,7 @@
 //! Q5_0: `{ f16 d; u8 qh[4]; u8 qs[16] }`, value = `d * (q - 16)` where the
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
-use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q5_pack, q5_pair};
 use crate::scan::signed_absmax;
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0};
 
@@ -27,13 +27,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         write_f16(b, 0, d);
         let mut qh = 0u32;
-        for j in 0..QK / 2 {
-            let x0 = x[j] * id;
-            let x1 = x[QK / 2 + j] * id;
-            let xi0 = ((x0 + 16.5) as i8).min(31) as u8;
-            let xi1 = ((x1 + 16.5) as i8).min(31) as u8;
-            q5_pack(&mut b[6..], &mut qh, j, xi0, xi1);
-        }
+        let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| q5_pack(&mut b[6..], &mut qh, j, xi0, xi1));
         b[2..6].copy_from_slice(&qh.to_le_bytes());
     }
 }

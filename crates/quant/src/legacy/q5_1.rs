@@ -1,6 +1,6 @@
 //! Q5_1: `{ f16 d; f16 m; u8 qh[4]; u8 qs[16] }`, value = `d * q + m`.
 
-use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q5_pack, q5_pair};
 use crate::scan::min_max;
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_1_SIZE, BLOCK_Q8_1_SIZE, QK5_1, QK8_1};
 
@@ -29,14 +29,9 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         write_f16(b, 0, d);
         write_f16(b, 2, min);
         let mut qh = 0u32;
-        for j in 0..QK / 2 {
-            let x0 = (x[j] - min) * id;
-            let x1 = (x[QK / 2 + j] - min) * id;
-            // ggml: `(uint8_t)(x0 + 0.5f)`, no clamp (the value is <= 31.5 by construction).
-            let xi0 = (x0 + 0.5) as u8;
-            let xi1 = (x1 + 0.5) as u8;
-            q5_pack(&mut b[8..], &mut qh, j, xi0, xi1);
-        }
+        // ggml: `(uint8_t)(x0 + 0.5f)`, no clamp (the value is <= 31.5 by construction).
+        let q = |v: f32| ((v - min) * id + 0.5) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| q5_pack(&mut b[8..], &mut qh, j, xi0, xi1));
         b[4..8].copy_from_slice(&qh.to_le_bytes());
     }
 }

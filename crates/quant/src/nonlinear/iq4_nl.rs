@@ -2,6 +2,7 @@
 
 use super::{best_index_int8, KVALUES_IQ4NL};
 use crate::kquants::GROUP_MAX_EPS;
+use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
 use crate::layout::{decode_blocks, encode_blocks, dot_blocks, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0};
 
 /// Elements per block.
@@ -13,11 +14,7 @@ pub const BLOCK_BYTES: usize = BLOCK_IQ4_NL_SIZE;
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     for (b, y) in decode_blocks("iq4_nl", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, 0);
-        let qs = &b[2..];
-        for j in 0..QK / 2 {
-            y[j] = d * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f32;
-            y[j + QK / 2] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
-        }
+        dequantize_pairs(y, |j| q4_pair(&b[2..], j), |q| d * KVALUES_IQ4NL[q as usize] as f32);
     }
 }
 
@@ -111,14 +108,11 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in dot_blocks(["iq4_nl vec_dot w", "iq4_nl vec_dot a (q8_0)"], n, (w, QK, BLOCK_BYTES), (a, QK8_0, BLOCK_Q8_0_SIZE)) {
         let d = read_f16(y, 0) * read_f16(x, 0);
-        let (xq, yq) = (&x[2..], &y[2..]);
-        let mut sumi1 = 0i32;
-        let mut sumi2 = 0i32;
-        for j in 0..QK / 2 {
-            sumi1 += yq[j] as i8 as i32 * KVALUES_IQ4NL[(xq[j] & 0xF) as usize] as i32;
-            sumi2 += yq[j + QK / 2] as i8 as i32 * KVALUES_IQ4NL[(xq[j] >> 4) as usize] as i32;
-        }
-        sumf += d * (sumi1 + sumi2) as f32;
+        let sumi = dot_pairs(&y[2..], |j| {
+            let (v0, v1) = q4_pair(&x[2..], j);
+            (KVALUES_IQ4NL[v0 as usize] as i32, KVALUES_IQ4NL[v1 as usize] as i32)
+        });
+        sumf += d * sumi as f32;
     }
     sumf
 }

@@ -1,6 +1,7 @@
 //! MXFP4: `{ u8 e; u8 qs[16] }`, value = `e8m0_half(e) * KVALUES_MXFP4[nibble]`.
 
 use super::{e8m0_to_fp32_half, KVALUES_MXFP4};
+use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, BLOCK_MXFP4_SIZE, BLOCK_Q8_0_SIZE, QK8_0, QK_MXFP4};
 
 /// Elements per block.
@@ -12,11 +13,7 @@ pub const BLOCK_BYTES: usize = BLOCK_MXFP4_SIZE;
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     for (b, y) in decode_blocks("mxfp4", QK, BLOCK_BYTES, src, dst) {
         let d = e8m0_to_fp32_half(b[0]);
-        let qs = &b[1..];
-        for j in 0..QK / 2 {
-            y[j] = KVALUES_MXFP4[(qs[j] & 0xF) as usize] as f32 * d;
-            y[j + QK / 2] = KVALUES_MXFP4[(qs[j] >> 4) as usize] as f32 * d;
-        }
+        dequantize_pairs(y, |j| q4_pair(&b[1..], j), |q| KVALUES_MXFP4[q as usize] as f32 * d);
     }
 }
 
@@ -67,14 +64,11 @@ pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in dot_blocks(["mxfp4 vec_dot w", "mxfp4 vec_dot a (q8_0)"], n, (w, QK, BLOCK_BYTES), (a, QK8_0, BLOCK_Q8_0_SIZE)) {
         let d = read_f16(y, 0) * e8m0_to_fp32_half(x[0]);
-        let (xq, yq) = (&x[1..], &y[2..]);
-        let mut sumi1 = 0i32;
-        let mut sumi2 = 0i32;
-        for j in 0..QK / 2 {
-            sumi1 += yq[j] as i8 as i32 * KVALUES_MXFP4[(xq[j] & 0xF) as usize] as i32;
-            sumi2 += yq[j + QK / 2] as i8 as i32 * KVALUES_MXFP4[(xq[j] >> 4) as usize] as i32;
-        }
-        sumf += d * (sumi1 + sumi2) as f32;
+        let sumi = dot_pairs(&y[2..], |j| {
+            let (v0, v1) = q4_pair(&x[1..], j);
+            (KVALUES_MXFP4[v0 as usize] as i32, KVALUES_MXFP4[v1 as usize] as i32)
+        });
+        sumf += d * sumi as f32;
     }
     sumf
 }
