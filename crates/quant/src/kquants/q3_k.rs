@@ -2,7 +2,7 @@
 //! Value = `d * (scale_j - 32) * (q - (hbit ? 0 : 4))` with 2 low bits in `qs`
 //! (same packing as Q2_K), the high bit in `hmask`, 6-bit signed scales.
 
-use super::{make_q3_quants, nearest_int};
+use super::{Lanes, make_q3_quants, nearest_int};
 use crate::layout::*;
 
 /// Elements per block.
@@ -134,7 +134,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 /// `ggml_vec_dot_q3_K_q8_K_generic`: `w` is Q3_K, `a` is Q8_K. Keeps ggml's
 /// 8 f32 partial sums (lane `l` gets elements `l mod 8`) and their final order.
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sums = [0f32; 8];
+    let mut lanes = Lanes::default();
     for (x, y) in dot_blocks(["q3_K vec_dot w", "q3_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE)) {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let scales = unpack_scales(&x[Q3_K_SCALES_OFF..Q3_K_SCALES_OFF + 12]);
@@ -147,13 +147,7 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let d = read_f16(x, Q3_K_D_OFF) * read_f32(y, Q8_K_D_OFF);
-        for (s, &v) in sums.iter_mut().zip(&aux32) {
-            *s += d * v as f32;
-        }
+        lanes.add(d, &aux32);
     }
-    let mut sumf = 0.0f32;
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    lanes.sum_onto(0.0)
 }

@@ -3,7 +3,7 @@
 //! [`super::get_scale_min_k4`]). Sub-blocks `2i` / `2i+1` are the low / high
 //! nibbles of `qs[32i..32i+32]`.
 
-use super::{
+use super::{Lanes, 
     get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights,
     Qkx2Params,
 };
@@ -187,7 +187,7 @@ pub(crate) fn vec_dot_scale_min<'a>(
     blocks: impl Iterator<Item = (&'a [u8], &'a [u8])>,
     unpack: impl Fn(&[u8], &mut [i32; QK_K]),
 ) -> f32 {
-    let mut sums = [0f32; 8];
+    let mut lanes = Lanes::default();
     let mut sumf = 0.0f32;
     let mut aux8 = [0i32; QK_K];
     for (x, y) in blocks {
@@ -200,14 +200,9 @@ pub(crate) fn vec_dot_scale_min<'a>(
         );
         let yd = read_f32(y, Q8_K_D_OFF);
         let d = read_f16(x, Q4_K_D_OFF) * yd;
-        for (s, &v) in sums.iter_mut().zip(&aux32) {
-            *s += d * v as f32;
-        }
+        lanes.add(d, &aux32);
         let dmin = read_f16(x, Q4_K_DMIN_OFF) * yd;
         sumf -= dmin * sumi as f32;
     }
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    lanes.sum_onto(sumf)
 }

@@ -3,7 +3,7 @@
 //! Within each 128-element half `h` (ql += 64h, qh += 32h), element `l + 32k`
 //! (k = 0..4) uses `ql[l + 32*(k&1)]` nibble `k>>1` and `qh[l]` bits `2k..2k+2`.
 
-use super::{make_qx_quants, nearest_int, GROUP_MAX_EPS};
+use super::{Lanes, make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use crate::layout::*;
 
 /// Elements per block.
@@ -96,7 +96,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 
 /// `ggml_vec_dot_q6_K_q8_K_generic`: `w` is Q6_K, `a` is Q8_K.
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sums = [0f32; 8];
+    let mut lanes = Lanes::default();
     for (x, y) in dot_blocks(["q6_K vec_dot w", "q6_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE)) {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let mut aux32 = [0i32; 8];
@@ -105,13 +105,7 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             aux32[idx % 8] += scale * (q8[idx] as i8 as i32 * quant(x, idx));
         }
         let d = read_f16(x, Q6_K_D_OFF) * read_f32(y, Q8_K_D_OFF);
-        for (s, &v) in sums.iter_mut().zip(&aux32) {
-            *s += d * v as f32;
-        }
+        lanes.add(d, &aux32);
     }
-    let mut sumf = 0.0f32;
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    lanes.sum_onto(0.0)
 }
