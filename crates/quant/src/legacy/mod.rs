@@ -88,3 +88,20 @@ pub(crate) fn dequantize_i8(b: &[u8], qs_off: usize, y: &mut [f32]) {
         *o = q as i8 as f32 * d;
     }
 }
+
+/// One Q8_0 / Q8_1 block `b` from the values `x`: `d = amax / 127` stored as f16 first, the
+/// quants `q = round(x / d)` (half away from zero) from `qs_off`. Returns `d` (as computed,
+/// before the f16 rounding) and the sum of the quants.
+#[inline]
+pub(crate) fn quantize_i8(x: &[f32], b: &mut [u8], qs_off: usize) -> (f32, i32) {
+    let d = crate::scan::absmax_c(x) / 127.0;
+    let id = crate::scan::inverse_or_zero(d);
+    crate::layout::write_f16(b, 0, d);
+    let mut sum = 0i32;
+    for (o, &v) in b[qs_off..].iter_mut().zip(x) {
+        let q = (v * id).round() as i8;
+        *o = q as u8;
+        sum += q as i32;
+    }
+    (d, sum)
+}

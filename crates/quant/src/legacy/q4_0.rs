@@ -1,7 +1,7 @@
 //! Q4_0: `{ f16 d; u8 qs[16] }`, value = `d * (nibble - 8)`.
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
-use crate::scan::signed_absmax;
+use crate::scan::{inverse_or_zero, signed_absmax};
 use super::{dequantize_pairs, quantize_pairs, dot_pairs, q4_pair};
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
 
@@ -24,7 +24,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q4_0", QK, BLOCK_BYTES, src, dst) {
         let (_, max) = signed_absmax(x);
         let d = max / -8.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = inverse_or_zero(d);
         write_f16(b, 0, d);
         let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
         quantize_pairs(x, q, |j, xi0, xi1| b[2 + j] = xi0 | (xi1 << 4));
@@ -63,7 +63,7 @@ pub fn quantize_row_mse(src: &[f32], dst: &mut [u8]) {
                 }
             }
         }
-        let id = if best_d != 0.0 { 1.0 / best_d } else { 0.0 };
+        let id = inverse_or_zero(best_d);
         write_f16(b, 0, best_d);
         let q = |v: f32| ((v * id).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
         quantize_pairs(x, q, |j, xi0, xi1| b[2 + j] = xi0 | (xi1 << 4));

@@ -2,7 +2,7 @@
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
 use super::{dequantize_pairs, quantize_pairs, dot_pairs, q5_pack, q5_pair};
-use crate::scan::signed_absmax;
+use crate::scan::{inverse_or_zero, signed_absmax};
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0};
 
 /// Elements per block.
@@ -24,7 +24,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q5_0", QK, BLOCK_BYTES, src, dst) {
         let (_, max) = signed_absmax(x);
         let d = max / -16.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = inverse_or_zero(d);
         write_f16(b, 0, d);
         let mut qh = 0u32;
         let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;

@@ -1,7 +1,7 @@
 //! Q5_1: `{ f16 d; f16 m; u8 qh[4]; u8 qs[16] }`, value = `d * q + m`.
 
 use super::{dequantize_pairs, quantize_pairs, dot_pairs, q5_pack, q5_pair};
-use crate::scan::min_max;
+use crate::scan::{inverse_or_zero, min_max};
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_1_SIZE, BLOCK_Q8_1_SIZE, QK5_1, QK8_1};
 
 /// Elements per block.
@@ -25,7 +25,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q5_1", QK, BLOCK_BYTES, src, dst) {
         let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = inverse_or_zero(d);
         write_f16(b, 0, d);
         write_f16(b, 2, min);
         let mut qh = 0u32;

@@ -1,8 +1,7 @@
 //! Q8_0: `{ f16 d; i8 qs[32] }`, value = `d * q`. Used for weights, for the
 //! activations of Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4 dot products, and for KV caches.
 
-use crate::scan::absmax_c;
-use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q8_0_SIZE, QK8_0};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, BLOCK_Q8_0_SIZE, QK8_0};
 
 /// Elements per block.
 pub const QK: usize = QK8_0;
@@ -19,13 +18,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q8_0_ref`: `d = amax / 127`, `q = roundf(x / d)` (half away from zero).
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q8_0", QK, BLOCK_BYTES, src, dst) {
-        let amax = absmax_c(x);
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        write_f16(b, 0, d);
-        for (o, &v) in b[2..].iter_mut().zip(x) {
-            *o = (v * id).round() as i8 as u8;
-        }
+        super::quantize_i8(x, b, 2);
     }
 }
 

@@ -2,7 +2,6 @@
 //! Activation partner of Q4_1/Q5_1 (the `s` term folds in their `m` offsets).
 //! ggml has no `dequantize_row_q8_1`; ours is the obvious `d * q`.
 
-use crate::scan::absmax_c;
 use crate::layout::{decode_blocks, encode_blocks, write_f16, BLOCK_Q8_1_SIZE, QK8_1};
 
 /// Elements per block.
@@ -20,18 +19,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q8_1_ref`: like Q8_0, plus `s = fp16(sum(q) * d)`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q8_1", QK, BLOCK_BYTES, src, dst) {
-        let amax = absmax_c(x);
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        write_f16(b, 0, d);
-        let mut sum = 0i32;
-        for j in 0..QK / 2 {
-            let q0 = (x[j] * id).round() as i8;
-            let q1 = (x[QK / 2 + j] * id).round() as i8;
-            b[4 + j] = q0 as u8;
-            b[4 + QK / 2 + j] = q1 as u8;
-            sum += q0 as i32 + q1 as i32;
-        }
+        let (d, sum) = super::quantize_i8(x, b, 4);
         write_f16(b, 2, sum as f32 * d);
     }
 }

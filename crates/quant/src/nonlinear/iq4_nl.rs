@@ -3,6 +3,7 @@
 use super::{best_index_int8, KVALUES_IQ4NL};
 use crate::kquants::GROUP_MAX_EPS;
 use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
+use crate::scan::inverse_or_zero;
 use crate::layout::{decode_blocks, encode_blocks, dot_blocks, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0};
 
 /// Elements per block.
@@ -92,7 +93,7 @@ pub fn quantize_row_ntry(src: &[f32], dst: &mut [u8], ntry: i32) {
         };
         write_f16(y, 0, scale);
         if ntry > 0 {
-            let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            let id = inverse_or_zero(scale);
             for j in 0..QK {
                 l[j] = best_index_int8(values, id * xb[j]) as u8;
             }
