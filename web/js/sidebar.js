@@ -12,13 +12,18 @@ function relTime(ms) {
   return new Date(ms).toLocaleDateString();
 }
 
+// The one muted line an empty list shows.
+function emptyNote(ul, text) {
+  const li = document.createElement('li');
+  li.className = 'muted';
+  li.textContent = text;
+  ul.append(li);
+}
+
 export function renderConversationList(ul, items, currentId, { onOpen, onDelete }) {
   ul.replaceChildren();
   if (!items.length) {
-    const li = document.createElement('li');
-    li.className = 'muted';
-    li.textContent = 'No conversations';
-    ul.append(li);
+    emptyNote(ul, 'No conversations');
     return;
   }
   for (const c of items) {
@@ -51,10 +56,7 @@ export function renderConversationList(ul, items, currentId, { onOpen, onDelete 
 export function renderModelList(ul, models, busy, { onLoad, onUnload }) {
   ul.replaceChildren();
   if (!models.length) {
-    const li = document.createElement('li');
-    li.className = 'muted';
-    li.textContent = 'No models';
-    ul.append(li);
+    emptyNote(ul, 'No models');
     return;
   }
   for (const m of models) {

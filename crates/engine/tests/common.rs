@@ -67,6 +67,18 @@ pub fn assert_batch_equals_singles(what: &str, e: &mut Engine<CpuBackend>, seqs:
     }
 }
 
+/// Perplexity of the model at `path` over the GPL-3 text in 14 chunks of 512 tokens is within
+/// 0.5% of llama.cpp's `reference` for the same model and text.
+pub fn assert_perplexity_matches(path: &std::path::Path, reference: f64) {
+    let text = std::fs::read_to_string(fixture("text/gpl-3.txt")).unwrap();
+    let mut e = engine(path, EngineOptions { n_ctx: 512, n_batch: 512, ..Default::default() });
+    let r = e.perplexity(&text, 512, &mut |_| {}).unwrap();
+    let rel = (r.ppl - reference).abs() / reference;
+    eprintln!("PPL = {:.4} (llama.cpp {reference}), {} chunks, rel diff {:.4}%", r.ppl, r.n_chunks, rel * 100.0);
+    assert_eq!(r.n_chunks, 14);
+    assert!(rel < 0.005, "perplexity {} is {:.3}% away from llama.cpp's {reference}", r.ppl, rel * 100.0);
+}
+
 /// One case of a llama.cpp greedy fixture and the engine's greedy completion of it.
 pub struct GreedyCase {
     pub prompt: String,

@@ -11,7 +11,7 @@ use quarrel_engine::EngineOptions;
 /// sandwich norms) turns last-bit differences into different near-tie picks, so texts are
 /// identical only where every kernel has llama.cpp's bits: Q5_0 / Q8_0 / attention / GELU do,
 /// while the repacked Q4_K GEMM of prompts of 4+ tokens and the AVX-512 Q6_K kernel round
-/// differently in the last bit (README, "Gemma 3"). Measured 2026-11-23: 1 of 6 identical,
+/// differently in the last bit (README, "Gemma 3"): 1 of 6 identical,
 /// 2 to 48 tokens agreeing per prompt.
 #[test]
 fn greedy_matches_llama_cpp() {
@@ -35,14 +35,7 @@ fn greedy_matches_llama_cpp() {
 #[test]
 fn perplexity_matches_llama_cpp() {
     let Some(path) = gemma3() else { return };
-    let text = std::fs::read_to_string(fixture("text/gpl-3.txt")).unwrap();
-    let mut e = engine(&path, EngineOptions { n_ctx: 512, n_batch: 512, ..Default::default() });
-    let r = e.perplexity(&text, 512, &mut |_| {}).unwrap();
-    let reference = 13.9062;
-    let rel = (r.ppl - reference).abs() / reference;
-    eprintln!("PPL = {:.4} (llama.cpp {reference}), {} chunks, rel diff {:.4}%", r.ppl, r.n_chunks, rel * 100.0);
-    assert_eq!(r.n_chunks, 14);
-    assert!(rel < 0.005, "perplexity {} is {:.3}% away from llama.cpp's {reference}", r.ppl, rel * 100.0);
+    assert_perplexity_matches(&path, 13.9062);
 }
 
 /// Past the sliding layers' 512-position window (600 positions), prompt chunks of 32 tokens

@@ -27,14 +27,7 @@ fn greedy_matches_llama_cpp() {
 #[test]
 fn perplexity_matches_llama_cpp() {
     let Some(path) = smollm2() else { return };
-    let text = std::fs::read_to_string(fixture("text/gpl-3.txt")).unwrap();
-    let mut e = engine(&path, EngineOptions { n_ctx: 512, n_batch: 512, ..Default::default() });
-    let r = e.perplexity(&text, 512, &mut |_| {}).unwrap();
-    let reference = 18.3914;
-    let rel = (r.ppl - reference).abs() / reference;
-    eprintln!("PPL = {:.4} (llama.cpp {reference}), {} chunks, rel diff {:.4}%", r.ppl, r.n_chunks, rel * 100.0);
-    assert_eq!(r.n_chunks, 14);
-    assert!(rel < 0.005, "perplexity {} is {:.3}% away from llama.cpp's {reference}", r.ppl, rel * 100.0);
+    assert_perplexity_matches(&path, 18.3914);
 }
 
 #[test]

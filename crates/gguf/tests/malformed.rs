@@ -13,6 +13,13 @@ fn err(bytes: Vec<u8>) -> GgufError {
     }
 }
 
+/// The error of `file` with `bytes` written over it at offset `at`.
+fn patched_err(file: &[u8], at: usize, bytes: &[u8]) -> GgufError {
+    let mut b = file.to_vec();
+    b[at..at + bytes.len()].copy_from_slice(bytes);
+    err(b)
+}
+
 #[test]
 fn bad_magic() {
     let mut b = sample_file();
@@ -22,28 +29,21 @@ fn bad_magic() {
 
 #[test]
 fn bad_version() {
-    let mut b = sample_file();
-    b[4..8].copy_from_slice(&1u32.to_le_bytes());
-    assert!(matches!(err(b), GgufError::BadVersion(1)));
+    assert!(matches!(patched_err(&sample_file(), 4, &1u32.to_le_bytes()), GgufError::BadVersion(1)));
 }
 
 #[test]
 fn absurd_counts() {
-    let mut b = sample_file();
-    b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-    let e = err(b);
+    let b = sample_file();
+    let e = patched_err(&b, 8, &u64::MAX.to_le_bytes());
     assert!(matches!(e, GgufError::AbsurdCount { .. }), "{e}");
-    let mut b = sample_file();
-    b[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
-    assert!(matches!(err(b), GgufError::AbsurdCount { .. }));
+    assert!(matches!(patched_err(&b, 16, &(1u64 << 40).to_le_bytes()), GgufError::AbsurdCount { .. }));
 }
 
 #[test]
 fn absurd_string_length() {
-    let mut b = sample_file();
     // first key length lives right after the 24-byte header
-    b[24..32].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
-    let e = err(b);
+    let e = patched_err(&sample_file(), 24, &(u64::MAX / 2).to_le_bytes());
     assert!(e.to_string().contains("string length"), "{e}");
 }
 
@@ -76,10 +76,9 @@ fn tensor_info_pos(b: &[u8], name: &str) -> usize {
 
 #[test]
 fn unknown_type_id_names_the_tensor() {
-    let mut b = sample_file();
+    let b = sample_file();
     let p = tensor_info_pos(&b, "c"); // rank u32, dim u64, type u32, offset u64
-    b[p + 12..p + 16].copy_from_slice(&77u32.to_le_bytes());
-    let e = err(b);
+    let e = patched_err(&b, p + 12, &77u32.to_le_bytes());
     assert!(matches!(&e, GgufError::UnknownType { name, id: 77 } if name == "c"), "{e}");
 }
 
@@ -87,28 +86,21 @@ fn unknown_type_id_names_the_tensor() {
 fn data_out_of_bounds_and_overlap() {
     let b0 = sample_file();
     let p = tensor_info_pos(&b0, "c");
-    let mut b = b0.clone();
-    b[p + 16..p + 24].copy_from_slice(&(1u64 << 30).to_le_bytes());
-    let e = err(b);
+    let e = patched_err(&b0, p + 16, &(1u64 << 30).to_le_bytes());
     assert!(e.to_string().contains("outside the data section"), "{e}");
-    let mut b = b0.clone();
-    b[p + 16..p + 24].copy_from_slice(&0u64.to_le_bytes()); // same offset as "a"
-    assert!(matches!(err(b), GgufError::Overlap { .. }));
-    let mut b = b0.clone();
-    b[p + 16..p + 24].copy_from_slice(&3u64.to_le_bytes()); // misaligned
-    assert!(err(b).to_string().contains("alignment"));
+    // the same offset as "a"
+    assert!(matches!(patched_err(&b0, p + 16, &0u64.to_le_bytes()), GgufError::Overlap { .. }));
+    // misaligned
+    assert!(patched_err(&b0, p + 16, &3u64.to_le_bytes()).to_string().contains("alignment"));
 }
 
 #[test]
 fn mismatched_dims() {
     let b0 = sample_file();
     let p = tensor_info_pos(&b0, "c");
-    let mut b = b0.clone();
-    b[p + 4..p + 12].copy_from_slice(&(1u64 << 62).to_le_bytes());
-    assert!(matches!(err(b), GgufError::BadTensor { .. }));
-    let mut b = b0.clone();
-    b[p..p + 4].copy_from_slice(&9u32.to_le_bytes()); // rank 9
-    assert!(err(b).to_string().contains("rank"));
+    assert!(matches!(patched_err(&b0, p + 4, &(1u64 << 62).to_le_bytes()), GgufError::BadTensor { .. }));
+    // rank 9
+    assert!(patched_err(&b0, p, &9u32.to_le_bytes()).to_string().contains("rank"));
 }
 
 /// A real model: every single-byte corruption in the header region either parses or errors.

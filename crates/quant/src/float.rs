@@ -42,87 +42,79 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 
 /// Bytes -> f32 row (little endian). `src.len() == 4 * dst.len()`.
 pub fn dequantize_row_f32(src: &[u8], dst: &mut [f32]) {
-    crate::layout::assert_geometry("f32", 1, 4, dst.len(), src.len());
-    for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-    }
+    dequantize_widened("f32", src, dst, f32::from_le_bytes)
 }
 
 /// f16 bytes -> f32 row. `src.len() == 2 * dst.len()`.
 pub fn dequantize_row_f16(src: &[u8], dst: &mut [f32]) {
-    crate::layout::assert_geometry("f16", 1, 2, dst.len(), src.len());
-    for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *o = fp16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-    }
+    dequantize_widened("f16", src, dst, |c| fp16_to_f32(u16::from_le_bytes(c)))
 }
 
 /// bf16 bytes -> f32 row. `src.len() == 2 * dst.len()`.
 pub fn dequantize_row_bf16(src: &[u8], dst: &mut [f32]) {
-    crate::layout::assert_geometry("bf16", 1, 2, dst.len(), src.len());
-    for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-    }
+    dequantize_widened("bf16", src, dst, |c| bf16_to_f32(u16::from_le_bytes(c)))
 }
 
 /// f32 row -> bytes. `dst.len() == 4 * src.len()`.
 pub fn quantize_row_f32(src: &[f32], dst: &mut [u8]) {
-    crate::layout::assert_geometry("f32", 1, 4, src.len(), dst.len());
-    for (x, c) in src.iter().zip(dst.chunks_exact_mut(4)) {
-        c.copy_from_slice(&x.to_le_bytes());
-    }
+    quantize_narrowed("f32", src, dst, f32::to_le_bytes)
 }
 
 /// f32 row -> f16 bytes (round-to-nearest-even). `dst.len() == 2 * src.len()`.
 pub fn quantize_row_f16(src: &[f32], dst: &mut [u8]) {
-    crate::layout::assert_geometry("f16", 1, 2, src.len(), dst.len());
-    for (x, c) in src.iter().zip(dst.chunks_exact_mut(2)) {
-        c.copy_from_slice(&f32_to_fp16(*x).to_le_bytes());
-    }
+    quantize_narrowed("f16", src, dst, |x| f32_to_fp16(x).to_le_bytes())
 }
 
 /// f32 row -> bf16 bytes (ggml rounding). `dst.len() == 2 * src.len()`.
 pub fn quantize_row_bf16(src: &[f32], dst: &mut [u8]) {
-    crate::layout::assert_geometry("bf16", 1, 2, src.len(), dst.len());
-    for (x, c) in src.iter().zip(dst.chunks_exact_mut(2)) {
-        c.copy_from_slice(&f32_to_bf16(*x).to_le_bytes());
+    quantize_narrowed("bf16", src, dst, |x| f32_to_bf16(x).to_le_bytes())
+}
+
+/// The float formats' dequantize loop: each `W`-byte little-endian element widened by `widen`.
+#[inline]
+#[track_caller]
+fn dequantize_widened<const W: usize>(what: &str, src: &[u8], dst: &mut [f32], widen: impl Fn([u8; W]) -> f32) {
+    crate::layout::assert_geometry(what, 1, W, dst.len(), src.len());
+    for (o, c) in dst.iter_mut().zip(src.chunks_exact(W)) {
+        *o = widen(std::array::from_fn(|i| c[i]));
+    }
+}
+
+/// The float formats' quantize loop: each value narrowed to `W` little-endian bytes.
+#[inline]
+#[track_caller]
+fn quantize_narrowed<const W: usize>(what: &str, src: &[f32], dst: &mut [u8], narrow: impl Fn(f32) -> [u8; W]) {
+    crate::layout::assert_geometry(what, 1, W, src.len(), dst.len());
+    for (x, c) in src.iter().zip(dst.chunks_exact_mut(W)) {
+        c.copy_from_slice(&narrow(*x));
     }
 }
 
 /// Scalar `ggml_vec_dot_f32`: products in f32, accumulated in f64
 /// (`ggml_float`), result rounded to f32. Both operands are `n` f32 (bytes).
 pub fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    crate::layout::assert_geometry("f32 vec_dot x", 1, 4, n, x.len());
-    crate::layout::assert_geometry("f32 vec_dot y", 1, 4, n, y.len());
-    let mut sumf = 0.0f64;
-    for (a, b) in x.chunks_exact(4).zip(y.chunks_exact(4)) {
-        let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
-        let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        sumf += (a * b) as f64;
-    }
-    sumf as f32
+    vec_dot_widened(["f32 vec_dot x", "f32 vec_dot y"], n, x, y, f32::from_le_bytes)
 }
 
 /// Scalar `ggml_vec_dot_f16`: widen both to f32, multiply in f32, accumulate in f64.
 pub fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    crate::layout::assert_geometry("f16 vec_dot x", 1, 2, n, x.len());
-    crate::layout::assert_geometry("f16 vec_dot y", 1, 2, n, y.len());
-    let mut sumf = 0.0f64;
-    for (a, b) in x.chunks_exact(2).zip(y.chunks_exact(2)) {
-        let a = fp16_to_f32(u16::from_le_bytes([a[0], a[1]]));
-        let b = fp16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        sumf += (a * b) as f64;
-    }
-    sumf as f32
+    vec_dot_widened(["f16 vec_dot x", "f16 vec_dot y"], n, x, y, |c: [u8; 2]| fp16_to_f32(u16::from_le_bytes(c)))
 }
 
 /// Scalar `ggml_vec_dot_bf16`: widen both to f32, multiply in f32, accumulate in f64.
 pub fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    crate::layout::assert_geometry("bf16 vec_dot x", 1, 2, n, x.len());
-    crate::layout::assert_geometry("bf16 vec_dot y", 1, 2, n, y.len());
+    vec_dot_widened(["bf16 vec_dot x", "bf16 vec_dot y"], n, x, y, |c: [u8; 2]| bf16_to_f32(u16::from_le_bytes(c)))
+}
+
+/// The float dot products' one loop: each `W`-byte element widened to f32 by `widen`,
+/// products in f32, accumulated in f64, the sum rounded to f32.
+#[inline]
+#[track_caller]
+fn vec_dot_widened<const W: usize>(what: [&str; 2], n: usize, x: &[u8], y: &[u8], widen: impl Fn([u8; W]) -> f32) -> f32 {
     let mut sumf = 0.0f64;
-    for (a, b) in x.chunks_exact(2).zip(y.chunks_exact(2)) {
-        let a = bf16_to_f32(u16::from_le_bytes([a[0], a[1]]));
-        let b = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    for (a, b) in crate::layout::dot_blocks(what, n, (x, 1, W), (y, 1, W)) {
+        let a = widen(std::array::from_fn(|i| a[i]));
+        let b = widen(std::array::from_fn(|i| b[i]));
         sumf += (a * b) as f64;
     }
     sumf as f32

@@ -160,3 +160,49 @@ pub(crate) fn assert_geometry(what: &str, qk: usize, bs: usize, n_elem: usize, n
         n_elem / qk * bs
     );
 }
+
+/// The blocks of `src` paired with the `qk` values each decodes to in `dst` (a dequantize
+/// loop); panics as [`assert_geometry`] unless `src` holds exactly `dst.len()` elements.
+#[inline]
+#[track_caller]
+pub(crate) fn decode_blocks<'a>(
+    what: &str,
+    qk: usize,
+    bs: usize,
+    src: &'a [u8],
+    dst: &'a mut [f32],
+) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
+    assert_geometry(what, qk, bs, dst.len(), src.len());
+    src.chunks_exact(bs).zip(dst.chunks_exact_mut(qk))
+}
+
+/// The `qk` values of `src` paired with the block each encodes to in `dst` (a quantize
+/// loop); panics as [`assert_geometry`] unless `dst` holds exactly `src.len()` elements.
+#[inline]
+#[track_caller]
+pub(crate) fn encode_blocks<'a>(
+    what: &str,
+    qk: usize,
+    bs: usize,
+    src: &'a [f32],
+    dst: &'a mut [u8],
+) -> impl Iterator<Item = (&'a [f32], &'a mut [u8])> {
+    assert_geometry(what, qk, bs, src.len(), dst.len());
+    src.chunks_exact(qk).zip(dst.chunks_exact_mut(bs))
+}
+
+/// The (weight block, activation block) pairs of an `n`-element dot product, each operand
+/// given as `(bytes, qk, block bytes)`; panics as [`assert_geometry`] (`what` names the
+/// weight and the activation) unless both hold exactly `n` elements.
+#[inline]
+#[track_caller]
+pub(crate) fn dot_blocks<'a>(
+    what: [&str; 2],
+    n: usize,
+    (w, w_qk, w_bs): (&'a [u8], usize, usize),
+    (a, a_qk, a_bs): (&'a [u8], usize, usize),
+) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    assert_geometry(what[0], w_qk, w_bs, n, w.len());
+    assert_geometry(what[1], a_qk, a_bs, n, a.len());
+    w.chunks_exact(w_bs).zip(a.chunks_exact(a_bs))
+}

@@ -99,91 +99,37 @@ pub struct Kernels {
 /// The reference kernels for `ty`.
 pub fn kernels(ty: QuantType) -> Kernels {
     use QuantType::*;
-    let k = |dequantize_row: DequantizeRowFn,
-             quantize_row: QuantizeRowFn,
-             vec_dot: Option<VecDotFn>| Kernels {
-        dequantize_row,
-        quantize_row,
-        vec_dot,
-    };
+    // One row per type: a block module's `dequantize_row` / `quantize_row` and its dot
+    // product (if any); the float formats name theirs with a suffix.
+    macro_rules! k {
+        ($m:ident, $dot:ident) => {
+            k!($m::dequantize_row, $m::quantize_row, Some($m::$dot))
+        };
+        ($m:ident) => {
+            k!($m::dequantize_row, $m::quantize_row, None)
+        };
+        ($de:path, $qu:path, $dot:expr) => {
+            Kernels { dequantize_row: $de, quantize_row: $qu, vec_dot: $dot }
+        };
+    }
     match ty {
-        F32 => k(
-            float::dequantize_row_f32,
-            float::quantize_row_f32,
-            Some(float::vec_dot_f32),
-        ),
-        F16 => k(
-            float::dequantize_row_f16,
-            float::quantize_row_f16,
-            Some(float::vec_dot_f16),
-        ),
-        BF16 => k(
-            float::dequantize_row_bf16,
-            float::quantize_row_bf16,
-            Some(float::vec_dot_bf16),
-        ),
-        Q4_0 => k(
-            q4_0::dequantize_row,
-            q4_0::quantize_row,
-            Some(q4_0::vec_dot_q8_0),
-        ),
-        Q4_1 => k(
-            q4_1::dequantize_row,
-            q4_1::quantize_row,
-            Some(q4_1::vec_dot_q8_1),
-        ),
-        Q5_0 => k(
-            q5_0::dequantize_row,
-            q5_0::quantize_row,
-            Some(q5_0::vec_dot_q8_0),
-        ),
-        Q5_1 => k(
-            q5_1::dequantize_row,
-            q5_1::quantize_row,
-            Some(q5_1::vec_dot_q8_1),
-        ),
-        Q8_0 => k(
-            q8_0::dequantize_row,
-            q8_0::quantize_row,
-            Some(q8_0::vec_dot_q8_0),
-        ),
-        Q8_1 => k(q8_1::dequantize_row, q8_1::quantize_row, None),
-        Q2_K => k(
-            q2_k::dequantize_row,
-            q2_k::quantize_row,
-            Some(q2_k::vec_dot_q8_k),
-        ),
-        Q3_K => k(
-            q3_k::dequantize_row,
-            q3_k::quantize_row,
-            Some(q3_k::vec_dot_q8_k),
-        ),
-        Q4_K => k(
-            q4_k::dequantize_row,
-            q4_k::quantize_row,
-            Some(q4_k::vec_dot_q8_k),
-        ),
-        Q5_K => k(
-            q5_k::dequantize_row,
-            q5_k::quantize_row,
-            Some(q5_k::vec_dot_q8_k),
-        ),
-        Q6_K => k(
-            q6_k::dequantize_row,
-            q6_k::quantize_row,
-            Some(q6_k::vec_dot_q8_k),
-        ),
-        Q8_K => k(q8_k::dequantize_row, q8_k::quantize_row, None),
-        IQ4_NL => k(
-            iq4_nl::dequantize_row,
-            iq4_nl::quantize_row,
-            Some(iq4_nl::vec_dot_q8_0),
-        ),
-        MXFP4 => k(
-            mxfp4::dequantize_row,
-            mxfp4::quantize_row,
-            Some(mxfp4::vec_dot_q8_0),
-        ),
+        F32 => k!(float::dequantize_row_f32, float::quantize_row_f32, Some(float::vec_dot_f32)),
+        F16 => k!(float::dequantize_row_f16, float::quantize_row_f16, Some(float::vec_dot_f16)),
+        BF16 => k!(float::dequantize_row_bf16, float::quantize_row_bf16, Some(float::vec_dot_bf16)),
+        Q4_0 => k!(q4_0, vec_dot_q8_0),
+        Q4_1 => k!(q4_1, vec_dot_q8_1),
+        Q5_0 => k!(q5_0, vec_dot_q8_0),
+        Q5_1 => k!(q5_1, vec_dot_q8_1),
+        Q8_0 => k!(q8_0, vec_dot_q8_0),
+        Q8_1 => k!(q8_1),
+        Q2_K => k!(q2_k, vec_dot_q8_k),
+        Q3_K => k!(q3_k, vec_dot_q8_k),
+        Q4_K => k!(q4_k, vec_dot_q8_k),
+        Q5_K => k!(q5_k, vec_dot_q8_k),
+        Q6_K => k!(q6_k, vec_dot_q8_k),
+        Q8_K => k!(q8_k),
+        IQ4_NL => k!(iq4_nl, vec_dot_q8_0),
+        MXFP4 => k!(mxfp4, vec_dot_q8_0),
     }
 }
 

@@ -41,3 +41,13 @@ pub(crate) fn min_max(x: &[f32]) -> (f32, f32) {
     }
     (min, max)
 }
+
+/// `1 / d`, or 0 for a zero scale (an all-zero block quantizes to zeros).
+#[inline]
+pub(crate) fn inverse_or_zero(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}

@@ -23,7 +23,8 @@ pub struct EmbeddingRequest {
     pub dimensions: Option<usize>,
 }
 
-/// Embedding inputs: text(s) or token id list(s).
+/// Prompt inputs: text(s) or token id list(s) (`/v1/embeddings` takes a list,
+/// `/v1/completions` exactly one).
 #[derive(Deserialize, ToSchema, Debug)]
 #[serde(untagged)]
 pub enum PromptListIn {
@@ -40,6 +41,15 @@ impl PromptListIn {
             PromptListIn::Texts(v) => v.into_iter().map(Prompt::Text).collect(),
             PromptListIn::Tokens(t) => vec![Prompt::Tokens(t)],
             PromptListIn::TokenLists(v) => v.into_iter().map(Prompt::Tokens).collect(),
+        }
+    }
+
+    /// The one prompt of a request that takes exactly one.
+    pub fn into_prompt(self) -> Result<Prompt, ApiError> {
+        let mut prompts = self.into_prompts();
+        match prompts.len() {
+            1 => Ok(prompts.remove(0)),
+            _ => Err(ApiError::invalid("exactly one prompt per request is supported")),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! chunks ending in `[DONE]` when `stream` is set), `POST /v1/embeddings` (float or base64,
 //! the model's pooling, L2-normalized) and `GET /v1/models`.
 
+use crate::embeddings::PromptListIn;
 use crate::error::{ApiError, ApiJson};
 use crate::gen::{finish_str, start, unix_now, Collected, Knobs, Tracked};
 use futures_util::StreamExt;
@@ -164,33 +165,12 @@ fn check_unsupported(response_format: &Option<Value>, tools: &Option<Vec<Value>>
     Ok(())
 }
 
-/// `POST /v1/completions` prompt: text, or token ids.
-#[derive(Deserialize, ToSchema, Debug)]
-#[serde(untagged)]
-pub enum PromptIn {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-    TokenLists(Vec<Vec<u32>>),
-}
-
-impl PromptIn {
-    fn into_prompt(self) -> Result<Prompt, ApiError> {
-        match self {
-            PromptIn::Text(s) => Ok(Prompt::Text(s)),
-            PromptIn::Tokens(t) => Ok(Prompt::Tokens(t)),
-            PromptIn::Texts(mut v) if v.len() == 1 => Ok(Prompt::Text(v.remove(0))),
-            PromptIn::TokenLists(mut v) if v.len() == 1 => Ok(Prompt::Tokens(v.remove(0))),
-            _ => Err(ApiError::invalid("exactly one prompt per request is supported")),
-        }
-    }
-}
-
 /// `POST /v1/completions` body.
 #[derive(Deserialize, ToSchema, Debug)]
 pub struct CompletionRequest {
     pub model: Option<String>,
-    pub prompt: PromptIn,
+    /// Text or token ids; a list holds exactly one.
+    pub prompt: PromptListIn,
     #[serde(flatten)]
     pub gen: Generation,
     /// Number of most likely alternatives to report per token (0..=20).
@@ -225,9 +205,24 @@ async fn start_n(state: &AppState, model: Option<&str>, prompt: Prompt, knobs: &
     Ok((name, streams))
 }
 
-/// Run every choice to its end.
-async fn collect_all(streams: Vec<Tracked>) -> Result<Vec<Collected>, ApiError> {
-    futures_util::future::try_join_all(streams.into_iter().map(Tracked::collect)).await
+/// A whole (non-streamed) response: every choice run to its end and rendered by `choice`,
+/// with the usage over all of them.
+async fn whole_response(
+    streams: Vec<Tracked>,
+    id: &str,
+    object: &str,
+    created: u64,
+    model: &str,
+    choice: impl Fn(usize, &Collected) -> Value,
+) -> Result<Response, ApiError> {
+    let all = futures_util::future::try_join_all(streams.into_iter().map(Tracked::collect)).await?;
+    let choices: Vec<Value> = all.iter().enumerate().map(|(i, c)| choice(i, c)).collect();
+    let body = json!({
+        "id": id, "object": object, "created": created, "model": model, "choices": choices,
+        "usage": usage_json(&total_usage(all.iter().map(|c| c.usage))),
+        "system_fingerprint": "quarrel",
+    });
+    Ok(labeled(Json(body).into_response(), model))
 }
 
 /// Usage over all choices: the prompt counted once, completions summed.
@@ -291,15 +286,6 @@ fn completion_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
         "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
         "top_logprobs": lps.iter().map(|l| l.top.iter().map(|(_, t, p)| (t.clone(), json!(p))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
         "text_offset": offs,
-    })
-}
-
-/// A whole (non-streamed) response: its choices and the usage over all of them.
-fn response_body(id: &str, object: &str, created: u64, model: &str, choices: Vec<Value>, all: &[Collected]) -> Value {
-    json!({
-        "id": id, "object": object, "created": created, "model": model, "choices": choices,
-        "usage": usage_json(&total_usage(all.iter().map(|c| c.usage))),
-        "system_fingerprint": "quarrel",
     })
 }
 
@@ -390,18 +376,12 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
     let created = unix_now();
     let want_lp = req.logprobs;
     if !req.gen.stream {
-        let all = collect_all(streams).await?;
-        let choices: Vec<Value> = all
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let logprobs = want_lp.then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>()}));
-                json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
-                       "finish_reason": c.finish.map(finish_str)})
-            })
-            .collect();
-        let body = response_body(&id, "chat.completion", created, &model, choices, &all);
-        return Ok(labeled(Json(body).into_response(), &model));
+        return whole_response(streams, &id, "chat.completion", created, &model, |i, c| {
+            let logprobs = want_lp.then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>()}));
+            json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
+                   "finish_reason": c.finish.map(finish_str)})
+        })
+        .await;
     }
     let head = ChunkHead { id, object: "chat.completion.chunk", created, model, fingerprint: true };
     let opening = (0..n).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}));
@@ -431,17 +411,11 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
     let id = request_id("cmpl");
     let created = unix_now();
     if !req.gen.stream {
-        let all = collect_all(streams).await?;
-        let choices: Vec<Value> = all
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let lp = req.logprobs.map(|_| completion_logprobs(&c.logprobs, echo_text.len()));
-                json!({"index": i, "text": format!("{echo_text}{}", c.text), "logprobs": lp, "finish_reason": c.finish.map(finish_str)})
-            })
-            .collect();
-        let body = response_body(&id, "text_completion", created, &model, choices, &all);
-        return Ok(labeled(Json(body).into_response(), &model));
+        return whole_response(streams, &id, "text_completion", created, &model, |i, c| {
+            let lp = req.logprobs.map(|_| completion_logprobs(&c.logprobs, echo_text.len()));
+            json!({"index": i, "text": format!("{echo_text}{}", c.text), "logprobs": lp, "finish_reason": c.finish.map(finish_str)})
+        })
+        .await;
     }
     let want_lp = req.logprobs.is_some();
     let head = ChunkHead { id, object: "text_completion", created, model, fingerprint: false };

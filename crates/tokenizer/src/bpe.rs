@@ -14,6 +14,7 @@ use quarrel_gguf::Gguf;
 
 use crate::error::TokenizerError;
 use crate::pretokenize::PreTokenizer;
+use crate::symbols::{merge, Sym};
 use crate::unicode::BYTE_TO_CHAR;
 use crate::vocab::{FastHash, Vocab};
 
@@ -36,17 +37,6 @@ impl std::fmt::Debug for BpeModel {
     }
 }
 
-#[derive(Clone, Copy)]
-struct Sym {
-    /// Byte offset in the word.
-    start: u32,
-    /// Length in bytes of the (raw) word; 0 once merged into its left neighbour.
-    len: u32,
-    prev: i32,
-    next: i32,
-    /// Interned id of the symbol's (byte-encoded) text, or NONE.
-    id: u32,
-}
 
 /// A candidate merge in the work queue; ordered by rank, then by left position.
 type Bigram = Reverse<(u32, u32, u32, u32, u32)>; // (rank, left, right, size, merged)
@@ -149,31 +139,16 @@ impl BpeModel {
         queue.clear();
         let n = word.len();
         for (i, &b) in word.iter().enumerate() {
-            syms.push(Sym {
-                start: i as u32,
-                len: 1,
-                prev: i as i32 - 1,
-                next: if i + 1 == n { -1 } else { i as i32 + 1 },
-                id: self.byte_ids[b as usize],
-            });
+            syms.push(Sym::linked(i, n, i, 1, self.byte_ids[b as usize]));
         }
         for i in 1..syms.len() {
             self.push_bigram(syms, queue, i as i32 - 1, i as i32);
         }
         while let Some(Reverse((_, left, right, size, merged))) = queue.pop() {
-            let (l, r) = (left as usize, right as usize);
-            if syms[l].len == 0 || syms[r].len == 0 || syms[l].len + syms[r].len != size {
+            let Some((prev, next)) = merge(syms, left as usize, right as usize, size) else {
                 continue; // outdated
-            }
-            syms[l].len += syms[r].len;
-            syms[l].id = merged;
-            syms[r].len = 0;
-            syms[l].next = syms[r].next;
-            let nx = syms[r].next;
-            if nx >= 0 {
-                syms[nx as usize].prev = left as i32;
-            }
-            let (prev, next) = (syms[l].prev, syms[l].next);
+            };
+            syms[left as usize].id = merged;
             self.push_bigram(syms, queue, prev, left as i32);
             self.push_bigram(syms, queue, left as i32, next);
         }

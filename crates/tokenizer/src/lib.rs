@@ -24,6 +24,7 @@
 //! | `unicode` | codepoint categories as llama.cpp sees them; GPT-2 byte↔char map |
 //! | `bpe` | merge-rank BPE over interned ids |
 //! | `spm` | score-driven SentencePiece merging with byte fallback |
+//! | `symbols` | the linked symbol chain and merge step BPE and SPM share |
 //! | `special` | special-token partitioning (`tokenizer_st_partition`, lstrip/rstrip) |
 //! | `detok` | token → piece, `decode`, streaming `Detokenizer` |
 //! | `chat` | `ChatTemplate`, `ChatMessage` |
@@ -49,6 +50,7 @@ mod pretokenize;
 mod special;
 mod split_custom;
 mod spm;
+mod symbols;
 mod unicode;
 mod vocab;
 

@@ -111,6 +111,14 @@ fn contraction(s: &Seg, pos: usize, fold: bool) -> Option<usize> {
     None
 }
 
+/// GPT-2's run classes, each optionally led by one space: letters, digits, and the rest
+/// but white space.
+const GPT2_RUNS: [fn(Flags) -> bool; 3] = [
+    Flags::is_letter,
+    Flags::is_number,
+    |f| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any(),
+];
+
 /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usize> {
     split_pieces(cpts, flags, offsets, |s, out| {
@@ -122,28 +130,11 @@ pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usi
                 pos += s.add(pos + len, out);
                 continue;
             }
+            // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: the first class that matches
             let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
-            if f2.is_letter() {
+            if let Some(class) = GPT2_RUNS.iter().find(|class| class(f2)) {
                 pos += (cpt == SP) as usize;
-                while f2.is_letter() {
-                    pos += 1;
-                    f2 = s.fl(pos);
-                }
-                s.add(pos, out);
-                continue;
-            }
-            if f2.is_number() {
-                pos += (cpt == SP) as usize;
-                while f2.is_number() {
-                    pos += 1;
-                    f2 = s.fl(pos);
-                }
-                s.add(pos, out);
-                continue;
-            }
-            if !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
-                pos += (cpt == SP) as usize;
-                while !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f2.any() {
+                while class(f2) {
                     pos += 1;
                     f2 = s.fl(pos);
                 }

@@ -9,15 +9,9 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use crate::symbols::{merge, Sym};
 use crate::vocab::Vocab;
 
-#[derive(Clone, Copy)]
-struct Sym {
-    start: u32,
-    len: u32,
-    prev: i32,
-    next: i32,
-}
 
 struct Bigram {
     left: u32,
@@ -64,34 +58,16 @@ pub(crate) fn encode_escaped(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
     if text.is_empty() {
         return;
     }
-    let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
-    let mut iter = text.char_indices().peekable();
-    while let Some((i, c)) = iter.next() {
-        let idx = syms.len() as i32;
-        syms.push(Sym {
-            start: i as u32,
-            len: c.len_utf8() as u32,
-            prev: idx - 1,
-            next: if iter.peek().is_some() { idx + 1 } else { -1 },
-        });
-    }
+    let n = text.chars().count();
+    let mut syms: Vec<Sym> = text.char_indices().enumerate().map(|(k, (i, c))| Sym::linked(k, n, i, c.len_utf8(), 0)).collect();
     let mut queue = BinaryHeap::new();
     for i in 1..syms.len() {
         try_add_bigram(vocab, text, &syms, &mut queue, i as i32 - 1, i as i32);
     }
     while let Some(bg) = queue.pop() {
-        let (l, r) = (bg.left as usize, bg.right as usize);
-        if syms[l].len == 0 || syms[r].len == 0 || syms[l].len + syms[r].len != bg.size {
+        let Some((prev, next)) = merge(&mut syms, bg.left as usize, bg.right as usize, bg.size) else {
             continue;
-        }
-        syms[l].len += syms[r].len;
-        syms[r].len = 0;
-        syms[l].next = syms[r].next;
-        let nx = syms[r].next;
-        if nx >= 0 {
-            syms[nx as usize].prev = bg.left as i32;
-        }
-        let (prev, next) = (syms[l].prev, syms[l].next);
+        };
         try_add_bigram(vocab, text, &syms, &mut queue, prev, bg.left as i32);
         try_add_bigram(vocab, text, &syms, &mut queue, bg.left as i32, next);
     }

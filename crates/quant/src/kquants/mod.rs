@@ -298,6 +298,29 @@ pub(crate) fn rms_plus_abs_weights(x: &[f32], weights: &mut [f32]) {
     }
 }
 
+/// ggml's eight f32 partial sums of the K-quant dot products: lane `l` gathers the block
+/// terms `d * aux32[l]`, and the lanes are added in order at the end.
+#[derive(Default)]
+pub(crate) struct Lanes([f32; 8]);
+
+impl Lanes {
+    #[inline]
+    pub(crate) fn add(&mut self, d: f32, aux32: &[i32; 8]) {
+        for (s, &v) in self.0.iter_mut().zip(aux32) {
+            *s += d * v as f32;
+        }
+    }
+
+    /// `sumf + lane 0 + lane 1 + ... + lane 7`, in that order.
+    #[inline]
+    pub(crate) fn sum_onto(self, mut sumf: f32) -> f32 {
+        for s in self.0 {
+            sumf += s;
+        }
+        sumf
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,8 +13,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q2_K_SIZE;
 
 /// `dequantize_row_q2_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q2_K", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q2_K", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, Q2_K_D_OFF);
         let min = read_f16(b, Q2_K_DMIN_OFF);
         let scales = &b[Q2_K_SCALES_OFF..Q2_K_SCALES_OFF + 16];
@@ -40,7 +39,6 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 
 /// `quantize_row_q2_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q2_K", QK, BLOCK_BYTES, src.len(), dst.len());
     const Q4SCALE: f32 = 15.0;
     let params = Qkx2Params {
         nmax: 3,
@@ -55,7 +53,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     let mut mins = [0f32; QK_K / 16];
     let mut scales = [0f32; QK_K / 16];
 
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("q2_K", QK, BLOCK_BYTES, src, dst) {
         y.fill(0);
         let mut max_scale = 0.0f32;
         let mut max_min = 0.0f32;
@@ -126,13 +124,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 
 /// `ggml_vec_dot_q2_K_q8_K_generic`: `w` is Q2_K, `a` is Q8_K (uses its `bsums`).
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q2_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q2_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
-    {
+    for (x, y) in dot_blocks(["q2_K vec_dot w", "q2_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE)) {
         let sc = &x[Q2_K_SCALES_OFF..Q2_K_SCALES_OFF + 16];
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let yd = read_f32(y, Q8_K_D_OFF);

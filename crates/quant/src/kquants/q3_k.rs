@@ -2,7 +2,7 @@
 //! Value = `d * (scale_j - 32) * (q - (hbit ? 0 : 4))` with 2 low bits in `qs`
 //! (same packing as Q2_K), the high bit in `hmask`, 6-bit signed scales.
 
-use super::{make_q3_quants, nearest_int};
+use super::{Lanes, make_q3_quants, nearest_int};
 use crate::layout::*;
 
 /// Elements per block.
@@ -38,8 +38,7 @@ fn quant(b: &[u8], idx: usize) -> i32 {
 
 /// `dequantize_row_q3_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q3_K", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q3_K", QK, BLOCK_BYTES, src, dst) {
         let d_all = read_f16(b, Q3_K_D_OFF);
         let scales = unpack_scales(&b[Q3_K_SCALES_OFF..Q3_K_SCALES_OFF + 12]);
         for (j, yj) in y.chunks_exact_mut(16).enumerate() {
@@ -53,10 +52,9 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 
 /// `quantize_row_q3_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q3_K", QK, BLOCK_BYTES, src.len(), dst.len());
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; QK_K / 16];
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("q3_K", QK, BLOCK_BYTES, src, dst) {
         let mut max_scale = 0.0f32;
         let mut amax = 0.0f32;
         for j in 0..QK_K / 16 {
@@ -136,13 +134,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 /// `ggml_vec_dot_q3_K_q8_K_generic`: `w` is Q3_K, `a` is Q8_K. Keeps ggml's
 /// 8 f32 partial sums (lane `l` gets elements `l mod 8`) and their final order.
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q3_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q3_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
-    let mut sums = [0f32; 8];
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
-    {
+    let mut lanes = Lanes::default();
+    for (x, y) in dot_blocks(["q3_K vec_dot w", "q3_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE)) {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let scales = unpack_scales(&x[Q3_K_SCALES_OFF..Q3_K_SCALES_OFF + 12]);
         let mut aux32 = [0i32; 8];
@@ -154,13 +147,7 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             }
         }
         let d = read_f16(x, Q3_K_D_OFF) * read_f32(y, Q8_K_D_OFF);
-        for (s, &v) in sums.iter_mut().zip(&aux32) {
-            *s += d * v as f32;
-        }
+        lanes.add(d, &aux32);
     }
-    let mut sumf = 0.0f32;
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    lanes.sum_onto(0.0)
 }

@@ -3,7 +3,7 @@
 //! [`super::get_scale_min_k4`]). Sub-blocks `2i` / `2i+1` are the low / high
 //! nibbles of `qs[32i..32i+32]`.
 
-use super::{
+use super::{Lanes, 
     get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights,
     Qkx2Params,
 };
@@ -16,8 +16,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q4_K_SIZE;
 
 /// `dequantize_row_q4_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q4_K", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q4_K", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, Q4_K_D_OFF);
         let min = read_f16(b, Q4_K_DMIN_OFF);
         let scales = &b[Q4_K_SCALES_OFF..Q4_K_SCALES_OFF + K_SCALE_SIZE];
@@ -111,7 +110,6 @@ fn finish_scales_and_requantize(
 
 /// `quantize_row_q4_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q4_K", QK, BLOCK_BYTES, src.len(), dst.len());
     let params = Qkx2Params {
         nmax: 15,
         rmin: -1.0,
@@ -120,7 +118,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         use_mad: false,
     };
     let mut l = [0u8; QK_K];
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("q4_K", QK, BLOCK_BYTES, src, dst) {
         quantize_scales_and_mins(x, params, &mut l, y);
         let qs = &mut y[Q4_K_QS_OFF..Q4_K_QS_OFF + QK_K / 2];
         for (i, j) in (0..QK_K).step_by(64).enumerate() {
@@ -167,9 +165,8 @@ fn k_block_dot(
 
 /// `ggml_vec_dot_q4_K_q8_K_generic`: `w` is Q4_K, `a` is Q8_K (uses `bsums`).
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q4_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q4_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
-    vec_dot_scale_min(w, a, BLOCK_BYTES, |x, aux8| {
+    let blocks = dot_blocks(["q4_K vec_dot w", "q4_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE));
+    vec_dot_scale_min(blocks, |x, aux8| {
         let q4 = &x[Q4_K_QS_OFF..Q4_K_QS_OFF + QK_K / 2];
         for j in 0..QK_K / 64 {
             for l in 0..32 {
@@ -186,11 +183,14 @@ const _: () = assert!(Q5_K_D_OFF == Q4_K_D_OFF && Q5_K_DMIN_OFF == Q4_K_DMIN_OFF
 /// The Q4_K / Q5_K dot product against Q8_K once `unpack` has expanded a weight block's
 /// unsigned quants into `aux8` (ggml's order: 8 lanes of scaled sums, minus `dmin` times
 /// the mins against `bsums`).
-pub(crate) fn vec_dot_scale_min(w: &[u8], a: &[u8], block_bytes: usize, unpack: impl Fn(&[u8], &mut [i32; QK_K])) -> f32 {
-    let mut sums = [0f32; 8];
+pub(crate) fn vec_dot_scale_min<'a>(
+    blocks: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    unpack: impl Fn(&[u8], &mut [i32; QK_K]),
+) -> f32 {
+    let mut lanes = Lanes::default();
     let mut sumf = 0.0f32;
     let mut aux8 = [0i32; QK_K];
-    for (x, y) in w.chunks_exact(block_bytes).zip(a.chunks_exact(BLOCK_Q8_K_SIZE)) {
+    for (x, y) in blocks {
         unpack(x, &mut aux8);
         let (aux32, sumi) = k_block_dot(
             &aux8,
@@ -200,14 +200,9 @@ pub(crate) fn vec_dot_scale_min(w: &[u8], a: &[u8], block_bytes: usize, unpack: 
         );
         let yd = read_f32(y, Q8_K_D_OFF);
         let d = read_f16(x, Q4_K_D_OFF) * yd;
-        for (s, &v) in sums.iter_mut().zip(&aux32) {
-            *s += d * v as f32;
-        }
+        lanes.add(d, &aux32);
         let dmin = read_f16(x, Q4_K_DMIN_OFF) * yd;
         sumf -= dmin * sumi as f32;
     }
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    lanes.sum_onto(sumf)
 }

@@ -12,8 +12,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q5_K_SIZE;
 
 /// `dequantize_row_q5_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q5_K", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q5_K", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, Q5_K_D_OFF);
         let min = read_f16(b, Q5_K_DMIN_OFF);
         let scales = &b[Q5_K_SCALES_OFF..Q5_K_SCALES_OFF + K_SCALE_SIZE];
@@ -38,7 +37,6 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 
 /// `quantize_row_q5_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q5_K", QK, BLOCK_BYTES, src.len(), dst.len());
     let params = Qkx2Params {
         nmax: 31,
         rmin: -0.5,
@@ -47,7 +45,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         use_mad: false,
     };
     let mut l = [0u8; QK_K];
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("q5_K", QK, BLOCK_BYTES, src, dst) {
         quantize_scales_and_mins(x, params, &mut l, y);
 
         y[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8].fill(0);
@@ -75,9 +73,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 
 /// `ggml_vec_dot_q5_K_q8_K_generic`: `w` is Q5_K, `a` is Q8_K (uses `bsums`).
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q5_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q5_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
-    vec_dot_scale_min(w, a, BLOCK_BYTES, |x, aux8| {
+    let blocks = dot_blocks(["q5_K vec_dot w", "q5_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE));
+    vec_dot_scale_min(blocks, |x, aux8| {
         let q4 = &x[Q5_K_QS_OFF..Q5_K_QS_OFF + QK_K / 2];
         let hm = &x[Q5_K_QH_OFF..Q5_K_QH_OFF + QK_K / 8];
         for j in 0..QK_K / 64 {

@@ -3,7 +3,7 @@
 //! Within each 128-element half `h` (ql += 64h, qh += 32h), element `l + 32k`
 //! (k = 0..4) uses `ql[l + 32*(k&1)]` nibble `k>>1` and `qh[l]` bits `2k..2k+2`.
 
-use super::{make_qx_quants, nearest_int, GROUP_MAX_EPS};
+use super::{Lanes, make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use crate::layout::*;
 
 /// Elements per block.
@@ -26,8 +26,7 @@ fn quant(b: &[u8], idx: usize) -> i32 {
 
 /// `dequantize_row_q6_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q6_K", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q6_K", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, Q6_K_D_OFF);
         for (idx, o) in y.iter_mut().enumerate() {
             let sc = b[Q6_K_SCALES_OFF + idx / 16] as i8;
@@ -38,10 +37,9 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 
 /// `quantize_row_q6_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q6_K", QK, BLOCK_BYTES, src.len(), dst.len());
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; QK_K / 16];
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("q6_K", QK, BLOCK_BYTES, src, dst) {
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
         for ib in 0..QK_K / 16 {
@@ -98,13 +96,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 
 /// `ggml_vec_dot_q6_K_q8_K_generic`: `w` is Q6_K, `a` is Q8_K.
 pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q6_K vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q6_K vec_dot a (q8_K)", QK_K, BLOCK_Q8_K_SIZE, n, a.len());
-    let mut sums = [0f32; 8];
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_K_SIZE))
-    {
+    let mut lanes = Lanes::default();
+    for (x, y) in dot_blocks(["q6_K vec_dot w", "q6_K vec_dot a (q8_K)"], n, (w, QK, BLOCK_BYTES), (a, QK_K, BLOCK_Q8_K_SIZE)) {
         let q8 = &y[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K];
         let mut aux32 = [0i32; 8];
         for idx in 0..QK_K {
@@ -112,13 +105,7 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             aux32[idx % 8] += scale * (q8[idx] as i8 as i32 * quant(x, idx));
         }
         let d = read_f16(x, Q6_K_D_OFF) * read_f32(y, Q8_K_D_OFF);
-        for (s, &v) in sums.iter_mut().zip(&aux32) {
-            *s += d * v as f32;
-        }
+        lanes.add(d, &aux32);
     }
-    let mut sumf = 0.0f32;
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    lanes.sum_onto(0.0)
 }

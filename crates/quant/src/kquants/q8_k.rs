@@ -13,8 +13,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q8_K_SIZE;
 
 /// `dequantize_row_q8_K`: `d * q`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q8_K", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q8_K", QK, BLOCK_BYTES, src, dst) {
         let d = read_f32(b, Q8_K_D_OFF);
         for (o, &q) in y.iter_mut().zip(&b[Q8_K_QS_OFF..Q8_K_QS_OFF + QK_K]) {
             *o = d * q as i8 as f32;
@@ -27,8 +26,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// plus the 16 block sums. An all-zero block gets `d = 0`, `q = 0` and (unlike
 /// ggml, which leaves them untouched) zero `bsums`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q8_K", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("q8_K", QK, BLOCK_BYTES, src, dst) {
         let (amax, max) = crate::scan::signed_absmax(x);
         if amax == 0.0 {
             y.fill(0);

@@ -58,6 +58,15 @@ pub(crate) fn dequantize_pairs(y: &mut [f32], pair: impl Fn(usize) -> (u8, u8), 
     }
 }
 
+/// One block of `x.len() == 32` values to pairs: `store(j, q(x[j]), q(x[j + 16]))`, the
+/// inverse walk of [`dequantize_pairs`].
+#[inline]
+pub(crate) fn quantize_pairs(x: &[f32], q: impl Fn(f32) -> u8, mut store: impl FnMut(usize, u8, u8)) {
+    for j in 0..HALF {
+        store(j, q(x[j]), q(x[j + HALF]));
+    }
+}
+
 /// ggml's `sumi0 + sumi1` of the legacy dot products: the 16 element pairs `pair(j)` of a
 /// 32-element block against the `i8` quants `yq` (integer, exact).
 #[inline]
@@ -78,4 +87,21 @@ pub(crate) fn dequantize_i8(b: &[u8], qs_off: usize, y: &mut [f32]) {
     for (o, &q) in y.iter_mut().zip(&b[qs_off..]) {
         *o = q as i8 as f32 * d;
     }
+}
+
+/// One Q8_0 / Q8_1 block `b` from the values `x`: `d = amax / 127` stored as f16 first, the
+/// quants `q = round(x / d)` (half away from zero) from `qs_off`. Returns `d` (as computed,
+/// before the f16 rounding) and the sum of the quants.
+#[inline]
+pub(crate) fn quantize_i8(x: &[f32], b: &mut [u8], qs_off: usize) -> (f32, i32) {
+    let d = crate::scan::absmax_c(x) / 127.0;
+    let id = crate::scan::inverse_or_zero(d);
+    crate::layout::write_f16(b, 0, d);
+    let mut sum = 0i32;
+    for (o, &v) in b[qs_off..].iter_mut().zip(x) {
+        let q = (v * id).round() as i8;
+        *o = q as u8;
+        sum += q as i32;
+    }
+    (d, sum)
 }

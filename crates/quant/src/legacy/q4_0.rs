@@ -1,11 +1,9 @@
 //! Q4_0: `{ f16 d; u8 qs[16] }`, value = `d * (nibble - 8)`.
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
-use crate::scan::signed_absmax;
-use super::{dequantize_pairs, dot_pairs, q4_pair};
-use crate::layout::{
-    assert_geometry, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0,
-};
+use crate::scan::{inverse_or_zero, signed_absmax};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q4_pair};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
 
 /// Elements per block.
 pub const QK: usize = QK4_0;
@@ -14,8 +12,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q4_0_SIZE;
 
 /// `dequantize_row_q4_0`. Panics unless `src` holds exactly `dst.len()` elements.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q4_0", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q4_0", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, 0);
         dequantize_pairs(y, |j| q4_pair(&b[2..], j), |q| (q as i32 - 8) as f32 * d);
     }
@@ -24,19 +21,13 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q4_0_ref`: `d = max / -8` where `max` is the signed value of
 /// largest magnitude; `q = min(15, trunc(x/d + 8.5))`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q4_0", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, b) in encode_blocks("q4_0", QK, BLOCK_BYTES, src, dst) {
         let (_, max) = signed_absmax(x);
         let d = max / -8.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = inverse_or_zero(d);
         write_f16(b, 0, d);
-        for j in 0..QK / 2 {
-            let x0 = x[j] * id;
-            let x1 = x[QK / 2 + j] * id;
-            let xi0 = ((x0 + 8.5) as i8).min(15) as u8;
-            let xi1 = ((x1 + 8.5) as i8).min(15) as u8;
-            b[2 + j] = xi0 | (xi1 << 4);
-        }
+        let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| b[2 + j] = xi0 | (xi1 << 4));
     }
 }
 
@@ -46,8 +37,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 /// scale is rounded to f16 as stored, and the block with the smallest error is kept. For
 /// values Quarrel quantizes itself (the KV cache), where llama.cpp parity is not at stake.
 pub fn quantize_row_mse(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q4_0", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, b) in encode_blocks("q4_0", QK, BLOCK_BYTES, src, dst) {
         let (_, max) = signed_absmax(x);
         let (mut best_d, mut best_err) = (0.0f32, f32::INFINITY);
         if max != 0.0 {
@@ -73,24 +63,17 @@ pub fn quantize_row_mse(src: &[f32], dst: &mut [u8]) {
                 }
             }
         }
-        let id = if best_d != 0.0 { 1.0 / best_d } else { 0.0 };
+        let id = inverse_or_zero(best_d);
         write_f16(b, 0, best_d);
         let q = |v: f32| ((v * id).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
-        for j in 0..QK / 2 {
-            b[2 + j] = q(x[j]) | (q(x[QK / 2 + j]) << 4);
-        }
+        quantize_pairs(x, q, |j, xi0, xi1| b[2 + j] = xi0 | (xi1 << 4));
     }
 }
 
 /// `ggml_vec_dot_q4_0_q8_0_generic`: `w` is Q4_0, `a` is Q8_0, `n` elements.
 pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q4_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q4_0 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
-    {
+    for (x, y) in dot_blocks(["q4_0 vec_dot w", "q4_0 vec_dot a (q8_0)"], n, (w, QK, BLOCK_BYTES), (a, QK8_0, BLOCK_Q8_0_SIZE)) {
         let sumi = dot_pairs(&y[2..], |j| {
             let (v0, v1) = q4_pair(&x[2..], j);
             (v0 as i32 - 8, v1 as i32 - 8)

@@ -1,10 +1,8 @@
 //! Q4_1: `{ f16 d; f16 m; u8 qs[16] }`, value = `d * nibble + m`.
 
-use super::{dequantize_pairs, dot_pairs, q4_pair};
-use crate::scan::min_max;
-use crate::layout::{
-    assert_geometry, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1,
-};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q4_pair};
+use crate::scan::{inverse_or_zero, min_max};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1};
 
 /// Elements per block.
 pub const QK: usize = QK4_1;
@@ -13,8 +11,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q4_1_SIZE;
 
 /// `dequantize_row_q4_1`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q4_1", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q4_1", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, 0);
         let m = read_f16(b, 2);
         dequantize_pairs(y, |j| q4_pair(&b[4..], j), |q| q as f32 * d + m);
@@ -24,32 +21,21 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q4_1_ref`: `d = (max - min) / 15`, `m = min`,
 /// `q = min(15, trunc((x - min)/d + 0.5))`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q4_1", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, b) in encode_blocks("q4_1", QK, BLOCK_BYTES, src, dst) {
         let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = inverse_or_zero(d);
         write_f16(b, 0, d);
         write_f16(b, 2, min);
-        for j in 0..QK / 2 {
-            let x0 = (x[j] - min) * id;
-            let x1 = (x[QK / 2 + j] - min) * id;
-            let xi0 = ((x0 + 0.5) as i8).min(15) as u8;
-            let xi1 = ((x1 + 0.5) as i8).min(15) as u8;
-            b[4 + j] = xi0 | (xi1 << 4);
-        }
+        let q = |v: f32| (((v - min) * id + 0.5) as i8).min(15) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| b[4 + j] = xi0 | (xi1 << 4));
     }
 }
 
 /// `ggml_vec_dot_q4_1_q8_1_generic`: `w` is Q4_1, `a` is Q8_1.
 pub fn vec_dot_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q4_1 vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q4_1 vec_dot a (q8_1)", QK8_1, BLOCK_Q8_1_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_1_SIZE))
-    {
+    for (x, y) in dot_blocks(["q4_1 vec_dot w", "q4_1 vec_dot a (q8_1)"], n, (w, QK, BLOCK_BYTES), (a, QK8_1, BLOCK_Q8_1_SIZE)) {
         let sumi = dot_pairs(&y[4..], |j| {
             let (v0, v1) = q4_pair(&x[4..], j);
             (v0 as i32, v1 as i32)

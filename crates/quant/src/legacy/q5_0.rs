@@ -1,11 +1,9 @@
 //! Q5_0: `{ f16 d; u8 qh[4]; u8 qs[16] }`, value = `d * (q - 16)` where the
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
-use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair};
-use crate::scan::signed_absmax;
-use crate::layout::{
-    assert_geometry, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0,
-};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q5_pack, q5_pair};
+use crate::scan::{inverse_or_zero, signed_absmax};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0};
 
 /// Elements per block.
 pub const QK: usize = QK5_0;
@@ -14,8 +12,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q5_0_SIZE;
 
 /// `dequantize_row_q5_0`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q5_0", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q5_0", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, 0);
         let qh = read_u32(b, 2);
         dequantize_pairs(y, |j| q5_pair(&b[6..], qh, j), |q| (q as i32 - 16) as f32 * d);
@@ -24,33 +21,22 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 
 /// `quantize_row_q5_0_ref`: `d = max / -16`, `q = min(31, trunc(x/d + 16.5))`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q5_0", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, b) in encode_blocks("q5_0", QK, BLOCK_BYTES, src, dst) {
         let (_, max) = signed_absmax(x);
         let d = max / -16.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = inverse_or_zero(d);
         write_f16(b, 0, d);
         let mut qh = 0u32;
-        for j in 0..QK / 2 {
-            let x0 = x[j] * id;
-            let x1 = x[QK / 2 + j] * id;
-            let xi0 = ((x0 + 16.5) as i8).min(31) as u8;
-            let xi1 = ((x1 + 16.5) as i8).min(31) as u8;
-            q5_pack(&mut b[6..], &mut qh, j, xi0, xi1);
-        }
+        let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| q5_pack(&mut b[6..], &mut qh, j, xi0, xi1));
         b[2..6].copy_from_slice(&qh.to_le_bytes());
     }
 }
 
 /// `ggml_vec_dot_q5_0_q8_0_generic`: `w` is Q5_0, `a` is Q8_0.
 pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q5_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q5_0 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
-    {
+    for (x, y) in dot_blocks(["q5_0 vec_dot w", "q5_0 vec_dot a (q8_0)"], n, (w, QK, BLOCK_BYTES), (a, QK8_0, BLOCK_Q8_0_SIZE)) {
         let qh = read_u32(x, 2);
         let sumi = dot_pairs(&y[2..], |j| {
             let (x0, x1) = q5_pair(&x[6..], qh, j);

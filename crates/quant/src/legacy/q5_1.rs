@@ -1,10 +1,8 @@
 //! Q5_1: `{ f16 d; f16 m; u8 qh[4]; u8 qs[16] }`, value = `d * q + m`.
 
-use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair};
-use crate::scan::min_max;
-use crate::layout::{
-    assert_geometry, read_f16, read_u32, write_f16, BLOCK_Q5_1_SIZE, BLOCK_Q8_1_SIZE, QK5_1, QK8_1,
-};
+use super::{dequantize_pairs, quantize_pairs, dot_pairs, q5_pack, q5_pair};
+use crate::scan::{inverse_or_zero, min_max};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_1_SIZE, BLOCK_Q8_1_SIZE, QK5_1, QK8_1};
 
 /// Elements per block.
 pub const QK: usize = QK5_1;
@@ -13,8 +11,7 @@ pub const BLOCK_BYTES: usize = BLOCK_Q5_1_SIZE;
 
 /// `dequantize_row_q5_1`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q5_1", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q5_1", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, 0);
         let m = read_f16(b, 2);
         let qh = read_u32(b, 4);
@@ -25,35 +22,24 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q5_1_ref`: `d = (max - min) / 31`, `m = min`,
 /// `q = trunc((x - min)/d + 0.5)` (5 bits kept).
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q5_1", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, b) in encode_blocks("q5_1", QK, BLOCK_BYTES, src, dst) {
         let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = inverse_or_zero(d);
         write_f16(b, 0, d);
         write_f16(b, 2, min);
         let mut qh = 0u32;
-        for j in 0..QK / 2 {
-            let x0 = (x[j] - min) * id;
-            let x1 = (x[QK / 2 + j] - min) * id;
-            // ggml: `(uint8_t)(x0 + 0.5f)`, no clamp (the value is <= 31.5 by construction).
-            let xi0 = (x0 + 0.5) as u8;
-            let xi1 = (x1 + 0.5) as u8;
-            q5_pack(&mut b[8..], &mut qh, j, xi0, xi1);
-        }
+        // ggml: `(uint8_t)(x0 + 0.5f)`, no clamp (the value is <= 31.5 by construction).
+        let q = |v: f32| ((v - min) * id + 0.5) as u8;
+        quantize_pairs(x, q, |j, xi0, xi1| q5_pack(&mut b[8..], &mut qh, j, xi0, xi1));
         b[4..8].copy_from_slice(&qh.to_le_bytes());
     }
 }
 
 /// `ggml_vec_dot_q5_1_q8_1_generic`: `w` is Q5_1, `a` is Q8_1.
 pub fn vec_dot_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q5_1 vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q5_1 vec_dot a (q8_1)", QK8_1, BLOCK_Q8_1_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_1_SIZE))
-    {
+    for (x, y) in dot_blocks(["q5_1 vec_dot w", "q5_1 vec_dot a (q8_1)"], n, (w, QK, BLOCK_BYTES), (a, QK8_1, BLOCK_Q8_1_SIZE)) {
         let qh = read_u32(x, 4);
         let sumi = dot_pairs(&y[4..], |j| {
             let (x0, x1) = q5_pair(&x[8..], qh, j);

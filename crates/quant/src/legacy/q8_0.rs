@@ -1,8 +1,7 @@
 //! Q8_0: `{ f16 d; i8 qs[32] }`, value = `d * q`. Used for weights, for the
 //! activations of Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4 dot products, and for KV caches.
 
-use crate::scan::absmax_c;
-use crate::layout::{assert_geometry, read_f16, write_f16, BLOCK_Q8_0_SIZE, QK8_0};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, BLOCK_Q8_0_SIZE, QK8_0};
 
 /// Elements per block.
 pub const QK: usize = QK8_0;
@@ -11,32 +10,22 @@ pub const BLOCK_BYTES: usize = BLOCK_Q8_0_SIZE;
 
 /// `dequantize_row_q8_0`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("q8_0", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("q8_0", QK, BLOCK_BYTES, src, dst) {
         super::dequantize_i8(b, 2, y);
     }
 }
 
 /// `quantize_row_q8_0_ref`: `d = amax / 127`, `q = roundf(x / d)` (half away from zero).
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("q8_0", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let amax = absmax_c(x);
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        write_f16(b, 0, d);
-        for (o, &v) in b[2..].iter_mut().zip(x) {
-            *o = (v * id).round() as i8 as u8;
-        }
+    for (x, b) in encode_blocks("q8_0", QK, BLOCK_BYTES, src, dst) {
+        super::quantize_i8(x, b, 2);
     }
 }
 
 /// `ggml_vec_dot_q8_0_q8_0_generic`: both operands Q8_0.
 pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("q8_0 vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("q8_0 vec_dot a (q8_0)", QK, BLOCK_BYTES, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w.chunks_exact(BLOCK_BYTES).zip(a.chunks_exact(BLOCK_BYTES)) {
+    for (x, y) in dot_blocks(["q8_0 vec_dot w", "q8_0 vec_dot a (q8_0)"], n, (w, QK, BLOCK_BYTES), (a, QK, BLOCK_BYTES)) {
         let mut sumi = 0i32;
         for (&p, &q) in x[2..].iter().zip(&y[2..]) {
             sumi += p as i8 as i32 * q as i8 as i32;

@@ -2,9 +2,9 @@
 
 use super::{best_index_int8, KVALUES_IQ4NL};
 use crate::kquants::GROUP_MAX_EPS;
-use crate::layout::{
-    assert_geometry, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0,
-};
+use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
+use crate::scan::inverse_or_zero;
+use crate::layout::{decode_blocks, encode_blocks, dot_blocks, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0};
 
 /// Elements per block.
 pub const QK: usize = QK4_NL;
@@ -13,14 +13,9 @@ pub const BLOCK_BYTES: usize = BLOCK_IQ4_NL_SIZE;
 
 /// `dequantize_row_iq4_nl`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("iq4_nl", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("iq4_nl", QK, BLOCK_BYTES, src, dst) {
         let d = read_f16(b, 0);
-        let qs = &b[2..];
-        for j in 0..QK / 2 {
-            y[j] = d * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f32;
-            y[j + QK / 2] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
-        }
+        dequantize_pairs(y, |j| q4_pair(&b[2..], j), |q| d * KVALUES_IQ4NL[q as usize] as f32);
     }
 }
 
@@ -41,11 +36,10 @@ pub fn quantize_row_search(src: &[f32], dst: &mut [u8]) {
 
 /// `quantize_row_iq4_nl_impl(32, 32, ..., quant_weights = NULL, ntry)`.
 pub fn quantize_row_ntry(src: &[f32], dst: &mut [u8], ntry: i32) {
-    assert_geometry("iq4_nl", QK, BLOCK_BYTES, src.len(), dst.len());
     let values = &KVALUES_IQ4NL;
     let mut l = [0u8; QK]; // persists across blocks, as in ggml
     let mut weight = [0f32; QK];
-    for (xb, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (xb, y) in encode_blocks("iq4_nl", QK, BLOCK_BYTES, src, dst) {
         y.fill(0);
         for (w, &v) in weight.iter_mut().zip(xb) {
             *w = v * v;
@@ -99,7 +93,7 @@ pub fn quantize_row_ntry(src: &[f32], dst: &mut [u8], ntry: i32) {
         };
         write_f16(y, 0, scale);
         if ntry > 0 {
-            let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            let id = inverse_or_zero(scale);
             for j in 0..QK {
                 l[j] = best_index_int8(values, id * xb[j]) as u8;
             }
@@ -112,28 +106,14 @@ pub fn quantize_row_ntry(src: &[f32], dst: &mut [u8], ntry: i32) {
 
 /// `ggml_vec_dot_iq4_nl_q8_0_generic`: `w` is IQ4_NL, `a` is Q8_0.
 pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("iq4_nl vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry(
-        "iq4_nl vec_dot a (q8_0)",
-        QK8_0,
-        BLOCK_Q8_0_SIZE,
-        n,
-        a.len(),
-    );
     let mut sumf = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
-    {
+    for (x, y) in dot_blocks(["iq4_nl vec_dot w", "iq4_nl vec_dot a (q8_0)"], n, (w, QK, BLOCK_BYTES), (a, QK8_0, BLOCK_Q8_0_SIZE)) {
         let d = read_f16(y, 0) * read_f16(x, 0);
-        let (xq, yq) = (&x[2..], &y[2..]);
-        let mut sumi1 = 0i32;
-        let mut sumi2 = 0i32;
-        for j in 0..QK / 2 {
-            sumi1 += yq[j] as i8 as i32 * KVALUES_IQ4NL[(xq[j] & 0xF) as usize] as i32;
-            sumi2 += yq[j + QK / 2] as i8 as i32 * KVALUES_IQ4NL[(xq[j] >> 4) as usize] as i32;
-        }
-        sumf += d * (sumi1 + sumi2) as f32;
+        let sumi = dot_pairs(&y[2..], |j| {
+            let (v0, v1) = q4_pair(&x[2..], j);
+            (KVALUES_IQ4NL[v0 as usize] as i32, KVALUES_IQ4NL[v1 as usize] as i32)
+        });
+        sumf += d * sumi as f32;
     }
     sumf
 }

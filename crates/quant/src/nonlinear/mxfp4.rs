@@ -1,9 +1,8 @@
 //! MXFP4: `{ u8 e; u8 qs[16] }`, value = `e8m0_half(e) * KVALUES_MXFP4[nibble]`.
 
 use super::{e8m0_to_fp32_half, KVALUES_MXFP4};
-use crate::layout::{
-    assert_geometry, read_f16, BLOCK_MXFP4_SIZE, BLOCK_Q8_0_SIZE, QK8_0, QK_MXFP4,
-};
+use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, BLOCK_MXFP4_SIZE, BLOCK_Q8_0_SIZE, QK8_0, QK_MXFP4};
 
 /// Elements per block.
 pub const QK: usize = QK_MXFP4;
@@ -12,14 +11,9 @@ pub const BLOCK_BYTES: usize = BLOCK_MXFP4_SIZE;
 
 /// `dequantize_row_mxfp4`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-    assert_geometry("mxfp4", QK, BLOCK_BYTES, dst.len(), src.len());
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
+    for (b, y) in decode_blocks("mxfp4", QK, BLOCK_BYTES, src, dst) {
         let d = e8m0_to_fp32_half(b[0]);
-        let qs = &b[1..];
-        for j in 0..QK / 2 {
-            y[j] = KVALUES_MXFP4[(qs[j] & 0xF) as usize] as f32 * d;
-            y[j + QK / 2] = KVALUES_MXFP4[(qs[j] >> 4) as usize] as f32 * d;
-        }
+        dequantize_pairs(y, |j| q4_pair(&b[1..], j), |q| KVALUES_MXFP4[q as usize] as f32 * d);
     }
 }
 
@@ -41,8 +35,7 @@ fn best_index_mxfp4(x: f32, e: f32) -> u8 {
 /// `quantize_row_mxfp4_ref`: `e = floor(log2(amax)) - 2 + 127` (so the largest
 /// magnitude lands in the top E2M1 binade), then nearest codebook entry.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    assert_geometry("mxfp4", QK, BLOCK_BYTES, src.len(), dst.len());
-    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+    for (x, y) in encode_blocks("mxfp4", QK, BLOCK_BYTES, src, dst) {
         let mut amax = 0.0f32;
         for &v in x {
             if amax < v.abs() {
@@ -68,22 +61,14 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 
 /// `ggml_vec_dot_mxfp4_q8_0_generic`: `w` is MXFP4, `a` is Q8_0.
 pub fn vec_dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    assert_geometry("mxfp4 vec_dot w", QK, BLOCK_BYTES, n, w.len());
-    assert_geometry("mxfp4 vec_dot a (q8_0)", QK8_0, BLOCK_Q8_0_SIZE, n, a.len());
     let mut sumf = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(BLOCK_BYTES)
-        .zip(a.chunks_exact(BLOCK_Q8_0_SIZE))
-    {
+    for (x, y) in dot_blocks(["mxfp4 vec_dot w", "mxfp4 vec_dot a (q8_0)"], n, (w, QK, BLOCK_BYTES), (a, QK8_0, BLOCK_Q8_0_SIZE)) {
         let d = read_f16(y, 0) * e8m0_to_fp32_half(x[0]);
-        let (xq, yq) = (&x[1..], &y[2..]);
-        let mut sumi1 = 0i32;
-        let mut sumi2 = 0i32;
-        for j in 0..QK / 2 {
-            sumi1 += yq[j] as i8 as i32 * KVALUES_MXFP4[(xq[j] & 0xF) as usize] as i32;
-            sumi2 += yq[j + QK / 2] as i8 as i32 * KVALUES_MXFP4[(xq[j] >> 4) as usize] as i32;
-        }
-        sumf += d * (sumi1 + sumi2) as f32;
+        let sumi = dot_pairs(&y[2..], |j| {
+            let (v0, v1) = q4_pair(&x[1..], j);
+            (KVALUES_MXFP4[v0 as usize] as i32, KVALUES_MXFP4[v1 as usize] as i32)
+        });
+        sumf += d * sumi as f32;
     }
     sumf
 }
