@@ -101,6 +101,31 @@ mod x86 {
     }
 }
 
+/// `_mm512_reduce_add_ps`'s tree over 16 lanes (8, 4, then 2+2).
+#[inline(always)]
+pub(crate) fn reduce16(x: &[f32; 16]) -> f32 {
+    let mut t8 = [0f32; 8];
+    for i in 0..8 {
+        t8[i] = x[i] + x[i + 8];
+    }
+    let mut t4 = [0f32; 4];
+    for i in 0..4 {
+        t4[i] = t8[i] + t8[i + 4];
+    }
+    (t4[0] + t4[2]) + (t4[1] + t4[3])
+}
+
+/// `_mm512_reduce_add_ps` of four 16-lane accumulators as ggml folds them (0 += 2, 1 += 3,
+/// 0 += 1, then [`reduce16`]'s lane tree).
+#[inline(always)]
+pub(crate) fn fold_lanes(acc: &[[f32; 16]; 4]) -> f32 {
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    reduce16(&x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,29 +151,4 @@ mod tests {
             assert_eq!(a[i].to_bits(), (silu_ggml(g[i]) * u[i]).to_bits(), "at {i}");
         }
     }
-}
-
-/// `_mm512_reduce_add_ps`'s tree over 16 lanes (8, 4, then 2+2).
-#[inline(always)]
-pub(crate) fn reduce16(x: &[f32; 16]) -> f32 {
-    let mut t8 = [0f32; 8];
-    for i in 0..8 {
-        t8[i] = x[i] + x[i + 8];
-    }
-    let mut t4 = [0f32; 4];
-    for i in 0..4 {
-        t4[i] = t8[i] + t8[i + 4];
-    }
-    (t4[0] + t4[2]) + (t4[1] + t4[3])
-}
-
-/// `_mm512_reduce_add_ps` of four 16-lane accumulators as ggml folds them (0 += 2, 1 += 3,
-/// 0 += 1, then [`reduce16`]'s lane tree).
-#[inline(always)]
-pub(crate) fn fold_lanes(acc: &[[f32; 16]; 4]) -> f32 {
-    let mut x = [0f32; 16];
-    for l in 0..16 {
-        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    reduce16(&x)
 }

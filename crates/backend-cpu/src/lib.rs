@@ -28,6 +28,9 @@
 //! | `moe`       | MoE routing, grouped expert matmul over 3-D weights in place, combine |
 //! | `ssm`       | Mamba2 conv1d / selective scan / gated norm over per-slot recurrent state |
 //! | `tuning`    | the environment variables this crate reads (parsed once), `tuning_table()`, the tests' `set_repack` |
+// Kernels index several arrays (lanes, accumulators, weights) by one counter; the index form
+// keeps that mapping visible where an iterator chain would hide it.
+#![allow(clippy::needless_range_loop)]
 
 pub mod actquant;
 mod attention;

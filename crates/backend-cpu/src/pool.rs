@@ -350,6 +350,25 @@ impl Drop for SpinPool {
     }
 }
 
+/// Per-step buffers (activations, logits: up to a few MiB each) are allocated and freed on
+/// every forward pass. glibc serves large ones with fresh mmaps, or trims the heap top after
+/// they are freed, so every step page-faults its buffers in again (zeroing each page). Keep
+/// freed memory below 64 MiB in the heap instead (the KV cache and other big, long-lived
+/// buffers still get their own mappings).
+fn keep_freed_pages() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only changes allocator tunables; called once, before our buffers.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,24 +429,5 @@ mod tests {
             c.fetch_add(1, SeqCst);
         });
         assert_eq!(c.load(SeqCst), 20);
-    }
-}
-
-/// Per-step buffers (activations, logits: up to a few MiB each) are allocated and freed on
-/// every forward pass. glibc serves large ones with fresh mmaps, or trims the heap top after
-/// they are freed, so every step page-faults its buffers in again (zeroing each page). Keep
-/// freed memory below 64 MiB in the heap instead (the KV cache and other big, long-lived
-/// buffers still get their own mappings).
-fn keep_freed_pages() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            // SAFETY: mallopt only changes allocator tunables; called once, before our buffers.
-            unsafe {
-                libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
-                libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-            }
-        });
     }
 }

@@ -33,7 +33,7 @@ fn case(hd8: usize, len: usize, pad: usize, offset: usize, cap: bool, split: usi
     let stride = hd + pad;
     let n = offset + len * stride + hd;
     // large values now and then so the running max moves often
-    let scale = if seed % 3 == 0 { 12.0 } else { 3.0 };
+    let scale = if seed.is_multiple_of(3) { 12.0 } else { 3.0 };
     Case {
         hd,
         q: rnd(seed, hd, scale),

@@ -46,7 +46,7 @@ fn compact_panels_give_the_one_row_kernels_bits() {
     // set before any weight of this binary is used (the only test here)
     quarrel_cpu::tuning::set_repack(false);
     let g = simd::gemm_fn(QuantType::Q4_1);
-    if !g.is_some_and(|g| g.compact_panel_bytes(64).is_some()) {
+    if g.is_none_or(|g| g.compact_panel_bytes(64).is_none()) {
         eprintln!("no compact GEMM panels on this CPU: skipped");
         return;
     }

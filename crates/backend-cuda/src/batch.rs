@@ -26,7 +26,7 @@ pub(crate) struct GqaLaunch {
 /// `GQA_WARPS` warps (at most `max_splits`: they depend on the cache's size only, so decode
 /// steps repeat exactly and replay as a graph). `None`: the per-head kernel (`attn1_*`).
 pub(crate) fn gqa_decode(n_seqs: usize, ty: KvType, n_head: usize, n_kv_head: usize, hd: usize, max_splits: usize) -> Option<GqaLaunch> {
-    if n_seqs < 2 || n_kv_head == 0 || n_head % n_kv_head != 0 {
+    if n_seqs < 2 || n_kv_head == 0 || !n_head.is_multiple_of(n_kv_head) {
         return None;
     }
     let g = n_head / n_kv_head;

@@ -29,7 +29,7 @@ impl CudaBackend {
     /// Before an op that reads `x`'s Q8 form: the previous cache entry back in if it is x's.
     pub(crate) fn promote_q8(&self, x: u64) {
         if let (Ok(mut c), Ok(mut p)) = (self.qcache.lock(), self.qprev.lock()) {
-            if p.as_ref().is_some_and(|q| q.x == x) && !c.as_ref().is_some_and(|q| q.x == x) {
+            if p.as_ref().is_some_and(|q| q.x == x) && c.as_ref().is_none_or(|q| q.x != x) {
                 std::mem::swap(&mut *c, &mut *p);
             }
         }
@@ -38,7 +38,7 @@ impl CudaBackend {
     /// Q8 scratch for an op that writes `n` values at `out` and their Q8 form in one go
     /// (`None`: kernel arguments 0, the op writes f32 only).
     pub(crate) fn q8_out(&self, out: u64, n: usize) -> Result<(u64, u64)> {
-        if n % 32 != 0 {
+        if !n.is_multiple_of(32) {
             return Ok((0, 0));
         }
         let c = matmul::QCache::new(&self.dev, out, n)?;

@@ -33,7 +33,7 @@ pub(crate) fn kv_name(t: KvType) -> &'static str {
 impl CudaKv {
     pub(crate) fn new(dev: &Device, spec: &KvSpec) -> Result<CudaKv, CudaError> {
         let row = spec.n_kv_head * spec.head_dim;
-        if matches!(spec.ty, KvType::Q8_0 | KvType::Q4_0) && spec.head_dim % 32 != 0 {
+        if matches!(spec.ty, KvType::Q8_0 | KvType::Q4_0) && !spec.head_dim.is_multiple_of(32) {
             return Err(CudaError::Unsupported(format!(
                 "{} KV cache needs a head dimension that is a multiple of 32, not {}",
                 spec.ty.name(),

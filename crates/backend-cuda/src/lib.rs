@@ -311,7 +311,7 @@ impl Backend for CudaBackend {
 
     fn argmax_rows(&self, x: &CudaBuf, dim: usize) -> Result<Vec<u32>> {
         self.dev.bind()?;
-        if dim == 0 || x.len % dim != 0 {
+        if dim == 0 || !x.len.is_multiple_of(dim) {
             return Err(CoreError::Shape(format!("argmax_rows: {} values are not rows of {dim}", x.len)));
         }
         let rows = x.len / dim;
@@ -412,7 +412,7 @@ impl Backend for CudaBackend {
         if w.n_out != 1 || w.dev_ty != DevType::F32 {
             return Err(CoreError::Shape(format!("weight of shape ({}, {}) used as a vector", w.n_in, w.n_out)));
         }
-        if x.len % d != 0 {
+        if !x.len.is_multiple_of(d) {
             return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len)));
         }
         let rows = (x.len / d) as u32;
@@ -420,7 +420,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let (xp, op) = (self.rd(x)?, self.wr(out));
-        let (xq, xm) = if d % 32 == 0 { self.q8_out(op, x.len)? } else { (0, 0) };
+        let (xq, xm) = if d.is_multiple_of(32) { self.q8_out(op, x.len)? } else { (0, 0) };
         Ok(norm::rms_norm(&self.dev, norm::Row { x: xp, w: w.p.ptr, out: op, d, rows, eps, xq, xm })?)
     }
 

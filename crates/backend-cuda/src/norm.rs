@@ -31,7 +31,7 @@ pub(crate) fn rms_norm(dev: &Device, r: Row) -> Result<(), CudaError> {
     // float4 rows (norm_row_v4): the variant a held combine can join, in blocks of fewer than
     // 1,024 threads (a full block must fit 64 registers, kernels/ops.cu's launch bounds, and
     // then spills: slower than the combine launched separately).
-    let v4 = d % 4 == 0 && threads % 32 == 0 && threads < 1024;
+    let v4 = d.is_multiple_of(4) && threads.is_multiple_of(32) && threads < 1024;
     let held = dev.take_held_if(|h| match h {
         Held::Add { x, n: hn, .. } | Held::CombAdd { x, n: hn, .. } => *x == r.x && *hn == n,
         _ => false,

@@ -11,7 +11,7 @@ impl CudaBackend {
     pub(crate) fn rope_op(&self, x: &mut CudaBuf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
         self.dev.bind()?;
         check_len("rope input", x.len, positions.len() * n_head * head_dim)?;
-        if p.n_rot > head_dim || p.n_rot % 2 != 0 || p.n_rot == 0 {
+        if p.n_rot > head_dim || !p.n_rot.is_multiple_of(2) || p.n_rot == 0 {
             return Err(CoreError::Shape(format!("rope: n_rot {} vs head_dim {head_dim}", p.n_rot)));
         }
         if let Some(f) = &p.freq_factors {
@@ -141,7 +141,7 @@ impl CudaBackend {
         // decode steps routed on the device: the router matmul and the routing in one launch
         // (in exact numerics too: its logits are gemv_f32's, its routes moe_route's, bit for
         // bit, the arithmetic a prefill's router takes below)
-        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.map_or(true, |b| b.len == p.n_expert) {
+        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.is_none_or(|b| b.len == p.n_expert) {
             let xp = self.rd(x)?;
             let bp = match bias {
                 Some(b) => self.rd(b)?,

@@ -179,7 +179,7 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
     }
     let c = ConvHeld { layer, p: *p, zx: zx.0, w: w.0, bias: bias.map_or(0, |b| b.0), seq, n_seq, state, out: out.0 };
     // a decode step of one token per sequence: held, the scan that reads `out` joins it
-    if st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim() % 8 == 0 && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
+    if st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim().is_multiple_of(8) && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
         return dev.hold(crate::fusion::Held::SsmConv(c));
     }
     c.launch(dev)
@@ -306,7 +306,7 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
     let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;
-    if n > n_seq && p.head_dim() % 8 == 0 && p.d_state % 4 == 0 && n_seq * p.d_inner / 8 <= i32::MAX as usize {
+    if n > n_seq && p.head_dim().is_multiple_of(8) && p.d_state.is_multiple_of(4) && n_seq * p.d_inner / 8 <= i32::MAX as usize {
         // prefill: inputs staged per chunk of tokens, 8 rows of a head per block
         let (name, threads) = kernel.pick(p.d_state);
         return dev.launch(
@@ -368,7 +368,7 @@ pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s:
 /// be a multiple of 32, see `gated_norm_q8`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, out: Dev, q8: (u64, u64)) -> Result<(), CudaError> {
-    if y.1 % p.d_inner != 0 {
+    if !y.1.is_multiple_of(p.d_inner) {
         return Err(CudaError::Shape(format!("ssm_gated_norm: {} values are not rows of {}", y.1, p.d_inner)));
     }
     let n = y.1 / p.d_inner;
@@ -405,7 +405,7 @@ pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, o
 
 /// Whether `ssm_gated_norm` can write its output's Q8 form (each warp one Q8 block).
 pub(crate) fn gated_norm_q8(p: &SsmParams) -> bool {
-    p.n_group > 0 && p.d_inner % p.n_group == 0 && (p.d_inner / p.n_group) % 32 == 0
+    p.n_group > 0 && p.d_inner.is_multiple_of(p.n_group) && (p.d_inner / p.n_group).is_multiple_of(32)
 }
 
 /// The decode kernels, launched with programmatic dependent launch (they begin with `GDC()`).

@@ -88,7 +88,7 @@ fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
     let mut pre = ForwardBatch::default();
     for (s, &l) in lens.iter().enumerate() {
         let start = pre.tokens.len();
-        pre.tokens.extend(std::iter::repeat(0).take(l));
+        pre.tokens.extend(std::iter::repeat_n(0, l));
         pre.positions.extend(0..l as u32);
         pre.seqs.push(SeqBatch { start, len: l, block_table: tables[s].clone() });
     }
@@ -181,7 +181,7 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
         let mut b = ForwardBatch::default();
         for s in 0..n.len() {
             let start = b.tokens.len();
-            b.tokens.extend(std::iter::repeat(0).take(n[s]));
+            b.tokens.extend(std::iter::repeat_n(0, n[s]));
             b.positions.extend(from[s] as u32..(from[s] + n[s]) as u32);
             b.seqs.push(SeqBatch { start, len: n[s], block_table: tables[s].clone() });
         }

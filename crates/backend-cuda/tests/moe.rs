@@ -401,8 +401,8 @@ fn device_router_matches_host_reference() {
         let n_expert = [4usize, 8, 32, 40, 64, 128, 256, 1000][round % 8];
         let n_used = 1 + (next() as usize) % n_expert.min(8);
         let n_tok = 1 + (next() as usize) % 8;
-        let gating = if next() % 2 == 0 { Gating::Softmax } else { Gating::Sigmoid };
-        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next() % 2 == 0, scale: [0.0f32, 1.0, 2.5, 0.125][(next() % 4) as usize] };
+        let gating = if next().is_multiple_of(2) { Gating::Softmax } else { Gating::Sigmoid };
+        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next().is_multiple_of(2), scale: [0.0f32, 1.0, 2.5, 0.125][(next() % 4) as usize] };
         let logits: Vec<f32> = (0..n_tok * n_expert)
             .map(|_| match next() % 16 {
                 0 => 0.5,                                  // ties
@@ -411,7 +411,7 @@ fn device_router_matches_host_reference() {
                 _ => ((next() % 20001) as f32 - 10000.0) * 1e-3,
             })
             .collect();
-        let bias: Option<Vec<f32>> = (next() % 3 == 0).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
+        let bias: Option<Vec<f32>> = next().is_multiple_of(3).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
         let want = route_reference(&logits, bias.as_deref(), &p).unwrap();
         let lb = be.upload(&logits).unwrap();
         let bb = bias.as_ref().map(|b| be.upload(b).unwrap());
@@ -506,8 +506,8 @@ fn fused_router_matches_matmul_and_reference() {
         let n_in = [4096usize, 2688, 1536, 256][(round / 6) % 4];
         let n_tok = [1usize, 2, 4, 8][round % 4];
         let n_used = 1 + (next() as usize) % n_expert.min(8);
-        let gating = if next() % 2 == 0 { Gating::Softmax } else { Gating::Sigmoid };
-        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next() % 2 == 0, scale: [0.0f32, 1.0, 2.5][(next() % 3) as usize] };
+        let gating = if next().is_multiple_of(2) { Gating::Softmax } else { Gating::Sigmoid };
+        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next().is_multiple_of(2), scale: [0.0f32, 1.0, 2.5][(next() % 3) as usize] };
         let mut w = GgufWriter::new();
         w.add_tensor("router", &[n_in as u64, n_expert as u64], QuantType::F32).unwrap();
         // a few duplicated rows: tied logits
@@ -517,7 +517,7 @@ fn fused_router_matches_matmul_and_reference() {
         let wt = be.load_weight(WeightSource { gguf: &g, name: "router" }).unwrap();
         let x: Vec<f32> = (0..n_tok * n_in).map(|_| ((next() % 20001) as f32 - 10000.0) * 1e-4).collect();
         let xb = be.upload(&x).unwrap();
-        let bias: Option<Vec<f32>> = (next() % 3 == 0).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
+        let bias: Option<Vec<f32>> = next().is_multiple_of(3).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
         let bb = bias.as_ref().map(|b| be.upload(b).unwrap());
         let got = be.moe_router_on_device(&wt, &xb, n_tok, bb.as_ref(), &p).unwrap();
         let mut lb = be.alloc(n_tok * n_expert).unwrap();

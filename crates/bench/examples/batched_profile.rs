@@ -57,7 +57,7 @@ fn main() {
             let p1 = pool(&e.backend);
             let t_tg = if threads[i] == 1 { (c1 - c0).as_secs_f64() } else { r.t_tg };
             let step = t_tg * 1e3 / ntg as f64;
-            if best[i].as_ref().map_or(true, |(s, _, _)| step < *s) {
+            if best[i].as_ref().is_none_or(|(s, _, _)| step < *s) {
                 let st = e.backend.stats().into_iter().map(|(k, s)| (k, s.calls, s.time)).collect();
                 best[i] = Some((step, st, std::array::from_fn(|k| p1[k] - p0[k])));
             }

@@ -44,7 +44,8 @@ fn consistency_report_is_exact_on_the_cpu() {
         let checks = e.consistency(&o).unwrap();
         assert_eq!(checks.iter().map(|c| c.name).collect::<Vec<_>>(), ["prefill vs prefill+decode", "prefill vs decode", "batched vs alone"]);
         for c in &checks {
-            assert!(c.nmse.len() >= if c.name == "batched vs alone" { 4 * 20 } else { 80 }, "{name} {}: {} positions", c.name, c.nmse.len());
+            // every check covers 80 positions (the batched one: 4 sequences x 20 decoded tokens)
+            assert!(c.nmse.len() >= 80, "{name} {}: {} positions", c.name, c.nmse.len());
             assert_eq!(c.identical(), c.nmse.len(), "{name} {}: worst nmse {:.2e}", c.name, c.worst());
             assert_eq!(c.argmax_differ, 0);
         }

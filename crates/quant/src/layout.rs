@@ -155,7 +155,7 @@ pub fn read_i16(b: &[u8], off: usize) -> i16 {
 #[track_caller]
 pub(crate) fn assert_geometry(what: &str, qk: usize, bs: usize, n_elem: usize, n_bytes: usize) {
     assert!(
-        n_elem % qk == 0 && n_elem / qk * bs == n_bytes,
+        n_elem.is_multiple_of(qk) && n_elem / qk * bs == n_bytes,
         "{what}: {n_elem} elements need a multiple of {qk} elements and {} bytes, got {n_bytes} bytes",
         n_elem / qk * bs
     );

@@ -136,7 +136,7 @@ pub fn kernels(ty: QuantType) -> Kernels {
 /// Bytes needed for `n` elements of `ty`, or the matching error.
 pub fn checked_row_bytes(ty: QuantType, n: usize) -> Result<usize, QuantError> {
     let block_size = ty.block_size();
-    if n % block_size != 0 {
+    if !n.is_multiple_of(block_size) {
         return Err(QuantError::NotBlockMultiple { ty, n, block_size });
     }
     ty.row_bytes(n).ok_or(QuantError::Overflow { ty, n })

@@ -149,7 +149,7 @@ impl QuantType {
     /// multiple of the block size or the size overflows `usize`.
     pub fn row_bytes(self, n_elements: usize) -> Option<usize> {
         let bs = self.block_size();
-        if n_elements % bs != 0 {
+        if !n_elements.is_multiple_of(bs) {
             return None;
         }
         (n_elements / bs).checked_mul(self.type_size())

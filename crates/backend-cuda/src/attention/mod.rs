@@ -47,7 +47,7 @@ const INV_SPAN: usize = 256;
 /// prompt rows; 128 keeps prompts within ~3% of the tensor-core kernel alone. A multiple of
 /// `batch::TILE_SPAN` (tiles never straddle it).
 const INV_VEC_BELOW: u32 = 128;
-const _: () = assert!(INV_VEC_BELOW % batch::TILE_SPAN == 0);
+const _: () = assert!(INV_VEC_BELOW.is_multiple_of(batch::TILE_SPAN));
 
 /// Positions below which invariant numerics' attention takes the one-pass kernel (the
 /// tensor-core one from there).
@@ -72,7 +72,7 @@ fn kv_rotation(spec: &KvSpec) -> Result<usize> {
         return Ok(0);
     }
     match quarrel_quant::rotate::rotation_size(spec.head_dim) {
-        Some(r) if r <= 256 && (spec.n_kv_head * spec.head_dim) % r == 0 => Ok(r),
+        Some(r) if r <= 256 && (spec.n_kv_head * spec.head_dim).is_multiple_of(r) => Ok(r),
         _ => Err(CoreError::Unsupported(format!("{} KV cache with head_dim {}", spec.ty.name(), spec.head_dim))),
     }
 }
@@ -167,7 +167,7 @@ impl CudaBackend {
         let hd = p.head_dim;
         check_len("attention q", q.len, batch.n_tokens() * p.n_head * hd)?;
         check_len("attention output", out.len, q.len)?;
-        if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || p.n_head % p.n_kv_head != 0 {
+        if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
             return Err(CoreError::Shape(format!(
                 "attention: {} heads / {} kv heads of {hd} vs cache {} x {}",
                 p.n_head, p.n_kv_head, kv.spec.n_kv_head, kv.spec.head_dim
@@ -209,7 +209,7 @@ impl CudaBackend {
         let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
         let one_wave = !one || batch.seqs.len() == 1 || batch.seqs.len() * p.n_head <= 2 * self.dev.n_sm;
         let offsets_fit = (kv.spec.n_blocks * kv.spec.block_size * kv.spec.n_kv_head * hd) < u32::MAX as usize;
-        let vec = vec_path && hd % 8 == 0 && offsets_fit && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
+        let vec = vec_path && hd.is_multiple_of(8) && offsets_fit && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
         // exact mode with a head_dim the one-pass kernel does not take: the tiled kernel's
         // vector path (one warp per tile and head, no split)
         let q16 = exact && vec_path && !vec;
@@ -229,7 +229,7 @@ impl CudaBackend {
         }
         if vec {
             return self.with_batch(batch, kv, p.sliding_window, |db| {
-                let q8 = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
+                let q8 = if hd.is_multiple_of(32) { self.q8_out(op, q.len)? } else { (0, 0) };
                 self.attn_vec_launch([qp, kp, vp, op], (db.tiles(), db.n_tiles), one, db, p, kv.spec.block_size, q8)
             });
         }
@@ -276,11 +276,11 @@ impl CudaBackend {
             // attng_* (gqa) take attn1_*'s parameters without the last (heads per warp)
             let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
             self.dev.launch(&name, grid, threads, smem, &args[..n_args])?;
-            let (xq, xm) = if hd % 32 == 0 { self.q8_out(op, q.len)? } else { (0, 0) };
+            let (xq, xm) = if hd.is_multiple_of(32) { self.q8_out(op, q.len)? } else { (0, 0) };
             self.dev.launch(
                 "attn_combine",
                 ((batch.n_tokens() * p.n_head) as u32, 1, 1),
-                if hd % 32 == 0 { hd as u32 } else { 256 },
+                if hd.is_multiple_of(32) { hd as u32 } else { 256 },
                 0,
                 &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
             )?;
@@ -316,7 +316,7 @@ impl CudaBackend {
     fn attention_invariant(&self, ptrs: [u64; 4], q_len: usize, kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
         let hd = p.head_dim;
         let one = batch.seqs.iter().all(|s| s.len <= 1);
-        let q8 = if hd % 32 == 0 { self.q8_out(ptrs[3], q_len)? } else { (0, 0) };
+        let q8 = if hd.is_multiple_of(32) { self.q8_out(ptrs[3], q_len)? } else { (0, 0) };
         let below = INV_VEC_BELOW;
         let n_low = batch.positions.iter().filter(|&&x| x < below).count();
         if n_low == batch.n_tokens() {

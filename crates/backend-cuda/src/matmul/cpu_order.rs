@@ -74,7 +74,7 @@ fn rows_per_warp(name: &str, nt: usize) -> usize {
 
 /// Whether `w` has an ordered kernel.
 pub(crate) fn applies(w: &CudaWeight) -> bool {
-    matches!(w.dev_ty, DevType::Quant(_)) && matches!(w.ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) && w.n_in % 32 == 0
+    matches!(w.dev_ty, DevType::Quant(_)) && matches!(w.ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) && w.n_in.is_multiple_of(32)
 }
 
 /// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ`: in the CPU's float order where [`applies`],

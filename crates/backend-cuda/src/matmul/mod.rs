@@ -237,7 +237,7 @@ pub(crate) struct RopeFuse {
 
 /// Whether RoPE and the KV store may join a q/k/v GEMV (the fused kernel pairs rows).
 pub(crate) fn rope_fusion() -> bool {
-    GEMV_ROWS % 2 == 0
+    GEMV_ROWS.is_multiple_of(2)
 }
 
 impl GemvGroup {
@@ -252,7 +252,7 @@ impl GemvGroup {
     /// `n` values with these parameters (`r`: rope_k false, kv unset).
     pub(crate) fn rope_fits(&self, x: u64, n_tok: usize, n: usize, r: &RopeFuse) -> bool {
         // the fast GEMV's epilogue (gemv3r_*) or the MMQ-order GEMV's fold (gemvm3r_*)
-        if !matches!(self.order, GemvOrder::Fast | GemvOrder::Mmq) || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || r.hd % 2 != 0 {
+        if !matches!(self.order, GemvOrder::Fast | GemvOrder::Mmq) || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || !r.hd.is_multiple_of(2) {
             return false;
         }
         let k = match &self.rope {
@@ -261,7 +261,7 @@ impl GemvGroup {
             _ => return false,
         };
         let it = &self.items[k];
-        it.out == x && it.n_out * n_tok == n && it.n_out % r.hd == 0
+        it.out == x && it.n_out * n_tok == n && it.n_out.is_multiple_of(r.hd)
     }
 
     /// Add the RoPE of the next target (after `rope_fits`).
@@ -396,7 +396,7 @@ fn small_float(w: &CudaWeight) -> bool {
         DevType::F16 | DevType::BF16 => 2,
         _ => return false,
     };
-    w.n_in % 8 == 0 && w.n_in * w.n_out * elem <= SMALL_FLOAT_BYTES
+    w.n_in.is_multiple_of(8) && w.n_in * w.n_out * elem <= SMALL_FLOAT_BYTES
 }
 
 /// Float weights: `gemv_<float type>_<nt>` over `chunks(n_tok)`; each output has the bits of a

@@ -122,7 +122,7 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
             for (e, idx) in groups {
                 let ex = off.expert(dev, budget, *e, idx.len())?;
                 let n = idx.len().div_ceil(CHUNK);
-                planes.extend(std::iter::repeat((ex.p, ex.m)).take(n));
+                planes.extend(std::iter::repeat_n((ex.p, ex.m), n));
                 c += n;
             }
             debug_assert_eq!(c, n_chunks);

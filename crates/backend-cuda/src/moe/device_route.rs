@@ -270,7 +270,7 @@ impl DevRouter {
         if c.len() <= layer {
             c.resize_with(layer + 1, || None);
         }
-        if !c[layer].as_ref().is_some_and(|(ne, _)| *ne == n_expert) {
+        if c[layer].as_ref().is_none_or(|(ne, _)| *ne != n_expert) {
             let m = DevMem::alloc(dev, 8 * n_expert)?;
             dev.memset0(m.ptr, 8 * n_expert)?;
             c[layer] = Some((n_expert, m));
@@ -315,7 +315,7 @@ impl DevRouter {
     #[allow(clippy::too_many_arguments)]
     pub fn route_fused(&self, dev: &Device, qc: &Mutex<Option<QCache>>, layer: Option<usize>, w: &CudaWeight, x: u64, n_tok: usize, bias: u64, p: &MoeRouting) -> Result<Option<Vec<Route>>, CudaError> {
         let n_in = w.n_in;
-        if w.dev_ty != DevType::F32 || w.n_out != p.n_expert || !matches!(n_tok, 1 | 2 | 4 | 8) || n_in % 8 != 0 || !applies(n_tok, p) {
+        if w.dev_ty != DevType::F32 || w.n_out != p.n_expert || !matches!(n_tok, 1 | 2 | 4 | 8) || !n_in.is_multiple_of(8) || !applies(n_tok, p) {
             return Ok(None);
         }
         let n = n_tok * p.n_used;
@@ -331,7 +331,7 @@ impl DevRouter {
         };
         // x's Q8 form unless cached (a norm that wrote x left it): written by the same launch
         let cached = lock(qc)?.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in);
-        let fresh_q = if cached || n_in % 32 != 0 { None } else { Some(QCache::new(dev, x, n_tok * n_in)?) };
+        let fresh_q = if cached || !n_in.is_multiple_of(32) { None } else { Some(QCache::new(dev, x, n_tok * n_in)?) };
         let (xq, xm) = fresh_q.as_ref().map_or((0, 0), |c| (c.xq.ptr(), c.xm.ptr()));
         let logits = dev.scratch(4 * n_tok * p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
@@ -452,7 +452,7 @@ impl DevRouter {
         }
                 let c = CombHeld { y, wts: r.wts.ptr(), out, d, n_tok: r.n_tok, n_used: r.n_used, fresh };
         // held: the residual add of out and the RMSNorm after it may absorb it
-        if d % 4 == 0 && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
+        if d.is_multiple_of(4) && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
             return dev.hold(Held::Comb(c));
         }
         dev.settle()?;

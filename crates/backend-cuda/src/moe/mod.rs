@@ -85,12 +85,12 @@ pub(crate) fn moe_matmul(
         return Err(CudaError::Unsupported(format!("expert weights of type {} (quantized types only)", w.ty)));
     };
     let n_in = w.n_in;
-    if n_expert == 0 || w.n_out % n_expert != 0 {
+    if n_expert == 0 || !w.n_out.is_multiple_of(n_expert) {
         return Err(CudaError::Shape(format!("moe_matmul: {} rows are not {n_expert} experts", w.n_out)));
     }
     let n_out = w.n_out / n_expert;
     let n_src = x_len / n_in.max(1);
-    if x_len % n_in != 0 || (!x_per_token && n_src != routes.len()) {
+    if !x_len.is_multiple_of(n_in) || (!x_per_token && n_src != routes.len()) {
         return Err(CudaError::Shape(format!("moe_matmul input: {x_len} values for {} routes of {n_in}", routes.len())));
     }
     if routes.is_empty() {
@@ -100,15 +100,15 @@ pub(crate) fn moe_matmul(
     let call = ExpertCall { dev, budget, w, name, n_out, x, n_src, routes, x_per_token, groups: &groups, out };
     // decode-sized steps: one routed-expert GEMV launch (no gather / scatter, no per-expert MMQ)
     let n_tok = routes.iter().map(|r| r.token as usize + 1).max().unwrap_or(0);
-    if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in % 32 == 0 {
+    if n_tok <= crate::matmul::GEMV_MAX_TOKENS && n_in.is_multiple_of(32) {
         return moe_gemv(&call);
     }
     // exact numerics: decode's arithmetic at every size (`chunked_gemv`)
-    if exact && n_in % 32 == 0 {
+    if exact && n_in.is_multiple_of(32) {
         return crate::moe::chunked_gemv::matmul(&call);
     }
     // one grouped MMQ launch over every expert's routes (`grouped_gemm`)
-    if n_in % 32 == 0 {
+    if n_in.is_multiple_of(32) {
         return crate::moe::grouped_gemm::matmul(qc, &call);
     }
     let (mut src, mut dst) = (Vec::with_capacity(routes.len()), Vec::with_capacity(routes.len()));
@@ -249,11 +249,11 @@ pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], 
     if routes.is_empty() {
         return Ok(());
     }
-    if y_len % routes.len() != 0 {
+    if !y_len.is_multiple_of(routes.len()) {
         return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {} routes", routes.len())));
     }
     let d = y_len / routes.len();
-    if d == 0 || out_len % d != 0 {
+    if d == 0 || !out_len.is_multiple_of(d) {
         return Err(CudaError::Shape(format!("moe_combine: output of {out_len} values is not rows of {d}")));
     }
     let n_tok = out_len / d;

@@ -176,7 +176,7 @@ impl Offload {
     /// Planes `p`, `m` of `n_expert` equal experts: pinned host copies and as many device
     /// slots as `budget` has room for (`None`: none, every use stages its expert).
     pub fn new(dev: &Device, budget: Option<&ExpertBudget>, p: &[u8], m: Option<&[u8]>, n_expert: usize) -> Result<Offload, CudaError> {
-        if n_expert == 0 || p.len() % n_expert != 0 || m.is_some_and(|m| m.len() % n_expert != 0) {
+        if n_expert == 0 || !p.len().is_multiple_of(n_expert) || m.is_some_and(|m| m.len() % n_expert != 0) {
             return Err(CudaError::Shape(format!("expert tensor of {} bytes is not {n_expert} equal experts", p.len())));
         }
         let slice_p = p.len() / n_expert;

@@ -92,9 +92,9 @@ impl CudaWeight {
             let v = dequant(ty, bytes, n_in, src.name)?;
             return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v, exact);
         }
-        let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && n_in % 8 != 0 { None } else { repack(ty, bytes) };
+        let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && !n_in.is_multiple_of(8) { None } else { repack(ty, bytes) };
         let Some((dev_ty, p, m)) = repacked else {
-            if n_in % 8 != 0 {
+            if !n_in.is_multiple_of(8) {
                 return Err(CudaError::Unsupported(format!("{}: rows of {n_in} values (the GPU kernels need a multiple of 8)", src.name)));
             }
             // no kernel for this type: f16 copy

@@ -23,7 +23,7 @@ pub fn normals(r: &mut StdRng, n: usize) -> Vec<f32> {
 
 /// Decode a lowercase/uppercase hex string.
 pub fn hex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len().is_multiple_of(2), "odd hex length");
     let nib = |c: u8| match c {
         b'0'..=b'9' => c - b'0',
         b'a'..=b'f' => c - b'a' + 10,

@@ -343,6 +343,7 @@ macro_rules! kquant_tiles {
         /// one-row kernel's, in the same order (one fma per super-block, then `hsum_ps512`).
         /// SAFETY: the features; the rows and token rows hold `nb` blocks each.
         #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)] // one tile's pointers and strides, as the callers hold them
         pub(super) unsafe fn q6k_tile(nb: usize, w: *const u8, wrb: usize, a: *const u8, arb: usize, aux: *const u8, n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
             let mut acc = [[_mm512_setzero_ps(); TOKENS]; ROWS];
             let mut i0 = 0;
