@@ -57,19 +57,6 @@ pub(crate) fn gqa_decode(n_seqs: usize, ty: KvType, n_head: usize, n_kv_head: us
     })
 }
 
-/// Kernel names of `attn_batch.cu`.
-pub fn kernel_names() -> Vec<String> {
-    let mut v = Vec::new();
-    for kt in ["f32", "f16"] {
-        for dpl in [2, 4, 8] {
-            for gm in [2, 4, 8] {
-                v.push(format!("attng_{kt}_{dpl}_{gm}"));
-            }
-        }
-    }
-    v
-}
-
 /// Query tokens per attention tile (ATT_QT in attention.cu).
 pub const ATT_QT: usize = 8;
 

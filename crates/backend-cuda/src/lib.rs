@@ -63,7 +63,7 @@ pub use kv::CudaKv;
 pub use matmul::mmq;
 pub use runtime::{available, device_count};
 pub use ssm::ScanKernel;
-pub use kernels::{kernel_registry, waiting_kernel_names};
+pub use kernels::KERNELS;
 pub use tuning::tuning_table;
 pub use weights::experts::ExpertStats;
 pub use weights::{repack, CudaWeight, DevType};

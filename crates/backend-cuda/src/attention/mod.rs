@@ -23,12 +23,6 @@ fn attn_vec_smem(hd: usize) -> u32 {
 /// the splits). Exact numerics take the one-pass kernel at every length.
 pub const VEC_MAX_POSITIONS: usize = 384;
 
-/// Kernel names of `kernels/attn_mma.cu` (tensor-core attention over an f16 cache: the prefill
-/// kernel, its batch-invariant flavour and that flavour's decode split).
-pub fn mma_kernel_names() -> Vec<String> {
-    [64, 128, 256].iter().flat_map(|hd| [format!("attn_mma_f16_{hd}"), format!("attn_mmi_f16_{hd}"), format!("attn_mmid_f16_{hd}")]).collect()
-}
-
 /// Flags of invariant decode steps (`attn_mmid_f16_*`): bit 0 asks for the span's K / V rows
 /// into L2 before the PDL wait, bit 1 loads the next 32-position chunk's K / V while computing
 /// this one (both faster, the same bits).

@@ -206,18 +206,6 @@ fn mmq_raw_split(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m
     Ok(())
 }
 
-/// Kernel names this module launches.
-pub fn kernel_names() -> Vec<String> {
-    let mut v = vec!["mmq_reduce".to_string()];
-    for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
-        for s in ["1_4", "2_4", "4_4", "8_4d"] {
-            v.push(format!("mmq_{q}_{s}"));
-            v.push(format!("mmq_id_{q}_{s}"));
-        }
-    }
-    v
-}
-
 /// `quantize_q8` on the host: per 32 values int8 q = rint(v · 127 / amax) and
 /// {d, d · Σq} rounded through f16 (ggml's block_q8_0 / block_q8_1).
 pub fn quantize_q8_ref(x: &[f32]) -> (Vec<i8>, Vec<(f32, f32)>) {

@@ -145,13 +145,6 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
     dev.launch_1d("moe_unpad_rows", (n * n_out) as u64, &[Arg::P(ys.ptr()), Arg::P(rs_d.ptr()), Arg::P(rd_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)])
 }
 
-/// Kernel names this module launches.
-pub fn kernel_names() -> Vec<String> {
-    let mut v = vec!["moe_unpad_rows".to_string()];
-    v.extend(["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"].iter().map(|t| format!("moe_gemv8_{t}")));
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
