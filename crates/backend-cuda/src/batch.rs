@@ -8,7 +8,7 @@ use crate::fusion::Device;
 use crate::error::CudaError;
 use quarrel_core::{ForwardBatch, KvType, SeqBatch};
 
-/// Warps the grouped-query decode kernel aims for (about 16 per multiprocessor of an H100).
+/// Warps the grouped-query decode kernel aims for (about 16 per multiprocessor of a large GPU).
 const GQA_WARPS: usize = 2048;
 
 /// A decode attention launch through `attng_*`: kernel name, grid, position splits and

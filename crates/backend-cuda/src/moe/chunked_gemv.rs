@@ -20,7 +20,7 @@ use quarrel_core::Route;
 /// Rows per chunk (gemv_q's widest token count).
 pub const CHUNK: usize = 8;
 
-/// Warps per row group of the expert GEMVs: the dense GEMV's measured rule (`matmul::gemv_shape`:
+/// Warps per row group of the expert GEMVs: the dense GEMV's rule (`matmul::gemv_shape`:
 /// rows of 64+ units two warps, four for 128+ units and under 2,400 rows; short rows by the
 /// block count), from the matrix shape only, never the number of routes, so decode and
 /// prefill share the reduction.
