@@ -8,7 +8,7 @@ use crate::fusion::Device;
 use crate::error::CudaError;
 use quarrel_core::{ForwardBatch, KvType, SeqBatch};
 
-/// Warps the grouped-query decode kernel aims for (about 16 per multiprocessor of an H100).
+/// Warps the grouped-query decode kernel aims for (about 16 per multiprocessor of a large GPU).
 const GQA_WARPS: usize = 2048;
 
 /// A decode attention launch through `attng_*`: kernel name, grid, position splits and
@@ -55,19 +55,6 @@ pub(crate) fn gqa_decode(n_seqs: usize, ty: KvType, n_head: usize, n_kv_head: us
         n_split,
         smem: (4 * g * hd) as u32,
     })
-}
-
-/// Kernel names of `attn_batch.cu`.
-pub fn kernel_names() -> Vec<String> {
-    let mut v = Vec::new();
-    for kt in ["f32", "f16"] {
-        for dpl in [2, 4, 8] {
-            for gm in [2, 4, 8] {
-                v.push(format!("attng_{kt}_{dpl}_{gm}"));
-            }
-        }
-    }
-    v
 }
 
 /// Query tokens per attention tile (ATT_QT in attention.cu).

@@ -15,7 +15,7 @@
 //! | module      | responsibility |
 //! |-------------|----------------|
 //! | `runtime`   | context, stream, memory pool, NVRTC compile + disk cache, launch queue, CUDA graphs, PDL (names no op) |
-//! | `kernels`   | the kernel registry: every kernel the units export and which wait for their predecessor |
+//! | `kernels`   | kernel sources and units; the registry (`KERNELS`, derived from the sources by build.rs): every kernel and whether it waits for its predecessor |
 //! | `fusion`    | the launch an op holds back and how the next op absorbs it (`Held`) |
 //! | `weights`   | `CudaWeight`: per-type repacking and upload; `unit` (decoding twin); `experts` (expert budget / cache) |
 //! | `matmul`    | GEMV (dp4a over Q8 / f32 for float weights), cuBLAS GEMM; `mmq` (quantized GEMM on tensor cores), `mmq_order` (every matmul in MMQ's float order), `cpu_order` (Q4_0 / Q4_1 / Q8_0 in the CPU's float order) |
@@ -63,7 +63,7 @@ pub use kv::CudaKv;
 pub use matmul::mmq;
 pub use runtime::{available, device_count};
 pub use ssm::ScanKernel;
-pub use kernels::{kernel_registry, waiting_kernel_names};
+pub use kernels::KERNELS;
 pub use tuning::tuning_table;
 pub use weights::experts::ExpertStats;
 pub use weights::{repack, CudaWeight, DevType};

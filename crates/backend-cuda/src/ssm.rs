@@ -407,15 +407,3 @@ pub(crate) fn gated_norm(dev: &Device, p: &SsmParams, y: Dev, zx: Dev, w: Dev, o
 pub(crate) fn gated_norm_q8(p: &SsmParams) -> bool {
     p.n_group > 0 && p.d_inner.is_multiple_of(p.n_group) && (p.d_inner / p.n_group).is_multiple_of(32)
 }
-
-/// The decode kernels, launched with programmatic dependent launch (they begin with `GDC()`).
-pub fn gdc_kernel_names() -> Vec<String> {
-    ["ssm_conv", "ssm_scan", "ssm_conv_scan", "ssm_gated_norm"].iter().map(|s| s.to_string()).collect()
-}
-
-/// Kernel names this module launches.
-pub fn kernel_names() -> Vec<String> {
-    let mut v: Vec<String> = ["ssm_conv_par", "ssm_conv_state", "ssm_scan_chunk", "copy_f32"].iter().map(|s| s.to_string()).collect();
-    v.extend([64, 128, 256].iter().map(|ds| format!("ssm_scan_chunk_{ds}")));
-    v
-}

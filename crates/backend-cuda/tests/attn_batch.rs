@@ -21,13 +21,13 @@ mod tol {
     pub const PER_HEAD: f64 = 1e-10;
     /// prefill on the tensor cores (attn_mma.cu: f16 q and probabilities, f32 scores and
     /// accumulator) vs the CPU (f32 tiles for 64+ token sequences, ggml's f16 vector path below)
-    /// (H100 2026-11-23: 7.2e-8..1.0e-7; the f32 kernel 2.4e-8..5.2e-8)
+    /// (about 1e-7 seen)
     pub const MMA_CPU: f64 = 1e-6;
     /// the same vs its plain twin, the f32 tiled kernel (`set_attn_mma_min(None)`)
-    /// (H100 2026-11-23: 4.1e-8..5.1e-8)
+    /// (about 5e-8 seen)
     pub const MMA_TWIN: f64 = 1e-6;
     /// the one-pass kernel vs the CPU's vector path: the same order, the bits but for the soft
-    /// cap's tanh (H100 2026-11-24: 0, and 1.6e-10 / 4.0e-10 with soft caps)
+    /// cap's tanh (up to 4e-10 with soft caps)
     pub const ONE_PASS_CPU: f64 = 1e-9;
 }
 

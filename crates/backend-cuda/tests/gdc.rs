@@ -1,8 +1,9 @@
-//! Every kernel launched with programmatic dependent launch (`quarrel_cuda::waiting_kernel_names`) must
-//! wait for its predecessor (`GDC()`) before touching memory, or it races the kernel before it.
-//! Checked on the kernel sources (no GPU needed): each `extern "C" __global__` kernel, macro
-//! templates included, must call `GDC()` in its body or call a device function whose body does;
-//! every listed name must be defined by such a kernel.
+//! The kernel registry (`quarrel_cuda::KERNELS`, derived from the kernel sources by build.rs)
+//! held to the sources and to the launch code, no GPU needed. A kernel launched with
+//! programmatic dependent launch must wait for its predecessor (`GDC()`) before touching memory,
+//! or it races the kernel before it; a kernel the launch code names but the registry lacks fails
+//! at the launch. Checked here with a scanner of its own: each `extern "C" __global__` kernel,
+//! macro templates included, and whether its body calls `GDC()` or a device function that does.
 
 const SOURCES: [&str; 15] = [
     include_str!("../kernels/common.cuh"),
@@ -130,39 +131,112 @@ fn matches(pattern: &str, name: &str) -> bool {
     true
 }
 
+/// Whether a kernel body waits (calls `GDC()` or a device function whose body does).
+fn body_waits(b: &str, waiting: &[String]) -> bool {
+    b.contains("GDC();") || waiting.iter().any(|f| b.contains(&format!("{f}<")) || b.contains(&format!("{f}(")))
+}
+
+/// Each registered kernel's wait flag agrees with its body: a waiting kernel is defined by a
+/// kernel that calls `GDC()`, a plain one by no kernel that does.
 #[test]
-fn every_pdl_kernel_waits_for_its_predecessor() {
+fn every_registered_wait_flag_matches_the_kernel_body() {
     let src: String = SOURCES.iter().map(|s| s.replace("\\\n", "\n")).collect::<Vec<_>>().join("\n");
     let waiting = waiting_functions(&src);
     let ks = kernels(&src);
     assert!(ks.len() > 15, "found only {} kernels", ks.len());
-    let good: Vec<&String> = ks
-        .iter()
-        .filter(|(_, b)| b.contains("GDC();") || waiting.iter().any(|f| b.contains(&format!("{f}<")) || b.contains(&format!("{f}("))))
-        .map(|(n, _)| n)
-        .collect();
-    for name in quarrel_cuda::waiting_kernel_names() {
-        assert!(good.iter().any(|p| matches(p, &name)), "{name} is launched with PDL but no kernel of that name calls GDC()");
+    let (mut n_wait, mut n_plain) = (0, 0);
+    for &(_, name, waits) in quarrel_cuda::KERNELS {
+        let defs: Vec<&(String, String)> = ks.iter().filter(|(p, _)| matches(p, name)).collect();
+        if waits {
+            n_wait += 1;
+            assert!(defs.iter().any(|(_, b)| body_waits(b, &waiting)), "{name} is launched with PDL but no kernel of that name calls GDC()");
+        } else {
+            n_plain += 1;
+            assert!(defs.iter().all(|(_, b)| !body_waits(b, &waiting)), "{name} calls GDC() but is registered as not waiting");
+        }
     }
+    assert!(n_wait > 100 && n_plain > 50, "{n_wait} waiting, {n_plain} plain kernels");
     // and the check can fail: a kernel without GDC() is not accepted
     assert!(!ks.iter().any(|(n, b)| n == "zero_fill" && !b.contains("GDC();")));
+    assert!(ks.iter().any(|(n, b)| n == "mmq_reduce" && !body_waits(b, &waiting)));
     assert!(matches("gemv3_##NAME##_##NT", "gemv3_q4_0_1") && !matches("gemv3_##NAME##_##NT", "gemv_q4_0_1"));
 }
 
-/// Every kernel of the registry (`quarrel_cuda::kernel_registry`, looked up when the device
-/// starts: a missing one fails the start) is defined by a kernel of the sources, and is listed
-/// once.
+/// Every kernel of the registry (looked up when the device starts: a missing one fails the
+/// start) is defined by a kernel of the sources, and is listed once.
 #[test]
 fn every_registered_kernel_is_defined_once() {
     let src: String = SOURCES.iter().map(|s| s.replace("\\\n", "\n")).collect::<Vec<_>>().join("\n");
     let ks = kernels(&src);
-    let reg = quarrel_cuda::kernel_registry();
+    let reg = quarrel_cuda::KERNELS;
     assert!(reg.len() > 100, "only {} kernels registered", reg.len());
     let mut seen = std::collections::HashSet::new();
-    for (name, _) in &reg {
-        assert!(seen.insert(name.clone()), "{name} is registered twice");
+    for &(file, name, _) in reg {
+        assert!(seen.insert(name), "{name} is registered twice");
         assert!(ks.iter().any(|(p, _)| matches(p, name)), "{name} is registered but no kernel of the sources defines it");
+        assert!(file.ends_with(".cu") || file.ends_with(".cuh"), "{name} from {file}");
     }
     // and the check can fail
     assert!(!ks.iter().any(|(p, _)| matches(p, "no_such_kernel")));
+}
+
+/// The crate's Rust sources (the folder it was built from, or `src` under the working directory).
+fn rust_sources() -> Vec<String> {
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let root = if built.is_dir() { built } else { std::path::PathBuf::from("src") };
+    let mut out = vec![];
+    let mut dirs = vec![root];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The kernel names (`{..}` holes for `format!` arguments) the launch code passes to the
+/// launch and lookup calls as a string literal or a `format!`.
+fn launched_names(rs: &str) -> Vec<String> {
+    let mut out = vec![];
+    for call in [".launch(", ".launch_now(", ".launch_1d(", ".launch_1d_now(", ".func(", ".resident_blocks("] {
+        for (at, _) in rs.match_indices(call) {
+            let arg = rs[at + call.len()..].trim_start().trim_start_matches('&');
+            let arg = arg.strip_prefix("format!(").unwrap_or(arg);
+            if let Some(lit) = arg.strip_prefix('"') {
+                out.push(lit[..lit.find('"').unwrap()].to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Whether a launched name with `{..}` holes (each one or more characters) can be `name`.
+fn launched_matches(pattern: &str, name: &str) -> bool {
+    match pattern.find('{') {
+        None => pattern == name,
+        Some(open) => {
+            let Some(left) = name.strip_prefix(&pattern[..open]) else { return false };
+            let rest = &pattern[open + pattern[open..].find('}').unwrap() + 1..];
+            (1..=left.len()).any(|k| left.is_char_boundary(k) && launched_matches(rest, &left[k..]))
+        }
+    }
+}
+
+/// Every kernel name the launch code passes literally (or as a `format!` pattern) is in the
+/// registry, so no launch asks the device for a kernel it did not look up.
+#[test]
+fn every_launched_kernel_is_registered() {
+    let names: Vec<String> = rust_sources().iter().flat_map(|s| launched_names(s)).collect();
+    assert!(names.len() > 30, "found only {} launched names", names.len());
+    for n in &names {
+        assert!(quarrel_cuda::KERNELS.iter().any(|&(_, k, _)| launched_matches(n, k)), "{n} is launched but is in no kernel source");
+    }
+    // and the check can fail
+    assert!(launched_matches("gemv_{name}_{nt}", "gemv_q4_0_1") && !launched_matches("gemv_{name}_{nt}", "gemv3_q4_0_1"));
+    assert!(!quarrel_cuda::KERNELS.iter().any(|&(_, k, _)| launched_matches("no_such_kernel", k)));
 }

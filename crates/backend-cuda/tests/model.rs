@@ -17,7 +17,7 @@ const LOGITS_NMSE: f64 = 5e-3;
 /// The same with exact numerics (`Numerics::Exact`), per mix: Q4_0 / Q4_1 / Q8_0 matmuls,
 /// attention, element-wise ops and activation quantization give the CPU's bits (RoPE's cos /
 /// sin, 1 ulp apart on ~1% of angles, vanish in the f16 rounding of q and k), so the q8_0 mix
-/// is bit-exact (H100 2026-11-22: 0); float weights differ by f32 vs f16 activations (9e-8,
+/// is bit-exact; float weights differ by f32 vs f16 activations (9e-8,
 /// 4e-6); the other mixes by their K-quant matmuls (Q6_K `output` everywhere, K types in the
 /// K mixes: Q8_K activations on the CPU, 32-value Q8 blocks on the GPU; 8e-5 .. 2e-3).
 fn logits_nmse_exact(ftype: &str) -> f64 {
@@ -130,7 +130,7 @@ fn fixture(rel: &str) -> PathBuf {
 }
 
 /// The fixture prompts' greedy completions, GPU vs CPU backend: at least 7 of 8 identical
-/// (issue 4) with exact numerics (the CPU's bits wherever the GPU can reproduce them) and with
+/// with exact numerics (the CPU's bits wherever the GPU can reproduce them) and with
 /// the default numerics (for a model this small: the ordered GEMV and the one-pass attention,
 /// i.e. the CPU's bits in decode and short prompts).
 #[test]

@@ -2,12 +2,11 @@
 //! registry entry (written exactly as scripts/moe-fixtures.sh wrote them for llama.cpp) against
 //! llama.cpp's committed fixtures, with exact numerics (`Numerics::Exact`: llama.cpp's CPU
 //! attention, the dense Q8_0 matmuls in its float order): NMSE <= 1e-9 where attention cannot
-//! enter (position 0; every position of tiny-mamba2), <= 1e-4 at every position (the issue's
-//! bar; H100 2026-11-22: 2.6e-12 .. 3.2e-12 for six archs, 1.6e-5 for tiny-nemotron-h-moe,
-//! whose expert matmuls keep the GPU's float order); with invariant numerics within llama.cpp's
-//! own CUDA-vs-CPU spread; prefill equals token-by-token decode and a batch equals each sequence
-//! alone, in both numerics modes. Needs a CUDA device: ignored
-//! unless asked for (scripts/gpu-test.sh).
+//! enter (position 0; every position of tiny-mamba2), <= 1e-4 at every position (the bar,
+//! which only tiny-nemotron-h-moe, whose expert matmuls keep the GPU's float order, comes
+//! near); with invariant numerics within llama.cpp's own CUDA-vs-CPU spread; prefill equals
+//! token-by-token decode and a batch equals each sequence alone, in both numerics modes. Needs
+//! a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
 use quarrel_cuda::CudaBackend;
 use quarrel_engine::{Engine, EngineOptions};
@@ -24,17 +23,16 @@ const VS_LLAMA: f64 = 1e-4;
 const OPS_EXACT: f64 = 1e-9;
 /// Prefill vs decode, batched vs alone, with exact numerics (`Numerics::Exact`: every matmul
 /// through the decode GEMVs at every token count, host routing, one-pass attention): the
-/// issue's bound (H100 2026-11-22: 0, bit-identical, for all seven at Q8_0 and Q4_K_M).
+/// required bound (all seven give bit-identical outputs at Q8_0 and Q4_K_M).
 const SELF_CONSISTENT_EXACT: f64 = 1e-5;
 /// Prefill vs decode, batched vs alone, on the GPU, for models with experts or Mamba2 layers:
 /// their matmuls take Q8 activations at every token count (MMQ in a prefill, the dp4a GEMVs in
 /// decode: exact integer block sums, the block scales summed in another float order) and
 /// attention the same per-position f16 path, so the routers see the same numbers to float
-/// order). The 1e-5 holds with exact numerics (above); in the default mode single Q8
+/// order). The 1e-5 bound holds with exact numerics (above); in the default mode single Q8
 /// rounding steps flipped by that float order, amplified by the random weights, give up to
-/// 2.7e-4 (H100 2026-11-22, tiny-mixtral; nemotron-h 1.8e-4, nemotron-h-moe 1.1e-4), hence
-/// 1e-3 here. A flipped expert gave 7.7e-2 before this path existed; a routing, scatter or
-/// state bug gives O(1).
+/// 2.7e-4 (tiny-mixtral), hence 1e-3 here. A flipped expert gives about 1e-1; a routing,
+/// scatter or state bug O(1).
 const SELF_CONSISTENT: f64 = 1e-3;
 /// The same for the dense `granite` and `gemma3` (their long prefill multiplies f16 activations on the tensor
 /// cores, decode Q8 ones): as tests/model.rs's bound.
@@ -137,14 +135,14 @@ fn read_fixture(path: &Path) -> Fixture {
     }
 }
 
-/// Exact numerics against llama.cpp's CPU fixtures: the bound (and the ops to 1e-9 where
+/// Exact numerics against llama.cpp's CPU fixtures: the required bound (and the ops to 1e-9 where
 /// attention cannot enter). Invariant numerics (the CLI's default for these models) against the
 /// same fixtures: within the spread of llama.cpp's own backends on the same file (its CUDA build
-/// vs its CPU build, tests/fixtures/moe-cuda, scripts/moe-fixtures-cuda.sh) or the issue's
+/// vs its CPU build, tests/fixtures/moe-cuda, scripts/moe-fixtures-cuda.sh) or the required
 /// bound, whichever is larger. On these random tiny models any change of float order shows as
 /// a few 1e-4 of NMSE once a 1-ulp difference crosses a rounding boundary of an f16 KV entry or
-/// a Q8 activation (llama.cpp's CUDA build differs from its CPU build by up to 5.1e-4, H100
-/// 2026-11-24); a wrong op gives 1e-2 and more.
+/// a Q8 activation (llama.cpp's CUDA build differs from its CPU build by up to 5.1e-4); a
+/// wrong op gives 1e-2 and more.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn moe_and_hybrid_logits_match_llama_cpp() {
@@ -538,11 +536,11 @@ fn fused_router_matches_matmul_and_reference() {
 }
 
 /// Exact numerics on a 7B shape (2 of Mistral-7B's layers, Q4_K_M and Q8_0): 128-unit rows
-/// whose k/v projections (1,024 rows) take four warps per row alone but shared a launch with q
-/// (4,096 rows, two) in decode steps, where the joined launch used to pick the warps for all
-/// three (6e-4 prefill vs decode at 32 layers, H100 2026-11-23). Every matrix of a joined launch
-/// now sums as its own launch does: a 100-token prefill, the tokens after a 40-token prefill one
-/// by one, and a batch of 4 all give bit-identical logits (`Engine::consistency`). Invariant
+/// whose k/v projections (1,024 rows) take four warps per row alone but share a launch with q
+/// (4,096 rows, two) in decode steps; a joined launch that picked the warps for all three
+/// would sum k/v in another order than a prefill. Every matrix of a joined launch must sum as
+/// its own launch does: a 100-token prefill, the tokens after a 40-token prefill one by one,
+/// and a batch of 4 all give bit-identical logits (`Engine::consistency`). Invariant
 /// numerics the same, and over 300 tokens too (attention across its 256-position spans).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]

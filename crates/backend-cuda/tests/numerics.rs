@@ -1,5 +1,5 @@
-//! Bit-level agreement of the GPU with the CPU backend (issue 4: greedy texts equal the CPU's;
-//! issue 7: fixtures equal llama.cpp's). The CPU backend reproduces ggml's CPU arithmetic, so
+//! Bit-level agreement of the GPU with the CPU backend (greedy texts equal the CPU's, and
+//! through it the fixtures equal llama.cpp's). The CPU backend reproduces ggml's CPU arithmetic, so
 //! wherever the GPU can do the same operations in the same order it must give the same bits:
 //! element-wise ops (RMSNorm, residual add, SwiGLU with ggml's polynomial exp), embedding rows,
 //! the Q8 activation quantization (seen through the matmul: the same integer block sums, only
@@ -172,8 +172,8 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: &str, n_tok: usize, via: &str) -> V
 
 /// Legacy-quant matmuls (default mode): both sides quantize the activations alike (same d,
 /// int8 values and f16 sums) and sum each block exactly in integers, so outputs differ only by
-/// the float order of the per-block terms: here within 5e-6 of the output's rms (H100
-/// 2026-11-22: up to 2.4e-6, inputs with outlier channels). K-quant weights are left out: the
+/// the float order of the per-block terms: here within 5e-6 of the output's rms (about half
+/// of that seen, inputs with outlier channels). K-quant weights are left out: the
 /// CPU pairs them with Q8_K activations (one f32 scale per 256 values), the GPU with 32-value
 /// Q8 blocks, which differ by up to ~10% of the rms on such inputs (tests/ops.rs bounds them).
 #[test]
@@ -445,7 +445,7 @@ fn long_decode<B: Backend>(be: &B, lens: [usize; 2], window: Option<usize>) -> V
 /// Embedding rows of every shape / position kind, GPU vs CPU: first, last and middle rows, alone
 /// and mixed, of tables of 1 and 3 K super-blocks per row and of few rows. Q8_0 / Q4_1 / Q4_K
 /// rows bit for bit (the CPU's dequantization arithmetic); Q4_0 / Q6_K rows differ in the last
-/// bit (H100 2026-11-22: every row; another product order) and are held to NMSE 1e-10 per row,
+/// bit (another product order) and are held to NMSE 1e-10 per row,
 /// so a wrong or stale row (values of another row or of other memory) fails either way.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]

@@ -525,7 +525,7 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
                 let e = nmse(&run(&cpu, &g, dims, &rp, n_tok, false), &plain);
                 eprintln!("qkv + rope + kv_store {what}: nmse vs CPU {e:.3e}");
                 // K types: the CPU pairs them with Q8_K activations (tol::GEMV_K per matmul), and
-                // the softmax over a few positions amplifies it (H100: up to 2.5e-4 here)
+                // the softmax over a few positions amplifies it (up to 2.5e-4 here)
                 let bound = if ty == QuantType::Q4_K { 5.0 * tol::GEMV_K } else { tol::ATTENTION };
                 assert!(e <= bound, "{what}: nmse {e:.3e} (bound {bound:e})");
             }

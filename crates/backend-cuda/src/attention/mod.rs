@@ -23,12 +23,6 @@ fn attn_vec_smem(hd: usize) -> u32 {
 /// the splits). Exact numerics take the one-pass kernel at every length.
 pub const VEC_MAX_POSITIONS: usize = 384;
 
-/// Kernel names of `kernels/attn_mma.cu` (tensor-core attention over an f16 cache: the prefill
-/// kernel, its batch-invariant flavour and that flavour's decode split).
-pub fn mma_kernel_names() -> Vec<String> {
-    [64, 128, 256].iter().flat_map(|hd| [format!("attn_mma_f16_{hd}"), format!("attn_mmi_f16_{hd}"), format!("attn_mmid_f16_{hd}")]).collect()
-}
-
 /// Flags of invariant decode steps (`attn_mmid_f16_*`): bit 0 asks for the span's K / V rows
 /// into L2 before the PDL wait, bit 1 loads the next 32-position chunk's K / V while computing
 /// this one (both faster, the same bits).
@@ -204,8 +198,8 @@ impl CudaBackend {
         // `attn_vec2_f16` (kernels/attn_vec.cu): that path's numerics in one pass per (token,
         // head), by default up to `attn_vec_max` positions, at every length in exact mode
         // (by default not for decode batches of many sequences, whose blocks would fill more than
-        // one wave of the GPU: the grouped split-K kernel is faster there; H100 2026-11-22,
-        // 7B Q4_0, 32 / 128 sequences at 128..256 positions: 3 / 8% slower decode)
+        // one wave of the GPU: the grouped split-K kernel is faster there, by up to 8% of
+        // decode time)
         let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
         let one_wave = !one || batch.seqs.len() == 1 || batch.seqs.len() * p.n_head <= 2 * self.dev.n_sm;
         let offsets_fit = (kv.spec.n_blocks * kv.spec.block_size * kv.spec.n_kv_head * hd) < u32::MAX as usize;

@@ -93,18 +93,6 @@ pub(crate) fn grid(name: &str, nt: usize, n_out: usize) -> (u32, u32, u32) {
     (n_out.div_ceil(WARPS * rows_per_warp(name, nt)) as u32, 1, 1)
 }
 
-/// Kernel names this module launches (all begin with GDC: launched with PDL).
-pub fn kernel_names() -> Vec<String> {
-    let mut v = vec![];
-    for q in ["q4_0", "q4_1", "q8_0"] {
-        for nt in [1, 2, 4, 8] {
-            v.push(format!("gemvo_{q}_{nt}"));
-            v.push(format!("gemvo3_{q}_{nt}"));
-        }
-    }
-    v
-}
-
 /// Reference twin of `kernels/exact.cu` in plain Rust: output `row` of a repacked weight
 /// (`weight::repack` planes `p`, `m`; `u` units per row) against one token's Q8 activations
 /// (`mmq::quantize_q8_ref`: int8 `xq`, `(d, d·Σq)` per unit), in the kernel's (= the CPU

@@ -26,17 +26,16 @@ use std::sync::Mutex;
 const KU: usize = 8;
 /// Row stride of the shared int8 tiles in 4-byte words (MMQ_WS in mmq.cu).
 const WS: usize = KU * 8 + 4;
-/// Multiprocessors of an H100-class GPU: grids smaller than about two blocks per
+/// Multiprocessors of a large data-centre GPU: grids smaller than about two blocks per
 /// multiprocessor get split-K.
 const SMS: usize = 132;
 
 /// Up to this many tokens a quantized matmul takes MMQ whatever its shape; up to
-/// `MMQ_SMALL_MATRIX_TOKENS` when the matrix is small; above, the f16 cuBLAS GEMM. Measured on
-/// an H100 (`examples/mmq_bench.rs` and `quarrel batched-bench`, Mistral-7B Q4_K_M shapes,
-/// 2026-11-22): at 16-32 tokens MMQ is level with cuBLAS-f16 over cached f16 weights per matrix
-/// (0.75-1.8x by shape) and ahead end to end (32 sequences: 3,655 vs 3,406 t/s); on matrices of
-/// at most 4096 x 2048 (k/v projections) about level up to 64 tokens (0.95-1.3x); on the others
-/// behind from 48 tokens on (0.6-0.8x at 64, 0.25-0.5x at 128-512 tokens).
+/// `MMQ_SMALL_MATRIX_TOKENS` when the matrix is small; above, the f16 cuBLAS GEMM
+/// (`examples/mmq_bench.rs` compares them per shape). Up to 32 tokens MMQ is level with
+/// cuBLAS-f16 over cached f16 weights per matrix and ahead end to end (no f16 copies); small
+/// matrices (k/v projections, at most 4096 x 2048) stay about level up to 64 tokens; the
+/// others fall behind from 48 tokens on (down to a quarter of cuBLAS's speed at 128+ tokens).
 pub const MMQ_MAX_TOKENS: usize = 32;
 /// See `MMQ_MAX_TOKENS`.
 pub const MMQ_SMALL_MATRIX_TOKENS: usize = 64;
@@ -204,18 +203,6 @@ fn mmq_raw_split(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m
         dev.launch_1d("mmq_reduce", n as u64, &[Arg::P(pm.ptr()), Arg::P(out), Arg::I(splits as i32), Arg::U64(n as u64)])?;
     }
     Ok(())
-}
-
-/// Kernel names this module launches.
-pub fn kernel_names() -> Vec<String> {
-    let mut v = vec!["mmq_reduce".to_string()];
-    for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
-        for s in ["1_4", "2_4", "4_4", "8_4d"] {
-            v.push(format!("mmq_{q}_{s}"));
-            v.push(format!("mmq_id_{q}_{s}"));
-        }
-    }
-    v
 }
 
 /// `quantize_q8` on the host: per 32 values int8 q = rint(v · 127 / amax) and

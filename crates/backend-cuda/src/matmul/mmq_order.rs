@@ -178,20 +178,6 @@ pub(crate) fn moe_dev(
     )
 }
 
-/// Kernel names this module launches (all begin with GDC: launched with PDL).
-pub fn kernel_names() -> Vec<String> {
-    let mut v = vec![];
-    for q in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
-        for nt in [1, 2, 4, 8] {
-            v.push(format!("gemvm_{q}_{nt}"));
-            v.push(format!("gemvm3_{q}_{nt}"));
-            v.push(format!("gemvm3r_{q}_{nt}"));
-        }
-        v.push(format!("moe_gemvm_dev_{q}"));
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     /// The host's mirror of the kernel's layout (`dims`) takes the kernel's constants: a

@@ -60,11 +60,10 @@ const GEMV_ROWS: usize = 2;
 
 /// Warps per row (1, 2 or 4) and the grid. Quantized rows of `units` units of 32 values: two
 /// warps per row (each lane then has at most a few units per row, all loads in flight), four
-/// for matrices of few rows (n_out < 2400) with rows of at least 128 units. H100 GEMV
-/// microbenchmark (scripts/gemv-bench.py, Q4_0 / Q4_K / Q6_K, 7B and 1B shapes): one warp per
-/// row was never the fastest, e.g. Q4_0 4096x28672 28.9 us with 1 warp, 25.9 with 2; Q6_K
-/// 4096x32000 48.4 vs 43.2. Float weights and short rows (< 64 units): by the block count, as
-/// before (enough blocks for ~1000 to run).
+/// for matrices of few rows (n_out < 2400) with rows of at least 128 units: one warp per row
+/// leaves too few loads in flight per lane (about 10% slower on 7B shapes,
+/// scripts/gemv-bench.py). Float weights and short rows (< 64 units): by the block count
+/// (enough blocks for ~1000 to run).
 fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
     let wpr = if units >= 64 {
         if units >= 128 && n_out < 2400 {

@@ -20,7 +20,7 @@ use quarrel_core::Route;
 /// Rows per chunk (gemv_q's widest token count).
 pub const CHUNK: usize = 8;
 
-/// Warps per row group of the expert GEMVs: the dense GEMV's measured rule (`matmul::gemv_shape`:
+/// Warps per row group of the expert GEMVs: the dense GEMV's rule (`matmul::gemv_shape`:
 /// rows of 64+ units two warps, four for 128+ units and under 2,400 rows; short rows by the
 /// block count), from the matrix shape only, never the number of routes, so decode and
 /// prefill share the reduction.
@@ -143,13 +143,6 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
     let (rs_d, rd_d) = (dev.upload_async(&rs)?, dev.upload_async(&rd)?);
     let n = rs.len();
     dev.launch_1d("moe_unpad_rows", (n * n_out) as u64, &[Arg::P(ys.ptr()), Arg::P(rs_d.ptr()), Arg::P(rd_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)])
-}
-
-/// Kernel names this module launches.
-pub fn kernel_names() -> Vec<String> {
-    let mut v = vec!["moe_unpad_rows".to_string()];
-    v.extend(["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"].iter().map(|t| format!("moe_gemv8_{t}")));
-    v
 }
 
 #[cfg(test)]

@@ -565,19 +565,3 @@ fn grouped(
     }
     Ok(())
 }
-
-/// Kernel names this module launches.
-pub fn kernel_names() -> Vec<String> {
-    vec!["moe_plan".to_string()]
-}
-
-/// The decode kernels, launched with programmatic dependent launch (they begin with `GDC()`).
-pub fn gdc_kernel_names() -> Vec<String> {
-    let mut v = vec!["moe_route".to_string(), "moe_combine_dev".to_string()];
-    v.extend([1, 2, 4, 8].map(|nt| format!("moe_router_f32_{nt}")));
-    for t in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"] {
-        v.push(format!("moe_gemv_dev_{t}"));
-        v.push(format!("moe_gemv2_dev_{t}"));
-    }
-    v
-}

@@ -59,7 +59,7 @@ pub fn split(cnt: usize) -> Vec<usize> {
 /// split of r routes is t = table[r] (r > 128: the 128 tile), then the split of r - TILES[t].
 pub fn split_table() -> &'static [u8] {
     // computed once: every grouped matmul of a prefill uploads it (the 129 dynamic programs
-    // took ~150 us of host time per matmul, H100 host 2026-11-23)
+    // would cost ~150 us of host time per matmul)
     static TABLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| (0..=TILES[TILES.len() - 1]).map(|r| split(r).first().map_or(0, |&t| t as u8)).collect())
 }
@@ -67,8 +67,8 @@ pub fn split_table() -> &'static [u8] {
 /// Whether a device-planned grouped matmul puts every work item into the 128-route class and
 /// one launch (`moe_plan`'s `one`): when the experts average 64 routes or more, so that the
 /// smaller classes would hold a few items each and run as launches of less than one wave
-/// after the big one (H100 2026-11-23, Mixtral-8x7B pp512 profile: the 16 / 32 / 64-route
-/// launches took 42 of 118 ms of grouped MMQ per prompt). The 128-route kernel skips the token
+/// after the big one (in a Mixtral-8x7B prompt those small launches take over a third of the
+/// grouped MMQ time). The 128-route kernel skips the token
 /// tiles an item leaves empty, and the full items run first.
 pub fn one_launch(n_routes: usize, n_expert: usize) -> bool {
     n_routes >= 64 * n_expert.max(1)

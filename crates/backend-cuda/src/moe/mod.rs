@@ -295,15 +295,3 @@ pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32],
     }
     Ok(routes)
 }
-
-/// Kernel names this module launches.
-pub fn kernel_names() -> Vec<String> {
-    let mut v: Vec<String> = ["moe_scatter_rows", "moe_combine"].iter().map(|s| s.to_string()).collect();
-    v.extend(["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"].iter().map(|t| format!("moe_gemv_{t}")));
-    v
-}
-
-/// Kernels of this module that begin with `GDC()` (launched with programmatic dependent launch).
-pub fn gdc_kernel_names() -> Vec<String> {
-    vec!["relu_sqr".to_string(), "relu_sqr2".to_string()]
-}
