@@ -182,7 +182,9 @@ fn kernel_macros(macros: &BTreeMap<String, Vec<Macro>>) -> HashSet<String> {
     loop {
         let before = set.len();
         for (n, defs) in macros {
-            let makes = defs.iter().any(|m| m.params.is_some() && (m.body.contains("__global__") || idents(&m.body).any(|(_, id)| set.contains(id))));
+            let makes = defs
+                .iter()
+                .any(|m| m.params.is_some() && (m.body.contains("__global__") || idents(&m.body).any(|(_, id)| set.contains(id))));
             if makes {
                 set.insert(n.clone());
             }
@@ -307,7 +309,8 @@ fn functions_of(file: &str, code: &str) -> Vec<Function> {
                             break;
                         }
                     }
-                    let name: String = h[..open].trim_end().chars().rev().take_while(|&c| is_ident(c)).collect::<String>().chars().rev().collect();
+                    let name: String =
+                        h[..open].trim_end().chars().rev().take_while(|&c| is_ident(c)).collect::<String>().chars().rev().collect();
                     if !name.is_empty() {
                         let kernel = head.contains("__global__") && head.contains("extern \"C\"");
                         out.push(Function { file: file.to_string(), name, kernel, body: code[i..=close].to_string() });
@@ -354,7 +357,5 @@ fn matching_brace(s: &str, open: usize) -> usize {
 /// Whether `body` waits: holds `griddepcontrol.wait` or calls (`name(` or `name<`) a waiting name.
 fn waits(body: &str, waiting: &HashSet<String>) -> bool {
     body.contains("griddepcontrol.wait")
-        || idents(body).any(|(at, id)| {
-            waiting.contains(id) && body[at + id.len()..].trim_start().starts_with(['(', '<'])
-        })
+        || idents(body).any(|(at, id)| waiting.contains(id) && body[at + id.len()..].trim_start().starts_with(['(', '<']))
 }

@@ -41,7 +41,8 @@ fn main() {
             (k, v, tables)
         })
         .collect();
-    let qs: Vec<Vec<f32>> = (0..g).map(|h| (0..hd).map(|d| f16::from_f32(((h * 7 + d) % 13) as f32 / 6.0 - 1.0).to_f32()).collect()).collect();
+    let qs: Vec<Vec<f32>> =
+        (0..g).map(|h| (0..hd).map(|d| f16::from_f32(((h * 7 + d) % 13) as f32 / 6.0 - 1.0).to_f32()).collect()).collect();
     let q: Vec<&[f32]> = qs.iter().map(|x| &x[..]).collect();
     let sc = Scoring { scale: 1.0 / (hd as f32).sqrt(), softcap: None };
     let mut accs = vec![vec![0f32; hd]; g];
@@ -93,14 +94,20 @@ fn main() {
         best = best.min((quarrel_cpu::pool::thread_cpu_time() - t).as_secs_f64());
     }
     let hp = (layers * seqs * nkv * ctx * g) as f64;
-    println!("mode {mode}: {seqs} seqs x ctx {ctx} x {layers} layers: best {:.3} ms, {:.2} ns per head-position (check {check})", best * 1e3, best * 1e9 / hp);
+    println!(
+        "mode {mode}: {seqs} seqs x ctx {ctx} x {layers} layers: best {:.3} ms, {:.2} ns per head-position (check {check})",
+        best * 1e3,
+        best * 1e9 / hp
+    );
 }
 
 /// `n` f16 of fresh anonymous memory (leaked), with `MADV_HUGEPAGE` asked before the first touch.
 fn alloc(n: usize, huge: bool) -> &'static mut [f16] {
     let bytes = (n * 2).next_multiple_of(2 << 20) + (2 << 20);
     // SAFETY: anonymous private mapping; checked below.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
     assert!(p != libc::MAP_FAILED);
     let a = (p as usize).next_multiple_of(2 << 20);
     if huge {

@@ -39,5 +39,9 @@ fn main() {
         best = best.min(t.elapsed().as_secs_f64());
         check = st[0].s + accs[0][0];
     }
-    println!("ctx {ctx} hd {hd} heads {g}: best {:.2} us, {:.2} ns per head-position (check {check})", best * 1e6, best * 1e9 / (ctx * g) as f64);
+    println!(
+        "ctx {ctx} hd {hd} heads {g}: best {:.2} us, {:.2} ns per head-position (check {check})",
+        best * 1e6,
+        best * 1e9 / (ctx * g) as f64
+    );
 }

@@ -1,7 +1,7 @@
 //! Throughput of the repacked tiles (one group x T tokens) per type: `cargo run --release
 //! -p quarrel-cpu --example repack_speed`. A benchmark (prints figures), not a test.
-use quarrel_cpu::simd::repack::{self, ActAux, RepackTy, R};
 use quarrel_core::QuantType;
+use quarrel_cpu::simd::repack::{self, ActAux, RepackTy, R};
 use std::time::Instant;
 
 fn main() {
@@ -16,7 +16,14 @@ fn main() {
         let aq = quarrel_quant::quantize_to_vec(act, &xa).unwrap();
         let arb = act.row_bytes(n_in).unwrap();
         let nb = n_in / rt.qk();
-        let aux: Vec<Vec<ActAux>> = aq.chunks(arb).map(|a| { let mut v = vec![ActAux::default(); nb]; repack::act_aux(rt, n_in, a, &mut v); v }).collect();
+        let aux: Vec<Vec<ActAux>> = aq
+            .chunks(arb)
+            .map(|a| {
+                let mut v = vec![ActAux::default(); nb];
+                repack::act_aux(rt, n_in, a, &mut v);
+                v
+            })
+            .collect();
         let gb = rt.group_bytes(n_in);
         for t in [1usize, 4, 8] {
             let acts: Vec<(&[u8], &[ActAux])> = aq.chunks(arb).zip(&aux).take(t).map(|(a, x)| (a, x.as_slice())).collect();
@@ -29,7 +36,11 @@ fn main() {
                 }
             }
             let s = t0.elapsed().as_secs_f64();
-            println!("{rt:?} T={t}: {:.2} GB/s of weights, {:.1} GMAC/s", (p.len() * reps) as f64 / s / 1e9, (n_in * n_out * t * reps) as f64 / s / 1e9);
+            println!(
+                "{rt:?} T={t}: {:.2} GB/s of weights, {:.1} GMAC/s",
+                (p.len() * reps) as f64 / s / 1e9,
+                (n_in * n_out * t * reps) as f64 / s / 1e9
+            );
         }
     }
 }

@@ -30,7 +30,8 @@ fn main() {
         .iter()
         .map(|(ty, n_in, n_out)| {
             seed = seed.wrapping_mul(2654435761).wrapping_add(12345);
-            let x: Vec<f32> = (0..*n_in * *n_out).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 700.0 - 1.43).collect();
+            let x: Vec<f32> =
+                (0..*n_in * *n_out).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 700.0 - 1.43).collect();
             let wq = quarrel_quant::quantize_to_vec(*ty, &x).unwrap();
             let mut g = GgufWriter::new();
             g.add_tensor("w", &[*n_in as u64, *n_out as u64], *ty).unwrap();

@@ -113,7 +113,8 @@ pub(crate) fn attention(
                     for g in 0..nh {
                         q16[g * hd..(g + 1) * hd].iter_mut().zip(qs[g]).for_each(|(a, &b)| *a = f16::from_f32(b).to_f32());
                     }
-                    let q16s: [&[f32]; attn::MULTI_MAX] = std::array::from_fn(|g| if g < nh { &q16[g * hd..(g + 1) * hd] } else { &[][..] });
+                    let q16s: [&[f32]; attn::MULTI_MAX] =
+                        std::array::from_fn(|g| if g < nh { &q16[g * hd..(g + 1) * hd] } else { &[][..] });
                     let mut j = lo;
                     while j <= pos {
                         let j_end = ((j / bs + 1) * bs).min(pos + 1);
@@ -170,7 +171,15 @@ const QUANT_TILE: usize = 16;
 /// (plus the rotated key offset, see `kv`), the f32 path runs over them, and the accumulated
 /// output is rotated back once (`H · Σ w·H·v = Σ w·v`). A task is a tile of up to
 /// `QUANT_TILE` tokens of one sequence and up to `attn::MULTI_MAX` heads of one KV head.
-fn attention_quant(be: &CpuBackend, q: &[f32], kv: &CpuKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut [f32]) -> Result<()> {
+fn attention_quant(
+    be: &CpuBackend,
+    q: &[f32],
+    kv: &CpuKv,
+    layer: usize,
+    batch: &ForwardBatch,
+    p: &AttnParams,
+    out: &mut [f32],
+) -> Result<()> {
     use quarrel_quant::rotate::hadamard_blocks;
     let hd = p.head_dim;
     let (kst, vst) = (&kv.k[layer], &kv.v[layer]);
@@ -186,7 +195,9 @@ fn attention_quant(be: &CpuBackend, q: &[f32], kv: &CpuKv, layer: usize, batch: 
         .seqs
         .iter()
         .enumerate()
-        .flat_map(|(si, s)| (0..s.len.div_ceil(QUANT_TILE)).map(move |i| (si, s.start + i * QUANT_TILE, (s.len - i * QUANT_TILE).min(QUANT_TILE))))
+        .flat_map(|(si, s)| {
+            (0..s.len.div_ceil(QUANT_TILE)).map(move |i| (si, s.start + i * QUANT_TILE, (s.len - i * QUANT_TILE).min(QUANT_TILE)))
+        })
         .collect();
     let n_tasks = tiles.len() * p.n_kv_head * chunks_per_kv;
     let out_ptr = SyncPtr(out.as_mut_ptr());
@@ -259,7 +270,15 @@ fn attention_quant(be: &CpuBackend, q: &[f32], kv: &CpuKv, layer: usize, batch: 
                     let mut acc: [&mut [f32]; attn::MULTI_MAX] = std::array::from_fn(|_| it.next().unwrap_or_default());
                     let run = Run { start: (a - j) * hd, stride: hd, len: b - a };
                     let n = (j_end - j) * hd;
-                    attn::f32_run_multi(&qs[..nh], KvRows::F32(&kq[..n]), KvRows::F32(&vq[..n]), run, sc, &mut sts[i][..nh], &mut acc[..nh]);
+                    attn::f32_run_multi(
+                        &qs[..nh],
+                        KvRows::F32(&kq[..n]),
+                        KvRows::F32(&vq[..n]),
+                        run,
+                        sc,
+                        &mut sts[i][..nh],
+                        &mut acc[..nh],
+                    );
                 }
                 j = j_end;
             }

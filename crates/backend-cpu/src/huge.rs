@@ -51,7 +51,14 @@ impl Mapping {
             let map_len = rounded + HUGE;
             // SAFETY: a fresh private anonymous mapping (zero-filled), checked below.
             let base = unsafe {
-                libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    map_len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
             };
             if base == libc::MAP_FAILED {
                 return None;
@@ -208,10 +215,8 @@ mod tests {
     #[test]
     fn regions_are_zeroed_aligned_and_disjoint() {
         let arena = Arena::new();
-        let mut rs: Vec<Region> = [1usize, 100, 4096, 70_000, SHARED_MAX + 5, 3]
-            .iter()
-            .map(|&n| arena.alloc(n).expect("mapping"))
-            .collect();
+        let mut rs: Vec<Region> =
+            [1usize, 100, 4096, 70_000, SHARED_MAX + 5, 3].iter().map(|&n| arena.alloc(n).expect("mapping")).collect();
         for (i, r) in rs.iter_mut().enumerate() {
             assert_eq!(r.bytes().as_ptr() as usize % 64, 0);
             assert!(r.bytes().iter().all(|&b| b == 0));

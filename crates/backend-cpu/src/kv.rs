@@ -15,10 +15,10 @@
 //!         (attention works in the rotated domain: q is rotated once, H·acc at the end)
 //! ```
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 use crate::huge::HugeVec;
 use crate::simd::attn::KvRows;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use quarrel_core::{CoreError, ForwardBatch, KvSpec, KvType, QuantType, Result};
 use quarrel_quant::rotate::{hadamard, hadamard_blocks, rotation_size, ROT_MAX};
 
@@ -183,7 +183,10 @@ impl CpuKv {
                 // caches (`hd` values at `at`, inside them: the block ids were checked), and
                 // `kd` / `vd` outlive the tasks.
                 let (kr, vr) = unsafe {
-                    (std::slice::from_raw_parts_mut((kp as *mut f16).add(at), hd), std::slice::from_raw_parts_mut((vp as *mut f16).add(at), hd))
+                    (
+                        std::slice::from_raw_parts_mut((kp as *mut f16).add(at), hd),
+                        std::slice::from_raw_parts_mut((vp as *mut f16).add(at), hd),
+                    )
                 };
                 kr.convert_from_f32_slice(&k[t * row + kvh * hd..t * row + (kvh + 1) * hd]);
                 vr.convert_from_f32_slice(&v[t * row + kvh * hd..t * row + (kvh + 1) * hd]);
@@ -198,7 +201,12 @@ impl CpuKv {
             return Err(CoreError::Shape(format!("kv_store: layer {layer} of {}", self.spec.n_layer)));
         }
         if k.len() != batch.n_tokens() * row || v.len() != k.len() {
-            return Err(CoreError::Shape(format!("kv_store: k/v have {}/{} values, expected {}", k.len(), v.len(), batch.n_tokens() * row)));
+            return Err(CoreError::Shape(format!(
+                "kv_store: k/v have {}/{} values, expected {}",
+                k.len(),
+                v.len(),
+                batch.n_tokens() * row
+            )));
         }
         // quantized keys: offset taken out before quantization (set by the layer's first store)
         let mut shifted = Vec::new();

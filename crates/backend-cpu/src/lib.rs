@@ -292,7 +292,15 @@ impl Backend for CpuBackend {
         Ok(self.moe_counts.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
-    fn moe_matmul(&self, w: &CpuWeight, n_expert: usize, x: &Vec<f32>, routes: &[Route], x_per_token: bool, out: &mut Vec<f32>) -> Result<()> {
+    fn moe_matmul(
+        &self,
+        w: &CpuWeight,
+        n_expert: usize,
+        x: &Vec<f32>,
+        routes: &[Route],
+        x_per_token: bool,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         moe::moe_matmul(self, w, n_expert, x, routes, x_per_token, out)
     }
 
@@ -326,7 +334,17 @@ impl Backend for CpuBackend {
         kv.state.as_mut().ok_or_else(|| CoreError::Shape("the cache has no recurrent state".into()))?.copy_slot(src, dst)
     }
 
-    fn ssm_conv(&self, kv: &mut CpuKv, layer: usize, p: &SsmParams, zxbcdt: &Vec<f32>, w: &Vec<f32>, bias: Option<&Vec<f32>>, batch: &ForwardBatch, out: &mut Vec<f32>) -> Result<()> {
+    fn ssm_conv(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        p: &SsmParams,
+        zxbcdt: &Vec<f32>,
+        w: &Vec<f32>,
+        bias: Option<&Vec<f32>>,
+        batch: &ForwardBatch,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         ssm::ssm_conv(kv, layer, p, zxbcdt, w, bias.map(|b| b.as_slice()), batch, out)
     }
 

@@ -38,7 +38,14 @@ impl SyncPtr {
 /// Quantize `n_tok` rows of `x` to `ty` into `out` (`ty.row_bytes(n_in) * n_tok` bytes; in
 /// parallel for many rows), bit-compatible with ggml's x86 activation quantizers (`actquant`),
 /// using the SIMD twin where there is one.
-pub(crate) fn quantize_rows(be: &CpuBackend, ty: quarrel_core::QuantType, x: &[f32], n_in: usize, n_tok: usize, out: &mut [u8]) -> Result<()> {
+pub(crate) fn quantize_rows(
+    be: &CpuBackend,
+    ty: quarrel_core::QuantType,
+    x: &[f32],
+    n_in: usize,
+    n_tok: usize,
+    out: &mut [u8],
+) -> Result<()> {
     let rb = ty
         .row_bytes(n_in)
         .ok_or_else(|| quarrel_core::CoreError::Shape(format!("row of {n_in} is not a multiple of the {} block", ty.name())))?;
@@ -234,13 +241,19 @@ fn gemm_wide_f32(be: &CpuBackend, g: Gemm, w: &CpuWeight, x: &[f32], n_tok: usiz
 /// Quantize `x` (`n_tok` rows of `n_in`) to `ty`'s vec_dot_type and pack it into wide
 /// activation panels (`act`: one panel of `g.wide_act_panel_bytes(n_in)` per 16 tokens), in
 /// one parallel pass over (token group, block range) tasks.
-fn pack_wide_act(be: &CpuBackend, g: Gemm, ty: quarrel_core::QuantType, n_in: usize, x: &[f32], n_tok: usize, act: &mut [u8]) -> Result<()> {
+fn pack_wide_act(
+    be: &CpuBackend,
+    g: Gemm,
+    ty: quarrel_core::QuantType,
+    n_in: usize,
+    x: &[f32],
+    n_tok: usize,
+    act: &mut [u8],
+) -> Result<()> {
     const QK: usize = 32;
     let act_ty = ty.vec_dot_type();
     let nb = n_in / QK;
-    let abb = act_ty
-        .row_bytes(QK)
-        .ok_or_else(|| quarrel_core::CoreError::Shape(format!("no {} blocks of {QK}", act_ty.name())))?;
+    let abb = act_ty.row_bytes(QK).ok_or_else(|| quarrel_core::CoreError::Shape(format!("no {} blocks of {QK}", act_ty.name())))?;
     let (apb, pbb) = (g.wide_act_panel_bytes(n_in), g.wide_act_panel_bytes(QK));
     let n_groups = n_tok.div_ceil(GEMM_WIDE_TOKENS);
     assert!(act.len() >= n_groups * apb && x.len() >= n_tok * n_in);
@@ -397,11 +410,23 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
 /// its first GEMM and kept; raw kinds read the rows in place and pack only a short last
 /// panel). `gt`: tokens per activation panel ([`GEMM_TOKENS`], or [`GEMM_WIDE_TOKENS`] for
 /// the wide tiles).
-fn run_tasks<'a>(be: &CpuBackend, g: Gemm, w: &CpuWeight, n_tok: usize, gt: usize, act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync), out: &mut [f32]) {
+fn run_tasks<'a>(
+    be: &CpuBackend,
+    g: Gemm,
+    w: &CpuWeight,
+    n_tok: usize,
+    gt: usize,
+    act_panel: &(dyn Fn(usize) -> &'a [u8] + Sync),
+    out: &mut [f32],
+) {
     let n_panels = w.n_out.div_ceil(GEMM_ROWS);
     let bytes = if g.raw_panels() { 0 } else { n_panels * stored_panel_bytes(g, w) };
     let out = SyncPtr(out.as_mut_ptr());
-    w.with_gemm_panels(bytes, |v| pack_weight_panels(be, g, w, v), |panels| run_jobs(be, g, &[Job { w, panels, out }], n_tok, gt, act_panel));
+    w.with_gemm_panels(
+        bytes,
+        |v| pack_weight_panels(be, g, w, v),
+        |panels| run_jobs(be, g, &[Job { w, panels, out }], n_tok, gt, act_panel),
+    );
 }
 
 /// One weight of [`run_jobs`]: its kept panels (empty for raw kinds, compact where the kind
@@ -448,7 +473,15 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
         // compact panels are expanded here: each one right before its tiles where the task
         // has one token group (it stays in L1), else all of the task's panels first
         let one_group = g1 - g0 == 1;
-        let scratch = if compact { if one_group { wpb } else { (p1 - p0) * wpb } } else { usize::from(short) * wpb };
+        let scratch = if compact {
+            if one_group {
+                wpb
+            } else {
+                (p1 - p0) * wpb
+            }
+        } else {
+            usize::from(short) * wpb
+        };
         with_scratch(Scratch::Weights, scratch, |wp| {
             if compact && !one_group {
                 for p in p0..p1 {
@@ -528,7 +561,16 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
 /// chunks where there are few groups); a task runs each of its groups over its tokens, 8 at
 /// a time, so a group's panel stays in cache while the tokens go by.
 #[allow(clippy::too_many_arguments)]
-fn matmul_repacked(be: &CpuBackend, w: &CpuWeight, rt: simd::repack::RepackTy, packed: &[u8], xq: &[u8], arb: usize, n_tok: usize, out: &mut [f32]) {
+fn matmul_repacked(
+    be: &CpuBackend,
+    w: &CpuWeight,
+    rt: simd::repack::RepackTy,
+    packed: &[u8],
+    xq: &[u8],
+    arb: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
     use simd::repack::{self, ActAux, R, TILE_TOKENS};
     let (n_in, n_out) = (w.n_in, w.n_out);
     let nb = n_in / rt.qk();

@@ -75,7 +75,8 @@ pub(crate) fn moe_matmul(
         xs.clear();
         for &i in &idx {
             let src = if x_per_token { routes[i].token as usize } else { i };
-            let row = x.get(src * n_in..(src + 1) * n_in).ok_or_else(|| CoreError::Shape(format!("moe_matmul: input row {src} of {n_src}")))?;
+            let row =
+                x.get(src * n_in..(src + 1) * n_in).ok_or_else(|| CoreError::Shape(format!("moe_matmul: input row {src} of {n_src}")))?;
             xs.extend_from_slice(row);
         }
         ys.clear();

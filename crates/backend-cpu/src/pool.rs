@@ -24,9 +24,12 @@
 //! of waiting a scheduler time slice for it.
 
 use std::cell::UnsafeCell;
-use std::time::Instant;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst}};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
+};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 type Job = *const (dyn Fn(usize) + Sync);
 

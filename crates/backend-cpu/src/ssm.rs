@@ -2,9 +2,9 @@
 //! on the spin pool, f64 recomputation of any head-step whose f32 result is not finite) and
 //! the gated grouped RMSNorm. Recurrent state lives in `CpuKv::state`, one slot per sequence.
 
+use crate::ggml_math::{fold_lanes, silu_ggml};
 use crate::matmul::SyncPtr;
 use crate::{CpuBackend, CpuKv};
-use crate::ggml_math::{fold_lanes, silu_ggml};
 use quarrel_core::ssm::softplus;
 use quarrel_core::{CoreError, ForwardBatch, Result, SsmParams, StateSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,9 +25,8 @@ impl CpuState {
         let mut ssm = Vec::new();
         for l in &spec.layers {
             let (c, s) = l.map_or((0, 0), |p| (p.conv_state_len(), p.ssm_state_len()));
-            let n = |len: usize| {
-                len.checked_mul(spec.n_slots).ok_or_else(|| CoreError::OutOfMemory("recurrent state size overflows".into()))
-            };
+            let n =
+                |len: usize| len.checked_mul(spec.n_slots).ok_or_else(|| CoreError::OutOfMemory("recurrent state size overflows".into()));
             conv.push(vec![0f32; n(c)?]);
             ssm.push(vec![0f32; n(s)?]);
         }
@@ -77,7 +76,16 @@ fn state_mut(kv: &mut CpuKv) -> Result<&mut CpuState> {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn ssm_conv(kv: &mut CpuKv, layer: usize, p: &SsmParams, zxbcdt: &[f32], w: &[f32], bias: Option<&[f32]>, batch: &ForwardBatch, out: &mut [f32]) -> Result<()> {
+pub(crate) fn ssm_conv(
+    kv: &mut CpuKv,
+    layer: usize,
+    p: &SsmParams,
+    zxbcdt: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    batch: &ForwardBatch,
+    out: &mut [f32],
+) -> Result<()> {
     let st = state_mut(kv)?;
     let (cd, dp, n) = (p.conv_dim(), p.d_in_proj(), batch.n_tokens());
     if zxbcdt.len() != n * dp || out.len() != n * cd || w.len() != cd * p.d_conv || bias.is_some_and(|b| b.len() != cd) {
@@ -111,13 +119,31 @@ fn conv_seq(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn conv_seq_fma(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+unsafe fn conv_seq_fma(
+    p: &SsmParams,
+    xbc: &[f32],
+    stride: usize,
+    col0: usize,
+    state: &mut [f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
     conv_seq_body(p, xbc, stride, col0, state, w, bias, out)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn conv_seq_body(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+fn conv_seq_body(
+    p: &SsmParams,
+    xbc: &[f32],
+    stride: usize,
+    col0: usize,
+    state: &mut [f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let (nc, cd) = (p.d_conv, p.conv_dim());
     let n_t = out.len() / cd;
     let vec_end = cd & !15;
@@ -140,7 +166,6 @@ fn conv_seq_body(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: 
         state[ch * (nc - 1)..(ch + 1) * (nc - 1)].copy_from_slice(&win[n_t..]);
     }
 }
-
 
 /// The 64-wide steps of one state row: `s = s*da + b*xdt` (two multiplies and an add), and
 /// four 16-lane accumulators `acc[j][l] += s*c` (FMA) over the steps. Scalar twin.
@@ -259,7 +284,11 @@ unsafe fn scan_head_body<const WIDE: bool>(a: &ScanArgs<'_>, h: usize, start: us
             let xdt = x * dt;
             let s = &mut state[i * ds..(i + 1) * ds];
             prev.copy_from_slice(s);
-            let acc = if WIDE { lanes_avx512(&mut s[..np], &b[..np], &c[..np], da, xdt) } else { lanes_scalar(&mut s[..np], &b[..np], &c[..np], da, xdt) };
+            let acc = if WIDE {
+                lanes_avx512(&mut s[..np], &b[..np], &c[..np], da, xdt)
+            } else {
+                lanes_scalar(&mut s[..np], &b[..np], &c[..np], da, xdt)
+            };
             let mut sum = fold_lanes(&acc);
             for k in np..ds {
                 let v = s[k] * da + b[k] * xdt;
@@ -295,7 +324,14 @@ unsafe fn scan_head_body<const WIDE: bool>(a: &ScanArgs<'_>, h: usize, start: us
     bad
 }
 
-pub(crate) fn ssm_scan(be: &CpuBackend, kv: &mut CpuKv, layer: usize, args: &ScanArgs<'_>, batch: &ForwardBatch, y: &mut [f32]) -> Result<u64> {
+pub(crate) fn ssm_scan(
+    be: &CpuBackend,
+    kv: &mut CpuKv,
+    layer: usize,
+    args: &ScanArgs<'_>,
+    batch: &ForwardBatch,
+    y: &mut [f32],
+) -> Result<u64> {
     let p = args.p;
     let n = batch.n_tokens();
     if args.xbc.len() != n * p.conv_dim()

@@ -81,7 +81,18 @@ impl CpuWeight {
         } else {
             None
         };
-        Ok(CpuWeight { ty: info.ty, n_in, n_out, gguf: Arc::clone(g), index, row0: 0, f32_data, packed: Arc::default(), panels: Default::default(), view: false })
+        Ok(CpuWeight {
+            ty: info.ty,
+            n_in,
+            n_out,
+            gguf: Arc::clone(g),
+            index,
+            row0: 0,
+            f32_data,
+            packed: Arc::default(),
+            panels: Default::default(),
+            view: false,
+        })
     }
 
     /// The raw bytes of this weight's rows (borrowed from the mmap).

@@ -178,9 +178,8 @@ fn f16_decode_attention_matches_naive_softmax() {
             for h in 0..nh {
                 let kh = h / (nh / nkv);
                 let lo = window.map_or(0, |w: usize| (t + 1).saturating_sub(w));
-                let scores: Vec<f64> = (lo..=t)
-                    .map(|j| (0..hd).map(|d| r16(q[h * hd + d]) * r16(k[(j * nkv + kh) * hd + d])).sum::<f64>() * 0.125)
-                    .collect();
+                let scores: Vec<f64> =
+                    (lo..=t).map(|j| (0..hd).map(|d| r16(q[h * hd + d]) * r16(k[(j * nkv + kh) * hd + d])).sum::<f64>() * 0.125).collect();
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                 let z: f64 = e.iter().sum();
@@ -242,7 +241,11 @@ fn many_decode_tokens_equal_each_alone() {
             let qs = q[s * nh * hd..(s + 1) * nh * hd].to_vec();
             let mut o = vec![0f32; qs.len()];
             be.attention(&qs, &kv, 0, &one, &p, &mut o).unwrap();
-            assert_eq!(bits(&o), bits(&out[s * nh * hd..(s + 1) * nh * hd]), "threads {threads} heads {nh}/{nkv} window {window:?}: sequence {s}");
+            assert_eq!(
+                bits(&o),
+                bits(&out[s * nh * hd..(s + 1) * nh * hd]),
+                "threads {threads} heads {nh}/{nkv} window {window:?}: sequence {s}"
+            );
         }
     }
 }

@@ -166,7 +166,16 @@ proptest! {
 #[test]
 fn gemm_matmul_large_shapes() {
     for &ty in &TYPES[..N_GEMM] {
-        for (n_blocks, n_out, n_tok, threads) in [(24, 301, 67, 3), (18, 1000, 9, 2), (48, 20, 130, 2), (2, 4 * 33, 16, 1), (18, 1003, 1, 3), (176, 77, 1, 2), (176, 45, 21, 2), (64, 8 * 37, 1, 1)] {
+        for (n_blocks, n_out, n_tok, threads) in [
+            (24, 301, 67, 3),
+            (18, 1000, 9, 2),
+            (48, 20, 130, 2),
+            (2, 4 * 33, 16, 1),
+            (18, 1003, 1, 3),
+            (176, 77, 1, 2),
+            (176, 45, 21, 2),
+            (64, 8 * 37, 1, 1),
+        ] {
             // the same row length in elements where the blocks are larger
             let n_blocks = (n_blocks * 32 / ty.block_size()).max(1);
             check(ty, n_blocks, n_out, n_tok, threads, 7 + n_out as u64, false).unwrap();
@@ -304,7 +313,19 @@ fn check_many(tys: &[QuantType], n_blocks: usize, n_outs: &[usize], n_tok: usize
         let mut alone = vec![0f32; n_out * n_tok];
         be.matmul(&ws[i], &x, n_tok, &mut alone).unwrap();
         for (k, ((g, w), a)) in got.iter().zip(&want).zip(&alone).enumerate() {
-            prop_assert_eq!(g.to_bits(), w.to_bits(), "{} weight {} n_in {} n_out {} n_tok {} threads {}: token {} row {}", ty.name(), i, n_in, n_out, n_tok, threads, k / n_out, k % n_out);
+            prop_assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{} weight {} n_in {} n_out {} n_tok {} threads {}: token {} row {}",
+                ty.name(),
+                i,
+                n_in,
+                n_out,
+                n_tok,
+                threads,
+                k / n_out,
+                k % n_out
+            );
             prop_assert_eq!(g.to_bits(), a.to_bits(), "matmul_many vs matmul: weight {} output {}", i, k);
         }
     }

@@ -7,7 +7,9 @@
 mod common;
 use proptest::prelude::*;
 use quarrel_core::ssm::{conv_reference, gated_norm_reference, scan_f64, scan_reference, ScanInputs};
-use quarrel_core::{Backend, ForwardBatch, Gating, KvSpec, KvType, MoeRouting, QuantType, Route, SeqBatch, SsmParams, StateSpec, WeightSource};
+use quarrel_core::{
+    Backend, ForwardBatch, Gating, KvSpec, KvType, MoeRouting, QuantType, Route, SeqBatch, SsmParams, StateSpec, WeightSource,
+};
 use quarrel_cpu::{CpuBackend, CpuKv};
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;

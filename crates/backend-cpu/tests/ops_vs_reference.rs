@@ -73,9 +73,8 @@ fn paged_attention_matches_naive_softmax() {
             for h in 0..nh {
                 let kh = h / (nh / nkv);
                 let lo = window.map_or(0, |w: usize| (t + 1).saturating_sub(w));
-                let scores: Vec<f32> = (lo..=t)
-                    .map(|j| (0..hd).map(|d| q[(t * nh + h) * hd + d] * k[(j * nkv + kh) * hd + d]).sum::<f32>() * 0.25)
-                    .collect();
+                let scores: Vec<f32> =
+                    (lo..=t).map(|j| (0..hd).map(|d| q[(t * nh + h) * hd + d] * k[(j * nkv + kh) * hd + d]).sum::<f32>() * 0.25).collect();
                 let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
                 let z: f32 = e.iter().sum();
@@ -113,7 +112,8 @@ fn row_ops_are_bit_identical_on_any_thread_count() {
     g.add_tensor("g", &[d as u64], QuantType::F32).unwrap();
     let gw: Vec<u8> = rnd(5, d, 2.0).iter().flat_map(|v| v.to_le_bytes()).collect();
     let gg = Arc::new(Gguf::from_bytes(g.to_bytes(&[&gw]).unwrap()).unwrap());
-    let (w1, w3) = (one.load_weight(WeightSource { gguf: &gg, name: "g" }).unwrap(), pool.load_weight(WeightSource { gguf: &gg, name: "g" }).unwrap());
+    let (w1, w3) =
+        (one.load_weight(WeightSource { gguf: &gg, name: "g" }).unwrap(), pool.load_weight(WeightSource { gguf: &gg, name: "g" }).unwrap());
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for rows in [1usize, 3, 7, 8, 9, 16, 37] {
         let x = rnd(rows as u64, rows * d, 3.0);

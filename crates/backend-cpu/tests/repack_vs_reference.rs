@@ -90,7 +90,14 @@ fn check_tile(ti: usize, nb: usize, n_tok: usize, seed: u64) -> Result<(), TestC
             quarrel_quant::dequantize(ty, &w[i * rb..(i + 1) * rb], &mut wf).unwrap();
             quarrel_quant::dequantize(ty.vec_dot_type(), a, &mut af).unwrap();
             let mag: f64 = wf.iter().zip(&af).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
-            prop_assert!(((plain - want).abs() as f64) <= 1e-5 * mag + 1e-6, "{:?}: repacked {} vs vec_dot {} (magnitude {})", rt, want, plain, mag);
+            prop_assert!(
+                ((plain - want).abs() as f64) <= 1e-5 * mag + 1e-6,
+                "{:?}: repacked {} vs vec_dot {} (magnitude {})",
+                rt,
+                want,
+                plain,
+                mag
+            );
         }
     }
     for row in &out[n_tok..] {
@@ -127,7 +134,15 @@ fn check_batched(ti: usize, nb: usize, n_out: usize, n_tok: usize, threads: usiz
         let mut xq = vec![0u8; act.row_bytes(n_in).unwrap()];
         quarrel_cpu::actquant::quantize_row(act, &x[t * n_in..(t + 1) * n_in], &mut xq).unwrap();
         for r in 0..n_out {
-            prop_assert_eq!(all[t * n_out + r].to_bits(), one[r].to_bits(), "token {} row {}: batched {} vs alone {}", t, r, all[t * n_out + r], one[r]);
+            prop_assert_eq!(
+                all[t * n_out + r].to_bits(),
+                one[r].to_bits(),
+                "token {} row {}: batched {} vs alone {}",
+                t,
+                r,
+                all[t * n_out + r],
+                one[r]
+            );
             if repack::enabled(ty).is_some() {
                 let want = repack::reference_dot(rt, n_in, &packed[r / R * gb..(r / R + 1) * gb], r % R, &xq);
                 prop_assert_eq!(one[r].to_bits(), want.to_bits(), "token {} row {}: {} vs twin {}", t, r, one[r], want);
@@ -200,7 +215,9 @@ fn moe_experts_use_the_shared_repacked_copy() {
             let be = CpuBackend::new(2).unwrap();
             let wt = be.load_weight(WeightSource { gguf: &gg, name: "w" }).unwrap();
             let x = rnd(5, n_in * n_tok, 2.0);
-            let routes: Vec<Route> = (0..n_tok).flat_map(|t| [(t % n_exp) as u32, ((t + 1) % n_exp) as u32].map(|e| Route { token: t as u32, expert: e, weight: 0.5 })).collect();
+            let routes: Vec<Route> = (0..n_tok)
+                .flat_map(|t| [(t % n_exp) as u32, ((t + 1) % n_exp) as u32].map(|e| Route { token: t as u32, expert: e, weight: 0.5 }))
+                .collect();
             let mut all = vec![0f32; routes.len() * n_out];
             be.moe_matmul(&wt, n_exp, &x, &routes, true, &mut all).unwrap();
             let packed = repack::repack(rt, n_in, n_out * n_exp, &w);

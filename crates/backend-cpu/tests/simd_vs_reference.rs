@@ -34,11 +34,7 @@ fn check(ty: QuantType, n_blocks: usize, seed: u64) -> Result<(), TestCaseError>
     for level in levels() {
         let Some(fast) = simd::dot_fn_for(ty, level) else { continue };
         let f = fast(n, &wq, &aq);
-        prop_assert!(
-            (r - f).abs() <= tolerance(r, n),
-            "{} at {level:?}: reference {r} vs simd {f} (n = {n})",
-            ty.name()
-        );
+        prop_assert!((r - f).abs() <= tolerance(r, n), "{} at {level:?}: reference {r} vs simd {f} (n = {n})", ty.name());
     }
     Ok(())
 }
@@ -78,12 +74,7 @@ fn check_quantize(ty: QuantType, x: &[f32]) -> Result<(), TestCaseError> {
         let Some(q) = simd::quantize_row_fn_ggml_x86_for(ty, level) else { continue };
         let mut got = vec![0xAAu8; want.len()];
         q(x, &mut got);
-        prop_assert!(
-            want_x86 == got,
-            "{} ggml-x86 quantizer at {level:?} differs from actquant (n = {})",
-            ty.name(),
-            x.len()
-        );
+        prop_assert!(want_x86 == got, "{} ggml-x86 quantizer at {level:?} differs from actquant (n = {})", ty.name(), x.len());
     }
     Ok(())
 }

@@ -28,7 +28,8 @@ fn main() {
     println!("{}\n", be.name());
     println!("| type | n_in | n_out | tokens | fast us | ordered us | fast GB/s | ordered GB/s | ordered/fast time |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     // Mistral-7B's matrices: q/o, k/v, gate/up, down, output; TinyLlama's q/o, gate/up, down
-    let shapes = [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 32000), (2048, 2048), (2048, 5632), (5632, 2048)];
+    let shapes =
+        [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 32000), (2048, 2048), (2048, 5632), (5632, 2048)];
     let all = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
     let types: Vec<QuantType> = match args.get(3) {
         Some(list) => all.into_iter().filter(|t| list.split(',').any(|n| n.eq_ignore_ascii_case(&t.to_string()))).collect(),

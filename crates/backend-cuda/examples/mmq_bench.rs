@@ -15,7 +15,8 @@ use bench_util::{rnd, time, weight};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let toks: Vec<usize> = args.get(1).map_or(vec![9, 16, 32, 64, 128, 256, 512], |s| s.split(',').filter_map(|v| v.parse().ok()).collect());
+    let toks: Vec<usize> =
+        args.get(1).map_or(vec![9, 16, 32, 64, 128, 256, 512], |s| s.split(',').filter_map(|v| v.parse().ok()).collect());
     let reps: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(20);
     if quarrel_cuda::device_count() == 0 {
         eprintln!("no CUDA device");

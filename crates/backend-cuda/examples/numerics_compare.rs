@@ -27,7 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let opts = |n_batch| EngineOptions { n_ctx: 256, n_batch, ..Default::default() };
     let mut runs = Vec::new();
-    for (name, n_batch, gpu) in [("cpu prefill", 512, false), ("cpu decode", 1, false), ("gpu prefill", 512, true), ("gpu decode", 1, true)] {
+    for (name, n_batch, gpu) in [("cpu prefill", 512, false), ("cpu decode", 1, false), ("gpu prefill", 512, true), ("gpu decode", 1, true)]
+    {
         eprintln!("=== {name}");
         let logits = if gpu {
             let be = CudaBackend::new(0)?;
@@ -43,7 +44,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut worst = [0f64; 4];
     #[allow(clippy::needless_range_loop)] // four runs indexed by position side by side
     for p in 0..ids.len() {
-        let e = [nmse(&runs[0][p], &runs[2][p]), nmse(&runs[0][p], &runs[3][p]), nmse(&runs[2][p], &runs[3][p]), nmse(&runs[0][p], &runs[1][p])];
+        let e = [
+            nmse(&runs[0][p], &runs[2][p]),
+            nmse(&runs[0][p], &runs[3][p]),
+            nmse(&runs[2][p], &runs[3][p]),
+            nmse(&runs[0][p], &runs[1][p]),
+        ];
         for (w, x) in worst.iter_mut().zip(e) {
             *w = w.max(x);
         }

@@ -3,9 +3,9 @@
 //! choice of the grouped-query decode attention kernel for batches of many sequences
 //! (`kernels/attn_batch.cu`).
 
-use crate::runtime::PoolMem;
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
+use crate::runtime::PoolMem;
 use quarrel_core::{ForwardBatch, KvType, SeqBatch};
 
 /// Warps the grouped-query decode kernel aims for (about 16 per multiprocessor of a large GPU).

@@ -30,9 +30,21 @@ const FILES: &[(&str, &str)] = &[
 const UNITS: &[Unit] = &[
     Unit { name: "ops", files: &["norm_row.cuh", "ops.cu", "sample.cu", "gelu.cu"], defines: "" },
     Unit { name: "attn_f32", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F32\n" },
-    Unit { name: "attn_f16_2", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n" },
-    Unit { name: "attn_f16_4", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n" },
-    Unit { name: "attn_f16_8", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 8\n" },
+    Unit {
+        name: "attn_f16_2",
+        files: &["norm_row.cuh", "ops.cu", "attention.cu"],
+        defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 2\n",
+    },
+    Unit {
+        name: "attn_f16_4",
+        files: &["norm_row.cuh", "ops.cu", "attention.cu"],
+        defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 4\n",
+    },
+    Unit {
+        name: "attn_f16_8",
+        files: &["norm_row.cuh", "ops.cu", "attention.cu"],
+        defines: "#define ATTN_KV KV_F16\n#define ATTN_DPL 8\n",
+    },
     Unit { name: "attn_q8_0", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q8_0\n" },
     Unit { name: "attn_q4_0", files: &["norm_row.cuh", "ops.cu", "attention.cu"], defines: "#define ATTN_KV KV_Q4_0\n" },
     Unit { name: "attn_batch", files: &["norm_row.cuh", "ops.cu", "attn_batch.cu"], defines: "" },

@@ -3,9 +3,9 @@
 //! in blocks of up to 256 values, as the CPU cache stores them, keys less the layer's key
 //! offset first), zeroed at allocation.
 
-use crate::runtime::DevMem;
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
+use crate::runtime::DevMem;
 use quarrel_core::{KvSpec, KvType};
 
 pub struct CudaKv {

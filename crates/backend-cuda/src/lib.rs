@@ -59,11 +59,11 @@ mod weights;
 
 pub use attention::{invariant_one_pass_below, MMA_MIN_TOKENS, VEC_MAX_POSITIONS};
 pub use error::CudaError;
+pub use kernels::KERNELS;
 pub use kv::CudaKv;
 pub use matmul::mmq;
 pub use runtime::{available, device_count};
 pub use ssm::ScanKernel;
-pub use kernels::KERNELS;
 pub use tuning::tuning_table;
 pub use weights::experts::ExpertStats;
 pub use weights::{repack, CudaWeight, DevType};
@@ -71,10 +71,11 @@ pub use weights::{repack, CudaWeight, DevType};
 use batch::DevBatch;
 use cudarc::cublas::CudaBlas;
 use fusion::{Device, Held};
-use runtime::{Arg, PoolMem};
 use quarrel_core::{
-    AttnParams, Backend, CoreError, Numerics, ForwardBatch, KvSpec, MoeRouting, QuantType, Result, RopeParams, Route, SsmParams, StateSpec, WeightSource,
+    AttnParams, Backend, CoreError, ForwardBatch, KvSpec, MoeRouting, Numerics, QuantType, Result, RopeParams, Route, SsmParams, StateSpec,
+    WeightSource,
 };
+use runtime::{Arg, PoolMem};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -199,7 +200,10 @@ impl CudaBackend {
         let mut g = self.batch.lock().map_err(|_| CoreError::Backend("batch lock poisoned".into()))?;
         let fresh = match g.as_ref() {
             // kv_store (no window) can use arrays built for a windowed attention: slots agree
-            Some(d) => !(d.matches(b, kv.spec.block_size, window) || (window.is_none() && d.matches_positions(&b.positions) && d.matches(b, kv.spec.block_size, d.window()))),
+            Some(d) => {
+                !(d.matches(b, kv.spec.block_size, window)
+                    || (window.is_none() && d.matches_positions(&b.positions) && d.matches(b, kv.spec.block_size, d.window())))
+            }
             None => true,
         };
         if fresh {
@@ -259,7 +263,11 @@ impl Backend for CudaBackend {
             CudaError::OutOfMemory(m) => CoreError::OutOfMemory(format!(
                 "out of GPU memory loading {}: {m}{}",
                 src.name,
-                if src.name.contains("_exps") { "" } else { " (--expert-budget keeps experts in host memory; this is a dense weight, so the model needs a larger GPU or the CPU)" }
+                if src.name.contains("_exps") {
+                    ""
+                } else {
+                    " (--expert-budget keeps experts in host memory; this is a dense weight, so the model needs a larger GPU or the CPU)"
+                }
             )),
             e => e.into(),
         })?;
@@ -492,7 +500,11 @@ impl Backend for CudaBackend {
         let idx = self.dev.upload_async(&idx)?;
         let n = (rows.len() * dim) as u64;
         let (xp, op) = (self.rd(x)?, self.wr(out));
-        self.dev.launch_1d("gather_rows", n, &[Arg::P(xp), Arg::P(idx.ptr()), Arg::P(op), Arg::I(dim as i32), Arg::I(rows.len() as i32)])?;
+        self.dev.launch_1d(
+            "gather_rows",
+            n,
+            &[Arg::P(xp), Arg::P(idx.ptr()), Arg::P(op), Arg::I(dim as i32), Arg::I(rows.len() as i32)],
+        )?;
         Ok(())
     }
 
@@ -506,7 +518,15 @@ impl Backend for CudaBackend {
 
     // ---- MoE (moe.rs) and Mamba2 (ssm.rs) ---------------------------------------------------
 
-    fn moe_router(&self, layer: usize, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+    fn moe_router(
+        &self,
+        layer: usize,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        n_tok: usize,
+        bias: Option<&CudaBuf>,
+        p: &MoeRouting,
+    ) -> Result<Vec<Route>> {
         self.moe_router_op(layer, w, x, n_tok, bias, p)
     }
 
@@ -520,7 +540,15 @@ impl Backend for CudaBackend {
         Ok(c)
     }
 
-    fn moe_matmul(&self, w: &CudaWeight, n_expert: usize, x: &CudaBuf, routes: &[Route], x_per_token: bool, out: &mut CudaBuf) -> Result<()> {
+    fn moe_matmul(
+        &self,
+        w: &CudaWeight,
+        n_expert: usize,
+        x: &CudaBuf,
+        routes: &[Route],
+        x_per_token: bool,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
         self.dev.bind()?;
         check_len("moe_matmul output", out.len, routes.len() * (w.n_out / n_expert.max(1)))?;
         let (xp, op) = (self.rd(x)?, self.wr(out));
@@ -570,7 +598,17 @@ impl Backend for CudaBackend {
         Ok(state(kv)?.copy_slot(&self.dev, src, dst)?)
     }
 
-    fn ssm_conv(&self, kv: &mut CudaKv, layer: usize, p: &SsmParams, zx: &CudaBuf, w: &CudaBuf, bias: Option<&CudaBuf>, batch: &ForwardBatch, out: &mut CudaBuf) -> Result<()> {
+    fn ssm_conv(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        p: &SsmParams,
+        zx: &CudaBuf,
+        w: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        batch: &ForwardBatch,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
         self.dev.bind()?;
         let (zp, wp) = ((self.rd(zx)?, zx.len), (self.rd(w)?, w.len));
         let bp = bias.map(|b| Ok::<_, CoreError>((self.rd(b)?, b.len))).transpose()?;

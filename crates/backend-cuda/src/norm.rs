@@ -3,9 +3,9 @@
 //! (`comb_add_rms_norm`). Every variant computes the row with the same split and order: the
 //! same bits.
 
-use crate::runtime::Arg;
-use crate::fusion::{Device, Held};
 use crate::error::CudaError;
+use crate::fusion::{Device, Held};
+use crate::runtime::Arg;
 
 /// One RMSNorm call: `rows` rows of `d` values at `x`, weights `w`, output `out` and its Q8
 /// form (`xq`, `xm`; 0 for none).

@@ -45,7 +45,9 @@ impl CudaBackend {
         if _keep.is_none() && p.style != RopeStyle::Neox && p.n_rot == head_dim && matmul::rope_fusion() {
             let r = matmul::RopeFuse { pos, ff, theta_scale, freq_scale: p.freq_scale, hd: head_dim, rope_k: false, kv: None };
             let n_vals = positions.len() * n_head * head_dim;
-            if let Some(Held::Gemv(mut g)) = self.dev.take_held_if(|h| matches!(h, Held::Gemv(g) if g.rope_fits(xp, positions.len(), n_vals, &r))) {
+            if let Some(Held::Gemv(mut g)) =
+                self.dev.take_held_if(|h| matches!(h, Held::Gemv(g) if g.rope_fits(xp, positions.len(), n_vals, &r)))
+            {
                 g.add_rope(r);
                 return Ok(self.dev.hold(Held::Gemv(g))?);
             }
@@ -90,7 +92,9 @@ impl CudaBackend {
         let xp = self.rw(x)?;
         // a held ReLU² of another buffer (the routed experts' before the shared expert's): one
         // launch, its Q8 form kept as the previous cache entry
-        if let Some(Held::ReluSqr { x: x0, n: n0, xq: q0, xm: m0 }) = self.dev.take_held_if(|h| matches!(h, Held::ReluSqr { x, .. } if *x != xp)) {
+        if let Some(Held::ReluSqr { x: x0, n: n0, xq: q0, xm: m0 }) =
+            self.dev.take_held_if(|h| matches!(h, Held::ReluSqr { x, .. } if *x != xp))
+        {
             self.keep_q8_as_previous(x0)?;
             let (xq, xm) = self.q8_out(xp, x.len)?;
             let blocks = n0.div_ceil(256) + n.div_ceil(256);
@@ -128,7 +132,11 @@ impl CudaBackend {
             }
             return Ok(self.router.download_last(&self.dev, &routes)?);
         }
-        let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) { vec![0.0; logits.len] } else { self.dev.download(logits.ptr(), logits.len)? };
+        let l: Vec<f32> = if logits.zero_pending.load(Ordering::Acquire) {
+            vec![0.0; logits.len]
+        } else {
+            self.dev.download(logits.ptr(), logits.len)?
+        };
         let b: Option<Vec<f32>> = match bias {
             Some(b) => Some(self.dev.download(self.rd(b)?, b.len)?),
             None => None,
@@ -136,7 +144,15 @@ impl CudaBackend {
         moe::route(&self.moe_counts, layer, &l, b.as_deref(), p)
     }
 
-    pub(crate) fn moe_router_op(&self, layer: usize, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+    pub(crate) fn moe_router_op(
+        &self,
+        layer: usize,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        n_tok: usize,
+        bias: Option<&CudaBuf>,
+        p: &MoeRouting,
+    ) -> Result<Vec<Route>> {
         self.dev.bind()?;
         // decode steps routed on the device: the router matmul and the routing in one launch
         // (in exact numerics too: its logits are gemv_f32's, its routes moe_route's, bit for

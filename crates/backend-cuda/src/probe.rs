@@ -25,7 +25,14 @@ impl CudaBackend {
 
     /// The router matmul and the routing in one launch (`moe_router_f32`, as decode steps run
     /// it) with the routes downloaded: the fused kernel against `matmul` + the host reference.
-    pub fn moe_router_on_device(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {
+    pub fn moe_router_on_device(
+        &self,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        n_tok: usize,
+        bias: Option<&CudaBuf>,
+        p: &MoeRouting,
+    ) -> Result<Vec<Route>> {
         self.dev.bind()?;
         check_len("router input", x.len, n_tok * w.n_in)?;
         let bias = match bias {

@@ -9,9 +9,9 @@
 //!  params (10 words / row) + penalty pairs ──upload (stream-ordered)──┘
 //! ```
 
-use crate::runtime::Arg;
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
+use crate::runtime::Arg;
 use quarrel_core::SampleRow;
 
 /// Words per row of the parameter array (kernels/sample.cu SAMPLE_PARAMS).

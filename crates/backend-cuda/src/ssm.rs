@@ -16,9 +16,9 @@
 //! sequence starting at position 0 starts from zeros. Non-finite state values are counted
 //! on the device and reported by `state_stats` (the scan itself does not synchronize).
 
-use crate::runtime::{Arg, DevMem};
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
+use crate::runtime::{Arg, DevMem};
 use quarrel_core::{ForwardBatch, SsmParams, StateSpec};
 
 /// Largest `d_conv` and `d_state` the kernels hold in registers.
@@ -54,7 +54,10 @@ impl CudaState {
             };
             p.validate().map_err(CudaError::Shape)?;
             if p.d_conv > MAX_D_CONV || p.d_state > MAX_D_STATE {
-                return Err(CudaError::Unsupported(format!("SSM with d_conv {} / d_state {} (at most {MAX_D_CONV} / {MAX_D_STATE})", p.d_conv, p.d_state)));
+                return Err(CudaError::Unsupported(format!(
+                    "SSM with d_conv {} / d_state {} (at most {MAX_D_CONV} / {MAX_D_STATE})",
+                    p.d_conv, p.d_state
+                )));
             }
             for (len, dst) in [(p.conv_state_len(), &mut conv), (p.ssm_state_len(), &mut ssm)] {
                 let bytes = len
@@ -134,7 +137,17 @@ fn check(what: &str, got: usize, want: usize) -> Result<(), CudaError> {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx: Dev, w: Dev, bias: Option<Dev>, batch: &ForwardBatch, out: Dev) -> Result<(), CudaError> {
+pub(crate) fn conv(
+    dev: &Device,
+    st: &CudaState,
+    layer: usize,
+    p: &SsmParams,
+    zx: Dev,
+    w: Dev,
+    bias: Option<Dev>,
+    batch: &ForwardBatch,
+    out: Dev,
+) -> Result<(), CudaError> {
     let (cd, dp, n) = (p.conv_dim(), p.d_in_proj(), batch.n_tokens());
     check("ssm_conv input", zx.1, n * dp)?;
     check("ssm_conv output", out.1, n * cd)?;
@@ -148,7 +161,9 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
         // prefill: every token in parallel, then the carried state
         let mut tokseq = vec![u32::MAX; n];
         for (i, sq) in batch.seqs.iter().enumerate() {
-            let span = tokseq.get_mut(sq.start..sq.start + sq.len).ok_or_else(|| CudaError::Shape(format!("sequence tokens {}..{} of {n}", sq.start, sq.start + sq.len)))?;
+            let span = tokseq
+                .get_mut(sq.start..sq.start + sq.len)
+                .ok_or_else(|| CudaError::Shape(format!("sequence tokens {}..{} of {n}", sq.start, sq.start + sq.len)))?;
             span.iter_mut().for_each(|v| *v = i as u32);
         }
         let ts = dev.upload_async(&tokseq)?;
@@ -174,12 +189,26 @@ pub(crate) fn conv(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, zx
         return dev.launch_1d(
             "ssm_conv_state",
             (n_seq * cd) as u64,
-            &[Arg::P(zx.0), Arg::P(seq.ptr()), Arg::P(state), Arg::I(n_seq as i32), Arg::I(cd as i32), Arg::I(p.d_conv as i32), Arg::I(dp as i32), Arg::I(p.d_inner as i32)],
+            &[
+                Arg::P(zx.0),
+                Arg::P(seq.ptr()),
+                Arg::P(state),
+                Arg::I(n_seq as i32),
+                Arg::I(cd as i32),
+                Arg::I(p.d_conv as i32),
+                Arg::I(dp as i32),
+                Arg::I(p.d_inner as i32),
+            ],
         );
     }
     let c = ConvHeld { layer, p: *p, zx: zx.0, w: w.0, bias: bias.map_or(0, |b| b.0), seq, n_seq, state, out: out.0 };
     // a decode step of one token per sequence: held, the scan that reads `out` joins it
-    if st.merge.load(std::sync::atomic::Ordering::Relaxed) && batch.seqs.iter().all(|s| s.len <= 1) && p.head_dim().is_multiple_of(8) && p.n_group <= st.max_groups && (n_seq * p.d_inner / 8) <= u32::MAX as usize {
+    if st.merge.load(std::sync::atomic::Ordering::Relaxed)
+        && batch.seqs.iter().all(|s| s.len <= 1)
+        && p.head_dim().is_multiple_of(8)
+        && p.n_group <= st.max_groups
+        && (n_seq * p.d_inner / 8) <= u32::MAX as usize
+    {
         return dev.hold(crate::fusion::Held::SsmConv(c));
     }
     c.launch(dev)
@@ -262,7 +291,16 @@ impl ScanKernel {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn scan(dev: &Device, st: &CudaState, layer: usize, p: &SsmParams, s: &ScanArgs, batch: &ForwardBatch, y: Dev, kernel: ScanKernel) -> Result<(), CudaError> {
+pub(crate) fn scan(
+    dev: &Device,
+    st: &CudaState,
+    layer: usize,
+    p: &SsmParams,
+    s: &ScanArgs,
+    batch: &ForwardBatch,
+    y: Dev,
+    kernel: ScanKernel,
+) -> Result<(), CudaError> {
     let (cd, dp, n) = (p.conv_dim(), p.d_in_proj(), batch.n_tokens());
     check("ssm_scan input", s.xbc.1, n * cd)?;
     check("ssm_scan projection", s.zx.1, n * dp)?;

@@ -33,7 +33,9 @@ fn parse() -> Tuning {
     } else if let Some(h) = std::env::var_os("QUARREL_HOME") {
         PathBuf::from(h).join("cuda")
     } else {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/quarrel/cuda")).unwrap_or_else(|| std::env::temp_dir().join("quarrel-cuda"))
+        std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".cache/quarrel/cuda"))
+            .unwrap_or_else(|| std::env::temp_dir().join("quarrel-cuda"))
     };
     let profile = match std::env::var("QUARREL_CUDA_PROFILE").as_deref() {
         Ok("host") => Profile::Host,

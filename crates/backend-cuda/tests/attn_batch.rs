@@ -31,8 +31,6 @@ mod tol {
     pub const ONE_PASS_CPU: f64 = 1e-9;
 }
 
-
-
 struct Case {
     n_head: usize,
     n_kv_head: usize,
@@ -282,7 +280,15 @@ fn one_pass_kernel_matches_cpu_bits() {
     cases.push((Case { n_head: 32, n_kv_head: 8, hd: 128, ty: KvType::F16, window: None, softcap: None }, &many));
     cases.push((Case { n_head: 32, n_kv_head: 8, hd: 32, ty: KvType::F16, window: None, softcap: None }, &many));
     for (c, lens) in &cases {
-        let what = format!("heads {}/{} hd {} window {:?} softcap {:?}, {} sequences", c.n_head, c.n_kv_head, c.hd, c.window, c.softcap, lens.len());
+        let what = format!(
+            "heads {}/{} hd {} window {:?} softcap {:?}, {} sequences",
+            c.n_head,
+            c.n_kv_head,
+            c.hd,
+            c.window,
+            c.softcap,
+            lens.len()
+        );
         let want = decode(&cpu, c, lens);
         let new = decode(&gpu, c, lens);
         let d_cpu = want.iter().zip(&new).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
@@ -364,14 +370,22 @@ fn invariant_attention_prefill_equals_decode_bits() {
         let low = split * c.n_head * c.hd;
         let e_low = if split > 0 { nmse(&want_vec[..low], &whole[..low]) } else { 0.0 };
         let e_high = if split < total { nmse(&want_f32[low..], &whole[low..]) } else { 0.0 };
-        eprintln!("invariant {what}: positions < {split} vs the CPU's vector path nmse {e_low:.2e}, later ones vs its f32 path {e_high:.2e}");
+        eprintln!(
+            "invariant {what}: positions < {split} vs the CPU's vector path nmse {e_low:.2e}, later ones vs its f32 path {e_high:.2e}"
+        );
         assert!(e_low <= tol::ONE_PASS_CPU, "invariant {what}: positions < {split} vs CPU {e_low:.3e}");
         assert!(e_high <= tol::MMA_CPU, "invariant {what}: positions >= {split} vs CPU {e_high:.3e}");
         for (chunks, n_blocks) in [(&[100usize, 300, 7][..], 160), (&[250, 1][..], 160), (&[250, 1][..], 400)] {
             let got = chunked(&gpu, c, total, chunks, n_blocks);
             let qrow = c.n_head * c.hd;
-            let differ: Vec<usize> = (0..total).filter(|&t| (t * qrow..(t + 1) * qrow).any(|i| got[i].to_bits() != whole[i].to_bits())).collect();
-            assert!(differ.is_empty(), "invariant {what}: chunks {chunks:?} ({n_blocks} blocks) differ from one prefill at {} tokens, first {:?}", differ.len(), &differ[..differ.len().min(8)]);
+            let differ: Vec<usize> =
+                (0..total).filter(|&t| (t * qrow..(t + 1) * qrow).any(|i| got[i].to_bits() != whole[i].to_bits())).collect();
+            assert!(
+                differ.is_empty(),
+                "invariant {what}: chunks {chunks:?} ({n_blocks} blocks) differ from one prefill at {} tokens, first {:?}",
+                differ.len(),
+                &differ[..differ.len().min(8)]
+            );
         }
     }
 }

@@ -64,7 +64,8 @@ fn sample_rows_match_the_reference() {
         let rows: Vec<SampleRow> = (0..n_rows)
             .map(|i| {
                 let penalties: Vec<(u32, u32)> = if (case + i) % 2 == 0 {
-                    let mut p: Vec<(u32, u32)> = (0..20).map(|_| ((next() * dim as f64 * 1.01) as u32, 1 + (next() * 3.0) as u32)).collect();
+                    let mut p: Vec<(u32, u32)> =
+                        (0..20).map(|_| ((next() * dim as f64 * 1.01) as u32, 1 + (next() * 3.0) as u32)).collect();
                     p.sort_unstable();
                     p.dedup_by_key(|e| e.0);
                     p
@@ -101,7 +102,17 @@ fn sample_rows_match_the_reference() {
     assert!(differ * 50 <= trials, "{differ} of {trials} picks differ");
     // top-k 0 (all tokens) runs on the host: same picks
     let l = rnd(5000, 3);
-    let row = SampleRow { temperature: 0.9, top_k: 0, top_p: 0.95, min_p: 0.0, repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, penalties: vec![], r: 0.37 };
+    let row = SampleRow {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 0.95,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        penalties: vec![],
+        r: 0.37,
+    };
     let x = gpu.upload(&l).unwrap();
     assert_eq!(gpu.sample_rows(&x, 5000, std::slice::from_ref(&row)).unwrap(), vec![sample_row_ref(&l, &row)]);
     // a shape mismatch is an error

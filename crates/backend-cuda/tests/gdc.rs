@@ -119,7 +119,9 @@ fn matches(pattern: &str, name: &str) -> bool {
     // literal pieces in order; macro parameters (upper-case words) match anything
     let mut rest = name;
     for (i, p) in parts.iter().enumerate() {
-        let is_param = !p.is_empty() && p.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') && p.chars().any(|c| c.is_ascii_uppercase());
+        let is_param = !p.is_empty()
+            && p.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            && p.chars().any(|c| c.is_ascii_uppercase());
         if is_param {
             continue;
         }
@@ -149,7 +151,10 @@ fn every_registered_wait_flag_matches_the_kernel_body() {
         let defs: Vec<&(String, String)> = ks.iter().filter(|(p, _)| matches(p, name)).collect();
         if waits {
             n_wait += 1;
-            assert!(defs.iter().any(|(_, b)| body_waits(b, &waiting)), "{name} is launched with PDL but no kernel of that name calls GDC()");
+            assert!(
+                defs.iter().any(|(_, b)| body_waits(b, &waiting)),
+                "{name} is launched with PDL but no kernel of that name calls GDC()"
+            );
         } else {
             n_plain += 1;
             assert!(defs.iter().all(|(_, b)| !body_waits(b, &waiting)), "{name} calls GDC() but is registered as not waiting");

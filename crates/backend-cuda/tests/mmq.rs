@@ -23,10 +23,16 @@ mod tol {
     pub const GEMV: f64 = 1e-10;
 }
 
-const TYPES: [QuantType; 8] =
-    [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K];
-
-
+const TYPES: [QuantType; 8] = [
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q8_0,
+    QuantType::Q4_K,
+    QuantType::Q5_K,
+    QuantType::Q6_K,
+];
 
 fn is_k(ty: QuantType) -> bool {
     matches!(ty, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K)
@@ -40,7 +46,19 @@ fn mmq_matches_twin_cpu_and_gemv() {
     let cpu = CpuBackend::new(0).unwrap();
     // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
     // (544 = 17 units, legacy only), split-K (few blocks, long rows), a full-size tile
-    let shapes = [(512usize, 70usize, 9usize), (544, 70, 17), (2048, 70, 33), (256, 200, 100), (4096, 130, 64), (1024, 512, 300), (768, 130, 40), (2304, 260, 129), (4096, 200, 32), (768, 64, 24), (256, 40, 1)];
+    let shapes = [
+        (512usize, 70usize, 9usize),
+        (544, 70, 17),
+        (2048, 70, 33),
+        (256, 200, 100),
+        (4096, 130, 64),
+        (1024, 512, 300),
+        (768, 130, 40),
+        (2304, 260, 129),
+        (4096, 200, 32),
+        (768, 64, 24),
+        (256, 40, 1),
+    ];
     eprintln!("| type | n_in | n_out | n_tok | nmse vs twin | vs CPU | vs GEMV |\n|---|---:|---:|---:|---:|---:|---:|");
     for (si, &(n_in, n_out, n_tok)) in shapes.iter().enumerate() {
         for (ti, &ty) in TYPES.iter().enumerate() {
@@ -115,7 +133,13 @@ fn grouped_expert_mmq_matches_twin_per_route() {
     assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, tokens, used per token, skew)
-    let shapes = [(256usize, 70usize, 8usize, 40usize, 2usize, false), (512, 130, 16, 100, 4, true), (768, 64, 4, 200, 2, false), (256, 200, 32, 300, 6, true), (1024, 96, 8, 64, 8, false)];
+    let shapes = [
+        (256usize, 70usize, 8usize, 40usize, 2usize, false),
+        (512, 130, 16, 100, 4, true),
+        (768, 64, 4, 200, 2, false),
+        (256, 200, 32, 300, 6, true),
+        (1024, 96, 8, 64, 8, false),
+    ];
     eprintln!("| type | n_in | n_out | experts | tokens x used | nmse vs twin |\n|---|---:|---:|---:|---:|---:|");
     for (si, &(n_in, n_out, ne, n_tok, used, skew)) in shapes.iter().enumerate() {
         for (ti, &ty) in TYPES.iter().enumerate() {
@@ -185,7 +209,12 @@ fn device_planned_expert_mmq_equals_host_planned() {
     assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, used, tokens, logit bias toward expert 0: skew)
-    let shapes = [(256usize, 70usize, 8usize, 2usize, 40usize, 0.0f32), (512, 130, 64, 6, 300, 4.0), (256, 64, 128, 6, 200, 0.0), (1024, 96, 4, 2, 700, 3.0)];
+    let shapes = [
+        (256usize, 70usize, 8usize, 2usize, 40usize, 0.0f32),
+        (512, 130, 64, 6, 300, 4.0),
+        (256, 64, 128, 6, 200, 0.0),
+        (1024, 96, 4, 2, 700, 3.0),
+    ];
     for (si, &(n_in, n_out, ne, used, n_tok, skew)) in shapes.iter().enumerate() {
         for (ti, &ty) in TYPES.iter().enumerate() {
             if is_k(ty) && n_in % 256 != 0 {
@@ -217,12 +246,23 @@ fn device_planned_expert_mmq_equals_host_planned() {
                 let mut oh = gpu.alloc(real.len() * n_out).unwrap();
                 gpu.moe_matmul(&w, ne, &xb, &real, per_token, &mut oh).unwrap();
                 let host_planned = gpu.download(&oh).unwrap();
-                assert!(dev_planned.iter().zip(&host_planned).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} shape {si} per_token {per_token}: device-planned != host-planned");
+                assert!(
+                    dev_planned.iter().zip(&host_planned).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty} shape {si} per_token {per_token}: device-planned != host-planned"
+                );
                 let mut want = Vec::with_capacity(host_planned.len());
                 for (i, r) in real.iter().enumerate() {
                     let row = if per_token { r.token as usize } else { i };
                     let (t, pl, m) = repack(ty, &bytes[r.expert as usize * eb..(r.expert as usize + 1) * eb]).unwrap();
-                    want.extend(quarrel_cuda::mmq::reference(t, &pl, &m.unwrap_or_default(), n_in, n_out, &x[row * n_in..(row + 1) * n_in], 1));
+                    want.extend(quarrel_cuda::mmq::reference(
+                        t,
+                        &pl,
+                        &m.unwrap_or_default(),
+                        n_in,
+                        n_out,
+                        &x[row * n_in..(row + 1) * n_in],
+                        1,
+                    ));
                 }
                 let e = nmse(&want, &dev_planned);
                 assert!(e <= tol::TWIN, "{ty} shape {si}: device-planned expert MMQ nmse vs twin {e:.3e}");
@@ -287,7 +327,13 @@ fn invariant_gemvm_equals_unsplit_mmq_bit_for_bit() {
                     let got = gpu.download(&ob).unwrap();
                     let want = &whole[t0 * n_out..(t0 + nt) * n_out];
                     let differ = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                    assert_eq!(differ, 0, "{ty:?} {n_in}x{n_out}: tokens {t0}..{} in chunks of {chunk}: {differ} of {} outputs differ from MMQ", t0 + nt, got.len());
+                    assert_eq!(
+                        differ,
+                        0,
+                        "{ty:?} {n_in}x{n_out}: tokens {t0}..{} in chunks of {chunk}: {differ} of {} outputs differ from MMQ",
+                        t0 + nt,
+                        got.len()
+                    );
                     t0 += nt;
                 }
             }

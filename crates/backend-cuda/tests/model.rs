@@ -181,7 +181,14 @@ fn smollm2_perplexity_matches_cpu() {
     let c = engine(CpuBackend::new(0).unwrap(), &path, opts).perplexity(&text, 512, &mut |_| {}).unwrap();
     let tc = t.elapsed();
     let rel = (g.ppl - c.ppl).abs() / c.ppl;
-    eprintln!("perplexity: GPU {:.4} ({:.2} s), CPU {:.4} ({:.2} s), rel diff {:.4}%", g.ppl, tg.as_secs_f64(), c.ppl, tc.as_secs_f64(), rel * 100.0);
+    eprintln!(
+        "perplexity: GPU {:.4} ({:.2} s), CPU {:.4} ({:.2} s), rel diff {:.4}%",
+        g.ppl,
+        tg.as_secs_f64(),
+        c.ppl,
+        tc.as_secs_f64(),
+        rel * 100.0
+    );
     assert_eq!(g.n_chunks, c.n_chunks);
     assert!(rel < 0.005, "GPU perplexity {} is {:.3}% from the CPU's {}", g.ppl, rel * 100.0, c.ppl);
 }

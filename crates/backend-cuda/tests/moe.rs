@@ -14,7 +14,16 @@ use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
 use quarrel_synth::Ftype;
 use std::path::{Path, PathBuf};
 
-const PRESETS: &[&str] = &["tiny-mixtral", "tiny-granite", "tiny-granitemoe", "tiny-granitehybrid", "tiny-mamba2", "tiny-nemotron-h", "tiny-nemotron-h-moe", "tiny-gemma3"];
+const PRESETS: &[&str] = &[
+    "tiny-mixtral",
+    "tiny-granite",
+    "tiny-granitemoe",
+    "tiny-granitehybrid",
+    "tiny-mamba2",
+    "tiny-nemotron-h",
+    "tiny-nemotron-h-moe",
+    "tiny-gemma3",
+];
 
 /// Logits vs llama.cpp (the fixtures' bound, as for the CPU backend).
 const VS_LLAMA: f64 = 1e-4;
@@ -126,7 +135,8 @@ struct Fixture {
 }
 
 fn read_fixture(path: &Path) -> Fixture {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap();
     let nums = |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
     Fixture {
         tokens: nums(&v["tokens"]).into_iter().map(|x| x as u32).collect(),
@@ -300,9 +310,20 @@ fn fused_combine_add_norm_equals_separate_launches() {
     // small feed-forwards
     let wide = |name: &str| {
         let base = *ArchPreset::by_name(name).unwrap();
-        ArchPreset { n_embd: 3072, n_head: 24, n_head_kv: 8, head_dim: 128, n_ff: 64, n_expert: 8, n_used: 2, pattern: &base.pattern[..2], ..base }
+        ArchPreset {
+            n_embd: 3072,
+            n_head: 24,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_ff: 64,
+            n_expert: 8,
+            n_used: 2,
+            pattern: &base.pattern[..2],
+            ..base
+        }
     };
-    let presets = ["tiny-mixtral", "tiny-granitemoe", "tiny-granitehybrid", "tiny-nemotron-h-moe"].map(|n| (n, *ArchPreset::by_name(n).unwrap()));
+    let presets =
+        ["tiny-mixtral", "tiny-granitemoe", "tiny-granitehybrid", "tiny-nemotron-h-moe"].map(|n| (n, *ArchPreset::by_name(n).unwrap()));
     let wides = [("wide-mixtral", wide("tiny-mixtral")), ("wide-granitemoe", wide("tiny-granitemoe"))];
     for (name, preset) in presets.into_iter().chain(wides) {
         for ftype in [Ftype::Q8_0, Ftype::Q4_K_M] {
@@ -324,7 +345,12 @@ fn fused_combine_add_norm_equals_separate_launches() {
                 assert_eq!(a.len(), b.len());
                 for (p, (x, y)) in a.iter().zip(&b).enumerate() {
                     let same = x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits());
-                    assert!(same, "{name} {} n_batch {n_batch}: the fused combine differs at row {p} (nmse {:.3e})", ftype.name(), nmse(x, y));
+                    assert!(
+                        same,
+                        "{name} {} n_batch {n_batch}: the fused combine differs at row {p} (nmse {:.3e})",
+                        ftype.name(),
+                        nmse(x, y)
+                    );
                 }
             }
         }
@@ -371,7 +397,11 @@ fn expert_budget_keeps_logits_identical() {
                     for (p, (a, b)) in want.iter().zip(&got).enumerate() {
                         let e = nmse(a, b);
                         let ok = if n_batch == 512 { a == b } else { e <= 1e-9 };
-                        assert!(ok, "{name} {} budget {budget} n_batch {n_batch}: logits differ at position {p} (nmse {e:.3e})", ftype.name());
+                        assert!(
+                            ok,
+                            "{name} {} budget {budget} n_batch {n_batch}: logits differ at position {p} (nmse {e:.3e})",
+                            ftype.name()
+                        );
                     }
                     eprintln!("{name} {} budget {budget} n_batch {n_batch}: {st:?}", ftype.name());
                 }
@@ -400,16 +430,23 @@ fn device_router_matches_host_reference() {
         let n_used = 1 + (next() as usize) % n_expert.min(8);
         let n_tok = 1 + (next() as usize) % 8;
         let gating = if next().is_multiple_of(2) { Gating::Softmax } else { Gating::Sigmoid };
-        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next().is_multiple_of(2), scale: [0.0f32, 1.0, 2.5, 0.125][(next() % 4) as usize] };
+        let p = MoeRouting {
+            n_expert,
+            n_used,
+            gating,
+            norm_weights: next().is_multiple_of(2),
+            scale: [0.0f32, 1.0, 2.5, 0.125][(next() % 4) as usize],
+        };
         let logits: Vec<f32> = (0..n_tok * n_expert)
             .map(|_| match next() % 16 {
-                0 => 0.5,                                  // ties
-                1 if round % 5 == 0 => f32::NAN,           // NaN sorts last
-                2 => 30.0 + (next() % 8) as f32,           // large
+                0 => 0.5,                        // ties
+                1 if round % 5 == 0 => f32::NAN, // NaN sorts last
+                2 => 30.0 + (next() % 8) as f32, // large
                 _ => ((next() % 20001) as f32 - 10000.0) * 1e-3,
             })
             .collect();
-        let bias: Option<Vec<f32>> = next().is_multiple_of(3).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
+        let bias: Option<Vec<f32>> =
+            next().is_multiple_of(3).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
         let want = route_reference(&logits, bias.as_deref(), &p).unwrap();
         let lb = be.upload(&logits).unwrap();
         let bb = bias.as_ref().map(|b| be.upload(b).unwrap());
@@ -438,7 +475,9 @@ fn ssm_conv_scan_equals_conv_then_scan() {
     }
     let be = CudaBackend::new(0).unwrap();
     let mut next = xorshift(0x853c49e6748fea9bu64);
-    let mut rnd = move |n: usize, scale: f32| -> Vec<f32> { (0..n).map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect() };
+    let mut rnd = move |n: usize, scale: f32| -> Vec<f32> {
+        (0..n).map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
+    };
     let shapes = [(8usize, 32usize, 128usize, 2usize), (8, 64, 64, 1), (16, 32, 128, 8), (4, 64, 256, 4), (8, 40, 16, 2)];
     for &(n_head, hd, d_state, n_group) in &shapes {
         let p = SsmParams { d_conv: 4, d_inner: n_head * hd, d_state, n_group, n_head, eps: 1e-5 };
@@ -505,17 +544,26 @@ fn fused_router_matches_matmul_and_reference() {
         let n_tok = [1usize, 2, 4, 8][round % 4];
         let n_used = 1 + (next() as usize) % n_expert.min(8);
         let gating = if next().is_multiple_of(2) { Gating::Softmax } else { Gating::Sigmoid };
-        let p = MoeRouting { n_expert, n_used, gating, norm_weights: next().is_multiple_of(2), scale: [0.0f32, 1.0, 2.5][(next() % 3) as usize] };
+        let p = MoeRouting {
+            n_expert,
+            n_used,
+            gating,
+            norm_weights: next().is_multiple_of(2),
+            scale: [0.0f32, 1.0, 2.5][(next() % 3) as usize],
+        };
         let mut w = GgufWriter::new();
         w.add_tensor("router", &[n_in as u64, n_expert as u64], QuantType::F32).unwrap();
         // a few duplicated rows: tied logits
         let rows: Vec<Vec<f32>> = (0..n_expert).map(|_| (0..n_in).map(|_| ((next() % 2001) as f32 - 1000.0) * 2e-5).collect()).collect();
-        let data: Vec<u8> = (0..n_expert).flat_map(|e| rows[if e % 7 == 3 { e - 1 } else { e }].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).collect();
+        let data: Vec<u8> = (0..n_expert)
+            .flat_map(|e| rows[if e % 7 == 3 { e - 1 } else { e }].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+            .collect();
         let g = Arc::new(Gguf::from_bytes(w.to_bytes(&[data.as_slice()]).unwrap()).unwrap());
         let wt = be.load_weight(WeightSource { gguf: &g, name: "router" }).unwrap();
         let x: Vec<f32> = (0..n_tok * n_in).map(|_| ((next() % 20001) as f32 - 10000.0) * 1e-4).collect();
         let xb = be.upload(&x).unwrap();
-        let bias: Option<Vec<f32>> = next().is_multiple_of(3).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
+        let bias: Option<Vec<f32>> =
+            next().is_multiple_of(3).then(|| (0..n_expert).map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-4).collect());
         let bb = bias.as_ref().map(|b| be.upload(b).unwrap());
         let got = be.moe_router_on_device(&wt, &xb, n_tok, bb.as_ref(), &p).unwrap();
         let mut lb = be.alloc(n_tok * n_expert).unwrap();
@@ -562,9 +610,25 @@ fn exact_numerics_consistent_on_a_7b_shape() {
             let mut e = engine_mode(&path, EngineOptions { n_ctx: n, n_batch: 512, n_seq: 4, ..Default::default() }, mode);
             let checks = e.consistency(&ConsistencyOptions { n_tokens: n, n_prefill: 40.max(n / 3), n_seqs: 4, seed: 5 }).unwrap();
             for c in &checks {
-                eprintln!("mistral-7b x2 {} {}: {}: {} of {} positions identical, worst nmse {:.2e}", ftype.name(), mode.name(), c.name, c.identical(), c.nmse.len(), c.worst());
+                eprintln!(
+                    "mistral-7b x2 {} {}: {}: {} of {} positions identical, worst nmse {:.2e}",
+                    ftype.name(),
+                    mode.name(),
+                    c.name,
+                    c.identical(),
+                    c.nmse.len(),
+                    c.worst()
+                );
                 if c.identical() != c.nmse.len() {
-                    failures.push(format!("{} {}: {}: {} of {} positions differ (worst nmse {:.2e})", ftype.name(), mode.name(), c.name, c.nmse.len() - c.identical(), c.nmse.len(), c.worst()));
+                    failures.push(format!(
+                        "{} {}: {}: {} of {} positions differ (worst nmse {:.2e})",
+                        ftype.name(),
+                        mode.name(),
+                        c.name,
+                        c.nmse.len() - c.identical(),
+                        c.nmse.len(),
+                        c.worst()
+                    ));
                 }
             }
         }

@@ -44,9 +44,18 @@ fn bit_diff(a: &[f32], b: &[f32]) -> (usize, f64) {
 fn weights() -> Arc<Gguf> {
     let mut w = GgufWriter::new();
     let mut data = Vec::new();
-    for (i, ty) in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K]
-        .into_iter()
-        .enumerate()
+    for (i, ty) in [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+    ]
+    .into_iter()
+    .enumerate()
     {
         for (name, n_in, n_out) in [("up", EMBD, FF), ("down", FF, EMBD)] {
             let v: Vec<f32> = rnd(n_in * n_out, 500 + 2 * i as u64 + (name == "down") as u64).iter().map(|x| x * 0.1).collect();
@@ -94,7 +103,16 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>) -> Vec<(&'static str, Vec<f32>
         let w = load(be, g, &format!("up.{ty}"));
         let mut e = be.alloc(3 * EMBD).unwrap();
         be.embed(&w, &[5, 0, FF as u32 - 1], &mut e).unwrap();
-        outs.push((if ty == "q8_0" { "embed q8_0" } else if ty == "q4_1" { "embed q4_1" } else { "embed q4_K" }, be.download(&e).unwrap()));
+        outs.push((
+            if ty == "q8_0" {
+                "embed q8_0"
+            } else if ty == "q4_1" {
+                "embed q4_1"
+            } else {
+                "embed q4_K"
+            },
+            be.download(&e).unwrap(),
+        ));
     }
     outs
 }
@@ -387,7 +405,10 @@ fn decode_attention_long_contexts_match_cpu() {
                 let (n, ulp) = bit_diff(x, y);
                 let rms = (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
                 let worst = x.iter().zip(y).map(|(u, v)| ((u - v) as f64).abs()).fold(0f64, f64::max) / rms;
-                eprintln!("lens {lens:?} window {window:?} exact {exact} step {step}: {n} of {} differ ({ulp:.1} ulp, |diff| / rms {worst:.2e})", x.len());
+                eprintln!(
+                    "lens {lens:?} window {window:?} exact {exact} step {step}: {n} of {} differ ({ulp:.1} ulp, |diff| / rms {worst:.2e})",
+                    x.len()
+                );
                 if (bit_exact && n > 0) || worst > 2e-2 {
                     bad.push(format!("{lens:?} {window:?} exact {exact} step {step}"));
                 }
@@ -562,7 +583,9 @@ fn fresh_tables_read_right_after_load() {
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn small_float_matmul_prefill_equals_token_steps() {
     let Some(be) = cuda() else { return };
-    for (ty, n_in, n_out) in [(QuantType::F32, 1536usize, 64usize), (QuantType::F32, 2688, 128), (QuantType::F16, 4096, 8), (QuantType::BF16, 512, 40)] {
+    for (ty, n_in, n_out) in
+        [(QuantType::F32, 1536usize, 64usize), (QuantType::F32, 2688, 128), (QuantType::F16, 4096, 8), (QuantType::BF16, 512, 40)]
+    {
         let mut w = GgufWriter::new();
         w.add_tensor("router", &[n_in as u64, n_out as u64], ty).unwrap();
         let v = rnd(n_in * n_out, 77);

@@ -37,8 +37,6 @@ fn cuda() -> Option<CudaBackend> {
     Some(gpu)
 }
 
-
-
 const N_IN: usize = 512;
 const N_OUT: usize = 70;
 
@@ -104,7 +102,10 @@ fn matmul_every_type_gemv_and_gemm() {
             let e = nmse(&a, &b);
             let bound = if n_tok > 8 {
                 tol::GEMM
-            } else if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q2_K | QuantType::Q3_K | QuantType::IQ4_NL) {
+            } else if matches!(
+                ty,
+                QuantType::F32 | QuantType::F16 | QuantType::BF16 | QuantType::Q2_K | QuantType::Q3_K | QuantType::IQ4_NL
+            ) {
                 tol::GEMV_FLOAT
             } else if matches!(ty, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K) {
                 tol::GEMV_K
@@ -139,7 +140,13 @@ fn matmul_row_splits() {
                 let a = mm(&cpu, &g, ty, n_in, n_out, n_tok);
                 let b = mm(&gpu, &g, ty, n_in, n_out, n_tok);
                 let e = nmse(&a, &b);
-                let bound = if ty == QuantType::Q6_K { tol::GEMV_K } else if ty == QuantType::F16 { tol::GEMV_FLOAT } else { tol::GEMV_LEGACY };
+                let bound = if ty == QuantType::Q6_K {
+                    tol::GEMV_K
+                } else if ty == QuantType::F16 {
+                    tol::GEMV_FLOAT
+                } else {
+                    tol::GEMV_LEGACY
+                };
                 eprintln!("matmul {ty} {n_in}x{n_out} n_tok {n_tok}: nmse {e:.3e}");
                 assert!(e <= bound, "matmul {ty} {n_in}x{n_out} n_tok {n_tok}: nmse {e:.3e}");
             }
@@ -474,7 +481,14 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
         let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
         let g = Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap());
         #[allow(clippy::too_many_arguments)]
-        fn run<B: Backend>(be: &B, g: &Arc<Gguf>, dims: (usize, usize, usize, usize, usize), rp: &RopeParams, n_tok: usize, fuse: bool) -> Vec<f32> {
+        fn run<B: Backend>(
+            be: &B,
+            g: &Arc<Gguf>,
+            dims: (usize, usize, usize, usize, usize),
+            rp: &RopeParams,
+            n_tok: usize,
+            fuse: bool,
+        ) -> Vec<f32> {
             let (n_in, n_head, n_kv_head, hd, bs) = dims;
             let ws: Vec<B::Weight> = (0..3).map(|i| load(be, g, &format!("w{i}"))).collect();
             let spec = KvSpec { n_layer: 1, n_kv_head, head_dim: hd, block_size: bs, n_blocks: 16, ty: KvType::F16 };
@@ -514,7 +528,9 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
         }
         let dims = (n_in, n_head, n_kv_head, hd, bs);
         let ff: Vec<f32> = (0..hd / 2).map(|i| 1.0 + 0.1 * i as f32).collect();
-        for (style, n_rot, freq_factors) in [(RopeStyle::Normal, hd, None), (RopeStyle::Normal, hd, Some(ff)), (RopeStyle::Neox, hd, None), (RopeStyle::Normal, 32, None)] {
+        for (style, n_rot, freq_factors) in
+            [(RopeStyle::Normal, hd, None), (RopeStyle::Normal, hd, Some(ff)), (RopeStyle::Neox, hd, None), (RopeStyle::Normal, 32, None)]
+        {
             let rp = RopeParams { style, n_rot, freq_base: 10000.0, freq_scale: 0.5, freq_factors };
             for n_tok in [1, 2, 5, 8] {
                 let plain = run(&gpu, &g, dims, &rp, n_tok, false);

@@ -116,7 +116,15 @@ fn prefill_scan_kernels_equal_token_steps() {
     }
     let be = CudaBackend::new(0).unwrap();
     // (heads, head size, state size, groups): state sizes 16 and 48 have only the generic kernel
-    let shapes = [(8usize, 32usize, 16usize, 2usize), (4, 64, 48, 1), (8, 64, 64, 2), (6, 64, 128, 1), (16, 32, 128, 8), (4, 64, 256, 4), (4, 32, 256, 1)];
+    let shapes = [
+        (8usize, 32usize, 16usize, 2usize),
+        (4, 64, 48, 1),
+        (8, 64, 64, 2),
+        (6, 64, 128, 1),
+        (16, 32, 128, 8),
+        (4, 64, 256, 4),
+        (4, 32, 256, 1),
+    ];
     let lens = [76usize, 44];
     let slots = [3u32, 1];
     // prefills: fresh (50 and 40 tokens: a partial chunk), then continuing a carried state (25
@@ -138,7 +146,10 @@ fn prefill_scan_kernels_equal_token_steps() {
                 let got = by_token(&p, &chunked, &got, 2);
                 for s in 0..2 {
                     for t in 0..lens[s] {
-                        assert!(got[s][t] == want[s][t], "{p:?} {kernel:?} overflow {overflow}: sequence {s} token {t} differs from token-by-token decode");
+                        assert!(
+                            got[s][t] == want[s][t],
+                            "{p:?} {kernel:?} overflow {overflow}: sequence {s} token {t} differs from token-by-token decode"
+                        );
                     }
                 }
                 assert_eq!(bad, want_bad, "{p:?} {kernel:?}: non-finite state counts differ");

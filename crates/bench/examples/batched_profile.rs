@@ -6,8 +6,8 @@
 //! one run mean anything). Prints ms per decode step by op kind, the best round per thread
 //! count; with one thread ops are timed by the thread's CPU time and the step total is too
 //! (what the busy machine's scheduling does not inflate). A benchmark, not a test.
-use quarrel_cpu::CpuBackend;
 use quarrel_bench::{BatchedBench, OpKind, ProfiledBackend};
+use quarrel_cpu::CpuBackend;
 use quarrel_engine::{Engine, EngineOptions};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,7 +25,8 @@ fn main() {
     let mut engines: Vec<_> = threads
         .iter()
         .map(|&t| {
-            let block_size = std::env::var("QUARREL_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(EngineOptions::default().block_size);
+            let block_size =
+                std::env::var("QUARREL_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(EngineOptions::default().block_size);
             let opts = EngineOptions { n_ctx: npp + ntg, n_seq: pl, block_size, ..Default::default() };
             // one thread: time ops by its CPU time (robust on a busy machine), else wall time
             let be = CpuBackend::new(t).unwrap();

@@ -62,7 +62,6 @@ impl<B: Backend> Bench for Engine<B> {
         self.release_blocks(&mut table);
         r.map(|()| dt)
     }
-
 }
 
 /// `n` token ids: BOS first when the model adds one, then uniform random ids.
@@ -77,7 +76,6 @@ pub(crate) fn random_tokens<B: Backend>(e: &Engine<B>, n: usize, rng: &mut rand_
     let bos = if e.tokenizer.add_bos() { e.tokenizer.bos_id() } else { None };
     (0..n).map(|i| if i == 0 { bos } else { None }.unwrap_or_else(|| rng.gen_range(0..n_vocab))).collect()
 }
-
 
 /// Mean, and the sample standard deviation (n − 1; 0 for fewer than 2 values), as llama-bench.
 pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
@@ -96,8 +94,8 @@ pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quarrel_engine::EngineOptions;
     use quarrel_cpu::CpuBackend;
+    use quarrel_engine::EngineOptions;
     use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 
     fn tiny(dir: &std::path::Path) -> std::path::PathBuf {

@@ -107,13 +107,19 @@ pub trait Consistency {
 impl<B: Backend> Consistency for Engine<B> {
     fn consistency(&mut self, o: &ConsistencyOptions) -> Result<Vec<ConsistencyCheck>, EngineError> {
         if o.n_tokens == 0 || o.n_prefill > o.n_tokens {
-            return Err(EngineError::InvalidRequest(format!("consistency: {} prefill tokens of {} (need 0 <= prefill <= tokens, tokens > 0)", o.n_prefill, o.n_tokens)));
+            return Err(EngineError::InvalidRequest(format!(
+                "consistency: {} prefill tokens of {} (need 0 <= prefill <= tokens, tokens > 0)",
+                o.n_prefill, o.n_tokens
+            )));
         }
         if o.n_tokens > self.opts.n_ctx {
             return Err(EngineError::PromptTooLong { prompt: o.n_tokens, ctx: self.opts.n_ctx });
         }
         if o.n_seqs > self.opts.n_seq {
-            return Err(EngineError::InvalidRequest(format!("consistency: {} sequences in a batch, the cache holds {}", o.n_seqs, self.opts.n_seq)));
+            return Err(EngineError::InvalidRequest(format!(
+                "consistency: {} sequences in a batch, the cache holds {}",
+                o.n_seqs, self.opts.n_seq
+            )));
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.seed);
         let tokens = random_tokens(self, o.n_tokens, &mut rng);

@@ -183,11 +183,8 @@ pub fn markdown(rows: &[Row]) -> String {
             [r.model_type.clone(), size, params, backend, r.n_threads.to_string(), r.test_name(), format!("{avg:.2} ± {sd:.2}")]
         })
         .collect();
-    let mut s = table(
-        &["model", "size", "params", "backend", "threads", "test", "t/s"],
-        &[false, true, true, false, true, true, true],
-        &lines,
-    );
+    let mut s =
+        table(&["model", "size", "params", "backend", "threads", "test", "t/s"], &[false, true, true, false, true, true, true], &lines);
     // load times, one per model and thread count, outside the t/s table
     s.push('\n');
     let mut seen = vec![];

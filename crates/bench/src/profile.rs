@@ -3,7 +3,8 @@
 //! exact for synchronous backends such as the CPU one.
 
 use quarrel_core::{
-    AttnParams, Backend, ForwardBatch, KvSpec, MoeRouting, QuantType, Result as CoreResult, RopeParams, Route, SsmParams, StateSpec, WeightSource,
+    AttnParams, Backend, ForwardBatch, KvSpec, MoeRouting, QuantType, Result as CoreResult, RopeParams, Route, SsmParams, StateSpec,
+    WeightSource,
 };
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -231,7 +232,15 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     fn moe_selections(&self) -> CoreResult<Vec<Vec<u64>>> {
         self.inner.moe_selections()
     }
-    fn moe_matmul(&self, w: &Self::Weight, n_expert: usize, x: &Self::Buf, routes: &[Route], x_per_token: bool, out: &mut Self::Buf) -> CoreResult<()> {
+    fn moe_matmul(
+        &self,
+        w: &Self::Weight,
+        n_expert: usize,
+        x: &Self::Buf,
+        routes: &[Route],
+        x_per_token: bool,
+        out: &mut Self::Buf,
+    ) -> CoreResult<()> {
         let (i, o) = self.inner.weight_dims(w);
         let kind = OpKind::MoeMatmul(QuantTypeKey(self.inner.weight_type(w)), i, o);
         self.timed(kind, || self.inner.moe_matmul(w, n_expert, x, routes, x_per_token, out))

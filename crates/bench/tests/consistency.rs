@@ -42,7 +42,10 @@ fn consistency_report_is_exact_on_the_cpu() {
         let mut e = engine(&path, EngineOptions { n_ctx: 80, n_batch: 33, n_seq: 4, ..Default::default() });
         let o = ConsistencyOptions { n_tokens: 80, n_prefill: 37, n_seqs: 4, seed: 3 };
         let checks = e.consistency(&o).unwrap();
-        assert_eq!(checks.iter().map(|c| c.name).collect::<Vec<_>>(), ["prefill vs prefill+decode", "prefill vs decode", "batched vs alone"]);
+        assert_eq!(
+            checks.iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["prefill vs prefill+decode", "prefill vs decode", "batched vs alone"]
+        );
         for c in &checks {
             // every check covers 80 positions (the batched one: 4 sequences x 20 decoded tokens)
             assert!(c.nmse.len() >= 80, "{name} {}: {} positions", c.name, c.nmse.len());

@@ -32,7 +32,8 @@ impl ModelArgs {
         let path = self.model_path()?;
         let device = DeviceSel::parse(&self.device.device)?;
         let kv_type = parse_kv_type(&self.cache.kv.kv_type)?;
-        let mut opts = EngineOptions { n_ctx: self.ctx.n_ctx, n_batch: self.cache.batch, kv_type, kv_mem: self.cache.kv_mem, ..Default::default() };
+        let mut opts =
+            EngineOptions { n_ctx: self.ctx.n_ctx, n_batch: self.cache.batch, kv_type, kv_mem: self.cache.kv_mem, ..Default::default() };
         f(&mut opts);
         let t0 = Instant::now();
         let spinner = indicatif::ProgressBar::new_spinner();
@@ -131,11 +132,19 @@ pub fn parse_kv_type(s: &str) -> Result<KvType> {
 /// Load `path` on `device` (`threads` for the CPU backend; `expert_budget`: GPU bytes for
 /// expert weights, the CPU keeps them all in its mapping; `numerics`: the GPU's arithmetic,
 /// None for the model's default, `ModelDescription::default_numerics`).
-pub fn load_engine(device: DeviceSel, threads: usize, path: &Path, opts: EngineOptions, expert_budget: Option<usize>, numerics: Option<Numerics>) -> Result<AnyEngine> {
+pub fn load_engine(
+    device: DeviceSel,
+    threads: usize,
+    path: &Path,
+    opts: EngineOptions,
+    expert_budget: Option<usize>,
+    numerics: Option<Numerics>,
+) -> Result<AnyEngine> {
     Ok(match device {
         DeviceSel::Cpu => AnyEngine::Cpu(load_on(CpuBackend::new(threads)?, path, opts)?),
         DeviceSel::Cuda(n) => {
-            let be = CudaBackend::new(n).with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
+            let be = CudaBackend::new(n)
+                .with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
             be.set_expert_budget(expert_budget);
             // the numerics are set before the weights load; the file is opened once for both
             let gguf = Arc::new(quarrel_gguf::Gguf::open(path).with_context(|| format!("loading {}", path.display()))?);

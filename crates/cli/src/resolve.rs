@@ -128,11 +128,7 @@ mod tests {
         let m = d.path().join("manifests/registry.ollama.ai/library/tiny");
         std::fs::create_dir_all(&m).unwrap();
         std::fs::create_dir_all(d.path().join("blobs")).unwrap();
-        std::fs::write(
-            m.join("q4"),
-            r#"{"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:abc"}]}"#,
-        )
-        .unwrap();
+        std::fs::write(m.join("q4"), r#"{"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:abc"}]}"#).unwrap();
         std::fs::write(d.path().join("blobs/sha256-abc"), b"GGUF").unwrap();
         std::env::set_var("OLLAMA_MODELS", d.path());
         let mut looked = vec![];

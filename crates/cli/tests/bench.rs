@@ -35,9 +35,25 @@ fn bench_json_has_llama_bench_fields() {
     let mut tests = vec![];
     for r in rows {
         for k in [
-            "build_commit", "backends", "backend", "model_filename", "model_type", "model_size", "model_n_params",
-            "n_batch", "n_threads", "n_prompt", "n_gen", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
-            "samples_ns", "samples_ts", "load_ms",
+            "build_commit",
+            "backends",
+            "backend",
+            "model_filename",
+            "model_type",
+            "model_size",
+            "model_n_params",
+            "n_batch",
+            "n_threads",
+            "n_prompt",
+            "n_gen",
+            "test_time",
+            "avg_ns",
+            "stddev_ns",
+            "avg_ts",
+            "stddev_ts",
+            "samples_ns",
+            "samples_ts",
+            "load_ms",
         ] {
             assert!(r.get(k).is_some(), "field {k} missing in {r:#}");
         }
@@ -122,7 +138,25 @@ fn bench_takes_numerics() {
     let dir = tempfile::tempdir().unwrap();
     let m = tiny_model(dir.path());
     for numerics in ["fast", "exact"] {
-        let o = quarrel(&["bench", "-m", m.to_str().unwrap(), "--device", "cpu", "--numerics", numerics, "-t", "1", "-p", "8", "-n", "4", "-r", "1", "-o", "json"]);
+        let o = quarrel(&[
+            "bench",
+            "-m",
+            m.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--numerics",
+            numerics,
+            "-t",
+            "1",
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ]);
         assert!(o.status.success(), "--numerics {numerics}: {}", stderr(&o));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON document");
         assert_eq!(v.as_array().map(|r| r.len()), Some(2), "{v:#}");

@@ -28,9 +28,21 @@ fn smollm2() -> Option<PathBuf> {
 
 /// 1,000 distinct short sentences (6-8 tokens each).
 fn texts() -> Vec<String> {
-    let subj = ["The cat", "A dog", "My neighbour", "The old sailor", "A small robot", "The teacher", "Our team", "The river", "A red bird", "The engine"];
+    let subj = [
+        "The cat",
+        "A dog",
+        "My neighbour",
+        "The old sailor",
+        "A small robot",
+        "The teacher",
+        "Our team",
+        "The river",
+        "A red bird",
+        "The engine",
+    ];
     let verb = ["reads", "paints", "watches", "builds", "finds", "carries", "sings about", "repairs", "follows", "counts"];
-    let obj = ["a map", "the stars", "two boats", "green apples", "a letter", "the bridge", "old coins", "a kite", "the garden", "warm bread"];
+    let obj =
+        ["a map", "the stars", "two boats", "green apples", "a letter", "the bridge", "old coins", "a kite", "the garden", "warm bread"];
     (0..1000).map(|i| format!("{} {} {}.", subj[i % 10], verb[(i / 10) % 10], obj[i / 100])).collect()
 }
 
@@ -77,7 +89,13 @@ impl Server {
     fn post(&self, path: &str, body: &Value) -> Value {
         let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
         let b = body.to_string();
-        write!(s, "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}", self.addr, b.len()).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+            self.addr,
+            b.len()
+        )
+        .unwrap();
         let mut resp = vec![];
         s.read_to_end(&mut resp).unwrap();
         let split = resp.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");

@@ -146,7 +146,15 @@ pub trait Backend: Send + Sync + 'static {
     /// The router matmul and the routing in one call: `logits = x (n_tok, n_in) · wᵀ`
     /// (`w`: `(n_in, n_expert)`), then `moe_route(layer, logits, bias, p)`. A device backend
     /// may compute both in one launch (the same logits and routes); the default runs them in turn.
-    fn moe_router(&self, layer: usize, w: &Self::Weight, x: &Self::Buf, n_tok: usize, bias: Option<&Self::Buf>, p: &MoeRouting) -> Result<Vec<Route>> {
+    fn moe_router(
+        &self,
+        layer: usize,
+        w: &Self::Weight,
+        x: &Self::Buf,
+        n_tok: usize,
+        bias: Option<&Self::Buf>,
+        p: &MoeRouting,
+    ) -> Result<Vec<Route>> {
         let mut logits = self.alloc(n_tok * p.n_expert)?; // (n_tok, n_expert)
         self.matmul(w, x, n_tok, &mut logits)?;
         self.moe_route(layer, &logits, bias, p)
@@ -160,7 +168,15 @@ pub trait Backend: Send + Sync + 'static {
     /// `out (routes.len(), n_out)`, row `i` = `x[src] · W[routes[i].expert]ᵀ` where `src` is
     /// `routes[i].token` when `x_per_token` (x is `(n_tok, n_in)`), else `i` (x is
     /// `(routes.len(), n_in)`). Each expert's weights are read once for all its rows.
-    fn moe_matmul(&self, _w: &Self::Weight, _n_expert: usize, _x: &Self::Buf, _routes: &[Route], _x_per_token: bool, _out: &mut Self::Buf) -> Result<()> {
+    fn moe_matmul(
+        &self,
+        _w: &Self::Weight,
+        _n_expert: usize,
+        _x: &Self::Buf,
+        _routes: &[Route],
+        _x_per_token: bool,
+        _out: &mut Self::Buf,
+    ) -> Result<()> {
         Err(CoreError::Unsupported(format!("{}: moe_matmul", self.name())))
     }
     /// `out[token] += weight * y[i]` for every route `i`; `y (routes.len(), dim)`.

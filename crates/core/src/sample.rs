@@ -134,7 +134,17 @@ mod tests {
     use proptest::prelude::*;
 
     fn row(top_k: usize, top_p: f32, min_p: f32, temperature: f32, r: f32) -> SampleRow {
-        SampleRow { temperature, top_k, top_p, min_p, repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, penalties: vec![], r }
+        SampleRow {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalties: vec![],
+            r,
+        }
     }
 
     #[test]

@@ -90,7 +90,16 @@ pub fn softplus(x: f32) -> f32 {
 /// column `col0`), carried `state (conv_dim, d_conv-1)`, weight `(conv_dim, d_conv)`, optional
 /// bias; writes `silu(conv + bias)` to `out (n_t, conv_dim)` and updates `state`.
 #[allow(clippy::too_many_arguments)]
-pub fn conv_reference(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+pub fn conv_reference(
+    p: &SsmParams,
+    xbc: &[f32],
+    stride: usize,
+    col0: usize,
+    state: &mut [f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let (nc, cd) = (p.d_conv, p.conv_dim());
     let n_t = out.len() / cd;
     let mut win = vec![0f32; nc - 1 + n_t];

@@ -99,10 +99,12 @@ impl EmbedOptions {
         let prefix = resolve_prefix(info, self.task, &self.prefix);
         texts
             .iter()
-            .map(|t| Prompt::Text(match &prefix {
-                Some(p) => format!("{p}{t}"),
-                None => t.clone(),
-            }))
+            .map(|t| {
+                Prompt::Text(match &prefix {
+                    Some(p) => format!("{p}{t}"),
+                    None => t.clone(),
+                })
+            })
             .collect()
     }
 

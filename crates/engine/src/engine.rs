@@ -150,9 +150,12 @@ impl<B: Backend> Engine<B> {
         use crate::service::{ModelSummary, Pooling};
         let info = self.model.info();
         let g = &self.gguf;
-        let name = g.get_str("general.name").ok().flatten().map(str::to_string).or_else(|| {
-            self.path.as_ref().and_then(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned())
-        });
+        let name = g
+            .get_str("general.name")
+            .ok()
+            .flatten()
+            .map(str::to_string)
+            .or_else(|| self.path.as_ref().and_then(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()));
         let arch = info.arch.clone();
         let n_head = g.get_u64(&format!("{arch}.attention.head_count")).ok().flatten().unwrap_or(0) as usize;
         let pooling = match g.get_u64(&format!("{arch}.pooling_type")).ok().flatten() {
@@ -225,7 +228,13 @@ impl<B: Backend> Engine<B> {
     /// Like `run_sequence` with the last token's logits wanted, but returns the token `pick`
     /// chooses from them (`decode::forward_picks`: on a device only the id comes back unless
     /// the pick wants the logits).
-    pub(crate) fn run_sequence_pick(&mut self, table: &mut Vec<u32>, tokens: &[u32], start_pos: usize, pick: &RowPick) -> Result<Picked, EngineError> {
+    pub(crate) fn run_sequence_pick(
+        &mut self,
+        table: &mut Vec<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+        pick: &RowPick,
+    ) -> Result<Picked, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::InvalidRequest("no tokens to run".into()));
         }

@@ -32,8 +32,8 @@ mod generate;
 mod kv_calibrate;
 mod perplexity;
 mod raw;
-pub mod service;
 pub mod sampler;
+pub mod service;
 pub mod stop;
 
 pub use blocks::{BlockPool, OutOfBlocks};
@@ -42,6 +42,6 @@ pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};
 pub use perplexity::{PerplexityChunk, PerplexityResult};
 pub use sampler::{Sampler, SamplingParams};
 pub use service::{
-    EngineHandle, EngineMetrics, ModelSummary, Pooling, Priority, Prompt, Request, RequestId, RequestStream, RequestTimings,
-    ServiceError, ServiceOptions, StreamEvent, TokenLogprob, Usage,
+    EngineHandle, EngineMetrics, ModelSummary, Pooling, Priority, Prompt, Request, RequestId, RequestStream, RequestTimings, ServiceError,
+    ServiceOptions, StreamEvent, TokenLogprob, Usage,
 };

@@ -37,10 +37,7 @@ impl<B: Backend> Engine<B> {
         let tokens = self.tokenize(text, true);
         let n_chunks = tokens.len() / n_ctx;
         if n_chunks == 0 {
-            return Err(EngineError::InvalidRequest(format!(
-                "the text has {} tokens, fewer than one chunk of {n_ctx}",
-                tokens.len()
-            )));
+            return Err(EngineError::InvalidRequest(format!("the text has {} tokens, fewer than one chunk of {n_ctx}", tokens.len())));
         }
         let bos = self.tokenizer.add_bos().then(|| self.tokenizer.bos_id()).flatten();
         let first = n_ctx / 2;

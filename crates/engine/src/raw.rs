@@ -12,7 +12,13 @@ impl<B: Backend> Engine<B> {
     /// Run `tokens` (positions `start_pos..`) of one sequence through the model in chunks of
     /// `n_batch`, growing `table` as needed; returns the logits of the positions in `want`
     /// (indices into `tokens`, ascending), in order.
-    pub fn eval_sequence(&mut self, table: &mut Vec<u32>, tokens: &[u32], start_pos: usize, want: &[usize]) -> Result<Vec<Vec<f32>>, EngineError> {
+    pub fn eval_sequence(
+        &mut self,
+        table: &mut Vec<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+        want: &[usize],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         self.run_sequence(table, tokens, start_pos, want)
     }
 

@@ -55,7 +55,8 @@ impl SamplingParams {
     /// Greedy with no penalties: the pick is the argmax of the raw logits (which a device
     /// backend computes without sending the logits back).
     pub fn is_plain_greedy(&self) -> bool {
-        self.temperature <= 0.0 && (self.penalty_last_n == 0 || (self.repeat_penalty == 1.0 && self.presence_penalty == 0.0 && self.frequency_penalty == 0.0))
+        self.temperature <= 0.0
+            && (self.penalty_last_n == 0 || (self.repeat_penalty == 1.0 && self.presence_penalty == 0.0 && self.frequency_penalty == 0.0))
     }
 
     /// Check ranges, with a message a user can act on.

@@ -23,12 +23,8 @@ fn drain(s: &mut RequestStream) -> (Vec<u32>, String, FinishReason, Vec<TokenLog
     (toks, text, fin.expect("the stream ends with Done"), lps)
 }
 
-const PROMPTS: [&str; 4] = [
-    "The capital of France is",
-    "Once upon a time, in a small village,",
-    "def fibonacci(n):",
-    "List three colors:\n1.",
-];
+const PROMPTS: [&str; 4] =
+    ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):", "List three colors:\n1."];
 
 fn sampled(seed: u64) -> SamplingParams {
     SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, min_p: 0.05, seed, ..Default::default() }
@@ -109,7 +105,12 @@ fn seeded_sampling_generate_equals_the_service() {
     let mut alone = engine(&path, EngineOptions { n_ctx: 256, ..Default::default() });
     let ids = alone.tokenize(PROMPTS[1], true);
     let outs: Vec<Vec<u32>> = (0..4)
-        .map(|seed| alone.generate(&ids, &GenerateParams { sampling: sampled(seed), max_tokens: 16, ..Default::default() }, &mut |_| true).unwrap().tokens)
+        .map(|seed| {
+            alone
+                .generate(&ids, &GenerateParams { sampling: sampled(seed), max_tokens: 16, ..Default::default() }, &mut |_| true)
+                .unwrap()
+                .tokens
+        })
         .collect();
     assert!(outs.iter().any(|o| o != &outs[0]), "four seeds gave one sample: {outs:?}");
 }

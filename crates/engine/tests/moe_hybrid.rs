@@ -82,7 +82,11 @@ fn prefill_equals_decode_past_64_tokens() {
             let ids: Vec<u32> = (0..100).map(|i| (i * 37 + 5) % 500).collect();
             let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
             for (p, (x, y)) in a.iter().zip(&b).enumerate() {
-                assert!(x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits()), "{name} {}: position {p} of a 100-token prefill differs from decode", ftype.name());
+                assert!(
+                    x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits()),
+                    "{name} {}: position {p} of a 100-token prefill differs from decode",
+                    ftype.name()
+                );
             }
             // and sequences on both sides of 64 tokens batched together == each alone
             let mut multi = engine(&path, EngineOptions { n_ctx: 128, n_batch: 512, n_seq: 4, ..Default::default() });
@@ -110,7 +114,11 @@ fn backend_picks_equal_picks_from_the_logits() {
             let want: Vec<u32> = logits[prompt.len() - 1..]
                 .iter()
                 .map(|l| {
-                    let t = if sampling.is_plain_greedy() { quarrel_core::argmax(l) } else { quarrel_core::sample_row_ref(l, &sampler.row(&history)) };
+                    let t = if sampling.is_plain_greedy() {
+                        quarrel_core::argmax(l)
+                    } else {
+                        quarrel_core::sample_row_ref(l, &sampler.row(&history))
+                    };
                     history.push(t);
                     t
                 })
@@ -180,7 +188,12 @@ fn full_size_widths_on_few_layers() {
         }
         p
     };
-    for p in [cut("nemotron-3-nano-30b-a3b", "ME*", 4), cut("granite-4.0-h-tiny", "MA", 4), cut("granite-4.0-h-micro", "AM", 0), cut("granite-4.0-micro", "A", 0)] {
+    for p in [
+        cut("nemotron-3-nano-30b-a3b", "ME*", 4),
+        cut("granite-4.0-h-tiny", "MA", 4),
+        cut("granite-4.0-h-micro", "AM", 0),
+        cut("granite-4.0-micro", "A", 0),
+    ] {
         let path = dir.path().join(format!("{}.gguf", p.name));
         let spec = ArchSynthSpec { preset: p, ftype: Ftype::Q4_K_M, seed: 1, vocab_from: None };
         write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();

@@ -23,7 +23,8 @@ struct Fixture {
 #[test]
 fn q4_0_and_q4_k_logits_match_llama_cpp_repacked_kernels() {
     let dir = tempfile::tempdir().unwrap();
-    let repacked = quarrel_cpu::simd::repack::enabled(QuantType::Q4_0).is_some() && quarrel_cpu::simd::repack::enabled(QuantType::Q4_K).is_some();
+    let repacked =
+        quarrel_cpu::simd::repack::enabled(QuantType::Q4_0).is_some() && quarrel_cpu::simd::repack::enabled(QuantType::Q4_K).is_some();
     // the other kernels (Q6_K, attention) match llama.cpp's AVX-512 build at that level only
     let full = repacked && quarrel_cpu::simd::detected_level() == quarrel_cpu::simd::Level::Avx512Vnni;
     let bound = if full { 1e-9 } else { 1e-3 };

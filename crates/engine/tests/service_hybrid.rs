@@ -35,13 +35,17 @@ fn concurrent_requests_on_hybrid_models_match_running_alone() {
         write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
         let prompts: Vec<Vec<u32>> = (0..6).map(|i| (0..(5 + 7 * i)).map(|j| (1 + (j * 31 + i * 17) % 500) as u32).collect()).collect();
         let mut alone = engine(&path, EngineOptions { n_ctx: 128, n_seq: 1, ..Default::default() });
-        let want: Vec<Vec<u32>> = prompts.iter().enumerate().map(|(i, p)| alone.generate(p, &greedy(6 + i), &mut |_| true).unwrap().tokens).collect();
+        let want: Vec<Vec<u32>> =
+            prompts.iter().enumerate().map(|(i, p)| alone.generate(p, &greedy(6 + i), &mut |_| true).unwrap().tokens).collect();
         // all at once; then 2 slots for 6 requests, 8-token prompt chunks, 4-token blocks
         for (n_seq, block_size, chunk) in [(6, 16, 512), (2, 4, 8)] {
             let e = engine(&path, EngineOptions { n_ctx: 64, n_seq, block_size, ..Default::default() });
             let h = EngineHandle::spawn(e, ServiceOptions { prompt_chunk: chunk, max_batch_tokens: chunk.max(32), ..Default::default() });
-            let mut streams: Vec<RequestStream> =
-                prompts.iter().enumerate().map(|(i, p)| h.submit(Request::new(Prompt::Tokens(p.clone()), greedy(6 + i))).unwrap()).collect();
+            let mut streams: Vec<RequestStream> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| h.submit(Request::new(Prompt::Tokens(p.clone()), greedy(6 + i))).unwrap())
+                .collect();
             for (i, s) in streams.iter_mut().enumerate() {
                 assert_eq!(drain(s), want[i], "{name} (n_seq {n_seq}, block {block_size}): request {i} differs from running alone");
             }

@@ -38,4 +38,3 @@ fn prefix_cache_cuts_time_to_first_token() {
     assert!(u2.cached_tokens >= 992, "{u2:?}");
     assert!(second.as_secs_f64() <= 0.15 * first.as_secs_f64(), "second {second:?} vs first {first:?}");
 }
-

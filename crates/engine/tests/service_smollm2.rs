@@ -55,11 +55,8 @@ fn sixteen_concurrent_greedy_requests_match_running_alone() {
         })
         .collect();
     let h = EngineHandle::spawn(engine(&path, opts), ServiceOptions { prompt_chunk: 512, ..Default::default() });
-    let mut streams: Vec<RequestStream> = ps
-        .iter()
-        .enumerate()
-        .map(|(i, p)| h.submit(Request::new(Prompt::Tokens(p.clone()), greedy(8 + i * 3))).unwrap())
-        .collect();
+    let mut streams: Vec<RequestStream> =
+        ps.iter().enumerate().map(|(i, p)| h.submit(Request::new(Prompt::Tokens(p.clone()), greedy(8 + i * 3))).unwrap()).collect();
     for (i, s) in streams.iter_mut().enumerate() {
         let (toks, text, fin) = drain(s);
         assert_eq!(toks, want[i].0, "request {i}: tokens differ from running alone");
@@ -74,7 +71,9 @@ fn sixteen_concurrent_greedy_requests_match_running_alone() {
 fn dropping_a_stream_frees_its_blocks_and_others_continue() {
     let Some(path) = smollm2() else { return };
     let h = EngineHandle::spawn(engine(&path, EngineOptions { n_ctx: 256, n_seq: 4, ..Default::default() }), ServiceOptions::default());
-    let mut long = h.submit(Request::new(Prompt::Text("Once upon a time".into()), GenerateParams { max_tokens: 200, ignore_eos: true, ..greedy(200) })).unwrap();
+    let mut long = h
+        .submit(Request::new(Prompt::Text("Once upon a time".into()), GenerateParams { max_tokens: 200, ignore_eos: true, ..greedy(200) }))
+        .unwrap();
     let mut short = h.submit(Request::new(Prompt::Text("The capital of France is".into()), greedy(6))).unwrap();
     // wait until the long one streams
     while let Some(ev) = long.blocking_next() {
@@ -106,7 +105,10 @@ fn wait_all_free(h: &EngineHandle) {
 #[test]
 fn errors_are_clear_and_the_queue_bounded() {
     let Some(path) = smollm2() else { return };
-    let h = EngineHandle::spawn(engine(&path, EngineOptions { n_ctx: 64, ..Default::default() }), ServiceOptions { max_queue: 2, ..Default::default() });
+    let h = EngineHandle::spawn(
+        engine(&path, EngineOptions { n_ctx: 64, ..Default::default() }),
+        ServiceOptions { max_queue: 2, ..Default::default() },
+    );
     let long: String = "word ".repeat(200);
     assert!(matches!(h.submit(Request::new(Prompt::Text(long), greedy(4))), Err(ServiceError::PromptTooLong { .. })));
     assert!(matches!(h.submit(Request::new(Prompt::Tokens(vec![]), greedy(4))), Err(ServiceError::InvalidRequest(_))));
@@ -148,7 +150,11 @@ fn errors_are_clear_and_the_queue_bounded() {
 fn embeddings_are_normalized_and_deterministic() {
     let Some(path) = smollm2() else { return };
     let h = EngineHandle::spawn(engine(&path, EngineOptions { n_ctx: 256, ..Default::default() }), ServiceOptions::default());
-    let inputs = vec![Prompt::Text("The cat sat on the mat.".into()), Prompt::Text("A feline rested on a rug.".into()), Prompt::Text("Stock prices fell sharply.".into())];
+    let inputs = vec![
+        Prompt::Text("The cat sat on the mat.".into()),
+        Prompt::Text("A feline rested on a rug.".into()),
+        Prompt::Text("Stock prices fell sharply.".into()),
+    ];
     let v = h.embed_blocking(inputs.clone(), Pooling::Mean, true).unwrap();
     assert_eq!(v.len(), 3);
     for x in &v {

@@ -44,10 +44,8 @@ fn prefill_equals_token_by_token_decode() {
 fn batch_of_sequences_equals_singles() {
     let Some(path) = smollm2() else { return };
     let mut e = engine(&path, EngineOptions { n_ctx: 128, n_seq: 4, ..Default::default() });
-    let seqs: Vec<Vec<u32>> = ["Hello there, how are", "1 2 3 4 5 6 7", "Paris is the capital of", "fn main() {"]
-        .iter()
-        .map(|t| e.tokenize(t, true))
-        .collect();
+    let seqs: Vec<Vec<u32>> =
+        ["Hello there, how are", "1 2 3 4 5 6 7", "Paris is the capital of", "fn main() {"].iter().map(|t| e.tokenize(t, true)).collect();
     assert_batch_equals_singles("smollm2", &mut e, &seqs, 1e-6);
 }
 
@@ -69,7 +67,11 @@ fn same_seed_same_text_and_stop_strings() {
     let Some(path) = smollm2() else { return };
     let mut e = engine(&path, EngineOptions { n_ctx: 256, ..Default::default() });
     let ids = e.tokenize("Once upon a time", true);
-    let p = GenerateParams { max_tokens: 24, sampling: SamplingParams { seed: 7, temperature: 1.0, ..Default::default() }, ..Default::default() };
+    let p = GenerateParams {
+        max_tokens: 24,
+        sampling: SamplingParams { seed: 7, temperature: 1.0, ..Default::default() },
+        ..Default::default()
+    };
     let a = e.generate(&ids, &p, &mut |_| true).unwrap();
     let b = e.generate(&ids, &p, &mut |_| true).unwrap();
     assert_eq!(a.tokens, b.tokens);
@@ -79,11 +81,12 @@ fn same_seed_same_text_and_stop_strings() {
     let stop = full.trim_start().split(' ').nth(1).unwrap().to_string();
     p2.stop = vec![stop.clone()];
     let mut streamed = String::new();
-    let c = e.generate(&ids, &p2, &mut |ev| {
-        streamed.push_str(ev.text);
-        true
-    })
-    .unwrap();
+    let c = e
+        .generate(&ids, &p2, &mut |ev| {
+            streamed.push_str(ev.text);
+            true
+        })
+        .unwrap();
     assert_eq!(c.finish_reason, quarrel_engine::FinishReason::Stop);
     assert!(!c.text.contains(&stop), "{:?} contains stop {stop:?}", c.text);
     assert_eq!(streamed, c.text);

@@ -36,11 +36,12 @@ fn generation_streams_and_finishes_on_synthetic_model() {
     let ids = e.tokenize("hello world", true);
     let p = GenerateParams { sampling: SamplingParams::greedy(), max_tokens: 10, ignore_eos: true, ..Default::default() };
     let mut n_events = 0;
-    let c = e.generate(&ids, &p, &mut |_| {
-        n_events += 1;
-        true
-    })
-    .unwrap();
+    let c = e
+        .generate(&ids, &p, &mut |_| {
+            n_events += 1;
+            true
+        })
+        .unwrap();
     assert_eq!(c.tokens.len(), 10);
     assert_eq!(c.finish_reason, quarrel_engine::FinishReason::Length);
     assert!(n_events >= 10);

@@ -19,10 +19,7 @@ fn item_field() -> Arc<Field> {
 /// Longbow's schema for vectors of `dim` values.
 pub fn embedding_schema(dim: usize, with_metadata: bool, with_text: bool) -> Result<SchemaRef> {
     let d = i32::try_from(dim).ok().filter(|&d| d > 0).ok_or_else(|| FlightClientError::InvalidRows(format!("dimension {dim}")))?;
-    let mut fields = vec![
-        Field::new("id", DataType::Utf8, false),
-        Field::new("vector", DataType::FixedSizeList(item_field(), d), false),
-    ];
+    let mut fields = vec![Field::new("id", DataType::Utf8, false), Field::new("vector", DataType::FixedSizeList(item_field(), d), false)];
     if with_metadata {
         fields.push(Field::new("metadata", DataType::Utf8, true));
     }
@@ -67,9 +64,11 @@ impl EmbeddingRows {
             if m.len() != n {
                 return Err(FlightClientError::InvalidRows(format!("{} metadata values for {n} rows", m.len())));
             }
-            if let Some((i, e)) = m.iter().enumerate().find_map(|(i, s)| {
-                s.as_deref().and_then(|s| serde_json::from_str::<serde_json::Value>(s).err()).map(|e| (i, e))
-            }) {
+            if let Some((i, e)) = m
+                .iter()
+                .enumerate()
+                .find_map(|(i, s)| s.as_deref().and_then(|s| serde_json::from_str::<serde_json::Value>(s).err()).map(|e| (i, e)))
+            {
                 return Err(FlightClientError::InvalidRows(format!("metadata of row {i} ({}) is not JSON: {e}", self.ids[i])));
             }
         }

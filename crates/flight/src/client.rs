@@ -32,7 +32,9 @@ pub fn default_meta_endpoint(data: &str) -> Result<String> {
     let uri = endpoint_uri(data)?;
     let (host, port) = uri.rsplit_once(':').expect("endpoint_uri gives host:port");
     let p: u16 = port.parse().expect("checked");
-    let meta = p.checked_add(1).ok_or_else(|| FlightClientError::Endpoint { endpoint: data.into(), reason: "no port after it for the meta endpoint".into() })?;
+    let meta = p
+        .checked_add(1)
+        .ok_or_else(|| FlightClientError::Endpoint { endpoint: data.into(), reason: "no port after it for the meta endpoint".into() })?;
     Ok(format!("{host}:{meta}"))
 }
 
@@ -49,7 +51,10 @@ async fn dial(uri: &str) -> Result<FlightServiceClient<Channel>> {
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(20));
-    let ch = ep.connect().await.map_err(|e| FlightClientError::Connect { endpoint: uri.into(), reason: format!("{e}: {:?}", std::error::Error::source(&e)) })?;
+    let ch = ep
+        .connect()
+        .await
+        .map_err(|e| FlightClientError::Connect { endpoint: uri.into(), reason: format!("{e}: {:?}", std::error::Error::source(&e)) })?;
     Ok(FlightServiceClient::new(ch).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20))
 }
 
@@ -94,7 +99,9 @@ impl LongbowClient {
     pub async fn total_records(&self, dataset: &str) -> Result<Option<i64>> {
         match self.flight_info(dataset).await {
             Ok(i) if i.total_records >= 0 => Ok(Some(i.total_records)),
-            Ok(_) => Err(FlightClientError::Protocol { op: "GetFlightInfo", reason: format!("dataset {dataset:?} has an unknown row count") }),
+            Ok(_) => {
+                Err(FlightClientError::Protocol { op: "GetFlightInfo", reason: format!("dataset {dataset:?} has an unknown row count") })
+            }
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
@@ -147,11 +154,14 @@ impl LongbowClient {
         let mut out = vec![];
         for b in self.do_get_json(&t).await? {
             let bad = |m: &str| FlightClientError::Protocol { op: "DoGet search", reason: m.into() };
-            let ids = b.column_by_name("id").and_then(|c| c.as_any().downcast_ref::<StringArray>()).ok_or_else(|| bad("no utf8 `id` column"))?;
+            let ids =
+                b.column_by_name("id").and_then(|c| c.as_any().downcast_ref::<StringArray>()).ok_or_else(|| bad("no utf8 `id` column"))?;
             let col = b.column_by_name("score").or_else(|| b.column_by_name("distance"));
             let scores: Vec<f32> = match col {
                 Some(c) if c.as_any().is::<Float32Array>() => c.as_any().downcast_ref::<Float32Array>().unwrap().values().to_vec(),
-                Some(c) if c.as_any().is::<Float64Array>() => c.as_any().downcast_ref::<Float64Array>().unwrap().values().iter().map(|&x| x as f32).collect(),
+                Some(c) if c.as_any().is::<Float64Array>() => {
+                    c.as_any().downcast_ref::<Float64Array>().unwrap().values().iter().map(|&x| x as f32).collect()
+                }
                 _ => vec![f32::NAN; ids.len()],
             };
             out.extend(ids.iter().map(|s| s.unwrap_or_default().to_string()).zip(scores));

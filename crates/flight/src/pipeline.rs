@@ -34,7 +34,12 @@ pub struct IngestOptions {
 
 impl Default for IngestOptions {
     fn default() -> Self {
-        IngestOptions { embed: EmbedOptions { normalize: true, ..Default::default() }, batch: 64, with_text: true, put: PutOptions::default() }
+        IngestOptions {
+            embed: EmbedOptions { normalize: true, ..Default::default() },
+            batch: 64,
+            with_text: true,
+            put: PutOptions::default(),
+        }
     }
 }
 

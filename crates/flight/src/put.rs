@@ -191,10 +191,7 @@ impl LongbowClient {
         opts: &PutOptions,
         progress: &mut (dyn FnMut(&PutReport) + Send),
     ) -> Result<PutReport> {
-        let schema = batches
-            .first()
-            .map(|b| b.schema())
-            .ok_or_else(|| FlightClientError::InvalidRows("no batches to put".into()))?;
+        let schema = batches.first().map(|b| b.schema()).ok_or_else(|| FlightClientError::InvalidRows("no batches to put".into()))?;
         let (tx, rx) = mpsc::channel(batches.len().max(1));
         for b in batches {
             tx.send(b).await.expect("receiver alive");
@@ -224,7 +221,9 @@ impl Upload<'_> {
         let mut tx = Some(tx);
         let mut fc = client.data_client();
         let mut call = Box::pin(async move { fc.do_put(data).await });
-        let mut results: Option<futures::stream::BoxStream<'static, std::result::Result<arrow_flight::PutResult, arrow_flight::error::FlightError>>> = None;
+        let mut results: Option<
+            futures::stream::BoxStream<'static, std::result::Result<arrow_flight::PutResult, arrow_flight::error::FlightError>>,
+        > = None;
         let mut pause_until: Option<Instant> = None;
         loop {
             if self.source_done && tx.is_some() {
@@ -341,7 +340,12 @@ mod tests {
 
     #[test]
     fn big_batches_go_in_pieces() {
-        let rows = crate::EmbeddingRows { ids: (0..100).map(|i| i.to_string()).collect(), dim: 256, vectors: vec![0.5; 25600], ..Default::default() };
+        let rows = crate::EmbeddingRows {
+            ids: (0..100).map(|i| i.to_string()).collect(),
+            dim: 256,
+            vectors: vec![0.5; 25600],
+            ..Default::default()
+        };
         let b = rows.into_record_batch().unwrap();
         let p = pieces(&b, 16 << 10);
         assert!(p.len() >= 7, "{} pieces", p.len());

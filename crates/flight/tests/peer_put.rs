@@ -37,7 +37,8 @@ fn put_then_get_search_and_info() {
         let want = r.clone();
         let batch = r.into_record_batch().unwrap();
         let mut seen = vec![];
-        let rep = c.put_batches("docs", split(&batch, 64), &PutOptions::default(), &mut |p: &PutReport| seen.push(p.rows_acked)).await.unwrap();
+        let rep =
+            c.put_batches("docs", split(&batch, 64), &PutOptions::default(), &mut |p: &PutReport| seen.push(p.rows_acked)).await.unwrap();
         assert_eq!((rep.rows_sent, rep.rows_acked, rep.batches_acked), (300, 300, 5));
         // a batch over the message size limit goes in acknowledged pieces
         let big = rows(200, 24, 9).into_record_batch().unwrap();
@@ -153,7 +154,11 @@ fn another_writer_during_a_drop_is_an_error_not_a_guess() {
         // which of this upload's batches were stored
         c.action("peer.drop_after", r#"{"batches": 3, "foreign_rows": 5}"#).await.unwrap();
         let b = rows(200, 8, 7).into_record_batch().unwrap();
-        let opts = PutOptions { window: 1, retry: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), factor: 2.0 }, ..Default::default() };
+        let opts = PutOptions {
+            window: 1,
+            retry: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), factor: 2.0 },
+            ..Default::default()
+        };
         let e = c.put_batches("shared", split(&b, 20), &opts, &mut |_: &PutReport| {}).await.unwrap_err();
         assert!(matches!(e, quarrel_flight::FlightClientError::Reconcile { .. }), "{e}");
         assert!(e.to_string().contains("another writer"), "{e}");

@@ -38,12 +38,7 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<&'a [u8], GgufError> {
         if n > self.remaining() as u64 {
-            return Err(GgufError::Truncated {
-                what: what(),
-                offset: self.pos,
-                needed: n,
-                len: self.buf.len(),
-            });
+            return Err(GgufError::Truncated { what: what(), offset: self.pos, needed: n, len: self.buf.len() });
         }
         let s = &self.buf[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -94,11 +89,7 @@ impl<'a> Cursor<'a> {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
                 b => {
-                    return Err(GgufError::WrongType {
-                        key: key.to_string(),
-                        expected: "bool (0 or 1)".into(),
-                        found: format!("byte {b}"),
-                    })
+                    return Err(GgufError::WrongType { key: key.to_string(), expected: "bool (0 or 1)".into(), found: format!("byte {b}") })
                 }
             },
             ValueType::String => Value::String(self.string(&|| key.to_string())?),
@@ -110,8 +101,7 @@ impl<'a> Cursor<'a> {
                     return Err(GgufError::TooDeep { key: key.to_string(), max: MAX_NESTING });
                 }
                 let id = self.u32(&|| format!("array type of {key:?}"))?;
-                let ety = ValueType::from_id(id)
-                    .ok_or_else(|| GgufError::BadValueType { key: key.to_string(), id })?;
+                let ety = ValueType::from_id(id).ok_or_else(|| GgufError::BadValueType { key: key.to_string(), id })?;
                 let n = self.count(ety.min_size(), &|| format!("array length of {key:?}"))?;
                 let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
@@ -218,11 +208,7 @@ pub(crate) fn tensor_nbytes(name: &str, ty: QuantType, dims: &[u64]) -> Result<u
     }
     let bs = ty.block_size() as u64;
     if !dims[0].is_multiple_of(bs) {
-        return Err(bad(format!(
-            "first dimension {} is not a multiple of the {} block size {bs}",
-            dims[0],
-            ty.name()
-        )));
+        return Err(bad(format!("first dimension {} is not a multiple of the {} block size {bs}", dims[0], ty.name())));
     }
     (n / bs).checked_mul(ty.type_size() as u64).ok_or_else(|| bad(format!("byte size of shape {dims:?} overflows")))
 }
@@ -237,10 +223,7 @@ fn validate_layout(tensors: &[RawTensor], alignment: u64, data_len: u64) -> Resu
         }
         let end = t.offset.checked_add(size).ok_or_else(|| bad("offset + size overflows".into()))?;
         if end > data_len {
-            return Err(bad(format!(
-                "data [{}, {end}) lies outside the data section of {data_len} bytes (file truncated?)",
-                t.offset
-            )));
+            return Err(bad(format!("data [{}, {end}) lies outside the data section of {data_len} bytes (file truncated?)", t.offset)));
         }
         spans.push((t.offset, end, &t.name));
     }

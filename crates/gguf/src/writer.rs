@@ -25,11 +25,7 @@ impl GgufWriter {
     }
 
     fn alignment(&self) -> u64 {
-        self.kv
-            .iter()
-            .find(|(k, _)| k == "general.alignment")
-            .and_then(|(_, v)| v.as_u64())
-            .unwrap_or(DEFAULT_ALIGNMENT)
+        self.kv.iter().find(|(k, _)| k == "general.alignment").and_then(|(_, v)| v.as_u64()).unwrap_or(DEFAULT_ALIGNMENT)
     }
 
     /// Set (or replace) a metadata value.
@@ -123,12 +119,7 @@ impl<W: Write> TensorSink<W> {
     pub fn write_tensor(&mut self, bytes: &[u8]) -> Result<(), GgufError> {
         let t = self.tensors.get(self.next).ok_or_else(|| GgufError::Writer("more tensor data than tensors".into()))?;
         if bytes.len() as u64 != t.n_bytes {
-            return Err(GgufError::Writer(format!(
-                "tensor {:?} needs {} bytes, got {}",
-                t.name,
-                t.n_bytes,
-                bytes.len()
-            )));
+            return Err(GgufError::Writer(format!("tensor {:?} needs {} bytes, got {}", t.name, t.n_bytes, bytes.len())));
         }
         self.w.write_all(bytes).map_err(werr)?;
         let pad = t.n_bytes.div_ceil(self.align) * self.align - t.n_bytes;
@@ -139,11 +130,7 @@ impl<W: Write> TensorSink<W> {
 
     pub fn finish(mut self) -> Result<W, GgufError> {
         if self.next != self.tensors.len() {
-            return Err(GgufError::Writer(format!(
-                "only {} of {} tensors were written",
-                self.next,
-                self.tensors.len()
-            )));
+            return Err(GgufError::Writer(format!("only {} of {} tensors were written", self.next, self.tensors.len())));
         }
         self.w.flush().map_err(werr)?;
         Ok(self.w)

@@ -2,9 +2,9 @@
 //! Corruptions are generated from a written file and, when present, the real default model.
 
 mod common;
+use common::sample_file;
 use proptest::prelude::*;
 use quarrel_gguf::{Gguf, GgufError};
-use common::sample_file;
 
 fn err(bytes: Vec<u8>) -> GgufError {
     match Gguf::from_bytes(bytes) {

@@ -95,7 +95,13 @@ fn percentiles(mut v: Vec<f64>) -> Percentiles {
     }
     v.sort_by(f64::total_cmp);
     let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-    Percentiles { p50_ms: at(0.50), p95_ms: at(0.95), p99_ms: at(0.99), mean_ms: v.iter().sum::<f64>() / v.len() as f64, max_ms: v[v.len() - 1] }
+    Percentiles {
+        p50_ms: at(0.50),
+        p95_ms: at(0.95),
+        p99_ms: at(0.99),
+        mean_ms: v.iter().sum::<f64>() / v.len() as f64,
+        max_ms: v[v.len() - 1],
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -123,7 +129,14 @@ impl Report {
         s += "|---|---|---|---|---|---|---|---|\n";
         s += &format!(
             "| {:.1} | {} | {} | {} | {} | {:.2} | {} | {:.1} |\n",
-            self.wall_s, self.requests, self.complete, self.errors, self.incomplete, self.requests_per_s, self.generated_tokens, self.generated_tokens_per_s
+            self.wall_s,
+            self.requests,
+            self.complete,
+            self.errors,
+            self.incomplete,
+            self.requests_per_s,
+            self.generated_tokens,
+            self.generated_tokens_per_s
         );
         s += "\n| latency (ms) | p50 | p95 | p99 | mean | max |\n|---|---|---|---|---|---|\n";
         for (name, p) in [("time to first token", &self.ttft), ("end to end", &self.e2e)] {
@@ -152,10 +165,7 @@ pub async fn run(cfg: LoadConfig) -> Result<Report, LoadError> {
     if cfg.duration.is_none() && cfg.requests.is_none() {
         return Err(LoadError::Config("give a duration or a request count".into()));
     }
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(cfg.clients)
-        .build()
-        .map_err(|e| LoadError::Client(e.to_string()))?;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(cfg.clients).build().map_err(|e| LoadError::Client(e.to_string()))?;
     let cfg = Arc::new(cfg);
     let started = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();

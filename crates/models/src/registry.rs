@@ -37,7 +37,6 @@ pub fn supported_architectures() -> &'static [&'static str] {
 /// Load the model in `g` on backend `be`, dispatching on `general.architecture`.
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let arch = g.architecture()?;
-    dispatch(arch, be, g).unwrap_or_else(|| {
-        Err(CoreError::Unsupported(format!("architecture {arch:?} (supported: {})", ARCHITECTURES.join(", "))))
-    })
+    dispatch(arch, be, g)
+        .unwrap_or_else(|| Err(CoreError::Unsupported(format!("architecture {arch:?} (supported: {})", ARCHITECTURES.join(", ")))))
 }

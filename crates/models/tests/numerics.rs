@@ -29,7 +29,12 @@ fn default_numerics_follow_the_architecture() {
         ("tiny-granite", false, false),
     ] {
         let path = dir.path().join(format!("{name}.gguf"));
-        let spec = ArchSynthSpec { preset: *ArchPreset::by_name(name).unwrap_or_else(|| panic!("preset {name}")), ftype: Ftype::F32, seed: 1, vocab_from: None };
+        let spec = ArchSynthSpec {
+            preset: *ArchPreset::by_name(name).unwrap_or_else(|| panic!("preset {name}")),
+            ftype: Ftype::F32,
+            seed: 1,
+            vocab_from: None,
+        };
         write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
         let d = describe(&path);
         assert_eq!((d.routed_experts, d.recurrent_state), (experts, recurrent), "{name}");

@@ -47,8 +47,7 @@ pub use kquants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
 pub use layout::{QK4_0, QK4_1, QK4_NL, QK5_0, QK5_1, QK8_0, QK8_1, QK_K, QK_MXFP4};
 pub use legacy::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1};
 pub use nonlinear::{
-    e8m0_to_fp32, e8m0_to_fp32_half, iq4_nl, mxfp4, E8M0_TO_FP32_BITS, E8M0_TO_FP32_HALF_BITS,
-    KVALUES_IQ4NL, KVALUES_MXFP4,
+    e8m0_to_fp32, e8m0_to_fp32_half, iq4_nl, mxfp4, E8M0_TO_FP32_BITS, E8M0_TO_FP32_HALF_BITS, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 pub use table::{QuantType, TypeInfo, TYPE_TABLE};
 
@@ -57,20 +56,10 @@ pub use table::{QuantType, TypeInfo, TYPE_TABLE};
 pub enum QuantError {
     /// The element count is not a whole number of blocks.
     #[error("{ty}: {n} elements is not a multiple of the block size {block_size}")]
-    NotBlockMultiple {
-        ty: QuantType,
-        n: usize,
-        block_size: usize,
-    },
+    NotBlockMultiple { ty: QuantType, n: usize, block_size: usize },
     /// A byte buffer has the wrong length for the element count.
     #[error("{ty}: {what} buffer is {got} bytes, but {n} elements need {expected} bytes")]
-    BufferSize {
-        ty: QuantType,
-        what: &'static str,
-        n: usize,
-        expected: usize,
-        got: usize,
-    },
+    BufferSize { ty: QuantType, what: &'static str, n: usize, expected: usize, got: usize },
     /// The byte size of the requested element count does not fit in `usize`.
     #[error("{ty}: byte size of {n} elements overflows usize")]
     Overflow { ty: QuantType, n: usize },
@@ -145,13 +134,7 @@ pub fn checked_row_bytes(ty: QuantType, n: usize) -> Result<usize, QuantError> {
 fn check_bytes(ty: QuantType, what: &'static str, n: usize, got: usize) -> Result<(), QuantError> {
     let expected = checked_row_bytes(ty, n)?;
     if got != expected {
-        return Err(QuantError::BufferSize {
-            ty,
-            what,
-            n,
-            expected,
-            got,
-        });
+        return Err(QuantError::BufferSize { ty, what, n, expected, got });
     }
     Ok(())
 }
@@ -175,10 +158,7 @@ pub fn quantize(ty: QuantType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantE
 
 /// Dot product of `n` elements: `w` in type `wty`, `a` in `wty.vec_dot_type()`.
 pub fn vec_dot(wty: QuantType, w: &[u8], a: &[u8], n: usize) -> Result<f32, QuantError> {
-    let dot = kernels(wty).vec_dot.ok_or(QuantError::Unsupported {
-        ty: wty,
-        op: "vec_dot",
-    })?;
+    let dot = kernels(wty).vec_dot.ok_or(QuantError::Unsupported { ty: wty, op: "vec_dot" })?;
     check_bytes(wty, "weight", n, w.len())?;
     check_bytes(wty.vec_dot_type(), "activation", n, a.len())?;
     Ok(dot(n, w, a))
@@ -206,29 +186,11 @@ mod tests {
     #[test]
     fn errors_are_reported() {
         let mut out = [0f32; 31];
-        assert!(matches!(
-            dequantize(QuantType::Q4_0, &[0; 18], &mut out),
-            Err(QuantError::NotBlockMultiple { .. })
-        ));
+        assert!(matches!(dequantize(QuantType::Q4_0, &[0; 18], &mut out), Err(QuantError::NotBlockMultiple { .. })));
         let mut out = [0f32; 32];
         let e = dequantize(QuantType::Q4_0, &[0; 17], &mut out).unwrap_err();
-        assert_eq!(
-            e,
-            QuantError::BufferSize {
-                ty: QuantType::Q4_0,
-                what: "source",
-                n: 32,
-                expected: 18,
-                got: 17
-            }
-        );
-        assert_eq!(
-            e.to_string(),
-            "q4_0: source buffer is 17 bytes, but 32 elements need 18 bytes"
-        );
-        assert!(matches!(
-            vec_dot(QuantType::Q8_K, &[], &[], 0),
-            Err(QuantError::Unsupported { .. })
-        ));
+        assert_eq!(e, QuantError::BufferSize { ty: QuantType::Q4_0, what: "source", n: 32, expected: 18, got: 17 });
+        assert_eq!(e.to_string(), "q4_0: source buffer is 17 bytes, but 32 elements need 18 bytes");
+        assert!(matches!(vec_dot(QuantType::Q8_K, &[], &[], 0), Err(QuantError::Unsupported { .. })));
     }
 }

@@ -124,10 +124,7 @@ impl QuantType {
 
     /// Case-insensitive lookup by ggml name (`"Q4_K"` and `"q4_k"` both work).
     pub fn from_name(s: &str) -> Option<QuantType> {
-        TYPE_TABLE
-            .iter()
-            .find(|t| t.name.eq_ignore_ascii_case(s))
-            .map(|t| t.ty)
+        TYPE_TABLE.iter().find(|t| t.name.eq_ignore_ascii_case(s)).map(|t| t.ty)
     }
 
     /// Elements per block.
@@ -187,10 +184,7 @@ mod tests {
         for (i, a) in TYPE_TABLE.iter().enumerate() {
             assert_eq!(QuantType::from_ggml_id(a.ggml_id), Some(a.ty));
             assert_eq!(QuantType::from_name(a.name), Some(a.ty));
-            assert_eq!(
-                QuantType::from_name(&a.name.to_ascii_uppercase()),
-                Some(a.ty)
-            );
+            assert_eq!(QuantType::from_name(&a.name.to_ascii_uppercase()), Some(a.ty));
             for b in &TYPE_TABLE[i + 1..] {
                 assert_ne!(a.ggml_id, b.ggml_id);
                 assert_ne!(a.name, b.name);
@@ -224,11 +218,7 @@ mod tests {
             (MXFP4, 39, "mxfp4", 32, 17),
         ];
         for &(t, id, name, bs, ts) in expect {
-            assert_eq!(
-                (t.ggml_id(), t.name(), t.block_size(), t.type_size()),
-                (id, name, bs, ts),
-                "{t:?}"
-            );
+            assert_eq!((t.ggml_id(), t.name(), t.block_size(), t.type_size()), (id, name, bs, ts), "{t:?}");
         }
         assert_eq!(Q4_1.vec_dot_type(), Q8_1);
         assert_eq!(Q4_K.vec_dot_type(), Q8_K);

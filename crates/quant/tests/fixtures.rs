@@ -13,20 +13,16 @@ const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/qua
 
 fn load(ty: QuantType) -> Value {
     let path = format!("{DIR}{}.json", ty.name());
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("missing fixture {path} ({e}); run scripts/gen_quant_fixtures.py")
-    });
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("missing fixture {path} ({e}); run scripts/gen_quant_fixtures.py"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad fixture {path}: {e}"))
 }
 
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {
-    v[k].as_str()
-        .unwrap_or_else(|| panic!("fixture field {k} missing"))
+    v[k].as_str().unwrap_or_else(|| panic!("fixture field {k} missing"))
 }
 
 fn u(v: &Value, k: &str) -> usize {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("fixture field {k} missing")) as usize
+    v[k].as_u64().unwrap_or_else(|| panic!("fixture field {k} missing")) as usize
 }
 
 #[test]
@@ -34,11 +30,7 @@ fn table_matches_fixture_metadata() {
     for &ty in QuantType::ALL {
         let f = load(ty);
         assert_eq!(s(&f, "type"), ty.name());
-        assert_eq!(
-            QuantType::from_name(s(&f, "gguf_name")),
-            Some(ty),
-            "gguf enum name of {ty}"
-        );
+        assert_eq!(QuantType::from_name(s(&f, "gguf_name")), Some(ty), "gguf enum name of {ty}");
         assert_eq!(u(&f, "ggml_id"), ty.ggml_id() as usize, "{ty}");
         assert_eq!(u(&f, "block_size"), ty.block_size(), "{ty}");
         assert_eq!(u(&f, "type_size"), ty.type_size(), "{ty}");
@@ -56,10 +48,7 @@ fn dequantize_is_bit_exact() {
         assert_eq!(expected.len(), n);
         let mut got = vec![0f32; n];
         dequantize(ty, &src, &mut got).unwrap();
-        let mismatches: Vec<_> = (0..n)
-            .filter(|&i| got[i].to_bits() != expected[i].to_bits())
-            .map(|i| (i, got[i], expected[i]))
-            .collect();
+        let mismatches: Vec<_> = (0..n).filter(|&i| got[i].to_bits() != expected[i].to_bits()).map(|i| (i, got[i], expected[i])).collect();
         assert!(
             mismatches.is_empty(),
             "{ty}: {} of {n} values differ ({}), first: {:?}",

@@ -123,10 +123,7 @@ fn huge_counts_do_not_overflow() {
         if ty.type_size() > ty.block_size() {
             // only types with more bytes than elements per block can overflow
             assert_eq!(ty.row_bytes(n), None, "{ty}");
-            assert!(matches!(
-                vec_dot(ty, &[], &[], n),
-                Err(QuantError::Overflow { .. } | QuantError::Unsupported { .. })
-            ));
+            assert!(matches!(vec_dot(ty, &[], &[], n), Err(QuantError::Overflow { .. } | QuantError::Unsupported { .. })));
         }
     }
 }

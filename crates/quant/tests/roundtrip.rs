@@ -84,10 +84,7 @@ fn zero_and_constant_blocks_round_trip() {
         let y = dequantize_to_vec(ty, &quantize_to_vec(ty, &c).unwrap(), n).unwrap();
         let tol = 2.0 * max_rel_rmse(ty) * 0.75 + 1e-6;
         for v in &y {
-            assert!(
-                (v - 0.75).abs() <= tol as f32,
-                "{ty}: constant block -> {v}"
-            );
+            assert!((v - 0.75).abs() <= tol as f32, "{ty}: constant block -> {v}");
         }
     }
 }

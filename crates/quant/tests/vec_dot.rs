@@ -8,9 +8,7 @@
 mod common;
 
 use common::{normals, rng};
-use quarrel_quant::{
-    dequantize_to_vec, fp16_to_f32, quantize_to_vec, vec_dot, QuantError, QuantType,
-};
+use quarrel_quant::{dequantize_to_vec, fp16_to_f32, quantize_to_vec, vec_dot, QuantError, QuantType};
 
 /// Typical relative RMSE of quantizing N(0,1) activations to `ty`.
 fn act_rel_rmse(ty: QuantType) -> f64 {
@@ -35,19 +33,13 @@ fn vec_dot_matches_dequantized_reference() {
     for &ty in QuantType::ALL {
         let vdt = ty.vec_dot_type();
         if matches!(ty, QuantType::Q8_1 | QuantType::Q8_K) {
-            assert!(matches!(
-                vec_dot(ty, &[], &[], 0),
-                Err(QuantError::Unsupported { .. })
-            ));
+            assert!(matches!(vec_dot(ty, &[], &[], 0), Err(QuantError::Unsupported { .. })));
             continue;
         }
         for (trial, n) in [256usize, 1024, 4096].into_iter().enumerate() {
             let mut r = rng(((ty.ggml_id() as u64) << 8) | trial as u64);
             // weights with a per-row offset so Q4_1/Q5_1 mins and K-quant mins matter
-            let x: Vec<f32> = normals(&mut r, n)
-                .into_iter()
-                .map(|v| 0.02 * v + 0.003)
-                .collect();
+            let x: Vec<f32> = normals(&mut r, n).into_iter().map(|v| 0.02 * v + 0.003).collect();
             let a = normals(&mut r, n);
             let w = quantize_to_vec(ty, &x).unwrap();
             let aq = quantize_to_vec(vdt, &a).unwrap();
@@ -67,27 +59,17 @@ fn vec_dot_matches_dequantized_reference() {
                     exact += m * (stored_s - true_s);
                 }
             }
-            let abs_sum: f64 = wd
-                .iter()
-                .zip(&ad)
-                .map(|(p, q)| (*p as f64 * *q as f64).abs())
-                .sum();
+            let abs_sum: f64 = wd.iter().zip(&ad).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
             // f32 accumulation: ~1e-7 relative in practice; one wrong quant
             // (|w_i a_i| ~ 1e-2) would exceed this by orders of magnitude.
             let tight = 1e-6 * abs_sum + 1e-12;
-            assert!(
-                (got - exact).abs() <= tight,
-                "{ty} n={n}: vec_dot {got} vs dequantized dot {exact} (tol {tight})"
-            );
+            assert!((got - exact).abs() <= tight, "{ty} n={n}: vec_dot {got} vs dequantized dot {exact} (tol {tight})");
 
             let reference = dot64(&wd, &a);
             let w_norm = dot64(&wd, &wd).sqrt();
             let a_rms = (dot64(&a, &a) / n as f64).sqrt();
             let loose = 5.0 * act_rel_rmse(vdt) * a_rms * w_norm + 1e-6 * abs_sum + 1e-9;
-            assert!(
-                (got - reference).abs() <= loose,
-                "{ty} n={n}: vec_dot {got} vs f32-activation dot {reference} (tol {loose})"
-            );
+            assert!((got - reference).abs() <= loose, "{ty} n={n}: vec_dot {got} vs f32-activation dot {reference} (tol {loose})");
             if trial == 2 {
                 report += &format!(
                     "{:7} x {:5}: |d_exact| {:.2e} (tol {:.1e}), |d_ref| {:.2e} (tol {:.1e})\n",

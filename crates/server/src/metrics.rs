@@ -42,17 +42,25 @@ fn buckets() -> Vec<f64> {
 impl Metrics {
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let r = PromRegistry::new_custom(Some("quarrel".into()), None)?;
-        let requests = IntCounterVec::new(Opts::new("http_requests_total", "HTTP requests by route, model and status"), &["route", "model", "status"])?;
+        let requests = IntCounterVec::new(
+            Opts::new("http_requests_total", "HTTP requests by route, model and status"),
+            &["route", "model", "status"],
+        )?;
         let errors = IntCounterVec::new(Opts::new("errors_total", "Errors answered, by error code"), &["type"])?;
         let http_active = IntGauge::new("http_requests_active", "HTTP requests in flight (streams included)")?;
         let http_connections = IntGauge::new("http_connections_active", "Open HTTP connections (TCP)")?;
         let ws_active = IntGauge::new("ws_connections_active", "Open WebSocket connections")?;
-        let request_seconds = HistogramVec::new(HistogramOpts::new("request_duration_seconds", "Request latency (whole response)").buckets(buckets()), &["route"])?;
-        let ttft_seconds = HistogramVec::new(HistogramOpts::new("time_to_first_token_seconds", "Submission to first token").buckets(buckets()), &["model"])?;
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new("request_duration_seconds", "Request latency (whole response)").buckets(buckets()),
+            &["route"],
+        )?;
+        let ttft_seconds = HistogramVec::new(
+            HistogramOpts::new("time_to_first_token_seconds", "Submission to first token").buckets(buckets()),
+            &["model"],
+        )?;
         let itl_seconds = HistogramVec::new(
-            HistogramOpts::new("inter_token_latency_seconds", "Time between consecutive tokens of a stream").buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-            ]),
+            HistogramOpts::new("inter_token_latency_seconds", "Time between consecutive tokens of a stream")
+                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
             &["model"],
         )?;
         let tokens_in = IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens of finished requests"), &["model"])?;
@@ -60,12 +68,16 @@ impl Metrics {
         let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached, kv_block_size, recurrent_state_bytes, state_checkpoints"), &["model", "gauge"])?;
         let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, prompt_tokens, generated_tokens, ssm_nonfinite"), &["model", "counter"])?;
         let models_loaded = IntGauge::new("models_loaded", "Models loaded")?;
-        let model_bytes = IntGaugeVec::new(Opts::new("model_memory_bytes", "Resident bytes per loaded model (weights + KV cache)"), &["model"])?;
+        let model_bytes =
+            IntGaugeVec::new(Opts::new("model_memory_bytes", "Resident bytes per loaded model (weights + KV cache)"), &["model"])?;
         let op_seconds = GaugeVec::new(
             Opts::new("engine_op_seconds", "Host wall time since load (monotonic) in MoE routing and Mamba2 conv / scan"),
             &["model", "op"],
         )?;
-        let expert_selections = IntGaugeVec::new(Opts::new("expert_selections", "MoE models: tokens routed to each expert since load"), &["model", "layer", "expert"])?;
+        let expert_selections = IntGaugeVec::new(
+            Opts::new("expert_selections", "MoE models: tokens routed to each expert since load"),
+            &["model", "layer", "expert"],
+        )?;
         let expert_utilization = GaugeVec::new(
             Opts::new("expert_utilization", "MoE models: an expert's share of its layer's selections since load (0..1)"),
             &["model", "layer", "expert"],
@@ -145,7 +157,11 @@ impl Metrics {
             ] {
                 self.engine_counters.with_label_values(&[name, k]).set(v as i64);
             }
-            for (k, v) in [("moe_routing", e.moe_routing_seconds_total), ("ssm_conv", e.ssm_conv_seconds_total), ("ssm_scan", e.ssm_scan_seconds_total)] {
+            for (k, v) in [
+                ("moe_routing", e.moe_routing_seconds_total),
+                ("ssm_conv", e.ssm_conv_seconds_total),
+                ("ssm_scan", e.ssm_scan_seconds_total),
+            ] {
                 self.op_seconds.with_label_values(&[name, k]).set(v);
             }
             for (layer, row) in e.expert_selections.iter().enumerate() {

@@ -203,7 +203,8 @@ pub async fn generate(State(state): State<AppState>, ApiJson(req): ApiJson<Gener
     let Some(prompt) = req.prompt else {
         // ollama: a request without a prompt loads the model
         let m = state.registry.get(Some(&req.model)).await?;
-        let v = json!({"model": m.entry.name, "created_at": rfc3339(SystemTime::now()), "response": "", "done": true, "done_reason": "load"});
+        let v =
+            json!({"model": m.entry.name, "created_at": rfc3339(SystemTime::now()), "response": "", "done": true, "done_reason": "load"});
         return Ok(labeled(v, &m.entry.name));
     };
     let mut knobs = req.options.knobs()?;

@@ -5,13 +5,13 @@
 use crate::embeddings::PromptListIn;
 use crate::error::{ApiError, ApiJson};
 use crate::gen::{finish_str, start, unix_now, Collected, Knobs, Tracked};
-use futures_util::StreamExt;
 use crate::metrics::ModelLabel;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use quarrel_engine::{Prompt, StreamEvent, TokenLogprob};
 use quarrel_tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -63,7 +63,9 @@ pub fn to_chat(msgs: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
                     for p in parts {
                         match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                             (Some("text"), Some(t)) => s.push_str(t),
-                            (t, _) => return Err(ApiError::invalid(format!("unsupported content part type {t:?}: only text is supported"))),
+                            (t, _) => {
+                                return Err(ApiError::invalid(format!("unsupported content part type {t:?}: only text is supported")))
+                            }
                         }
                     }
                     s
@@ -192,7 +194,13 @@ fn check_n(n: Option<u32>) -> Result<usize, ApiError> {
 /// Start `n` generations of one prompt (choice `i` uses seed `seed + i` when a seed is
 /// given); they run side by side in the engine's batch. If one cannot start, the others
 /// are dropped, which cancels them.
-async fn start_n(state: &AppState, model: Option<&str>, prompt: Prompt, knobs: &Knobs, n: usize) -> Result<(String, Vec<Tracked>), ApiError> {
+async fn start_n(
+    state: &AppState,
+    model: Option<&str>,
+    prompt: Prompt,
+    knobs: &Knobs,
+    n: usize,
+) -> Result<(String, Vec<Tracked>), ApiError> {
     let mut streams = Vec::with_capacity(n);
     let mut name = String::new();
     for i in 0..n {
@@ -384,7 +392,8 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
         .await;
     }
     let head = ChunkHead { id, object: "chat.completion.chunk", created, model, fingerprint: true };
-    let opening = (0..n).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}));
+    let opening =
+        (0..n).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}));
     let token = move |i: usize, text: String, logprob: Option<&TokenLogprob>| {
         let lp = match (logprob, want_lp) {
             (Some(l), true) => json!({"content": [chat_logprob(l)]}),
@@ -491,10 +500,25 @@ mod tests {
     #[test]
     fn openapi_request_bodies_list_the_shared_and_own_fields() {
         let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).unwrap();
-        let shared = ["stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "n"];
+        let shared = [
+            "stream",
+            "stream_options",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stop",
+            "presence_penalty",
+            "frequency_penalty",
+            "n",
+        ];
         let chat = body_fields(&doc, "/v1/chat/completions");
         let completion = body_fields(&doc, "/v1/completions");
-        for f in shared.iter().chain(&["model", "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools"]) {
+        for f in
+            shared.iter().chain(&["model", "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools"])
+        {
             assert!(chat.contains(*f), "chat request schema lacks {f}: {chat:?}");
         }
         for f in shared.iter().chain(&["model", "prompt", "logprobs", "echo"]) {
@@ -519,7 +543,8 @@ mod tests {
         assert_eq!((k.stop, k.presence_penalty, k.default_temperature), (vec!["x".to_string()], Some(0.25), 1.0));
         assert!(chat.gen.stream && chat.gen.include_usage() && chat.gen.n == Some(3));
 
-        let c: CompletionRequest = serde_json::from_value(json!({"prompt": "a", "top_p": 0.9, "stop": ["y", "z"], "logprobs": 3, "echo": true})).unwrap();
+        let c: CompletionRequest =
+            serde_json::from_value(json!({"prompt": "a", "top_p": 0.9, "stop": ["y", "z"], "logprobs": 3, "echo": true})).unwrap();
         let k = c.gen.knobs(c.gen.max_tokens, c.logprobs);
         assert_eq!((k.top_p, k.logprobs, k.max_tokens, k.stop.len()), (Some(0.9), Some(3), None, 2));
         assert!(c.echo && !c.gen.stream && !c.gen.include_usage());

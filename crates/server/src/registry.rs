@@ -226,7 +226,8 @@ impl Registry {
                 return;
             }
             let newest = l.iter().map(|m| m.last_used()).max();
-            let Some((i, _)) = l.iter().enumerate().filter(|(_, m)| extra > 0 || Some(m.last_used()) != newest).min_by_key(|(_, m)| m.last_used())
+            let Some((i, _)) =
+                l.iter().enumerate().filter(|(_, m)| extra > 0 || Some(m.last_used()) != newest).min_by_key(|(_, m)| m.last_used())
             else {
                 return;
             };
@@ -242,7 +243,12 @@ mod tests {
 
     #[test]
     fn names_match_ollama_style() {
-        let e = ModelEntry { name: "smollm2-135m-instruct".into(), aliases: vec!["smollm2".into(), "SmolLM2-135M-Instruct.Q4_1".into()], path: PathBuf::new(), size_bytes: 0 };
+        let e = ModelEntry {
+            name: "smollm2-135m-instruct".into(),
+            aliases: vec!["smollm2".into(), "SmolLM2-135M-Instruct.Q4_1".into()],
+            path: PathBuf::new(),
+            size_bytes: 0,
+        };
         assert!(e.matches("smollm2"));
         assert!(e.matches("smollm2:latest"));
         assert!(e.matches("SMOLLM2-135M-instruct"));

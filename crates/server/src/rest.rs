@@ -202,7 +202,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
     for m in &loaded {
         if !state.stepping(m) {
-            return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not_ready", "reason": format!("the engine of {} is not stepping", m.entry.name)})))
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "not_ready", "reason": format!("the engine of {} is not stepping", m.entry.name)})),
+            )
                 .into_response();
         }
     }

@@ -77,12 +77,13 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
 /// The whole application.
 pub fn router(state: AppState) -> Router {
     let cfg = &state.config;
-    let trace = TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
-        let id = req.headers().get(X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
-        // the path only: query strings may carry keys
-        tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
-    })
-    .on_response(DefaultOnResponse::new().level(Level::INFO));
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|req: &Request<_>| {
+            let id = req.headers().get(X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
+            // the path only: query strings may carry keys
+            tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+        })
+        .on_response(DefaultOnResponse::new().level(Level::INFO));
     let mut app = api_routes()
         .fallback(rest::not_found)
         .method_not_allowed_fallback(rest::method_not_allowed)

@@ -4,8 +4,8 @@ use crate::auth::KeyStore;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use governor::{clock::DefaultClock, state::keyed::DefaultKeyedStateStore, Quota, RateLimiter};
-use std::num::NonZeroU32;
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

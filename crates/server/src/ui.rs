@@ -61,25 +61,18 @@ fn content_type(path: &str) -> &'static str {
 fn serve(path: &str, req: &HeaderMap) -> Response {
     let Some(file) = Assets::get(path) else {
         // Listed at start-up but gone (debug build reading web/ from disk): a plain 404.
-        return with_security_headers(Response::builder().status(StatusCode::NOT_FOUND))
-            .body(Body::from("not found"))
-            .unwrap_or_default();
+        return with_security_headers(Response::builder().status(StatusCode::NOT_FOUND)).body(Body::from("not found")).unwrap_or_default();
     };
     let etag = format!("\"{}\"", hex::encode(file.metadata.sha256_hash()));
     let fresh = req
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
-    let builder = with_security_headers(Response::builder())
-        .header(header::ETAG, &etag)
-        .header(header::CACHE_CONTROL, "no-cache");
+    let builder = with_security_headers(Response::builder()).header(header::ETAG, &etag).header(header::CACHE_CONTROL, "no-cache");
     if fresh {
         return builder.status(StatusCode::NOT_MODIFIED).body(Body::empty()).unwrap_or_default();
     }
-    builder
-        .header(header::CONTENT_TYPE, content_type(path))
-        .body(Body::from(file.data.into_owned()))
-        .unwrap_or_default()
+    builder.header(header::CONTENT_TYPE, content_type(path)).body(Body::from(file.data.into_owned())).unwrap_or_default()
 }
 
 fn with_security_headers(b: axum::http::response::Builder) -> axum::http::response::Builder {

@@ -85,9 +85,8 @@ pub async fn upgrade(State(state): State<AppState>, ws: WebSocketUpgrade, req: R
     if let Err(wait) = AppState::check_rate(&state.ip_limiter, &ip) {
         refusal = Some(ApiError::rate_limited(wait));
     } else if let Some(keys) = &state.keys {
-        let key = presented_key(req.headers()).or_else(|| {
-            req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("api_key=").map(str::to_string)))
-        });
+        let key = presented_key(req.headers())
+            .or_else(|| req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("api_key=").map(str::to_string))));
         match keys.verify(key.as_deref()) {
             Ok(id) => {
                 if let Err(wait) = AppState::check_rate(&state.key_limiter, &id) {
@@ -228,8 +227,7 @@ async fn inference(
     done: mpsc::UnboundedSender<String>,
     key: String,
 ) -> Result<Running, ApiError> {
-    let p: InferencePayload =
-        serde_json::from_value(payload).map_err(|e| ApiError::invalid(format!("invalid inference payload: {e}")))?;
+    let p: InferencePayload = serde_json::from_value(payload).map_err(|e| ApiError::invalid(format!("invalid inference payload: {e}")))?;
     let stream_tokens = p.stream.unwrap_or(true);
     let req = StreamRequest {
         model: p.model,
@@ -265,10 +263,16 @@ async fn inference(
                     text.push_str(&piece);
                     let tps = first.map_or(0.0, |f| {
                         let s = f.elapsed().as_secs_f64();
-                        if n > 1 && s > 0.0 { (n - 1) as f64 / s } else { 0.0 }
+                        if n > 1 && s > 0.0 {
+                            (n - 1) as f64 / s
+                        } else {
+                            0.0
+                        }
                     });
-                    if stream_tokens && !send(json!({"type": "inference", "id": id, "payload": {
-                        "token": piece, "token_id": tid, "complete": false, "tokens_per_sec": tps}})) {
+                    if stream_tokens
+                        && !send(json!({"type": "inference", "id": id, "payload": {
+                        "token": piece, "token_id": tid, "complete": false, "tokens_per_sec": tps}}))
+                    {
                         break;
                     }
                 }

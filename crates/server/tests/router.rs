@@ -7,8 +7,8 @@ use axum::body::{to_bytes, Body};
 use axum::http::{Request, StatusCode};
 use quarrel_cpu::CpuBackend;
 use quarrel_engine::{Engine, EngineHandle, EngineOptions, ServiceOptions};
-use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 use quarrel_server::{AppState, KeyFile, KeyStore, ModelEntry, ModelLoader, Registry, ServerConfig};
+use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::Arc;
@@ -76,7 +76,8 @@ async fn lru_unloading_and_on_demand_loading() {
     st.registry.load("beta-alias").await.unwrap();
     assert_eq!(loaded(&st), ["beta"], "alpha is least recently used and must go");
     // a request naming the unloaded model loads it on demand (ollama-style tag accepted)
-    let (s, _, v) = call(&st, "POST", "/v1/completions", Some(json!({"model": "alpha:latest", "prompt": "hello", "max_tokens": 3})), None).await;
+    let (s, _, v) =
+        call(&st, "POST", "/v1/completions", Some(json!({"model": "alpha:latest", "prompt": "hello", "max_tokens": 3})), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(loaded(&st), ["alpha"]);
@@ -91,7 +92,9 @@ async fn lru_unloading_and_on_demand_loading() {
 async fn full_queue_is_503_with_retry_after() {
     let d = tempfile::tempdir().unwrap();
     let st = state(vec![synth(d.path(), "alpha", 1)], 0, 0, ServerConfig::default(), None);
-    let (s, retry, v) = call(&st, "POST", "/v1/chat/completions", Some(json!({"model": "alpha", "messages": [{"role": "user", "content": "hi"}]})), None).await;
+    let (s, retry, v) =
+        call(&st, "POST", "/v1/chat/completions", Some(json!({"model": "alpha", "messages": [{"role": "user", "content": "hi"}]})), None)
+            .await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert_eq!(retry.as_deref(), Some("1"));
     assert_eq!(v["error"]["code"], "overloaded");
@@ -131,7 +134,8 @@ async fn metrics_show_experts_and_recurrent_state_of_a_hybrid_moe_model() {
     use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("nemo.gguf");
-    let spec = ArchSynthSpec { preset: *ArchPreset::by_name("tiny-nemotron-h-moe").unwrap(), ftype: Ftype::Q8_0, seed: 3, vocab_from: None };
+    let spec =
+        ArchSynthSpec { preset: *ArchPreset::by_name("tiny-nemotron-h-moe").unwrap(), ftype: Ftype::Q8_0, seed: 3, vocab_from: None };
     write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
     let size_bytes = std::fs::metadata(&path).unwrap().len();
     let entry = ModelEntry { name: "nemo".into(), aliases: vec![], path, size_bytes };

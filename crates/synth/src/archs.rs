@@ -312,7 +312,11 @@ fn check(p: &ArchPreset) -> Result<(), SynthError> {
     let bad = |m: String| Err(SynthError::Invalid(format!("preset {}: {m}", p.name)));
     let single = p.single_mixer();
     for c in p.pattern.chars() {
-        let ok = if single { "M*-E".contains(c) && (p.arch != "mamba2" || c == 'M') } else { c == 'A' || (c == 'M' && p.arch == "granitehybrid") };
+        let ok = if single {
+            "M*-E".contains(c) && (p.arch != "mamba2" || c == 'M')
+        } else {
+            c == 'A' || (c == 'M' && p.arch == "granitehybrid")
+        };
         if !ok {
             return bad(format!("layer kind {c:?} does not exist in {}", p.arch));
         }
@@ -447,10 +451,7 @@ fn tensor_type(name: &str, dims: &[u64], ftype: Ftype) -> QuantType {
 
 /// The tensors of `p` typed for `ftype`.
 pub fn arch_tensor_plan(p: &ArchPreset, ftype: Ftype) -> Vec<PlannedTensor> {
-    tensors(p)
-        .into_iter()
-        .map(|(name, dims, init)| PlannedTensor { ty: tensor_type(&name, &dims, ftype), name, dims, init })
-        .collect()
+    tensors(p).into_iter().map(|(name, dims, init)| PlannedTensor { ty: tensor_type(&name, &dims, ftype), name, dims, init }).collect()
 }
 
 fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Vec<(String, Value)> {
@@ -464,7 +465,10 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
         ("general.name".into(), Value::String(format!("{} (synthetic)", p.model))),
         (
             "general.description".into(),
-            Value::String(format!("random weights with the shapes of {}, written by quarrel synth (preset {}, seed {seed})", p.model, p.name)),
+            Value::String(format!(
+                "random weights with the shapes of {}, written by quarrel synth (preset {}, seed {seed})",
+                p.model, p.name
+            )),
         ),
         (k("block_count"), u32v(p.n_layer())),
         (k("context_length"), u32v(p.n_ctx)),

@@ -168,10 +168,7 @@ fn effective_preset(spec: &SynthSpec) -> Result<Preset, SynthError> {
         p = p.with_layers(n);
     }
     if p.n_head == 0 || p.n_head_kv == 0 || !p.n_embd.is_multiple_of(p.n_head) || !p.n_head.is_multiple_of(p.n_head_kv) {
-        return Err(SynthError::Invalid(format!(
-            "bad head layout: n_embd {} n_head {} n_head_kv {}",
-            p.n_embd, p.n_head, p.n_head_kv
-        )));
+        return Err(SynthError::Invalid(format!("bad head layout: n_embd {} n_head {} n_head_kv {}", p.n_embd, p.n_head, p.n_head_kv)));
     }
     Ok(p)
 }
@@ -198,10 +195,8 @@ pub fn tensor_plan(p: &Preset, ftype: Ftype) -> Vec<PlannedTensor> {
     if !p.tied_embeddings {
         list.push(("output.weight".into(), vec![e, v], 1.0));
     }
-    let mut planner = MixPlanner::new(
-        ftype,
-        MixParams { n_layer: p.n_layer, n_gqa: p.n_head / p.n_head_kv, tied_embeddings: p.tied_embeddings },
-    );
+    let mut planner =
+        MixPlanner::new(ftype, MixParams { n_layer: p.n_layer, n_gqa: p.n_head / p.n_head_kv, tied_embeddings: p.tied_embeddings });
     list.into_iter()
         .map(|(name, dims, scale)| {
             let ty = planner.next(&name, &dims);
@@ -281,24 +276,17 @@ fn fill_rows(t: &PlannedTensor, tseed: u64, r0: u64, row_bytes: usize, dst: &mut
         Init::Normal { mean, std } => (mean, std, false),
         Init::NegAbs { mean, std } => (mean, std, true),
     };
-    dst.par_chunks_mut(row_bytes)
-        .enumerate()
-        .with_min_len((16384 / ne0).max(1))
-        .try_for_each_init(
-            || vec![0f32; ne0],
-            |row, (j, out)| {
-                let mut r = rng::SplitMix64::new(rng::row_seed(tseed, r0 + j as u64));
-                r.fill_normal(row, mean, std);
-                if neg_abs {
-                    row.iter_mut().for_each(|v| *v = -v.abs());
-                }
-                quarrel_quant::quantize(t.ty, row, out).map_err(|e| SynthError::Quant {
-                    tensor: t.name.clone(),
-                    ty: t.ty,
-                    msg: e.to_string(),
-                })
-            },
-        )
+    dst.par_chunks_mut(row_bytes).enumerate().with_min_len((16384 / ne0).max(1)).try_for_each_init(
+        || vec![0f32; ne0],
+        |row, (j, out)| {
+            let mut r = rng::SplitMix64::new(rng::row_seed(tseed, r0 + j as u64));
+            r.fill_normal(row, mean, std);
+            if neg_abs {
+                row.iter_mut().for_each(|v| *v = -v.abs());
+            }
+            quarrel_quant::quantize(t.ty, row, out).map_err(|e| SynthError::Quant { tensor: t.name.clone(), ty: t.ty, msg: e.to_string() })
+        },
+    )
 }
 
 /// Rows `r0..r0 + n` of a pooled tensor: copies of `pool` rows chosen by each row's seed.
@@ -306,22 +294,14 @@ fn fill_from_pool(pool: &[u8], tseed: u64, r0: u64, row_bytes: usize, dst: &mut 
     let n_pool = pool.len() / row_bytes;
     dst.par_chunks_mut(row_bytes).enumerate().with_min_len(64).for_each(|(j, out)| {
         let r = r0 + j as u64;
-        let k = if (r as usize) < n_pool {
-            r as usize
-        } else {
-            (rng::mix64(rng::row_seed(tseed, r)) % n_pool as u64) as usize
-        };
+        let k = if (r as usize) < n_pool { r as usize } else { (rng::mix64(rng::row_seed(tseed, r)) % n_pool as u64) as usize };
         out.copy_from_slice(&pool[k * row_bytes..(k + 1) * row_bytes]);
     });
 }
 
 /// Write the model `spec` describes to `out`. `progress(done, total)` is called with tensor
 /// data bytes after every chunk. The file appears under its name only when complete.
-pub fn write_synth(
-    spec: &SynthSpec,
-    out: &Path,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<SynthSummary, SynthError> {
+pub fn write_synth(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<SynthSummary, SynthError> {
     write_synth_with(spec, WriteOptions::default(), out, progress)
 }
 
@@ -409,9 +389,8 @@ pub fn write_plan(
             }
             let ne0 = t.dims[0] as usize;
             let n_rows = (t.n_elements() / ne0 as u64) as usize;
-            let row_bytes = t.ty.row_bytes(ne0).ok_or_else(|| {
-                SynthError::Invalid(format!("{}: rows of {ne0} do not fit type {}", t.name, t.ty))
-            })?;
+            let row_bytes =
+                t.ty.row_bytes(ne0).ok_or_else(|| SynthError::Invalid(format!("{}: rows of {ne0} do not fit type {}", t.name, t.ty)))?;
             let tseed = rng::tensor_seed(seed, &t.name);
             let rows_per_chunk = (CHUNK_BYTES / row_bytes).max(1);
             let pool = if opts.row_pool > 0 && n_rows > opts.row_pool {

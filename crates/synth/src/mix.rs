@@ -88,9 +88,7 @@ impl MixPlanner {
     pub fn next(&mut self, name: &str, dims: &[u64]) -> QuantType {
         // ggml_n_dims: one past the last dimension larger than 1
         let n_dims = dims.iter().rposition(|&d| d > 1).map_or(1, |i| i + 1);
-        let quantizable = n_dims >= 2
-            && name.ends_with("weight")
-            && !name.contains("_norm.weight");
+        let quantizable = n_dims >= 2 && name.ends_with("weight") && !name.contains("_norm.weight");
         if !quantizable {
             return QuantType::F32;
         }
@@ -123,9 +121,21 @@ impl MixPlanner {
                 self.i_attn_v += 1;
                 let gqa4 = self.p.n_gqa >= 4;
                 match ft {
-                    F::Q2_K => if gqa4 { T::Q4_K } else { T::Q3_K },
+                    F::Q2_K => {
+                        if gqa4 {
+                            T::Q4_K
+                        } else {
+                            T::Q3_K
+                        }
+                    }
                     F::Q2_K_S if gqa4 => T::Q4_K,
-                    F::Q3_K_M => if i < 2 { T::Q5_K } else { T::Q4_K },
+                    F::Q3_K_M => {
+                        if i < 2 {
+                            T::Q5_K
+                        } else {
+                            T::Q4_K
+                        }
+                    }
                     F::Q3_K_L => T::Q5_K,
                     F::IQ4_NL if gqa4 => T::Q5_K,
                     F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
@@ -139,7 +149,13 @@ impl MixPlanner {
                 match ft {
                     F::Q2_K => T::Q3_K,
                     F::Q2_K_S if i < n / 8 => T::Q4_K,
-                    F::Q3_K_M => if i < n / 16 { T::Q5_K } else { T::Q4_K },
+                    F::Q3_K_M => {
+                        if i < n / 16 {
+                            T::Q5_K
+                        } else {
+                            T::Q4_K
+                        }
+                    }
                     F::Q3_K_L => T::Q5_K,
                     F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
                     F::IQ4_NL | F::Q4_K_S if i < n / 8 => T::Q5_K,
@@ -195,7 +211,13 @@ mod tests {
         if !tied {
             names.push(("output.weight".into(), vec![nx, 1000]));
         }
-        names.into_iter().map(|(n, d)| { let t = p.next(&n, &d); (n, t) }).collect()
+        names
+            .into_iter()
+            .map(|(n, d)| {
+                let t = p.next(&n, &d);
+                (n, t)
+            })
+            .collect()
     }
 
     fn ty(p: &[(String, QuantType)], name: &str) -> QuantType {

@@ -66,7 +66,21 @@ const fn llama(
     tied_embeddings: bool,
 ) -> Preset {
     let [n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx] = dims;
-    Preset { name, model, arch: "llama", n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, rope_freq_base, rms_eps, tied_embeddings }
+    Preset {
+        name,
+        model,
+        arch: "llama",
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        n_ff,
+        n_vocab,
+        n_ctx,
+        rope_freq_base,
+        rms_eps,
+        tied_embeddings,
+    }
 }
 
 //                                                  n_embd layers heads kv  n_ff   n_vocab  n_ctx

@@ -131,10 +131,7 @@ pub fn synthetic(n_vocab: usize) -> Result<Vocab, String> {
 /// `tokenizer.ggml.tokens`.
 pub fn from_gguf(path: &Path) -> Result<Vocab, GgufError> {
     let g = Gguf::open(path)?;
-    let n_tokens = g
-        .get_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| GgufError::MissingKey("tokenizer.ggml.tokens".into()))?
-        .len();
+    let n_tokens = g.get_array("tokenizer.ggml.tokens")?.ok_or_else(|| GgufError::MissingKey("tokenizer.ggml.tokens".into()))?.len();
     let kv = g.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned().collect();
     Ok(Vocab { n_tokens, kv })
 }

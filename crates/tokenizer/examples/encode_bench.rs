@@ -14,12 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let g = quarrel_gguf::Gguf::open(&args[1])?;
     let tok = quarrel_tokenizer::Tokenizer::from_gguf(&g)?;
-    println!(
-        "load: {:.1} ms ({} tokens, {:?})",
-        t0.elapsed().as_secs_f64() * 1e3,
-        tok.n_vocab(),
-        tok.kind()
-    );
+    println!("load: {:.1} ms ({} tokens, {:?})", t0.elapsed().as_secs_f64() * 1e3, tok.n_vocab(), tok.kind());
     let text = std::fs::read_to_string(&args[2])?;
     let mut ids = Vec::new();
     let mut best = f64::MAX;
@@ -37,10 +32,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let t = Instant::now();
     let back = tok.decode(&ids);
-    println!(
-        "decode: {:.2} ms, round trip {}",
-        t.elapsed().as_secs_f64() * 1e3,
-        if back == text { "exact" } else { "differs" }
-    );
+    println!("decode: {:.2} ms, round trip {}", t.elapsed().as_secs_f64() * 1e3, if back == text { "exact" } else { "differs" });
     Ok(())
 }

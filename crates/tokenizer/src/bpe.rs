@@ -37,15 +37,12 @@ impl std::fmt::Debug for BpeModel {
     }
 }
 
-
 /// A candidate merge in the work queue; ordered by rank, then by left position.
 type Bigram = Reverse<(u32, u32, u32, u32, u32)>; // (rank, left, right, size, merged)
 
 impl BpeModel {
     pub(crate) fn from_gguf(g: &Gguf, vocab: &Vocab) -> Result<BpeModel, TokenizerError> {
-        let merges_raw = g
-            .get_array(K_MERGES)?
-            .ok_or_else(|| TokenizerError::MissingKey(K_MERGES.into()))?;
+        let merges_raw = g.get_array(K_MERGES)?.ok_or_else(|| TokenizerError::MissingKey(K_MERGES.into()))?;
         let mut merges_str = Vec::with_capacity(merges_raw.len());
         for (i, v) in merges_raw.iter().enumerate() {
             merges_str.push(v.as_str().ok_or_else(|| TokenizerError::InvalidMetadata {
@@ -53,10 +50,7 @@ impl BpeModel {
                 msg: format!("element {i} is {}, not a string", v.type_name()),
             })?);
         }
-        let kind = vocab
-            .pre
-            .map(|p| p.kind)
-            .unwrap_or(crate::pretok_table::PreKind::Default);
+        let kind = vocab.pre.map(|p| p.kind).unwrap_or(crate::pretok_table::PreKind::Default);
         let pre = PreTokenizer::new(kind)?;
         Ok(Self::build(vocab, &merges_str, pre))
     }
@@ -94,20 +88,9 @@ impl BpeModel {
         let mut buf = [0u8; 4];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
             let s: &str = BYTE_TO_CHAR[b].encode_utf8(&mut buf);
-            *slot = vocab
-                .token_to_id
-                .get(s)
-                .copied()
-                .or_else(|| extra.get(s).copied())
-                .unwrap_or(NONE);
+            *slot = vocab.token_to_id.get(s).copied().or_else(|| extra.get(s).copied()).unwrap_or(NONE);
         }
-        BpeModel {
-            pre,
-            merges,
-            byte_ids,
-            n_vocab,
-            ignore_merges: vocab.ignore_merges,
-        }
+        BpeModel { pre, merges, byte_ids, n_vocab, ignore_merges: vocab.ignore_merges }
     }
 
     /// Tokenizes one raw-text fragment (no special tokens inside) and appends the ids.
@@ -128,13 +111,7 @@ impl BpeModel {
         }
     }
 
-    fn encode_word(
-        &self,
-        word: &[u8],
-        syms: &mut Vec<Sym>,
-        queue: &mut BinaryHeap<Bigram>,
-        out: &mut Vec<u32>,
-    ) {
+    fn encode_word(&self, word: &[u8], syms: &mut Vec<Sym>, queue: &mut BinaryHeap<Bigram>, out: &mut Vec<u32>) {
         syms.clear();
         queue.clear();
         let n = word.len();
@@ -177,13 +154,7 @@ impl BpeModel {
             return;
         }
         if let Some(&(rank, merged)) = self.merges.get(&(l.id, r.id)) {
-            queue.push(Reverse((
-                rank,
-                left as u32,
-                right as u32,
-                l.len + r.len,
-                merged,
-            )));
+            queue.push(Reverse((rank, left as u32, right as u32, l.len + r.len, merged)));
         }
     }
 }

@@ -19,10 +19,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
     pub fn system(content: impl Into<String>) -> ChatMessage {
         ChatMessage::new("system", content)
@@ -47,58 +44,31 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("bos_token", &self.bos_token)
-            .field("eos_token", &self.eos_token)
-            .finish()
+        f.debug_struct("ChatTemplate").field("bos_token", &self.bos_token).field("eos_token", &self.eos_token).finish()
     }
 }
 
 impl ChatTemplate {
     /// Compiles `source`. `bos_token` / `eos_token` are the texts the template sees under
     /// those names.
-    pub fn new(
-        source: &str,
-        bos_token: &str,
-        eos_token: &str,
-    ) -> Result<ChatTemplate, TokenizerError> {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TokenizerError> {
         let mut env = Environment::new();
-        let syntax = SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let syntax =
+            SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(|e| TokenizerError::Template(e.to_string()))?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
-            Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("{RAISE_PREFIX}{msg}"),
-            ))
+            Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISE_PREFIX}{msg}")))
         });
-        env.add_function("strftime_now", |fmt: String| -> Result<Value, Error> {
-            Ok(Value::from(strftime_now(&fmt)))
-        });
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
-            .map_err(template_error)?;
-        Ok(ChatTemplate {
-            env,
-            bos_token: bos_token.to_string(),
-            eos_token: eos_token.to_string(),
-        })
+        env.add_function("strftime_now", |fmt: String| -> Result<Value, Error> { Ok(Value::from(strftime_now(&fmt))) });
+        env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_error)?;
+        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
     }
 
     /// Renders the conversation; with `add_generation_prompt` the template appends the
     /// opening of an assistant turn.
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(template_error)?;
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
         tmpl.render(context! {
             messages => messages
                 .iter()
@@ -147,37 +117,14 @@ fn template_error(e: Error) -> TokenizerError {
 /// Today's date/time (UTC) formatted with the common strftime directives
 /// (%Y %m %d %e %b %B %a %A %H %M %S %y %j %%); others are kept as written.
 fn strftime_now(fmt: &str) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     format_time(secs, fmt)
 }
 
 fn format_time(secs: i64, fmt: &str) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = [
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-    ];
+    const MONTHS: [&str; 12] =
+        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     // civil-from-days (proleptic Gregorian)
@@ -234,26 +181,15 @@ mod tests {
     #[test]
     fn dates() {
         assert_eq!(format_time(0, "%d %b %Y %A"), "01 Jan 1970 Thursday");
-        assert_eq!(
-            format_time(951_782_400, "%Y-%m-%d %j %a"),
-            "2000-02-29 060 Tue"
-        );
-        assert_eq!(
-            format_time(1_767_225_599, "%Y-%m-%d %H:%M:%S"),
-            "2025-12-31 23:59:59"
-        );
+        assert_eq!(format_time(951_782_400, "%Y-%m-%d %j %a"), "2000-02-29 060 Tue");
+        assert_eq!(format_time(1_767_225_599, "%Y-%m-%d %H:%M:%S"), "2025-12-31 23:59:59");
     }
 
     #[test]
     fn python_methods_and_trim() {
         let src = "{% for m in messages %}\n  {{ m.role.upper() }}:{{ m.content.strip() }}{% if m.content.strip().startswith('x') %}!{% endif %}\n{% endfor %}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        let out = t
-            .render(
-                &[ChatMessage::user("  xy "), ChatMessage::assistant("ok")],
-                false,
-            )
-            .unwrap();
+        let out = t.render(&[ChatMessage::user("  xy "), ChatMessage::assistant("ok")], false).unwrap();
         // what jinja2 (trim_blocks, lstrip_blocks) renders
         assert_eq!(out, "  USER:xy!  ASSISTANT:ok");
     }
@@ -269,9 +205,6 @@ mod tests {
 
     #[test]
     fn syntax_error() {
-        assert!(matches!(
-            ChatTemplate::new("{% for %}", "", ""),
-            Err(TokenizerError::Template(_))
-        ));
+        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TokenizerError::Template(_))));
     }
 }

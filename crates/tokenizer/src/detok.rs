@@ -7,9 +7,7 @@ use crate::Tokenizer;
 
 /// The piece of every token, rendered with `special = true` (llama.cpp's piece cache).
 pub(crate) fn build_pieces(vocab: &Vocab) -> Vec<Box<[u8]>> {
-    (0..vocab.n_tokens() as u32)
-        .map(|id| piece_uncached(vocab, id).into_boxed_slice())
-        .collect()
+    (0..vocab.n_tokens() as u32).map(|id| piece_uncached(vocab, id).into_boxed_slice()).collect()
 }
 
 fn byte_token_value(text: &str) -> Option<u8> {
@@ -77,12 +75,7 @@ pub struct DecodeOptions {
 impl Default for DecodeOptions {
     /// llama.cpp's `llama_detokenize(remove_special = false, unparse_special = false)`.
     fn default() -> Self {
-        DecodeOptions {
-            render_special: false,
-            remove_special: false,
-            sequence_start: true,
-            clean_spaces: true,
-        }
+        DecodeOptions { render_special: false, remove_special: false, sequence_start: true, clean_spaces: true }
     }
 }
 
@@ -93,12 +86,7 @@ impl Tokenizer {
         let Some(p) = self.pieces.get(id as usize) else {
             return &[];
         };
-        if !special
-            && self
-                .vocab
-                .attr(id)
-                .has(TokenAttr::UNKNOWN | TokenAttr::CONTROL)
-        {
+        if !special && self.vocab.attr(id).has(TokenAttr::UNKNOWN | TokenAttr::CONTROL) {
             return &[];
         }
         p
@@ -315,10 +303,7 @@ mod tests {
     fn clean_up() {
         let mut t = b"Hello , world ! it 's a ' quote ' we 've I 'll".to_vec();
         clean_up_spaces(&mut t);
-        assert_eq!(
-            String::from_utf8(t).unwrap(),
-            "Hello, world! it's a'quote'we've I 'll"
-        );
+        assert_eq!(String::from_utf8(t).unwrap(), "Hello, world! it's a'quote'we've I 'll");
         let mut t = b"x ' ' y".to_vec();
         clean_up_spaces(&mut t);
         assert_eq!(String::from_utf8(t).unwrap(), "x'' y");

@@ -97,13 +97,7 @@ impl Tokenizer {
         let special = SpecialMatcher::new(&vocab);
         let pieces = detok::build_pieces(&vocab);
         let chat_template = g.get_str("tokenizer.chat_template")?.map(str::to_string);
-        Ok(Tokenizer {
-            vocab,
-            bpe,
-            special,
-            pieces,
-            chat_template,
-        })
+        Ok(Tokenizer { vocab, bpe, special, pieces, chat_template })
     }
 
     /// Tokenizes `text`. With `add_special`, BOS/EOS are added as the model's metadata says
@@ -130,10 +124,7 @@ impl Tokenizer {
                 for f in frags {
                     match f {
                         Fragment::Text(a, b) => {
-                            let escaped = spm::escape_whitespace(
-                                &text[a..b],
-                                v.add_space_prefix && prev_special,
-                            );
+                            let escaped = spm::escape_whitespace(&text[a..b], v.add_space_prefix && prev_special);
                             spm::encode_escaped(v, &escaped, &mut out);
                             prev_special = false;
                         }
@@ -254,20 +245,9 @@ impl Tokenizer {
     /// Renders `messages` with the model's chat template (HF semantics). Errors with
     /// [`TokenizerError::NoChatTemplate`] when the model has none (then use
     /// [`Tokenizer::fallback_chatml`] if ChatML suits the model).
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
-        let src = self
-            .chat_template
-            .as_deref()
-            .ok_or(TokenizerError::NoChatTemplate)?;
-        let text = |id: Option<u32>| {
-            id.and_then(|i| self.token_text(i))
-                .unwrap_or("")
-                .to_string()
-        };
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        let src = self.chat_template.as_deref().ok_or(TokenizerError::NoChatTemplate)?;
+        let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("").to_string();
         let t = ChatTemplate::new(src, &text(self.vocab.ids.bos), &text(self.vocab.ids.eos))?;
         t.render(messages, add_generation_prompt)
     }

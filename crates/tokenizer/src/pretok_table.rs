@@ -243,8 +243,9 @@ pub(crate) fn pre_config(name: &str) -> Option<PreConfig> {
     let (kind, ignore_merges, clean_spaces, add_bos, bos_null) = match name {
         "" | "default" => (Default, false, true, false, false),
         "minicpm5" => (Minicpm5, true, true, false, false),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" => (Llama3, true, true, true, false),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
+            (Llama3, true, true, true, false)
+        }
         "deepseek-llm" => (DeepseekLlm, false, false, false, false),
         "deepseek-coder" => (DeepseekCoder, false, false, false, false),
         "deepseek-v3" => (Deepseek3Llm, false, false, false, false),
@@ -254,8 +255,8 @@ pub(crate) fn pre_config(name: &str) -> Option<PreConfig> {
         "mpt" => (Mpt, false, true, false, false),
         "starcoder" => (Starcoder, false, true, false, false),
         // "gpt2" is not a name llama.cpp knows; accepted here as an alias of "gpt-2".
-        "gpt-2" | "gpt2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
-        | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" => (Gpt2, false, true, false, false),
+        "gpt-2" | "gpt2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
+        | "modern-bert" => (Gpt2, false, true, false, false),
         "jais-2" => (Jais2, false, true, false, false),
         "gemma4" | "granite-embed-multi-311m" => (Gemma4, false, true, false, false),
         "sarvam-moe" => (SarvamMoe, false, false, false, false),
@@ -307,13 +308,7 @@ pub(crate) fn pre_config(name: &str) -> Option<PreConfig> {
         "mellum2" => (Mellum2, false, true, false, false),
         _ => return None,
     };
-    Some(PreConfig {
-        kind,
-        ignore_merges,
-        clean_spaces,
-        add_bos,
-        bos_null,
-    })
+    Some(PreConfig { kind, ignore_merges, clean_spaces, add_bos, bos_null })
 }
 
 /// Types whose splitting needs something we do not implement (a custom llama.cpp routine
@@ -324,9 +319,7 @@ pub(crate) fn unsupported_reason(kind: PreKind) -> Option<&'static str> {
         KimiK2 => Some("kimi-k2 uses a custom Han-aware splitter"),
         Afmoe => Some("afmoe uses a custom digit-grouping splitter"),
         TinyAya => Some("tiny_aya uses a custom digit-grouping splitter"),
-        Gemma4 | SarvamMoe => {
-            Some("SPM-style BPE on raw UTF-8 (no byte encoding) is not implemented")
-        }
+        Gemma4 | SarvamMoe => Some("SPM-style BPE on raw UTF-8 (no byte encoding) is not implemented"),
         Whitespace => Some("the whitespace tokenizer is not implemented"),
         _ => None,
     }

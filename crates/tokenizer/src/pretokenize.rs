@@ -16,8 +16,7 @@ use crate::pretok_table::{regex_exprs, unsupported_reason, PreKind};
 use crate::split_custom;
 use crate::unicode::{self, Flags};
 
-const RE_GPT2: &str =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
+const RE_GPT2: &str = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
 const RE_LLAMA3_A: &str =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const RE_LLAMA3_B: &str = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
@@ -127,10 +126,7 @@ enum Step {
     Qwen2,
     Qwen35,
     Newlines,
-    Regex {
-        re: fancy_regex::Regex,
-        collapsed: bool,
-    },
+    Regex { re: fancy_regex::Regex, collapsed: bool },
 }
 
 /// A compiled pre-tokenizer: the ordered splitting steps of one pre-tokenizer type.
@@ -147,9 +143,7 @@ impl std::fmt::Debug for PreTokenizer {
 impl PreTokenizer {
     pub(crate) fn new(kind: PreKind) -> Result<Self, TokenizerError> {
         if let Some(why) = unsupported_reason(kind) {
-            return Err(TokenizerError::Unsupported(format!(
-                "pre-tokenizer {kind:?}: {why}"
-            )));
+            return Err(TokenizerError::Unsupported(format!("pre-tokenizer {kind:?}: {why}")));
         }
         let mut steps = Vec::new();
         for &expr in regex_exprs(kind) {
@@ -167,14 +161,9 @@ impl PreTokenizer {
                             "pre-tokenizer {kind:?}: regex mixes unicode categories and non-ASCII characters"
                         )));
                     }
-                    let src = if collapsed {
-                        collapse_regex(expr)
-                    } else {
-                        expr.to_string()
-                    };
+                    let src = if collapsed { collapse_regex(expr) } else { expr.to_string() };
                     let src = ecmascript_to_rust(&src);
-                    let re = fancy_regex::Regex::new(&src)
-                        .map_err(|e| TokenizerError::Regex(format!("{kind:?}: {expr:?}: {e}")))?;
+                    let re = fancy_regex::Regex::new(&src).map_err(|e| TokenizerError::Regex(format!("{kind:?}: {expr:?}: {e}")))?;
                     Step::Regex { re, collapsed }
                 }
             };
@@ -198,9 +187,7 @@ impl PreTokenizer {
                 Step::Qwen2 => split_custom::qwen2(&cpts, &flags, &offsets),
                 Step::Qwen35 => split_custom::qwen35(&cpts, &flags, &offsets),
                 Step::Newlines => split_custom::newlines(&cpts, &offsets),
-                Step::Regex { re, collapsed } => {
-                    split_regex(re, *collapsed, &cpts, &flags, &offsets)
-                }
+                Step::Regex { re, collapsed } => split_regex(re, *collapsed, &cpts, &flags, &offsets),
             };
             offsets = next;
         }
@@ -225,13 +212,7 @@ impl PreTokenizer {
 
 /// The `std::regex` path of `unicode_regex_split`: within each current piece, matches and the
 /// gaps between them become new pieces.
-fn split_regex(
-    re: &fancy_regex::Regex,
-    collapsed: bool,
-    cpts: &[char],
-    flags: &[Flags],
-    offsets: &[usize],
-) -> Vec<usize> {
+fn split_regex(re: &fancy_regex::Regex, collapsed: bool, cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usize> {
     let mut out = Vec::with_capacity(offsets.len());
     let mut start = 0usize;
     let mut hay = String::new();
@@ -310,18 +291,12 @@ mod tests {
     #[test]
     fn smollm_splits_digits_and_words() {
         let p = PreTokenizer::new(Smollm).unwrap();
-        assert_eq!(
-            p.split("Numbers: 123 ab  cd"),
-            vec!["Numbers", ":", " ", "1", "2", "3", " ab", " ", " cd"]
-        );
+        assert_eq!(p.split("Numbers: 123 ab  cd"), vec!["Numbers", ":", " ", "1", "2", "3", " ab", " ", " cd"]);
     }
 
     #[test]
     fn default_splits() {
         let p = PreTokenizer::new(Default).unwrap();
-        assert_eq!(
-            p.split("a+b=12345!"),
-            vec!["a", "+", "b", "=", "123", "45", "!"]
-        );
+        assert_eq!(p.split("a+b=12345!"), vec!["a", "+", "b", "=", "123", "45", "!"]);
     }
 }

@@ -46,21 +46,12 @@ fn is_c_space(b: u8) -> bool {
 impl SpecialMatcher {
     pub(crate) fn new(vocab: &Vocab) -> SpecialMatcher {
         let order = vocab.special_tokens.clone();
-        let ac = if order.is_empty() {
-            None
-        } else {
-            AhoCorasick::new(order.iter().map(|&id| vocab.tokens[id as usize].as_bytes())).ok()
-        };
+        let ac = if order.is_empty() { None } else { AhoCorasick::new(order.iter().map(|&id| vocab.tokens[id as usize].as_bytes())).ok() };
         SpecialMatcher { order, ac }
     }
 
     /// Splits `text` into fragments.
-    pub(crate) fn partition(
-        &self,
-        vocab: &Vocab,
-        text: &str,
-        parse_special: bool,
-    ) -> Vec<Fragment> {
+    pub(crate) fn partition(&self, vocab: &Vocab, text: &str, parse_special: bool) -> Vec<Fragment> {
         let mut frags = Vec::new();
         if text.is_empty() {
             return frags;

@@ -113,11 +113,8 @@ fn contraction(s: &Seg, pos: usize, fold: bool) -> Option<usize> {
 
 /// GPT-2's run classes, each optionally led by one space: letters, digits, and the rest
 /// but white space.
-const GPT2_RUNS: [fn(Flags) -> bool; 3] = [
-    Flags::is_letter,
-    Flags::is_number,
-    |f| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any(),
-];
+const GPT2_RUNS: [fn(Flags) -> bool; 3] =
+    [Flags::is_letter, Flags::is_number, |f| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any()];
 
 /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usize> {
@@ -204,9 +201,7 @@ fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) ->
             // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (llama.cpp tests the first codepoint's flags
             // for "inside the piece", not those of the one after the space)
             let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
-            let other = |g: Flags| {
-                !(g.is_whitespace() || g.is_letter() || g.is_number() || (marks && g.is_mark()))
-            };
+            let other = |g: Flags| !(g.is_whitespace() || g.is_letter() || g.is_number() || (marks && g.is_mark()));
             if other(f2) && f.any() {
                 pos += (cpt == SP) as usize;
                 while other(f2) && f2.any() {
@@ -295,20 +290,14 @@ mod tests {
 
     #[test]
     fn gpt2_basic() {
-        assert_eq!(
-            run(gpt2, "Hello world's  end"),
-            vec!["Hello", " world", "'s", " ", " end"]
-        );
+        assert_eq!(run(gpt2, "Hello world's  end"), vec!["Hello", " world", "'s", " ", " end"]);
         assert_eq!(run(gpt2, "a   "), vec!["a", "   "]);
         assert_eq!(run(gpt2, "x!? 12"), vec!["x", "!?", " 12"]);
     }
 
     #[test]
     fn llama3_basic() {
-        assert_eq!(
-            run(llama3, "I'M 12345 ok\n\n  x"),
-            vec!["I", "'M", " ", "123", "45", " ok", "\n\n", " ", " x"]
-        );
+        assert_eq!(run(llama3, "I'M 12345 ok\n\n  x"), vec!["I", "'M", " ", "123", "45", " ok", "\n\n", " ", " x"]);
         assert_eq!(run(qwen2, "ab12"), vec!["ab", "1", "2"]);
     }
 }

@@ -12,7 +12,6 @@ use std::collections::BinaryHeap;
 use crate::symbols::{merge, Sym};
 use crate::vocab::Vocab;
 
-
 struct Bigram {
     left: u32,
     right: u32,
@@ -34,10 +33,7 @@ impl PartialOrd for Bigram {
 impl Ord for Bigram {
     /// Max-heap order: higher score first, then smaller `left`.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .partial_cmp(&other.score)
-            .unwrap_or(Ordering::Equal)
-            .then_with(|| other.left.cmp(&self.left))
+        self.score.partial_cmp(&other.score).unwrap_or(Ordering::Equal).then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -89,14 +85,7 @@ pub(crate) fn encode_escaped(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
 }
 
 #[inline]
-fn try_add_bigram(
-    vocab: &Vocab,
-    text: &str,
-    syms: &[Sym],
-    queue: &mut BinaryHeap<Bigram>,
-    left: i32,
-    right: i32,
-) {
+fn try_add_bigram(vocab: &Vocab, text: &str, syms: &[Sym], queue: &mut BinaryHeap<Bigram>, left: i32, right: i32) {
     if left < 0 || right < 0 {
         return;
     }
@@ -104,11 +93,6 @@ fn try_add_bigram(
     let piece = &text[l.start as usize..(l.start + l.len + r.len) as usize];
     if let Some(&id) = vocab.token_to_id.get(piece) {
         let score = vocab.scores.get(id as usize).copied().unwrap_or(0.0);
-        queue.push(Bigram {
-            left: left as u32,
-            right: right as u32,
-            score,
-            size: l.len + r.len,
-        });
+        queue.push(Bigram { left: left as u32, right: right as u32, score, size: l.len + r.len });
     }
 }

@@ -122,11 +122,7 @@ fn category_flag(c: char) -> u16 {
     }
     match get_general_category(c) {
         G::Control | G::Format | G::PrivateUse | G::Surrogate => Flags::CONTROL,
-        G::LowercaseLetter
-        | G::ModifierLetter
-        | G::OtherLetter
-        | G::TitlecaseLetter
-        | G::UppercaseLetter => Flags::LETTER,
+        G::LowercaseLetter | G::ModifierLetter | G::OtherLetter | G::TitlecaseLetter | G::UppercaseLetter => Flags::LETTER,
         G::SpacingMark | G::EnclosingMark | G::NonspacingMark => Flags::MARK,
         G::DecimalNumber | G::LetterNumber | G::OtherNumber => Flags::NUMBER,
         G::ConnectorPunctuation
@@ -145,11 +141,7 @@ fn category_flag(c: char) -> u16 {
 /// The flags llama.cpp assigns to a codepoint (category + whitespace bit).
 #[inline]
 pub(crate) fn flags(c: char) -> Flags {
-    let ws = if is_whitespace(c as u32) {
-        Flags::WHITESPACE
-    } else {
-        0
-    };
+    let ws = if is_whitespace(c as u32) { Flags::WHITESPACE } else { 0 };
     Flags(category_flag(c) | ws)
 }
 
@@ -244,20 +236,14 @@ mod tests {
             eprintln!("skipping: {path} not found");
             return;
         };
-        let (Some(a), Some(b)) = (
-            src.find("unicode_ranges_flags"),
-            src.find("unicode_set_whitespace"),
-        ) else {
+        let (Some(a), Some(b)) = (src.find("unicode_ranges_flags"), src.find("unicode_set_whitespace")) else {
             return;
         };
         let mut ranges = vec![];
         for line in src[a..b].lines() {
             if let Some(l) = line.strip_prefix("{0x") {
                 let parts: Vec<&str> = l.trim_end_matches("},").split(", 0x").collect();
-                ranges.push((
-                    u32::from_str_radix(parts[0], 16).unwrap(),
-                    u16::from_str_radix(parts[1], 16).unwrap(),
-                ));
+                ranges.push((u32::from_str_radix(parts[0], 16).unwrap(), u16::from_str_radix(parts[1], 16).unwrap()));
             }
         }
         for w in ranges.windows(2) {

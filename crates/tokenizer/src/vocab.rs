@@ -138,44 +138,14 @@ const EOT_TEXTS: &[&str] = &[
     "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
-const FIM_PRE_TEXTS: &[&str] = &[
-    "<|fim_prefix|>",
-    "<fim-prefix>",
-    "<fim_prefix>",
-    "<｜fim▁begin｜>",
-    "<PRE>",
-    "▁<PRE>",
-    "<|code_prefix|>",
-    "<|prefix|>",
-];
-const FIM_SUF_TEXTS: &[&str] = &[
-    "<|fim_suffix|>",
-    "<fim-suffix>",
-    "<fim_suffix>",
-    "<｜fim▁hole｜>",
-    "<SUF>",
-    "▁<SUF>",
-    "<|code_suffix|>",
-    "<|suffix|>",
-];
-const FIM_MID_TEXTS: &[&str] = &[
-    "<|fim_middle|>",
-    "<fim-middle>",
-    "<fim_middle>",
-    "<｜fim▁end｜>",
-    "<MID>",
-    "▁<MID>",
-    "<|code_middle|>",
-    "<|middle|>",
-];
+const FIM_PRE_TEXTS: &[&str] =
+    &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"];
+const FIM_SUF_TEXTS: &[&str] =
+    &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"];
+const FIM_MID_TEXTS: &[&str] =
+    &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &[
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-];
+const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 /// Texts that always end generation.
 const EOG_TEXTS: &[&str] = &[
@@ -204,10 +174,7 @@ const EOG_TEXTS: &[&str] = &[
 ];
 
 fn invalid(key: &str, msg: impl Into<String>) -> TokenizerError {
-    TokenizerError::InvalidMetadata {
-        key: key.to_string(),
-        msg: msg.into(),
-    }
+    TokenizerError::InvalidMetadata { key: key.to_string(), msg: msg.into() }
 }
 
 fn array<'g>(g: &'g Gguf, key: &str) -> Result<Option<&'g [Value]>, TokenizerError> {
@@ -216,10 +183,7 @@ fn array<'g>(g: &'g Gguf, key: &str) -> Result<Option<&'g [Value]>, TokenizerErr
 
 impl Vocab {
     pub(crate) fn from_gguf(g: &Gguf) -> Result<Vocab, TokenizerError> {
-        let model = g
-            .get_str(K_MODEL)?
-            .ok_or_else(|| TokenizerError::MissingKey(K_MODEL.into()))?
-            .to_string();
+        let model = g.get_str(K_MODEL)?.ok_or_else(|| TokenizerError::MissingKey(K_MODEL.into()))?.to_string();
         let pre_name = g.get_str(K_PRE)?.unwrap_or("").to_string();
         let kind = match model.as_str() {
             "gpt2" => VocabKind::Bpe,
@@ -232,53 +196,32 @@ impl Vocab {
         };
 
         // tokens, scores, types
-        let toks =
-            array(g, K_TOKENS)?.ok_or_else(|| TokenizerError::MissingKey(K_TOKENS.into()))?;
+        let toks = array(g, K_TOKENS)?.ok_or_else(|| TokenizerError::MissingKey(K_TOKENS.into()))?;
         if toks.len() > u32::MAX as usize / 2 {
             return Err(invalid(K_TOKENS, "too many tokens"));
         }
         let n = toks.len();
         let mut tokens = Vec::with_capacity(n);
         for (i, v) in toks.iter().enumerate() {
-            let s = v.as_str().ok_or_else(|| {
-                invalid(
-                    K_TOKENS,
-                    format!("element {i} is {}, not a string", v.type_name()),
-                )
-            })?;
-            tokens.push(if s.is_empty() {
-                format!("[EMPTY_{i}]")
-            } else {
-                s.to_string()
-            });
+            let s = v.as_str().ok_or_else(|| invalid(K_TOKENS, format!("element {i} is {}, not a string", v.type_name())))?;
+            tokens.push(if s.is_empty() { format!("[EMPTY_{i}]") } else { s.to_string() });
         }
         let mut scores = vec![0.0f32; n];
         if let Some(arr) = array(g, K_SCORES)? {
             if arr.len() < n {
-                return Err(invalid(
-                    K_SCORES,
-                    format!("{} scores for {n} tokens", arr.len()),
-                ));
+                return Err(invalid(K_SCORES, format!("{} scores for {n} tokens", arr.len())));
             }
             for (i, v) in arr.iter().take(n).enumerate() {
-                scores[i] = v
-                    .as_f64()
-                    .ok_or_else(|| invalid(K_SCORES, "scores must be numbers"))?
-                    as f32;
+                scores[i] = v.as_f64().ok_or_else(|| invalid(K_SCORES, "scores must be numbers"))? as f32;
             }
         }
         let mut attrs = vec![TokenAttr(TokenAttr::NORMAL); n];
         if let Some(arr) = array(g, K_TYPES)? {
             if arr.len() < n {
-                return Err(invalid(
-                    K_TYPES,
-                    format!("{} token types for {n} tokens", arr.len()),
-                ));
+                return Err(invalid(K_TYPES, format!("{} token types for {n} tokens", arr.len())));
             }
             for (i, v) in arr.iter().take(n).enumerate() {
-                let t = v
-                    .as_i64()
-                    .ok_or_else(|| invalid(K_TYPES, "token types must be integers"))?;
+                let t = v.as_i64().ok_or_else(|| invalid(K_TYPES, "token types must be integers"))?;
                 attrs[i] = TokenAttr::from_token_type(t);
             }
         }
@@ -302,9 +245,8 @@ impl Vocab {
                 ignore_merges = false;
             }
             VocabKind::Bpe => {
-                let cfg = pre_config(&pre_name).ok_or_else(|| {
-                    TokenizerError::Unsupported(format!("unknown pre-tokenizer type {pre_name:?}"))
-                })?;
+                let cfg =
+                    pre_config(&pre_name).ok_or_else(|| TokenizerError::Unsupported(format!("unknown pre-tokenizer type {pre_name:?}")))?;
                 ids.bos = if cfg.bos_null { None } else { Some(11) };
                 ids.eos = Some(11);
                 add_bos = cfg.add_bos;
@@ -390,19 +332,8 @@ impl Vocab {
         v.mark_unused();
         v.build_eog();
         v.special_tokens = v.special_cache();
-        let name = g
-            .get_str("general.name")
-            .ok()
-            .flatten()
-            .unwrap_or("")
-            .to_lowercase();
-        v.apply_model_attrs(
-            &name,
-            g.get_str("general.architecture")
-                .ok()
-                .flatten()
-                .unwrap_or(""),
-        );
+        let name = g.get_str("general.name").ok().flatten().unwrap_or("").to_lowercase();
+        v.apply_model_attrs(&name, g.get_str("general.architecture").ok().flatten().unwrap_or(""));
         Ok(v)
     }
 
@@ -460,10 +391,7 @@ impl Vocab {
 
     fn build_eog(&mut self) {
         let mut eog = BTreeSet::new();
-        for id in [self.ids.fim_pad, self.ids.fim_rep, self.ids.fim_sep]
-            .into_iter()
-            .flatten()
-        {
+        for id in [self.ids.fim_pad, self.ids.fim_rep, self.ids.fim_sep].into_iter().flatten() {
             eog.insert(id);
         }
         for t in EOG_TEXTS {
@@ -478,18 +406,10 @@ impl Vocab {
                 self.attrs[id as usize] = TokenAttr(TokenAttr::USER_DEFINED);
             }
         }
-        for id in [self.ids.eos, self.ids.eot, self.ids.eom]
-            .into_iter()
-            .flatten()
-        {
+        for id in [self.ids.eos, self.ids.eot, self.ids.eom].into_iter().flatten() {
             eog.insert(id);
         }
-        let text = |id: u32| {
-            self.tokens
-                .get(id as usize)
-                .map(String::as_str)
-                .unwrap_or("")
-        };
+        let text = |id: u32| self.tokens.get(id as usize).map(String::as_str).unwrap_or("");
         // o200k_harmony / solar-open: "<|end|>" is not EOG when the return/call tokens exist
         let has = |set: &BTreeSet<u32>, t: &str| set.iter().any(|&id| text(id) == t);
         let end_id = eog.iter().copied().find(|&id| text(id) == "<|end|>");
@@ -515,14 +435,8 @@ impl Vocab {
 
     fn special_cache(&self) -> Vec<u32> {
         let mask = TokenAttr::CONTROL | TokenAttr::USER_DEFINED | TokenAttr::UNKNOWN;
-        let mut ids: Vec<u32> = (0..self.attrs.len() as u32)
-            .filter(|&i| self.attrs[i as usize].has(mask))
-            .collect();
-        ids.sort_by(|&a, &b| {
-            self.tokens[b as usize]
-                .len()
-                .cmp(&self.tokens[a as usize].len())
-        });
+        let mut ids: Vec<u32> = (0..self.attrs.len() as u32).filter(|&i| self.attrs[i as usize].has(mask)).collect();
+        ids.sort_by(|&a, &b| self.tokens[b as usize].len().cmp(&self.tokens[a as usize].len()));
         ids
     }
 
@@ -535,12 +449,8 @@ impl Vocab {
             }
         };
         let pre = self.pre_name.clone();
-        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"]
-            .iter()
-            .any(|p| pre.contains(p))
-            || ["nomic-bert-moe", "jina-bert-v3"]
-                .iter()
-                .any(|p| arch.contains(p))
+        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"].iter().any(|p| pre.contains(p))
+            || ["nomic-bert-moe", "jina-bert-v3"].iter().any(|p| arch.contains(p))
         {
             set(self, "<mask>", TokenAttr::LSTRIP, true);
         } else if name_lower.contains("phi-3") || name_lower.contains("phi3") {
@@ -559,14 +469,7 @@ impl Vocab {
     /// llama.cpp's `byte_to_token` for SPM: `<0xXX>`, else the byte itself as a token.
     pub(crate) fn spm_byte_token(&self, b: u8) -> Option<u32> {
         const HEX: &[u8; 16] = b"0123456789ABCDEF";
-        let name = [
-            b'<',
-            b'0',
-            b'x',
-            HEX[(b >> 4) as usize],
-            HEX[(b & 15) as usize],
-            b'>',
-        ];
+        let name = [b'<', b'0', b'x', HEX[(b >> 4) as usize], HEX[(b & 15) as usize], b'>'];
         // name is ASCII
         let name = std::str::from_utf8(&name).unwrap_or("");
         if let Some(&id) = self.token_to_id.get(name) {

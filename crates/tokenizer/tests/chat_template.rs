@@ -9,10 +9,7 @@ use quarrel_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 #[test]
 fn smollm2_template_system_user() {
     let Some(tok) = load(SMOLLM2) else { return };
-    let msgs = [
-        ChatMessage::system("You are a concise assistant."),
-        ChatMessage::user("What is 2+2?"),
-    ];
+    let msgs = [ChatMessage::system("You are a concise assistant."), ChatMessage::user("What is 2+2?")];
     let out = tok.apply_chat_template(&msgs, true).unwrap();
     assert_eq!(
         out,
@@ -32,9 +29,7 @@ fn smollm2_template_system_user() {
 #[test]
 fn smollm2_template_default_system_prompt() {
     let Some(tok) = load(SMOLLM2) else { return };
-    let out = tok
-        .apply_chat_template(&[ChatMessage::user("Hi")], true)
-        .unwrap();
+    let out = tok.apply_chat_template(&[ChatMessage::user("Hi")], true).unwrap();
     assert_eq!(
         out,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
@@ -47,10 +42,7 @@ fn with_template(base: &Gguf, template: &str) -> Tokenizer {
     for (k, v) in base.metadata() {
         w.set(k, v.clone());
     }
-    w.set(
-        "tokenizer.chat_template",
-        Value::String(template.to_string()),
-    );
+    w.set("tokenizer.chat_template", Value::String(template.to_string()));
     Tokenizer::from_gguf(&Gguf::from_bytes(w.to_bytes(&[]).unwrap()).unwrap()).unwrap()
 }
 
@@ -73,25 +65,15 @@ fn raise_exception_surfaces_as_err() {
         }
         other => panic!("expected TemplateException, got {other:?}"),
     }
-    assert_eq!(
-        tok.apply_chat_template(&[ChatMessage::user("x")], true)
-            .unwrap(),
-        "<|im_start|>x<|im_end|>"
-    );
+    assert_eq!(tok.apply_chat_template(&[ChatMessage::user("x")], true).unwrap(), "<|im_start|>x<|im_end|>");
     let broken = with_template(&base, "{% if %}");
-    assert!(matches!(
-        broken.apply_chat_template(&[], true),
-        Err(TokenizerError::Template(_))
-    ));
+    assert!(matches!(broken.apply_chat_template(&[], true), Err(TokenizerError::Template(_))));
 }
 
 #[test]
 fn no_template_and_fallback() {
     let Some(tok) = load(GEMMA3) else { return };
-    assert!(matches!(
-        tok.apply_chat_template(&[ChatMessage::user("x")], true),
-        Err(TokenizerError::NoChatTemplate)
-    ));
+    assert!(matches!(tok.apply_chat_template(&[ChatMessage::user("x")], true), Err(TokenizerError::NoChatTemplate)));
     assert_eq!(
         Tokenizer::fallback_chatml(&[ChatMessage::system("s"), ChatMessage::user("u")], true),
         "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"

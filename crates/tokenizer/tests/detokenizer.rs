@@ -44,10 +44,7 @@ fn check(tok: &Tokenizer) {
         assert_eq!(stream(tok, &ids, Detokenizer::new()).0, tok.decode(&ids));
     }
     // the emoji / CJK texts do split characters across tokens somewhere
-    assert!(
-        total_held > 0,
-        "no multi-byte character was split across tokens"
-    );
+    assert!(total_held > 0, "no multi-byte character was split across tokens");
 }
 
 #[test]
@@ -70,18 +67,9 @@ fn special_tokens_rendered_on_request() {
     let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false, true);
     assert_eq!(ids[0], 1);
     assert_eq!(tok.decode(&ids), "user\nhi");
-    let opts = DecodeOptions {
-        render_special: true,
-        ..DecodeOptions::default()
-    };
-    assert_eq!(
-        tok.decode_with(&ids, opts),
-        "<|im_start|>user\nhi<|im_end|>"
-    );
-    assert_eq!(
-        stream(&tok, &ids, Detokenizer::new().render_special(true)).0,
-        "<|im_start|>user\nhi<|im_end|>"
-    );
+    let opts = DecodeOptions { render_special: true, ..DecodeOptions::default() };
+    assert_eq!(tok.decode_with(&ids, opts), "<|im_start|>user\nhi<|im_end|>");
+    assert_eq!(stream(&tok, &ids, Detokenizer::new().render_special(true)).0, "<|im_start|>user\nhi<|im_end|>");
     assert_eq!(tok.token_to_piece(1, false), b"");
     assert_eq!(tok.token_to_piece(1, true), b"<|im_start|>");
     assert_eq!(tok.token_to_piece(u32::MAX, true), b"");
@@ -91,10 +79,7 @@ fn special_tokens_rendered_on_request() {
 fn broken_utf8_is_replaced_not_stalled() {
     let Some(tok) = load(GEMMA3) else { return };
     // <0xF0> <0x41>: a 4-byte lead followed by ASCII can never complete
-    let (f0, a) = (
-        tok.token_id("<0xF0>").unwrap(),
-        tok.token_id("<0x41>").unwrap(),
-    );
+    let (f0, a) = (tok.token_id("<0xF0>").unwrap(), tok.token_id("<0x41>").unwrap());
     let mut d = Detokenizer::new();
     assert_eq!(d.push(&tok, f0), None);
     assert_eq!(d.push(&tok, a).as_deref(), Some("\u{FFFD}A"));

@@ -15,17 +15,8 @@ fn check(env: &str, fixture: &str) {
             failures.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
         }
     }
-    eprintln!(
-        "{fixture}: {}/{} cases identical",
-        cases.len() - failures.len(),
-        cases.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    eprintln!("{fixture}: {}/{} cases identical", cases.len() - failures.len(), cases.len());
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]

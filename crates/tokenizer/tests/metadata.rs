@@ -11,10 +11,7 @@ fn smollm2_special_tokens() {
     assert_eq!(tok.kind(), VocabKind::Bpe);
     assert_eq!(tok.pre_name(), "smollm");
     assert_eq!(tok.n_vocab(), 49152);
-    assert_eq!(
-        (tok.bos_id(), tok.eos_id(), tok.unk_id(), tok.pad_id()),
-        (Some(1), Some(2), Some(0), Some(2))
-    );
+    assert_eq!((tok.bos_id(), tok.eos_id(), tok.unk_id(), tok.pad_id()), (Some(1), Some(2), Some(0), Some(2)));
     assert!(!tok.add_bos() && !tok.add_eos() && !tok.add_space_prefix());
     // llama.cpp: EOG = <|endoftext|>, <|im_end|>, <reponame> (detected as FIM repo token)
     assert_eq!(tok.eog_ids(), vec![0, 2, 4]);
@@ -30,10 +27,7 @@ fn gemma3_special_tokens() {
     let Some(tok) = load(GEMMA3) else { return };
     assert_eq!(tok.kind(), VocabKind::Spm);
     assert_eq!(tok.n_vocab(), 262144);
-    assert_eq!(
-        (tok.bos_id(), tok.eos_id(), tok.unk_id(), tok.pad_id()),
-        (Some(2), Some(1), Some(3), Some(0))
-    );
+    assert_eq!((tok.bos_id(), tok.eos_id(), tok.unk_id(), tok.pad_id()), (Some(2), Some(1), Some(3), Some(0)));
     assert!(tok.add_bos() && !tok.add_eos() && !tok.add_space_prefix());
     // llama.cpp: EOG = <eos>, <end_of_turn>, and "</s>"
     assert_eq!(tok.eog_ids(), vec![1, 106, 212]);

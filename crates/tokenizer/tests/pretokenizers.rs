@@ -25,26 +25,15 @@ fn all_pre_types_match_llama_cpp() {
     };
     let base = Gguf::open(&path).unwrap();
     let doc = read_json("tokenizer/pretokenizers.json");
-    let texts: Vec<&str> = doc["texts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let texts: Vec<&str> = doc["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     let mut failures = Vec::new();
     let mut n_pre = 0;
     for (pre, all_ids) in doc["ids"].as_object().unwrap() {
-        let tok =
-            Tokenizer::from_gguf(&with_pre(&base, pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
+        let tok = Tokenizer::from_gguf(&with_pre(&base, pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
         n_pre += 1;
         let mut ok = 0;
         for (text, want) in texts.iter().zip(all_ids.as_array().unwrap()) {
-            let want: Vec<u32> = want
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
+            let want: Vec<u32> = want.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
             let got = tok.encode(text, false, true);
             if got == want {
                 ok += 1;

@@ -7,11 +7,7 @@ use common::{load, read_json, GEMMA3, SMOLLM2};
 use quarrel_tokenizer::Tokenizer;
 
 fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
 fn random_cases(tok: &Tokenizer, fixture: &str) {
@@ -21,11 +17,7 @@ fn random_cases(tok: &Tokenizer, fixture: &str) {
     for c in cases {
         let text = c["text"].as_str().unwrap();
         let want = ids_of(&c["ids"]);
-        let got = tok.encode(
-            text,
-            c["add_special"].as_bool().unwrap(),
-            c["parse_special"].as_bool().unwrap(),
-        );
+        let got = tok.encode(text, c["add_special"].as_bool().unwrap(), c["parse_special"].as_bool().unwrap());
         if got != want {
             bad_ids.push(format!(
                 "{text:?} (add_special {}, parse_special {})\n  want {want:?}\n  got  {got:?}",
@@ -34,10 +26,7 @@ fn random_cases(tok: &Tokenizer, fixture: &str) {
         }
         let dec = tok.decode(&want);
         if dec != c["decoded"].as_str().unwrap() {
-            bad_dec.push(format!(
-                "{text:?}\n  want {:?}\n  got  {dec:?}",
-                c["decoded"].as_str().unwrap()
-            ));
+            bad_dec.push(format!("{text:?}\n  want {:?}\n  got  {dec:?}", c["decoded"].as_str().unwrap()));
         }
     }
     eprintln!(
@@ -47,18 +36,8 @@ fn random_cases(tok: &Tokenizer, fixture: &str) {
         cases.len() - bad_dec.len(),
         cases.len()
     );
-    assert!(
-        bad_ids.is_empty(),
-        "{} id mismatches:\n{}",
-        bad_ids.len(),
-        bad_ids.join("\n")
-    );
-    assert!(
-        bad_dec.is_empty(),
-        "{} decode mismatches:\n{}",
-        bad_dec.len(),
-        bad_dec.join("\n")
-    );
+    assert!(bad_ids.is_empty(), "{} id mismatches:\n{}", bad_ids.len(), bad_ids.join("\n"));
+    assert!(bad_dec.is_empty(), "{} decode mismatches:\n{}", bad_dec.len(), bad_dec.join("\n"));
 }
 
 fn gpl3(tok: &Tokenizer, fixture: &str) {
@@ -68,12 +47,7 @@ fn gpl3(tok: &Tokenizer, fixture: &str) {
     let t0 = std::time::Instant::now();
     let got = tok.encode(&text, true, true);
     let dt = t0.elapsed();
-    eprintln!(
-        "{fixture}: {} bytes -> {} tokens in {:.2} ms",
-        text.len(),
-        got.len(),
-        dt.as_secs_f64() * 1e3
-    );
+    eprintln!("{fixture}: {} bytes -> {} tokens in {:.2} ms", text.len(), got.len(), dt.as_secs_f64() * 1e3);
     assert_eq!(got.len(), doc["n_tokens"].as_u64().unwrap() as usize);
     assert_eq!(got, want);
     assert_eq!(tok.decode(&got), text);

@@ -10,10 +10,7 @@ use proptest::prelude::*;
 use quarrel_gguf::{Gguf, GgufWriter, Value};
 use quarrel_tokenizer::{DecodeOptions, Tokenizer};
 
-fn cached(
-    env: &'static str,
-    cell: &'static OnceLock<Option<Tokenizer>>,
-) -> Option<&'static Tokenizer> {
+fn cached(env: &'static str, cell: &'static OnceLock<Option<Tokenizer>>) -> Option<&'static Tokenizer> {
     cell.get_or_init(|| common::load(env)).as_ref()
 }
 
@@ -43,12 +40,7 @@ fn gemma3_prefix() -> Option<&'static Tokenizer> {
     .as_ref()
 }
 
-const RENDER: DecodeOptions = DecodeOptions {
-    render_special: true,
-    remove_special: false,
-    sequence_start: true,
-    clean_spaces: true,
-};
+const RENDER: DecodeOptions = DecodeOptions { render_special: true, remove_special: false, sequence_start: true, clean_spaces: true };
 
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -146,32 +138,16 @@ fn spm_space_prefix_matches_llama_cpp() {
     let mut bad = Vec::new();
     for c in cases {
         let text = c["text"].as_str().unwrap();
-        let want: Vec<u32> = c["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
-        let got = tok.encode(
-            text,
-            c["add_special"].as_bool().unwrap(),
-            c["parse_special"].as_bool().unwrap(),
-        );
+        let want: Vec<u32> = c["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let got = tok.encode(text, c["add_special"].as_bool().unwrap(), c["parse_special"].as_bool().unwrap());
         if got != want {
             bad.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
         }
         let dec = tok.decode(&want);
         if dec != c["decoded"].as_str().unwrap() {
-            bad.push(format!(
-                "decode {text:?}\n  want {:?}\n  got  {dec:?}",
-                c["decoded"]
-            ));
+            bad.push(format!("decode {text:?}\n  want {:?}\n  got  {dec:?}", c["decoded"]));
         }
     }
-    eprintln!(
-        "gemma3 + add_space_prefix: {}/{} cases identical",
-        cases.len() * 2 - bad.len(),
-        cases.len() * 2
-    );
+    eprintln!("gemma3 + add_space_prefix: {}/{} cases identical", cases.len() * 2 - bad.len(), cases.len() * 2);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

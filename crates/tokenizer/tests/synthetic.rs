@@ -7,10 +7,7 @@ use quarrel_gguf::{Gguf, GgufWriter, Value, ValueType};
 use quarrel_tokenizer::{DecodeOptions, Detokenizer, Tokenizer, TokenizerError};
 
 fn strings(v: &[&str]) -> Value {
-    Value::Array(
-        ValueType::String,
-        v.iter().map(|s| Value::String(s.to_string())).collect(),
-    )
+    Value::Array(ValueType::String, v.iter().map(|s| Value::String(s.to_string())).collect())
 }
 
 fn build(kv: &[(&str, Value)]) -> Result<Tokenizer, TokenizerError> {
@@ -25,9 +22,7 @@ fn build(kv: &[(&str, Value)]) -> Result<Tokenizer, TokenizerError> {
 
 /// GPT-2's byte -> char map (independent re-derivation for the test).
 fn byte_char(b: u8) -> char {
-    let printable = |c: u32| {
-        (0x21..=0x7E).contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c)
-    };
+    let printable = |c: u32| (0x21..=0x7E).contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c);
     if printable(b as u32) {
         return char::from_u32(b as u32).unwrap();
     }
@@ -38,11 +33,7 @@ fn byte_char(b: u8) -> char {
 fn tiny_bpe() -> Tokenizer {
     let mut toks: Vec<String> = vec!["<|end|>".into()];
     toks.extend((0..=255u8).map(|b| byte_char(b).to_string()));
-    toks.extend(
-        ["Ġt", "he", "Ġthe", "Ġthe re"]
-            .iter()
-            .map(|s| s.to_string()),
-    ); // last: never formed
+    toks.extend(["Ġt", "he", "Ġthe", "Ġthe re"].iter().map(|s| s.to_string())); // last: never formed
     let refs: Vec<&str> = toks.iter().map(String::as_str).collect();
     let mut types = vec![Value::I32(3)];
     types.extend(vec![Value::I32(1); toks.len() - 1]);
@@ -50,14 +41,8 @@ fn tiny_bpe() -> Tokenizer {
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
         ("tokenizer.ggml.tokens", strings(&refs)),
-        (
-            "tokenizer.ggml.token_type",
-            Value::Array(ValueType::I32, types),
-        ),
-        (
-            "tokenizer.ggml.merges",
-            strings(&["h e", "Ġ t", "Ġt he", "x y"]),
-        ),
+        ("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types)),
+        ("tokenizer.ggml.merges", strings(&["h e", "Ġ t", "Ġt he", "x y"])),
         ("tokenizer.ggml.eos_token_id", Value::U32(0)),
     ])
     .unwrap()
@@ -66,15 +51,7 @@ fn tiny_bpe() -> Tokenizer {
 fn tiny_spm() -> Tokenizer {
     let mut toks: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
     toks.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
-    let words = [
-        ("▁", -1.0),
-        ("a", -2.0),
-        ("b", -2.0),
-        ("▁a", -3.0),
-        ("ab", -0.5),
-        ("▁ab", -0.1),
-        ("▁b", -4.0),
-    ];
+    let words = [("▁", -1.0), ("a", -2.0), ("b", -2.0), ("▁a", -3.0), ("ab", -0.5), ("▁ab", -0.1), ("▁b", -4.0)];
     toks.extend(words.iter().map(|(w, _)| w.to_string()));
     let mut scores = vec![0.0f32; 3 + 256];
     scores.extend(words.iter().map(|(_, s)| *s as f32));
@@ -85,14 +62,8 @@ fn tiny_spm() -> Tokenizer {
     build(&[
         ("tokenizer.ggml.model", Value::String("llama".into())),
         ("tokenizer.ggml.tokens", strings(&refs)),
-        (
-            "tokenizer.ggml.scores",
-            Value::Array(ValueType::F32, scores.into_iter().map(Value::F32).collect()),
-        ),
-        (
-            "tokenizer.ggml.token_type",
-            Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
-        ),
+        ("tokenizer.ggml.scores", Value::Array(ValueType::F32, scores.into_iter().map(Value::F32).collect())),
+        ("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect())),
     ])
     .unwrap()
 }
@@ -101,37 +72,20 @@ fn tiny_spm() -> Tokenizer {
 fn load_errors() {
     let err = |kv: &[(&str, Value)]| build(kv).unwrap_err();
     assert!(matches!(err(&[]), TokenizerError::MissingKey(k) if k == "tokenizer.ggml.model"));
-    let bert = [
-        ("tokenizer.ggml.model", Value::String("bert".into())),
-        ("tokenizer.ggml.tokens", strings(&["a"])),
-    ];
+    let bert = [("tokenizer.ggml.model", Value::String("bert".into())), ("tokenizer.ggml.tokens", strings(&["a"]))];
     assert!(matches!(err(&bert), TokenizerError::Unsupported(_)));
     let no_tokens = [("tokenizer.ggml.model", Value::String("llama".into()))];
     assert!(matches!(err(&no_tokens), TokenizerError::MissingKey(_)));
-    let bad_tokens = [
-        ("tokenizer.ggml.model", Value::String("llama".into())),
-        ("tokenizer.ggml.tokens", Value::U32(3)),
-    ];
+    let bad_tokens = [("tokenizer.ggml.model", Value::String("llama".into())), ("tokenizer.ggml.tokens", Value::U32(3))];
     assert!(matches!(err(&bad_tokens), TokenizerError::Gguf(_)));
-    let no_merges = [
-        ("tokenizer.ggml.model", Value::String("gpt2".into())),
-        ("tokenizer.ggml.tokens", strings(&["a"])),
-    ];
-    assert!(
-        matches!(err(&no_merges), TokenizerError::MissingKey(k) if k == "tokenizer.ggml.merges")
-    );
+    let no_merges = [("tokenizer.ggml.model", Value::String("gpt2".into())), ("tokenizer.ggml.tokens", strings(&["a"]))];
+    assert!(matches!(err(&no_merges), TokenizerError::MissingKey(k) if k == "tokenizer.ggml.merges"));
     let short_scores = [
         ("tokenizer.ggml.model", Value::String("llama".into())),
         ("tokenizer.ggml.tokens", strings(&["a", "b"])),
-        (
-            "tokenizer.ggml.scores",
-            Value::Array(ValueType::F32, vec![Value::F32(0.0)]),
-        ),
+        ("tokenizer.ggml.scores", Value::Array(ValueType::F32, vec![Value::F32(0.0)])),
     ];
-    assert!(matches!(
-        err(&short_scores),
-        TokenizerError::InvalidMetadata { .. }
-    ));
+    assert!(matches!(err(&short_scores), TokenizerError::InvalidMetadata { .. }));
 }
 
 #[test]
@@ -142,10 +96,7 @@ fn bpe_merges_by_rank() {
     assert_eq!(tok.encode("the", false, false), vec![id("t"), id("he")]);
     assert_eq!(tok.encode(" the<|end|>", false, true), vec![id("Ġthe"), 0]);
     assert_eq!(tok.encode(" the<|end|>", false, false).len(), 8);
-    assert_eq!(
-        tok.decode(&tok.encode("héllo wörld", false, false)),
-        "héllo wörld"
-    );
+    assert_eq!(tok.decode(&tok.encode("héllo wörld", false, false)), "héllo wörld");
     assert!(tok.is_eog(0));
 }
 
@@ -157,17 +108,11 @@ fn spm_merges_by_score_with_byte_fallback() {
     assert_eq!(tok.encode("ab", true, false), vec![1, id("▁ab")]);
     assert_eq!(tok.encode("ba", false, false), vec![id("▁b"), id("a")]);
     // é is not in the vocabulary: UTF-8 bytes
-    assert_eq!(
-        tok.encode("é", false, false),
-        vec![id("▁"), id("<0xC3>"), id("<0xA9>")]
-    );
+    assert_eq!(tok.encode("é", false, false), vec![id("▁"), id("<0xC3>"), id("<0xA9>")]);
     assert_eq!(tok.decode(&tok.encode("é ab", true, false)), " é ab"); // BOS first: llama.cpp keeps the space
     assert_eq!(tok.decode(&tok.encode("é ab", false, false)), "é ab");
     // a control token in the text, parsed: the text after it gets a prefix space again
-    assert_eq!(
-        tok.encode("a</s>b", false, true),
-        vec![id("▁a"), 2, id("▁b")]
-    );
+    assert_eq!(tok.encode("a</s>b", false, true), vec![id("▁a"), 2, id("▁b")]);
 }
 
 #[test]
@@ -189,10 +134,7 @@ fn spm_detokenizer_start_vs_continuation() {
     // generation after a prompt: the leading space is real text
     assert_eq!(run(Detokenizer::new()), " ab ba é");
     // a whole sequence: same as decode()
-    assert_eq!(
-        run(Detokenizer::new().sequence_start(true)),
-        tok.decode(&ids)
-    );
+    assert_eq!(run(Detokenizer::new().sequence_start(true)), tok.decode(&ids));
     assert_eq!(tok.decode(&ids), "ab ba é");
 }
 

@@ -141,7 +141,9 @@ impl CudaBackend {
                 }
             }
             if rot == 0 {
-                if let Some(Held::RopeQk { args, n: pairs }) = self.dev.take_held_if(|h| matches!(h, Held::RopeQk { args, .. } if fits(args))) {
+                if let Some(Held::RopeQk { args, n: pairs }) =
+                    self.dev.take_held_if(|h| matches!(h, Held::RopeQk { args, .. } if fits(args)))
+                {
                     // rope's arguments without n_rot (= hd) and x2's slot order kept
                     let mut a: Vec<Arg> = args[..6].iter().chain(&args[7..12]).copied().collect();
                     a.extend([Arg::P(kp), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32)]);
@@ -150,13 +152,31 @@ impl CudaBackend {
                     return Ok(self.dev.launch_now(&kname, (threads.div_ceil(256) as u32, 1, 1), 256, 0, &a)?);
                 }
             }
-            let args = [Arg::P(kp), Arg::P(ks), Arg::P(vp), Arg::P(vs), Arg::P(db.slots()), Arg::I(row as i32), Arg::I(n as i32), Arg::I(rot as i32), Arg::P(koff)];
+            let args = [
+                Arg::P(kp),
+                Arg::P(ks),
+                Arg::P(vp),
+                Arg::P(vs),
+                Arg::P(db.slots()),
+                Arg::I(row as i32),
+                Arg::I(n as i32),
+                Arg::I(rot as i32),
+                Arg::P(koff),
+            ];
             self.dev.launch(&name, (blocks as u32, 2, 1), 256, 0, &args)?;
             Ok(())
         })
     }
 
-    pub(crate) fn attention_dev(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut CudaBuf) -> Result<()> {
+    pub(crate) fn attention_dev(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        layer: usize,
+        batch: &ForwardBatch,
+        p: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
         self.dev.bind()?;
         let hd = p.head_dim;
         check_len("attention q", q.len, batch.n_tokens() * p.n_head * hd)?;
@@ -203,7 +223,10 @@ impl CudaBackend {
         let n_ctx = batch.positions.iter().max().map_or(0, |&p| p as usize + 1);
         let one_wave = !one || batch.seqs.len() == 1 || batch.seqs.len() * p.n_head <= 2 * self.dev.n_sm;
         let offsets_fit = (kv.spec.n_blocks * kv.spec.block_size * kv.spec.n_kv_head * hd) < u32::MAX as usize;
-        let vec = vec_path && hd.is_multiple_of(8) && offsets_fit && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
+        let vec = vec_path
+            && hd.is_multiple_of(8)
+            && offsets_fit
+            && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
         // exact mode with a head_dim the one-pass kernel does not take: the tiled kernel's
         // vector path (one warp per tile and head, no split)
         let q16 = exact && vec_path && !vec;
@@ -213,12 +236,7 @@ impl CudaBackend {
         // invariant numerics: the tensor-core kernel with absolute splits at every token count
         // (a shape it does not take keeps the one-pass kernel of exact attention, also invariant)
         let group = p.n_head / p.n_kv_head;
-        if self.invariant_mm()
-            && kv.spec.ty == quarrel_core::KvType::F16
-            && matches!(hd, 64 | 128 | 256)
-            && group <= 16
-            && offsets_fit
-        {
+        if self.invariant_mm() && kv.spec.ty == quarrel_core::KvType::F16 && matches!(hd, 64 | 128 | 256) && group <= 16 && offsets_fit {
             return self.attention_invariant([qp, kp, vp, op], q.len, kv, batch, p);
         }
         if vec {
@@ -236,7 +254,11 @@ impl CudaBackend {
             // decode batches of several sequences: one warp per (sequence, KV head) serves its
             // query heads (batch.rs: gqa_decode; f32 accumulation, not the vector path's f16)
             // (not in exact mode's vector path: ggml accumulates V in f16, position by position)
-            let gqa = if one && !q16 && self.gqa_decode.load(std::sync::atomic::Ordering::Relaxed) { batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits) } else { None };
+            let gqa = if one && !q16 && self.gqa_decode.load(std::sync::atomic::Ordering::Relaxed) {
+                batch::gqa_decode(db.n_tiles, kv.spec.ty, p.n_head, p.n_kv_head, hd, max_splits)
+            } else {
+                None
+            };
             let gqa_launch = gqa.is_some();
             // prefill over an f16 cache: the tensor-core kernel (attn_mma.cu), one block of
             // ceil(group / 2) warps per (tile, KV head, split); not in exact mode
@@ -276,7 +298,15 @@ impl CudaBackend {
                 ((batch.n_tokens() * p.n_head) as u32, 1, 1),
                 if hd.is_multiple_of(32) { hd as u32 } else { 256 },
                 0,
-                &[Arg::P(part.ptr()), Arg::P(op), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
+                &[
+                    Arg::P(part.ptr()),
+                    Arg::P(op),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(n_split as i32),
+                    Arg::P(xq),
+                    Arg::P(xm),
+                ],
             )?;
             Ok(())
         })
@@ -288,7 +318,16 @@ impl CudaBackend {
     /// (`db.tiles()` or a part of it in its layout), writing the rows and their Q8 form (`q8`:
     /// (0, 0) none).
     #[allow(clippy::too_many_arguments)]
-    fn attn_vec_launch(&self, ptrs: [u64; 4], (tiles, n_tiles): (u64, usize), one: bool, db: &DevBatch, p: &AttnParams, block_size: usize, (xq, xm): (u64, u64)) -> Result<()> {
+    fn attn_vec_launch(
+        &self,
+        ptrs: [u64; 4],
+        (tiles, n_tiles): (u64, usize),
+        one: bool,
+        db: &DevBatch,
+        p: &AttnParams,
+        block_size: usize,
+        (xq, xm): (u64, u64),
+    ) -> Result<()> {
         let hd = p.head_dim;
         // the scores and the scan spread over all threads, the chain over hd of them: 256 where
         // few blocks run (one per SM), 128 (or hd) where many do (two 256-thread blocks fill an
@@ -314,7 +353,9 @@ impl CudaBackend {
         let below = INV_VEC_BELOW;
         let n_low = batch.positions.iter().filter(|&&x| x < below).count();
         if n_low == batch.n_tokens() {
-            return self.with_batch(batch, kv, p.sliding_window, |db| self.attn_vec_launch(ptrs, (db.tiles(), db.n_tiles), one, db, p, kv.spec.block_size, q8));
+            return self.with_batch(batch, kv, p.sliding_window, |db| {
+                self.attn_vec_launch(ptrs, (db.tiles(), db.n_tiles), one, db, p, kv.spec.block_size, q8)
+            });
         }
         if n_low == 0 {
             return self.attention_mmi(ptrs, q8, kv, batch, p);
@@ -332,7 +373,14 @@ impl CudaBackend {
     /// position needs (decode grids change every `INV_SPAN` positions: a graph is captured
     /// again then). Spans past a query's position are masked for it (skipped by the combine),
     /// so the batch's other queries never change its bits.
-    fn attention_mmi(&self, [qp, kp, vp, op]: [u64; 4], (xq, xm): (u64, u64), kv: &CudaKv, batch: &ForwardBatch, p: &AttnParams) -> Result<()> {
+    fn attention_mmi(
+        &self,
+        [qp, kp, vp, op]: [u64; 4],
+        (xq, xm): (u64, u64),
+        kv: &CudaKv,
+        batch: &ForwardBatch,
+        p: &AttnParams,
+    ) -> Result<()> {
         let hd = p.head_dim;
         let n_ctx = batch.positions.iter().max().map_or(0, |&x| x as usize + 1);
         let n_split = n_ctx.div_ceil(INV_SPAN).max(1);
@@ -398,7 +446,15 @@ impl CudaBackend {
                     ((n_tok * p.n_head) as u32, 1, 1),
                     hd as u32,
                     0,
-                    &[Arg::P(part.ptr()), Arg::P(op + 4 * values), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq_at), Arg::P(xm_at)],
+                    &[
+                        Arg::P(part.ptr()),
+                        Arg::P(op + 4 * values),
+                        Arg::I(p.n_head as i32),
+                        Arg::I(hd as i32),
+                        Arg::I(n_split as i32),
+                        Arg::P(xq_at),
+                        Arg::P(xm_at),
+                    ],
                 )?;
                 a = b;
             }

@@ -13,8 +13,8 @@
 //!  other types:    x ──matmul::gemv (chunks of 8 tokens)──► out
 //! ```
 
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
 use crate::matmul::QCache;
 use crate::weights::{CudaWeight, DevType};
 use quarrel_core::QuantType;
@@ -74,7 +74,9 @@ fn rows_per_warp(name: &str, nt: usize) -> usize {
 
 /// Whether `w` has an ordered kernel.
 pub(crate) fn applies(w: &CudaWeight) -> bool {
-    matches!(w.dev_ty, DevType::Quant(_)) && matches!(w.ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) && w.n_in.is_multiple_of(32)
+    matches!(w.dev_ty, DevType::Quant(_))
+        && matches!(w.ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0)
+        && w.n_in.is_multiple_of(32)
 }
 
 /// `out (n_tok, n_out) = x (n_tok, n_in) · Wᵀ`: in the CPU's float order where [`applies`],

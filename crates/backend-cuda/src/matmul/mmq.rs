@@ -14,10 +14,10 @@
 //! Q5_K are summed per stage of 8 units on the tensor cores (`mmq_offsets` in mmq.cu). `reference` is the plain-Rust twin of the kernel; the GPU tests hold the kernel
 //! to it and to the CPU backend.
 
-use crate::runtime::Arg;
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
 use crate::matmul::QCache;
+use crate::runtime::Arg;
 use crate::weights::unit::{load_unit, Unit};
 use crate::weights::{CudaWeight, DevType};
 use std::sync::Mutex;
@@ -141,7 +141,14 @@ pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u
 
 /// `mmq` with every unit of a row in one block (no split K): each output
 /// sums in the order the decode GEMV in MMQ's order (`gemvm_*`, invariant numerics) reproduces.
-pub(crate) fn mmq_unsplit(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+pub(crate) fn mmq_unsplit(
+    dev: &Device,
+    qc: &Mutex<Option<QCache>>,
+    w: &CudaWeight,
+    x: u64,
+    n_tok: usize,
+    out: u64,
+) -> Result<(), CudaError> {
     let DevType::Quant(name) = w.dev_ty else {
         return Err(CudaError::Unsupported(format!("MMQ for {} weights", w.dev_ty.name())));
     };
@@ -165,13 +172,36 @@ pub(crate) fn unit_bytes(name: &str) -> Result<((u64, u64), u64), CudaError> {
 
 /// MMQ over raw planes (`p`, `m`) of `n_out` rows of `n_in` values of type `name`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn mmq_raw(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m: u64, n_in: usize, n_out: usize, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
+pub(crate) fn mmq_raw(
+    dev: &Device,
+    qc: &Mutex<Option<QCache>>,
+    name: &str,
+    p: u64,
+    m: u64,
+    n_in: usize,
+    n_out: usize,
+    x: u64,
+    n_tok: usize,
+    out: u64,
+) -> Result<(), CudaError> {
     mmq_raw_split(dev, qc, name, p, m, n_in, n_out, x, n_tok, out, true)
 }
 
 /// `mmq_raw`; `split: false`: never split over K.
 #[allow(clippy::too_many_arguments)]
-fn mmq_raw_split(dev: &Device, qc: &Mutex<Option<QCache>>, name: &str, p: u64, m: u64, n_in: usize, n_out: usize, x: u64, n_tok: usize, out: u64, split: bool) -> Result<(), CudaError> {
+fn mmq_raw_split(
+    dev: &Device,
+    qc: &Mutex<Option<QCache>>,
+    name: &str,
+    p: u64,
+    m: u64,
+    n_in: usize,
+    n_out: usize,
+    x: u64,
+    n_tok: usize,
+    out: u64,
+    split: bool,
+) -> Result<(), CudaError> {
     if n_tok == 0 || n_out == 0 {
         return Ok(());
     }
@@ -261,8 +291,16 @@ mod tests {
     use proptest::prelude::*;
     use quarrel_core::QuantType;
 
-    const TYPES: [QuantType; 8] =
-        [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K];
+    const TYPES: [QuantType; 8] = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+    ];
 
     #[test]
     fn shapes_cover_every_unit_once() {

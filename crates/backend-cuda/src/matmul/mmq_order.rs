@@ -18,10 +18,10 @@
 //! 256-position spans at every token count, `attn.rs`; other caches `set_exact_attention`'s one
 //! pass) and every other op already independent of the batch, the whole forward pass is.
 
-use crate::runtime::Arg;
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
 use crate::matmul::QCache;
+use crate::runtime::Arg;
 use crate::weights::{CudaWeight, DevType};
 use std::sync::Mutex;
 

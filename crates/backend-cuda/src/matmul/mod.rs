@@ -12,8 +12,8 @@ pub(crate) mod cpu_order;
 pub mod mmq;
 pub(crate) mod mmq_order;
 
-use crate::runtime::{Arg, DevMem, PoolMem};
 use crate::fusion::{Device, Held};
+use crate::runtime::{Arg, DevMem, PoolMem};
 use std::sync::Mutex;
 
 /// Activations already quantized to Q8: `x` (device pointer) as (xq, xm).
@@ -35,7 +35,14 @@ impl QCache {
 /// The Q8 form (`xq`, `xm` pointers) of `n_tok` rows of `n_in` values at `x`: the cached one
 /// when the op that wrote `x` (or a matmul before) left it, else quantized now and cached.
 /// Not reused when the matmul writes over its own input.
-pub(crate) fn q8_activations(dev: &Device, qc: &Mutex<Option<QCache>>, x: u64, n_tok: usize, n_in: usize, out: u64) -> Result<(u64, u64), CudaError> {
+pub(crate) fn q8_activations(
+    dev: &Device,
+    qc: &Mutex<Option<QCache>>,
+    x: u64,
+    n_tok: usize,
+    n_in: usize,
+    out: u64,
+) -> Result<(u64, u64), CudaError> {
     let mut g = qc.lock().map_err(|_| CudaError::Driver("lock poisoned".into()))?;
     let hit = g.as_ref().is_some_and(|c| c.x == x && c.n == n_tok * n_in) && x != out;
     if !hit {
@@ -88,7 +95,16 @@ fn gemv_shape(n_out: usize, units: usize) -> (usize, (u32, u32, u32)) {
 /// `ordered`: Q4_0 / Q4_1 / Q8_0 weights (`exact::applies`) take the GEMV in the CPU's float
 /// order (`gemvo_*`, kernels/exact.cu) up to `exact::ORDERED_MAX_TOKENS` tokens.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64, ordered: bool) -> Result<(), CudaError> {
+pub(crate) fn matmul(
+    dev: &Device,
+    blas: &CudaBlas,
+    qc: &Mutex<Option<QCache>>,
+    w: &CudaWeight,
+    x: u64,
+    n_tok: usize,
+    out: u64,
+    ordered: bool,
+) -> Result<(), CudaError> {
     if n_tok == 0 {
         return Ok(());
     }
@@ -107,7 +123,15 @@ pub(crate) fn matmul(dev: &Device, blas: &CudaBlas, qc: &Mutex<Option<QCache>>, 
 
 /// GEMV in chunks of at most 8 tokens (one weight read per chunk). `ordered`: in the CPU's float
 /// order (`gemvo_*`) where `exact::applies`, else the fast kernels (`gemv_*`).
-pub(crate) fn gemv(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64, ordered: bool) -> Result<(), CudaError> {
+pub(crate) fn gemv(
+    dev: &Device,
+    qc: &Mutex<Option<QCache>>,
+    w: &CudaWeight,
+    x: u64,
+    n_tok: usize,
+    out: u64,
+    ordered: bool,
+) -> Result<(), CudaError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let ordered = ordered && crate::matmul::cpu_order::applies(w);
     // float weights: by the block count (units 0)
@@ -244,14 +268,26 @@ impl GemvGroup {
     /// and weight type `name` (planes, output, rows), if this is such a group.
     pub(crate) fn single_mmq(&self, name: &str, xq: u64, units: usize) -> Option<(u64, u64, u64, usize)> {
         let i = self.items.first()?;
-        (self.order == GemvOrder::Mmq && self.items.len() == 1 && self.nt == 1 && self.rope.is_none() && self.name == name && self.xq == xq && self.units == units).then_some((i.p, i.m, i.out, i.n_out))
+        (self.order == GemvOrder::Mmq
+            && self.items.len() == 1
+            && self.nt == 1
+            && self.rope.is_none()
+            && self.name == name
+            && self.xq == xq
+            && self.units == units)
+            .then_some((i.p, i.m, i.out, i.n_out))
     }
 
     /// A fast q/k/v group of `n_tok` tokens whose next RoPE target (q, then k) is `x` of
     /// `n` values with these parameters (`r`: rope_k false, kv unset).
     pub(crate) fn rope_fits(&self, x: u64, n_tok: usize, n: usize, r: &RopeFuse) -> bool {
         // the fast GEMV's epilogue (gemv3r_*) or the MMQ-order GEMV's fold (gemvm3r_*)
-        if !matches!(self.order, GemvOrder::Fast | GemvOrder::Mmq) || self.items.len() != 3 || self.nt != n_tok || r.hd == 0 || !r.hd.is_multiple_of(2) {
+        if !matches!(self.order, GemvOrder::Fast | GemvOrder::Mmq)
+            || self.items.len() != 3
+            || self.nt != n_tok
+            || r.hd == 0
+            || !r.hd.is_multiple_of(2)
+        {
             return false;
         }
         let k = match &self.rope {
@@ -292,7 +328,13 @@ impl GemvGroup {
 impl GemvGroup {
     #[allow(clippy::too_many_arguments)]
     fn accepts(&self, name: &str, order: GemvOrder, nt: usize, xq: u64, units: usize, out: u64) -> bool {
-        self.items.len() < 3 && self.name == name && self.order == order && self.nt == nt && self.xq == xq && self.units == units && self.items.iter().all(|i| i.out != out)
+        self.items.len() < 3
+            && self.name == name
+            && self.order == order
+            && self.nt == nt
+            && self.xq == xq
+            && self.units == units
+            && self.items.iter().all(|i| i.out != out)
     }
 
     /// One `gemv_*` launch, or one `gemv3_*` for two or three matrices (`gemvo*`, `gemvm*` in
@@ -306,7 +348,16 @@ impl GemvGroup {
         }
         if let [i] = self.items.as_slice() {
             let (wpr, grid) = gemv_shape(i.n_out, self.units);
-            let args = [Arg::P(i.p), Arg::P(i.m), Arg::P(self.xq), Arg::P(self.xm), Arg::P(i.out), Arg::I(u), Arg::I(i.n_out as i32), Arg::I(wpr as i32)];
+            let args = [
+                Arg::P(i.p),
+                Arg::P(i.m),
+                Arg::P(self.xq),
+                Arg::P(self.xm),
+                Arg::P(i.out),
+                Arg::I(u),
+                Arg::I(i.n_out as i32),
+                Arg::I(wpr as i32),
+            ];
             return dev.launch_now(&format!("gemv_{name}_{nt}"), grid, 128, 0, &args);
         }
         // each matrix with the warps per row and blocks of its own launch: the same bits as a
@@ -318,7 +369,14 @@ impl GemvGroup {
         args.extend((0..3).map(|k| Arg::I(shapes.get(k).map_or(1, |s| s.0) as i32)));
         if let Some(r) = self.rope {
             let (kd, vd, slots) = r.kv.unwrap_or((0, 0, 0));
-            args.extend([Arg::P(r.pos), Arg::P(r.ff), Arg::F(r.theta_scale), Arg::F(r.freq_scale), Arg::I(r.hd as i32), Arg::I(r.rope_k as i32)]);
+            args.extend([
+                Arg::P(r.pos),
+                Arg::P(r.ff),
+                Arg::F(r.theta_scale),
+                Arg::F(r.freq_scale),
+                Arg::I(r.hd as i32),
+                Arg::I(r.rope_k as i32),
+            ]);
             args.extend([Arg::P(kd), Arg::P(vd), Arg::P(slots)]);
             return dev.launch_now(&format!("gemv3r_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args);
         }
@@ -363,7 +421,14 @@ impl GemvGroup {
         let kernel = if self.rope.is_some() { format!("gemvm3r_{name}_{nt}") } else { format!("gemvm3_{name}_{nt}") };
         if let Some(r) = self.rope {
             let (kd, vd, slots) = r.kv.unwrap_or((0, 0, 0));
-            args.extend([Arg::P(r.pos), Arg::P(r.ff), Arg::F(r.theta_scale), Arg::F(r.freq_scale), Arg::I(r.hd as i32), Arg::I(r.rope_k as i32)]);
+            args.extend([
+                Arg::P(r.pos),
+                Arg::P(r.ff),
+                Arg::F(r.theta_scale),
+                Arg::F(r.freq_scale),
+                Arg::I(r.hd as i32),
+                Arg::I(r.rope_k as i32),
+            ]);
             args.extend([Arg::P(kd), Arg::P(vd), Arg::P(slots)]);
         }
         let grid = crate::matmul::mmq_order::grid(dev, &kernel, (threads, smem), nb.iter().sum::<u32>() as usize)?;
@@ -409,7 +474,14 @@ pub(crate) fn gemv_float_tiled(dev: &Device, w: &CudaWeight, x: u64, n_tok: usiz
             (grid.0, reps as u32, 1),
             128,
             0,
-            &[Arg::P(w.p.ptr), Arg::P(x + 4 * (t0 * n_in) as u64), Arg::P(out + 4 * (t0 * n_out) as u64), Arg::I(n_in as i32), Arg::I(n_out as i32), Arg::I(wpr as i32)],
+            &[
+                Arg::P(w.p.ptr),
+                Arg::P(x + 4 * (t0 * n_in) as u64),
+                Arg::P(out + 4 * (t0 * n_out) as u64),
+                Arg::I(n_in as i32),
+                Arg::I(n_out as i32),
+                Arg::I(wpr as i32),
+            ],
         )?;
     }
     Ok(())
@@ -515,7 +587,11 @@ fn to_f16(dev: &Device, w: &CudaWeight, dst: u64, n_w: u64) -> Result<(), CudaEr
     match w.dev_ty {
         DevType::Quant(name) => {
             let units = n_w / 32;
-            dev.launch_1d(&format!("dequant_{name}"), units, &[Arg::P(w.p.ptr), Arg::P(w.m_ptr()), Arg::P(dst), Arg::I((w.n_in / 32) as i32), Arg::U64(units)])
+            dev.launch_1d(
+                &format!("dequant_{name}"),
+                units,
+                &[Arg::P(w.p.ptr), Arg::P(w.m_ptr()), Arg::P(dst), Arg::I((w.n_in / 32) as i32), Arg::U64(units)],
+            )
         }
         t => dev.launch_1d(&format!("tof16_{}", t.name()), n_w, &[Arg::P(w.p.ptr), Arg::P(dst), Arg::U64(n_w)]),
     }

@@ -11,10 +11,10 @@
 //! its tokens independently in the same order, and the warps per row (`wpr`) depend on the
 //! matrix height only.
 
-use crate::runtime::Arg;
-use crate::moe::ExpertCall;
 use crate::error::CudaError;
 use crate::matmul::mmq;
+use crate::moe::ExpertCall;
+use crate::runtime::Arg;
 use quarrel_core::Route;
 
 /// Rows per chunk (gemv_q's widest token count).
@@ -79,10 +79,20 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
     let n_chunks = plan.experts.len();
     let src_d = dev.upload_async(&plan.src)?;
     let xs = dev.scratch(4 * rows * n_in)?;
-    dev.launch_1d("gather_rows", (rows * n_in) as u64, &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(rows as i32)])?;
+    dev.launch_1d(
+        "gather_rows",
+        (rows * n_in) as u64,
+        &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(rows as i32)],
+    )?;
     let nb = rows * units;
     let (xq, xm) = (dev.scratch(rows * n_in)?, dev.scratch(nb * 8)?);
-    dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(xs.ptr()), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+    dev.launch(
+        "quantize_q8",
+        ((nb as u32).div_ceil(8), 1, 1),
+        256,
+        0,
+        &[Arg::P(xs.ptr()), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)],
+    )?;
     let ys = dev.scratch(4 * rows * n_out)?;
     let (pb, m_b) = mmq::unit_bytes(name)?;
     let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
@@ -112,8 +122,11 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
     };
     match &w.offload {
         None => {
-            let planes: Vec<(u64, u64)> =
-                plan.experts.iter().map(|&e| (w.p.ptr + e as u64 * slice_p, if m_b == 0 { 0 } else { w.m_ptr() + e as u64 * slice_m })).collect();
+            let planes: Vec<(u64, u64)> = plan
+                .experts
+                .iter()
+                .map(|&e| (w.p.ptr + e as u64 * slice_p, if m_b == 0 { 0 } else { w.m_ptr() + e as u64 * slice_m }))
+                .collect();
             launch(0, &planes)?;
         }
         Some(off) if off.slots >= groups.len() => {
@@ -142,7 +155,11 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
     let (rs, rd): (Vec<u32>, Vec<u32>) = plan.real.iter().copied().unzip();
     let (rs_d, rd_d) = (dev.upload_async(&rs)?, dev.upload_async(&rd)?);
     let n = rs.len();
-    dev.launch_1d("moe_unpad_rows", (n * n_out) as u64, &[Arg::P(ys.ptr()), Arg::P(rs_d.ptr()), Arg::P(rd_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)])
+    dev.launch_1d(
+        "moe_unpad_rows",
+        (n * n_out) as u64,
+        &[Arg::P(ys.ptr()), Arg::P(rs_d.ptr()), Arg::P(rd_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)],
+    )
 }
 
 #[cfg(test)]

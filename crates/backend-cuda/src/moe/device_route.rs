@@ -25,11 +25,11 @@
 //! (`--expert-budget`) the routes are downloaded (the host stages the routed experts) and the
 //! host paths run with them.
 
-use crate::runtime::{Arg, DevMem, PoolMem};
-use crate::fusion::{Device, Held};
 use crate::error::CudaError;
-use crate::matmul::QCache;
+use crate::fusion::{Device, Held};
 use crate::matmul::mmq;
+use crate::matmul::QCache;
+use crate::runtime::{Arg, DevMem, PoolMem};
 use crate::weights::{CudaWeight, DevType};
 use quarrel_core::{Gating, MoeRouting, Route};
 use std::sync::Mutex;
@@ -51,12 +51,7 @@ pub struct DevRouter {
 
 impl Default for DevRouter {
     fn default() -> Self {
-        DevRouter {
-            last: Default::default(),
-            counts: Default::default(),
-            comb_norm: true.into(),
-            router_cnt: Default::default(),
-        }
+        DevRouter { last: Default::default(), counts: Default::default(), comb_norm: true.into(), router_cnt: Default::default() }
     }
 }
 
@@ -77,7 +72,15 @@ pub(crate) struct CombHeld {
 impl CombHeld {
     /// Queue it alone (`moe_combine_dev`).
     pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
-        let args = [Arg::P(self.y), Arg::P(self.wts), Arg::P(self.out), Arg::I(self.d as i32), Arg::I(self.n_tok as i32), Arg::I(self.n_used as i32), Arg::I(self.fresh as i32)];
+        let args = [
+            Arg::P(self.y),
+            Arg::P(self.wts),
+            Arg::P(self.out),
+            Arg::I(self.d as i32),
+            Arg::I(self.n_tok as i32),
+            Arg::I(self.n_used as i32),
+            Arg::I(self.fresh as i32),
+        ];
         dev.launch_1d_now("moe_combine_dev", (self.n_tok * self.d) as u64, &args)
     }
 
@@ -179,7 +182,22 @@ impl MoeGemv {
         let second = o.map(|o| (o.p, o.m, o.out));
         let (n_used, per_token, x, units, n_out, n_routes) = (self.n_used, self.per_token, self.x, self.units, self.n_out, self.n_routes);
         let dense = self.dense.or(o.and_then(|o| o.dense));
-        crate::matmul::mmq_order::moe_dev(dev, self.name, (self.p, self.m, self.out), second, self.slice, self.eids, n_used, per_token, x, units, n_out, n_routes, self.early, dense)
+        crate::matmul::mmq_order::moe_dev(
+            dev,
+            self.name,
+            (self.p, self.m, self.out),
+            second,
+            self.slice,
+            self.eids,
+            n_used,
+            per_token,
+            x,
+            units,
+            n_out,
+            n_routes,
+            self.early,
+            dense,
+        )
     }
 
     /// `self` and `o` in one `moe_gemv2_dev_<type>` launch (`self`'s `early`: the earlier call).
@@ -280,7 +298,15 @@ impl DevRouter {
 
     /// Route `n_tok` rows of `logits` (device pointer) for model layer `layer` (`None`: not
     /// counted).
-    pub fn route(&self, dev: &Device, layer: Option<usize>, logits: u64, n_tok: usize, bias: u64, p: &MoeRouting) -> Result<Vec<Route>, CudaError> {
+    pub fn route(
+        &self,
+        dev: &Device,
+        layer: Option<usize>,
+        logits: u64,
+        n_tok: usize,
+        bias: u64,
+        p: &MoeRouting,
+    ) -> Result<Vec<Route>, CudaError> {
         let n = n_tok * p.n_used;
         let counts = self.counts_ptr(dev, layer, p.n_expert)?;
         let (eids, wts) = (dev.scratch(4 * n)?, dev.scratch(4 * n)?);
@@ -313,9 +339,24 @@ impl DevRouter {
     /// applicable (other weight types or token counts): the caller
     /// runs the matmul and `route`.
     #[allow(clippy::too_many_arguments)]
-    pub fn route_fused(&self, dev: &Device, qc: &Mutex<Option<QCache>>, layer: Option<usize>, w: &CudaWeight, x: u64, n_tok: usize, bias: u64, p: &MoeRouting) -> Result<Option<Vec<Route>>, CudaError> {
+    pub fn route_fused(
+        &self,
+        dev: &Device,
+        qc: &Mutex<Option<QCache>>,
+        layer: Option<usize>,
+        w: &CudaWeight,
+        x: u64,
+        n_tok: usize,
+        bias: u64,
+        p: &MoeRouting,
+    ) -> Result<Option<Vec<Route>>, CudaError> {
         let n_in = w.n_in;
-        if w.dev_ty != DevType::F32 || w.n_out != p.n_expert || !matches!(n_tok, 1 | 2 | 4 | 8) || !n_in.is_multiple_of(8) || !applies(n_tok, p) {
+        if w.dev_ty != DevType::F32
+            || w.n_out != p.n_expert
+            || !matches!(n_tok, 1 | 2 | 4 | 8)
+            || !n_in.is_multiple_of(8)
+            || !applies(n_tok, p)
+        {
             return Ok(None);
         }
         let n = n_tok * p.n_used;
@@ -375,9 +416,24 @@ impl DevRouter {
     /// (`moe_chunk::wpr_for`, what a prefill's chunked expert GEMV takes), never the route count;
     /// invariant numerics the GEMV in MMQ's order (`invariant::moe_dev`) for decode steps.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, n_expert: usize, x: u64, x_len: usize, n_routes: usize, x_per_token: bool, out: u64, order: Order) -> Result<(), CudaError> {
+    pub fn matmul(
+        &self,
+        dev: &Device,
+        qc: &Mutex<Option<QCache>>,
+        w: &CudaWeight,
+        n_expert: usize,
+        x: u64,
+        x_len: usize,
+        n_routes: usize,
+        x_per_token: bool,
+        out: u64,
+        order: Order,
+    ) -> Result<(), CudaError> {
         let mut last = lock(&self.last)?;
-        let r = last.as_mut().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
+        let r = last
+            .as_mut()
+            .filter(|r| r.n_tok * r.n_used == n_routes)
+            .ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         r.calls += 1;
         let early = r.calls > 1;
         let DevType::Quant(name) = w.dev_ty else {
@@ -398,7 +454,21 @@ impl DevRouter {
         let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
         if r.n_tok > crate::matmul::GEMV_MAX_TOKENS {
             // a prefill: work items planned on the device, one grouped MMQ launch per tile
-            return grouped(dev, w, name, &r.eids, r.n_used, n_expert, n_routes, x_per_token, (xq, xm), (slice_p, slice_m), units, n_out, out);
+            return grouped(
+                dev,
+                w,
+                name,
+                &r.eids,
+                r.n_used,
+                n_expert,
+                n_routes,
+                x_per_token,
+                (xq, xm),
+                (slice_p, slice_m),
+                units,
+                n_out,
+                out,
+            );
         }
         let wpr = match order {
             Order::Exact => crate::moe::chunked_gemv::wpr_for(n_out, units),
@@ -443,14 +513,26 @@ impl DevRouter {
     /// `out[token] += weight · y[route]` over the device routes.
     /// `fresh`: `out` holds zeros (not yet written): written, never read.
     #[allow(clippy::too_many_arguments)]
-    pub fn combine(&self, dev: &Device, y: u64, y_len: usize, n_routes: usize, out: u64, out_len: usize, fresh: bool) -> Result<(), CudaError> {
+    pub fn combine(
+        &self,
+        dev: &Device,
+        y: u64,
+        y_len: usize,
+        n_routes: usize,
+        out: u64,
+        out_len: usize,
+        fresh: bool,
+    ) -> Result<(), CudaError> {
         let last = lock(&self.last)?;
-        let r = last.as_ref().filter(|r| r.n_tok * r.n_used == n_routes).ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
+        let r = last
+            .as_ref()
+            .filter(|r| r.n_tok * r.n_used == n_routes)
+            .ok_or_else(|| CudaError::Shape(format!("{n_routes} device routes without their routing")))?;
         let d = y_len / n_routes.max(1);
         if d == 0 || y_len != d * n_routes || out_len != r.n_tok * d {
             return Err(CudaError::Shape(format!("moe_combine: {y_len} values for {n_routes} routes into {out_len}")));
         }
-                let c = CombHeld { y, wts: r.wts.ptr(), out, d, n_tok: r.n_tok, n_used: r.n_used, fresh };
+        let c = CombHeld { y, wts: r.wts.ptr(), out, d, n_tok: r.n_tok, n_used: r.n_used, fresh };
         // held: the residual add of out and the RMSNorm after it may absorb it
         if d.is_multiple_of(4) && self.comb_norm.load(std::sync::atomic::Ordering::Relaxed) {
             return dev.hold(Held::Comb(c));
@@ -462,7 +544,10 @@ impl DevRouter {
     /// The last routing's experts and weights, downloaded (tests: the kernel vs its host twin).
     pub fn download_last(&self, dev: &Device, placeholders: &[Route]) -> Result<Vec<Route>, CudaError> {
         let last = lock(&self.last)?;
-        let r = last.as_ref().filter(|r| r.n_tok * r.n_used == placeholders.len()).ok_or_else(|| CudaError::Shape("no device routing to download".into()))?;
+        let r = last
+            .as_ref()
+            .filter(|r| r.n_tok * r.n_used == placeholders.len())
+            .ok_or_else(|| CudaError::Shape("no device routing to download".into()))?;
         let e: Vec<u32> = dev.download(r.eids.ptr(), placeholders.len())?;
         let w: Vec<f32> = dev.download(r.wts.ptr(), placeholders.len())?;
         Ok(placeholders.iter().zip(e.iter().zip(&w)).map(|(p, (&expert, &weight))| Route { token: p.token, expert, weight }).collect())

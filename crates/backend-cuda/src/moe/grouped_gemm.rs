@@ -12,11 +12,11 @@
 //! activations, no scatter of the results, no split K). Per route the sums are the dense
 //! MMQ's: exact integer block sums over the Q8 activations decode uses, f32 scale products.
 
-use crate::runtime::Arg;
-use crate::moe::ExpertCall;
 use crate::error::CudaError;
-use crate::matmul::QCache;
 use crate::matmul::mmq;
+use crate::matmul::QCache;
+use crate::moe::ExpertCall;
+use crate::runtime::Arg;
 use quarrel_core::Route;
 use std::sync::Mutex;
 
@@ -148,7 +148,17 @@ pub(crate) fn matmul(qc: &Mutex<Option<QCache>>, c: &ExpertCall) -> Result<(), C
                     (n_out.div_ceil(rows) as u32, chunk.len() as u32, 1),
                     threads,
                     smem,
-                    &[Arg::P(it.ptr()), Arg::P(src_d.ptr()), Arg::P(dst_d.ptr()), Arg::P(xq), Arg::P(xm), Arg::P(out), Arg::I(units as i32), Arg::I(n_out as i32), Arg::P(0)],
+                    &[
+                        Arg::P(it.ptr()),
+                        Arg::P(src_d.ptr()),
+                        Arg::P(dst_d.ptr()),
+                        Arg::P(xq),
+                        Arg::P(xm),
+                        Arg::P(out),
+                        Arg::I(units as i32),
+                        Arg::I(n_out as i32),
+                        Arg::P(0),
+                    ],
                 )?;
             }
         }
@@ -156,10 +166,16 @@ pub(crate) fn matmul(qc: &Mutex<Option<QCache>>, c: &ExpertCall) -> Result<(), C
     };
     let resident = |e: usize| (w.p.ptr + e as u64 * slice_p, if m_b == 0 { 0 } else { w.m_ptr() + e as u64 * slice_m });
     match &w.offload {
-        None => launch(&plan.items.iter().map(|it| {
-            let (p, m) = resident(it.expert);
-            (*it, p, m)
-        }).collect::<Vec<_>>()),
+        None => launch(
+            &plan
+                .items
+                .iter()
+                .map(|it| {
+                    let (p, m) = resident(it.expert);
+                    (*it, p, m)
+                })
+                .collect::<Vec<_>>(),
+        ),
         Some(off) if off.slots >= groups.len() => {
             // every expert of the step in a slot at once (the newest ticks: none evicts another)
             let mut at = vec![(0u64, 0u64); off.n_expert];

@@ -22,12 +22,12 @@ pub(crate) mod device_route;
 mod grouped_gemm;
 mod host_route;
 
-use crate::runtime::Arg;
-use crate::fusion::Device;
 use crate::error::CudaError;
-use crate::weights::experts::ExpertBudget;
-use crate::matmul::QCache;
+use crate::fusion::Device;
 use crate::matmul::mmq;
+use crate::matmul::QCache;
+use crate::runtime::Arg;
+use crate::weights::experts::ExpertBudget;
 use crate::weights::{CudaWeight, DevType};
 use quarrel_core::Route;
 use std::sync::Mutex;
@@ -127,7 +127,11 @@ pub(crate) fn moe_matmul(
     let dst_d = dev.upload_async(&dst)?;
     let xs = dev.scratch(4 * n * n_in)?;
     let ys = dev.scratch(4 * n * n_out)?;
-    dev.launch_1d("gather_rows", (n * n_in) as u64, &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(n as i32)])?;
+    dev.launch_1d(
+        "gather_rows",
+        (n * n_in) as u64,
+        &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(n as i32)],
+    )?;
     // cached Q8 activations never outlive this call (xs is scratch)
     clear(qc);
     let units = n_in / 32;
@@ -149,7 +153,11 @@ pub(crate) fn moe_matmul(
         o += idx.len();
     }
     clear(qc);
-    dev.launch_1d("moe_scatter_rows", (n * n_out) as u64, &[Arg::P(ys.ptr()), Arg::P(dst_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)])
+    dev.launch_1d(
+        "moe_scatter_rows",
+        (n * n_out) as u64,
+        &[Arg::P(ys.ptr()), Arg::P(dst_d.ptr()), Arg::P(out), Arg::I(n_out as i32), Arg::I(n as i32)],
+    )
 }
 
 /// Routed expert GEMV (`moe_gemv_<type>`): x quantized to Q8 once, then every route's row of
@@ -162,7 +170,13 @@ fn moe_gemv(c: &ExpertCall) -> Result<(), CudaError> {
     let nb = n_src * units;
     let xq = dev.scratch(n_src * n_in)?;
     let xm = dev.scratch(nb * 8)?;
-    dev.launch("quantize_q8", ((nb as u32).div_ceil(8), 1, 1), 256, 0, &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)])?;
+    dev.launch(
+        "quantize_q8",
+        ((nb as u32).div_ceil(8), 1, 1),
+        256,
+        0,
+        &[Arg::P(x), Arg::P(xq.ptr()), Arg::P(xm.ptr()), Arg::I(nb as i32)],
+    )?;
     let (pb, m_b) = mmq::unit_bytes(name)?;
     let (slice_p, slice_m) = ((n_out * units) as u64 * pb.0 / pb.1, (n_out * units) as u64 * m_b);
     let kernel = format!("moe_gemv_{name}");
@@ -245,7 +259,15 @@ fn clear(qc: &Mutex<Option<QCache>>) {
 
 /// `out[token] += weight · y[i]` for every route `i` (per token in route order, as the CPU).
 /// `fresh`: `out` holds zeros (not yet written): written, never read.
-pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], out: u64, out_len: usize, fresh: bool) -> Result<(), CudaError> {
+pub(crate) fn moe_combine(
+    dev: &Device,
+    y: u64,
+    y_len: usize,
+    routes: &[Route],
+    out: u64,
+    out_len: usize,
+    fresh: bool,
+) -> Result<(), CudaError> {
     if routes.is_empty() {
         return Ok(());
     }
@@ -276,12 +298,27 @@ pub(crate) fn moe_combine(dev: &Device, y: u64, y_len: usize, routes: &[Route], 
     dev.launch_1d(
         "moe_combine",
         out_len as u64,
-        &[Arg::P(y), Arg::P(r_d.ptr()), Arg::P(w_d.ptr()), Arg::P(o_d.ptr()), Arg::P(out), Arg::I(d as i32), Arg::I(n_tok as i32), Arg::I(fresh as i32)],
+        &[
+            Arg::P(y),
+            Arg::P(r_d.ptr()),
+            Arg::P(w_d.ptr()),
+            Arg::P(o_d.ptr()),
+            Arg::P(out),
+            Arg::I(d as i32),
+            Arg::I(n_tok as i32),
+            Arg::I(fresh as i32),
+        ],
     )
 }
 
 /// The router on the host (`quarrel_core::moe`), counting each layer's expert selections.
-pub(crate) fn route(counts: &Mutex<Vec<Vec<u64>>>, layer: usize, logits: &[f32], bias: Option<&[f32]>, p: &quarrel_core::MoeRouting) -> quarrel_core::Result<Vec<Route>> {
+pub(crate) fn route(
+    counts: &Mutex<Vec<Vec<u64>>>,
+    layer: usize,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    p: &quarrel_core::MoeRouting,
+) -> quarrel_core::Result<Vec<Route>> {
     let routes = crate::moe::host_route::route_fast(logits, bias, p)?;
     let mut c = counts.lock().map_err(|_| quarrel_core::CoreError::Backend("lock poisoned".into()))?;
     if c.len() <= layer {

@@ -25,7 +25,6 @@ pub struct Kernel {
     pub waits: bool,
 }
 
-
 /// Whether a CUDA driver library can be loaded and reports at least one device.
 pub fn device_count() -> usize {
     // SAFETY: only probes for the shared library.
@@ -82,14 +81,18 @@ impl<H: Deferred> Device<H> {
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let cc = ctx.compute_capability().map_err(drv("compute capability"))?;
-        let n_sm = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(drv("multiprocessor count"))?.max(1) as usize;
+        let n_sm =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(drv("multiprocessor count"))?.max(1)
+                as usize;
         let mut modules = Vec::new();
         let dir = &crate::tuning::get().cache_dir;
         for (unit, code) in program.units.iter().zip(nvrtc::compile_all(dir, program, cc)?) {
             let module = match ctx.load_module(code) {
                 Ok(m) => m,
                 // a CUBIN the driver cannot take (NVRTC newer than the driver): PTX, JIT-compiled
-                Err(_) => ctx.load_module(nvrtc::compile_unit(dir, program, unit, cc, nvrtc::Target::Ptx)?).map_err(drv("loading a kernel module"))?,
+                Err(_) => ctx
+                    .load_module(nvrtc::compile_unit(dir, program, unit, cc, nvrtc::Target::Ptx)?)
+                    .map_err(drv("loading a kernel module"))?,
             };
             modules.push(module);
         }
@@ -158,7 +161,8 @@ impl<H: Deferred> Device<H> {
         if allowed.get(name).is_some_and(|&a| a >= smem) {
             return Ok(());
         }
-        f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).map_err(drv("shared memory attribute"))?;
+        f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(drv("shared memory attribute"))?;
         allowed.insert(name.to_string(), smem);
         Ok(())
     }
@@ -381,12 +385,7 @@ impl<H> Drop for Device<H> {
         }
         let prof = self.queue.lock().ok().and_then(|mut q| q.profile.take());
         if let Some(prof) = prof {
-            let mut rows: Vec<(String, f64, u64)> = prof
-                .iter()
-                .map(|(f, &(ms, n))| {
-                    (self.func_name(*f), ms, n)
-                })
-                .collect();
+            let mut rows: Vec<(String, f64, u64)> = prof.iter().map(|(f, &(ms, n))| (self.func_name(*f), ms, n)).collect();
             rows.sort_by(|a, b| b.1.total_cmp(&a.1));
             let total: f64 = rows.iter().map(|r| r.1).sum();
             let launches: u64 = rows.iter().map(|r| r.2).sum();
@@ -398,4 +397,3 @@ impl<H> Drop for Device<H> {
         }
     }
 }
-

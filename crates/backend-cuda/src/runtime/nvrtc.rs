@@ -29,7 +29,11 @@ pub struct Program {
 
 impl Program {
     fn file(&self, name: &str) -> &'static str {
-        self.files.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).unwrap_or_else(|| panic!("kernel file {name} missing from the program's files"))
+        self.files
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| *s)
+            .unwrap_or_else(|| panic!("kernel file {name} missing from the program's files"))
     }
 
     /// A unit's whole source: its defines, then the first file and the unit's files.
@@ -110,7 +114,8 @@ pub(crate) fn compile_unit(dir: &Path, p: &Program, u: &Unit, cc: (i32, i32), t:
         Target::Cubin => format!("sm_{}{}", cc.0, cc.1),
         Target::Ptx => format!("compute_{}{}", cc.0, cc.1),
     };
-    let mut bytes = nvrtc(&p.unit_source(u), u.name, &arch, t).map_err(|log| CudaError::Compile(format!("kernel unit {}: {log}", u.name)))?;
+    let mut bytes =
+        nvrtc(&p.unit_source(u), u.name, &arch, t).map_err(|log| CudaError::Compile(format!("kernel unit {}: {log}", u.name)))?;
     if t == Target::Ptx {
         // PTX is a C string for the driver
         while bytes.last() == Some(&0) {
@@ -133,7 +138,9 @@ pub(crate) fn compile_all(dir: &Path, p: &Program, cc: (i32, i32)) -> Result<Vec
     if missing > 0 {
         // SAFETY: only probes for the shared library.
         if !unsafe { sys::is_culib_present() } {
-            return Err(CudaError::NoDevice("NVRTC (libnvrtc.so) not found: install the CUDA toolkit's runtime compiler or add it to LD_LIBRARY_PATH".into()));
+            return Err(CudaError::NoDevice(
+                "NVRTC (libnvrtc.so) not found: install the CUDA toolkit's runtime compiler or add it to LD_LIBRARY_PATH".into(),
+            ));
         }
     }
     let msg = format!("compiling {missing} CUDA kernel units for sm_{}{} in parallel (first use; cached in {})", cc.0, cc.1, dir.display());

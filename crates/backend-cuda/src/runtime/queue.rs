@@ -86,7 +86,19 @@ impl Default for Queue {
         let profile = (t.profile == Profile::Kernels).then(Default::default);
         let disabled = !t.graphs || profile.is_some();
         let host = (t.profile == Profile::Host).then(HostTimes::default);
-        Queue { recs: Vec::new(), graphable: true, seen: Vec::new(), graphs: Vec::new(), segment: SEGMENT, idle: true, disabled, large_step: false, profile, host, first: None }
+        Queue {
+            recs: Vec::new(),
+            graphable: true,
+            seen: Vec::new(),
+            graphs: Vec::new(),
+            segment: SEGMENT,
+            idle: true,
+            disabled,
+            large_step: false,
+            profile,
+            host,
+            first: None,
+        }
     }
 }
 
@@ -149,7 +161,11 @@ impl Queue {
             .map_err(|e| CudaError::Driver(format!("kernel launch (PDL): {e:?}")))
     }
 
-    fn launch_timed(recs: &[Rec], stream: &Arc<CudaStream>, prof: &mut std::collections::HashMap<usize, (f64, u64)>) -> Result<(), CudaError> {
+    fn launch_timed(
+        recs: &[Rec],
+        stream: &Arc<CudaStream>,
+        prof: &mut std::collections::HashMap<usize, (f64, u64)>,
+    ) -> Result<(), CudaError> {
         let ctx = stream.context();
         let mut evs = Vec::with_capacity(recs.len() + 1);
         let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("event"));
@@ -176,7 +192,9 @@ impl Queue {
     fn capture(recs: &[Rec], stream: &Arc<CudaStream>) -> Result<Option<CudaGraph>, CudaError> {
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(drv("begin capture"))?;
         let launched = Self::launch_direct(recs, stream);
-        let g = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).map_err(drv("end capture"))?;
+        let g = stream
+            .end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .map_err(drv("end capture"))?;
         launched?;
         Ok(g)
     }
@@ -197,7 +215,8 @@ impl Queue {
     fn submit_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         let recs = std::mem::take(&mut self.recs);
         self.idle &= recs.is_empty();
-        let graphable = std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES && !self.large_step;
+        let graphable =
+            std::mem::replace(&mut self.graphable, true) && !self.disabled && recs.len() >= MIN_GRAPH_LAUNCHES && !self.large_step;
         if recs.is_empty() {
             return Ok(());
         }

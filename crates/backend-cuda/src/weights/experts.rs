@@ -15,9 +15,9 @@
 //! so a slot that an earlier matmul of the same step read is overwritten only after that matmul.
 //! The counters (`ExpertBudget::stats`) say how often experts were found on the device.
 
-use crate::runtime::{DevMem, PoolMem};
-use crate::fusion::Device;
 use crate::error::{drv, CudaError};
+use crate::fusion::Device;
+use crate::runtime::{DevMem, PoolMem};
 use cudarc::driver::result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -45,7 +45,13 @@ pub struct ExpertStats {
 
 impl ExpertBudget {
     pub fn new(bytes: Option<usize>) -> ExpertBudget {
-        ExpertBudget { left: Mutex::new(bytes), offloaded: Default::default(), hits: AtomicU64::new(0), uploads: AtomicU64::new(0), upload_bytes: AtomicU64::new(0) }
+        ExpertBudget {
+            left: Mutex::new(bytes),
+            offloaded: Default::default(),
+            hits: AtomicU64::new(0),
+            uploads: AtomicU64::new(0),
+            upload_bytes: AtomicU64::new(0),
+        }
     }
 
     /// Set the budget (`None`: unlimited) for the weights loaded from now on.
@@ -263,10 +269,12 @@ impl Offload {
         let stream = dev.stream.cu_stream();
         // SAFETY: p / m hold a slice each; the pinned sources live as long as `self`, which
         // outlives the copies (the weight is dropped only after the device is synchronized).
-        unsafe { result::memcpy_htod_async(p, self.host_p.slice(e * self.slice_p, self.slice_p), stream) }.map_err(drv("uploading an expert"))?;
+        unsafe { result::memcpy_htod_async(p, self.host_p.slice(e * self.slice_p, self.slice_p), stream) }
+            .map_err(drv("uploading an expert"))?;
         if let Some(hm) = &self.host_m {
             // SAFETY: as above.
-            unsafe { result::memcpy_htod_async(m, hm.slice(e * self.slice_m, self.slice_m), stream) }.map_err(drv("uploading an expert"))?;
+            unsafe { result::memcpy_htod_async(m, hm.slice(e * self.slice_m, self.slice_m), stream) }
+                .map_err(drv("uploading an expert"))?;
         }
         Ok(())
     }

@@ -12,9 +12,9 @@
 pub mod experts;
 pub mod unit;
 
-use crate::runtime::DevMem;
-use crate::fusion::Device;
 use crate::error::CudaError;
+use crate::fusion::Device;
+use crate::runtime::DevMem;
 use crate::weights::experts::{ExpertBudget, Offload};
 use quarrel_core::{QuantType, WeightSource};
 
@@ -80,9 +80,7 @@ impl CudaWeight {
     /// in host memory (`experts::Offload`).
     pub(crate) fn load(dev: &Device, src: WeightSource<'_>, budget: &ExpertBudget) -> Result<CudaWeight, CudaError> {
         let g = src.gguf;
-        let info = g
-            .tensor_info(src.name)
-            .ok_or_else(|| CudaError::Shape(format!("tensor {} not found in the model", src.name)))?;
+        let info = g.tensor_info(src.name).ok_or_else(|| CudaError::Shape(format!("tensor {} not found in the model", src.name)))?;
         let n_in = info.dims[0] as usize;
         let n_out = (info.n_elements() / info.dims[0].max(1)) as usize;
         let bytes = g.tensor_bytes(info);
@@ -92,7 +90,11 @@ impl CudaWeight {
             let v = dequant(ty, bytes, n_in, src.name)?;
             return Self::plain(dev, ty, DevType::F32, n_in, n_out, &v, exact);
         }
-        let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && !n_in.is_multiple_of(8) { None } else { repack(ty, bytes) };
+        let repacked = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) && !n_in.is_multiple_of(8) {
+            None
+        } else {
+            repack(ty, bytes)
+        };
         let Some((dev_ty, p, m)) = repacked else {
             if !n_in.is_multiple_of(8) {
                 return Err(CudaError::Unsupported(format!("{}: rows of {n_in} values (the GPU kernels need a multiple of 8)", src.name)));
@@ -142,8 +144,27 @@ impl CudaWeight {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn plain<T: Copy>(dev: &Device, ty: QuantType, dev_ty: DevType, n_in: usize, n_out: usize, v: &[T], exact: bool) -> Result<CudaWeight, CudaError> {
-        Ok(CudaWeight { ty, dev_ty, n_in, n_out, p: DevMem::upload(dev, v)?, m: None, bytes: std::mem::size_of_val(v), f16: Default::default(), exact, offload: None })
+    fn plain<T: Copy>(
+        dev: &Device,
+        ty: QuantType,
+        dev_ty: DevType,
+        n_in: usize,
+        n_out: usize,
+        v: &[T],
+        exact: bool,
+    ) -> Result<CudaWeight, CudaError> {
+        Ok(CudaWeight {
+            ty,
+            dev_ty,
+            n_in,
+            n_out,
+            p: DevMem::upload(dev, v)?,
+            m: None,
+            bytes: std::mem::size_of_val(v),
+            f16: Default::default(),
+            exact,
+            offload: None,
+        })
     }
 }
 

@@ -109,8 +109,16 @@ mod tests {
     use proptest::prelude::*;
     use quarrel_core::QuantType;
 
-    const TYPES: [QuantType; 8] =
-        [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K];
+    const TYPES: [QuantType; 8] = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+    ];
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]

@@ -1,11 +1,11 @@
 //! `quarrel batched-bench`: throughput of N parallel sequences, with llama-batched-bench's
 //! protocol, flags and output fields (quarrel-bench: `BatchedBench::bench_batched`).
 
-use quarrel_bench::llama_bench::parse_list;
 use crate::args::ModelArgs;
 use anyhow::{bail, Result};
-use quarrel_core::Backend;
+use quarrel_bench::llama_bench::parse_list;
 use quarrel_bench::{BatchedBench, BatchedRun};
+use quarrel_core::Backend;
 use quarrel_engine::{Engine, EngineOptions};
 use std::io::Write;
 
@@ -62,7 +62,11 @@ fn run<B: Backend>(mut e: Engine<B>, a: &Args, npp: &[usize], ntg: &[usize], npl
     let mut out = std::io::stdout().lock();
     if !jsonl {
         writeln!(out, "\nmodel: {}, backend: {}, n_batch = {}\n", e.summary().name, e.backend.name(), e.opts.n_batch)?;
-        writeln!(out, "|{:>6} | {:>6} | {:>4} | {:>6} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} |", "PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s")?;
+        writeln!(
+            out,
+            "|{:>6} | {:>6} | {:>4} | {:>6} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} | {:>8} |",
+            "PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"
+        )?;
         writeln!(out, "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|")?;
     }
     for &pp in npp {

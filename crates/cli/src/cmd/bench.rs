@@ -4,10 +4,10 @@
 use crate::args::{DeviceArgs, KvTypeArg};
 use crate::resolve::resolve_model;
 use anyhow::{bail, Context, Result};
-use quarrel_core::Backend;
-use quarrel_cpu::CpuBackend;
 use quarrel_bench::llama_bench::{json_list, markdown, model_type, parse_all, parse_list, table, test_name, utc_now, Row};
 use quarrel_bench::{Bench, ProfiledBackend};
+use quarrel_core::Backend;
+use quarrel_cpu::CpuBackend;
 use quarrel_engine::{Engine, EngineOptions};
 use quarrel_gguf::Gguf;
 use std::io::Write;
@@ -294,7 +294,12 @@ fn profile(gguf: std::sync::Arc<Gguf>, threads: usize, opts: EngineOptions, run:
         ]);
     }
     let outside = total.saturating_sub(in_ops);
-    lines.push(["(engine/model code between ops)".into(), String::new(), format!("{:.3}", per(outside)), format!("{:.1}", 100.0 * per(outside) / total_ms.max(1e-12))]);
+    lines.push([
+        "(engine/model code between ops)".into(),
+        String::new(),
+        format!("{:.3}", per(outside)),
+        format!("{:.1}", 100.0 * per(outside) / total_ms.max(1e-12)),
+    ]);
     lines.push(["all matmuls".into(), String::new(), format!("{:.3}", per(mm)), format!("{:.1}", 100.0 * per(mm) / total_ms.max(1e-12))]);
     let heads = match run {
         Run::Tg(_) => ["op", "calls/step", "ms/step", "%"],

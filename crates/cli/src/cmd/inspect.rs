@@ -17,7 +17,14 @@ pub struct Args {
 pub fn main(a: Args) -> Result<()> {
     let path = resolve_model(Some(&a.model), false)?;
     let g = Gguf::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    println!("{}: GGUF v{}, {} metadata keys, {} tensors, alignment {}", path.display(), g.version, g.metadata().len(), g.tensors().len(), g.alignment);
+    println!(
+        "{}: GGUF v{}, {} metadata keys, {} tensors, alignment {}",
+        path.display(),
+        g.version,
+        g.metadata().len(),
+        g.tensors().len(),
+        g.alignment
+    );
     println!("\n{:<48} {:<14} value", "key", "type");
     for (k, v) in g.metadata() {
         let shown = if a.full { format!("{v:?}") } else { v.to_string() };
@@ -31,6 +38,11 @@ pub fn main(a: Args) -> Result<()> {
         total += t.n_bytes;
     }
     let params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
-    println!("\n{} parameters, {:.1} MiB of tensor data, {:.2} bits per weight", params, total as f64 / (1 << 20) as f64, total as f64 * 8.0 / params.max(1) as f64);
+    println!(
+        "\n{} parameters, {:.1} MiB of tensor data, {:.2} bits per weight",
+        params,
+        total as f64 / (1 << 20) as f64,
+        total as f64 * 8.0 / params.max(1) as f64
+    );
     Ok(())
 }

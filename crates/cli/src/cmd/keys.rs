@@ -56,9 +56,17 @@ pub fn main(a: Args) -> Result<()> {
         }
         KeysCmd::List { json } => {
             if json {
-                println!("{}", serde_json::to_string_pretty(&f.keys.iter().map(|k| serde_json::json!({
-                    "id": k.id, "name": k.name, "prefix": k.prefix, "created": k.created, "revoked": k.revoked,
-                })).collect::<Vec<_>>())?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &f.keys
+                            .iter()
+                            .map(|k| serde_json::json!({
+                                "id": k.id, "name": k.name, "prefix": k.prefix, "created": k.created, "revoked": k.revoked,
+                            }))
+                            .collect::<Vec<_>>()
+                    )?
+                );
             } else {
                 println!("{:<14} {:<20} {:<10} {:<12} state", "id", "name", "prefix", "created");
                 for k in &f.keys {

@@ -66,9 +66,8 @@ pub struct Args {
 pub fn main(a: Args) -> Result<()> {
     let e = match &a.name {
         None => default_entry(),
-        Some(n) => find_entry(n).with_context(|| {
-            format!("unknown model {n:?}; known: {}", ENTRIES.iter().map(|e| e.name).collect::<Vec<_>>().join(", "))
-        })?,
+        Some(n) => find_entry(n)
+            .with_context(|| format!("unknown model {n:?}; known: {}", ENTRIES.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")))?,
     };
     let dst = cache_dir().join(e.file_name);
     if dst.exists() && !a.force {

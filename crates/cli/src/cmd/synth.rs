@@ -70,11 +70,23 @@ fn list() {
             p.name, p.n_embd, p.n_layer, p.n_head, p.n_head_kv, p.n_ff, p.n_vocab, p.n_ctx, p.rope_freq_base, p.tied_embeddings, p.model
         );
     }
-    println!("\n{:<24} {:<15} {:>6} {:>6} {:>5} {:>4} {:>7} {:>7} {:>6}  layers", "preset", "arch", "n_embd", "layers", "heads", "kv", "experts", "used", "d_inner");
+    println!(
+        "\n{:<24} {:<15} {:>6} {:>6} {:>5} {:>4} {:>7} {:>7} {:>6}  layers",
+        "preset", "arch", "n_embd", "layers", "heads", "kv", "experts", "used", "d_inner"
+    );
     for p in ARCH_PRESETS {
         println!(
             "{:<24} {:<15} {:>6} {:>6} {:>5} {:>4} {:>7} {:>7} {:>6}  {}",
-            p.name, p.arch, p.n_embd, p.n_layer(), p.n_head, p.n_head_kv, p.n_expert, p.n_used, p.ssm.map_or(0, |s| s.d_inner), p.pattern
+            p.name,
+            p.arch,
+            p.n_embd,
+            p.n_layer(),
+            p.n_head,
+            p.n_head_kv,
+            p.n_expert,
+            p.n_used,
+            p.ssm.map_or(0, |s| s.d_inner),
+            p.pattern
         );
     }
     println!("\nquantizations (general.file_type):");
@@ -111,11 +123,9 @@ pub fn main(a: Args) -> Result<()> {
 
     let bar = if a.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(0) };
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{prefix} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
     );
     bar.set_prefix(format!("{} {}", preset.name, ftype));
     let summary = write_synth_with(&spec, WriteOptions { row_pool: if a.fast { 256 } else { 0 } }, &out, &mut |done, total| {

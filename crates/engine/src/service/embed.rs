@@ -75,7 +75,13 @@ impl<M: StepModel> Scheduler<M> {
 
     /// One forward over several short sequences, each with its own block table.
     fn embed_group(&mut self, inputs: &[Vec<u32>], tables: &[Vec<u32>], pooling: Pooling) -> Result<Vec<PoolAcc>, ServiceError> {
-        let mut batch = ForwardBatch { tokens: vec![], positions: vec![], seqs: vec![], logits_rows: vec![], state_slots: self.scratch_slot.into_iter().collect() };
+        let mut batch = ForwardBatch {
+            tokens: vec![],
+            positions: vec![],
+            seqs: vec![],
+            logits_rows: vec![],
+            state_slots: self.scratch_slot.into_iter().collect(),
+        };
         let mut rows_per_seq = Vec::with_capacity(inputs.len());
         for (toks, table) in inputs.iter().zip(tables) {
             let start = batch.tokens.len();

@@ -2,8 +2,8 @@
 //! stream their events back over per-request channels.
 
 use super::scheduler::Scheduler;
-use super::step_model::StepModel;
 use super::seq::Seq;
+use super::step_model::StepModel;
 use super::types::*;
 use crate::decode::{forward_picks, Picked, RowPick};
 use crate::engine::Engine;

@@ -209,7 +209,6 @@ impl<M: StepModel> Scheduler<M> {
         n_tokens
     }
 
-
     /// Running requests take their tokens of this step from `budget`: decodes first, then
     /// prompt chunks; older and interactive first. A decode short of memory preempts the
     /// newest unscheduled request (or itself); preempted requests go back to the queue.

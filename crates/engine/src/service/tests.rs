@@ -3,8 +3,8 @@
 //! sharing or a lost recompute after preemption all change its outputs.
 
 use super::scheduler::Scheduler;
-use super::step_model::StepModel;
 use super::seq::Seq;
+use super::step_model::StepModel;
 use super::types::*;
 use crate::generate::{FinishReason, GenerateParams};
 use crate::sampler::SamplingParams;

@@ -89,8 +89,16 @@ impl RequestTimings {
 pub enum StreamEvent {
     /// One sampled token and the text it completes (may be empty while a multi-byte character
     /// or a possible stop string is held back). `id: None` flushes held-back text at the end.
-    Token { id: Option<u32>, text: String, logprob: Option<TokenLogprob> },
-    Done { finish_reason: FinishReason, usage: Usage, timings: RequestTimings },
+    Token {
+        id: Option<u32>,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    Done {
+        finish_reason: FinishReason,
+        usage: Usage,
+        timings: RequestTimings,
+    },
     Error(ServiceError),
 }
 

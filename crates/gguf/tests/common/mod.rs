@@ -11,18 +11,12 @@ pub fn sample_file() -> Vec<u8> {
     w.set("some.i8", Value::I8(-3));
     w.set("some.f64", Value::F64(1.5));
     w.set("some.bool", Value::Bool(true));
-    w.set(
-        "tokenizer.ggml.tokens",
-        Value::Array(ValueType::String, vec![Value::String("a".into()), Value::String("ü".into())]),
-    );
+    w.set("tokenizer.ggml.tokens", Value::Array(ValueType::String, vec![Value::String("a".into()), Value::String("ü".into())]));
     w.set(
         "nested",
         Value::Array(
             ValueType::Array,
-            vec![
-                Value::Array(ValueType::I32, vec![Value::I32(1), Value::I32(-2)]),
-                Value::Array(ValueType::U8, vec![]),
-            ],
+            vec![Value::Array(ValueType::I32, vec![Value::I32(1), Value::I32(-2)]), Value::Array(ValueType::U8, vec![])],
         ),
     );
     w.add_tensor("a", &[64, 2], QuantType::F32).unwrap();
@@ -33,4 +27,3 @@ pub fn sample_file() -> Vec<u8> {
     let c: Vec<u8> = vec![1; 10];
     w.to_bytes(&[&a, &b, &c]).unwrap()
 }
-

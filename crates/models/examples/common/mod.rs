@@ -21,7 +21,14 @@ impl Session {
         let be = CpuBackend::new(0).expect("backend");
         let model = quarrel_models::load(&be, &g).expect("load");
         let info = model.info().clone();
-        let spec = KvSpec { n_layer: info.n_layer, n_kv_head: info.n_kv_head, head_dim: info.head_dim, block_size: 16, n_blocks: N_BLOCKS, ty: KvType::F16 };
+        let spec = KvSpec {
+            n_layer: info.n_layer,
+            n_kv_head: info.n_kv_head,
+            head_dim: info.head_dim,
+            block_size: 16,
+            n_blocks: N_BLOCKS,
+            ty: KvType::F16,
+        };
         let kv = be.alloc_kv(&spec).expect("kv");
         Session { be, model, kv, pos: 0 }
     }

@@ -137,7 +137,15 @@ pub fn n_params(g: &Gguf) -> u64 {
 
 /// The `ModelInfo` of a model of `arch` from `g` without recurrent layers (`n_params`
 /// counted from the file); `kv`: the attention layers' (`n_kv_head`, `head_dim`).
-pub fn model_info(g: &Gguf, arch: &str, n_vocab: usize, n_embd: usize, n_layer: usize, n_ctx_train: usize, kv: (usize, usize)) -> ModelInfo {
+pub fn model_info(
+    g: &Gguf,
+    arch: &str,
+    n_vocab: usize,
+    n_embd: usize,
+    n_layer: usize,
+    n_ctx_train: usize,
+    kv: (usize, usize),
+) -> ModelInfo {
     let (n_kv_head, head_dim) = kv;
     ModelInfo { arch: arch.into(), n_vocab, n_embd, n_layer, n_ctx_train, n_kv_head, head_dim, n_params: n_params(g), recurrent: vec![] }
 }

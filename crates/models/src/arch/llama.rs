@@ -56,8 +56,11 @@ impl Config {
             rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
             sliding_window: h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
             // llama.cpp's llama graph: softmax gating, weights renormalized over the top k
-            moe: routing_from_gguf(&h, quarrel_core::Gating::Softmax, true)?
-                .map(|r| quarrel_core::MoeRouting { gating: quarrel_core::Gating::Softmax, norm_weights: true, ..r }),
+            moe: routing_from_gguf(&h, quarrel_core::Gating::Softmax, true)?.map(|r| quarrel_core::MoeRouting {
+                gating: quarrel_core::Gating::Softmax,
+                norm_weights: true,
+                ..r
+            }),
         })
     }
 }
@@ -86,13 +89,8 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             Some(v)
         }
     };
-    let rope = RopeParams {
-        style: RopeStyle::Normal,
-        n_rot: c.n_rot,
-        freq_base: c.rope_freq_base,
-        freq_scale: c.rope_freq_scale,
-        freq_factors,
-    };
+    let rope =
+        RopeParams { style: RopeStyle::Normal, n_rot: c.n_rot, freq_base: c.rope_freq_base, freq_scale: c.rope_freq_scale, freq_factors };
     let attn = AttnParams {
         n_head: c.n_head,
         n_kv_head: c.n_head_kv,
@@ -107,7 +105,13 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
             attn: SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?,
             ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
-            ffn: FeedForward::load(be, g, il, c.n_embd, FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: 0 })?,
+            ffn: FeedForward::load(
+                be,
+                g,
+                il,
+                c.n_embd,
+                FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: 0 },
+            )?,
         });
     }
     let info = model_info(g, "llama", c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));

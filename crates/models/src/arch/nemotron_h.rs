@@ -25,9 +25,14 @@ use std::sync::Arc;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerKind {
     Mamba2,
-    Attention { n_head: usize, n_head_kv: usize },
+    Attention {
+        n_head: usize,
+        n_head_kv: usize,
+    },
     /// Feed-forward of this width (experts: the per-expert width).
-    Ffn { n_ff: usize },
+    Ffn {
+        n_ff: usize,
+    },
 }
 
 #[derive(Clone, Debug)]

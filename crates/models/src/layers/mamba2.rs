@@ -65,7 +65,8 @@ impl<B: Backend> Mamba2<B> {
         let mut xbc = be.alloc(n * p.conv_dim())?; // (n_tok, conv_dim)
         self.conv_timer.time(|| be.ssm_conv(kv, layer, p, &zxbcdt, &self.ssm_conv1d, self.ssm_conv1d_b.as_ref(), batch, &mut xbc))?;
         let mut y = be.alloc(n * p.d_inner)?; // (n_tok, n_head, head_dim)
-        let bad = self.scan_timer.time(|| be.ssm_scan(kv, layer, p, &xbc, &zxbcdt, &self.ssm_a, &self.ssm_d, &self.ssm_dt_b, batch, &mut y))?;
+        let bad =
+            self.scan_timer.time(|| be.ssm_scan(kv, layer, p, &xbc, &zxbcdt, &self.ssm_a, &self.ssm_d, &self.ssm_dt_b, batch, &mut y))?;
         if quarrel_core::trace::enabled() {
             trace("mamba2_y_add_d", layer, &be.download(&y)?);
         }

@@ -68,7 +68,8 @@ impl<B: Backend> MoeFfn<B> {
     pub fn forward_add(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize, out: &mut B::Buf) -> Result<()> {
         let ne = self.routing.n_expert;
         // the router matmul and the routing (one launch on a GPU: the routing time includes the matmul)
-        let routes = self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?; // n_tok * n_used
+        let routes =
+            self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?; // n_tok * n_used
         let r = routes.len();
         let mut up = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
         be.moe_matmul(&self.ffn_up_exps, ne, x, &routes, true, &mut up)?;
@@ -98,7 +99,8 @@ impl<B: Backend> MoeFfn<B> {
     pub fn forward_relu_shared(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize, s: &ReluSqrMlp<B>) -> Result<B::Buf> {
         debug_assert!(self.ffn_gate_exps.is_none());
         let ne = self.routing.n_expert;
-        let routes = self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?;
+        let routes =
+            self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?;
         let mut u = be.alloc(n_tok * s.n_ff)?; // (n_tok, n_ff_shexp)
         be.matmul(&s.ffn_up, x, n_tok, &mut u)?;
         let r = routes.len();
@@ -172,7 +174,9 @@ impl<B: Backend> FeedForward<B> {
             FeedForward::SwiGlu(m) => m.forward(be, x, n_tok, n_embd),
             FeedForward::ReluSqr(m) => m.forward(be, x, n_tok, n_embd),
             FeedForward::Moe(moe, None) => moe.forward(be, x, n_tok, n_embd),
-            FeedForward::Moe(moe, Some(SharedExpert::ReluSqr(m))) if moe.ffn_gate_exps.is_none() => moe.forward_relu_shared(be, x, n_tok, n_embd, m),
+            FeedForward::Moe(moe, Some(SharedExpert::ReluSqr(m))) if moe.ffn_gate_exps.is_none() => {
+                moe.forward_relu_shared(be, x, n_tok, n_embd, m)
+            }
             FeedForward::Moe(moe, Some(s)) => {
                 // the shared expert first: the routed experts' combine adds to its output
                 let mut out = match s {
@@ -187,7 +191,11 @@ impl<B: Backend> FeedForward<B> {
 }
 
 /// MoE metadata common to the architectures (`{arch}.expert_*`).
-pub fn routing_from_gguf(h: &crate::hparams::Hparams<'_>, default_gating: quarrel_core::Gating, default_norm: bool) -> Result<Option<MoeRouting>> {
+pub fn routing_from_gguf(
+    h: &crate::hparams::Hparams<'_>,
+    default_gating: quarrel_core::Gating,
+    default_norm: bool,
+) -> Result<Option<MoeRouting>> {
     let n_expert = h.usize_or("expert_count", 0)?;
     if n_expert == 0 {
         return Ok(None);

@@ -56,11 +56,7 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8], rmse_type: i32)
         }
         return 1.0 / iscale;
     }
-    let (rmse_type, return_early) = if rmse_type < 0 {
-        (-rmse_type, true)
-    } else {
-        (rmse_type, false)
-    };
+    let (rmse_type, return_early) = if rmse_type < 0 { (-rmse_type, true) } else { (rmse_type, false) };
     let weight = |v: f32| -> f32 {
         match rmse_type {
             1 => v * v,
@@ -80,11 +76,7 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8], rmse_type: i32)
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     if return_early {
-        return if suml2 > 0.0 {
-            0.5 * (scale + 1.0 / iscale)
-        } else {
-            1.0 / iscale
-        };
+        return if suml2 > 0.0 { 0.5 * (scale + 1.0 / iscale) } else { 1.0 / iscale };
     }
     let mut best = scale * sumlx;
     for is in -9i32..=9 {
@@ -177,13 +169,7 @@ pub(crate) struct Qkx2Params {
 /// `make_qkx2_quants`: asymmetric quantization `x ≈ scale * l - the_min`
 /// with `l` in `[0, nmax]`, weighted least squares over a small grid of
 /// candidate scales. Returns `(scale, the_min)`; `the_min >= 0`.
-pub(crate) fn make_qkx2_quants(
-    x: &[f32],
-    weights: &[f32],
-    l: &mut [u8],
-    laux: &mut [u8],
-    p: Qkx2Params,
-) -> (f32, f32) {
+pub(crate) fn make_qkx2_quants(x: &[f32], weights: &[f32], l: &mut [u8], laux: &mut [u8], p: Qkx2Params) -> (f32, f32) {
     let n = x.len();
     let nmax = p.nmax;
     let mut min = x[0];
@@ -264,10 +250,7 @@ pub fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 

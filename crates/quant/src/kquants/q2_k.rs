@@ -40,13 +40,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q2_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     const Q4SCALE: f32 = 15.0;
-    let params = Qkx2Params {
-        nmax: 3,
-        rmin: -0.5,
-        rdelta: 0.1,
-        nstep: 15,
-        use_mad: true,
-    };
+    let params = Qkx2Params { nmax: 3, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 16];
     let mut weights = [0f32; 16];
@@ -62,8 +56,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
             for (w, &v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            let (s, m) =
-                make_qkx2_quants(xs, &weights, &mut l[16 * j..16 * j + 16], &mut laux, params);
+            let (s, m) = make_qkx2_quants(xs, &weights, &mut l[16 * j..16 * j + 16], &mut laux, params);
             scales[j] = s;
             mins[j] = m;
             if s > max_scale {
@@ -115,8 +108,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let qs = &mut y[Q2_K_QS_OFF..Q2_K_QS_OFF + QK_K / 4];
         for j in (0..QK_K).step_by(128) {
             for i in 0..32 {
-                qs[j / 4 + i] =
-                    l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
+                qs[j / 4 + i] = l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
             }
         }
     }

@@ -2,7 +2,7 @@
 //! Value = `d * (scale_j - 32) * (q - (hbit ? 0 : 4))` with 2 low bits in `qs`
 //! (same packing as Q2_K), the high bit in `hmask`, 6-bit signed scales.
 
-use super::{Lanes, make_q3_quants, nearest_int};
+use super::{make_q3_quants, nearest_int, Lanes};
 use crate::layout::*;
 
 /// Elements per block.
@@ -58,12 +58,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let mut max_scale = 0.0f32;
         let mut amax = 0.0f32;
         for j in 0..QK_K / 16 {
-            scales[j] = make_q3_quants(
-                4,
-                &x[16 * j..16 * j + 16],
-                &mut l[16 * j..16 * j + 16],
-                true,
-            );
+            scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16], true);
             let scale = scales[j].abs();
             if scale > amax {
                 amax = scale;
@@ -121,10 +116,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let qs = &mut y[Q3_K_QS_OFF..Q3_K_QS_OFF + QK_K / 4];
         for j in (0..QK_K).step_by(128) {
             for i in 0..32 {
-                let v = l[j + i] as u8
-                    | ((l[j + i + 32] as u8) << 2)
-                    | ((l[j + i + 64] as u8) << 4)
-                    | ((l[j + i + 96] as u8) << 6);
+                let v = l[j + i] as u8 | ((l[j + i + 32] as u8) << 2) | ((l[j + i + 64] as u8) << 4) | ((l[j + i + 96] as u8) << 6);
                 qs[j / 4 + i] = v;
             }
         }

@@ -3,10 +3,7 @@
 //! [`super::get_scale_min_k4`]). Sub-blocks `2i` / `2i+1` are the low / high
 //! nibbles of `qs[32i..32i+32]`.
 
-use super::{Lanes, 
-    get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights,
-    Qkx2Params,
-};
+use super::{get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights, Lanes, Qkx2Params};
 use crate::layout::*;
 
 /// Elements per block.
@@ -56,14 +53,7 @@ pub(crate) fn quantize_scales_and_mins(x: &[f32], params: Qkx2Params, l: &mut [u
 /// Quantize the 8 sub-block (scale, min) pairs to 6 bits against their maxima, write
 /// `d`, `dmin` and the packed scales, then re-quantize every element against
 /// the rounded scales into `l` (values `0..=nmax`).
-fn finish_scales_and_requantize(
-    x: &[f32],
-    scales: &[f32; 8],
-    mins: &[f32; 8],
-    nmax: i32,
-    l: &mut [u8; QK_K],
-    y: &mut [u8],
-) {
+fn finish_scales_and_requantize(x: &[f32], scales: &[f32; 8], mins: &[f32; 8], nmax: i32, l: &mut [u8; QK_K], y: &mut [u8]) {
     let mut max_scale = 0.0f32;
     let mut max_min = 0.0f32;
     for j in 0..8 {
@@ -74,11 +64,7 @@ fn finish_scales_and_requantize(
             max_min = mins[j];
         }
     }
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
@@ -110,13 +96,7 @@ fn finish_scales_and_requantize(
 
 /// `quantize_row_q4_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    let params = Qkx2Params {
-        nmax: 15,
-        rmin: -1.0,
-        rdelta: 0.1,
-        nstep: 20,
-        use_mad: false,
-    };
+    let params = Qkx2Params { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
     let mut l = [0u8; QK_K];
     for (x, y) in encode_blocks("q4_K", QK, BLOCK_BYTES, src, dst) {
         quantize_scales_and_mins(x, params, &mut l, y);
@@ -145,12 +125,7 @@ pub(crate) fn scales_and_mins(s: &[u8]) -> ([i32; 8], [i32; 8]) {
 /// Common body of the Q4_K / Q5_K dot products once the unsigned quants of
 /// one block are expanded into `aux8`: returns `(aux32 lanes, sumi of mins)`.
 #[inline]
-fn k_block_dot(
-    aux8: &[i32; QK_K],
-    q8: &[u8],
-    bsums_block: &[u8],
-    scales: &[u8],
-) -> ([i32; 8], i32) {
+fn k_block_dot(aux8: &[i32; QK_K], q8: &[u8], bsums_block: &[u8], scales: &[u8]) -> ([i32; 8], i32) {
     let (sc, mn) = scales_and_mins(scales);
     let mut sumi = 0i32;
     for j in 0..QK_K / 16 {
@@ -183,10 +158,7 @@ const _: () = assert!(Q5_K_D_OFF == Q4_K_D_OFF && Q5_K_DMIN_OFF == Q4_K_DMIN_OFF
 /// The Q4_K / Q5_K dot product against Q8_K once `unpack` has expanded a weight block's
 /// unsigned quants into `aux8` (ggml's order: 8 lanes of scaled sums, minus `dmin` times
 /// the mins against `bsums`).
-pub(crate) fn vec_dot_scale_min<'a>(
-    blocks: impl Iterator<Item = (&'a [u8], &'a [u8])>,
-    unpack: impl Fn(&[u8], &mut [i32; QK_K]),
-) -> f32 {
+pub(crate) fn vec_dot_scale_min<'a>(blocks: impl Iterator<Item = (&'a [u8], &'a [u8])>, unpack: impl Fn(&[u8], &mut [i32; QK_K])) -> f32 {
     let mut lanes = Lanes::default();
     let mut sumf = 0.0f32;
     let mut aux8 = [0i32; QK_K];

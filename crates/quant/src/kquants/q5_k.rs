@@ -37,13 +37,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 
 /// `quantize_row_q5_K_ref`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
-    let params = Qkx2Params {
-        nmax: 31,
-        rmin: -0.5,
-        rdelta: 0.1,
-        nstep: 15,
-        use_mad: false,
-    };
+    let params = Qkx2Params { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
     let mut l = [0u8; QK_K];
     for (x, y) in encode_blocks("q5_K", QK, BLOCK_BYTES, src, dst) {
         quantize_scales_and_mins(x, params, &mut l, y);

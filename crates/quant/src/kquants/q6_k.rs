@@ -3,7 +3,7 @@
 //! Within each 128-element half `h` (ql += 64h, qh += 32h), element `l + 32k`
 //! (k = 0..4) uses `ql[l + 32*(k&1)]` nibble `k>>1` and `qh[l]` bits `2k..2k+2`.
 
-use super::{Lanes, make_qx_quants, nearest_int, GROUP_MAX_EPS};
+use super::{make_qx_quants, nearest_int, Lanes, GROUP_MAX_EPS};
 use crate::layout::*;
 
 /// Elements per block.
@@ -43,12 +43,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
         for ib in 0..QK_K / 16 {
-            let scale = make_qx_quants(
-                32,
-                &x[16 * ib..16 * ib + 16],
-                &mut l[16 * ib..16 * ib + 16],
-                1,
-            );
+            let scale = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16], 1);
             scales[ib] = scale;
             let abs_scale = scale.abs();
             if abs_scale > max_abs_scale {
@@ -87,8 +82,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
                 let (q1, q2, q3, q4) = (lv(0) & 0xF, lv(1) & 0xF, lv(2) & 0xF, lv(3) & 0xF);
                 y[Q6_K_QL_OFF + 64 * h + i] = q1 | (q3 << 4);
                 y[Q6_K_QL_OFF + 64 * h + i + 32] = q2 | (q4 << 4);
-                y[Q6_K_QH_OFF + 32 * h + i] =
-                    (lv(0) >> 4) | ((lv(1) >> 4) << 2) | ((lv(2) >> 4) << 4) | ((lv(3) >> 4) << 6);
+                y[Q6_K_QH_OFF + 32 * h + i] = (lv(0) >> 4) | ((lv(1) >> 4) << 2) | ((lv(2) >> 4) << 4) | ((lv(3) >> 4) << 6);
             }
         }
     }

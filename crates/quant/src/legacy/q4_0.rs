@@ -1,9 +1,9 @@
 //! Q4_0: `{ f16 d; u8 qs[16] }`, value = `d * (nibble - 8)`.
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
-use crate::scan::{inverse_or_zero, signed_absmax};
-use super::{dequantize_pairs, quantize_pairs, dot_pairs, q4_pair};
+use super::{dequantize_pairs, dot_pairs, q4_pair, quantize_pairs};
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
+use crate::scan::{inverse_or_zero, signed_absmax};
 
 /// Elements per block.
 pub const QK: usize = QK4_0;

@@ -1,9 +1,11 @@
 //! Q5_0: `{ f16 d; u8 qh[4]; u8 qs[16] }`, value = `d * (q - 16)` where the
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
-use super::{dequantize_pairs, quantize_pairs, dot_pairs, q5_pack, q5_pair};
+use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair, quantize_pairs};
+use crate::layout::{
+    decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0,
+};
 use crate::scan::{inverse_or_zero, signed_absmax};
-use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0};
 
 /// Elements per block.
 pub const QK: usize = QK5_0;

@@ -2,9 +2,9 @@
 
 use super::{best_index_int8, KVALUES_IQ4NL};
 use crate::kquants::GROUP_MAX_EPS;
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0};
 use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
 use crate::scan::inverse_or_zero;
-use crate::layout::{decode_blocks, encode_blocks, dot_blocks, read_f16, write_f16, BLOCK_IQ4_NL_SIZE, BLOCK_Q8_0_SIZE, QK4_NL, QK8_0};
 
 /// Elements per block.
 pub const QK: usize = QK4_NL;

@@ -7,9 +7,7 @@ pub mod iq4_nl;
 pub mod mxfp4;
 
 /// IQ4_NL codebook (`kvalues_iq4nl` in ggml-common.h).
-pub const KVALUES_IQ4NL: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// MXFP4 codebook: E2M1 values doubled (`kvalues_mxfp4` in ggml-common.h);
 /// pair it with [`e8m0_to_fp32_half`] which halves the scale.
@@ -38,11 +36,7 @@ const fn build_table(half: bool) -> [u32; 256] {
     let mut t = [0u32; 256];
     let mut i = 0;
     while i < 256 {
-        t[i] = if half {
-            e8m0_half_bits(i as u8)
-        } else {
-            e8m0_bits(i as u8)
-        };
+        t[i] = if half { e8m0_half_bits(i as u8) } else { e8m0_bits(i as u8) };
         i += 1;
     }
     t

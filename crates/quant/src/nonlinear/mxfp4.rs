@@ -1,8 +1,8 @@
 //! MXFP4: `{ u8 e; u8 qs[16] }`, value = `e8m0_half(e) * KVALUES_MXFP4[nibble]`.
 
 use super::{e8m0_to_fp32_half, KVALUES_MXFP4};
-use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
 use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, BLOCK_MXFP4_SIZE, BLOCK_Q8_0_SIZE, QK8_0, QK_MXFP4};
+use crate::legacy::{dequantize_pairs, dot_pairs, q4_pair};
 
 /// Elements per block.
 pub const QK: usize = QK_MXFP4;
@@ -44,11 +44,7 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
         }
         // C: (uint8_t)(floorf(log2f(amax)) - 2 + 127); the float->int->u8 path
         // wraps like x86 does for the (in C undefined) out-of-range case.
-        let e = if amax > 0.0 {
-            ((amax.log2().floor() - 2.0 + 127.0) as i32) as u8
-        } else {
-            0
-        };
+        let e = if amax > 0.0 { ((amax.log2().floor() - 2.0 + 127.0) as i32) as u8 } else { 0 };
         let d = e8m0_to_fp32_half(e);
         y[0] = e;
         for j in 0..QK / 2 {

@@ -30,16 +30,10 @@ pub fn hex(s: &str) -> Vec<u8> {
         b'A'..=b'F' => c - b'A' + 10,
         _ => panic!("bad hex digit {c}"),
     };
-    s.as_bytes()
-        .chunks_exact(2)
-        .map(|p| (nib(p[0]) << 4) | nib(p[1]))
-        .collect()
+    s.as_bytes().chunks_exact(2).map(|p| (nib(p[0]) << 4) | nib(p[1])).collect()
 }
 
 /// Hex of little-endian f32 bytes -> f32 values.
 pub fn hex_f32(s: &str) -> Vec<f32> {
-    hex(s)
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    hex(s).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }

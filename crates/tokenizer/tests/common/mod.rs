@@ -22,9 +22,7 @@ pub fn load(env: &str) -> Option<Tokenizer> {
 
 /// `<repo>/tests/fixtures/<rel>`.
 pub fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
 }
 
 pub fn read_json(rel: &str) -> serde_json::Value {
@@ -42,12 +40,7 @@ pub fn cases(rel: &str) -> Vec<(String, Vec<u32>)> {
         .iter()
         .map(|c| {
             let text = c["text"].as_str().expect("text").to_string();
-            let ids = c["ids"]
-                .as_array()
-                .expect("ids")
-                .iter()
-                .map(|x| x.as_u64().expect("id") as u32)
-                .collect();
+            let ids = c["ids"].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect();
             (text, ids)
         })
         .collect()

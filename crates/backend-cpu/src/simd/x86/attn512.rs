@@ -227,7 +227,13 @@ unsafe fn reduce4(x: [__m512; 4]) -> __m512 {
 /// Dims `d..d + 16·C` of the heads' accumulators over the chunk's `n` positions, held in
 /// registers (`vrow(jj)`: the V row of position `jj`).
 #[inline(always)]
-unsafe fn v_update<const G: usize, const C: usize>(ap: &[*mut f32; G], d: usize, n: usize, vrow: impl Fn(usize) -> *const f16, f: &Factors<G>) {
+unsafe fn v_update<const G: usize, const C: usize>(
+    ap: &[*mut f32; G],
+    d: usize,
+    n: usize,
+    vrow: impl Fn(usize) -> *const f16,
+    f: &Factors<G>,
+) {
     let mut a = [[_mm512_setzero_ps(); C]; G];
     for g in 0..G {
         for c in 0..C {

@@ -5,7 +5,7 @@
 //! Q8_K `bsums`. `Level::Avx512Vnni` uses the same kernels with `vpdpwssd` fusing the
 //! scale multiply and the accumulate.
 
-use super::kquants::{k4_block_start, q3k_scales, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::kquants::{k4_block_start, q3k_scales, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, QK_K};
 use super::*;
 
 pub(super) fn dot_fn_avx512(ty: QuantType) -> Option<DotFn> {
@@ -117,10 +117,7 @@ macro_rules! kquant_kernels {
                 let prod = _mm256_madd_epi16(mins, load32(y.add(Q8K_BSUMS)));
                 acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc_m);
                 let sc = _mm256_cvtepi8_epi16(_mm_and_si128(sm, m4));
-                let scb = [
-                    _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)),
-                    _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc)),
-                ];
+                let scb = [_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)), _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc))];
                 let mut sumi = _mm512_setzero_si512();
                 for (h, s) in scb.iter().enumerate() {
                     let bits = pair_shifted::<2>(load32(x.add(16 + 32 * h)));
@@ -153,10 +150,7 @@ macro_rules! kquant_kernels {
                 let d = f32_at(y) * f16_at(x.add(108));
                 let sc = _mm256_cvtepi8_epi16(q3k_scales(x.add(96)));
                 let off = _mm256_slli_epi32::<2>(_mm256_madd_epi16(sc, load32(y.add(Q8K_BSUMS))));
-                let scb = [
-                    _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)),
-                    _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc)),
-                ];
+                let scb = [_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)), _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc))];
                 // bit 4h + k of hmask[l] for element l of group k in half h
                 let mut hb = pair_shifted::<1>(load32(x));
                 let mut sumi = _mm512_setzero_si512();
@@ -250,19 +244,13 @@ macro_rules! kquant_kernels {
                 let d = f32_at(y) * f16_at(x.add(208));
                 let sc = _mm256_cvtepi8_epi16(load16(x.add(192)));
                 let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc, load32(y.add(Q8K_BSUMS))));
-                let scb = [
-                    _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)),
-                    _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc)),
-                ];
+                let scb = [_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)), _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc))];
                 let mut sumi = _mm512_setzero_si512();
                 for (h, s) in scb.iter().enumerate() {
                     let ql = load64(x.add(64 * h));
                     let h01 = pair_shifted::<2>(load32(x.add(128 + 32 * h)));
                     let h23 = _mm512_srli_epi16::<4>(h01);
-                    let q01 = _mm512_or_si512(
-                        _mm512_and_si512(ql, m15),
-                        _mm512_slli_epi16::<4>(_mm512_and_si512(h01, m3)),
-                    );
+                    let q01 = _mm512_or_si512(_mm512_and_si512(ql, m15), _mm512_slli_epi16::<4>(_mm512_and_si512(h01, m3)));
                     let q23 = _mm512_or_si512(
                         _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m15),
                         _mm512_slli_epi16::<4>(_mm512_and_si512(h23, m3)),

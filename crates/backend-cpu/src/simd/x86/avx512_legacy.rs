@@ -122,9 +122,7 @@ pub(crate) unsafe fn dm16_at(base: *const u8, stride: usize) -> (__m512, __m512)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn e8m0x16_at(base: *const u8, stride: usize) -> __m512 {
     let r = |k: usize| *base.add(k * stride) as i32;
-    let e = _mm512_setr_epi32(
-        r(0), r(2), r(4), r(6), r(1), r(3), r(5), r(7), r(8), r(10), r(12), r(14), r(9), r(11), r(13), r(15),
-    );
+    let e = _mm512_setr_epi32(r(0), r(2), r(4), r(6), r(1), r(3), r(5), r(7), r(8), r(10), r(12), r(14), r(9), r(11), r(13), r(15));
     let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
     let sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
     let is_normal = _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1));
@@ -237,11 +235,7 @@ macro_rules! dot16 {
                 }
                 i += 16;
             }
-            let mut out = if i < nb {
-                legacy::$tail::<R>((nb - i) * QK, w.map(|s| &s[i * WB..]), &a[i * AB..])
-            } else {
-                [0.0; R]
-            };
+            let mut out = if i < nb { legacy::$tail::<R>((nb - i) * QK, w.map(|s| &s[i * WB..]), &a[i * AB..]) } else { [0.0; R] };
             for r in 0..R {
                 out[r] += hsum_ps512(acc[r]) + hsum_ps512(extra[r]);
             }
@@ -382,8 +376,6 @@ pub(crate) mod vnni {
         |u: __m512i, s: __m512i| _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s),
         // (x + 128) · y - 128 · Σy
         |y: __m512i| _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), y),
-        |x: __m512i, y: __m512i, sy: __m512i| {
-            _mm512_sub_epi32(udot(_mm512_xor_si512(x, _mm512_set1_epi8(-128)), y), sy)
-        }
+        |x: __m512i, y: __m512i, sy: __m512i| { _mm512_sub_epi32(udot(_mm512_xor_si512(x, _mm512_set1_epi8(-128)), y), sy) }
     );
 }

@@ -30,13 +30,7 @@ pub(super) fn dot_fn_avx512(ty: QuantType) -> Option<DotFn> {
 
 #[inline(always)]
 fn check_float(n: usize, w: &[u8], a: &[u8], size: usize) {
-    assert!(
-        w.len() >= n * size && a.len() >= n * size,
-        "simd dot: {n} floats need {} bytes, got {} and {}",
-        n * size,
-        w.len(),
-        a.len()
-    );
+    assert!(w.len() >= n * size && a.len() >= n * size, "simd dot: {n} floats need {} bytes, got {} and {}", n * size, w.len(), a.len());
 }
 
 /// Load 8 elements of `T` at element index `i` as f32.

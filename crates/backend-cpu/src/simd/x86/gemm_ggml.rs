@@ -208,7 +208,9 @@ unsafe fn pack_row(ty: Ty, nb: usize, src: *const u8, dst: *mut u8, r: usize) {
         let u = match ty {
             Ty::Q4_0 | Ty::Q4_1 => unpack_nibbles(s.add(wb - 16)),
             // the 5th bits (u32 `qh` before the nibbles) as 0x10
-            Ty::Q5_0 | Ty::Q5_1 => _mm256_or_si256(unpack_nibbles(s.add(wb - 16)), _mm256_and_si256(bytes_from_bits(s.add(wb - 20)), _mm256_set1_epi8(0x10))),
+            Ty::Q5_0 | Ty::Q5_1 => {
+                _mm256_or_si256(unpack_nibbles(s.add(wb - 16)), _mm256_and_si256(bytes_from_bits(s.add(wb - 20)), _mm256_set1_epi8(0x10)))
+            }
             Ty::Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(s.add(2) as *const __m256i), _mm256_set1_epi8(-128)),
         };
         _mm256_storeu_si256(d.add(32 * r) as *mut __m256i, u);

@@ -18,7 +18,7 @@
 //! `d_a` per block. The lane integers and float steps are the one-row kernel's.
 
 use super::avx512_kquants::{load16, load32, load64, pair_shifted, scale_vec, SUB32};
-use super::kquants::{k4_scales_mins, QK_K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::kquants::{k4_scales_mins, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, QK_K};
 use super::{f16_at, hsum_ps128, hsum_ps512};
 use crate::simd::{GEMM_ROWS as ROWS, GEMM_TOKENS as TOKENS};
 use std::arch::x86_64::*;
@@ -142,7 +142,9 @@ impl Ty {
     pub(crate) fn tile(self, vnni: bool, n_in: usize, w: &[u8], a: &[u8], n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
         let (nb, wrb, arb) = (n_in / QK_K, n_in / QK_K * self.block_bytes(), n_in / QK_K * Q8K_BYTES);
         assert!(super::has_avx2() && super::has_avx512() && (!vnni || super::has_avx512vnni()));
-        assert!(n_in.is_multiple_of(QK_K) && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= self.act_panel_bytes(n_in));
+        assert!(
+            n_in.is_multiple_of(QK_K) && w.len() >= ROWS * wrb && (1..=TOKENS).contains(&n_tok) && a.len() >= self.act_panel_bytes(n_in)
+        );
         if self == Ty::Q6K {
             // SAFETY: the features (asserted above); `ROWS` rows of `nb` blocks at `w`, the
             // token rows `0..n_tok` of `nb` blocks each at `a` (lengths asserted above).
@@ -344,7 +346,16 @@ macro_rules! kquant_tiles {
         /// SAFETY: the features; the rows and token rows hold `nb` blocks each.
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)] // one tile's pointers and strides, as the callers hold them
-        pub(super) unsafe fn q6k_tile(nb: usize, w: *const u8, wrb: usize, a: *const u8, arb: usize, aux: *const u8, n_tok: usize, out: &mut [[f32; TOKENS]; ROWS]) {
+        pub(super) unsafe fn q6k_tile(
+            nb: usize,
+            w: *const u8,
+            wrb: usize,
+            a: *const u8,
+            arb: usize,
+            aux: *const u8,
+            n_tok: usize,
+            out: &mut [[f32; TOKENS]; ROWS],
+        ) {
             let mut acc = [[_mm512_setzero_ps(); TOKENS]; ROWS];
             let mut i0 = 0;
             while i0 < nb {
@@ -396,7 +407,10 @@ macro_rules! kquant_tiles {
                 // d_a * d_w of the T tokens (tokens past the panel's: zeros), as the one-row
                 // kernel's scalar products (same bits)
                 let mut dv = [0f32; 8];
-                _mm256_storeu_ps(dv.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(yd.add(i * Q6K_AUX_BLOCK) as *const f32), _mm256_set1_ps(f16_at(x.add(208)))));
+                _mm256_storeu_ps(
+                    dv.as_mut_ptr(),
+                    _mm256_mul_ps(_mm256_loadu_ps(yd.add(i * Q6K_AUX_BLOCK) as *const f32), _mm256_set1_ps(f16_at(x.add(208)))),
+                );
                 let sc16 = _mm256_cvtepi8_epi16(load16(x.add(192)));
                 // -32 * sc: |sc| <= 128, so it fits i16
                 let scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16));
@@ -455,34 +469,40 @@ macro_rules! kquant_tiles {
 
 /// AVX512F/BW/VL.
 mod bw {
-    kquant_tiles!("avx2,fma,f16c,avx512f,avx512bw,avx512vl", |acc: __m512i, s: __m512i, p: __m512i| {
-        _mm512_add_epi32(acc, _mm512_madd_epi16(s, p))
-    }, |q: __m512i, y: __m512i| {
-        // no saturation: 2 * 63 * 128 < 32768
-        _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), _mm512_set1_epi16(1))
-    });
+    kquant_tiles!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+        |acc: __m512i, s: __m512i, p: __m512i| { _mm512_add_epi32(acc, _mm512_madd_epi16(s, p)) },
+        |q: __m512i, y: __m512i| {
+            // no saturation: 2 * 63 * 128 < 32768
+            _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), _mm512_set1_epi16(1))
+        }
+    );
 }
 
 /// AVX512F/BW/VL + VNNI (`vpdpwssd`).
 mod vnni {
-    kquant_tiles!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", |acc: __m512i, s: __m512i, p: __m512i| {
-        // `vpdpwssd` kept as one instruction: LLVM otherwise splits the kernels' accumulation
-        // chains into `vpmaddwd` + `vpaddd` (the same integers, one more uop per 64 codes)
-        let mut acc = acc;
-        // SAFETY: register-only instruction; the kernels using it run with AVX512-VNNI
-        // enabled and detected.
-        unsafe {
-            std::arch::asm!("vpdpwssd {acc}, {s}, {p}", acc = inout(zmm_reg) acc, s = in(zmm_reg) s, p = in(zmm_reg) p,
+    kquant_tiles!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        |acc: __m512i, s: __m512i, p: __m512i| {
+            // `vpdpwssd` kept as one instruction: LLVM otherwise splits the kernels' accumulation
+            // chains into `vpmaddwd` + `vpaddd` (the same integers, one more uop per 64 codes)
+            let mut acc = acc;
+            // SAFETY: register-only instruction; the kernels using it run with AVX512-VNNI
+            // enabled and detected.
+            unsafe {
+                std::arch::asm!("vpdpwssd {acc}, {s}, {p}", acc = inout(zmm_reg) acc, s = in(zmm_reg) s, p = in(zmm_reg) p,
                 options(pure, nomem, nostack, preserves_flags));
-        }
-        acc
-    }, |q: __m512i, y: __m512i| {
-        let mut acc = _mm512_setzero_si512();
-        // SAFETY: as above (`vpdpbusd`: unsigned `q` times signed `y`, 4 per lane, exact)
-        unsafe {
-            std::arch::asm!("vpdpbusd {acc}, {q}, {y}", acc = inout(zmm_reg) acc, q = in(zmm_reg) q, y = in(zmm_reg) y,
+            }
+            acc
+        },
+        |q: __m512i, y: __m512i| {
+            let mut acc = _mm512_setzero_si512();
+            // SAFETY: as above (`vpdpbusd`: unsigned `q` times signed `y`, 4 per lane, exact)
+            unsafe {
+                std::arch::asm!("vpdpbusd {acc}, {q}, {y}", acc = inout(zmm_reg) acc, q = in(zmm_reg) q, y = in(zmm_reg) y,
                 options(pure, nomem, nostack, preserves_flags));
+            }
+            acc
         }
-        acc
-    });
+    );
 }

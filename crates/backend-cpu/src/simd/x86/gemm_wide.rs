@@ -28,8 +28,8 @@
 
 #![allow(clippy::needless_range_loop)] // index loops over the tile's registers
 
-use super::gemm_ggml::{Ty, ROWS, W_BLOCK};
 use super::f32_at;
+use super::gemm_ggml::{Ty, ROWS, W_BLOCK};
 use std::arch::x86_64::*;
 
 /// Tokens per wide tile (and per wide activation panel).
@@ -147,7 +147,12 @@ unsafe fn tile4<const OFF: bool, const M: bool>(nb: usize, w: *const u8, a: *con
         _mm512_castpd_ps(_mm512_unpackhi_pd(pd(y), pd(v))),
     ];
     for (m, tm) in t.iter().enumerate() {
-        let lanes = [_mm512_extractf32x4_ps::<0>(*tm), _mm512_extractf32x4_ps::<1>(*tm), _mm512_extractf32x4_ps::<2>(*tm), _mm512_extractf32x4_ps::<3>(*tm)];
+        let lanes = [
+            _mm512_extractf32x4_ps::<0>(*tm),
+            _mm512_extractf32x4_ps::<1>(*tm),
+            _mm512_extractf32x4_ps::<2>(*tm),
+            _mm512_extractf32x4_ps::<3>(*tm),
+        ];
         for (k, l) in lanes.iter().enumerate() {
             let tok = 4 * k + m;
             if tok < n_tok {

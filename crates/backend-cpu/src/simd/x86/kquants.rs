@@ -87,12 +87,7 @@ pub(crate) unsafe fn k4_scales_mins(p: *const u8) -> [u32; 4] {
     let u0 = std::ptr::read_unaligned(p as *const u32);
     let u1 = std::ptr::read_unaligned(p.add(4) as *const u32);
     let u2 = std::ptr::read_unaligned(p.add(8) as *const u32);
-    [
-        u0 & KMASK1,
-        (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4),
-        u1 & KMASK1,
-        ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4),
-    ]
+    [u0 & KMASK1, (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4), u1 & KMASK1, ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4)]
 }
 
 /// The start of a Q4_K / Q5_K super-block `x` against the Q8_K block `y`: the mins' term

@@ -32,9 +32,9 @@
 
 pub(crate) mod attn;
 pub(crate) mod attn512;
-pub(crate) mod expf;
 mod avx512_kquants;
 mod avx512_legacy;
+pub(crate) mod expf;
 mod float;
 pub(crate) mod gemm;
 mod gemm_compact;

@@ -99,12 +99,7 @@ unsafe fn store_f16(p: *mut u8, d: f32) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block32<const GGML_X86: bool>(x: *const f32) -> (f32, [__m256i; 4]) {
-    let v = [
-        _mm256_loadu_ps(x),
-        _mm256_loadu_ps(x.add(8)),
-        _mm256_loadu_ps(x.add(16)),
-        _mm256_loadu_ps(x.add(24)),
-    ];
+    let v = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))];
     let m = _mm256_max_ps(_mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])), _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3])));
     let amax = hmax_ps(m);
     let d = amax / 127.0;

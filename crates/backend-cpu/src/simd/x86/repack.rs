@@ -162,7 +162,13 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
 /// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL/VNNI; `g` readable for `nb` group blocks, `a[t]`
 /// for `nb` activation blocks and `x[t]` for `nb` entries (t < T), `out` writable for T rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn kernel<const T: usize, const TY: u8>(nb: usize, g: *const u8, a: &[*const u8; TILE_TOKENS], x: &[*const ActAux; TILE_TOKENS], out: *mut [f32; R]) {
+unsafe fn kernel<const T: usize, const TY: u8>(
+    nb: usize,
+    g: *const u8,
+    a: &[*const u8; TILE_TOKENS],
+    x: &[*const ActAux; TILE_TOKENS],
+    out: *mut [f32; R],
+) {
     let (codes, ab, aq) = match TY {
         0 | 3 => (16 * R, 34usize, 2usize),
         1 => (16 * R, 36, 4),

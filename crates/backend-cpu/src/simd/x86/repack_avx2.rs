@@ -16,7 +16,15 @@ pub(crate) fn supported() -> bool {
 ///
 /// SAFETY: AVX2+FMA+F16C; `group` holds `nb` group blocks, `a[t]`/`x[t]` `nb` blocks /
 /// entries for t < n, `out` n rows.
-pub(crate) unsafe fn tile(ty: RepackTy, nb: usize, g: *const u8, a: &[*const u8; TILE_TOKENS], x: &[*const ActAux; TILE_TOKENS], n: usize, out: *mut [f32; R]) {
+pub(crate) unsafe fn tile(
+    ty: RepackTy,
+    nb: usize,
+    g: *const u8,
+    a: &[*const u8; TILE_TOKENS],
+    x: &[*const ActAux; TILE_TOKENS],
+    n: usize,
+    out: *mut [f32; R],
+) {
     let mut t0 = 0;
     while t0 < n {
         let k = (n - t0).min(2);
@@ -55,7 +63,14 @@ unsafe fn dot_i8(w: __m256i, y: __m256i) -> __m256i {
 /// Rows `8 * half .. 8 * half + 8` of a Q4_0 (TY 0) / Q4_1 (1) / Q8_0 (2) / IQ4_NL (3) group
 /// (IQ4_NL: the codebook's signed values through the sign trick, no `- 128·Σy` term).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn half_legacy<const T: usize, const TY: u8>(nb: usize, g: *const u8, half: usize, a: &[*const u8], x: &[*const ActAux], out: *mut [f32; R]) {
+unsafe fn half_legacy<const T: usize, const TY: u8>(
+    nb: usize,
+    g: *const u8,
+    half: usize,
+    a: &[*const u8],
+    x: &[*const ActAux],
+    out: *mut [f32; R],
+) {
     let (codes, ab, aq) = match TY {
         0 | 3 => (16 * R, 34usize, 2usize),
         1 => (16 * R, 36, 4),
@@ -89,7 +104,11 @@ unsafe fn half_legacy<const T: usize, const TY: u8>(nb: usize, g: *const u8, hal
             }
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(gp.add(codes + 16 * half) as *const __m128i));
-        let mw = if TY == 1 { _mm256_cvtph_ps(_mm_loadu_si128(gp.add(codes + 2 * R + 16 * half) as *const __m128i)) } else { _mm256_setzero_ps() };
+        let mw = if TY == 1 {
+            _mm256_cvtph_ps(_mm_loadu_si128(gp.add(codes + 2 * R + 16 * half) as *const __m128i))
+        } else {
+            _mm256_setzero_ps()
+        };
         for t in 0..T {
             let y = a[t].add(b * ab + aq);
             let xa = &*x[t].add(b);
