@@ -224,21 +224,15 @@ mod tests {
         assert_eq!(flags('\u{2EBF0}').category(), Flags::LETTER); // CJK ext. I, Unicode 15.1
     }
 
-    /// Compares against llama.cpp's generated table (`src/unicode-data.cpp`) when the test is
-    /// given its path in `QUARREL_LLAMA_UNICODE_DATA`.
+    /// Compares against llama.cpp's generated table (`src/unicode-data.cpp` of its source, path
+    /// in `QUARREL_LLAMA_UNICODE_DATA`): `cargo test -p quarrel-tokenizer -- --ignored`.
     #[test]
-    fn matches_llama_cpp_table_if_available() {
-        let Ok(path) = std::env::var("QUARREL_LLAMA_UNICODE_DATA") else {
-            eprintln!("skipping: QUARREL_LLAMA_UNICODE_DATA (llama.cpp's src/unicode-data.cpp) not set");
-            return;
-        };
-        let Ok(src) = std::fs::read_to_string(&path) else {
-            eprintln!("skipping: {path} not found");
-            return;
-        };
-        let (Some(a), Some(b)) = (src.find("unicode_ranges_flags"), src.find("unicode_set_whitespace")) else {
-            return;
-        };
+    #[ignore = "needs llama.cpp's src/unicode-data.cpp (QUARREL_LLAMA_UNICODE_DATA)"]
+    fn matches_llama_cpp_table() {
+        let path = std::env::var("QUARREL_LLAMA_UNICODE_DATA").expect("QUARREL_LLAMA_UNICODE_DATA names llama.cpp's src/unicode-data.cpp");
+        let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let a = src.find("unicode_ranges_flags").expect("the flags table");
+        let b = src.find("unicode_set_whitespace").expect("the end of the flags table");
         let mut ranges = vec![];
         for line in src[a..b].lines() {
             if let Some(l) = line.strip_prefix("{0x") {
@@ -246,6 +240,7 @@ mod tests {
                 ranges.push((u32::from_str_radix(parts[0], 16).unwrap(), u16::from_str_radix(parts[1], 16).unwrap()));
             }
         }
+        assert!(ranges.len() > 100, "{} ranges parsed from {path}", ranges.len());
         for w in ranges.windows(2) {
             for cp in w[0].0..w[1].0 {
                 if let Some(c) = char::from_u32(cp) {
