@@ -63,11 +63,18 @@ enum Command {
 }
 
 fn main() {
-    // Behave like other Unix tools when the reader goes away (`quarrel inspect M | head`).
+    // Behave like other Unix tools when the reader goes away (`quarrel inspect M | head`), except
+    // in commands that talk over the network: there a peer that drops its connection must be an
+    // error the command handles (a reconnect), not a signal that kills the process.
+    let argv: Vec<String> = std::env::args().collect();
+    let network = matches!(argv.get(1).map(String::as_str), Some("serve" | "loadtest"))
+        || (argv.get(1).map(String::as_str) == Some("embed") && argv.iter().any(|a| a == "--flight"));
     #[cfg(unix)]
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    if !network {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
     }
     // `quarrel --version --verbose`: also the CPU backend's SIMD level and environment table
     let args: Vec<String> = std::env::args().skip(1).collect();
