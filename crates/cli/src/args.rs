@@ -122,10 +122,10 @@ pub enum NumericsArg {
     /// The fastest kernels: a prompt's matmuls (tensor-core MMQ) and decode's (dp4a GEMV) sum
     /// in different float orders, so a prompt and its tokens one by one can differ by roundings.
     Fast,
-    /// The CUDA backend's exact numerics (`QUARREL_CUDA_EXACT=1`): batch-invariant, the CPU
+    /// The CUDA backend's exact numerics: batch-invariant, the CPU
     /// backend's bits for Q4_0 / Q4_1 / Q8_0 matmuls.
     Exact,
-    /// The CUDA backend's invariant numerics (`QUARREL_CUDA_INVARIANT=1`): batch-invariant at
+    /// The CUDA backend's invariant numerics: batch-invariant at
     /// prompt speed (MMQ's float order at every token count).
     Invariant,
 }

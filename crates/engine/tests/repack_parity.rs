@@ -5,7 +5,7 @@
 //! llama.cpp's to the fixtures' printed precision (NMSE <= 1e-9; the fixtures come from
 //! scripts/moe_fixtures.c against llama.cpp 0.3.36's libllama, CPU, AVX-512 VNNI, one
 //! 16-token llama_decode). Q4_K_M's Q6_K tensors take the vec_dot kernels, which match
-//! llama.cpp's too. Elsewhere (`QUARREL_NO_REPACK`: the vec_dot-order kernels; a level below
+//! llama.cpp's too. Elsewhere (with repacking off, `tuning::set_repack(false)`: the vec_dot-order kernels; a level below
 //! AVX-512 VNNI: other Q6_K / attention kernels) the bound is NMSE <= 1e-3.
 
 mod common;
