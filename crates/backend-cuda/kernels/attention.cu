@@ -55,40 +55,36 @@ template <int KT>
 __device__ __forceinline__ void load_rows(const u8* __restrict__ K, const u8* __restrict__ V, float* Ks, float* Vs, const u32* __restrict__ table,
                                           int bs, u64 row, int kvh, int hd, int base, int nr, int lane, int rot,
                                           const float* __restrict__ koff) {
-    if (KT == KV_F16 && hd % 8 == 0) {
+    if ((KT == KV_F16 && hd % 8 == 0) || (KT == KV_F32 && hd % 4 == 0)) {
         if (lane < nr) {
             int p = base + lane;
             u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
-            const uint4* kr = (const uint4*)(K + e0 * 2);
-            const uint4* vr = (const uint4*)(V + e0 * 2);
             float* ko = Ks + lane * (hd + 1);
             float* vo = Vs + lane * (hd + 1);
+            if (KT == KV_F16) {
+                const uint4* kr = (const uint4*)(K + e0 * 2);
+                const uint4* vr = (const uint4*)(V + e0 * 2);
 #pragma unroll 8
-            for (int j = 0; j < hd / 8; j++) {
-                uint4 a = kr[j], b = vr[j];
-                u32 aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+                for (int j = 0; j < hd / 8; j++) {
+                    uint4 a = kr[j], b = vr[j];
+                    u32 aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    ko[8 * j + 2 * i] = h2f((u16)(aw[i] & 0xffff));
-                    ko[8 * j + 2 * i + 1] = h2f((u16)(aw[i] >> 16));
-                    vo[8 * j + 2 * i] = h2f((u16)(bw[i] & 0xffff));
-                    vo[8 * j + 2 * i + 1] = h2f((u16)(bw[i] >> 16));
+                    for (int i = 0; i < 4; i++) {
+                        ko[8 * j + 2 * i] = h2f((u16)(aw[i] & 0xffff));
+                        ko[8 * j + 2 * i + 1] = h2f((u16)(aw[i] >> 16));
+                        vo[8 * j + 2 * i] = h2f((u16)(bw[i] & 0xffff));
+                        vo[8 * j + 2 * i + 1] = h2f((u16)(bw[i] >> 16));
+                    }
                 }
-            }
-        }
-    } else if (KT == KV_F32 && hd % 4 == 0) {
-        if (lane < nr) {
-            int p = base + lane;
-            u64 e0 = ((u64)table[p / bs] * bs + p % bs) * row + (u64)kvh * hd;
-            const float4* kr = (const float4*)(K + e0 * 4);
-            const float4* vr = (const float4*)(V + e0 * 4);
-            float* ko = Ks + lane * (hd + 1);
-            float* vo = Vs + lane * (hd + 1);
+            } else {
+                const float4* kr = (const float4*)(K + e0 * 4);
+                const float4* vr = (const float4*)(V + e0 * 4);
 #pragma unroll 4
-            for (int j = 0; j < hd / 4; j++) {
-                float4 a = kr[j], b = vr[j];
-                ko[4 * j] = a.x; ko[4 * j + 1] = a.y; ko[4 * j + 2] = a.z; ko[4 * j + 3] = a.w;
-                vo[4 * j] = b.x; vo[4 * j + 1] = b.y; vo[4 * j + 2] = b.z; vo[4 * j + 3] = b.w;
+                for (int j = 0; j < hd / 4; j++) {
+                    float4 a = kr[j], b = vr[j];
+                    ko[4 * j] = a.x; ko[4 * j + 1] = a.y; ko[4 * j + 2] = a.z; ko[4 * j + 3] = a.w;
+                    vo[4 * j] = b.x; vo[4 * j + 1] = b.y; vo[4 * j + 2] = b.z; vo[4 * j + 3] = b.w;
+                }
             }
         }
     } else {
@@ -148,40 +144,34 @@ __device__ __forceinline__ float dot_ggml(const float* __restrict__ q, const flo
 __device__ __forceinline__ float r16(float x) { return h2f(f2h(x)); }
 
 // meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
-// part: per (token, head, split): [m, l, acc[hd]].
-// HG (decode, one token per tile): the warp's queries are hp heads h0.. of that token sharing
-// one KV head (blockIdx.y = head group), so K/V rows are loaded once for them and the per-query
-// chains interleave; else its queries are the tile's tokens for head blockIdx.y. Each query's
-// arithmetic is the same either way.
-template <int KT, int DPL, int QT, bool HG>
+// part: per (token, head, split): [m, l, acc[hd]]. The warp's queries are the tile's tokens
+// t0 .. t0 + nq - 1 for head blockIdx.y.
+template <int KT, int DPL, int QT>
 __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                           float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                           const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
                                           int hd, int bs, float scale, float softcap, int window, int rot, int q16,
-                                          const float* __restrict__ koff, int hp) {
+                                          const float* __restrict__ koff) {
     GDC();
     extern __shared__ float sm[];
     const int lane = threadIdx.x;
     const int tile = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
     const u32 t0 = tiles[3 * tile], seq = tiles[3 * tile + 2];
-    // queries of this warp: tokens t0.. of head h, or heads h * hp.. of token t0
-    const u32 nq = HG ? (u32)hp : tiles[3 * tile + 1];
-#define QTOK(i) (HG ? t0 : t0 + (i))
-#define QHEAD(i) (HG ? h * hp + (i) : h)
-    const int kvh = QHEAD(0) / (n_head / n_kv_head);
+    const u32 nq = tiles[3 * tile + 1];
+    const int kvh = h / (n_head / n_kv_head);
     const bool vec = KT == KV_F16 && q16;
     float* Qs = sm;                    // [QT][hd]
     float* Ks = Qs + QT * hd;      // [32][hd + 1]
     float* Vs = Ks + 32 * (hd + 1);    // [32][hd + 1]
     int hi = 0, lo = 0x7fffffff;
     for (u32 i = 0; i < nq; i++) {
-        int p = (int)pos[QTOK(i)];
+        int p = (int)pos[t0 + i];
         hi = max(hi, p);
         lo = min(lo, window > 0 ? max(0, p + 1 - window) : 0);
     }
     // q16: q rounded to f16 first, as the CPU's (ggml's) f16 vector path for short sequences does
     for (u32 i = lane; i < nq * hd; i += 32) {
-        float qv = q[((u64)QTOK(i / hd) * n_head + QHEAD(i / hd)) * hd + i % hd];
+        float qv = q[((u64)(t0 + i / hd) * n_head + (u32)h) * hd + i % hd];
         Qs[i] = KT == KV_F16 && q16 ? h2f(f2h(qv)) : qv;
     }
     // this split's share of the tile's positions, in whole runs of 32
@@ -189,13 +179,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     const int p_begin = lo + split * split_len;
     const int p_end = min(hi + 1, p_begin + split_len);
     float m[QT], l[QT], acc[QT][DPL];
-#pragma unroll
-    for (int i = 0; i < QT; i++) {
-        m[i] = -INF;
-        l[i] = 0.f;
-#pragma unroll
-        for (int d = 0; d < DPL; d++) acc[i][d] = 0.f;
-    }
+    softmax_init(m, l, acc);
     const u64 row = (u64)n_kv_head * hd;
     const u32* table = bt + bt_off[seq];
     __syncwarp();
@@ -233,7 +217,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
                 msv[i] = 1.f;
                 wv[i] = 0.f;
                 if (i >= nq) continue;
-                int pq = (int)pos[QTOK(i)];
+                int pq = (int)pos[t0 + i];
                 int lq = window > 0 ? max(0, pq + 1 - window) : 0;
                 bool valid = lane < nr && p <= pq && p >= lq;
                 float sc = __fmul_rn(s[i], scale);
@@ -298,7 +282,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
         for (int i = 0; i < QT; i++) {
             if (i >= nq) break;
-            int pq = (int)pos[QTOK(i)];
+            int pq = (int)pos[t0 + i];
             int lq = window > 0 ? max(0, pq + 1 - window) : 0;
             bool valid = lane < nr && p <= pq && p >= lq;
             float sc = __fmul_rn(s[i], scale);
@@ -327,7 +311,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
     for (int i = 0; i < QT; i++) {
         if (i >= nq) break;
-        float* o = part + (((u64)QTOK(i) * n_head + QHEAD(i)) * n_split + split) * (hd + 2);
+        float* o = part + (((u64)(t0 + i) * n_head + h) * n_split + split) * (hd + 2);
         if (lane == 0) {
             o[0] = m[i];
             o[1] = l[i];
@@ -340,20 +324,19 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
     }
 }
 
-#undef QTOK
-#undef QHEAD
-
 // attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode).
+// The last parameter, hp, is not read: the launch code (src/attention/mod.rs) passes 1 there,
+// so the kernels keep it.
 #define ATTN_ARGS                                                                                                  \
     const float *q, const u8 *K, const u8 *V, float *part, const u32 *tiles, const u32 *pos, const u32 *bt_off,     \
         const u32 *bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, \
         const float *koff, int hp
-#define ATTN_PASS q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff, hp
+#define ATTN_PASS q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff
 #define ATTN(NAME, KT, DPL)                                                                                          \
     extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(ATTN_ARGS) {                              \
-        attn_part<KT, DPL, ATT_QT, false>(ATTN_PASS);                                                                \
+        attn_part<KT, DPL, ATT_QT>(ATTN_PASS);                                                                       \
     }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(ATTN_ARGS) { attn_part<KT, DPL, 1, false>(ATTN_PASS); }
+    extern "C" __global__ void __launch_bounds__(32) attn1_##NAME##_##DPL(ATTN_ARGS) { attn_part<KT, DPL, 1>(ATTN_PASS); }
 // ATTN_DPL (src/kernels.rs): only one DPL's kernels in this unit
 #if !defined(ATTN_DPL) || ATTN_DPL == 2
 #define ATTN_2(NAME, KT) ATTN(NAME, KT, 2)

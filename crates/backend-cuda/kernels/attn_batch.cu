@@ -1,5 +1,4 @@
-// Batched decode attention for grouped-query heads (attention.cu's helpers come first in the
-// module): one warp per (sequence, KV head, position split) serves the G query heads that
+// Batched decode attention for grouped-query heads: one warp per (sequence, KV head, position split) serves the G query heads that
 // share the KV head, so each K/V row of the paged cache is read once for all of them
 // (attn1_* reads it once per query head and stages it through shared memory). Lane j of a run
 // of 32 positions reads K row base + j straight from the cache (16-byte loads) and scores it
@@ -65,13 +64,7 @@ __device__ __forceinline__ void attn_gqa(const float* __restrict__ q, const u8* 
     const int p_begin = lo + split * split_len;
     const int p_end = min(pq + 1, p_begin + split_len);
     float m[GM], l[GM], acc[GM][DPL];
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-        m[g] = -INF;
-        l[g] = 0.f;
-#pragma unroll
-        for (int d = 0; d < DPL; d++) acc[g][d] = 0.f;
-    }
+    softmax_init(m, l, acc);
     const u64 row = (u64)n_kv_head * hd;
     const u32* table = bt + bt_off[seq];
     for (int base = p_begin; base < p_end; base += 32) {

@@ -9,7 +9,7 @@
 // partials (m, l, acc) per (token, head, split); `attn_combine` merges and normalizes them.
 // Its plain twin is attention.cu's f32 kernel (`attn_f16_*`, the crate's tests compare them).
 //
-// Batch-invariant flavour (`attn_mmi_f16_*`, invariant numerics, src/attn.rs): the splits are
+// Batch-invariant flavour (`attn_mmi_f16_*`, invariant numerics, src/attention/mod.rs): the splits are
 // absolute spans of `span` positions (split s: [s·span, (s + 1)·span)) and the chunks of AM_KB
 // positions absolute multiples too, so a row's partials depend on its own position only: every
 // m16 row's scores, maxima, sums and P·V products come from that row's q and the chunk's K / V
@@ -258,8 +258,8 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
                 const float inv = __fdiv_rn(1.f, L);
 #pragma unroll
                 for (int n = 0; n < NPT; n++) {
-                    // the row's accumulators chosen by value, not by a runtime index (which put
-                    // o in local memory: ncu 2026-11-24, 16 STL.128 per thread and LDLs here)
+                    // the row's accumulators chosen by value, not by a runtime index (which
+                    // would put o in local memory)
                     const float o0 = b ? o[n][2] : o[n][0], o1 = b ? o[n][3] : o[n][1];
                     stg[warp][8 * n + 2 * t] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o0), inv) : 0.f;
                     stg[warp][8 * n + 2 * t + 1] = L > 0.f ? __fmul_rn(__fadd_rn(0.f, o1), inv) : 0.f;
@@ -279,30 +279,21 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
         }
         return;
     }
-    if (vA) {
-        float* out = part + (((u64)(t0 + g - tok_base) * n_head + hA) * n_split + split) * (HD + 2);
+    // the partials of row g (head hA: o[n][0..1]) and row g + 8 (head hB: o[n][2..3])
+    auto write_part = [&](int head, float m, float l, int c) {
+        float* out = part + (((u64)(t0 + g - tok_base) * n_head + head) * n_split + split) * (HD + 2);
         if (t == 0 && ds == 0) {
-            out[0] = mA;
-            out[1] = lA;
+            out[0] = m;
+            out[1] = l;
         }
 #pragma unroll
         for (int n = 0; n < NPT; n++) {
-            out[2 + 8 * (n_lo + n) + 2 * t] = o[n][0];
-            out[3 + 8 * (n_lo + n) + 2 * t] = o[n][1];
+            out[2 + 8 * (n_lo + n) + 2 * t] = o[n][c];
+            out[3 + 8 * (n_lo + n) + 2 * t] = o[n][c + 1];
         }
-    }
-    if (vB) {
-        float* out = part + (((u64)(t0 + g - tok_base) * n_head + hB) * n_split + split) * (HD + 2);
-        if (t == 0 && ds == 0) {
-            out[0] = mB;
-            out[1] = lB;
-        }
-#pragma unroll
-        for (int n = 0; n < NPT; n++) {
-            out[2 + 8 * (n_lo + n) + 2 * t] = o[n][2];
-            out[3 + 8 * (n_lo + n) + 2 * t] = o[n][3];
-        }
-    }
+    };
+    if (vA) write_part(hA, mA, lA, 0);
+    if (vB) write_part(hB, mB, lB, 2);
 }
 
 // attn_mma_f16_<hd>: blockDim = 32 x ceil(group / 2) (at most 8 warps), grid (tiles, KV heads,

@@ -7,9 +7,10 @@
 //     s > M: ms = exp(M - s), M = s, acc = f16(acc * ms), w = 1;  else ms = 1, w = exp(s - M)
 //     acc = f16(fma(v, w, acc));  S = fma(S, ms, w)
 // The rest runs in parallel, a chunk of positions at a time:
-//   1. scores: the chunk's K and V rows are prefetched into L2, then every thread computes
-//      whole q·k dots (q rounded to f16) in `ggml_vec_dot_f16`'s AVX-512 order (64
-//      accumulators over 64-value steps, folded as ggml folds), K rows read with 16-byte loads;
+//   1. scores: the chunk's K and V rows are prefetched into L2, then 8 lanes per position
+//      compute its q·k dot (q rounded to f16) in `ggml_vec_dot_f16`'s AVX-512 order (64
+//      accumulators over 64-value steps, folded as ggml folds; `av_scores8`), K rows read with
+//      16-byte loads;
 //   2. the (ms, w) of every position: the maximum a position sees is an exclusive prefix max
 //      over the chunk (a block scan), so each exp is computed once, in parallel, correctly
 //      rounded (through f64, as glibc's expf nearly always is);
@@ -24,58 +25,19 @@
 #define AV_CH 1024  // positions per chunk (shared memory: 3 words per position), a multiple of 2 AV_G
 #define AV_G 16     // positions per group of the chain
 
-// q·k as ggml_vec_dot_f16 sums it (attention.cu dot_ggml, the CPU backend's dot_f16_ggml), q
-// from shared memory (f32 holding f16 values), k an f16 row in global memory (16-byte aligned
-// when hd % 8 == 0).
-__device__ __forceinline__ float av_dot(const float* __restrict__ q, const u16* __restrict__ k, int hd) {
-    const int np = hd & ~63;
-    float a[4][16];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int l = 0; l < 16; l++) a[j][l] = 0.f;
-    for (int i = 0; i < np; i += 64) {
-        const uint4* kr = (const uint4*)(k + i);
-        uint4 kv[8];
-#pragma unroll
-        for (int c = 0; c < 8; c++) kv[c] = kr[c];
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            u32 w[4] = {kv[c].x, kv[c].y, kv[c].z, kv[c].w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                // values 8c + 2e and 8c + 2e + 1 of this 64-value step: accumulator (idx / 16, idx % 16)
-                const int i0 = 8 * c + 2 * e, i1 = i0 + 1;
-                a[i0 / 16][i0 % 16] = __fmaf_rn(q[i + i0], h2f((u16)(w[e] & 0xffff)), a[i0 / 16][i0 % 16]);
-                a[i1 / 16][i1 % 16] = __fmaf_rn(q[i + i1], h2f((u16)(w[e] >> 16)), a[i1 / 16][i1 % 16]);
-            }
-        }
-    }
-    float x[16];
-#pragma unroll
-    for (int l = 0; l < 16; l++) x[l] = __fadd_rn(__fadd_rn(a[0][l], a[2][l]), __fadd_rn(a[1][l], a[3][l]));
-#pragma unroll
-    for (int l = 0; l < 8; l++) x[l] = __fadd_rn(x[l], x[l + 8]);
-#pragma unroll
-    for (int l = 0; l < 4; l++) x[l] = __fadd_rn(x[l], x[l + 4]);
-    double sum = (double)__fadd_rn(__fadd_rn(x[0], x[2]), __fadd_rn(x[1], x[3]));
-    for (int i = np; i < hd; i++) sum += (double)__fmul_rn(q[i], h2f(k[i]));
-    return (float)sum;
-}
-
-// x rounded to the nearest f16 value (ties to even), as f32. (The same rounding in integer and
-// f32 arithmetic instead of the two conversions was slower on an H100: 7B tg128 406.6 vs 422.9
-// t/s, 50.4 vs 34.6 us per launch at 512 positions.)
+// x rounded to the nearest f16 value (ties to even), as f32: the two conversions are cheaper
+// than the same rounding in integer and f32 arithmetic.
 __device__ __forceinline__ float av_r16(float x) { return h2f(f2h(x)); }
 
 // The scores of a chunk's n positions (W[j] = the scaled, soft-capped q·k of position j), 8
-// lanes per position and AV_U positions per group of lanes in flight, in av_dot's order: lane L
+// lanes per position and AV_U positions per group of lanes in flight, in the order of
+// `ggml_vec_dot_f16` (attention.cu's dot_ggml: 64 accumulators over 64-value steps): lane L
 // of a group holds accumulators 8L..8L+7 of the 64 (k values read with one 16-byte load per
-// 64-value step, coalesced: 8 lanes read 128 contiguous bytes), then the fold of av_dot across
+// 64-value step, coalesced: 8 lanes read 128 contiguous bytes), then the fold of dot_ggml across
 // the lanes by shuffles — x[l] = (a[l] + a[32 + l]) + (a[16 + l] + a[48 + l]) is lane L's
 // value plus lane L ^ 4's (lanes 0..3), plus lane L ^ 2's (lanes 0, 1), then x[l] + x[l + 8] is
 // lane 0's plus lane 1's — and lane 0 ends the sum (x[l] + x[l + 4], the pairs, the tail of hd
-// % 64 values in f64) exactly as av_dot does. Every lane of a warp runs the same iterations
+// % 64 values in f64) exactly as dot_ggml does. Every lane of a warp runs the same iterations
 // (shuffles need them all); blockDim a multiple of 32, hd <= 256, hd % 8 == 0.
 #define AV_U 2
 __device__ __forceinline__ void av_scores8(const float* __restrict__ Qs, const u16* __restrict__ Kh, const u32* __restrict__ SLOT, float* __restrict__ W,
@@ -138,16 +100,14 @@ __device__ __forceinline__ void av_scores8(const float* __restrict__ Qs, const u
 // grid (tiles, n_head, query tokens per tile), blockDim a multiple of 32, >= hd and >= 64,
 // <= 256; hd % 8 == 0, hd <= blockDim. meta as attention.cu: tiles (t0, nq, seq), pos, bt_off, bt.
 // Dynamic shared memory: 4 * (hd + 3 * AV_CH + AV_CH / AV_G + 32) bytes.
-template <bool V2>
 __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V, float* __restrict__ out,
                                               const u32* __restrict__ tiles, const u32* __restrict__ pos, const u32* __restrict__ bt_off,
                                               const u32* __restrict__ bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap,
                                               int window, i8* __restrict__ xq, float2* __restrict__ xm) {
-    // V2: the batch arrays (written by copies before the previous kernel started) are read and
-    // the first chunk's K / V rows prefetched into L2 before waiting for the previous kernel
-    // (which writes q and this step's K / V rows: read only after the wait; an L2 prefetch
-    // of a row it writes is harmless, L2 being coherent), overlapping its tail
-    if (!V2) GDC();
+    // the batch arrays (written by copies before the previous kernel started) are read and the
+    // first chunk's K / V rows prefetched into L2 before waiting for the previous kernel (which
+    // writes q and this step's K / V rows: read only after the wait; an L2 prefetch of a row it
+    // writes is harmless, L2 being coherent), overlapping its tail
     extern __shared__ float sm[];
     const int tid = threadIdx.x, T = blockDim.x, lane = tid % 32, warp = tid / 32, n_warps = T / 32;
     const u32 tile = blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
@@ -163,14 +123,12 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
     u32* NEWG = SLOT + AV_CH;             // [AV_CH / AV_G] group has a new maximum
     float* RED = (float*)(NEWG + AV_CH / AV_G);  // [32] per-warp maxima
     {
-        // the host's shared memory must hold this layout (src/lib.rs attn_vec_smem)
+        // the host's shared memory must hold this layout (src/attention/mod.rs attn_vec_smem)
         u32 dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
         if (dyn < 4u * (u32)(hd + 3 * AV_CH + AV_CH / AV_G + 32)) __trap();
     }
     const u64 th = (u64)t * n_head + h;
-    if (!V2)
-        for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
     const u32 row = (u32)(n_kv_head * hd);
     const u16* Kh = (const u16*)K + (u64)kvh * hd;
     const u16* Vh = (const u16*)V + (u64)kvh * hd;
@@ -196,21 +154,13 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
                 }
             }
         }
-        if (V2 && base == lo) {
+        if (base == lo) {
             GDC();
             for (int d = tid; d < hd; d += T) Qs[d] = h2f(f2h(q[th * hd + d]));
         }
         for (int g = tid; g < n_pad / AV_G; g += T) NEWG[g] = 0;
         __syncthreads();
-        if (V2) {
-            av_scores8(Qs, Kh, SLOT, W, n, hd, scale, softcap);
-        } else {
-            for (int j = tid; j < n; j += T) {
-                float sc = __fmul_rn(av_dot(Qs, Kh + SLOT[j], hd), scale);
-                if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
-                W[j] = sc;
-            }
-        }
+        av_scores8(Qs, Kh, SLOT, W, n, hd, scale, softcap);
         __syncthreads();
         // 2. the maximum each position sees: thread tid scans positions [tid * per, ..) of the chunk
         const int per = (n + T - 1) / T;
@@ -253,21 +203,15 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
         u32 va[AV_G], vb[AV_G];
 #define AV_LOAD(VR, J0)                                                                 \
     _Pragma("unroll") for (int u = 0; u < AV_G; u++) VR[u] = Vc[SLOT[(J0) + u]];
-// a group with a new maximum (rare): a plain loop, V read again (L1 / L2)
+// a group with a new maximum (rare): each position's rescale first, from the V values already
+// in registers
 #define AV_RUN(VR, J0)                                                                  \
-    if (NEWG[(J0) / AV_G] && V2) {                                                      \
+    if (NEWG[(J0) / AV_G]) {                                                            \
         _Pragma("unroll") for (int u = 0; u < AV_G; u++) {                              \
             const float ms = MS[(J0) + u], w = W[(J0) + u];                             \
             if (ms != 1.f) acc = av_r16(__fmul_rn(acc, ms));                            \
             S = __fmaf_rn(S, ms, w);                                                    \
             acc = av_r16(__fmaf_rn(h2f((u16)VR[u]), w, acc));                           \
-        }                                                                               \
-    } else if (NEWG[(J0) / AV_G]) {                                                     \
-        _Pragma("unroll 1") for (int j = (J0); j < (J0) + AV_G; j++) {                  \
-            const float ms = MS[j], w = W[j];                                           \
-            if (ms != 1.f) acc = av_r16(__fmul_rn(acc, ms));                            \
-            S = __fmaf_rn(S, ms, w);                                                    \
-            acc = av_r16(__fmaf_rn(h2f(Vc[SLOT[j]]), w, acc));                          \
         }                                                                               \
     } else {                                                                            \
         _Pragma("unroll") for (int u = 0; u < AV_G; u++) {                              \
@@ -299,13 +243,11 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
     if (xq && tid < hd) q8_store(o, xq, xm, (th * hd + tid) / 32);
 }
 
-// The one-pass kernel: attn_vec_body with the scores computed by 8 lanes per position
-// (`av_scores8`) and the chain's groups with a new maximum run from the V values already in
-// registers (V2; the template's other flavour has no kernel any more).
+// The one-pass kernel (attn_vec_body).
 extern "C" __global__ void __launch_bounds__(256) attn_vec2_f16(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                                                 float* __restrict__ out, const u32* __restrict__ tiles, const u32* __restrict__ pos,
                                                                 const u32* __restrict__ bt_off, const u32* __restrict__ bt, int n_head, int n_kv_head,
                                                                 int hd, int bs, float scale, float softcap, int window, i8* __restrict__ xq,
                                                                 float2* __restrict__ xm) {
-    attn_vec_body<true>(q, K, V, out, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, xq, xm);
+    attn_vec_body(q, K, V, out, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, xq, xm);
 }

@@ -9,11 +9,12 @@ typedef unsigned long long u64;
 
 #define INF __int_as_float(0x7f800000)
 
-// Programmatic dependent launch (sm_90+): kernels launched with the programmatic-serialization
-// attribute (src/device.rs: `pdl_kernel`) may start while the previous kernel drains; GDC() at
-// the top of each such kernel waits for the previous grid (complete, memory visible) before
-// any global memory access, then lets the next kernel's blocks be scheduled. Without the
-// attribute, or below sm_90, both are no-ops.
+// Programmatic dependent launch (sm_90+): a kernel whose body waits (GDC(), or gdc_wait()
+// through a helper) is registered as waiting by build.rs and launched with the
+// programmatic-serialization attribute (src/runtime/device.rs), so it may start while the
+// previous kernel drains; GDC() waits for the previous grid (complete, memory visible) before
+// any global memory access that depends on it, then lets the next kernel's blocks be
+// scheduled. Without the attribute, or below sm_90, both are no-ops.
 __device__ __forceinline__ void gdc_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -101,6 +102,23 @@ __device__ __forceinline__ int warp_sum_i(int v) {
     return v;
 }
 
+// The sum of every thread's ss over the block (f64, a fixed tree: warps, then the warps' sums),
+// returned to every thread; part: 32 doubles of shared memory. Every thread of the block calls it.
+__device__ __forceinline__ double block_sum_d(double ss, double* part) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    return part[0];
+}
+
 // One warp's 32 consecutive values v (lane i holds value i of Q8 block b) written as Q8:
 // xq[b * 32 + lane], xm[b] = {d, d * sum(q)} rounded through f16 (ggml's block_q8_0 / q8_1).
 __device__ __forceinline__ void q8_store(float v, i8* __restrict__ xq, float2* __restrict__ xm, u64 b) {
@@ -115,7 +133,7 @@ __device__ __forceinline__ void q8_store(float v, i8* __restrict__ xq, float2* _
 }
 
 // ---------------------------------------------------------------------------------------------
-// Quantized weights on the device (see src/weight.rs for the host-side repacking).
+// Quantized weights on the device (src/weights/mod.rs `repack` lays them out on the host).
 // A weight of n_out rows of n_in values is read in units of 32 values; unit g = row * U + k.
 //   legacy types (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0): payload plane P (16 B of nibbles or 32 B of int8
 //     per unit, 16-byte aligned) and meta plane M (2, 4 or 8 B per unit: d [, m] [, qh]);
@@ -157,6 +175,19 @@ __device__ __forceinline__ u32 hbits(u32 qh, int i) {
     return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
 }
 
+// Q5_0 / Q5_1: the 16 bytes of low nibbles v with the 5th bits qh, minus c, as 8 packed ints
+// (values 0..15 then 16..31, as `nibbles`).
+__device__ __forceinline__ void q5_values(uint4 v, u32 qh, int* q, u32 c) {
+    u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 lo = (w[i] & 0x0F0F0F0Fu) | hbits(qh, i);
+        u32 hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | hbits(qh, i + 4);
+        q[i] = sub_bytes(lo, c);
+        q[i + 4] = sub_bytes(hi, c);
+    }
+}
+
 // byte i (0..11) of the 12 scale bytes held in words a, b, c
 __device__ __forceinline__ int sbyte(u32 a, u32 b, u32 c, int i) {
     u32 w = i < 4 ? a : (i < 8 ? b : c);
@@ -191,16 +222,7 @@ __device__ __forceinline__ Unit load_unit(const u8* __restrict__ P, const u8* __
             }
         } else {
             uint2 meta = ((const uint2*)M)[g];
-            u32 qh = meta.y;
-            u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                u32 lo = (w[i] & 0x0F0F0F0Fu) | hbits(qh, i);
-                u32 hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | hbits(qh, i + 4);
-                u32 c = QT == QT_Q5_0 ? 16 : 0;
-                u.q[i] = sub_bytes(lo, c);
-                u.q[i + 4] = sub_bytes(hi, c);
-            }
+            q5_values(v, meta.y, u.q, QT == QT_Q5_0 ? 16 : 0);
             u.s0 = h2f((u16)(meta.x & 0xffff));
             u.o = QT == QT_Q5_1 ? h2f((u16)(meta.x >> 16)) : 0.f;
         }
@@ -263,8 +285,6 @@ __device__ __forceinline__ float unit_value(const Unit& u, int i) {
     return (i < 16 ? u.s0 : u.s1) * (float)v + u.o;
 }
 
-// Ask the L2 cache for `bytes` at `p` (Hopper's bulk prefetch; the range is trimmed to 16-byte
-// boundaries; a hint: nothing waits for it, nothing is read into registers).
 // RoPE of the values (x0, x1) of pair i of a head at position p (ops.cu's rope kernels and the
 // GEMV epilogue of matmul.cu, the CPU backend's arithmetic): angle p * theta_scale^i multiplied
 // up step by step, divided by the pair's frequency factor, times freq_scale.
@@ -283,8 +303,23 @@ __device__ __forceinline__ void rope_rot(float x0, float x1, u32 p, const float*
     *y1 = fmaf(x0, s, __fmul_rn(x1, c));
 }
 
+// Paged attention's online softmax for N queries at the start: maxima m = -inf, sums l = 0,
+// accumulators (DPL values per lane) 0.
+template <int N, int DPL>
+__device__ __forceinline__ void softmax_init(float (&m)[N], float (&l)[N], float (&acc)[N][DPL]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        m[i] = -INF;
+        l[i] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[i][d] = 0.f;
+    }
+}
+
+// Ask the L2 cache for `bytes` at `p` (Hopper's bulk prefetch; the range is trimmed to 16-byte
+// boundaries; a hint: nothing waits for it, nothing is read into registers).
 __device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes) {
-#if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_PREFETCH)
+#if __CUDA_ARCH__ >= 900
     u64 a = (u64)p, s = (a + 15) & ~15ull, e = (a + bytes) & ~15ull;
     if (e > s)
         asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\tcp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(s), "r"((u32)(e - s))

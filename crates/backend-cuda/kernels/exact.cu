@@ -54,24 +54,11 @@ __device__ __forceinline__ void raw_q(const RawUnit& r, int* q) {
 
 // Rows per warp (the chains of R rows run side by side on R * NT lanes, and the activations
 // each lane loads serve R rows) and steps of 32 units loaded before any arithmetic.
-// GEMVO_R, GEMVO_UNR and GEMVO_PIPE (1: the next batch of steps loaded before the current one is
-// summed) override the shapes below; the backend defines none of them.
-#ifndef GEMVO_PIPE
-#define GEMVO_PIPE 0
-#endif
 template <int QT, int NT>
 struct Gemvo {
     // Q4_1 / Q8_0 with 8 tokens: one row (the lane dots of two rows would not fit 48 KB)
-#ifdef GEMVO_R
-    static constexpr int R = QT == QT_Q4_0 ? GEMVO_R : ((QT != QT_Q4_0 && NT == 8) ? 1 : 2);
-#else
     static constexpr int R = (QT != QT_Q4_0 && NT == 8) ? 1 : 2;
-#endif
-#ifdef GEMVO_UNR
-    static constexpr int UNR = GEMVO_UNR;
-#else
     static constexpr int UNR = (NT >= 4 || QT == QT_Q8_0) ? 2 : 4;
-#endif
     // shared floats per warp: Q4_0 (c, d) pairs [R][NT][32]; Q4_1 / Q8_0 the lane dots
     // [R][NT][8][36] (rows padded for conflict-free 16-byte reads), d [R][NT][32], s [NT][32], m [R][32]
     static constexpr int DOTS = R * NT * 8 * 36;
@@ -98,7 +85,7 @@ __device__ __forceinline__ void gemvo_load(RawUnit (&raw)[UNR][R], const u8* __r
 
 // Rows row0 .. row0 + R - 1, then row0 + rs .., while below n_out (this warp's), of
 // out[t * n_out + row] = W[row] . x[t], t < NT, in the CPU's order: one loop over (rows, batch of
-// steps), each batch's loads issued before the batch before is summed with GEMVO_PIPE. Rows past
+// steps), the next batch loaded once this one is summed (its registers free again). Rows past
 // n_out re-read the last row (results dropped).
 template <int QT, int NT>
 __device__ __forceinline__ void gemvo_rows(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
@@ -128,8 +115,6 @@ __device__ __forceinline__ void gemvo_rows(const u8* __restrict__ P, const u8* _
 #pragma unroll
             for (int r = 0; r < R; r++) rb[r] = (u64)min(rn + r, n_out - 1) * U;
         }
-        RawUnit nxt[UNR][R];
-        if (GEMVO_PIPE && more) gemvo_load<QT, UNR, R>(nxt, P, M, rb, kn, U);
 #pragma unroll
         for (int s = 0; s < UNR; s++) {
             const int kb = k0 + 32 * s;
@@ -245,7 +230,8 @@ __device__ __forceinline__ void gemvo_rows(const u8* __restrict__ P, const u8* _
             for (int h = 0; h < G::PASSES; h++) acc[h] = summs[h] = 0.f;
         }
         if (!more) break;
-        if (!GEMVO_PIPE) gemvo_load<QT, UNR, R>(nxt, P, M, rb, kn, U);
+        RawUnit nxt[UNR][R];
+        gemvo_load<QT, UNR, R>(nxt, P, M, rb, kn, U);
 #pragma unroll
         for (int s = 0; s < UNR; s++)
 #pragma unroll
@@ -267,7 +253,7 @@ __device__ __forceinline__ void gemvo_prefetch(const u8* P, const u8* M, int U, 
 }
 
 // Block `blk` of the `nblk` given to this matrix: its warps take row groups blk * 4 + warp, then
-// every nblk * 4th (one each when the grid covers the rows, src/exact.rs: grid).
+// every nblk * 4th (one each when the grid covers the rows, src/matmul/cpu_order.rs: grid).
 template <int QT, int NT>
 __device__ __forceinline__ void gemvo(const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int blk, int nblk) {
     __shared__ __align__(16) float sm[GEMVO_WARPS][Gemvo<QT, NT>::WORDS];

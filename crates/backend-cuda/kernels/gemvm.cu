@@ -1,4 +1,4 @@
-// GEMVM: the decode GEMV in MMQ's float order (invariant numerics, src/invariant.rs). Every
+// GEMVM: the decode GEMV in MMQ's float order (invariant numerics, src/matmul/mmq_order.rs). Every
 // output is MMQ's (mmq.cu, unsplit: k_per = U) bit for bit, whatever the token count, so a
 // prompt prefilled by MMQ and the same tokens decoded one at a time give the same logits.
 //
@@ -10,7 +10,7 @@
 // Here the integer dots run on dp4a, round(s0 * I) is one rounded product (I is exact in f32),
 // and C comes from the same mma instruction over the same operands.
 //
-// Layout (v4): a block holds 16 rows; GEMVM_W compute warps split the row's stages, F fold
+// Layout: a block holds 16 rows; GEMVM_W compute warps split the row's stages, F fold
 // warps run the chains and one copy warp feeds them. Round k of a row group is its stages
 // kW .. kW + W - 1: in every row a contiguous run of bytes (K-quant super-blocks, or the quant
 // and meta planes of 8W units), which the copy warp brings into one of GEMVM_NB buffers in
@@ -18,8 +18,8 @@
 // round's Q8 activations and their scales per token; completion counted in bytes on the
 // buffer's mbarrier; the routes and job of a group read once per group, not per round), so
 // the weight stream needs no registers, no per-lane 64-bit addresses and no uncoalesced loads
-// (v3 loaded each lane's 64 bytes from global memory: ncu 2026-11-23, L1 wavefronts the top
-// utilization and global-load latency the top stall). The dense kernels' weights of the first
+// (lanes loading their bytes from global memory would be bound by L1 wavefronts and global-load
+// latency). The dense kernels' weights of the first
 // rounds are asked for before the PDL wait (they do not depend on the previous kernel).
 // Compute warp w takes stage w of each round; lane (row r = lane / 2, half h = lane % 2) decodes
 // the 4 units 4h .. 4h + 3 of row r from the buffer (`quad_load` / `quad_unit`: MMQ's decoding,
@@ -32,18 +32,14 @@
 // ring of GEMVM_NB (full: bytes landed; empty: the W compute warps read it): no warp waits on a
 // block-wide barrier.
 
-#ifndef GEMVM_NB
 #define GEMVM_NB 3           // weight buffers: rounds in flight in the copy engine
-#endif
-#ifndef GEMVM_NS
 #define GEMVM_NS 4           // product slots of one- and two-token blocks
-#endif
 #define GEMVM_ROWS 16        // rows per block
 #define GEMVM_W 8            // compute warps per block
 #define GEMVM_RU (8 * GEMVM_W)  // units per round
 #define GEMVM_TPS (8 * GEMVM_W + 8)  // row stride of a slot's products (padded: conflict-free float4 stores)
 
-// A buffer's rows (src/invariant.rs `dims` mirrors it): K types one run of W super-blocks (SB
+// A buffer's rows (src/matmul/mmq_order.rs `dims` mirrors it): K types one run of W super-blocks (SB
 // bytes each) per row, others the quant plane (PU bytes per unit) and the meta plane (MSZ);
 // each row padded by 16 bytes (rows 4 banks apart: conflict-free 16-byte loads).
 template <int QT>
@@ -56,7 +52,7 @@ struct GemvmPlanes {
     static constexpr int RSM = K ? 0 : GEMVM_RU * MSZ + 16;
 };
 
-// Shared memory of a block over NT tokens (src/invariant.rs `dims` mirrors it): NS slots, then
+// Shared memory of a block over NT tokens (src/matmul/mmq_order.rs `dims` mirrors it): NS slots, then
 // NB buffers, then the mbarriers.
 template <int QT, int NT>
 struct GemvmShape {
@@ -143,8 +139,8 @@ struct GemvmRope {
 // The block walks row groups gi = blockIdx.x, blockIdx.x + gridDim.x, ... of NG (a grid of a
 // few blocks per multiprocessor that stays resident: the copies of the next group stream while
 // the fold finishes this one); `map(gi)` names a group's job. The rounds run on across groups
-// (round kk: group kk / NR, its round kk % NR, both counted rather than divided: integer
-// division sequences were a large part of v3's instructions, ncu 2026-11-23).
+// (round kk: group kk / NR, its round kk % NR, both counted rather than divided: a runtime
+// integer division is a long instruction sequence).
 template <int QT, int NT, class Map, bool EP = false>
 __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gdc, const GemvmRope ep = GemvmRope()) {
     using G = GemvmShape<QT, NT>;
@@ -167,7 +163,7 @@ __device__ __forceinline__ void gemvm_run(const Map& map, int NG, int U, bool gd
     // 16-byte runs, else per lane from global memory
     const bool mbulk = !KQ && (U * PL::MSZ) % 16 == 0, xbulk = U % 2 == 0;
     if (tid == 0) {
-        // the host's shared memory (src/invariant.rs `dims`) must cover this layout
+        // the host's shared memory (src/matmul/mmq_order.rs `dims`) must cover this layout
         u32 dsm;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsm));
         if (dsm < (u32)G::SMEM) __trap();

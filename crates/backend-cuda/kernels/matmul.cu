@@ -12,8 +12,8 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 }
 
 #define GEMV_WARPS 4
-// rows per warp and the unrolling of a lane's loop over its units (src/matmul.rs: GEMV_ROWS);
-// overridable for scripts/gemv-bench.py's variants
+// rows per warp and the unrolling of a lane's loop over its units (src/matmul/mod.rs mirrors
+// GEMV_ROWS); scripts/gemv-bench.py compiles other values to compare them
 #ifndef GEMV_ROWS
 #define GEMV_ROWS 2
 #endif
@@ -21,13 +21,11 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 #define GEMV_UNROLL 2
 #endif
 // The same for a decode step's routed expert GEMVs (moe.cu): four units of each row in flight
-// per lane (H100 2026-11-23, Mixtral-8x7B Q4_K_M tg128 244.9 t/s vs 233.7 with 2, same run).
-#ifndef MOE_GEMV_UNROLL
+// per lane, faster than two there (about 5% of Mixtral-8x7B's decode speed).
 #define MOE_GEMV_UNROLL 4
-#endif
 
 // Bytes per unit of 32 values in the payload plane (P) and the meta plane (M) of quant type QT
-// (src/weight.rs: 16-byte nibble planes, K-quant super-blocks of 8 units, Q6_K padded to 224).
+// (src/weights/mod.rs: 16-byte nibble planes, K-quant super-blocks of 8 units, Q6_K padded to 224).
 template <int QT>
 __device__ __forceinline__ void unit_bytes(u32* pb, u32* mb) {
     if (QT == QT_Q4_0) { *pb = 16; *mb = 2; }
@@ -186,7 +184,7 @@ __device__ __forceinline__ void load8(const u8* __restrict__ W, u64 e, float* w)
 // Float weights, f32 activations; n_in a multiple of 8. Row groups and warps as in gemv_q.
 template <int WT, int NT>
 __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ out, int n_in, int n_out, int wpr) {
-    // blockIdx.y: the chunk of NT tokens (prefills of small matrices: gemv_float_tiled)
+    // blockIdx.y: the chunk of NT tokens (prefills of small matrices: src/matmul/mod.rs gemv_float_tiled)
     x += (u64)blockIdx.y * NT * n_in;
     out += (u64)blockIdx.y * NT * n_out;
     __shared__ float red[GEMV_WARPS][GEMV_ROWS * NT];

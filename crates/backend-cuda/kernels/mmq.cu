@@ -11,12 +11,11 @@
 // The offset terms o * xs of a stage's 8 units (Q4_1, Q5_1, Q4_K, Q5_K) are summed on the
 // tensor cores instead (`mmq_offsets`): o = of * om with om an f16 value (the block min, or
 // the K types' 6-bit min) and xs f16 (the Q8_1 sum), so one m16n8k8 f16 mma gives the exact
-// products summed in f32, then out += of * sum (one FMA per output and stage where the FMA
-// pipe did one per unit: the grouped Q4_K kernel was bound by FMA issue, 58% of its
-// instructions, H100 ncu 2026-11-23).
+// products summed in f32, then out += of * sum: one FMA per output and stage instead of one
+// per unit, which keeps these types' kernels off the FMA pipe's issue limit.
 //
-// Tile: 32·WM weight rows x 16·NT tokens per block of 2·WM warps (WM along the rows x 2 along
-// the tokens); a warp holds 32 rows (two m16 tiles) x 8·NT tokens (NT n8 tiles). One
+// Tile: 32·MMQ_WM weight rows x 16·NT tokens per block of 2·MMQ_WM warps (MMQ_WM along the rows
+// x 2 along the tokens); a warp holds 32 rows (two m16 tiles) x 8·NT tokens (NT n8 tiles). One
 // stage is MMQ_KU (8) units (256 values: one K-quant super-block per row):
 //   - weights: each thread loads the raw bytes of 4 consecutive units of one row into
 //     registers one stage ahead (the loads fly while the tensor cores work on the current
@@ -30,6 +29,7 @@
 // over blockIdx.z into partial outputs that mmq_reduce sums.
 
 #define MMQ_KU 8
+#define MMQ_WM 4  // warps along the rows: 128-row tiles (src/matmul/mmq.rs WM; the kernel names' _4)
 #define MMQ_WS (MMQ_KU * 8 + 4)
 #define MMQ_MAGIC_I 0x4B400000
 #define MMQ_MAGIC_F 12582912.0f
@@ -149,16 +149,7 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
                 u.o = h2f((u16)(q.m[j] >> 16));
             }
         } else {
-            u32 qh = q.m[4 + j];
-            u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                u32 lo = (w[i] & 0x0F0F0F0Fu) | hbits(qh, i);
-                u32 hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | hbits(qh, i + 4);
-                u32 c = QT == QT_Q5_0 ? 16 : 0;
-                u.q[i] = sub_bytes(lo, c);
-                u.q[i + 4] = sub_bytes(hi, c);
-            }
+            q5_values(v, q.m[4 + j], u.q, QT == QT_Q5_0 ? 16 : 0);
             u.s0 = h2f((u16)(q.m[j] & 0xffff));
             u.o = QT == QT_Q5_1 ? h2f((u16)(q.m[j] >> 16)) : 0.f;
         }
@@ -213,11 +204,11 @@ __device__ __forceinline__ Unit quad_unit(const Quad& q, int j, int h) {
 // One unit (32 values) of a stage: the warp's mma over its 32 rows x 8·NT tokens and the
 // scale epilogue into acc. FULL: every n8 tile of the warp holds tokens (else only the first
 // nv; a separate instantiation, so that the full tiles' code has no per-tile branches).
-template <int QT, int NT, int WM, bool FULL>
+template <int QT, int NT, bool FULL>
 __device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __restrict__ wsb, const float4* __restrict__ wscb,
                                          const int* __restrict__ xb, const float2* __restrict__ xc, int u, int wm, int wn,
                                          int g, int tig, int nv) {
-    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM;
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * MMQ_WM;
     int a[2][2][2];     // [m tile][half][register]
     float4 wv[2][2];    // [m tile][row g / g + 8]
 #pragma unroll
@@ -271,10 +262,10 @@ __device__ __forceinline__ void mmq_unit(float (&acc)[2][NT][4], const int* __re
 // The offset terms of a stage's 8 units (MMQ_OFS types) into acc: per output
 // of · Σ_u om_u · xs_u, the sum on the tensor cores (exact f16 products, f32 sums). The weight
 // tile's .w holds, per row, the packed f16 pair (om_2p, om_2p+1) at unit 2p and of at unit 1.
-template <int QT, int NT, int WM, bool FULL>
+template <int QT, int NT, bool FULL>
 __device__ __forceinline__ void mmq_offsets(float (&acc)[2][NT][4], const float4* __restrict__ wscb, const float2* __restrict__ xc,
                                             int wm, int wn, int g, int tig, int nv) {
-    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM;
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * MMQ_WM;
     constexpr bool K = QT == QT_Q4_K || QT == QT_Q5_K;
     u32 a[2][2];
     float f[2][2];
@@ -307,11 +298,11 @@ __device__ __forceinline__ void mmq_offsets(float (&acc)[2][NT][4], const float4
 // DB: two weight tiles in shared memory, one barrier per stage: each warp decodes the next
 // stage's weights into the other tile right after its own tensor-core work on this one (no
 // block-wide wait between the decode and the multiplies; same sums, same order).
-template <int QT, int NT, int WM, bool ID = false, bool DB = false>
+template <int QT, int NT, bool ID = false, bool DB = false>
 __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restrict__ M, const i8* __restrict__ xq,
                                     const float2* __restrict__ xm, float* __restrict__ out, int U, int n_out, int n_tok,
                                     int k_per, const u32* __restrict__ src = nullptr, const u32* __restrict__ dst = nullptr) {
-    constexpr int BN = 16 * NT, MMQ_BM = 32 * WM, MMQ_THREADS = 64 * WM;
+    constexpr int BN = 16 * NT, MMQ_BM = 32 * MMQ_WM, MMQ_THREADS = 64 * MMQ_WM;
     extern __shared__ int4 smem4[];
     constexpr int NW = DB ? 2 : 1;                             // weight tiles
     int* ws = (int*)smem4;                                     // [NW][MMQ_BM][MMQ_WS]
@@ -434,12 +425,12 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
         const float2* xc = xsc + buf * MMQ_KU * BN;
         if (nv == NT) {
 #pragma unroll 2
-            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, true>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
-            if (MMQ_OFS(QT)) mmq_offsets<QT, NT, WM, true>(acc, wscb, xc, wm, wn, g, tig, nv);
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, true>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+            if (MMQ_OFS(QT)) mmq_offsets<QT, NT, true>(acc, wscb, xc, wm, wn, g, tig, nv);
         } else if (nv > 0) {
 #pragma unroll 2
-            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, WM, false>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
-            if (MMQ_OFS(QT)) mmq_offsets<QT, NT, WM, false>(acc, wscb, xc, wm, wn, g, tig, nv);
+            for (int u = 0; u < MMQ_KU; u++) mmq_unit<QT, NT, false>(acc, wsb, wscb, xb, xc, u, wm, wn, g, tig, nv);
+            if (MMQ_OFS(QT)) mmq_offsets<QT, NT, false>(acc, wscb, xc, wm, wn, g, tig, nv);
         }
         if (DB) {
             // the next stage's weights into the other tile, then the raw bytes of the one after
@@ -465,18 +456,18 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ P, const u8* __restri
 
 // Blocks per multiprocessor the register budget allows: with two or more, one block decodes
 // its weights while another is on the tensor cores.
-#define MMQ(NAME, QT, NT, WM, MINB)                                                                                \
-    extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_##NAME##_##NT##_##WM(                          \
+#define MMQ(NAME, QT, NT, MINB)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(64 * MMQ_WM, MINB) mmq_##NAME##_##NT##_4(                         \
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
-        mmq<QT, NT, WM>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                \
+        mmq<QT, NT>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                                    \
     }
 // mmq_<type>_8_4d: the 128 x 128 tile with two weight tiles (DB above)
 #define MMQ_DB(NAME, QT)                                                                                           \
     extern "C" __global__ void __launch_bounds__(256, 1) mmq_##NAME##_8_4d(                                         \
         const u8* P, const u8* M, const i8* xq, const float2* xm, float* out, int U, int n_out, int n_tok, int k_per) { \
-        mmq<QT, 8, 4, false, true>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                     \
+        mmq<QT, 8, false, true>(P, M, xq, xm, out, U, n_out, n_tok, k_per);                                        \
     }
-#define MMQ_ALL(NAME, QT) MMQ(NAME, QT, 1, 4, 2) MMQ(NAME, QT, 2, 4, 2) MMQ(NAME, QT, 4, 4, 1) MMQ_DB(NAME, QT)
+#define MMQ_ALL(NAME, QT) MMQ(NAME, QT, 1, 2) MMQ(NAME, QT, 2, 2) MMQ(NAME, QT, 4, 1) MMQ_DB(NAME, QT)
 // The dense kernels in the "mmq" NVRTC unit, the grouped expert ones (below) in "mmq_id"
 // (MMQ_ID_UNIT): two units compiled in parallel instead of one twice as long. The "gemvm" unit
 // (GEMVM_UNIT: gemvm.cu after this file) takes the helpers only.
@@ -499,18 +490,18 @@ MMQ_ALL(q6_K, QT_Q6_K)
 // scale products as the dense MMQ and the decode GEMV.
 // n_items (or null): the item count lives on the device (items planned by moe_plan); blocks
 // past it return at once.
-#define MMQ_ID(NAME, QT, NT, WM, MINB) MMQ_IDX(NAME, QT, NT, WM, MINB, false, NT##_##WM)
-#define MMQ_IDX(NAME, QT, NT, WM, MINB, DB, SUFFIX)                                                                \
-    extern "C" __global__ void __launch_bounds__(64 * WM, MINB) mmq_id_##NAME##_##SUFFIX(                          \
+#define MMQ_ID(NAME, QT, NT, MINB) MMQ_IDX(NAME, QT, NT, MINB, false, NT##_4)
+#define MMQ_IDX(NAME, QT, NT, MINB, DB, SUFFIX)                                                                    \
+    extern "C" __global__ void __launch_bounds__(64 * MMQ_WM, MINB) mmq_id_##NAME##_##SUFFIX(                      \
         const u64* __restrict__ items, const u32* __restrict__ src, const u32* __restrict__ dst, const i8* xq,     \
         const float2* xm, float* out, int U, int n_out, const u32* __restrict__ n_items) {                         \
         if (n_items && blockIdx.y >= *n_items) return;                                                             \
         const u64* it = items + 3 * (u64)blockIdx.y;                                                               \
         const u32 off = (u32)it[2], cnt = (u32)(it[2] >> 32);                                                      \
-        mmq<QT, NT, WM, true, DB>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \
+        mmq<QT, NT, true, DB>((const u8*)it[0], (const u8*)it[1], xq, xm, out, U, n_out, (int)cnt, U, src + off, dst + off); \
     }
 #define MMQ_ID_ALL(NAME, QT)                                                                                       \
-    MMQ_ID(NAME, QT, 1, 4, 2) MMQ_ID(NAME, QT, 2, 4, 2) MMQ_ID(NAME, QT, 4, 4, 1) MMQ_IDX(NAME, QT, 8, 4, 1, true, 8_4d)
+    MMQ_ID(NAME, QT, 1, 2) MMQ_ID(NAME, QT, 2, 2) MMQ_ID(NAME, QT, 4, 1) MMQ_IDX(NAME, QT, 8, 1, true, 8_4d)
 #ifdef MMQ_ID_UNIT
 MMQ_ID_ALL(q4_0, QT_Q4_0)
 MMQ_ID_ALL(q4_1, QT_Q4_1)

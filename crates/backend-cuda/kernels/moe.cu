@@ -79,22 +79,17 @@ __device__ __forceinline__ u32 route_key(float v) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+// The warp's largest (MAX) or smallest v: one redux instruction from sm_80 on, else shuffles.
+template <bool MAX>
+__device__ __forceinline__ u32 warp_ext_u32(u32 v) {
 #if __CUDA_ARCH__ >= 800
-    return __reduce_max_sync(0xffffffffu, v);
+    return MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-#endif
-}
-
-__device__ __forceinline__ u32 warp_min_u32(u32 v) {
-#if __CUDA_ARCH__ >= 800
-    return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        const u32 w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? max(v, w) : min(v, w);
+    }
     return v;
 #endif
 }
@@ -144,8 +139,8 @@ __device__ __forceinline__ void route_warp(const float* row, const float* __rest
                 bi = (u32)e;
             }
         }
-        const u32 mk = warp_max_u32(bk);
-        const u32 best = warp_min_u32(bk == mk ? bi : 0xffffffffu);
+        const u32 mk = warp_ext_u32<true>(bk);
+        const u32 best = warp_ext_u32<false>(bk == mk ? bi : 0xffffffffu);
         if ((int)(best % 32) == lane) taken |= 1u << (best / 32);
         const float p = probs[best];
         wsum += (double)p;
@@ -228,11 +223,9 @@ MOE_ROUTER_F32(8)
 template <int QT>
 __device__ __forceinline__ void moe_prefetch(const u8* P, const u8* M, u64 slice_p, u64 slice_m, const u32* __restrict__ eids, int j,
                                              int early, int U, int n_out, int wpr) {
-#ifndef GEMV_NO_PREFETCH
     if (!early) return;
     const u64 e = eids[j];
     gemv_prefetch<QT>(P + e * slice_p, M ? M + e * slice_m : M, U, n_out, wpr, blockIdx.x);
-#endif
 }
 
 // moe_gemv with the routes on the device (moe_route): launch row j is route j, expert eids[j]
@@ -319,7 +312,7 @@ extern "C" __global__ void moe_unpad_rows(const float* __restrict__ y, const u32
 // src / dst (routes grouped by expert: activation row j / n_used or j, output row j) and per
 // token tile class t (16 << t routes) the items {expert planes, offset | count << 32} at
 // items[(t * max_items + k) * 3], their count n_items[t]. split_tab[r] (r <= 128): the first
-// tile of the cheapest split of r routes (moe_id::split: full 128-route items first). Routes of
+// tile of the cheapest split of r routes (src/moe/grouped_gemm.rs `split`: full 128-route items first). Routes of
 // an expert land in its items in any order: each route's sums do not depend on the others.
 // one != 0: every item in the 128-route class (one launch; its kernel skips the empty token
 // tiles), the full items first, then each expert's remainder (the cheap blocks run last and

@@ -1,26 +1,12 @@
-// The RMSNorm of one row by one block (device functions: kernels/ops.cu launches them per
-// row, kernels/norm_router.cu before a decode step's MoE router).
-
-// One block per row: out = x * rsqrt(mean(x^2) + eps) * w.
+// The RMSNorm of one row by one block (device functions: ops.cu's norm kernels launch them,
+// one block per row).
+//
+// out = x * rsqrt(mean(x^2) + eps) * w.
 // y non-null: x += y first (the residual add fused into the next norm; x is updated in place);
 // SC: x += ys * y instead, the product rounded before the add (scale-then-add's bits, no FMA).
 // xq/xm non-null (d a multiple of 32): the output is also written as Q8 for the next matmul.
-// The row's sum of squares is summed in double (each square rounded to f32 first, as ggml),
-// which makes the order of the sum immaterial in practice.
-__device__ __forceinline__ double block_sum_d(double ss, double* part) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        double v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    return part[0];
-}
+// The row's sum of squares is summed in double (each square rounded to f32 first, as ggml;
+// block_sum_d), which makes the order of the sum immaterial in practice.
 
 // y scaled by ys first when SC (the product rounded on its own).
 template <bool SC>

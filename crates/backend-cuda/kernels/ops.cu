@@ -40,6 +40,18 @@ extern "C" __global__ void add_scaled_rms_norm(float* __restrict__ x, const floa
     norm_row<true>(x, y, ys, w, out, d, eps, xq, xm);
 }
 
+// (best, idx) of the warp's lanes merged: the larger value, the lower index among equals (a
+// macro: the two reductions of row_argmax compile exactly as written out).
+#define ARGMAX_WARP(best, idx)                                                  \
+    _Pragma("unroll") for (int o = 16; o > 0; o >>= 1) {                        \
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);                       \
+        int oi = __shfl_xor_sync(0xffffffffu, idx, o);                          \
+        if (ov > best || (ov == best && oi < idx)) {                            \
+            best = ov;                                                          \
+            idx = oi;                                                           \
+        }                                                                       \
+    }
+
 // The index of the largest of r[0..dim) in every thread of the block: the first on ties, NaN
 // never chosen (except at index 0, where the host loop `v > best` would keep it).
 __device__ __forceinline__ u32 row_argmax(const float* __restrict__ r, int dim) {
@@ -54,15 +66,7 @@ __device__ __forceinline__ u32 row_argmax(const float* __restrict__ r, int dim) 
             idx = i;
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > best || (ov == best && oi < idx)) {
-            best = ov;
-            idx = oi;
-        }
-    }
+    ARGMAX_WARP(best, idx)
     if (threadIdx.x % 32 == 0) {
         bv[threadIdx.x / 32] = best;
         bi[threadIdx.x / 32] = idx;
@@ -72,15 +76,7 @@ __device__ __forceinline__ u32 row_argmax(const float* __restrict__ r, int dim) 
         bool have = threadIdx.x < blockDim.x / 32;
         best = have ? bv[threadIdx.x] : -INF;
         idx = have ? bi[threadIdx.x] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-            if (ov > best || (ov == best && oi < idx)) {
-                best = ov;
-                idx = oi;
-            }
-        }
+        ARGMAX_WARP(best, idx)
         if (threadIdx.x == 0) bi[0] = (r[0] != r[0] || idx == 0x7fffffff) ? 0 : idx;
     }
     __syncthreads();

@@ -66,8 +66,8 @@ __device__ __forceinline__ float scan_token(float (&sv)[8], const float* __restr
     f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 2));
     f = __fadd_rn(f, __shfl_down_sync(0xffffffffu, f, 1));
     float sum = __shfl_sync(0xffffffffu, f, 0);
-    // the tail (ds % 64 values): skipped as a whole when there is none (d_state 64, 128, ..);
-    // 256 empty iterations per token made the prefill scan ~10x slower (H100, 2026-11-22)
+    // the tail (ds % 64 values): skipped as a whole when there is none (d_state 64, 128, ..):
+    // its 256 empty iterations per token would otherwise dominate the scan
     if (np < ds)
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -78,6 +78,25 @@ __device__ __forceinline__ float scan_token(float (&sv)[8], const float* __restr
         }
     }
     return __fadd_rn(sum, __fmul_rn(x, dd));
+}
+
+// A state row st[k], k < ds, in scan_token's layout (lane L: k = L + 32 j in sv[j]); zeros for
+// a fresh sequence.
+__device__ __forceinline__ void load_state(float (&sv)[8], const float* st, int ds, int lane, u32 fresh) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int k = lane + 32 * j;
+        sv[j] = (k < ds && !fresh) ? st[k] : 0.f;
+    }
+}
+
+// And back.
+__device__ __forceinline__ void store_state(const float (&sv)[8], float* st, int ds, int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int k = lane + 32 * j;
+        if (k < ds) st[k] = sv[j];
+    }
 }
 
 // One warp per (sequence, head, i): the state row s[k], k < d_state, spread over the lanes;
@@ -96,11 +115,7 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
     u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
     float* st = state + ((u64)slot * d_inner + hi) * ds;
     float sv[8];  // d_state <= 256
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int k = lane + 32 * j;
-        sv[j] = (k < ds && !fresh) ? st[k] : 0.f;
-    }
+    load_state(sv, st, ds, lane, fresh);
     const float a = A[h], dd = D[h], bb = dtb[h];
     unsigned long long nbad = 0;
     for (u32 t = 0; t < nt; t++) {
@@ -114,11 +129,7 @@ extern "C" __global__ void ssm_scan(const float* __restrict__ xbc, const float* 
         float yv = scan_token(sv, B, C, da, xdt, x, dd, ds, lane, nbad);
         if (lane == 0) y[(u64)(t0 + t) * d_inner + hi] = yv;
     }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int k = lane + 32 * j;
-        if (k < ds) st[k] = sv[j];
-    }
+    store_state(sv, st, ds, lane);
     if (nbad) atomicAdd(bad, nbad);
 }
 
@@ -161,11 +172,7 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
         const int hi = hi0 + warp;
         float* sst = sstate + ((u64)slot * d_inner + hi) * ds;
         float sv[8];  // d_state <= 256
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int k = lane + 32 * j;
-            sv[j] = (k < ds && !fresh) ? sst[k] : 0.f;
-        }
+        load_state(sv, sst, ds, lane, fresh);
         const float a = A[h], dd = D[h], bb = dtb[h];
         // this thread's conv channels i = tid + 256 r (2 ds + 8 <= 768)
         float pacc[3], wlast[3], cb[3];
@@ -212,11 +219,7 @@ extern "C" __global__ void __launch_bounds__(256) ssm_conv_scan(const float* __r
         const float x = cs_sm[2 * ds + warp];
         const float yv = scan_token(sv, cs_sm, cs_sm + ds, da, __fmul_rn(x, dt), x, dd, ds, lane, nbad);
         if (lane == 0) y[(u64)t0 * d_inner + hi] = yv;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int k = lane + 32 * j;
-            if (k < ds) sst[k] = sv[j];
-        }
+        store_state(sv, sst, ds, lane);
         if (nbad) atomicAdd(bad, nbad);
     } else {
         GDC();
@@ -257,18 +260,7 @@ extern "C" __global__ void ssm_gated_norm(const float* __restrict__ y, const flo
         float v = __fmul_rn(silu_ggml(zr[i]), yr[i]);
         ss += (double)__fmul_rn(v, v);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        double v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float scale = __fdiv_rn(1.0f, sqrtf(__fadd_rn((float)(part[0] / (double)gs), eps)));
+    const float scale = __fdiv_rn(1.0f, sqrtf(__fadd_rn((float)(block_sum_d(ss, part) / (double)gs), eps)));
     float* o = out + (u64)t * d_inner + g * gs;
     for (int i = threadIdx.x; i < gs; i += blockDim.x) {
         const float v = __fmul_rn(__fmul_rn(__fmul_rn(silu_ggml(zr[i]), yr[i]), scale), w[g * gs + i]);
@@ -350,11 +342,7 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
     const u32 slot = seq[4 * s], t0 = seq[4 * s + 1], nt = seq[4 * s + 2], fresh = seq[4 * s + 3];
     float* st = state + ((u64)slot * d_inner + hi) * ds;
     float sv[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int k = lane + 32 * j;
-        sv[j] = (k < ds && !fresh) ? st[k] : 0.f;
-    }
+    load_state(sv, st, ds, lane, fresh);
     const float a = A[h], dd = D[h], bb = dtb[h];
     unsigned long long nbad = 0;
     for (u32 c0 = 0; c0 < nt; c0 += SCAN_T) {
@@ -391,25 +379,17 @@ extern "C" __global__ void __launch_bounds__(256) ssm_scan_chunk(const float* __
             if (lane == 0) y[(u64)(t0 + c0 + t) * d_inner + hi] = yv;
         }
     }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int k = lane + 32 * j;
-        if (k < ds) st[k] = sv[j];
-    }
+    store_state(sv, st, ds, lane);
     if (nbad) atomicAdd(bad, nbad);
 }
 
 // ssm_scan_chunk_<DS>: ssm_scan_chunk with the state size DS known at compile time (64, 128
 // or 256) and R = 2 rows of one head per warp (4 warps, 8 rows per block, as above): the same
 // arithmetic as scan_token, term for term (the same bits: tests/ssm.rs), without its run-time
-// bounds and tail; the two rows' output folds share their shuffles, and non-finite state values
-// are counted from the final state (a recount only where it is non-finite). ssm_scan_chunk
-// issues ~200 instructions per token and row at DS = 128 and is bound by issuing them (323 us
-// per Granite-4.0-H-Tiny layer per 512 tokens); this kernel ~34 and 143 us (~50 with
-// scan_token's fold and per-token count: 173 us; 169 us before the staging loads were grouped),
-// and the rows of a warp share each shared-memory read of B and C. Measured on H100 (2026-11-23, Granite pp512, t/s, the ~50-instruction version): 17,300,
-// generic 14,000; one row per warp 11,000; four 16,200; staging the next chunk with cp.async
-// while scanning this one: no gain (17,300).
+// bounds and tail; the two rows' output folds share their shuffles, the rows of a warp share
+// each shared-memory read of B and C, and non-finite state values are counted from the final
+// state (a recount only where it is non-finite). ssm_scan_chunk is bound by issuing its
+// instructions (~200 per token and row at DS = 128); this kernel issues about a sixth of them.
 // Shared memory holds B and C permuted so that lane l reads its values (k = l + 32 j,
 // j < DS / 32) as float4 (float2 at DS = 64): element (j, l) at (j / G) 32 G + l G + j % G,
 // G = min(DS / 32, 4). Dynamic shared memory: SCAN_T · (2 · DS + 10) floats, as above.
@@ -419,12 +399,13 @@ struct ScanLayout {
     static __device__ __forceinline__ int at(int j, int l) { return (j / G) * 32 * G + l * G + j % G; }
 };
 
-template <int DS, int R>
+template <int DS>
 __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, const float* __restrict__ zx, const float* __restrict__ A,
                                               const float* __restrict__ D, const float* __restrict__ dtb, const u32* __restrict__ seq,
                                               float* __restrict__ state, float* __restrict__ y, unsigned long long* __restrict__ bad,
                                               int n_head, int hd, int n_group, int dp, int dt_col) {
     using L = ScanLayout<DS>;
+    constexpr int R = 2;  // rows per warp: the output fold takes them in its two half-warps
     constexpr int J = L::J, G = L::G, W = 8 / R;
     // B, C [SCAN_T][DS] (permuted), x [SCAN_T][8], (dt, exp(dt A)) [SCAN_T]
     extern __shared__ float4 scan_smd[];
@@ -440,8 +421,7 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
     const float a = A[h], dd = D[h], bb = dtb[h];
     // stage chunk c0 (every thread; a warp per token of B and C). Loads are issued in groups
     // before their stores (the raw dt and x first, then B and C of TG tokens a warp), so that a
-    // chunk waits for about two load latencies, not one per token (long-scoreboard stalls were
-    // 43% of the kernel's cycles with a load-store pair per token, H100 ncu 2026-11-23).
+    // chunk waits for about two load latencies, not one per token.
     constexpr int TG = 4;
     auto stage = [&](u32 c0) {
         const int n = min((int)(nt - c0), SCAN_T);
@@ -492,7 +472,6 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
             sdd[tid] = make_float2(dt, expf_libm(__fmul_rn(dt, a)));
         }
     };
-    static_assert(R == 2, "the output fold takes the warp's two rows in its two half-warps");
     // sv0: the state before this step (the rare recount of non-finite values starts there)
     float sv[R][J], sv0[R][J];
 #pragma unroll
@@ -591,7 +570,7 @@ __device__ __forceinline__ void scan_chunk_ds(const float* __restrict__ xbc, con
         const float* __restrict__ xbc, const float* __restrict__ zx, const float* __restrict__ A, const float* __restrict__ D,        \
         const float* __restrict__ dtb, const u32* __restrict__ seq, float* __restrict__ state, float* __restrict__ y,                 \
         unsigned long long* __restrict__ bad, int n_head, int hd, int ds, int n_group, int dp, int dt_col) {                          \
-        scan_chunk_ds<DS, 2>(xbc, zx, A, D, dtb, seq, state, y, bad, n_head, hd, n_group, dp, dt_col);                                \
+        scan_chunk_ds<DS>(xbc, zx, A, D, dtb, seq, state, y, bad, n_head, hd, n_group, dp, dt_col);                                \
     }
 SCAN_CHUNK_DS(64)
 SCAN_CHUNK_DS(128)
