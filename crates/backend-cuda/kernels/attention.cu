@@ -143,6 +143,18 @@ __device__ __forceinline__ float dot_ggml(const float* __restrict__ q, const flo
 
 __device__ __forceinline__ float r16(float x) { return h2f(f2h(x)); }
 
+// Query i's score s[i] of this lane's position p as `sc`: scaled and soft-capped (each product
+// rounded on its own), -INF where masked (`valid` false: past the run of nr positions, after
+// the query's position pq, before its window). A macro, not a function: both score paths of
+// attn_part then compile exactly as written out.
+#define TILE_LOGIT(i)                                                                    \
+    int pq = (int)pos[t0 + (i)];                                                         \
+    int lq = window > 0 ? max(0, pq + 1 - window) : 0;                                   \
+    bool valid = lane < nr && p <= pq && p >= lq;                                        \
+    float sc = __fmul_rn(s[(i)], scale);                                                 \
+    if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));           \
+    sc = valid ? sc : -INF;
+
 // meta: tiles (t0, nq, seq) x n_tiles; pos per token; bt_off per sequence; bt (block tables).
 // part: per (token, head, split): [m, l, acc[hd]]. The warp's queries are the tile's tokens
 // t0 .. t0 + nq - 1 for head blockIdx.y.
@@ -217,12 +229,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
                 msv[i] = 1.f;
                 wv[i] = 0.f;
                 if (i >= nq) continue;
-                int pq = (int)pos[t0 + i];
-                int lq = window > 0 ? max(0, pq + 1 - window) : 0;
-                bool valid = lane < nr && p <= pq && p >= lq;
-                float sc = __fmul_rn(s[i], scale);
-                if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
-                sc = valid ? sc : -INF;
+                TILE_LOGIT(i)
                 float x = sc;
 #pragma unroll
                 for (int o = 1; o < 32; o <<= 1) {
@@ -282,12 +289,7 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #pragma unroll
         for (int i = 0; i < QT; i++) {
             if (i >= nq) break;
-            int pq = (int)pos[t0 + i];
-            int lq = window > 0 ? max(0, pq + 1 - window) : 0;
-            bool valid = lane < nr && p <= pq && p >= lq;
-            float sc = __fmul_rn(s[i], scale);
-            if (softcap > 0.f) sc = __fmul_rn(softcap, tanhf(__fdiv_rn(sc, softcap)));
-            sc = valid ? sc : -INF;
+            TILE_LOGIT(i)
             float tmax = warp_max(sc);
             if (tmax == -INF) continue;
             float mn = fmaxf(m[i], tmax);
@@ -323,6 +325,8 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
         }
     }
 }
+
+#undef TILE_LOGIT
 
 // attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode).
 // The last parameter, hp, is not read: the launch code (src/attention/mod.rs) passes 1 there,
