@@ -22,7 +22,7 @@ ap.add_argument("--cuobjdump", default="cuobjdump", help="cuobjdump binary (pip:
 a = ap.parse_args()
 nv_rs = open(os.path.join(root, "crates/backend-cuda/src/kernels.rs")).read()
 units = [(n, re.findall(r'"([\w.]+)"', f), d.encode().decode("unicode_escape"))
-         for n, f, d in re.findall(r'Unit \{ name: "(\w+)", files: &\[([^\]]*)\], defines: "([^"]*)" \}', nv_rs)]
+         for n, f, d in re.findall(r'Unit\s*\{\s*name:\s*"(\w+)",\s*files:\s*&\[([^\]]*)\],\s*defines:\s*"([^"]*)",?\s*\}', nv_rs)]
 assert units, "no units parsed from src/kernels.rs"
 if a.only:
     units = [u for u in units if u[0] in a.only.split(",")]
