@@ -99,6 +99,13 @@ fn engine_mode(path: &Path, opts: EngineOptions, mode: Mode) -> Engine<CudaBacke
     Engine::load(be, path, opts).unwrap()
 }
 
+/// The end of a test that collects its failures: the scratch folder removed, then every
+/// failure listed.
+fn finish(dir: &Path, failures: &[String]) {
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
 struct Fixture {
     tokens: Vec<u32>,
     n_vocab: usize,
@@ -217,8 +224,7 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
         eprintln!("{}", report.last().unwrap());
     }
     eprintln!("{}", report.join("\n"));
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    finish(&dir, &failures);
 }
 
 /// Exact numerics past 64 prompt tokens, where llama.cpp's attention leaves its vector path
@@ -253,8 +259,7 @@ fn exact_prefill_equals_decode_past_64_tokens() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    finish(&dir, &failures);
 }
 
 /// The MoE combine fused into the residual add and RMSNorm after it (`comb_add_rms_norm`, the
