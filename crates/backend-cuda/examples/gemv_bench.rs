@@ -9,32 +9,18 @@
 //! `reps` matmuls, queued back to back) and GB/s of weight bytes for each kernel, and the ratio.
 
 use quarrel_core::{Backend, QuantType, WeightSource};
-use quarrel_cuda::CudaBackend;
 
 mod bench_util;
-use bench_util::{rnd, time, weight};
+use bench_util::{rnd, setup, time, weight};
 
 const COPIES: usize = 8;
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let toks: Vec<usize> = args.get(1).map_or(vec![1, 8], |s| s.split(',').filter_map(|v| v.parse().ok()).collect());
-    let reps: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(400);
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device");
-        std::process::exit(1);
-    }
-    let be = CudaBackend::new(0).expect("CUDA backend");
-    println!("{}\n", be.name());
+    let (toks, reps, types, be) = setup(&[1, 8], 400, &[QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0]);
     println!("| type | n_in | n_out | tokens | fast us | ordered us | fast GB/s | ordered GB/s | ordered/fast time |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     // Mistral-7B's matrices: q/o, k/v, gate/up, down, output; TinyLlama's q/o, gate/up, down
     let shapes =
         [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 32000), (2048, 2048), (2048, 5632), (5632, 2048)];
-    let all = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
-    let types: Vec<QuantType> = match args.get(3) {
-        Some(list) => all.into_iter().filter(|t| list.split(',').any(|n| n.eq_ignore_ascii_case(&t.to_string()))).collect(),
-        None => all.to_vec(),
-    };
     for ty in types {
         for &(n_in, n_out) in &shapes {
             let g = weight(ty, n_in, n_out);

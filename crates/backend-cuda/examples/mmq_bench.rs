@@ -8,30 +8,16 @@
 //! the cuBLAS/MMQ time ratio (> 1: MMQ faster) and MMQ's weight-read bandwidth.
 
 use quarrel_core::{Backend, QuantType, WeightSource};
-use quarrel_cuda::CudaBackend;
 
 mod bench_util;
-use bench_util::{rnd, time, weight};
+use bench_util::{rnd, setup, time, weight};
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let toks: Vec<usize> =
-        args.get(1).map_or(vec![9, 16, 32, 64, 128, 256, 512], |s| s.split(',').filter_map(|v| v.parse().ok()).collect());
-    let reps: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(20);
-    if quarrel_cuda::device_count() == 0 {
-        eprintln!("no CUDA device");
-        std::process::exit(1);
-    }
-    let be = CudaBackend::new(0).expect("CUDA backend");
-    println!("{}\n", be.name());
+    let all = [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K, QuantType::Q5_K, QuantType::Q8_0];
+    let (toks, reps, types, be) = setup(&[9, 16, 32, 64, 128, 256, 512], 20, &all);
     println!("| type | n_in | n_out | tokens | MMQ us | cuBLAS-f16 us | cuBLAS/MMQ | MMQ weight GB/s |\n|---|---:|---:|---:|---:|---:|---:|---:|");
     // Mistral-7B's matrices: q/o, k/v, gate/up, down
     let shapes = [(4096usize, 4096usize), (4096, 1024), (4096, 14336), (14336, 4096)];
-    let all = [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K, QuantType::Q5_K, QuantType::Q8_0];
-    let types: Vec<QuantType> = match args.get(3) {
-        Some(list) => all.into_iter().filter(|t| list.split(',').any(|n| n.eq_ignore_ascii_case(&t.to_string()))).collect(),
-        None => all.to_vec(),
-    };
     for ty in types {
         for &(n_in, n_out) in &shapes {
             let g = weight(ty, n_in, n_out);

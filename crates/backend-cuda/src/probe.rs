@@ -44,13 +44,18 @@ impl CudaBackend {
         Ok(self.router.download_last(&self.dev, &ph)?)
     }
 
-    /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
-    pub fn matmul_mmq(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
+    /// The shape checks of a matmul entry point and its (input, output) device pointers.
+    fn matmul_ptrs(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<(u64, u64)> {
         self.dev.bind()?;
         check_len("matmul input", x.len, n_tok * w.n_in)?;
         check_len("matmul output", out.len, n_tok * w.n_out)?;
         let xp = self.rd(x)?;
-        let op = self.wr(out);
+        Ok((xp, self.wr(out)))
+    }
+
+    /// `out = x · Wᵀ` through the MMQ kernels whatever the token count (tests, benchmarks).
+    pub fn matmul_mmq(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
+        let (xp, op) = self.matmul_ptrs(w, x, n_tok, out)?;
         if let Ok(mut g) = self.qcache.lock() {
             if g.as_ref().is_some_and(|c| c.x == op) {
                 *g = None;
@@ -61,11 +66,7 @@ impl CudaBackend {
 
     /// The cuBLAS GEMM path of `matmul` at any token count (benchmarks compare it with MMQ).
     pub fn matmul_gemm(&self, w: &CudaWeight, x: &CudaBuf, n_tok: usize, out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        check_len("matmul input", x.len, n_tok * w.n_in)?;
-        check_len("matmul output", out.len, n_tok * w.n_out)?;
-        let xp = self.rd(x)?;
-        let op = self.wr(out);
+        let (xp, op) = self.matmul_ptrs(w, x, n_tok, out)?;
         Ok(crate::matmul::gemm(&self.dev, &self.blas, w, xp, n_tok, op)?)
     }
 

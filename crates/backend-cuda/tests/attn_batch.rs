@@ -7,7 +7,7 @@
 //! a CUDA device.
 
 mod common;
-use common::{nmse, rnd};
+use common::{nmse, require_gpu, rnd};
 use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
@@ -52,12 +52,6 @@ impl Case {
             softcap: self.softcap,
         }
     }
-}
-
-/// Fails where there is no CUDA device (the tests are ignored unless asked for).
-fn no_gpu() -> bool {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
-    false
 }
 
 /// Prompts of `lens` tokens stored for every sequence, then one decode token each; returns
@@ -114,9 +108,7 @@ fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn batched_decode_attention_matches_cpu_and_per_head_kernel() {
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     // f16 caches: the grouped and per-head kernels (split-K, f32) here, not the default
     // one-pass kernel with the CPU's numerics (checked below and in numerics.rs)
@@ -213,9 +205,7 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     gpu.set_attn_mma_min(Some(64));
     let cpu = CpuBackend::new(0).unwrap();
@@ -262,9 +252,7 @@ fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn one_pass_kernel_matches_cpu_bits() {
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     gpu.set_numerics(quarrel_core::Numerics::Exact);
     let cpu = CpuBackend::new(0).unwrap();
@@ -346,9 +334,7 @@ fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_block
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn invariant_attention_prefill_equals_decode_bits() {
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     gpu.set_numerics(quarrel_core::Numerics::Invariant);
     let cpu = CpuBackend::new(0).unwrap();

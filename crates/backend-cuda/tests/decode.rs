@@ -3,15 +3,9 @@
 //! unless asked for (scripts/gpu-test.sh).
 
 mod common;
-use common::rnd;
+use common::{cuda, rnd};
 use quarrel_core::sample::{nucleus, penalized, softmax_seq, top_k_sorted};
 use quarrel_core::{sample_row_ref, Backend, SampleRow};
-use quarrel_cuda::CudaBackend;
-
-fn cuda() -> Option<CudaBackend> {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
-    Some(CudaBackend::new(0).expect("CUDA backend"))
-}
 
 /// Whether the reference's pick for `row` hangs on a comparison within `eps` (top-p's
 /// cumulative sum, min-p's threshold, the draw): where CUDA's expf may differ from libm's.
@@ -47,7 +41,7 @@ fn near_boundary(logits: &[f32], row: &SampleRow, eps: f32) -> bool {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn sample_rows_match_the_reference() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let mut s = 0x9e3779b97f4a7c15u64;
     let mut next = move || {
         s ^= s << 13;

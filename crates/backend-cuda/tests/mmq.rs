@@ -4,9 +4,10 @@
 //! the split-K path; plus MMQ == GEMV for the same tokens. Needs a CUDA device.
 
 mod common;
-use common::{nmse, rnd};
-use quarrel_core::{Backend, QuantType, WeightSource};
+use common::{nmse, require_gpu, rnd};
+use quarrel_core::{Backend, QuantType, Route, WeightSource};
 use quarrel_cpu::CpuBackend;
+use quarrel_cuda::mmq::MMQ_TYPES;
 use quarrel_cuda::{repack, CudaBackend};
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
@@ -23,25 +24,47 @@ mod tol {
     pub const GEMV: f64 = 1e-10;
 }
 
-const TYPES: [QuantType; 8] = [
-    QuantType::Q4_0,
-    QuantType::Q4_1,
-    QuantType::Q5_0,
-    QuantType::Q5_1,
-    QuantType::Q8_0,
-    QuantType::Q4_K,
-    QuantType::Q5_K,
-    QuantType::Q6_K,
-];
-
 fn is_k(ty: QuantType) -> bool {
     matches!(ty, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K)
+}
+
+/// A weight "w" of type `ty` and shape `dims` (innermost first) quantized from values in
+/// [-0.5, 0.5) (`rnd` from `seed`): its bytes and the file holding it.
+fn quantized(ty: QuantType, dims: &[usize], seed: u64) -> (Vec<u8>, Arc<Gguf>) {
+    let v: Vec<f32> = rnd(dims.iter().product(), seed).iter().map(|x| x * 0.5).collect();
+    let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
+    let mut wr = GgufWriter::new();
+    wr.add_tensor("w", &dims.iter().map(|&d| d as u64).collect::<Vec<u64>>(), ty).unwrap();
+    let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+    (bytes, g)
+}
+
+/// The twin's rows of an expert matmul: per route, its input row (the token's with
+/// `per_token`, else the route's own) times its expert, of the `ne` experts of `bytes`.
+fn twin_per_route(
+    ty: QuantType,
+    bytes: &[u8],
+    ne: usize,
+    (n_in, n_out): (usize, usize),
+    x: &[f32],
+    routes: &[Route],
+    per_token: bool,
+) -> Vec<f32> {
+    let eb = bytes.len() / ne;
+    let mut want = Vec::with_capacity(routes.len() * n_out);
+    for (i, r) in routes.iter().enumerate() {
+        let row = if per_token { r.token as usize } else { i };
+        let e = r.expert as usize;
+        let (t, p, m) = repack(ty, &bytes[e * eb..(e + 1) * eb]).unwrap();
+        want.extend(quarrel_cuda::mmq::reference(t, &p, &m.unwrap_or_default(), n_in, n_out, &x[row * n_in..(row + 1) * n_in], 1));
+    }
+    want
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_matches_twin_cpu_and_gemv() {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     let cpu = CpuBackend::new(0).unwrap();
     // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
@@ -61,15 +84,11 @@ fn mmq_matches_twin_cpu_and_gemv() {
     ];
     eprintln!("| type | n_in | n_out | n_tok | nmse vs twin | vs CPU | vs GEMV |\n|---|---:|---:|---:|---:|---:|---:|");
     for (si, &(n_in, n_out, n_tok)) in shapes.iter().enumerate() {
-        for (ti, &ty) in TYPES.iter().enumerate() {
+        for (ti, &ty) in MMQ_TYPES.iter().enumerate() {
             if is_k(ty) && n_in % 256 != 0 {
                 continue;
             }
-            let v: Vec<f32> = rnd(n_in * n_out, 1000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
-            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
-            let mut wr = GgufWriter::new();
-            wr.add_tensor("w", &[n_in as u64, n_out as u64], ty).unwrap();
-            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let (bytes, g) = quantized(ty, &[n_in, n_out], 1000 + 10 * si as u64 + ti as u64);
             let x = rnd(n_tok * n_in, 77 + si as u64);
 
             let (t, p, m) = repack(ty, &bytes).unwrap();
@@ -109,7 +128,7 @@ fn mmq_matches_twin_cpu_and_gemv() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_rejects_float_weights() {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     let mut wr = GgufWriter::new();
     wr.add_tensor("w", &[64, 4], QuantType::F32).unwrap();
@@ -129,8 +148,7 @@ fn mmq_rejects_float_weights() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn grouped_expert_mmq_matches_twin_per_route() {
-    use quarrel_core::Route;
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, tokens, used per token, skew)
     let shapes = [
@@ -142,15 +160,11 @@ fn grouped_expert_mmq_matches_twin_per_route() {
     ];
     eprintln!("| type | n_in | n_out | experts | tokens x used | nmse vs twin |\n|---|---:|---:|---:|---:|---:|");
     for (si, &(n_in, n_out, ne, n_tok, used, skew)) in shapes.iter().enumerate() {
-        for (ti, &ty) in TYPES.iter().enumerate() {
+        for (ti, &ty) in MMQ_TYPES.iter().enumerate() {
             if is_k(ty) && n_in % 256 != 0 {
                 continue;
             }
-            let v: Vec<f32> = rnd(n_in * n_out * ne, 5000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
-            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
-            let mut wr = GgufWriter::new();
-            wr.add_tensor("w", &[n_in as u64, n_out as u64, ne as u64], ty).unwrap();
-            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let (bytes, g) = quantized(ty, &[n_in, n_out, ne], 5000 + 10 * si as u64 + ti as u64);
             let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
             // routes: `used` distinct experts per token; skewed: expert 1 on every token
             let mut s = 0x9e37_79b9u64 + si as u64;
@@ -171,11 +185,6 @@ fn grouped_expert_mmq_matches_twin_per_route() {
                 }
                 routes.extend(chosen.into_iter().map(|e| Route { token: t as u32, expert: e, weight: 1.0 }));
             }
-            let eb = bytes.len() / ne;
-            let twin_row = |e: usize, x: &[f32]| {
-                let (t, p, m) = repack(ty, &bytes[e * eb..(e + 1) * eb]).unwrap();
-                quarrel_cuda::mmq::reference(t, &p, &m.unwrap_or_default(), n_in, n_out, x, 1)
-            };
             for per_token in [true, false] {
                 let n_src = if per_token { n_tok } else { routes.len() };
                 let x = rnd(n_src * n_in, 91 + si as u64 + per_token as u64);
@@ -183,11 +192,7 @@ fn grouped_expert_mmq_matches_twin_per_route() {
                 let mut ob = gpu.alloc(routes.len() * n_out).unwrap();
                 gpu.moe_matmul(&w, ne, &xb, &routes, per_token, &mut ob).unwrap();
                 let got = gpu.download(&ob).unwrap();
-                let mut want = Vec::with_capacity(got.len());
-                for (i, r) in routes.iter().enumerate() {
-                    let row = if per_token { r.token as usize } else { i };
-                    want.extend(twin_row(r.expert as usize, &x[row * n_in..(row + 1) * n_in]));
-                }
+                let want = twin_per_route(ty, &bytes, ne, (n_in, n_out), &x, &routes, per_token);
                 let e = nmse(&want, &got);
                 eprintln!("| {ty} | {n_in} | {n_out} | {ne} | {n_tok} x {used}{} | {e:.2e} |", if per_token { "" } else { " (per route)" });
                 assert!(got.iter().all(|v| v.is_finite()), "{ty} shape {si}: non-finite output");
@@ -206,7 +211,7 @@ fn grouped_expert_mmq_matches_twin_per_route() {
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn device_planned_expert_mmq_equals_host_planned() {
     use quarrel_core::{Gating, MoeRouting};
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     // (n_in, n_out per expert, experts, used, tokens, logit bias toward expert 0: skew)
     let shapes = [
@@ -216,15 +221,11 @@ fn device_planned_expert_mmq_equals_host_planned() {
         (1024, 96, 4, 2, 700, 3.0),
     ];
     for (si, &(n_in, n_out, ne, used, n_tok, skew)) in shapes.iter().enumerate() {
-        for (ti, &ty) in TYPES.iter().enumerate() {
+        for (ti, &ty) in MMQ_TYPES.iter().enumerate() {
             if is_k(ty) && n_in % 256 != 0 {
                 continue;
             }
-            let v: Vec<f32> = rnd(n_in * n_out * ne, 7000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
-            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
-            let mut wr = GgufWriter::new();
-            wr.add_tensor("w", &[n_in as u64, n_out as u64, ne as u64], ty).unwrap();
-            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let (bytes, g) = quantized(ty, &[n_in, n_out, ne], 7000 + 10 * si as u64 + ti as u64);
             let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
             let mut logits = rnd(n_tok * ne, 300 + si as u64);
             logits.iter_mut().step_by(ne).for_each(|l| *l += skew);
@@ -233,7 +234,6 @@ fn device_planned_expert_mmq_equals_host_planned() {
             let placeholders = gpu.moe_route(0, &lb, None, &p).unwrap();
             let real = gpu.moe_route_on_device(&lb, None, &p).unwrap();
             assert_eq!(placeholders.len(), real.len());
-            let eb = bytes.len() / ne;
             for per_token in [true, false] {
                 let n_src = if per_token { n_tok } else { real.len() };
                 let x = rnd(n_src * n_in, 41 + si as u64 + per_token as u64);
@@ -250,20 +250,7 @@ fn device_planned_expert_mmq_equals_host_planned() {
                     dev_planned.iter().zip(&host_planned).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{ty} shape {si} per_token {per_token}: device-planned != host-planned"
                 );
-                let mut want = Vec::with_capacity(host_planned.len());
-                for (i, r) in real.iter().enumerate() {
-                    let row = if per_token { r.token as usize } else { i };
-                    let (t, pl, m) = repack(ty, &bytes[r.expert as usize * eb..(r.expert as usize + 1) * eb]).unwrap();
-                    want.extend(quarrel_cuda::mmq::reference(
-                        t,
-                        &pl,
-                        &m.unwrap_or_default(),
-                        n_in,
-                        n_out,
-                        &x[row * n_in..(row + 1) * n_in],
-                        1,
-                    ));
-                }
+                let want = twin_per_route(ty, &bytes, ne, (n_in, n_out), &x, &real, per_token);
                 let e = nmse(&want, &dev_planned);
                 assert!(e <= tol::TWIN, "{ty} shape {si}: device-planned expert MMQ nmse vs twin {e:.3e}");
                 if !per_token {
@@ -290,22 +277,18 @@ fn device_planned_expert_mmq_equals_host_planned() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn invariant_gemvm_equals_unsplit_mmq_bit_for_bit() {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
+    require_gpu();
     let gpu = CudaBackend::new(0).unwrap();
     gpu.set_numerics(quarrel_core::Numerics::Invariant);
     let shapes = [(512usize, 70usize), (544, 130), (672, 33), (4096, 200), (14336, 96), (256, 1)];
     let n_tok = 23;
     let mut checked = 0;
     for (si, &(n_in, n_out)) in shapes.iter().enumerate() {
-        for (ti, &ty) in TYPES.iter().enumerate() {
+        for (ti, &ty) in MMQ_TYPES.iter().enumerate() {
             if is_k(ty) && n_in % 256 != 0 {
                 continue;
             }
-            let v: Vec<f32> = rnd(n_in * n_out, 5000 + 10 * si as u64 + ti as u64).iter().map(|x| x * 0.5).collect();
-            let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
-            let mut wr = GgufWriter::new();
-            wr.add_tensor("w", &[n_in as u64, n_out as u64], ty).unwrap();
-            let g = Arc::new(Gguf::from_bytes(wr.to_bytes(&[bytes.as_slice()]).unwrap()).unwrap());
+            let (_, g) = quantized(ty, &[n_in, n_out], 5000 + 10 * si as u64 + ti as u64);
             let w = gpu.load_weight(WeightSource { gguf: &g, name: "w" }).unwrap();
             // activations with outliers and an all-zero token
             let mut x = rnd(n_tok * n_in, 91 + si as u64);

@@ -2,6 +2,8 @@
 //! (logits), and SmolLM2 (greedy texts, perplexity) when `QUARREL_SMOLLM2` names the file.
 //! Needs a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
+mod common;
+use common::{fixture, nmse_any, require_gpu, tmpdir};
 use quarrel_core::Backend;
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
@@ -28,17 +30,6 @@ fn logits_nmse_exact(ftype: &str) -> f64 {
     }
 }
 
-fn has_gpu() -> bool {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
-    true
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
-
 fn engine<B: Backend>(be: B, path: &Path, opts: EngineOptions) -> Engine<B> {
     Engine::load(be, path, opts).unwrap()
 }
@@ -53,11 +44,8 @@ fn synth(ftype: &str, dir: &Path) -> PathBuf {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn synthetic_models_logits_match_cpu() {
-    if !has_gpu() {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("quarrel-cuda-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    require_gpu();
+    let dir = tmpdir("test");
     for ftype in ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k_m", "q6_k"] {
         let path = synth(ftype, &dir);
         let opts = EngineOptions { n_ctx: 128, n_batch: 512, n_seq: 4, ..Default::default() };
@@ -71,7 +59,7 @@ fn synthetic_models_logits_match_cpu() {
         let c = one.eval_all(&ids).unwrap();
         let mut worst = (0f64, 0f64);
         for (p, ((x, y), z)) in a.iter().zip(&b).zip(&c).enumerate() {
-            let (e1, e2) = (nmse(x, y), nmse(x, z));
+            let (e1, e2) = (nmse_any(x, y), nmse_any(x, z));
             worst = (worst.0.max(e1), worst.1.max(e2));
             assert!(y.iter().chain(z).all(|v| v.is_finite()), "{ftype}: non-finite logits at {p}");
             assert!(e1 < LOGITS_NMSE && e2 < LOGITS_NMSE, "{ftype} position {p}: prefill nmse {e1:.3e}, decode nmse {e2:.3e}");
@@ -82,7 +70,7 @@ fn synthetic_models_logits_match_cpu() {
         for (s, toks) in seqs.iter().enumerate() {
             let alone = cpu.eval_all(toks).unwrap();
             for (x, y) in alone.iter().zip(&batched[s]) {
-                assert!(nmse(x, y) < LOGITS_NMSE, "{ftype}: batched sequence {s}");
+                assert!(nmse_any(x, y) < LOGITS_NMSE, "{ftype}: batched sequence {s}");
             }
         }
         eprintln!("{ftype}: worst logits nmse vs CPU: prefill {:.2e}, decode {:.2e}", worst.0, worst.1);
@@ -93,7 +81,7 @@ fn synthetic_models_logits_match_cpu() {
             be.set_numerics(quarrel_core::Numerics::Exact);
             let x = engine(be, &path, EngineOptions { n_batch, ..opts.clone() }).eval_all(&ids).unwrap();
             for (p, (u, v)) in a.iter().zip(&x).enumerate() {
-                let e = nmse(u, v);
+                let e = nmse_any(u, v);
                 assert!(e <= logits_nmse_exact(ftype), "{ftype} exact, n_batch {n_batch}, position {p}: nmse {e:.3e}");
                 if n_batch == 512 {
                     worst_x.0 = worst_x.0.max(e);
@@ -108,24 +96,13 @@ fn synthetic_models_logits_match_cpu() {
 }
 
 fn smollm2() -> Option<PathBuf> {
-    if !has_gpu() {
-        return None;
-    }
+    require_gpu();
     match std::env::var_os("QUARREL_SMOLLM2") {
         Some(p) => Some(PathBuf::from(p)),
         None => {
             eprintln!("QUARREL_SMOLLM2 not set: skipping");
             None
         }
-    }
-}
-
-/// `tests/fixtures/<rel>`; `QUARREL_FIXTURES` overrides the folder (prebuilt test binaries
-/// run from another checkout).
-fn fixture(rel: &str) -> PathBuf {
-    match std::env::var_os("QUARREL_FIXTURES") {
-        Some(d) => PathBuf::from(d).join(rel),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel),
     }
 }
 

@@ -8,6 +8,8 @@
 //! token-by-token decode and a batch equals each sequence alone, in both numerics modes. Needs
 //! a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
+mod common;
+use common::{fixture, nmse_any, require_gpu, tmpdir};
 use quarrel_cuda::CudaBackend;
 use quarrel_engine::{Engine, EngineOptions};
 use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
@@ -47,18 +49,6 @@ const SELF_CONSISTENT: f64 = 1e-3;
 /// cores, decode Q8 ones): as tests/model.rs's bound.
 const SELF_CONSISTENT_DENSE: f64 = 5e-3;
 
-fn has_gpu() -> bool {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
-    true
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
-
 /// The tests' random numbers (xorshift64 from `state`).
 fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
     move || {
@@ -66,13 +56,6 @@ fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
         state ^= state >> 7;
         state ^= state << 17;
         state
-    }
-}
-
-fn fixture(rel: &str) -> PathBuf {
-    match std::env::var_os("QUARREL_FIXTURES") {
-        Some(d) => PathBuf::from(d).join(rel),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel),
     }
 }
 
@@ -104,7 +87,8 @@ impl Mode {
     }
 }
 
-/// With the given numerics.
+/// With the given numerics (`Mode::Exact`: llama.cpp's CPU attention and matmul float order,
+/// what the fixtures were made with).
 fn engine_mode(path: &Path, opts: EngineOptions, mode: Mode) -> Engine<CudaBackend> {
     let be = CudaBackend::new(0).unwrap();
     match mode {
@@ -115,17 +99,11 @@ fn engine_mode(path: &Path, opts: EngineOptions, mode: Mode) -> Engine<CudaBacke
     Engine::load(be, path, opts).unwrap()
 }
 
-/// With exact numerics: llama.cpp's CPU attention and matmul float order (what the fixtures were made with).
-fn engine_exact(path: &Path, opts: EngineOptions) -> Engine<CudaBackend> {
-    let be = CudaBackend::new(0).unwrap();
-    be.set_numerics(quarrel_core::Numerics::Exact);
-    Engine::load(be, path, opts).unwrap()
-}
-
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("quarrel-cuda-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// The end of a test that collects its failures: the scratch folder removed, then every
+/// failure listed.
+fn finish(dir: &Path, failures: &[String]) {
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 struct Fixture {
@@ -156,9 +134,7 @@ fn read_fixture(path: &Path) -> Fixture {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn moe_and_hybrid_logits_match_llama_cpp() {
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tmpdir("moe-fx");
     let (mut report, mut failures) = (vec![], vec![]);
     let worst = |e: &[f64]| e.iter().copied().fold(0f64, f64::max);
@@ -167,16 +143,16 @@ fn moe_and_hybrid_logits_match_llama_cpp() {
         let f = read_fixture(&fixture(&format!("moe/{name}.json")));
         let fc = read_fixture(&fixture(&format!("moe-cuda/{name}.json")));
         assert_eq!(f.tokens, fc.tokens, "{name}: the CPU and CUDA fixtures' tokens");
-        let spread: Vec<f64> = f.logits.iter().zip(&fc.logits).map(|(a, b)| nmse(a, b)).collect();
+        let spread: Vec<f64> = f.logits.iter().zip(&fc.logits).map(|(a, b)| nmse_any(a, b)).collect();
         let path = synth(name, &dir, Ftype::Q8_0);
         for m in [Mode::Exact, Mode::Invariant] {
             let opts = EngineOptions { n_ctx: 64, ..Default::default() };
-            let mut e = if m == Mode::Exact { engine_exact(&path, opts) } else { engine_mode(&path, opts, m) };
+            let mut e = engine_mode(&path, opts, m);
             assert_eq!(e.n_vocab(), f.n_vocab);
             let ours = e.eval_all(&f.tokens).unwrap();
             assert_eq!(ours.len(), f.logits.len(), "{name}: positions");
-            let errs: Vec<f64> = f.logits.iter().zip(&ours).map(|(a, b)| nmse(a, b)).collect();
-            let vs_cuda: Vec<f64> = fc.logits.iter().zip(&ours).map(|(a, b)| nmse(a, b)).collect();
+            let errs: Vec<f64> = f.logits.iter().zip(&ours).map(|(a, b)| nmse_any(a, b)).collect();
+            let vs_cuda: Vec<f64> = fc.logits.iter().zip(&ours).map(|(a, b)| nmse_any(a, b)).collect();
             let bound = if m == Mode::Exact {
                 // the ops themselves: position 0, and every position of the attention-free model
                 let ops = if *name == "tiny-mamba2" { worst(&errs) } else { errs[0] };
@@ -205,9 +181,7 @@ fn moe_and_hybrid_logits_match_llama_cpp() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tmpdir("moe-self");
     let (mut report, mut failures) = (vec![], vec![]);
     let modes = [Mode::Exact, Mode::Invariant, Mode::Fast];
@@ -229,7 +203,7 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
         let mut worst = 0f64;
         for (p, (x, y)) in a.iter().zip(&b).enumerate() {
             assert!(x.iter().chain(y).all(|v| v.is_finite()), "{name} {}: non-finite logits at {p}", ftype.name());
-            let e = nmse(x, y);
+            let e = nmse_any(x, y);
             worst = worst.max(e);
             if e > bound {
                 failures.push(format!("{name} {} {mode}: position {p}: prefill vs decode nmse {e:.3e}", ftype.name()));
@@ -240,7 +214,7 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
         for (s, toks) in seqs.iter().enumerate() {
             let alone = whole.eval_all(toks).unwrap();
             for (p, (x, y)) in batched[s].iter().zip(&alone).enumerate() {
-                let e = nmse(x, y);
+                let e = nmse_any(x, y);
                 if e > bound {
                     failures.push(format!("{name} {} {mode}: sequence {s} position {p}: batched vs alone nmse {e:.3e}", ftype.name()));
                 }
@@ -250,8 +224,7 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
         eprintln!("{}", report.last().unwrap());
     }
     eprintln!("{}", report.join("\n"));
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    finish(&dir, &failures);
 }
 
 /// Exact numerics past 64 prompt tokens, where llama.cpp's attention leaves its vector path
@@ -262,9 +235,7 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_prefill_equals_decode_past_64_tokens() {
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tmpdir("moe-long");
     let mut failures = vec![];
     let ids: Vec<u32> = (0..100).map(|i| (i * 37 + 5) % 500).collect();
@@ -274,7 +245,7 @@ fn exact_prefill_equals_decode_past_64_tokens() {
         let mut single = engine_mode(&path, EngineOptions { n_ctx: 128, n_batch: 1, ..Default::default() }, Mode::Exact);
         let (a, b) = (whole.eval_all(&ids).unwrap(), single.eval_all(&ids).unwrap());
         let differ: Vec<usize> = (0..a.len()).filter(|&p| a[p].iter().zip(&b[p]).any(|(x, y)| x.to_bits() != y.to_bits())).collect();
-        let worst = a.iter().zip(&b).map(|(x, y)| nmse(x, y)).fold(0f64, f64::max);
+        let worst = a.iter().zip(&b).map(|(x, y)| nmse_any(x, y)).fold(0f64, f64::max);
         eprintln!("{name} {}: 100-token prefill vs decode: {} positions differ, worst nmse {worst:.2e}", ftype.name(), differ.len());
         if !differ.is_empty() {
             failures.push(format!("{name} {}: prefill vs decode differ at positions {differ:?} (worst nmse {worst:.2e})", ftype.name()));
@@ -288,8 +259,7 @@ fn exact_prefill_equals_decode_past_64_tokens() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    finish(&dir, &failures);
 }
 
 /// The MoE combine fused into the residual add and RMSNorm after it (`comb_add_rms_norm`, the
@@ -299,9 +269,7 @@ fn exact_prefill_equals_decode_past_64_tokens() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn fused_combine_add_norm_equals_separate_launches() {
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tmpdir("moe-comb");
     let ids: Vec<u32> = (0..32).map(|i| (i * 41 + 3) % 500).collect();
     let seqs: Vec<Vec<u32>> = (0..8).map(|s| ids[s..s + 4 + 2 * s].to_vec()).collect(); // up to ids[25]
@@ -349,7 +317,7 @@ fn fused_combine_add_norm_equals_separate_launches() {
                         same,
                         "{name} {} n_batch {n_batch}: the fused combine differs at row {p} (nmse {:.3e})",
                         ftype.name(),
-                        nmse(x, y)
+                        nmse_any(x, y)
                     );
                 }
             }
@@ -365,9 +333,7 @@ fn fused_combine_add_norm_equals_separate_launches() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn expert_budget_keeps_logits_identical() {
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tmpdir("moe-budget");
     for name in ["tiny-mixtral", "tiny-nemotron-h-moe"] {
         for ftype in [Ftype::Q8_0, Ftype::Q4_K_M] {
@@ -395,7 +361,7 @@ fn expert_budget_keeps_logits_identical() {
                     // experts, weights equal but for exp's last-ulp cases
                     let want = if n_batch == 512 { &full } else { &full_decode };
                     for (p, (a, b)) in want.iter().zip(&got).enumerate() {
-                        let e = nmse(a, b);
+                        let e = nmse_any(a, b);
                         let ok = if n_batch == 512 { a == b } else { e <= 1e-9 };
                         assert!(
                             ok,
@@ -419,9 +385,7 @@ fn expert_budget_keeps_logits_identical() {
 fn device_router_matches_host_reference() {
     use quarrel_core::moe::route_reference;
     use quarrel_core::{Backend, Gating, MoeRouting};
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let be = CudaBackend::new(0).unwrap();
     let mut next = xorshift(0x9e3779b97f4a7c15u64);
     let mut cases = 0;
@@ -470,9 +434,7 @@ fn device_router_matches_host_reference() {
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn ssm_conv_scan_equals_conv_then_scan() {
     use quarrel_core::{Backend, ForwardBatch, KvSpec, KvType, SeqBatch, SsmParams, StateSpec};
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let be = CudaBackend::new(0).unwrap();
     let mut next = xorshift(0x853c49e6748fea9bu64);
     let mut rnd = move |n: usize, scale: f32| -> Vec<f32> {
@@ -532,9 +494,7 @@ fn fused_router_matches_matmul_and_reference() {
     use quarrel_core::{Backend, Gating, MoeRouting, QuantType, WeightSource};
     use quarrel_gguf::{Gguf, GgufWriter};
     use std::sync::Arc;
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let be = CudaBackend::new(0).unwrap();
     let mut next = xorshift(0x2545f4914f6cdd1du64);
     let mut cases = 0;
@@ -593,9 +553,7 @@ fn fused_router_matches_matmul_and_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_numerics_consistent_on_a_7b_shape() {
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     use quarrel_bench::{Consistency, ConsistencyOptions};
     use quarrel_synth::{write_synth_with, Preset, SynthSpec, WriteOptions};
     let dir = tmpdir("moe-7b");

@@ -9,17 +9,11 @@
 //! unless asked for (scripts/gpu-test.sh).
 
 mod common;
-use common::rnd;
+use common::{cuda, rnd};
 use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeStyle, SeqBatch, WeightSource};
 use quarrel_cpu::CpuBackend;
-use quarrel_cuda::CudaBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
-
-fn cuda() -> Option<CudaBackend> {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
-    Some(CudaBackend::new(0).expect("CUDA backend"))
-}
 
 /// Model-like shapes (multiples of 256 for the K types).
 const EMBD: usize = 768;
@@ -44,19 +38,7 @@ fn bit_diff(a: &[f32], b: &[f32]) -> (usize, f64) {
 fn weights() -> Arc<Gguf> {
     let mut w = GgufWriter::new();
     let mut data = Vec::new();
-    for (i, ty) in [
-        QuantType::Q4_0,
-        QuantType::Q4_1,
-        QuantType::Q5_0,
-        QuantType::Q5_1,
-        QuantType::Q8_0,
-        QuantType::Q4_K,
-        QuantType::Q5_K,
-        QuantType::Q6_K,
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, ty) in quarrel_cuda::mmq::MMQ_TYPES.into_iter().enumerate() {
         for (name, n_in, n_out) in [("up", EMBD, FF), ("down", FF, EMBD)] {
             let v: Vec<f32> = rnd(n_in * n_out, 500 + 2 * i as u64 + (name == "down") as u64).iter().map(|x| x * 0.1).collect();
             w.add_tensor(&format!("{name}.{}", ty.name()), &[n_in as u64, n_out as u64], ty).unwrap();
@@ -120,7 +102,7 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>) -> Vec<(&'static str, Vec<f32>
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn elementwise_ops_bit_exact() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
     let (a, b) = (elementwise(&cpu, &g), elementwise(&gpu, &g));
@@ -155,7 +137,7 @@ fn rope<B: Backend>(be: &B, style: RopeStyle, ff: Option<Vec<f32>>) -> Vec<f32> 
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn rope_within_one_ulp_of_cpu() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     for (style, ff) in [(RopeStyle::Normal, None), (RopeStyle::Neox, Some(rnd(32, 4).iter().map(|v| 1.5 + v).collect::<Vec<f32>>()))] {
         let (a, b) = (rope(&cpu, style, ff.clone()), rope(&gpu, style, ff));
@@ -197,7 +179,7 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: &str, n_tok: usize, via: &str) -> V
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn quantized_matmul_equals_cpu_to_float_order() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     // the fast GEMV (the default; the ordered one: ordered_gemv_bit_exact)
     gpu.set_ordered_gemv(false);
     let cpu = CpuBackend::new(0).unwrap();
@@ -225,7 +207,7 @@ fn quantized_matmul_equals_cpu_to_float_order() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_matmul_bit_exact() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     gpu.set_numerics(quarrel_core::Numerics::Exact);
     let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
@@ -267,7 +249,7 @@ fn mm3<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, x: &[f32], n_tok: usize
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn ordered_gemv_bit_exact() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     gpu.set_ordered_gemv(true);
     let cpu = CpuBackend::new(0).unwrap();
     let (n_in, outs) = (5632usize, [100usize, 36, 7]);
@@ -353,7 +335,7 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_attention_matches_cpu() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     gpu.set_attn_mma_min(None);
     let cpu = CpuBackend::new(0).unwrap();
     for exact in [false, true] {
@@ -390,7 +372,7 @@ fn check_attention(a: &[Vec<f32>], b: &[Vec<f32>]) {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn decode_attention_long_contexts_match_cpu() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     let limit = 2048;
     gpu.set_attn_vec_max(limit);
@@ -471,7 +453,7 @@ fn long_decode<B: Backend>(be: &B, lens: [usize; 2], window: Option<usize>) -> V
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn embed_rows_bit_exact_at_every_position() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     let shapes = [(768usize, 2048usize), (256, 2048), (768, 64), (512, 70)];
     let types = [QuantType::Q4_K, QuantType::Q4_0, QuantType::Q8_0, QuantType::Q6_K, QuantType::Q4_1];
@@ -536,7 +518,7 @@ fn embed_rows_bit_exact_at_every_position() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn fresh_tables_read_right_after_load() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let (n_in, n_out, n_tab) = (1024usize, 4096usize, 6usize);
     let mut w = GgufWriter::new();
     let mut vals = Vec::new();
@@ -582,7 +564,7 @@ fn fresh_tables_read_right_after_load() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn small_float_matmul_prefill_equals_token_steps() {
-    let Some(be) = cuda() else { return };
+    let be = cuda();
     for (ty, n_in, n_out) in
         [(QuantType::F32, 1536usize, 64usize), (QuantType::F32, 2688, 128), (QuantType::F16, 4096, 8), (QuantType::BF16, 512, 40)]
     {

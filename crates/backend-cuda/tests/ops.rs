@@ -28,13 +28,12 @@ mod tol {
     pub const ATTENTION: f64 = 1e-5;
 }
 
-fn cuda() -> Option<CudaBackend> {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
-    let gpu = CudaBackend::new(0).expect("CUDA backend");
+fn cuda() -> CudaBackend {
+    let gpu = common::cuda();
     // these tests hold the fast kernels to their NMSE bounds: small test weights would otherwise
     // take the ordered GEMV by default (it has its own bit-exact tests in tests/numerics.rs)
     gpu.set_ordered_gemv(false);
-    Some(gpu)
+    gpu
 }
 
 const N_IN: usize = 512;
@@ -91,7 +90,7 @@ fn matmul<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, n_tok: usize) -> Vec
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn matmul_every_type_gemv_and_gemm() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     let (g, types) = weights();
     assert!(types.len() >= 12, "only {types:?} quantize");
@@ -122,7 +121,7 @@ fn matmul_every_type_gemv_and_gemm() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn matmul_row_splits() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     for (n_in, n_out) in [(256usize, 8200usize), (512, 4100)] {
         let mut w = GgufWriter::new();
@@ -228,7 +227,7 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn elementwise_ops_match_cpu() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     let (g, types) = weights();
     let a = elementwise(&cpu, &g, &types);
@@ -289,7 +288,7 @@ fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Opt
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn paged_attention_every_kv_type() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     for ty in KvType::ALL {
         for (window, softcap) in [(None, None), (Some(20), None), (None, Some(5.0))] {
@@ -305,7 +304,7 @@ fn paged_attention_every_kv_type() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn bad_input_is_an_error_not_a_panic() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let (g, _) = weights();
     let w = load(&gpu, &g, "w.q4_0");
     let x = gpu.upload(&[0.0; N_IN]).unwrap();
@@ -322,7 +321,7 @@ fn bad_input_is_an_error_not_a_panic() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn grouped_gemvs_match_cpu() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     let n_in = 256;
     let shapes = [700usize, 96, 96, 5000];
@@ -370,7 +369,7 @@ fn grouped_gemvs_match_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn argmax_rows_matches_host() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     for (dim, rows) in [(1usize, 3usize), (7, 2), (1000, 1), (49152, 2), (32000, 3)] {
         let mut v: Vec<f32> = rnd(dim * rows, dim as u64).iter().map(|x| (x * 8.0).round()).collect();
         if dim > 10 {
@@ -397,7 +396,7 @@ fn argmax_rows_matches_host() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn rope_and_kv_store_fused_match_unfused_and_cpu() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     fn run<B: Backend>(be: &B, ty: KvType, style: RopeStyle, n_rot: usize, fuse: bool) -> Vec<f32> {
         let (n_head, n_kv_head, hd, bs) = (8, 2, 64, 16);
@@ -468,7 +467,7 @@ fn rope_and_kv_store_fused_match_unfused_and_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     let (n_in, n_head, n_kv_head, hd, bs) = (256usize, 4usize, 2usize, 64usize, 16usize);
     for ty in [QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K] {
@@ -554,7 +553,7 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn wide_rms_norm_matches_cpu() {
-    let Some(gpu) = cuda() else { return };
+    let gpu = cuda();
     let cpu = CpuBackend::new(0).unwrap();
     fn run<B: Backend>(be: &B, d: usize, rows: usize) -> Vec<Vec<f32>> {
         let mut w = GgufWriter::new();

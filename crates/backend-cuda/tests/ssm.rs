@@ -7,14 +7,9 @@
 //! Needs a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
 mod common;
-use common::rnd;
+use common::{require_gpu, rnd};
 use quarrel_core::{Backend, ForwardBatch, KvSpec, KvType, SeqBatch, SsmParams, StateSpec};
 use quarrel_cuda::{CudaBackend, CudaKv, ScanKernel};
-
-fn has_gpu() -> bool {
-    assert!(quarrel_cuda::device_count() > 0, "no CUDA device: this test needs a GPU (scripts/gpu-test.sh runs it on one)");
-    true
-}
 
 /// One shape's inputs: per sequence, per token, the conv output row (x, B, C) and the
 /// projection row (z, x, B, C, dt).
@@ -111,9 +106,7 @@ fn by_token(p: &SsmParams, steps: &[Vec<(usize, usize, usize)>], outs: &[Vec<f32
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn prefill_scan_kernels_equal_token_steps() {
-    if !has_gpu() {
-        return;
-    }
+    require_gpu();
     let be = CudaBackend::new(0).unwrap();
     // (heads, head size, state size, groups): state sizes 16 and 48 have only the generic kernel
     let shapes = [

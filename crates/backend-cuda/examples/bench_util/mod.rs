@@ -1,21 +1,34 @@
-//! Helpers shared by the benchmark examples: deterministic inputs, a weight of any shape without
-//! a model file, and host timing of queued matmuls.
+//! Helpers shared by the benchmark examples: their command line, deterministic inputs (the GPU
+//! tests' `rnd`), a weight of any shape without a model file, and host timing of queued matmuls.
 
-use quarrel_core::QuantType;
+use quarrel_core::{Backend, QuantType};
 use quarrel_cuda::CudaBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Deterministic pseudo-random values in [-1, 1).
-pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+#[path = "../../tests/common/mod.rs"]
+mod common;
+pub use common::rnd;
+
+/// The benchmarks' command line `[n_tok,...] [reps] [type,...]` (`default_toks`, `default_reps`
+/// and `all` where absent; the types picked from `all` by name) and the backend on device 0,
+/// its name printed; exits where there is no CUDA device.
+pub fn setup(default_toks: &[usize], default_reps: usize, all: &[QuantType]) -> (Vec<usize>, usize, Vec<QuantType>, CudaBackend) {
+    let args: Vec<String> = std::env::args().collect();
+    let toks: Vec<usize> = args.get(1).map_or(default_toks.to_vec(), |s| s.split(',').filter_map(|v| v.parse().ok()).collect());
+    let reps: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(default_reps);
+    if quarrel_cuda::device_count() == 0 {
+        eprintln!("no CUDA device");
+        std::process::exit(1);
+    }
+    let be = CudaBackend::new(0).expect("CUDA backend");
+    println!("{}\n", be.name());
+    let types: Vec<QuantType> = match args.get(3) {
+        Some(list) => all.iter().copied().filter(|t| list.split(',').any(|n| n.eq_ignore_ascii_case(&t.to_string()))).collect(),
+        None => all.to_vec(),
+    };
+    (toks, reps, types, be)
 }
 
 /// A random quantized 64-row block repeated to `n_out` rows (the kernels' cost is that of any

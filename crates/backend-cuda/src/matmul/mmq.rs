@@ -20,6 +20,7 @@ use crate::matmul::QCache;
 use crate::runtime::Arg;
 use crate::weights::unit::{load_unit, Unit};
 use crate::weights::{CudaWeight, DevType};
+use quarrel_core::QuantType;
 use std::sync::Mutex;
 
 /// Units staged per iteration (MMQ_KU in mmq.cu).
@@ -39,6 +40,18 @@ const SMS: usize = 132;
 pub const MMQ_MAX_TOKENS: usize = 32;
 /// See `MMQ_MAX_TOKENS`.
 pub const MMQ_SMALL_MATRIX_TOKENS: usize = 64;
+
+/// The weight types with an MMQ kernel (and a unit decoding in `weights::unit`).
+pub const MMQ_TYPES: [QuantType; 8] = [
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q8_0,
+    QuantType::Q4_K,
+    QuantType::Q5_K,
+    QuantType::Q6_K,
+];
 
 /// Whether a matmul of `n_tok` tokens over an `n_out x n_in` quantized weight takes MMQ.
 pub fn mmq_wins(n_in: usize, n_out: usize, n_tok: usize) -> bool {
@@ -289,18 +302,6 @@ mod tests {
     use super::*;
     use crate::weights::repack;
     use proptest::prelude::*;
-    use quarrel_core::QuantType;
-
-    const TYPES: [QuantType; 8] = [
-        QuantType::Q4_0,
-        QuantType::Q4_1,
-        QuantType::Q5_0,
-        QuantType::Q5_1,
-        QuantType::Q8_0,
-        QuantType::Q4_K,
-        QuantType::Q5_K,
-        QuantType::Q6_K,
-    ];
 
     #[test]
     fn shapes_cover_every_unit_once() {
@@ -338,7 +339,7 @@ mod tests {
             let w: Vec<f32> = (0..rows * n_in).map(|_| r()).collect();
             let x: Vec<f32> = (0..n_tok * n_in).map(|_| r()).collect();
             let (xq, xm) = quantize_q8_ref(&x);
-            for ty in TYPES {
+            for ty in MMQ_TYPES {
                 let bytes = quarrel_quant::quantize_to_vec(ty, &w).unwrap();
                 let mut wd = vec![0f32; w.len()];
                 quarrel_quant::dequantize(ty, &bytes, &mut wd).unwrap();

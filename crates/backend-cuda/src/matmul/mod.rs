@@ -258,6 +258,24 @@ pub(crate) struct RopeFuse {
     pub kv: Option<(u64, u64, u64)>,
 }
 
+impl RopeFuse {
+    /// The `*3r` kernels' trailing arguments (no KV store: null caches and slots).
+    fn args(&self) -> [Arg; 9] {
+        let (kd, vd, slots) = self.kv.unwrap_or((0, 0, 0));
+        [
+            Arg::P(self.pos),
+            Arg::P(self.ff),
+            Arg::F(self.theta_scale),
+            Arg::F(self.freq_scale),
+            Arg::I(self.hd as i32),
+            Arg::I(self.rope_k as i32),
+            Arg::P(kd),
+            Arg::P(vd),
+            Arg::P(slots),
+        ]
+    }
+}
+
 /// Whether RoPE and the KV store may join a q/k/v GEMV (the fused kernel pairs rows).
 pub(crate) fn rope_fusion() -> bool {
     GEMV_ROWS.is_multiple_of(2)
@@ -368,16 +386,7 @@ impl GemvGroup {
         args.extend([Arg::P(self.xq), Arg::P(self.xm), Arg::I(u)]);
         args.extend((0..3).map(|k| Arg::I(shapes.get(k).map_or(1, |s| s.0) as i32)));
         if let Some(r) = self.rope {
-            let (kd, vd, slots) = r.kv.unwrap_or((0, 0, 0));
-            args.extend([
-                Arg::P(r.pos),
-                Arg::P(r.ff),
-                Arg::F(r.theta_scale),
-                Arg::F(r.freq_scale),
-                Arg::I(r.hd as i32),
-                Arg::I(r.rope_k as i32),
-            ]);
-            args.extend([Arg::P(kd), Arg::P(vd), Arg::P(slots)]);
+            args.extend(r.args());
             return dev.launch_now(&format!("gemv3r_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args);
         }
         dev.launch_now(&format!("gemv3_{name}_{nt}"), (nb.iter().sum(), 1, 1), 128, 0, &args)
@@ -420,16 +429,7 @@ impl GemvGroup {
         // q/k/v with RoPE and the KV store: in the fold's epilogue (the same bits as the kernels)
         let kernel = if self.rope.is_some() { format!("gemvm3r_{name}_{nt}") } else { format!("gemvm3_{name}_{nt}") };
         if let Some(r) = self.rope {
-            let (kd, vd, slots) = r.kv.unwrap_or((0, 0, 0));
-            args.extend([
-                Arg::P(r.pos),
-                Arg::P(r.ff),
-                Arg::F(r.theta_scale),
-                Arg::F(r.freq_scale),
-                Arg::I(r.hd as i32),
-                Arg::I(r.rope_k as i32),
-            ]);
-            args.extend([Arg::P(kd), Arg::P(vd), Arg::P(slots)]);
+            args.extend(r.args());
         }
         let grid = crate::matmul::mmq_order::grid(dev, &kernel, (threads, smem), nb.iter().sum::<u32>() as usize)?;
         dev.launch_now(&kernel, (grid, 1, 1), threads, smem, &args)
@@ -522,7 +522,7 @@ pub(crate) fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok:
         DevType::F16 => w.p.ptr,
         DevType::F32 => {
             drop(cached);
-            return sgemm(dev, blas, w.p.ptr, x, n_in, n_out, n_tok, out);
+            return gemm_ex(dev, blas, (w.p.ptr, x, bsys::cudaDataType_t::CUDA_R_32F), n_in, n_out, n_tok, out, ("cublas sgemm", "SGEMM"));
         }
         _ => {
             if cached.is_none() && f16_cache_fits(dev, 2 * n_w as usize) {
@@ -544,36 +544,7 @@ pub(crate) fn gemm(dev: &Device, blas: &CudaBlas, w: &CudaWeight, x: u64, n_tok:
     let n_x = (n_tok * n_in) as u64;
     let x16 = dev.scratch(2 * n_x as usize)?;
     dev.launch_1d("tof16_f32", n_x, &[Arg::P(x), Arg::P(x16.ptr()), Arg::U64(n_x)])?;
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    // cuBLAS enqueues on the stream itself: submit the queued kernels first
-    dev.timed("flush before cuBLAS", || dev.flush())?;
-    dev.not_graphable();
-    // column-major view: C (n_out x n_tok) = W16ᵀ (n_out x n_in) · x16 (n_in x n_tok)
-    // SAFETY: pointers are live device buffers of the sizes given; the handle is on our stream.
-    dev.timed("cublas gemm f16", || unsafe {
-        blas::gemm_ex(
-            *blas.handle(),
-            bsys::cublasOperation_t::CUBLAS_OP_T,
-            bsys::cublasOperation_t::CUBLAS_OP_N,
-            n_out as i32,
-            n_tok as i32,
-            n_in as i32,
-            &alpha as *const f32 as *const _,
-            w16 as *const _,
-            bsys::cudaDataType_t::CUDA_R_16F,
-            n_in as i32,
-            x16.ptr() as *const _,
-            bsys::cudaDataType_t::CUDA_R_16F,
-            n_in as i32,
-            &beta as *const f32 as *const _,
-            out as *mut _,
-            bsys::cudaDataType_t::CUDA_R_32F,
-            n_out as i32,
-            bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-    })
-    .map_err(|e| CudaError::Blas(format!("GemmEx {n_out}x{n_tok}x{n_in}: {e:?}")))
+    gemm_ex(dev, blas, (w16, x16.ptr(), bsys::cudaDataType_t::CUDA_R_16F), n_in, n_out, n_tok, out, ("cublas gemm f16", "GemmEx"))
 }
 
 /// Whether an f16 copy of `bytes` fits, leaving a fifth of the device free.
@@ -597,13 +568,27 @@ fn to_f16(dev: &Device, w: &CudaWeight, dst: u64, n_w: u64) -> Result<(), CudaEr
     }
 }
 
+/// `out` (n_tok x n_out, f32) = `x` · `w`ᵀ through cuBLAS's GemmEx with f32 accumulation; `w`
+/// and `x` are device pointers of element type `ty`. `what`: the call's names in the timings
+/// and in errors.
 #[allow(clippy::too_many_arguments)]
-fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usize, n_tok: usize, out: u64) -> Result<(), CudaError> {
+fn gemm_ex(
+    dev: &Device,
+    blas: &CudaBlas,
+    (w, x, ty): (u64, u64, bsys::cudaDataType_t),
+    n_in: usize,
+    n_out: usize,
+    n_tok: usize,
+    out: u64,
+    what: (&'static str, &str),
+) -> Result<(), CudaError> {
     let (alpha, beta) = (1.0f32, 0.0f32);
+    // cuBLAS enqueues on the stream itself: submit the queued kernels first
     dev.timed("flush before cuBLAS", || dev.flush())?;
     dev.not_graphable();
-    // SAFETY: as in `gemm`.
-    dev.timed("cublas sgemm", || unsafe {
+    // column-major view: C (n_out x n_tok) = Wᵀ (n_out x n_in) · x (n_in x n_tok)
+    // SAFETY: pointers are live device buffers of the sizes given; the handle is on our stream.
+    dev.timed(what.0, || unsafe {
         blas::gemm_ex(
             *blas.handle(),
             bsys::cublasOperation_t::CUBLAS_OP_T,
@@ -613,10 +598,10 @@ fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usiz
             n_in as i32,
             &alpha as *const f32 as *const _,
             w as *const _,
-            bsys::cudaDataType_t::CUDA_R_32F,
+            ty,
             n_in as i32,
             x as *const _,
-            bsys::cudaDataType_t::CUDA_R_32F,
+            ty,
             n_in as i32,
             &beta as *const f32 as *const _,
             out as *mut _,
@@ -626,7 +611,7 @@ fn sgemm(dev: &Device, blas: &CudaBlas, w: u64, x: u64, n_in: usize, n_out: usiz
             bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     })
-    .map_err(|e| CudaError::Blas(format!("SGEMM {n_out}x{n_tok}x{n_in}: {e:?}")))
+    .map_err(|e| CudaError::Blas(format!("{} {n_out}x{n_tok}x{n_in}: {e:?}", what.1)))
 }
 
 #[cfg(test)]

@@ -105,21 +105,9 @@ pub fn unit_value(u: &Unit, i: usize) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mmq::MMQ_TYPES;
     use crate::weights::repack;
     use proptest::prelude::*;
-    use quarrel_core::QuantType;
-
-    const TYPES: [QuantType; 8] = [
-        QuantType::Q4_0,
-        QuantType::Q4_1,
-        QuantType::Q5_0,
-        QuantType::Q5_1,
-        QuantType::Q8_0,
-        QuantType::Q4_K,
-        QuantType::Q5_K,
-        QuantType::Q6_K,
-    ];
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         #[test]
@@ -130,7 +118,7 @@ mod tests {
                 s ^= s << 13; s ^= s >> 7; s ^= s << 17;
                 ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
             }).collect();
-            for ty in TYPES {
+            for ty in MMQ_TYPES {
                 let bytes = quarrel_quant::quantize_to_vec(ty, &x).unwrap();
                 let mut want = vec![0f32; x.len()];
                 quarrel_quant::dequantize(ty, &bytes, &mut want).unwrap();
