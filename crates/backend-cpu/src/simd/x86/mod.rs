@@ -183,6 +183,17 @@ pub(crate) unsafe fn f32_at(p: *const u8) -> f32 {
     std::ptr::read_unaligned(p as *const f32)
 }
 
+/// The tests' random values: xorshift64 from `seed`, uniform in [-1.5, 1.5).
+#[cfg(test)]
+pub(super) fn test_rnd(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+    }
+}
+
 /// Horizontal sum of 8 f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
