@@ -19,7 +19,7 @@
 //! | `actquant`  | activation quantization bit-compatible with ggml's x86 build |
 //! | `ggml_math` | SiLU/exp bit-compatible with ggml's AVX-512 build (with scalar twins) |
 //! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
-//! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K/IQ4_NL and their scalar twins |
+//! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; one contiguous task range per thread (then the others' leftovers); the caller never waits for a worker that has not joined |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |

@@ -22,7 +22,7 @@
 //! [`dot4_fn`] and the quantizers (read once, in [`crate::tuning`]).
 //! On other architectures everything compiles to "no kernel" (callers use the reference).
 //!
-//! [`repack`]: Q4_0, Q4_K and IQ4_NL weights (AVX2 / AVX-512 VNNI; Q4_1, Q8_0 opt-in) are interleaved into 16-row groups
+//! [`repack`]: Q4_0, Q4_K and IQ4_NL weights (AVX2 / AVX-512 VNNI) are interleaved into 16-row groups
 //! on first use and run one kernel for any token count, with one float FMA per output per
 //! block (llama.cpp's repacked order for Q4_0 / Q4_K); `matmul` takes that path first.
 //!

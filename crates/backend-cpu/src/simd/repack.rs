@@ -1,5 +1,6 @@
-//! Interleaved ("repacked") weights for the 32-element block types Q4_0, Q4_1 and Q8_0, and
-//! the float order their matmul uses (the order of llama.cpp's x86 `block_q4_0x8` kernels).
+//! Interleaved ("repacked") weights for the 32-element block types Q4_0 and IQ4_NL (Q4_K in
+//! `repack_k.rs`), and the float order their matmul uses (the order of llama.cpp's x86
+//! `block_q4_0x8` kernels).
 //!
 //! Weights are repacked once (on the first matmul of a tensor) into groups of [`R`] rows:
 //! for each 32-element block, the 16 rows' codes are interleaved 4 bytes at a time, so one
@@ -8,16 +9,14 @@
 //! horizontal sums, and a block's integer dot product of every row is exact.
 //!
 //! ```text
-//!  group of 16 rows, block b:  codes (Q4: k = 0..4, 64 B each: lane i = row i's qs[4k..4k+4];
-//!                                      low nibbles = elements 4k.., high = 16+4k..;
-//!                                Q8: k = 0..8, lane i = row i's qs[4k..4k+4] ^ 0x80)
-//!                            | d: 16 f16 | m: 16 f16 (Q4_1 only)
+//!  group of 16 rows, block b:  codes (k = 0..4, 64 B each: lane i = row i's qs[4k..4k+4];
+//!                                      low nibbles = elements 4k.., high = 16+4k..)
+//!                            | d: 16 f16
 //!  per (row, token):   acc = 0;  per block:  acc = fma(f32(isum), d_w * d_a, acc)
-//!                                            Q4_1 also: acc = fma(m_w, s_a, acc)
 //! ```
 //!
-//! `isum` is the exact integer dot product of the block (Q4_0: `Σ (q-8)·y`, Q4_1: `Σ q·y`,
-//! Q8_0: `Σ x·y`). Q4_0's order is llama.cpp's repacked one (`acc = fma(cvt(iacc),
+//! `isum` is the exact integer dot product of the block (Q4_0: `Σ (q-8)·y`, IQ4_NL:
+//! `Σ kvalues[q]·y`). Q4_0's order is llama.cpp's repacked one (`acc = fma(cvt(iacc),
 //! col_scale * row_scale, acc)`), so results are bit-identical to llama.cpp's for the same
 //! quantized activations. Every output depends only on its own row and token, whatever
 //! the batch: batched == alone, bit for bit. [`reference_dot`] is the scalar twin the SIMD
@@ -34,8 +33,6 @@ const QK: usize = 32;
 #[allow(non_camel_case_types)]
 pub enum RepackTy {
     Q4_0,
-    Q4_1,
-    Q8_0,
     /// 256-element super-blocks; layout and order in `repack_k.rs`.
     Q4_K,
     /// Q4_0's layout; codes are indices into `KVALUES_IQ4NL`.
@@ -46,27 +43,22 @@ impl RepackTy {
     pub fn of(ty: QuantType) -> Option<RepackTy> {
         match ty {
             QuantType::Q4_0 => Some(RepackTy::Q4_0),
-            QuantType::Q4_1 => Some(RepackTy::Q4_1),
-            QuantType::Q8_0 => Some(RepackTy::Q8_0),
             QuantType::Q4_K => Some(RepackTy::Q4_K),
             QuantType::IQ4_NL => Some(RepackTy::IQ4_NL),
             _ => None,
         }
     }
 
-    /// Bytes of one GGUF weight block / one activation block (Q8_0, or Q8_1 for Q4_1).
+    /// Bytes of one GGUF weight block / one activation block (Q8_0, Q8_K for Q4_K).
     pub fn wb(self) -> usize {
         match self {
             RepackTy::Q4_0 | RepackTy::IQ4_NL => 18,
-            RepackTy::Q4_1 => 20,
-            RepackTy::Q8_0 => 34,
             RepackTy::Q4_K => super::repack_k::WB,
         }
     }
 
     pub fn ab(self) -> usize {
         match self {
-            RepackTy::Q4_1 => 36,
             RepackTy::Q4_K => super::repack_k::AB,
             _ => 34,
         }
@@ -84,41 +76,27 @@ impl RepackTy {
     /// Bytes of the codes of one block of a group.
     pub fn codes(self) -> usize {
         match self {
-            RepackTy::Q8_0 => 32 * R,
             RepackTy::Q4_K => super::repack_k::CODES,
             _ => 16 * R,
         }
     }
 
-    /// Bytes of one block of a group (codes, d, m).
+    /// Bytes of one block of a group (codes, d).
     pub fn group_block(self) -> usize {
         if self == RepackTy::Q4_K {
             return super::repack_k::GROUP_BLOCK;
         }
-        self.codes() + 2 * R * if self == RepackTy::Q4_1 { 2 } else { 1 }
+        self.codes() + 2 * R
     }
 
     /// Bytes of one group of `R` rows of `n_in` values.
     pub fn group_bytes(self, n_in: usize) -> usize {
         n_in / self.qk() * self.group_block()
     }
-
-    /// Offset of the codes within a GGUF weight block.
-    fn wq(self) -> usize {
-        match self {
-            RepackTy::Q4_1 => 4,
-            _ => 2,
-        }
-    }
-
-    /// Offset of the codes within an activation block.
-    pub fn aq(self) -> usize {
-        match self {
-            RepackTy::Q4_1 => 4,
-            _ => 2,
-        }
-    }
 }
+
+/// Offset of the codes within a GGUF weight block and within an activation block (Q8_0).
+const CODES_AT: usize = 2;
 
 /// Repack `n_out` GGUF rows of `n_in` values (`src`, rows back to back) into
 /// `ceil(n_out / R)` groups (missing rows of the last group are zeros, scales 0).
@@ -143,18 +121,14 @@ pub fn repack_into(ty: RepackTy, n_in: usize, n_out: usize, src: &[u8], out: &mu
         for b in 0..nb {
             let s = &row[b * wb..(b + 1) * wb];
             let d = &mut out[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-            let q = &s[ty.wq()..];
+            let q = &s[CODES_AT..];
             for k in 0..ty.codes() / (4 * R) {
                 for j in 0..4 {
-                    let v = q[4 * k + j];
-                    d[k * 4 * R + 4 * i + j] = if ty == RepackTy::Q8_0 { v ^ 0x80 } else { v };
+                    d[k * 4 * R + 4 * i + j] = q[4 * k + j];
                 }
             }
             let c = ty.codes();
             d[c + 2 * i..c + 2 * i + 2].copy_from_slice(&s[0..2]);
-            if ty == RepackTy::Q4_1 {
-                d[c + 2 * R + 2 * i..c + 2 * R + 2 * i + 2].copy_from_slice(&s[2..4]);
-            }
         }
     }
 }
@@ -164,14 +138,14 @@ fn f16(b: &[u8], o: usize) -> f32 {
 }
 
 /// Per-(token, block) activation terms the kernels read besides the codes: the integer
-/// correction `off` (Q4_0: `-8·Σy`, Q8_0: `-128·Σy`, Q4_1: 0), `d_a`, and Q4_1's `s_a`.
+/// correction `off` (Q4_0: `-8·Σy`, IQ4_NL: `-128·Σy`) and `d_a`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[repr(C)]
 pub struct ActAux {
     pub off: i32,
     pub d: f32,
-    pub s: f32,
-    pub _pad: i32,
+    /// (keeps the struct 32 bytes)
+    pub _pad: [i32; 2],
     /// Q4_K: the sums of the 8 sub-blocks' activation codes.
     pub bs: [i16; 8],
 }
@@ -185,17 +159,15 @@ pub fn act_aux(ty: RepackTy, n_in: usize, a: &[u8], out: &mut [ActAux]) {
     assert!(a.len() >= nb * ab && out.len() >= nb);
     for (b, o) in out[..nb].iter_mut().enumerate() {
         let blk = &a[b * ab..(b + 1) * ab];
-        let sy: i32 = blk[ty.aq()..ty.aq() + QK].iter().map(|&v| v as i8 as i32).sum();
+        let sy: i32 = blk[CODES_AT..CODES_AT + QK].iter().map(|&v| v as i8 as i32).sum();
         *o = ActAux {
             off: match ty {
                 RepackTy::Q4_0 => -8 * sy,
                 // (the SIMD kernels' codes are `value + 128`)
-                RepackTy::Q8_0 | RepackTy::IQ4_NL => -128 * sy,
-                _ => 0,
+                _ => -128 * sy,
             },
             d: f16(blk, 0),
-            s: if ty == RepackTy::Q4_1 { f16(blk, 2) } else { 0.0 },
-            _pad: 0,
+            _pad: [0; 2],
             bs: [0; 8],
         };
     }
@@ -213,7 +185,7 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
     let mut acc = 0f32;
     for b in 0..nb {
         let g = &group[b * gb..(b + 1) * gb];
-        let y = &a[b * ab + ty.aq()..b * ab + ty.aq() + QK];
+        let y = &a[b * ab + CODES_AT..b * ab + CODES_AT + QK];
         let mut isum = aux[b].off;
         for k in 0..ty.codes() / (4 * R) {
             for j in 0..4 {
@@ -222,8 +194,6 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
                     let kv = |q: u8| quarrel_quant::nonlinear::KVALUES_IQ4NL[q as usize] as i32 + 128;
                     isum += kv(c & 15) * y[4 * k + j] as i8 as i32;
                     isum += kv(c >> 4) * y[16 + 4 * k + j] as i8 as i32;
-                } else if ty == RepackTy::Q8_0 {
-                    isum += c as i32 * y[4 * k + j] as i8 as i32;
                 } else {
                     isum += (c & 15) as i32 * y[4 * k + j] as i8 as i32;
                     isum += (c >> 4) as i32 * y[16 + 4 * k + j] as i8 as i32;
@@ -232,23 +202,18 @@ pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]
         }
         let c = ty.codes();
         acc = (isum as f32).mul_add(f16(g, c + 2 * i) * aux[b].d, acc);
-        if ty == RepackTy::Q4_1 {
-            acc = f16(g, c + 2 * R + 2 * i).mul_add(aux[b].s, acc);
-        }
     }
     acc
 }
 
 /// Whether the repacked matmul runs for `ty` on this CPU: where AVX2 kernels run (AVX-512
-/// VNNI ones where the level allows), for Q4_0, Q4_K and
-/// IQ4_NL: types llama.cpp's x86 build repacks, so this is also llama.cpp's float order.
-/// Q4_1 and Q8_0 keep ggml's vec_dot order in the matmul (llama.cpp does not repack them on
-/// x86; their repacked kernels serve [`tile_for`] only). [`crate::tuning::set_repack`]
+/// VNNI ones where the level allows), for Q4_0, Q4_K and IQ4_NL: the types llama.cpp's x86
+/// build repacks, so this is also llama.cpp's float order (Q4_1 and Q8_0 keep ggml's
+/// vec_dot order, as llama.cpp does not repack them on x86). [`crate::tuning::set_repack`]
 /// turns the path off for tests.
 pub fn enabled(ty: QuantType) -> Option<RepackTy> {
     let t = RepackTy::of(ty)?;
-    let on = matches!(t, RepackTy::Q4_0 | RepackTy::Q4_K | RepackTy::IQ4_NL);
-    if !on || !crate::tuning::repack_on() || !kernels_available() {
+    if !crate::tuning::repack_on() || !kernels_available() {
         return None;
     }
     Some(t)

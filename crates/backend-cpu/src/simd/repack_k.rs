@@ -67,7 +67,7 @@ pub(crate) fn act_aux(n_in: usize, a: &[u8], out: &mut [ActAux]) {
         for (j, v) in bs.iter_mut().enumerate() {
             *v = bsum(2 * j) + bsum(2 * j + 1);
         }
-        *o = ActAux { off: 0, d: f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]), s: 0.0, _pad: 0, bs };
+        *o = ActAux { off: 0, d: f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]), _pad: [0; 2], bs };
     }
 }
 

@@ -127,27 +127,7 @@ pub(crate) unsafe fn f32_run<T: Elem>(q: &[f32], k: &[T], v: &[T], run: Run, sc:
         for d in (0..hd).step_by(8) {
             a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(qp.add(d)), T::load8(kr.add(d))));
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), a);
-        let score = sc.apply(lanes.iter().sum());
-        if score > st.m {
-            let ms = (st.m - score).exp();
-            let msv = _mm256_set1_ps(ms);
-            for d in (0..hd).step_by(8) {
-                let y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), msv), T::load8(vr.add(d)));
-                _mm256_storeu_ps(ap.add(d), y);
-            }
-            st.s = st.s * ms + 1.0;
-            st.m = score;
-        } else {
-            let w = (score - st.m).exp();
-            let wv = _mm256_set1_ps(w);
-            for d in (0..hd).step_by(8) {
-                let y = _mm256_add_ps(_mm256_loadu_ps(ap.add(d)), _mm256_mul_ps(T::load8(vr.add(d)), wv));
-                _mm256_storeu_ps(ap.add(d), y);
-            }
-            st.s += w;
-        }
+        f32_fold(a, vr, hd, sc, st, ap);
     }
 }
 
@@ -176,28 +156,35 @@ pub(crate) unsafe fn f32_run_multi<T: Elem, const G: usize>(
             }
         }
         for g in 0..G {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), a[g]);
-            let score = sc.apply(lanes.iter().sum());
-            let (st, ap) = (&mut st[g], ap[g]);
-            if score > st.m {
-                let ms = (st.m - score).exp();
-                let msv = _mm256_set1_ps(ms);
-                for d in (0..hd).step_by(8) {
-                    let y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), msv), T::load8(vr.add(d)));
-                    _mm256_storeu_ps(ap.add(d), y);
-                }
-                st.s = st.s * ms + 1.0;
-                st.m = score;
-            } else {
-                let w = (score - st.m).exp();
-                let wv = _mm256_set1_ps(w);
-                for d in (0..hd).step_by(8) {
-                    let y = _mm256_add_ps(_mm256_loadu_ps(ap.add(d)), _mm256_mul_ps(T::load8(vr.add(d)), wv));
-                    _mm256_storeu_ps(ap.add(d), y);
-                }
-                st.s += w;
-            }
+            f32_fold(a[g], vr, hd, sc, &mut st[g], ap[g]);
         }
+    }
+}
+
+/// One cached position of `simd::attn::f32_run` after its dot product: the score from the
+/// 8 lanes `a` (summed in order), then the online-softmax update of `st` and of the
+/// accumulator `ap` with the V row `vr` (`hd % 8 == 0`; `vr`, `ap` valid for `hd` elements).
+#[inline(always)]
+unsafe fn f32_fold<T: Elem>(a: __m256, vr: *const T, hd: usize, sc: Scoring, st: &mut Online, ap: *mut f32) {
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), a);
+    let score = sc.apply(lanes.iter().sum());
+    if score > st.m {
+        let ms = (st.m - score).exp();
+        let msv = _mm256_set1_ps(ms);
+        for d in (0..hd).step_by(8) {
+            let y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), msv), T::load8(vr.add(d)));
+            _mm256_storeu_ps(ap.add(d), y);
+        }
+        st.s = st.s * ms + 1.0;
+        st.m = score;
+    } else {
+        let w = (score - st.m).exp();
+        let wv = _mm256_set1_ps(w);
+        for d in (0..hd).step_by(8) {
+            let y = _mm256_add_ps(_mm256_loadu_ps(ap.add(d)), _mm256_mul_ps(T::load8(vr.add(d)), wv));
+            _mm256_storeu_ps(ap.add(d), y);
+        }
+        st.s += w;
     }
 }

@@ -77,6 +77,14 @@ pub(super) unsafe fn load16(p: *const u8) -> __m128i {
     _mm_loadu_si128(p as *const __m128i)
 }
 
+/// The 16 i16 sub-block scales of a block as two vectors, each one half's 8 scales broadcast
+/// to the four 128-bit lanes (for [`scale_vec`] with the `SUB16` controls).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) fn scale_halves(sc: __m256i) -> [__m512i; 2] {
+    [_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)), _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc))]
+}
+
 /// The 8 i16 scales in `s` broadcast, then shuffled by control `ctl`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
@@ -94,6 +102,18 @@ macro_rules! kquant_kernels {
         #[target_feature(enable = $features)]
         fn madd_acc(acc: __m512i, s: __m512i, p: __m512i) -> __m512i {
             ($madd_acc)(acc, s, p)
+        }
+
+        /// `sumi` plus one 128-element half of a block: the codes `q01` (elements 0..64) and
+        /// `q23` (64..128) times the Q8_K bytes at `q8`, each 16 of them times their scale
+        /// from `s` (see [`scale_halves`]). SAFETY: `q8..q8+128` readable, the CPU has this
+        /// module's features.
+        #[inline(always)]
+        unsafe fn half_sum(sumi: __m512i, s: __m512i, q01: __m512i, q23: __m512i, q8: *const u8) -> __m512i {
+            let p01 = _mm512_maddubs_epi16(q01, load64(q8));
+            let p23 = _mm512_maddubs_epi16(q23, load64(q8.add(64)));
+            let sumi = madd_acc(sumi, scale_vec(s, &SUB16[0]), p01);
+            madd_acc(sumi, scale_vec(s, &SUB16[1]), p23)
         }
 
         /// Q2_K · Q8_K. SAFETY: the CPU has this module's features.
@@ -117,17 +137,13 @@ macro_rules! kquant_kernels {
                 let prod = _mm256_madd_epi16(mins, load32(y.add(Q8K_BSUMS)));
                 acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc_m);
                 let sc = _mm256_cvtepi8_epi16(_mm_and_si128(sm, m4));
-                let scb = [_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)), _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc))];
+                let scb = scale_halves(sc);
                 let mut sumi = _mm512_setzero_si512();
                 for (h, s) in scb.iter().enumerate() {
                     let bits = pair_shifted::<2>(load32(x.add(16 + 32 * h)));
                     let q01 = _mm512_and_si512(bits, m3);
                     let q23 = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m3);
-                    let q8 = y.add(Q8K_QS + 128 * h);
-                    let p01 = _mm512_maddubs_epi16(q01, load64(q8));
-                    let p23 = _mm512_maddubs_epi16(q23, load64(q8.add(64)));
-                    sumi = madd_acc(sumi, scale_vec(*s, &SUB16[0]), p01);
-                    sumi = madd_acc(sumi, scale_vec(*s, &SUB16[1]), p23);
+                    sumi = half_sum(sumi, *s, q01, q23, y.add(Q8K_QS + 128 * h));
                 }
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
             }
@@ -150,7 +166,7 @@ macro_rules! kquant_kernels {
                 let d = f32_at(y) * f16_at(x.add(108));
                 let sc = _mm256_cvtepi8_epi16(q3k_scales(x.add(96)));
                 let off = _mm256_slli_epi32::<2>(_mm256_madd_epi16(sc, load32(y.add(Q8K_BSUMS))));
-                let scb = [_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)), _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc))];
+                let scb = scale_halves(sc);
                 // bit 4h + k of hmask[l] for element l of group k in half h
                 let mut hb = pair_shifted::<1>(load32(x));
                 let mut sumi = _mm512_setzero_si512();
@@ -161,11 +177,7 @@ macro_rules! kquant_kernels {
                     hb = _mm512_srli_epi16::<4>(hb);
                     let q01 = _mm512_or_si512(_mm512_and_si512(bits, m3), h01);
                     let q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(bits), m3), h23);
-                    let q8 = y.add(Q8K_QS + 128 * h);
-                    let p01 = _mm512_maddubs_epi16(q01, load64(q8));
-                    let p23 = _mm512_maddubs_epi16(q23, load64(q8.add(64)));
-                    sumi = madd_acc(sumi, scale_vec(*s, &SUB16[0]), p01);
-                    sumi = madd_acc(sumi, scale_vec(*s, &SUB16[1]), p23);
+                    sumi = half_sum(sumi, *s, q01, q23, y.add(Q8K_QS + 128 * h));
                 }
                 let sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(off));
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
@@ -244,7 +256,7 @@ macro_rules! kquant_kernels {
                 let d = f32_at(y) * f16_at(x.add(208));
                 let sc = _mm256_cvtepi8_epi16(load16(x.add(192)));
                 let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc, load32(y.add(Q8K_BSUMS))));
-                let scb = [_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc)), _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc))];
+                let scb = scale_halves(sc);
                 let mut sumi = _mm512_setzero_si512();
                 for (h, s) in scb.iter().enumerate() {
                     let ql = load64(x.add(64 * h));
@@ -255,11 +267,7 @@ macro_rules! kquant_kernels {
                         _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m15),
                         _mm512_slli_epi16::<4>(_mm512_and_si512(h23, m3)),
                     );
-                    let q8 = y.add(Q8K_QS + 128 * h);
-                    let p01 = _mm512_maddubs_epi16(q01, load64(q8));
-                    let p23 = _mm512_maddubs_epi16(q23, load64(q8.add(64)));
-                    sumi = madd_acc(sumi, scale_vec(*s, &SUB16[0]), p01);
-                    sumi = madd_acc(sumi, scale_vec(*s, &SUB16[1]), p23);
+                    sumi = half_sum(sumi, *s, q01, q23, y.add(Q8K_QS + 128 * h));
                 }
                 let sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(off));
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);

@@ -26,6 +26,7 @@
 #![allow(clippy::needless_range_loop)] // index loops over the tile's registers
 
 use super::f32_at;
+use super::ggml_order::hsum;
 use std::arch::x86_64::*;
 
 /// Weight rows per tile.
@@ -242,15 +243,6 @@ unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
 /// Little-endian f16 at `src[o..o + 2]` widened to f32 (exact, as `vcvtph2ps`).
 fn f16(src: &[u8], o: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([src[o], src[o + 1]])).to_f32()
-}
-
-/// ggml's `hsum_float_8` (the same steps as `ggml_order::hsum`).
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// `ROWS` x `2 * TP` tile over `nb` blocks. `OFF`: start each block's integer sums at the

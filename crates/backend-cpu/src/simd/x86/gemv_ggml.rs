@@ -23,6 +23,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops over the kernel's registers
 
+use super::ggml_order::hsum;
 use super::opaque;
 use std::arch::x86_64::*;
 
@@ -78,15 +79,6 @@ pub(crate) fn gemv8(ty: Ty, n: usize, w: &[u8], row_bytes: usize, a: &[u8], out:
             Ty::Q8_0 => kernel::<2>(nb, w.as_ptr(), row_bytes, a.as_ptr(), out),
         }
     }
-}
-
-/// ggml's `hsum_float_8`.
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// The kernel; `T`: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0.
@@ -196,13 +188,7 @@ mod tests {
         if !supported() {
             return;
         }
-        let mut seed = 777u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-        };
+        let mut rnd = super::super::test_rnd(777);
         for (ty, qt) in [(Ty::Q4_0, QuantType::Q4_0), (Ty::Q4_1, QuantType::Q4_1), (Ty::Q8_0, QuantType::Q8_0)] {
             for nb in [1usize, 2, 3, 18, 48, 176] {
                 let n = nb * 32;

@@ -261,40 +261,8 @@ unsafe fn dm8(b: *const u8, stride: usize) -> (__m256, __m256) {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16x8<const HI: bool>(v: __m256i) -> __m256 {
     let (a, b) = if HI { (2, 3) } else { (0, 1) };
-    let ctl = _mm256_setr_epi8(
-        a,
-        b,
-        a + 4,
-        b + 4,
-        a + 8,
-        b + 8,
-        a + 12,
-        b + 12,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1, //
-        a,
-        b,
-        a + 4,
-        b + 4,
-        a + 8,
-        b + 8,
-        a + 12,
-        b + 12,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1,
-        -1,
-    );
+    // the same control in both 128-bit lanes: the four f16 into the low 8 bytes, zeros above
+    let ctl = _mm256_broadcastsi128_si256(_mm_setr_epi8(a, b, a + 4, b + 4, a + 8, b + 8, a + 12, b + 12, -1, -1, -1, -1, -1, -1, -1, -1));
     let v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, ctl), 0b00_00_10_00);
     _mm256_cvtph_ps(_mm256_castsi256_si128(v))
 }

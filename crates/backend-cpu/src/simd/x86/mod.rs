@@ -14,7 +14,7 @@
 //! | `gemm_wide.rs`     | AVX-512 VNNI 4x16 tiles, same bits as `gemm_ggml.rs`, fewer ops   |
 //! | `gemm_kquants.rs`  | AVX-512 GEMM tiles bit-identical to `avx512_kquants.rs`          |
 //! | `gemv_ggml.rs`     | AVX-512 VNNI decode GEMV (8 rows) bit-identical to `ggml_order.rs` |
-//! | `repack.rs`        | AVX-512 VNNI tiles over 16-row interleaved Q4_0/Q4_1/Q8_0/Q4_K (`simd::repack`) |
+//! | `repack.rs`        | AVX-512 VNNI tiles over 16-row interleaved Q4_0/IQ4_NL/Q4_K (`simd::repack`) |
 //! | `repack_avx2.rs`   | their AVX2 twins (bit-identical)                                 |
 //! | `attn.rs`          | AVX2: attention runs bit-identical to `simd::attn`'s twins       |
 //! | `attn512.rs`       | AVX-512: decode attention (f16 cache), chunked, bit-identical      |
@@ -181,6 +181,17 @@ pub(crate) fn opaque(mut v: u64) -> u64 {
 #[inline(always)]
 pub(crate) unsafe fn f32_at(p: *const u8) -> f32 {
     std::ptr::read_unaligned(p as *const f32)
+}
+
+/// The tests' random values: xorshift64 from `seed`, uniform in [-1.5, 1.5).
+#[cfg(test)]
+pub(super) fn test_rnd(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+    }
 }
 
 /// Horizontal sum of 8 f32 lanes.

@@ -1,11 +1,11 @@
-//! AVX-512 VNNI kernels over repacked (16-row interleaved) Q4_0 / Q4_1 / Q8_0 weights: one
+//! AVX-512 VNNI kernels over repacked (16-row interleaved) Q4_0 / IQ4_NL / Q4_K weights: one
 //! tile = one group of 16 rows x 1..=8 tokens; layout and float order in `simd::repack`
 //! (whose `reference_dot` gives exactly the same bits).
 //!
 //! ```text
-//!  per block:  8 code registers (16 rows x 4 elements each; Q4: 4 loads, nibbles split)
+//!  per block:  8 code registers (16 rows x 4 elements each; 4 loads, nibbles split)
 //!  per token:  isum = off; isum += vpdpbusd(codes_k, broadcast 4 activation bytes)  (x8)
-//!              acc  = fma(cvt(isum), d_w[16] * d_a, acc)   (+ fma(m_w[16], s_a, acc) Q4_1)
+//!              acc  = fma(cvt(isum), d_w[16] * d_a, acc)
 //! ```
 //!
 //! The weight registers are shared by the tile's tokens; activations are read in place from
@@ -44,28 +44,26 @@ pub(crate) fn tile(vnni: bool, ty: RepackTy, n_in: usize, group: &[u8], acts: &[
         return;
     }
     macro_rules! go {
-        ($ty:expr) => {
+        ($iq4:expr) => {
             // SAFETY: features checked; `group` holds `nb` group blocks, every activation
             // row `nb` blocks and its aux `nb` entries, `out` `acts.len()` rows (asserted).
             unsafe {
                 match acts.len() {
-                    1 => kernel::<1, $ty>(nb, g, &a, &x, o),
-                    2 => kernel::<2, $ty>(nb, g, &a, &x, o),
-                    3 => kernel::<3, $ty>(nb, g, &a, &x, o),
-                    4 => kernel::<4, $ty>(nb, g, &a, &x, o),
-                    5 => kernel::<5, $ty>(nb, g, &a, &x, o),
-                    6 => kernel::<6, $ty>(nb, g, &a, &x, o),
-                    7 => kernel::<7, $ty>(nb, g, &a, &x, o),
-                    _ => kernel::<8, $ty>(nb, g, &a, &x, o),
+                    1 => kernel::<1, $iq4>(nb, g, &a, &x, o),
+                    2 => kernel::<2, $iq4>(nb, g, &a, &x, o),
+                    3 => kernel::<3, $iq4>(nb, g, &a, &x, o),
+                    4 => kernel::<4, $iq4>(nb, g, &a, &x, o),
+                    5 => kernel::<5, $iq4>(nb, g, &a, &x, o),
+                    6 => kernel::<6, $iq4>(nb, g, &a, &x, o),
+                    7 => kernel::<7, $iq4>(nb, g, &a, &x, o),
+                    _ => kernel::<8, $iq4>(nb, g, &a, &x, o),
                 }
             }
         };
     }
     match ty {
-        RepackTy::Q4_0 => go!(0),
-        RepackTy::Q4_1 => go!(1),
-        RepackTy::Q8_0 => go!(2),
-        RepackTy::IQ4_NL => go!(3),
+        RepackTy::Q4_0 => go!(false),
+        RepackTy::IQ4_NL => go!(true),
         RepackTy::Q4_K => {
             // at most K_TOKENS tokens per kernel call (registers)
             let mut t0 = 0;
@@ -157,24 +155,20 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
     }
 }
 
-/// `TY`: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = IQ4_NL (nibbles through the codebook + 128).
+/// Q4_0, or IQ4_NL where `IQ4` (nibbles through the codebook + 128).
 ///
 /// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL/VNNI; `g` readable for `nb` group blocks, `a[t]`
 /// for `nb` activation blocks and `x[t]` for `nb` entries (t < T), `out` writable for T rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn kernel<const T: usize, const TY: u8>(
+unsafe fn kernel<const T: usize, const IQ4: bool>(
     nb: usize,
     g: *const u8,
     a: &[*const u8; TILE_TOKENS],
     x: &[*const ActAux; TILE_TOKENS],
     out: *mut [f32; R],
 ) {
-    let (codes, ab, aq) = match TY {
-        0 | 3 => (16 * R, 34usize, 2usize),
-        1 => (16 * R, 36, 4),
-        _ => (32 * R, 34, 2),
-    };
-    let gb = codes + if TY == 1 { 4 * R } else { 2 * R };
+    let (codes, ab, aq) = (16 * R, 34usize, 2usize);
+    let gb = codes + 2 * R;
     let mask = _mm512_set1_epi8(0x0f);
     let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(lut_iq4nl().as_ptr() as *const __m128i));
     let mut acc = [_mm512_setzero_ps(); T];
@@ -189,26 +183,18 @@ unsafe fn kernel<const T: usize, const TY: u8>(
         // code register `k` and the offset of its 4 activation bytes
         let mut w = [_mm512_setzero_si512(); 8];
         let mut yo = [0usize; 8];
-        if TY == 2 {
-            for k in 0..8 {
-                w[k] = _mm512_loadu_si512(gp.add(64 * k) as *const _);
-                yo[k] = 4 * k;
+        for k in 0..4 {
+            let v = _mm512_loadu_si512(gp.add(64 * k) as *const _);
+            w[2 * k] = _mm512_and_si512(v, mask);
+            w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            if IQ4 {
+                w[2 * k] = _mm512_shuffle_epi8(lut, w[2 * k]);
+                w[2 * k + 1] = _mm512_shuffle_epi8(lut, w[2 * k + 1]);
             }
-        } else {
-            for k in 0..4 {
-                let v = _mm512_loadu_si512(gp.add(64 * k) as *const _);
-                w[2 * k] = _mm512_and_si512(v, mask);
-                w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-                if TY == 3 {
-                    w[2 * k] = _mm512_shuffle_epi8(lut, w[2 * k]);
-                    w[2 * k + 1] = _mm512_shuffle_epi8(lut, w[2 * k + 1]);
-                }
-                yo[2 * k] = 4 * k;
-                yo[2 * k + 1] = 16 + 4 * k;
-            }
+            yo[2 * k] = 4 * k;
+            yo[2 * k + 1] = 16 + 4 * k;
         }
         let dw = _mm512_cvtph_ps(_mm256_loadu_si256(gp.add(codes) as *const __m256i));
-        let mw = if TY == 1 { _mm512_cvtph_ps(_mm256_loadu_si256(gp.add(codes + 2 * R) as *const __m256i)) } else { _mm512_setzero_ps() };
         for t in 0..T {
             let y = a[t].add(b * ab + aq);
             let xa = &*x[t].add(b);
@@ -224,9 +210,6 @@ unsafe fn kernel<const T: usize, const TY: u8>(
             }
             let isum = _mm512_add_epi32(s0, s1);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xa.d)), acc[t]);
-            if TY == 1 {
-                acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xa.s), acc[t]);
-            }
         }
     }
     for t in 0..T {

@@ -1,6 +1,6 @@
 //! AVX2 twins of `repack.rs` (CPUs without AVX-512 VNNI, or `QUARREL_SIMD=avx2|avx512`):
 //! the same 16-row groups, one 8-row half per pass (16 ymm registers), integer block sums
-//! through `vpmaddubsw` + `vpmaddwd` (exact: Q4 codes 0..=15; Q8_0 codes through the sign
+//! through `vpmaddubsw` + `vpmaddwd` (exact: Q4 codes 0..=15; IQ4_NL values through the sign
 //! trick, so no `- 128·Σy` correction), then the float operations of the VNNI kernel lane
 //! for lane, so the results are bit-identical to it and to `repack::reference_dot`.
 
@@ -31,14 +31,10 @@ pub(crate) unsafe fn tile(
         for half in 0..2 {
             let (a2, x2, o) = (&a[t0..], &x[t0..], out.add(t0));
             match (ty, k) {
-                (RepackTy::Q4_0, 1) => half_legacy::<1, 0>(nb, g, half, a2, x2, o),
-                (RepackTy::Q4_0, _) => half_legacy::<2, 0>(nb, g, half, a2, x2, o),
-                (RepackTy::Q4_1, 1) => half_legacy::<1, 1>(nb, g, half, a2, x2, o),
-                (RepackTy::Q4_1, _) => half_legacy::<2, 1>(nb, g, half, a2, x2, o),
-                (RepackTy::Q8_0, 1) => half_legacy::<1, 2>(nb, g, half, a2, x2, o),
-                (RepackTy::Q8_0, _) => half_legacy::<2, 2>(nb, g, half, a2, x2, o),
-                (RepackTy::IQ4_NL, 1) => half_legacy::<1, 3>(nb, g, half, a2, x2, o),
-                (RepackTy::IQ4_NL, _) => half_legacy::<2, 3>(nb, g, half, a2, x2, o),
+                (RepackTy::Q4_0, 1) => half_legacy::<1, false>(nb, g, half, a2, x2, o),
+                (RepackTy::Q4_0, _) => half_legacy::<2, false>(nb, g, half, a2, x2, o),
+                (RepackTy::IQ4_NL, 1) => half_legacy::<1, true>(nb, g, half, a2, x2, o),
+                (RepackTy::IQ4_NL, _) => half_legacy::<2, true>(nb, g, half, a2, x2, o),
                 (RepackTy::Q4_K, 1) => half_k::<1>(nb, g, half, a2, x2, o),
                 (RepackTy::Q4_K, _) => half_k::<2>(nb, g, half, a2, x2, o),
             }
@@ -60,10 +56,10 @@ unsafe fn dot_i8(w: __m256i, y: __m256i) -> __m256i {
     dot_u8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
 }
 
-/// Rows `8 * half .. 8 * half + 8` of a Q4_0 (TY 0) / Q4_1 (1) / Q8_0 (2) / IQ4_NL (3) group
-/// (IQ4_NL: the codebook's signed values through the sign trick, no `- 128·Σy` term).
+/// Rows `8 * half .. 8 * half + 8` of a Q4_0 group, or an IQ4_NL one where `IQ4` (the
+/// codebook's signed values through the sign trick, no `- 128·Σy` term).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn half_legacy<const T: usize, const TY: u8>(
+unsafe fn half_legacy<const T: usize, const IQ4: bool>(
     nb: usize,
     g: *const u8,
     half: usize,
@@ -71,12 +67,8 @@ unsafe fn half_legacy<const T: usize, const TY: u8>(
     x: &[*const ActAux],
     out: *mut [f32; R],
 ) {
-    let (codes, ab, aq) = match TY {
-        0 | 3 => (16 * R, 34usize, 2usize),
-        1 => (16 * R, 36, 4),
-        _ => (32 * R, 34, 2),
-    };
-    let gb = codes + if TY == 1 { 4 * R } else { 2 * R };
+    let (codes, ab, aq) = (16 * R, 34usize, 2usize);
+    let gb = codes + 2 * R;
     let mask = _mm256_set1_epi8(0x0f);
     let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(quarrel_quant::nonlinear::KVALUES_IQ4NL.as_ptr() as *const __m128i));
     let mut acc = [_mm256_setzero_ps(); T];
@@ -84,45 +76,29 @@ unsafe fn half_legacy<const T: usize, const TY: u8>(
         let gp = g.add(b * gb);
         let mut w = [_mm256_setzero_si256(); 8];
         let mut yo = [0usize; 8];
-        if TY == 2 {
-            for k in 0..8 {
-                let u = _mm256_loadu_si256(gp.add(64 * k + 32 * half) as *const __m256i);
-                w[k] = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
-                yo[k] = 4 * k;
+        for k in 0..4 {
+            let v = _mm256_loadu_si256(gp.add(64 * k + 32 * half) as *const __m256i);
+            w[2 * k] = _mm256_and_si256(v, mask);
+            w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            if IQ4 {
+                w[2 * k] = _mm256_shuffle_epi8(lut, w[2 * k]);
+                w[2 * k + 1] = _mm256_shuffle_epi8(lut, w[2 * k + 1]);
             }
-        } else {
-            for k in 0..4 {
-                let v = _mm256_loadu_si256(gp.add(64 * k + 32 * half) as *const __m256i);
-                w[2 * k] = _mm256_and_si256(v, mask);
-                w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                if TY == 3 {
-                    w[2 * k] = _mm256_shuffle_epi8(lut, w[2 * k]);
-                    w[2 * k + 1] = _mm256_shuffle_epi8(lut, w[2 * k + 1]);
-                }
-                yo[2 * k] = 4 * k;
-                yo[2 * k + 1] = 16 + 4 * k;
-            }
+            yo[2 * k] = 4 * k;
+            yo[2 * k + 1] = 16 + 4 * k;
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(gp.add(codes + 16 * half) as *const __m128i));
-        let mw = if TY == 1 {
-            _mm256_cvtph_ps(_mm_loadu_si128(gp.add(codes + 2 * R + 16 * half) as *const __m128i))
-        } else {
-            _mm256_setzero_ps()
-        };
         for t in 0..T {
             let y = a[t].add(b * ab + aq);
             let xa = &*x[t].add(b);
-            // Q8_0 and IQ4_NL sum `x·y` directly (no `- 128·Σy` term)
-            let mut s = _mm256_set1_epi32(if TY >= 2 { 0 } else { xa.off });
+            // IQ4_NL sums `x·y` directly (no `- 128·Σy` term)
+            let mut s = _mm256_set1_epi32(if IQ4 { 0 } else { xa.off });
             for k in 0..8 {
                 let yv = _mm256_set1_epi32((y.add(yo[k]) as *const i32).read_unaligned());
-                let d = if TY >= 2 { dot_i8(w[k], yv) } else { dot_u8(w[k], yv) };
+                let d = if IQ4 { dot_i8(w[k], yv) } else { dot_u8(w[k], yv) };
                 s = _mm256_add_epi32(s, d);
             }
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xa.d)), acc[t]);
-            if TY == 1 {
-                acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xa.s), acc[t]);
-            }
         }
     }
     for t in 0..T {
