@@ -13,7 +13,7 @@ use crate::hparams::Hparams;
 use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
-use quarrel_core::{Backend, CoreError, ForwardBatch, Result, SampleRow};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, SampleRow};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -150,13 +150,11 @@ pub fn model_info(
     ModelInfo { arch: arch.into(), n_vocab, n_embd, n_layer, n_ctx_train, n_kv_head, head_dim, n_params: n_params(g), recurrent: vec![] }
 }
 
-/// `attention.scale` from the file, 0 meaning the usual `1 / sqrt(head_dim)`.
-pub fn attn_scale(file_scale: f32, head_dim: usize) -> f32 {
-    if file_scale == 0.0 {
-        1.0 / (head_dim as f32).sqrt()
-    } else {
-        file_scale
-    }
+/// Attention over every earlier position without softcapping, scaled by `attention.scale`
+/// from the file (`file_scale`), 0 meaning the usual `1 / sqrt(head_dim)`.
+pub fn full_attention(n_head: usize, n_kv_head: usize, head_dim: usize, file_scale: f32) -> AttnParams {
+    let scale = if file_scale == 0.0 { 1.0 / (head_dim as f32).sqrt() } else { file_scale };
+    AttnParams { n_head, n_kv_head, head_dim, scale, sliding_window: None, softcap: None }
 }
 
 /// `attention.head_count`, `attention.head_count_kv` (default: all heads) and
