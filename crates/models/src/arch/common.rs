@@ -66,15 +66,25 @@ pub struct Stack<B: Backend, C, L> {
     pub layers: Vec<L>,
 }
 
+/// The model's description and its head: what [`LayerStack`]'s provided methods read, the
+/// same fields of every [`Stack`].
+pub trait StackParts<B: Backend> {
+    fn parts(&self) -> (&ModelInfo, &Head<B>);
+}
+
+impl<B: Backend, C, L> StackParts<B> for Stack<B, C, L> {
+    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+        (&self.info, &self.head)
+    }
+}
+
 /// What an architecture file implements: its layer stack up to the output norm, and its head.
 /// Every `LayerStack` is a [`Model`] (the impl below), so the outputs are computed one way for
 /// every arch: logits are the head's projection of [`final_hidden`](LayerStack::final_hidden),
 /// greedy and sampled picks run on them where they lie (`Backend::argmax_rows` /
 /// `Backend::sample_rows`: a device backend downloads only the ids), and `hidden` downloads
 /// the normed rows.
-pub trait LayerStack<B: Backend>: Send + Sync {
-    /// The model's description and its head.
-    fn parts(&self) -> (&ModelInfo, &Head<B>);
+pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
     fn info(&self) -> &ModelInfo {
         self.parts().0
     }

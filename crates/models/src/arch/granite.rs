@@ -154,10 +154,6 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 }
 
 impl<B: Backend> LayerStack<B> for Granite<B> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>) {
-        (&self.info, &self.head)
-    }
-
     fn op_times(&self) -> OpTimes {
         let mut t = OpTimes::default();
         for l in &self.layers {
