@@ -28,6 +28,11 @@ mod consistency;
 pub mod llama_bench;
 mod profile;
 
+pub use batched::{BatchedBench, BatchedRun};
+pub use bench::{mean_stddev, Bench};
+pub use consistency::{nmse, Consistency, ConsistencyCheck, ConsistencyOptions};
+pub use profile::{OpKind, OpStat, ProfiledBackend, QuantTypeKey};
+
 /// Test helpers shared by the modules' unit tests.
 #[cfg(test)]
 mod test_util {
@@ -42,8 +47,3 @@ mod test_util {
         path
     }
 }
-
-pub use batched::{BatchedBench, BatchedRun};
-pub use bench::{mean_stddev, Bench};
-pub use consistency::{nmse, Consistency, ConsistencyCheck, ConsistencyOptions};
-pub use profile::{OpKind, OpStat, ProfiledBackend, QuantTypeKey};
