@@ -94,16 +94,9 @@ pub fn mean_stddev(v: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::tiny;
     use quarrel_cpu::CpuBackend;
     use quarrel_engine::EngineOptions;
-    use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
-
-    fn tiny(dir: &std::path::Path) -> std::path::PathBuf {
-        let path = dir.join("tiny-q4_0.gguf");
-        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name("q4_0").unwrap()).seed(3);
-        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
-        path
-    }
 
     #[test]
     fn bench_runs_release_their_blocks_and_check_lengths() {

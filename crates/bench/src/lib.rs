@@ -32,3 +32,18 @@ pub use batched::{BatchedBench, BatchedRun};
 pub use bench::{mean_stddev, Bench};
 pub use consistency::{nmse, Consistency, ConsistencyCheck, ConsistencyOptions};
 pub use profile::{OpKind, OpStat, ProfiledBackend, QuantTypeKey};
+
+/// Test helpers shared by the modules' unit tests.
+#[cfg(test)]
+mod test_util {
+    use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
+    use std::path::{Path, PathBuf};
+
+    /// The `tiny` synthetic llama, Q4_0, seed 3, written into `dir`.
+    pub fn tiny(dir: &Path) -> PathBuf {
+        let path = dir.join("tiny-q4_0.gguf");
+        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name("q4_0").unwrap()).seed(3);
+        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        path
+    }
+}

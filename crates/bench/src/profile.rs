@@ -296,17 +296,10 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::tiny;
     use crate::Bench;
     use quarrel_cpu::CpuBackend;
     use quarrel_engine::{Engine, EngineOptions};
-    use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
-
-    fn tiny(dir: &std::path::Path) -> std::path::PathBuf {
-        let path = dir.join("tiny-q4_0.gguf");
-        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name("q4_0").unwrap()).seed(3);
-        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
-        path
-    }
 
     #[test]
     fn profiled_backend_changes_nothing_and_counts_ops() {

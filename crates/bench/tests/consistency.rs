@@ -4,26 +4,12 @@
 use quarrel_bench::{Consistency, ConsistencyOptions};
 use quarrel_cpu::CpuBackend;
 use quarrel_engine::{Engine, EngineOptions};
-use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
+use quarrel_synth::archs::{ArchPreset, ArchSynthSpec};
 use quarrel_synth::Ftype;
 use std::path::{Path, PathBuf};
 
-const PRESETS: &[&str] = &[
-    "tiny-mixtral",
-    "tiny-granite",
-    "tiny-granitemoe",
-    "tiny-granitehybrid",
-    "tiny-mamba2",
-    "tiny-nemotron-h",
-    "tiny-nemotron-h-moe",
-    "tiny-gemma3",
-];
-
 fn synth_as(name: &str, dir: &Path, ftype: Ftype) -> PathBuf {
-    let path = dir.join(format!("{name}-{}.gguf", ftype.name()));
-    let spec = ArchSynthSpec { preset: *ArchPreset::by_name(name).unwrap(), ftype, seed: 7, vocab_from: None };
-    write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
-    path
+    ArchSynthSpec { preset: *ArchPreset::by_name(name).unwrap(), ftype, seed: 7, vocab_from: None }.write_into(dir).unwrap()
 }
 
 fn engine(path: &Path, opts: EngineOptions) -> Engine<CpuBackend> {
@@ -37,7 +23,7 @@ fn engine(path: &Path, opts: EngineOptions) -> Engine<CpuBackend> {
 #[test]
 fn consistency_report_is_exact_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
-    for name in PRESETS {
+    for name in ArchPreset::tiny().map(|p| p.name) {
         let path = synth_as(name, dir.path(), Ftype::Q4_K_M);
         let mut e = engine(&path, EngineOptions { n_ctx: 80, n_batch: 33, n_seq: 4, ..Default::default() });
         let o = ConsistencyOptions { n_tokens: 80, n_prefill: 37, n_seqs: 4, seed: 3 };

@@ -191,41 +191,19 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Run `tokens` (positions `start_pos..`) of one sequence through the model in chunks of
-    /// `n_batch`, growing `table` as needed; logits are returned for positions in `want`
-    /// (indices into `tokens`), in order.
-    pub(crate) fn run_sequence(
-        &mut self,
-        table: &mut Vec<u32>,
-        tokens: &[u32],
-        start_pos: usize,
-        want: &[usize],
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let n_vocab = self.n_vocab();
-        let mut out = Vec::with_capacity(want.len());
-        let mut w = 0;
-        for (ci, chunk) in tokens.chunks(self.opts.n_batch).enumerate() {
-            let c0 = ci * self.opts.n_batch;
-            self.pool.reserve(table, start_pos + c0 + chunk.len())?;
-            let mut rows = vec![];
-            while w < want.len() && want[w] < c0 + chunk.len() {
-                rows.push(want[w] - c0);
-                w += 1;
-            }
-            let batch = ForwardBatch {
-                tokens: chunk.to_vec(),
-                positions: (0..chunk.len()).map(|i| (start_pos + c0 + i) as u32).collect(),
-                seqs: vec![SeqBatch { start: 0, len: chunk.len(), block_table: table.clone() }],
-                logits_rows: rows.clone(),
-                state_slots: self.state_slots(1)?,
-            };
-            let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
-            out.extend(logits.chunks(n_vocab).map(|r| r.to_vec()));
-        }
-        Ok(out)
+    /// The forward batch of one sequence's `chunk` at positions `pos0..` through `table` (already
+    /// reserved), logits wanted at the chunk's `rows`.
+    pub(crate) fn seq_batch(&self, table: &[u32], chunk: &[u32], pos0: usize, rows: Vec<usize>) -> Result<ForwardBatch, EngineError> {
+        Ok(ForwardBatch {
+            tokens: chunk.to_vec(),
+            positions: (0..chunk.len()).map(|i| (pos0 + i) as u32).collect(),
+            seqs: vec![SeqBatch { start: 0, len: chunk.len(), block_table: table.to_vec() }],
+            logits_rows: rows,
+            state_slots: self.state_slots(1)?,
+        })
     }
 
-    /// Like `run_sequence` with the last token's logits wanted, but returns the token `pick`
+    /// Like `eval_sequence` with the last token's logits wanted, but returns the token `pick`
     /// chooses from them (`decode::forward_picks`: on a device only the id comes back unless
     /// the pick wants the logits).
     pub(crate) fn run_sequence_pick(
@@ -240,17 +218,11 @@ impl<B: Backend> Engine<B> {
         }
         let last = (tokens.len() - 1) / self.opts.n_batch * self.opts.n_batch;
         if last > 0 {
-            self.run_sequence(table, &tokens[..last], start_pos, &[])?;
+            self.eval_sequence(table, &tokens[..last], start_pos, &[])?;
         }
         let chunk = &tokens[last..];
         self.pool.reserve(table, start_pos + tokens.len())?;
-        let batch = ForwardBatch {
-            tokens: chunk.to_vec(),
-            positions: (0..chunk.len()).map(|i| (start_pos + last + i) as u32).collect(),
-            seqs: vec![SeqBatch { start: 0, len: chunk.len(), block_table: table.clone() }],
-            logits_rows: vec![chunk.len() - 1],
-            state_slots: self.state_slots(1)?,
-        };
+        let batch = self.seq_batch(table, chunk, start_pos + last, vec![chunk.len() - 1])?;
         let picked = forward_picks(&*self.model, &self.backend, &batch, &mut self.kv, std::slice::from_ref(pick))?;
         picked.into_iter().next().ok_or_else(|| CoreError::Backend("the model's pick returned no row".into()).into())
     }
@@ -291,7 +263,7 @@ impl<B: Backend> Engine<B> {
         }
         let mut table = vec![];
         let want: Vec<usize> = (0..tokens.len()).collect();
-        let r = self.run_sequence(&mut table, tokens, 0, &want);
+        let r = self.eval_sequence(&mut table, tokens, 0, &want);
         self.pool.release(&mut table);
         r
     }

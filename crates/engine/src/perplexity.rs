@@ -49,7 +49,7 @@ impl<B: Backend> Engine<B> {
             }
             let mut table = vec![];
             let want: Vec<usize> = (first..n_ctx - 1).collect();
-            let r = self.run_sequence(&mut table, &chunk, 0, &want);
+            let r = self.eval_sequence(&mut table, &chunk, 0, &want);
             self.pool.release(&mut table);
             for (row, &j) in r?.iter().zip(&want) {
                 nll -= log_softmax_at(row, chunk[j + 1] as usize);

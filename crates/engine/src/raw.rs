@@ -19,7 +19,22 @@ impl<B: Backend> Engine<B> {
         start_pos: usize,
         want: &[usize],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.run_sequence(table, tokens, start_pos, want)
+        let n_vocab = self.n_vocab();
+        let mut out = Vec::with_capacity(want.len());
+        let mut w = 0;
+        for (ci, chunk) in tokens.chunks(self.opts.n_batch).enumerate() {
+            let c0 = ci * self.opts.n_batch;
+            self.pool.reserve(table, start_pos + c0 + chunk.len())?;
+            let mut rows = vec![];
+            while w < want.len() && want[w] < c0 + chunk.len() {
+                rows.push(want[w] - c0);
+                w += 1;
+            }
+            let batch = self.seq_batch(table, chunk, start_pos + c0, rows)?;
+            let logits = self.model.forward(&self.backend, &batch, &mut self.kv)?;
+            out.extend(logits.chunks(n_vocab).map(|r| r.to_vec()));
+        }
+        Ok(out)
     }
 
     /// Grow `table` to hold `n_pos` positions.

@@ -11,27 +11,13 @@ use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
 use quarrel_synth::Ftype;
 use std::path::{Path, PathBuf};
 
-const PRESETS: &[&str] = &[
-    "tiny-mixtral",
-    "tiny-granite",
-    "tiny-granitemoe",
-    "tiny-granitehybrid",
-    "tiny-mamba2",
-    "tiny-nemotron-h",
-    "tiny-nemotron-h-moe",
-    "tiny-gemma3",
-];
-
 /// The fixture models: Q8_0, seed 7 (as scripts/moe-fixtures.sh). Q8_0 because llama.cpp's
 /// x86 CPU backend runs Q4_K weights through its repacked 8x8 GEMM, whose float rounding
 /// differs from `vec_dot_q4_K_q8_K` (which Quarrel's kernels reproduce) by an ulp or so —
 /// and the f16 rounding inside attention turns such ulps into ~1e-4 differences at a few
 /// positions of these tiny random models. Q8_0 is not repacked on x86.
 fn synth_as(name: &str, dir: &Path, ftype: Ftype) -> PathBuf {
-    let path = dir.join(format!("{name}-{}.gguf", ftype.name()));
-    let spec = ArchSynthSpec { preset: *ArchPreset::by_name(name).unwrap(), ftype, seed: 7, vocab_from: None };
-    write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
-    path
+    ArchSynthSpec { preset: *ArchPreset::by_name(name).unwrap(), ftype, seed: 7, vocab_from: None }.write_into(dir).unwrap()
 }
 
 fn synth(name: &str, dir: &Path) -> PathBuf {
@@ -46,7 +32,7 @@ fn fixture_tokens() -> Vec<u32> {
 #[test]
 fn prefill_equals_decode_and_batch_equals_singles() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, ftype) in PRESETS.iter().flat_map(|n| [(n, Ftype::Q8_0), (n, Ftype::Q4_K_M)]) {
+    for (name, ftype) in ArchPreset::tiny().flat_map(|p| [(p.name, Ftype::Q8_0), (p.name, Ftype::Q4_K_M)]) {
         let path = synth_as(name, dir.path(), ftype);
         let mut whole = engine(&path, EngineOptions { n_ctx: 64, n_batch: 512, n_seq: 8, ..Default::default() });
         let mut single = engine(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() });
@@ -74,7 +60,7 @@ fn prefill_equals_decode_and_batch_equals_singles() {
 #[test]
 fn prefill_equals_decode_past_64_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    for name in PRESETS {
+    for name in ArchPreset::tiny().map(|p| p.name) {
         for ftype in [Ftype::Q8_0, Ftype::Q4_K_M] {
             let path = synth_as(name, dir.path(), ftype);
             let mut whole = engine(&path, EngineOptions { n_ctx: 128, n_batch: 512, ..Default::default() });
@@ -101,7 +87,7 @@ fn backend_picks_equal_picks_from_the_logits() {
     let dir = tempfile::tempdir().unwrap();
     let prompt = fixture_tokens();
     let sampled = SamplingParams { seed: 3, temperature: 0.9, top_k: 40, top_p: 0.95, repeat_penalty: 1.1, ..Default::default() };
-    for name in PRESETS {
+    for name in ArchPreset::tiny().map(|p| p.name) {
         let path = synth(name, dir.path());
         let mut e = engine(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() });
         for sampling in [SamplingParams::greedy(), sampled.clone()] {
@@ -140,7 +126,7 @@ fn logits_match_llama_cpp() {
     let dir = tempfile::tempdir().unwrap();
     let mut report = vec![];
     let mut failures = vec![];
-    for name in PRESETS {
+    for name in ArchPreset::tiny().map(|p| p.name) {
         let fx = fixture(&format!("moe/{name}.json"));
         let text = std::fs::read_to_string(&fx).unwrap_or_else(|e| panic!("{}: {e} (scripts/moe-fixtures.sh writes it)", fx.display()));
         let f: Fixture = serde_json::from_str(&text).unwrap();

@@ -22,24 +22,14 @@ pub enum ValueType {
 }
 
 impl ValueType {
-    pub fn from_id(id: u32) -> Option<ValueType> {
+    /// Every type, at the index of its id (the ids are 0..=12 without gaps).
+    const BY_ID: [ValueType; 13] = {
         use ValueType::*;
-        Some(match id {
-            0 => U8,
-            1 => I8,
-            2 => U16,
-            3 => I16,
-            4 => U32,
-            5 => I32,
-            6 => F32,
-            7 => Bool,
-            8 => String,
-            9 => Array,
-            10 => U64,
-            11 => I64,
-            12 => F64,
-            _ => return None,
-        })
+        [U8, I8, U16, I16, U32, I32, F32, Bool, String, Array, U64, I64, F64]
+    };
+
+    pub fn from_id(id: u32) -> Option<ValueType> {
+        Self::BY_ID.get(id as usize).copied()
     }
 
     /// The smallest number of bytes one value of this type occupies in a file
@@ -193,5 +183,19 @@ impl fmt::Display for Value {
             Value::I64(v) => write!(f, "{v}"),
             Value::F64(v) => write!(f, "{v}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_ids_round_trip() {
+        for id in 0..13u32 {
+            assert_eq!(ValueType::from_id(id).map(|t| t as u32), Some(id));
+        }
+        assert_eq!(ValueType::from_id(13), None);
+        assert_eq!(ValueType::from_id(u32::MAX), None);
     }
 }

@@ -82,6 +82,11 @@ impl ArchPreset {
         let want = name.to_ascii_lowercase().replace('_', "-");
         ARCH_PRESETS.iter().find(|p| p.name == want)
     }
+    /// The tiny presets (`tiny-*`: one small model per architecture) in table order, the order
+    /// scripts/moe-fixtures.sh writes their llama.cpp fixtures in.
+    pub fn tiny() -> impl Iterator<Item = &'static ArchPreset> {
+        ARCH_PRESETS.iter().filter(|p| p.name.starts_with("tiny-"))
+    }
 }
 
 const BASE: ArchPreset = ArchPreset {
@@ -551,6 +556,16 @@ pub struct ArchSynthSpec {
     pub vocab_from: Option<PathBuf>,
 }
 
+impl ArchSynthSpec {
+    /// Write this model, with its synthetic vocabulary, as `<preset>-<ftype>.gguf` in `dir`;
+    /// returns the path.
+    pub fn write_into(&self, dir: &Path) -> Result<PathBuf, SynthError> {
+        let path = dir.join(format!("{}-{}.gguf", self.preset.name, self.ftype.name()));
+        write_arch_synth(self, &path, &mut |_, _| {})?;
+        Ok(path)
+    }
+}
+
 /// What was written.
 #[derive(Clone, Debug)]
 pub struct ArchSummary {
@@ -577,10 +592,7 @@ pub fn write_arch_synth_with(
     let start = Instant::now();
     let mut p = spec.preset;
     check(&p)?;
-    let vocab = match &spec.vocab_from {
-        Some(path) => vocab::from_gguf(path)?,
-        None => vocab::synthetic(p.n_vocab).map_err(SynthError::Invalid)?,
-    };
+    let vocab = vocab::load(spec.vocab_from.as_deref(), p.n_vocab)?;
     p.n_vocab = vocab.n_tokens;
     let plan = arch_tensor_plan(&p, spec.ftype);
     let meta = metadata(&p, spec.ftype, spec.seed, &vocab);

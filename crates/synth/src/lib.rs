@@ -317,23 +317,13 @@ pub fn write_synth_with(
     if p.arch != "llama" {
         return Err(SynthError::Invalid(format!("architecture {:?} is not supported (only llama)", p.arch)));
     }
-    let vocab = match &spec.vocab_from {
-        Some(path) => vocab::from_gguf(path)?,
-        None => vocab::synthetic(p.n_vocab).map_err(SynthError::Invalid)?,
-    };
+    let vocab = vocab::load(spec.vocab_from.as_deref(), p.n_vocab)?;
     p.n_vocab = vocab.n_tokens;
     let plan = tensor_plan(&p, spec.ftype);
     let meta = metadata(&p, spec.ftype, spec.seed, &vocab);
     drop(vocab);
     let file_size = write_plan(&plan, meta, spec.seed, opts, out, progress)?;
 
-    let mut type_counts: Vec<(QuantType, usize)> = Vec::new();
-    for t in &plan {
-        match type_counts.iter_mut().find(|(ty, _)| *ty == t.ty) {
-            Some(c) => c.1 += 1,
-            None => type_counts.push((t.ty, 1)),
-        }
-    }
     Ok(SynthSummary {
         preset: p,
         ftype: spec.ftype,
@@ -341,7 +331,7 @@ pub fn write_synth_with(
         n_params: plan.iter().map(|t| t.n_elements()).sum(),
         file_size,
         seconds: start.elapsed().as_secs_f64(),
-        type_counts,
+        type_counts: type_counts(&plan),
     })
 }
 

@@ -15,6 +15,7 @@
 //! The model's `token_embd` rows must equal the token count, so `--vocab-from` overrides
 //! the preset's `n_vocab`.
 
+use crate::SynthError;
 use quarrel_gguf::{Gguf, GgufError, Value, ValueType};
 use std::collections::HashSet;
 use std::path::Path;
@@ -134,6 +135,15 @@ pub fn from_gguf(path: &Path) -> Result<Vocab, GgufError> {
     let n_tokens = g.get_array("tokenizer.ggml.tokens")?.ok_or_else(|| GgufError::MissingKey("tokenizer.ggml.tokens".into()))?.len();
     let kv = g.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned().collect();
     Ok(Vocab { n_tokens, kv })
+}
+
+/// The vocabulary a model is written with: the `tokenizer.*` keys of the GGUF model `from`,
+/// else a synthetic one of `n_vocab` tokens.
+pub fn load(from: Option<&Path>, n_vocab: usize) -> Result<Vocab, SynthError> {
+    match from {
+        Some(path) => Ok(from_gguf(path)?),
+        None => synthetic(n_vocab).map_err(SynthError::Invalid),
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{load, GEMMA3, SMOLLM2};
-use quarrel_gguf::{Gguf, GgufWriter, Value};
+use quarrel_gguf::{Gguf, Value};
 use quarrel_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 
 #[test]
@@ -38,21 +38,12 @@ fn smollm2_template_default_system_prompt() {
 }
 
 fn with_template(base: &Gguf, template: &str) -> Tokenizer {
-    let mut w = GgufWriter::new();
-    for (k, v) in base.metadata() {
-        w.set(k, v.clone());
-    }
-    w.set("tokenizer.chat_template", Value::String(template.to_string()));
-    Tokenizer::from_gguf(&Gguf::from_bytes(w.to_bytes(&[]).unwrap()).unwrap()).unwrap()
+    Tokenizer::from_gguf(&common::with_key(base, "tokenizer.chat_template", Value::String(template.to_string()))).unwrap()
 }
 
 #[test]
 fn raise_exception_surfaces_as_err() {
-    let Ok(path) = std::env::var(common::SMOLLM2) else {
-        eprintln!("skipping: set {} to run this test", common::SMOLLM2);
-        return;
-    };
-    let base = Gguf::open(path).unwrap();
+    let Some(base) = common::open(common::SMOLLM2) else { return };
     let tok = with_template(
         &base,
         "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}\

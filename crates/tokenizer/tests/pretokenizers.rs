@@ -4,26 +4,17 @@
 
 mod common;
 
-use common::{read_json, SMOLLM2};
-use quarrel_gguf::{Gguf, GgufWriter, Value};
+use common::{open, read_json, with_key, SMOLLM2};
+use quarrel_gguf::{Gguf, Value};
 use quarrel_tokenizer::{Tokenizer, TokenizerError};
 
 fn with_pre(base: &Gguf, pre: &str) -> Gguf {
-    let mut w = GgufWriter::new();
-    for (k, v) in base.metadata() {
-        w.set(k, v.clone());
-    }
-    w.set("tokenizer.ggml.pre", Value::String(pre.to_string()));
-    Gguf::from_bytes(w.to_bytes(&[]).unwrap()).unwrap()
+    with_key(base, "tokenizer.ggml.pre", Value::String(pre.to_string()))
 }
 
 #[test]
 fn all_pre_types_match_llama_cpp() {
-    let Ok(path) = std::env::var(SMOLLM2) else {
-        eprintln!("skipping: set {SMOLLM2} to run this test");
-        return;
-    };
-    let base = Gguf::open(&path).unwrap();
+    let Some(base) = open(SMOLLM2) else { return };
     let doc = read_json("tokenizer/pretokenizers.json");
     let texts: Vec<&str> = doc["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     let mut failures = Vec::new();
@@ -51,11 +42,7 @@ fn all_pre_types_match_llama_cpp() {
 
 #[test]
 fn unknown_and_unsupported_pre_are_errors() {
-    let Ok(path) = std::env::var(SMOLLM2) else {
-        eprintln!("skipping: set {SMOLLM2} to run this test");
-        return;
-    };
-    let base = Gguf::open(&path).unwrap();
+    let Some(base) = open(SMOLLM2) else { return };
     for pre in ["no-such-pre", "kimi-k2", "afmoe", "tiny_aya"] {
         match Tokenizer::from_gguf(&with_pre(&base, pre)) {
             Err(TokenizerError::Unsupported(msg)) => eprintln!("{pre}: {msg}"),

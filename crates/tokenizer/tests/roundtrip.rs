@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use common::{GEMMA3, SMOLLM2};
 use proptest::prelude::*;
-use quarrel_gguf::{Gguf, GgufWriter, Value};
+use quarrel_gguf::Value;
 use quarrel_tokenizer::{DecodeOptions, Tokenizer};
 
 fn cached(env: &'static str, cell: &'static OnceLock<Option<Tokenizer>>) -> Option<&'static Tokenizer> {
@@ -28,14 +28,8 @@ fn gemma3() -> Option<&'static Tokenizer> {
 fn gemma3_prefix() -> Option<&'static Tokenizer> {
     static T: OnceLock<Option<Tokenizer>> = OnceLock::new();
     T.get_or_init(|| {
-        let path = std::env::var(GEMMA3).ok()?;
-        let base = Gguf::open(path).unwrap();
-        let mut w = GgufWriter::new();
-        for (k, v) in base.metadata() {
-            w.set(k, v.clone());
-        }
-        w.set("tokenizer.ggml.add_space_prefix", Value::Bool(true));
-        Some(Tokenizer::from_gguf(&Gguf::from_bytes(w.to_bytes(&[]).unwrap()).unwrap()).unwrap())
+        let base = common::open(GEMMA3)?;
+        Some(Tokenizer::from_gguf(&common::with_key(&base, "tokenizer.ggml.add_space_prefix", Value::Bool(true))).unwrap())
     })
     .as_ref()
 }

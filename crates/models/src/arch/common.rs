@@ -13,7 +13,7 @@ use crate::hparams::Hparams;
 use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
-use quarrel_core::{Backend, CoreError, ForwardBatch, Result, SampleRow};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, SampleRow};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -66,15 +66,25 @@ pub struct Stack<B: Backend, C, L> {
     pub layers: Vec<L>,
 }
 
+/// The model's description and its head: what [`LayerStack`]'s provided methods read, the
+/// same fields of every [`Stack`].
+pub trait StackParts<B: Backend> {
+    fn parts(&self) -> (&ModelInfo, &Head<B>);
+}
+
+impl<B: Backend, C, L> StackParts<B> for Stack<B, C, L> {
+    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+        (&self.info, &self.head)
+    }
+}
+
 /// What an architecture file implements: its layer stack up to the output norm, and its head.
 /// Every `LayerStack` is a [`Model`] (the impl below), so the outputs are computed one way for
 /// every arch: logits are the head's projection of [`final_hidden`](LayerStack::final_hidden),
 /// greedy and sampled picks run on them where they lie (`Backend::argmax_rows` /
 /// `Backend::sample_rows`: a device backend downloads only the ids), and `hidden` downloads
 /// the normed rows.
-pub trait LayerStack<B: Backend>: Send + Sync {
-    /// The model's description and its head.
-    fn parts(&self) -> (&ModelInfo, &Head<B>);
+pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
     fn info(&self) -> &ModelInfo {
         self.parts().0
     }
@@ -150,13 +160,11 @@ pub fn model_info(
     ModelInfo { arch: arch.into(), n_vocab, n_embd, n_layer, n_ctx_train, n_kv_head, head_dim, n_params: n_params(g), recurrent: vec![] }
 }
 
-/// `attention.scale` from the file, 0 meaning the usual `1 / sqrt(head_dim)`.
-pub fn attn_scale(file_scale: f32, head_dim: usize) -> f32 {
-    if file_scale == 0.0 {
-        1.0 / (head_dim as f32).sqrt()
-    } else {
-        file_scale
-    }
+/// Attention over every earlier position without softcapping, scaled by `attention.scale`
+/// from the file (`file_scale`), 0 meaning the usual `1 / sqrt(head_dim)`.
+pub fn full_attention(n_head: usize, n_kv_head: usize, head_dim: usize, file_scale: f32) -> AttnParams {
+    let scale = if file_scale == 0.0 { 1.0 / (head_dim as f32).sqrt() } else { file_scale };
+    AttnParams { n_head, n_kv_head, head_dim, scale, sliding_window: None, softcap: None }
 }
 
 /// `attention.head_count`, `attention.head_count_kv` (default: all heads) and

@@ -22,7 +22,7 @@ use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::{GateAct, SwiGluMlp};
 use crate::layers::weight;
-use crate::{Model, ModelInfo};
+use crate::Model;
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -167,10 +167,6 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 }
 
 impl<B: Backend> LayerStack<B> for Gemma3<B> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>) {
-        (&self.info, &self.head)
-    }
-
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = batch.n_tokens();

@@ -10,7 +10,7 @@
 //!                               └─ norm ─► output ─► ÷ logit_scale ─► logits
 //! ```
 
-use super::common::{attn_scale, model_info, reject_tensors, trace, Head, LayerStack, Stack};
+use super::common::{full_attention, model_info, reject_tensors, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
@@ -18,7 +18,7 @@ use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -129,14 +129,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
         let mixer = match (c.n_head_kv[il], &c.ssm) {
             (0, Some(p)) => Mixer::Mamba2(Mamba2::load(be, g, il, c.n_embd, *p)?),
             (kv, _) => {
-                let attn = AttnParams {
-                    n_head: c.n_head,
-                    n_kv_head: kv,
-                    head_dim: c.head_dim,
-                    scale: attn_scale(c.attention_scale, c.head_dim),
-                    sliding_window: None,
-                    softcap: None,
-                };
+                let attn = full_attention(c.n_head, kv, c.head_dim, c.attention_scale);
                 Mixer::Attention(SelfAttention::load(be, g, il, c.n_embd, attn, rope.clone())?)
             }
         };
@@ -161,10 +154,6 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 }
 
 impl<B: Backend> LayerStack<B> for Granite<B> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>) {
-        (&self.info, &self.head)
-    }
-
     fn op_times(&self) -> OpTimes {
         let mut t = OpTimes::default();
         for l in &self.layers {

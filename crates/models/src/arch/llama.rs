@@ -9,7 +9,7 @@ use crate::layers::attention::SelfAttention;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
-use crate::{Model, ModelInfo};
+use crate::Model;
 use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -119,10 +119,6 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 }
 
 impl<B: Backend> LayerStack<B> for Llama<B> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>) {
-        (&self.info, &self.head)
-    }
-
     fn op_times(&self) -> OpTimes {
         let mut t = OpTimes::default();
         self.layers.iter().for_each(|l| t += l.ffn.op_times());

@@ -9,7 +9,7 @@
 //!  tokens ─embed─► x ─ per layer: x += (mamba2 | attention | ffn | moe+shexp)(rmsnorm x) ─► norm ─► output
 //! ```
 
-use super::common::{attn_scale, model_info, reject_tensors, trace, Head, LayerStack, Stack};
+use super::common::{full_attention, model_info, reject_tensors, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
@@ -17,7 +17,7 @@ use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -138,14 +138,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             LayerKind::Mamba2 => Mixer::Mamba2(Mamba2::load(be, g, il, c.n_embd, c.ssm)?),
             LayerKind::Attention { n_head, n_head_kv } => {
                 max_kv = max_kv.max(n_head_kv);
-                let p = AttnParams {
-                    n_head,
-                    n_kv_head: n_head_kv,
-                    head_dim: c.head_dim,
-                    scale: attn_scale(c.attention_scale, c.head_dim),
-                    sliding_window: None,
-                    softcap: None,
-                };
+                let p = full_attention(n_head, n_head_kv, c.head_dim, c.attention_scale);
                 Mixer::Attention(SelfAttention::load(be, g, il, c.n_embd, p, no_rope.clone())?)
             }
             LayerKind::Ffn { n_ff } => {
@@ -163,10 +156,6 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 }
 
 impl<B: Backend> LayerStack<B> for NemotronH<B> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>) {
-        (&self.info, &self.head)
-    }
-
     fn op_times(&self) -> OpTimes {
         let mut t = OpTimes::default();
         for l in &self.layers {

@@ -254,6 +254,16 @@ pub fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// The (scale, min) of sub-blocks `2i` and `2i + 1` (the 64 elements of group `i`) of a
+/// Q4_K / Q5_K block, times the block's `d` and `dmin`, as the dequantizers apply them.
+#[inline(always)]
+pub(crate) fn scaled_pair_k4(i: usize, scales: &[u8], d: f32, dmin: f32) -> [(f32, f32); 2] {
+    [2 * i, 2 * i + 1].map(|j| {
+        let (sc, m) = get_scale_min_k4(j, scales);
+        (d * sc as f32, dmin * m as f32)
+    })
+}
+
 /// Pack 8 six-bit scales and mins into the 12-byte Q4_K/Q5_K layout
 /// (inverse of [`get_scale_min_k4`]), as `quantize_row_q4_K_ref` does.
 pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], q: &mut [u8]) {

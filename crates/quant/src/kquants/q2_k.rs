@@ -17,24 +17,23 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         let d = read_f16(b, Q2_K_D_OFF);
         let min = read_f16(b, Q2_K_DMIN_OFF);
         let scales = &b[Q2_K_SCALES_OFF..Q2_K_SCALES_OFF + 16];
-        let mut out = 0;
-        let mut is = 0;
-        for half in 0..QK / 128 {
-            let q = &b[Q2_K_QS_OFF + 32 * half..Q2_K_QS_OFF + 32 * half + 32];
-            for shift in [0u32, 2, 4, 6] {
-                for part in 0..2 {
-                    let sc = scales[is];
-                    is += 1;
-                    let dl = d * (sc & 0xF) as f32;
-                    let ml = min * (sc >> 4) as f32;
-                    for &qb in &q[16 * part..16 * part + 16] {
-                        y[out] = dl * ((qb >> shift) & 3) as f32 - ml;
-                        out += 1;
-                    }
-                }
+        for (j, (ys, &sc)) in y.chunks_exact_mut(16).zip(scales).enumerate() {
+            let dl = d * (sc & 0xF) as f32;
+            let ml = min * (sc >> 4) as f32;
+            for (v, q) in ys.iter_mut().zip(sub_block(b, j)) {
+                *v = dl * q as f32 - ml;
             }
         }
     }
+}
+
+/// The quants (0..=3) of sub-block `j`, elements `16j..16j + 16` of block `b`: group
+/// `k = (j / 2) % 4` of half `j / 8`, bytes `16 * (j % 2)..` of that half's 32.
+#[inline(always)]
+fn sub_block(b: &[u8], j: usize) -> [u8; 16] {
+    let (half, shift, part) = (j / 8, 2 * ((j / 2) % 4), j % 2);
+    let off = Q2_K_QS_OFF + 32 * half + 16 * part;
+    std::array::from_fn(|l| (b[off + l] >> shift) & 3)
 }
 
 /// `quantize_row_q2_K_ref`.
@@ -130,22 +129,9 @@ pub fn vec_dot_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let dmin = yd * read_f16(x, Q2_K_DMIN_OFF);
 
         let mut isum = 0i32;
-        let mut is = 0;
-        let mut q8off = 0;
-        for half in 0..QK_K / 128 {
-            let q2 = &x[Q2_K_QS_OFF + 32 * half..Q2_K_QS_OFF + 32 * half + 32];
-            for shift in [0u32, 2, 4, 6] {
-                for part in 0..2 {
-                    let d = (sc[is] & 0xF) as i32;
-                    is += 1;
-                    let mut isuml = 0i32;
-                    for l in 16 * part..16 * part + 16 {
-                        isuml += q8[q8off + l] as i8 as i32 * ((q2[l] >> shift) & 3) as i32;
-                    }
-                    isum += d * isuml;
-                }
-                q8off += 32;
-            }
+        for (j, (a8, &s)) in q8.chunks_exact(16).zip(sc).enumerate() {
+            let isuml: i32 = a8.iter().zip(sub_block(x, j)).map(|(&a, q)| a as i8 as i32 * q as i32).sum();
+            isum += (s & 0xF) as i32 * isuml;
         }
         sumf += dall * isum as f32 - dmin * summs as f32;
     }

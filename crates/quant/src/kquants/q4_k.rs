@@ -3,7 +3,7 @@
 //! [`super::get_scale_min_k4`]). Sub-blocks `2i` / `2i+1` are the low / high
 //! nibbles of `qs[32i..32i+32]`.
 
-use super::{get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights, Lanes, Qkx2Params};
+use super::{get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights, scaled_pair_k4, Lanes, Qkx2Params};
 use crate::layout::*;
 
 /// Elements per block.
@@ -19,10 +19,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         let scales = &b[Q4_K_SCALES_OFF..Q4_K_SCALES_OFF + K_SCALE_SIZE];
         for (i, y64) in y.chunks_exact_mut(64).enumerate() {
             let q = &b[Q4_K_QS_OFF + 32 * i..Q4_K_QS_OFF + 32 * i + 32];
-            let (sc1, m1) = get_scale_min_k4(2 * i, scales);
-            let (sc2, m2) = get_scale_min_k4(2 * i + 1, scales);
-            let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
-            let (d2, m2) = (d * sc2 as f32, min * m2 as f32);
+            let [(d1, m1), (d2, m2)] = scaled_pair_k4(i, scales, d, min);
             for l in 0..32 {
                 y64[l] = d1 * (q[l] & 0xF) as f32 - m1;
                 y64[l + 32] = d2 * (q[l] >> 4) as f32 - m2;

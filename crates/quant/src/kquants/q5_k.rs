@@ -2,7 +2,7 @@
 //! Like Q4_K with a 5th bit: element `l` of sub-block `j` takes bit `j` of `qh[l]`.
 
 use super::q4_k::{quantize_scales_and_mins, vec_dot_scale_min};
-use super::{get_scale_min_k4, Qkx2Params};
+use super::{scaled_pair_k4, Qkx2Params};
 use crate::layout::*;
 
 /// Elements per block.
@@ -21,10 +21,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
             let ql = &b[Q5_K_QS_OFF + 32 * i..Q5_K_QS_OFF + 32 * i + 32];
             let u1 = 1u8 << (2 * i);
             let u2 = 2u8 << (2 * i);
-            let (sc1, m1) = get_scale_min_k4(2 * i, scales);
-            let (sc2, m2) = get_scale_min_k4(2 * i + 1, scales);
-            let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
-            let (d2, m2) = (d * sc2 as f32, min * m2 as f32);
+            let [(d1, m1), (d2, m2)] = scaled_pair_k4(i, scales, d, min);
             for l in 0..32 {
                 let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
                 let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };

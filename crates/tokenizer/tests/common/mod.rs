@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use quarrel_gguf::{Gguf, GgufWriter, Value};
 use quarrel_tokenizer::Tokenizer;
 
 /// `QUARREL_SMOLLM2`: path to SmolLM2-135M-Instruct (any quantization) GGUF.
@@ -10,14 +11,29 @@ pub const SMOLLM2: &str = "QUARREL_SMOLLM2";
 /// `QUARREL_GEMMA3`: path to gemma-3-270m GGUF.
 pub const GEMMA3: &str = "QUARREL_GEMMA3";
 
-/// Loads the tokenizer of the model named by `env`, or explains the skip and returns None.
-pub fn load(env: &str) -> Option<Tokenizer> {
+/// Opens the model named by `env`, or explains the skip and returns None.
+pub fn open(env: &str) -> Option<Gguf> {
     let Ok(path) = std::env::var(env) else {
         eprintln!("skipping: set {env} to the model's GGUF path to run this test");
         return None;
     };
-    let g = quarrel_gguf::Gguf::open(&path).unwrap_or_else(|e| panic!("{env}={path}: {e}"));
-    Some(Tokenizer::from_gguf(&g).unwrap_or_else(|e| panic!("{env}={path}: {e}")))
+    Some(Gguf::open(&path).unwrap_or_else(|e| panic!("{env}={path}: {e}")))
+}
+
+/// Loads the tokenizer of the model named by `env`, or explains the skip and returns None.
+pub fn load(env: &str) -> Option<Tokenizer> {
+    let g = open(env)?;
+    Some(Tokenizer::from_gguf(&g).unwrap_or_else(|e| panic!("{env}: {e}")))
+}
+
+/// `base`'s metadata (no tensors) with `key` set to `v`.
+pub fn with_key(base: &Gguf, key: &str, v: Value) -> Gguf {
+    let mut w = GgufWriter::new();
+    for (k, v) in base.metadata() {
+        w.set(k, v.clone());
+    }
+    w.set(key, v);
+    Gguf::from_bytes(w.to_bytes(&[]).unwrap()).unwrap()
 }
 
 /// `<repo>/tests/fixtures/<rel>`.
