@@ -6,7 +6,7 @@
 use axum::body::{to_bytes, Body};
 use axum::http::{Request, StatusCode};
 use quarrel_engine::EngineHandle;
-use quarrel_server::{AppState, ModelEntry, ModelLoader, RateLimit, Registry, ServerConfig};
+use quarrel_server::{AppState, KeyFile, KeyStore, ModelEntry, ModelLoader, RateLimit, Registry, ServerConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,12 +30,17 @@ fn state(config: ServerConfig, entries: Vec<ModelEntry>) -> AppState {
     AppState::new(config, Registry::new(Arc::new(Catalog(entries)), 0, false), None).unwrap()
 }
 
+type Running = (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>);
+
 /// A server on a loopback port; dropping the sender shuts it down.
-async fn start(config: ServerConfig) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+async fn start(config: ServerConfig) -> Running {
+    start_with(state(config, vec![])).await
+}
+
+async fn start_with(st: AppState) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let st = state(config, vec![]);
     let task = tokio::spawn(async move {
         quarrel_server::serve(listener, st, async move {
             let _ = rx.await;
@@ -250,4 +255,104 @@ async fn model_listings_show_names_not_file_paths() {
     }
     let (_, body) = call(&st, "GET", "/api/models", &[], "").await;
     assert!(body.contains("tiny-alias"), "{body}");
+}
+
+/// A minimal WebSocket client over raw TCP (text frames under 126 bytes, which is all these
+/// tests send): the upgrade, then masked frames out and unmasked frames in.
+async fn ws_open(addr: std::net::SocketAddr, key: Option<&str>) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    let hello = format!(
+        "GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{auth}\r\n"
+    );
+    s.write_all(hello.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        assert_eq!(s.read(&mut b).await.unwrap(), 1, "closed during the upgrade");
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    s
+}
+
+async fn ws_send(s: &mut TcpStream, text: &str) {
+    let mask = [7u8, 1, 9, 3];
+    let mut f = vec![0x81, 0x80 | text.len() as u8];
+    f.extend_from_slice(&mask);
+    f.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    s.write_all(&f).await.unwrap();
+}
+
+/// The next frame: (opcode, payload).
+async fn ws_recv(s: &mut TcpStream) -> (u8, Vec<u8>) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut h = [0u8; 2];
+        s.read_exact(&mut h).await.unwrap();
+        let len = match h[1] & 0x7f {
+            126 => {
+                let mut l = [0u8; 2];
+                s.read_exact(&mut l).await.unwrap();
+                u16::from_be_bytes(l) as usize
+            }
+            127 => {
+                let mut l = [0u8; 8];
+                s.read_exact(&mut l).await.unwrap();
+                u64::from_be_bytes(l) as usize
+            }
+            n => n as usize,
+        };
+        let mut p = vec![0u8; len];
+        s.read_exact(&mut p).await.unwrap();
+        (h[0] & 0x0f, p)
+    })
+    .await
+    .expect("no WebSocket frame within 5 s")
+}
+
+async fn ws_json(s: &mut TcpStream) -> serde_json::Value {
+    let (op, p) = ws_recv(s).await;
+    assert_eq!(op, 1, "expected a text frame, got opcode {op}: {p:?}");
+    serde_json::from_slice(&p).unwrap()
+}
+
+#[tokio::test]
+async fn a_key_revoked_while_its_websocket_is_open_is_refused_and_closed() {
+    let d = tempfile::tempdir().unwrap();
+    let kp = d.path().join("keys.json");
+    let mut kf = KeyFile::default();
+    let (key, rec) = kf.create("ws");
+    kf.save(&kp).unwrap();
+    let st = AppState::new(ServerConfig::default(), Registry::new(Arc::new(Catalog(vec![])), 0, false), Some(KeyStore::open(&kp).unwrap()))
+        .unwrap();
+    let (addr, _stop, _) = start_with(st).await;
+    let mut ws = ws_open(addr, Some(&key)).await;
+    ws_send(&mut ws, r#"{"type":"ping","id":"a"}"#).await;
+    assert_eq!(ws_json(&mut ws).await["type"], "pong");
+    let mut kf = KeyFile::load(&kp).unwrap();
+    kf.revoke(&rec.id).unwrap();
+    kf.save(&kp).unwrap();
+    // make sure the modification time moves even on coarse clocks
+    let later = std::time::SystemTime::now() + Duration::from_secs(2);
+    std::fs::File::options().write(true).open(&kp).unwrap().set_modified(later).unwrap();
+    ws_send(&mut ws, r#"{"type":"ping","id":"b"}"#).await;
+    let m = ws_json(&mut ws).await;
+    assert_eq!((m["type"].as_str(), m["payload"]["code"].as_str()), (Some("error"), Some("UNAUTHORIZED")), "{m}");
+    let (op, p) = ws_recv(&mut ws).await;
+    assert_eq!(op, 8, "expected a close frame");
+    assert_eq!(u16::from_be_bytes([p[0], p[1]]), 1008);
+}
+
+#[tokio::test]
+async fn websocket_messages_count_against_the_rate_limit() {
+    // no keys: the per-key limit counts per client IP; the upgrade takes one of the two
+    let cfg = ServerConfig { rate_per_key: Some(RateLimit { per_minute: 2, burst: 2 }), ..Default::default() };
+    let (addr, _stop, _) = start(cfg).await;
+    let mut ws = ws_open(addr, None).await;
+    ws_send(&mut ws, r#"{"type":"ping","id":"a"}"#).await;
+    assert_eq!(ws_json(&mut ws).await["type"], "pong");
+    ws_send(&mut ws, r#"{"type":"ping","id":"b"}"#).await;
+    let m = ws_json(&mut ws).await;
+    assert_eq!((m["type"].as_str(), m["payload"]["code"].as_str()), (Some("error"), Some("OVERLOADED")), "{m}");
 }
