@@ -10,7 +10,6 @@ use axum::http::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use prometheus::IntGauge;
 use std::future::Future;
@@ -85,7 +84,10 @@ pub async fn serve(listener: TcpListener, state: AppState, shutdown: impl Future
     // after each response, so it bounds both slow headers and idle keep-alive.
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(cfg.header_timeout);
-    let graceful = GracefulShutdown::new();
+    // `signal` tells every connection to finish its request and close; each holds a `closed`
+    // receiver until it is gone, so the sender sees when the last one is
+    let (signal_tx, signal_rx) = tokio::sync::watch::channel(());
+    let (closed_tx, closed_rx) = tokio::sync::watch::channel(());
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (tcp, addr) = tokio::select! {
@@ -115,16 +117,27 @@ pub async fn serve(listener: TcpListener, state: AppState, shutdown: impl Future
             app.clone().oneshot(req.map(Body::new))
         });
         let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(svc)).with_upgrades();
-        let conn = graceful.watch(conn);
+        let (mut signal, closed) = (signal_rx.clone(), closed_rx.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let mut conn = std::pin::pin!(conn);
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = signal.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
                 tracing::debug!(peer = %addr, "connection: {e}");
             }
+            drop(closed);
         });
     }
     drop(listener);
     tracing::info!(deadline_s = cfg.shutdown_timeout.as_secs_f64(), "no longer accepting; waiting for open requests");
-    if tokio::time::timeout(cfg.shutdown_timeout, graceful.shutdown()).await.is_err() {
+    drop(closed_rx);
+    let _ = signal_tx.send(());
+    if tokio::time::timeout(cfg.shutdown_timeout, closed_tx.closed()).await.is_err() {
         tracing::warn!("shutdown deadline reached: ending the requests still running");
         state.registry.shutdown_all();
         // give the ended streams a moment to send their error and close

@@ -68,7 +68,12 @@ fn too_large(limit: usize) -> Response {
 pub async fn check(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let cfg = &state.config;
     if cfg.check_host {
-        let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string).or_else(|| req.uri().host().map(str::to_string));
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| req.uri().host().map(str::to_string));
         if let Some(h) = host.filter(|h| !host_allowed(h, &cfg.allowed_hosts)) {
             let e = ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -135,7 +140,17 @@ mod tests {
 
     #[test]
     fn hosts() {
-        for h in ["localhost", "localhost:8080", "LOCALHOST.", "app.localhost:1", "127.0.0.1", "127.0.0.1:8080", "[::1]:8080", "[::1]", "127.1.2.3"] {
+        for h in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST.",
+            "app.localhost:1",
+            "127.0.0.1",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "[::1]",
+            "127.1.2.3",
+        ] {
             assert!(host_allowed(h, &[]), "{h}");
         }
         for h in ["evil.test", "evil.test:8080", "localhost.evil.test", "10.0.0.1:80", "[::2]:8080", ""] {

@@ -100,9 +100,11 @@ const GET_HEALTH: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
 async fn declared_body_over_the_limit_is_413_before_reading() {
     let (addr, _stop, _) = start(ServerConfig::default()).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n")
-        .await
-        .unwrap();
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
     let text = read_to_close(&mut s, Duration::from_secs(3)).await.expect("the server kept waiting for a body it will refuse");
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
     assert!(text.contains("body_too_large"), "{text}");
@@ -113,9 +115,11 @@ async fn unfinished_body_is_408_and_the_connection_closes() {
     let cfg = ServerConfig { body_timeout: Duration::from_millis(300), ..Default::default() };
     let (addr, _stop, _) = start(cfg).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
-        .await
-        .unwrap();
+    s.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":",
+    )
+    .await
+    .unwrap();
     let text = read_to_close(&mut s, Duration::from_secs(3)).await.expect("an unfinished body was waited for past the body timeout");
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("body_timeout"), "{text}");
