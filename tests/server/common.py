@@ -17,7 +17,11 @@ KEYS_FILE = os.environ.get("QUARREL_KEYS_FILE", "")
 def raw(method, path, body=None, headers=None, base=None):
     """(status, headers, parsed JSON or text) without raising on 4xx/5xx."""
     data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-    req = urllib.request.Request((base or BASE) + path, data=data, method=method, headers=headers or {})
+    headers = dict(headers or {})
+    if method == "POST" and not any(k.lower() == "content-type" for k in headers):
+        # what real clients send; the server refuses other types on its JSON routes (415)
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request((base or BASE) + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             status, hdrs, text = r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()

@@ -13,6 +13,9 @@ export class ApiError extends Error {
 
 async function call(method, path) {
   const headers = { Accept: 'application/json' };
+  // the server takes POSTs with a JSON content type only (a page elsewhere cannot send one
+  // without a CORS preflight)
+  if (method === 'POST') headers['Content-Type'] = 'application/json';
   const key = apiKey.get();
   if (key) headers.Authorization = `Bearer ${key}`;
   let res;

@@ -1,54 +1,40 @@
-//! The TCP listener `quarrel serve` accepts on: counts open connections for the
-//! `quarrel_http_connections_active` gauge, sets `TCP_NODELAY` (token streams are many small
-//! writes) and hands each connection's peer address to the handlers.
+//! Accepting connections: the accept loop of `quarrel serve` with a cap on open connections,
+//! hyper's header-read timer (which also ends idle keep-alive connections), `TCP_NODELAY`
+//! (token streams are many small writes), the `quarrel_http_connections_active` gauge, each
+//! connection's peer address for the handlers, and a graceful shutdown with a deadline.
 
-use axum::extract::connect_info::Connected;
-use axum::serve::{IncomingStream, Listener};
+use crate::state::AppState;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::Request;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prometheus::IntGauge;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::ServiceExt;
 
-/// A TCP listener that counts its open connections.
-pub struct CountingListener {
-    inner: TcpListener,
-    gauge: IntGauge,
-}
-
-impl CountingListener {
-    pub fn new(inner: TcpListener, gauge: IntGauge) -> CountingListener {
-        CountingListener { inner, gauge }
-    }
-}
-
-/// One accepted connection; the gauge goes down when it closes.
+/// One accepted connection: holds its slot under the connection cap and keeps the gauge up
+/// until it closes (an upgraded WebSocket keeps both).
 pub struct CountedIo {
     io: TcpStream,
     gauge: IntGauge,
+    _slot: OwnedSemaphorePermit,
 }
 
 impl Drop for CountedIo {
     fn drop(&mut self) {
         self.gauge.dec();
-    }
-}
-
-impl Listener for CountingListener {
-    type Io = CountedIo;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (CountedIo, SocketAddr) {
-        let (io, addr) = Listener::accept(&mut self.inner).await;
-        let _ = io.set_nodelay(true);
-        self.gauge.inc();
-        (CountedIo { io, gauge: self.gauge.clone() }, addr)
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
     }
 }
 
@@ -84,8 +70,78 @@ impl AsyncWrite for CountedIo {
 #[derive(Clone, Copy, Debug)]
 pub struct ClientAddr(pub SocketAddr);
 
-impl Connected<IncomingStream<'_, CountingListener>> for ClientAddr {
-    fn connect_info(stream: IncomingStream<'_, CountingListener>) -> Self {
-        ClientAddr(*stream.remote_addr())
+/// Accept and serve until `shutdown` resolves; then stop accepting, let open requests finish
+/// for up to `shutdown_timeout`, end the rest (their streams get the engine's shut-down
+/// error) and return.
+pub async fn serve(listener: TcpListener, state: AppState, shutdown: impl Future<Output = ()> + Send + 'static) -> io::Result<()> {
+    let cfg = state.config.clone();
+    let app = crate::routes::router(state.clone());
+    let gauge = state.metrics.http_connections.clone();
+    let slots = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    // HTTP/1.1 only (what every client of these APIs speaks): hyper's auto-detecting builder
+    // first waits for a protocol preface with no time limit, which a silent client holds open.
+    // The header timer starts whenever hyper waits for a request head, on a new connection and
+    // after each response, so it bounds both slow headers and idle keep-alive.
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(cfg.header_timeout);
+    // `signal` tells every connection to finish its request and close; each holds a `closed`
+    // receiver until it is gone, so the sender sees when the last one is
+    let (signal_tx, signal_rx) = tokio::sync::watch::channel(());
+    let (closed_tx, closed_rx) = tokio::sync::watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (tcp, addr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // out of file descriptors or similar: wait rather than spin
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // over the cap: close at once (the client sees a reset or EOF, not a hang)
+            drop(tcp);
+            tracing::debug!(peer = %addr, "connection refused: --max-connections reached");
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        gauge.inc();
+        let io = CountedIo { io: tcp, gauge: gauge.clone(), _slot: slot };
+        let app = app.clone();
+        let svc = tower::service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(ClientAddr(addr)));
+            app.clone().oneshot(req.map(Body::new))
+        });
+        let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(svc)).with_upgrades();
+        let (mut signal, closed) = (signal_rx.clone(), closed_rx.clone());
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = signal.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
+                tracing::debug!(peer = %addr, "connection: {e}");
+            }
+            drop(closed);
+        });
     }
+    drop(listener);
+    tracing::info!(deadline_s = cfg.shutdown_timeout.as_secs_f64(), "no longer accepting; waiting for open requests");
+    drop(closed_rx);
+    let _ = signal_tx.send(());
+    if tokio::time::timeout(cfg.shutdown_timeout, closed_tx.closed()).await.is_err() {
+        tracing::warn!("shutdown deadline reached: ending the requests still running");
+        state.registry.shutdown_all();
+        // give the ended streams a moment to send their error and close
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
 }

@@ -24,8 +24,9 @@
 //! | `gen`        | sampling knobs -> engine request, submission, tracked streams |
 //! | `registry`   | loaded models, load/unload, memory budget, LRU, on-demand loading |
 //! | `auth`       | hashed API keys file, constant-time check |
-//! | `conn`       | the counting TCP listener and the peer address |
+//! | `conn`       | the accept loop: connection cap, header / idle timer, shutdown deadline |
 //! | `middleware` | keys + rate limits, metrics per request |
+//! | `shield`     | Host check, JSON content type, body size and time limits |
 //! | `metrics`    | Prometheus registry and engine gauges |
 //! | `openapi`    | the OpenAPI 3.1 document |
 //! | `error`      | the one error shape, JSON body extractor |
@@ -45,6 +46,7 @@ pub mod openapi;
 pub mod registry;
 pub mod rest;
 pub mod routes;
+pub mod shield;
 pub mod state;
 pub mod ui;
 pub mod ws;
@@ -54,13 +56,4 @@ pub use error::ApiError;
 pub use registry::{ModelEntry, ModelLoader, Registry};
 pub use state::{AppState, RateLimit, ServerConfig};
 
-/// Serve until `shutdown` resolves; in-flight streams are allowed to finish.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: AppState,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = conn::CountingListener::new(listener, state.metrics.http_connections.clone());
-    let app = routes::router(state);
-    axum::serve(listener, app.into_make_service_with_connect_info::<conn::ClientAddr>()).with_graceful_shutdown(shutdown).await
-}
+pub use conn::serve;

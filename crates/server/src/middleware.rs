@@ -1,4 +1,5 @@
-//! Request middleware: API keys and rate limits (per key, per client IP) in front of the
+//! Request middleware: API keys and rate limits (per key, or per client IP where the server
+//! has no keys; and per client IP) in front of the
 //! APIs, and the metrics layer (requests by route/model/status, errors, in-flight requests
 //! and durations measured to the end of the response body, streams included).
 
@@ -45,6 +46,9 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
             }
             Err(r) => return ApiError::unauthorized(r.message()).into_response(),
         }
+    } else if let Err(wait) = AppState::check_rate(&state.key_limiter, &ip) {
+        // no keys to count by: the per-key limit counts per client IP instead
+        return ApiError::rate_limited(wait).into_response();
     }
     next.run(req).await
 }

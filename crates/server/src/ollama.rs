@@ -336,7 +336,7 @@ pub async fn show(State(state): State<AppState>, ApiJson(req): ApiJson<ShowReque
         format!("{}.attention.head_count_kv", i.arch): i.n_kv_head, "tokenizer.ggml.vocab_size": i.n_vocab,
     });
     let v = json!({
-        "modelfile": format!("FROM {}\n", m.entry.path.display()),
+        "modelfile": format!("FROM {}\n", m.entry.name),
         "parameters": format!("num_ctx {}", i.n_ctx),
         "template": i.chat_template.clone().unwrap_or_default(),
         "details": details(Some(&m)),

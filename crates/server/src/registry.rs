@@ -19,6 +19,8 @@ pub struct ModelEntry {
     pub name: String,
     /// Other names it answers to (file stem, registry aliases).
     pub aliases: Vec<String>,
+    /// The server's file: never shown to clients.
+    #[serde(skip)]
     pub path: PathBuf,
     pub size_bytes: u64,
 }
@@ -28,6 +30,11 @@ impl ModelEntry {
     pub fn matches(&self, name: &str) -> bool {
         let want = normalize(name);
         std::iter::once(&self.name).chain(&self.aliases).any(|n| normalize(n) == want)
+    }
+
+    /// The aliases clients may see: names only, never one that is a file path.
+    pub fn public_aliases(&self) -> Vec<&str> {
+        self.aliases.iter().map(String::as_str).filter(|a| !a.contains(['/', '\\'])).collect()
     }
 }
 
@@ -211,6 +218,14 @@ impl Registry {
         let m = l.remove(i);
         tracing::info!(model = %m.entry.name, "model unloaded");
         Ok(())
+    }
+
+    /// Stop every loaded engine: their waiting and running requests end with the engine's
+    /// shut-down error (the end of a graceful shutdown's deadline).
+    pub fn shutdown_all(&self) {
+        for m in self.loaded() {
+            m.handle.shutdown();
+        }
     }
 
     /// Drop least recently used models until `extra` more bytes fit the budget (the most

@@ -23,7 +23,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn entry_json(e: &ModelEntry, m: Option<&Loaded>) -> Value {
     let mut v = json!({
-        "name": e.name, "aliases": e.aliases, "path": e.path, "size_bytes": e.size_bytes, "loaded": m.is_some(),
+        "name": e.name, "aliases": e.public_aliases(), "size_bytes": e.size_bytes, "loaded": m.is_some(),
     });
     if let Some(m) = m {
         let i = m.info();

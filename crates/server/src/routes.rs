@@ -2,11 +2,11 @@
 //! (request ids, tracing, CORS, body limit, metrics, keys and rate limits).
 //!
 //! Layer order, outermost first: request id (honour `x-request-id` or generate one) ->
-//! trace span carrying it -> echo it back -> CORS -> metrics -> keys / rate limits -> body
-//! limit -> handler.
+//! trace span carrying it -> echo it back -> CORS -> metrics -> keys / rate limits -> Host,
+//! content type and body checks (`shield`) -> body limit -> handler.
 
 use crate::state::AppState;
-use crate::{embeddings, middleware, ollama, openai, openapi, rest, ws};
+use crate::{embeddings, middleware, ollama, openai, openapi, rest, shield, ws};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderName, HeaderValue, Method, Request};
 use axum::middleware::from_fn_with_state;
@@ -88,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(rest::not_found)
         .method_not_allowed_fallback(rest::method_not_allowed)
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
+        .layer(from_fn_with_state(state.clone(), shield::check))
         .layer(from_fn_with_state(state.clone(), middleware::guard))
         .layer(from_fn_with_state(state.clone(), middleware::track));
     if let Some(c) = cors(&cfg.cors_origins) {

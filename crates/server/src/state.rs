@@ -27,10 +27,25 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Allowed CORS origins (`*` for any); empty = no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Per API key; on a server without keys, per client IP.
     pub rate_per_key: Option<RateLimit>,
     pub rate_per_ip: Option<RateLimit>,
     /// WebSocket ping interval; a peer silent for three intervals is dropped.
     pub ws_ping: Duration,
+    /// Time a client has to send a request's headers, counted from the connection's start or
+    /// the end of its previous response (so it also closes idle keep-alive connections).
+    pub header_timeout: Duration,
+    /// Time a client has to send a whole request body (408 and the connection closes after it).
+    pub body_timeout: Duration,
+    /// Most open connections; beyond it new connections are closed as soon as accepted.
+    pub max_connections: usize,
+    /// After the shutdown signal: how long in-flight requests may still run.
+    pub shutdown_timeout: Duration,
+    /// Refuse (403) requests whose `Host` is not a loopback name or address, nor in
+    /// `allowed_hosts`: on a loopback server this stops DNS rebinding from web pages.
+    pub check_host: bool,
+    /// Extra `Host` names accepted when `check_host` is on (without port).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -44,6 +59,12 @@ impl Default for ServerConfig {
             rate_per_key: None,
             rate_per_ip: None,
             ws_ping: Duration::from_secs(20),
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+            shutdown_timeout: Duration::from_secs(30),
+            check_host: false,
+            allowed_hosts: vec![],
         }
     }
 }

@@ -23,6 +23,11 @@
 //! - `{"type":"error","id":"r1"|null,"payload":{"code":"INVALID_REQUEST"|"MODEL_NOT_FOUND"|"INFERENCE_ERROR"|"OVERLOADED"|"UNAUTHORIZED","message":"..."}}`
 //!   (`id` null when the message could not be parsed; the connection stays open except after
 //!   `UNAUTHORIZED`, which is followed by a close frame with code 1008)
+//!
+//! Keys and rate limits apply to every message, not only to the upgrade: each text or binary
+//! message counts against the key's (or, without keys, the client IP's) rate limit and gets
+//! `OVERLOADED` when over it; a key revoked while its socket is open gets `UNAUTHORIZED` and
+//! close code 1008 at its next message or ping.
 //! - `{"type":"status","payload":{"version":..,"models":[..],"default_model":..,"active":[ids]}}`,
 //!   `{"type":"metrics","payload":{"<model>":{engine metrics}}}`, `{"type":"pong"}`.
 //!
@@ -80,32 +85,51 @@ fn err_msg(id: Option<&Value>, e: &ApiError) -> Value {
 }
 
 pub async fn upgrade(State(state): State<AppState>, ws: WebSocketUpgrade, req: Request) -> Response {
-    let ip = client_ip(&req);
-    let mut refusal = None;
-    if let Err(wait) = AppState::check_rate(&state.ip_limiter, &ip) {
-        refusal = Some(ApiError::rate_limited(wait));
-    } else if let Some(keys) = &state.keys {
-        let key = presented_key(req.headers())
-            .or_else(|| req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("api_key=").map(str::to_string))));
-        match keys.verify(key.as_deref()) {
-            Ok(id) => {
-                if let Err(wait) = AppState::check_rate(&state.key_limiter, &id) {
-                    refusal = Some(ApiError::rate_limited(wait));
-                }
-            }
-            Err(r) => refusal = Some(ApiError::unauthorized(r.message())),
-        }
-    }
+    let caller = Caller {
+        key: presented_key(req.headers())
+            .or_else(|| req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("api_key=").map(str::to_string)))),
+        ip: client_ip(&req),
+    };
+    let refusal = admit(&state, &caller).err();
     ws.max_message_size(state.config.max_body_bytes).on_upgrade(move |socket| async move {
         match refusal {
             Some(e) => refuse(socket, e).await,
             None => {
                 state.metrics.ws_active.inc();
-                connection(socket, state.clone()).await;
+                connection(socket, state.clone(), caller).await;
                 state.metrics.ws_active.dec();
             }
         }
     })
+}
+
+/// Whom a connection's messages are counted for: the key it presented (checked again for
+/// every message, so a revoked key stops working on a socket already open) and its client IP.
+struct Caller {
+    key: Option<String>,
+    ip: String,
+}
+
+/// The HTTP routes' key and rate-limit rules, applied to the upgrade and to every message:
+/// the per-IP limit, then the key and its limit (without keys, the per-key limit per IP).
+fn admit(state: &AppState, c: &Caller) -> Result<(), ApiError> {
+    AppState::check_rate(&state.ip_limiter, &c.ip).map_err(ApiError::rate_limited)?;
+    match &state.keys {
+        Some(keys) => {
+            let id = keys.verify(c.key.as_deref()).map_err(|r| ApiError::unauthorized(r.message()))?;
+            AppState::check_rate(&state.key_limiter, &id).map_err(ApiError::rate_limited)
+        }
+        None => AppState::check_rate(&state.key_limiter, &c.ip).map_err(ApiError::rate_limited),
+    }
+}
+
+/// Is the connection's key still valid (no rate counted)? For the ping timer, so that an idle
+/// socket of a revoked key is closed too.
+fn key_still_valid(state: &AppState, c: &Caller) -> Result<(), ApiError> {
+    match &state.keys {
+        Some(keys) => keys.verify(c.key.as_deref()).map(|_| ()).map_err(|r| ApiError::unauthorized(r.message())),
+        None => Ok(()),
+    }
 }
 
 async fn refuse(mut socket: WebSocket, e: ApiError) {
@@ -119,7 +143,7 @@ struct Running {
     cancel: Box<dyn Fn() + Send>,
 }
 
-async fn connection(socket: WebSocket, state: AppState) {
+async fn connection(socket: WebSocket, state: AppState, caller: Caller) {
     let (mut sink, mut stream) = socket.split();
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
     let writer = tokio::spawn(async move {
@@ -144,6 +168,16 @@ async fn connection(socket: WebSocket, state: AppState) {
             msg = stream.next() => {
                 let Some(Ok(msg)) = msg else { break };
                 last_seen = Instant::now();
+                if matches!(msg, Message::Text(_) | Message::Binary(_)) {
+                    if let Err(e) = admit(&state, &caller) {
+                        send(err_msg(None, &e));
+                        if e.status == axum::http::StatusCode::UNAUTHORIZED {
+                            let _ = out_tx.send(Message::Close(Some(CloseFrame { code: 1008, reason: e.ws_code().into() })));
+                            break;
+                        }
+                        continue;
+                    }
+                }
                 let text = match msg {
                     Message::Text(t) => t,
                     Message::Binary(_) => {
@@ -203,6 +237,11 @@ async fn connection(socket: WebSocket, state: AppState) {
             }
             Some(done) = done_rx.recv() => { running.remove(&done); }
             _ = ping.tick() => {
+                if let Err(e) = key_still_valid(&state, &caller) {
+                    send(err_msg(None, &e));
+                    let _ = out_tx.send(Message::Close(Some(CloseFrame { code: 1008, reason: e.ws_code().into() })));
+                    break;
+                }
                 if last_seen.elapsed() > state.config.ws_ping * 3 {
                     tracing::info!("websocket peer silent for three ping intervals: closing");
                     break;

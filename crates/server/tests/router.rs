@@ -48,6 +48,10 @@ fn state(entries: Vec<ModelEntry>, budget: u64, max_queue: usize, config: Server
 
 async fn call(st: &AppState, method: &str, path: &str, body: Option<Value>, key: Option<&str>) -> (StatusCode, Option<String>, Value) {
     let mut b = Request::builder().method(method).uri(path);
+    if method == "POST" {
+        // as real clients send it (the JSON routes refuse other types)
+        b = b.header("content-type", "application/json");
+    }
     if let Some(k) = key {
         b = b.header("authorization", format!("Bearer {k}"));
     }

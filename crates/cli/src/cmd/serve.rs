@@ -83,6 +83,24 @@ pub struct Args {
     /// Per-request time limit in seconds.
     #[arg(long = "timeout", default_value_t = 300)]
     pub timeout: u64,
+    /// Seconds a client has to send a request's headers, from the connection's start or the
+    /// end of its previous response (so it also closes idle keep-alive connections).
+    #[arg(long = "header-timeout", env = "QUARREL_HEADER_TIMEOUT", default_value_t = 30)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a whole request body; later: 408 and the connection closes.
+    #[arg(long = "body-timeout", env = "QUARREL_BODY_TIMEOUT", default_value_t = 60)]
+    pub body_timeout: u64,
+    /// Most open connections (0 = three quarters of the open-files limit); beyond it new
+    /// connections are closed at once.
+    #[arg(long = "max-connections", env = "QUARREL_MAX_CONNECTIONS", default_value_t = 0)]
+    pub max_connections: usize,
+    /// Seconds in-flight requests may run after SIGTERM / Ctrl-C before they are ended.
+    #[arg(long = "shutdown-timeout", env = "QUARREL_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    /// Host names accepted in the Host header besides loopback ones, when bound to a loopback
+    /// address (comma-separated or repeated; `*` turns the check off).
+    #[arg(long = "allowed-hosts", env = "QUARREL_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
     /// Log prompts (they are redacted otherwise).
     #[arg(long = "log-prompts")]
     pub log_prompts: bool,
@@ -116,7 +134,8 @@ fn entry_for(path: &Path, given: Option<&str>) -> ModelEntry {
     if let Some(g) = given {
         aliases.push(g.to_string());
     }
-    aliases.retain(|a| *a != name);
+    // a path given with -m is not a name: listing it would show the server's file system
+    aliases.retain(|a| *a != name && !a.contains(['/', '\\']));
     aliases.dedup();
     let size_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     ModelEntry { name, aliases, path: path.to_path_buf(), size_bytes }
@@ -162,6 +181,28 @@ fn mem_total() -> u64 {
         .map_or(8 << 30, |kb| kb * 1024)
 }
 
+/// Three quarters of the open-files limit (raised to its hard maximum first), leaving the
+/// rest for model files, logs and the connections accepted only to be closed.
+fn default_max_connections() -> usize {
+    #[cfg(unix)]
+    {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit / setrlimit only read and write the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+                if r.rlim_cur < r.rlim_max {
+                    let raised = libc::rlimit { rlim_cur: r.rlim_max.min(1 << 20), rlim_max: r.rlim_max };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                        r = raised;
+                    }
+                }
+                return (r.rlim_cur as usize / 4 * 3).max(16);
+            }
+        }
+    }
+    768
+}
+
 fn init_logging(format: &str) -> Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("QUARREL_LOG").unwrap_or_else(|_| EnvFilter::new("info,tower_http=info"));
@@ -185,6 +226,12 @@ pub fn main(a: Args) -> Result<()> {
         cors_origins: a.cors.clone(),
         rate_per_key: rate(a.rate_key),
         rate_per_ip: rate(a.rate_ip),
+        header_timeout: Duration::from_secs(a.header_timeout.max(1)),
+        body_timeout: Duration::from_secs(a.body_timeout.max(1)),
+        max_connections: if a.max_connections > 0 { a.max_connections } else { default_max_connections() },
+        shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
+        check_host: a.host.is_loopback(),
+        allowed_hosts: a.allowed_hosts.clone(),
         ..Default::default()
     };
     // keys: required when the file is configured/exists, and on non-loopback addresses
