@@ -54,6 +54,11 @@ fn closing(mut r: Response) -> Response {
     r
 }
 
+/// Oversized bodies up to this multiple of the limit (and at most [`DRAIN_CAP`] bytes) are read
+/// and dropped after the 413, so that the client can read the answer.
+const DRAIN_FACTOR: u64 = 4;
+const DRAIN_CAP: u64 = 64 << 20;
+
 fn too_large(limit: usize) -> Response {
     let e = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -102,7 +107,19 @@ pub async fn check(State(state): State<AppState>, req: Request, next: Next) -> R
     }
     let limit = cfg.max_body_bytes;
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
+    if let Some(n) = declared.filter(|&n| n > limit as u64) {
+        // A client that sends its whole body before reading the answer (most HTTP libraries)
+        // sees a reset instead of the 413 if the connection closes under it: read and drop a
+        // moderately oversized body in the background, within the body timeout. Declared
+        // sizes far past the limit are refused without reading a byte.
+        if n <= (limit as u64).saturating_mul(DRAIN_FACTOR).min(DRAIN_CAP) {
+            let body = req.into_body();
+            let deadline = cfg.body_timeout;
+            tokio::spawn(async move {
+                let mut data = body.into_data_stream();
+                let _ = tokio::time::timeout(deadline, async { while let Some(Ok(_)) = data.next().await {} }).await;
+            });
+        }
         return too_large(limit);
     }
     let (parts, body) = req.into_parts();
