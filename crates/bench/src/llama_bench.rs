@@ -200,7 +200,7 @@ pub fn markdown(rows: &[Row]) -> String {
 }
 
 fn build_commit() -> &'static str {
-    option_env!("QUARREL_BUILD_COMMIT").unwrap_or("unknown")
+    env!("QUARREL_BUILD_COMMIT")
 }
 
 /// llama-bench's `-o json`: a list of objects with its field names, in its order.
