@@ -66,12 +66,14 @@ pub async fn embed(state: &AppState, model: Option<&str>, inputs: Vec<Prompt>) -
         crate::gen::check_prompt(state, p)?;
     }
     let m = state.registry.get(model).await?;
-    let mut n_tokens = 0;
-    for p in &inputs {
-        n_tokens += m.handle.tokenize_prompt(p)?.len();
-    }
+    // tokenizing large inputs is CPU work: off the async threads
+    let handle = m.handle.clone();
+    let ids = tokio::task::spawn_blocking(move || handle.tokenize_inputs(&inputs))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
+    let n_tokens = ids.iter().map(Vec::len).sum::<usize>();
     let pooling = m.info().pooling;
-    let v = m.handle.embed(inputs, pooling, true).await?;
+    let v = m.handle.embed_tokens(ids, pooling, true, Some(state.config.request_timeout)).await?.to_vecs();
     state.metrics.tokens_in.with_label_values(&[&m.entry.name]).inc_by(n_tokens as u64);
     Ok((m.entry.name.clone(), v, n_tokens))
 }

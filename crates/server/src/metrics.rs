@@ -65,8 +65,8 @@ impl Metrics {
         )?;
         let tokens_in = IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens of finished requests"), &["model"])?;
         let tokens_out = IntCounterVec::new(Opts::new("generated_tokens_total", "Generated tokens"), &["model"])?;
-        let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached, kv_block_size, recurrent_state_bytes, state_checkpoints"), &["model", "gauge"])?;
-        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, prompt_tokens, generated_tokens, ssm_nonfinite"), &["model", "counter"])?;
+        let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, embeddings, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached, kv_block_size, recurrent_state_bytes, state_checkpoints"), &["model", "gauge"])?;
+        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, embed_requests_finished, embedded_tokens, prompt_tokens, generated_tokens, ssm_nonfinite"), &["model", "counter"])?;
         let models_loaded = IntGauge::new("models_loaded", "Models loaded")?;
         let model_bytes =
             IntGaugeVec::new(Opts::new("model_memory_bytes", "Resident bytes per loaded model (weights + KV cache)"), &["model"])?;
@@ -135,6 +135,7 @@ impl Metrics {
             for (k, v) in [
                 ("queue_depth", e.queue_depth),
                 ("running", e.running),
+                ("embeddings", e.embeddings),
                 ("batch_tokens", e.last_batch_tokens),
                 ("kv_blocks_used", e.kv_blocks_used),
                 ("kv_blocks_free", e.kv_blocks_free),
@@ -151,6 +152,8 @@ impl Metrics {
                 ("preemptions", e.preemptions_total),
                 ("prefix_hit_tokens", e.prefix_hit_tokens_total),
                 ("requests_finished", e.requests_finished_total),
+                ("embed_requests_finished", e.embed_requests_finished_total),
+                ("embedded_tokens", e.embedded_tokens_total),
                 ("prompt_tokens", e.prompt_tokens_total),
                 ("generated_tokens", e.generated_tokens_total),
                 ("ssm_nonfinite", e.ssm_nonfinite_total),

@@ -158,7 +158,7 @@ pub async fn health(State(state): State<AppState>) -> Json<Value> {
         .iter()
         .map(|m| {
             let e = m.handle.metrics();
-            json!({"name": m.entry.name, "running": e.running, "queued": e.queue_depth, "kv_blocks_used": e.kv_blocks_used, "kv_blocks_total": e.kv_blocks_total})
+            json!({"name": m.entry.name, "running": e.running, "queued": e.queue_depth, "embeddings": e.embeddings, "kv_blocks_used": e.kv_blocks_used, "kv_blocks_total": e.kv_blocks_total})
         })
         .collect();
     Json(json!({

@@ -133,7 +133,7 @@ impl AppState {
         let Ok(mut p) = self.progress.lock() else { return false };
         let now = Instant::now();
         let slot = p.entry(m.entry.name.clone()).or_insert((e.steps_total, now));
-        if e.steps_total != slot.0 || (e.running == 0 && e.queue_depth == 0) {
+        if e.steps_total != slot.0 || (e.running == 0 && e.queue_depth == 0 && e.embeddings == 0) {
             *slot = (e.steps_total, now);
             return true;
         }

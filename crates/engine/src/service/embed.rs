@@ -1,16 +1,191 @@
-//! Embeddings between steps: inputs packed several per forward (or long ones chunked) over
-//! temporary blocks, pooled (mean / last / CLS) in f64 and optionally L2-normalized.
+//! Embeddings as scheduled work. An embedding request is a job the step loop advances one
+//! unit at a time, between generation steps: a packed forward of several short inputs, or one
+//! chunk of a long input (its blocks held until its last chunk). So a large request shares the
+//! engine with chat traffic instead of holding it, ends as soon as its client goes away or its
+//! time is up, and shows in health and metrics while it runs.
+//!
+//! Fair sharing: with generation work present, a unit is sized to take about
+//! [`EMBED_SHARE`] of the time of the generation step before it; without it, about
+//! [`IDLE_UNIT_SECS`] (sizes in tokens from the measured speed of earlier units, within the
+//! token budget). Jobs take turns unit by unit,
+//! except that a long input keeps its turn until its last chunk (recurrent models carry its
+//! state in the one scratch slot).
 
+use super::pool::PoolAcc;
 use super::scheduler::Scheduler;
 use super::step_model::StepModel;
 use super::types::{Embeddings, Pooling, ServiceError};
 use quarrel_core::{ForwardBatch, SeqBatch};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Time of an embedding unit, as a fraction of the generation step before it.
+pub const EMBED_SHARE: f64 = 0.5;
+
+/// Time of an embedding unit when no generation runs: what a chat request that arrives then
+/// waits at most before its first step (a forward cannot be interrupted).
+pub const IDLE_UNIT_SECS: f64 = 0.1;
+
+pub(crate) type EmbedReply = oneshot::Sender<Result<Embeddings, ServiceError>>;
+
+/// One embedding request in the scheduler.
+pub(crate) struct EmbedJob {
+    inputs: Vec<Vec<u32>>,
+    pooling: Pooling,
+    normalize: bool,
+    deadline: Option<Instant>,
+    reply: EmbedReply,
+    out: Embeddings,
+    /// `inputs[..next]` are pooled into `out`.
+    next: usize,
+    /// `inputs[next]`, run chunk by chunk.
+    long: Option<LongInput>,
+}
+
+struct LongInput {
+    table: Vec<u32>,
+    pool: PoolAcc,
+    done: usize,
+}
+
+impl EmbedJob {
+    pub(crate) fn new(inputs: Vec<Vec<u32>>, pooling: Pooling, normalize: bool, deadline: Option<Instant>, reply: EmbedReply) -> EmbedJob {
+        EmbedJob { inputs, pooling, normalize, deadline, reply, out: Embeddings::default(), next: 0, long: None }
+    }
+
+    fn finished(&self) -> bool {
+        self.next == self.inputs.len()
+    }
+}
+
+/// Speed of recent embedding units, to size the next one to a time.
+#[derive(Default)]
+pub(crate) struct EmbedPace {
+    tokens_per_s: Option<f64>,
+}
+
+impl EmbedPace {
+    fn record(&mut self, tokens: usize, took: Duration) {
+        let secs = took.as_secs_f64();
+        if tokens == 0 || secs <= 0.0 {
+            return;
+        }
+        let r = tokens as f64 / secs;
+        self.tokens_per_s = Some(self.tokens_per_s.map_or(r, |old| 0.5 * old + 0.5 * r));
+    }
+
+    /// Tokens that take about `secs` (at least one).
+    fn tokens_in(&self, secs: f64) -> usize {
+        self.tokens_per_s.map_or(1, |r| (r * secs) as usize).max(1)
+    }
+}
 
 impl<M: StepModel> Scheduler<M> {
-    /// Embed token sequences (run between steps; each uses temporary blocks). Inputs that fit
-    /// one prompt chunk are packed, several sequences per forward, up to the token budget;
-    /// longer ones run alone in chunks. Every sequence attends only to its own blocks, so a
-    /// text's vector does not depend on what it is batched with.
+    /// Queue an embedding job (inputs checked first: none empty, none longer than the context).
+    pub(crate) fn add_embed(&mut self, job: EmbedJob) {
+        if let Some(e) = self.check_embed_inputs(&job.inputs) {
+            let _ = job.reply.send(Err(e));
+            return;
+        }
+        self.embeds.push_back(job);
+        self.metrics.embeddings = self.embeds.len();
+    }
+
+    fn check_embed_inputs(&self, inputs: &[Vec<u32>]) -> Option<ServiceError> {
+        inputs.iter().find_map(|t| {
+            if t.is_empty() {
+                Some(ServiceError::InvalidRequest("empty input".into()))
+            } else if t.len() > self.n_ctx {
+                Some(ServiceError::PromptTooLong { prompt: t.len(), ctx: self.n_ctx })
+            } else {
+                None
+            }
+        })
+    }
+
+    pub fn has_embeds(&self) -> bool {
+        !self.embeds.is_empty()
+    }
+
+    /// One round of the step loop: a generation step if there is generation work, then one
+    /// embedding unit if there are embedding jobs (sized by [`EMBED_SHARE`] when both run).
+    pub fn round(&mut self) {
+        let generating = !self.generation_idle();
+        let mut step_time = 0.0;
+        if generating {
+            let t0 = Instant::now();
+            self.step();
+            step_time = t0.elapsed().as_secs_f64();
+        }
+        if self.has_embeds() {
+            let budget = self.opts.max_batch_tokens.max(1);
+            let target = if generating { step_time * EMBED_SHARE } else { IDLE_UNIT_SECS };
+            let cap = self.embed_pace.tokens_in(target).min(budget);
+            self.embed_step(cap, generating);
+        }
+    }
+
+    /// Advance the first embedding job by one unit of at most `cap` tokens; returns the tokens
+    /// run. With `may_wait`, a unit short of KV blocks waits for generation to free some;
+    /// otherwise the job fails as overloaded.
+    pub(crate) fn embed_step(&mut self, cap: usize, may_wait: bool) -> usize {
+        self.reap_embeds(Instant::now());
+        let Some(mut job) = self.embeds.pop_front() else {
+            self.refresh_metrics(0);
+            return 0;
+        };
+        let t0 = Instant::now();
+        let r = self.embed_unit(&mut job, cap, may_wait);
+        let n = *r.as_ref().unwrap_or(&0);
+        self.embed_pace.record(n, t0.elapsed());
+        self.metrics.embedded_tokens_total += n as u64;
+        self.metrics.steps_total += u64::from(n > 0);
+        match r {
+            Err(e) => self.end_embed(job, Err(e)),
+            Ok(_) if job.finished() => {
+                let out = std::mem::take(&mut job.out);
+                self.end_embed(job, Ok(out));
+            }
+            // a long input keeps its turn (and the scratch state slot) until its last chunk
+            Ok(_) if job.long.is_some() => self.embeds.push_front(job),
+            Ok(_) => self.embeds.push_back(job),
+        }
+        self.refresh_metrics(n);
+        n
+    }
+
+    fn end_embed(&mut self, mut job: EmbedJob, r: Result<Embeddings, ServiceError>) {
+        if let Some(mut l) = job.long.take() {
+            self.blocks.release(&mut l.table);
+        }
+        self.metrics.embed_requests_finished_total += 1;
+        let _ = job.reply.send(r);
+    }
+
+    /// Drop jobs whose client went away (nobody to answer) or whose time is up.
+    fn reap_embeds(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.embeds.len() {
+            let j = &self.embeds[i];
+            if j.reply.is_closed() || j.deadline.is_some_and(|d| now >= d) {
+                let job = self.embeds.remove(i).expect("index in range");
+                self.end_embed(job, Err(ServiceError::Timeout));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Fail every embedding job (shutdown).
+    pub(super) fn fail_embeds(&mut self, err: &ServiceError) {
+        while let Some(job) = self.embeds.pop_front() {
+            self.end_embed(job, Err(err.clone()));
+        }
+        self.metrics.embeddings = 0;
+    }
+
+    /// Embed token sequences now, outside the step loop (tests, single-user tools): the same
+    /// units as scheduled jobs, run back to back with the whole budget.
     pub fn embed(&mut self, inputs: &[Vec<u32>], pooling: Pooling, normalize: bool) -> Result<Vec<Vec<f32>>, ServiceError> {
         Ok(self.embed_matrix(inputs, pooling, normalize)?.rows().map(<[f32]>::to_vec).collect())
     }
@@ -18,59 +193,91 @@ impl<M: StepModel> Scheduler<M> {
     /// `embed` into one row-major `(inputs, dim)` buffer (vectors written in place, no
     /// copies afterwards: Arrow and other columnar consumers take it as it is).
     pub fn embed_matrix(&mut self, inputs: &[Vec<u32>], pooling: Pooling, normalize: bool) -> Result<Embeddings, ServiceError> {
-        for toks in inputs {
-            if toks.is_empty() {
-                return Err(ServiceError::InvalidRequest("empty input".into()));
-            }
-            if toks.len() > self.n_ctx {
-                return Err(ServiceError::PromptTooLong { prompt: toks.len(), ctx: self.n_ctx });
-            }
-        }
+        let (tx, mut rx) = oneshot::channel();
+        self.add_embed(EmbedJob::new(inputs.to_vec(), pooling, normalize, None, tx));
         let budget = self.opts.max_batch_tokens.max(1);
-        let chunk = self.opts.prompt_chunk.clamp(1, budget);
-        let mut out = Embeddings { dim: 0, data: vec![] };
-        let mut i = 0;
-        while i < inputs.len() {
-            if inputs[i].len() > chunk {
-                let mut table = vec![];
-                if !self.blocks.reserve(&mut table, inputs[i].len()) {
-                    return Err(ServiceError::Overloaded { queued: self.waiting.len() });
+        loop {
+            match rx.try_recv() {
+                Ok(r) => return r,
+                Err(oneshot::error::TryRecvError::Closed) => return Err(ServiceError::ShutDown),
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    self.embed_step(budget, false);
                 }
-                let r = self.embed_one(&inputs[i], &table, pooling);
-                self.blocks.release(&mut table);
-                out.push(r?, normalize, inputs.len())?;
-                i += 1;
-                continue;
             }
-            // a group of short inputs: as many as the budget and the free blocks allow
-            let mut tables: Vec<Vec<u32>> = vec![];
-            let mut n_tok = 0;
-            while i + tables.len() < inputs.len() {
-                let toks = &inputs[i + tables.len()];
-                // recurrent models have one scratch state slot: one text per forward
-                if toks.len() > chunk || n_tok + toks.len() > budget || (self.scratch_slot.is_some() && !tables.is_empty()) {
-                    break;
-                }
-                let mut t = vec![];
-                if !self.blocks.reserve(&mut t, toks.len()) {
-                    break;
-                }
-                n_tok += toks.len();
-                tables.push(t);
-            }
-            if tables.is_empty() {
-                return Err(ServiceError::Overloaded { queued: self.waiting.len() });
-            }
-            let r = self.embed_group(&inputs[i..i + tables.len()], &tables, pooling);
-            for t in &mut tables {
-                self.blocks.release(t);
-            }
-            for v in r? {
-                out.push(v, normalize, inputs.len())?;
-            }
-            i += tables.len();
         }
-        Ok(out)
+    }
+
+    /// One unit of `job`: the next chunk of its long input, or a packed forward of as many short
+    /// inputs as `cap` tokens and the free blocks allow. Every sequence attends only to its own
+    /// blocks, so a text's vector does not depend on what it is batched with.
+    fn embed_unit(&mut self, job: &mut EmbedJob, cap: usize, may_wait: bool) -> Result<usize, ServiceError> {
+        let chunk = self.opts.prompt_chunk.clamp(1, cap.max(1));
+        if job.long.is_none() && job.inputs[job.next].len() > chunk {
+            let mut table = vec![];
+            if !self.blocks.reserve(&mut table, job.inputs[job.next].len()) {
+                return if may_wait { Ok(0) } else { Err(ServiceError::Overloaded { queued: self.waiting.len() }) };
+            }
+            job.long = Some(LongInput { table, pool: PoolAcc::new(0), done: 0 });
+        }
+        if let Some(long) = &mut job.long {
+            let toks = &job.inputs[job.next];
+            let (p0, n) = (long.done, chunk.min(toks.len() - long.done));
+            let last = p0 + n == toks.len();
+            let want: Vec<usize> = match job.pooling {
+                Pooling::Mean => (0..n).collect(),
+                Pooling::Cls if p0 == 0 => vec![0],
+                Pooling::Last if last => vec![n - 1],
+                _ => vec![],
+            };
+            let batch = ForwardBatch {
+                tokens: toks[p0..p0 + n].to_vec(),
+                positions: (p0..p0 + n).map(|p| p as u32).collect(),
+                seqs: vec![SeqBatch { start: 0, len: n, block_table: long.table.clone() }],
+                logits_rows: want.clone(),
+                state_slots: self.scratch_slot.into_iter().collect(),
+            };
+            let h = self.model.hidden(&batch).map_err(ServiceError::Inference)?;
+            if !want.is_empty() {
+                h.chunks(h.len() / want.len()).for_each(|r| long.pool.add(r));
+            }
+            long.done += n;
+            if last {
+                let mut l = job.long.take().expect("long input in progress");
+                self.blocks.release(&mut l.table);
+                job.out.push(l.pool.with(job.pooling, toks.len()), job.normalize, job.inputs.len())?;
+                job.next += 1;
+            }
+            return Ok(n);
+        }
+        // short inputs: as many as the cap and the free blocks allow
+        let mut tables: Vec<Vec<u32>> = vec![];
+        let mut n_tok = 0;
+        let first = job.next;
+        while first + tables.len() < job.inputs.len() {
+            let toks = &job.inputs[first + tables.len()];
+            // recurrent models have one scratch state slot: one text per forward
+            if toks.len() > chunk || n_tok + toks.len() > cap || (self.scratch_slot.is_some() && !tables.is_empty()) {
+                break;
+            }
+            let mut t = vec![];
+            if !self.blocks.reserve(&mut t, toks.len()) {
+                break;
+            }
+            n_tok += toks.len();
+            tables.push(t);
+        }
+        if tables.is_empty() {
+            return if may_wait { Ok(0) } else { Err(ServiceError::Overloaded { queued: self.waiting.len() }) };
+        }
+        let r = self.embed_group(&job.inputs[first..first + tables.len()], &tables, job.pooling);
+        for t in &mut tables {
+            self.blocks.release(t);
+        }
+        for v in r? {
+            job.out.push(v, job.normalize, job.inputs.len())?;
+        }
+        job.next += tables.len();
+        Ok(n_tok)
     }
 
     /// One forward over several short sequences, each with its own block table.
@@ -110,96 +317,5 @@ impl<M: StepModel> Scheduler<M> {
             out.push(pool.with(pooling, toks.len()));
         }
         Ok(out)
-    }
-
-    fn embed_one(&mut self, toks: &[u32], table: &[u32], pooling: Pooling) -> Result<PoolAcc, ServiceError> {
-        let chunk = self.opts.prompt_chunk.clamp(1, self.opts.max_batch_tokens.max(1));
-        let mut pool = PoolAcc::new(0);
-        for (ci, c) in toks.chunks(chunk).enumerate() {
-            let p0 = ci * chunk;
-            let want: Vec<usize> = match pooling {
-                Pooling::Mean => (0..c.len()).collect(),
-                Pooling::Cls if ci == 0 => vec![0],
-                Pooling::Last if p0 + c.len() == toks.len() => vec![c.len() - 1],
-                _ => vec![],
-            };
-            let batch = ForwardBatch {
-                tokens: c.to_vec(),
-                positions: (p0..p0 + c.len()).map(|p| p as u32).collect(),
-                seqs: vec![SeqBatch { start: 0, len: c.len(), block_table: table.to_vec() }],
-                logits_rows: want.clone(),
-                state_slots: self.scratch_slot.into_iter().collect(),
-            };
-            let h = self.model.hidden(&batch).map_err(ServiceError::Inference)?;
-            if want.is_empty() {
-                continue;
-            }
-            h.chunks(h.len() / want.len()).for_each(|r| pool.add(r));
-        }
-        Ok(pool.with(pooling, toks.len()))
-    }
-}
-
-/// Pooling accumulator shared by the packed and the chunked embedding paths, so both add
-/// rows in the same order and precision (f64 sums).
-struct PoolAcc {
-    sum: Vec<f64>,
-    last: Vec<f32>,
-    pooling: Pooling,
-    n_tokens: usize,
-}
-
-impl PoolAcc {
-    fn new(d: usize) -> PoolAcc {
-        PoolAcc { sum: vec![0.0; d], last: vec![], pooling: Pooling::Mean, n_tokens: 1 }
-    }
-
-    fn add(&mut self, row: &[f32]) {
-        if self.sum.len() != row.len() {
-            self.sum = vec![0.0; row.len()];
-        }
-        self.sum.iter_mut().zip(row).for_each(|(a, &b)| *a += b as f64);
-        self.last.clear();
-        self.last.extend_from_slice(row);
-    }
-
-    fn with(mut self, pooling: Pooling, n_tokens: usize) -> PoolAcc {
-        self.pooling = pooling;
-        self.n_tokens = n_tokens.max(1);
-        self
-    }
-
-    fn dim(&self) -> usize {
-        self.last.len()
-    }
-
-    /// The pooled vector, appended to `out`.
-    fn write(&self, out: &mut Vec<f32>) {
-        match self.pooling {
-            Pooling::Mean => out.extend(self.sum.iter().map(|&s| (s / self.n_tokens as f64) as f32)),
-            Pooling::Cls | Pooling::Last => out.extend_from_slice(&self.last),
-        }
-    }
-}
-
-impl Embeddings {
-    /// Append one pooled vector (L2-normalized in f64 when asked); `total` sizes the buffer.
-    fn push(&mut self, p: PoolAcc, normalize: bool, total: usize) -> Result<(), ServiceError> {
-        if self.data.is_empty() {
-            self.dim = p.dim();
-            self.data.reserve_exact(total * self.dim);
-        } else if p.dim() != self.dim {
-            return Err(ServiceError::Inference(format!("embedding of {} values after ones of {}", p.dim(), self.dim)));
-        }
-        let start = self.data.len();
-        p.write(&mut self.data);
-        if normalize {
-            let v = &mut self.data[start..];
-            let norm = v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt();
-            if norm > 0.0 {
-                v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
-            }
-        }
-        Ok(())
     }
 }

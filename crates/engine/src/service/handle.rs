@@ -1,6 +1,7 @@
 //! `EngineHandle`: the step loop on its own thread, fed by a command channel; requests
 //! stream their events back over per-request channels.
 
+use super::embed::EmbedJob;
 use super::scheduler::Scheduler;
 use super::seq::Seq;
 use super::step_model::StepModel;
@@ -19,7 +20,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 enum Cmd {
     Submit(Box<Seq>),
     Abort(RequestId),
-    Embed { inputs: Vec<Vec<u32>>, pooling: Pooling, normalize: bool, reply: oneshot::Sender<Result<Embeddings, ServiceError>> },
+    Embed(Box<EmbedJob>),
     Shutdown,
 }
 
@@ -243,19 +244,41 @@ impl EngineHandle {
 
     /// `embed` as one row-major buffer (what columnar consumers such as Arrow take as is).
     pub async fn embed_matrix(&self, inputs: Vec<Prompt>, pooling: Pooling, normalize: bool) -> Result<Embeddings, ServiceError> {
-        let mut ids = Vec::with_capacity(inputs.len());
-        for p in &inputs {
-            let t = self.tokenize_prompt(p)?;
-            if t.is_empty() {
-                return Err(ServiceError::InvalidRequest("empty input".into()));
-            }
-            if t.len() > self.inner.n_ctx {
-                return Err(ServiceError::PromptTooLong { prompt: t.len(), ctx: self.inner.n_ctx });
-            }
-            ids.push(t);
-        }
+        let ids = self.tokenize_inputs(&inputs)?;
+        self.embed_tokens(ids, pooling, normalize, None).await
+    }
+
+    /// Token ids of embedding inputs, each checked: not empty, not longer than the context.
+    /// (CPU work: async callers run it on a blocking thread.)
+    pub fn tokenize_inputs(&self, inputs: &[Prompt]) -> Result<Vec<Vec<u32>>, ServiceError> {
+        inputs
+            .iter()
+            .map(|p| {
+                let t = self.tokenize_prompt(p)?;
+                if t.is_empty() {
+                    return Err(ServiceError::InvalidRequest("empty input".into()));
+                }
+                if t.len() > self.inner.n_ctx {
+                    return Err(ServiceError::PromptTooLong { prompt: t.len(), ctx: self.inner.n_ctx });
+                }
+                Ok(t)
+            })
+            .collect()
+    }
+
+    /// Embeddings of token sequences, scheduled between generation steps. Fails with `Timeout`
+    /// once `timeout` has passed; dropping the future cancels the work (the engine notices
+    /// within one unit).
+    pub async fn embed_tokens(
+        &self,
+        ids: Vec<Vec<u32>>,
+        pooling: Pooling,
+        normalize: bool,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Embeddings, ServiceError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
         let (reply, rx) = oneshot::channel();
-        self.send(Cmd::Embed { inputs: ids, pooling, normalize, reply })?;
+        self.send(Cmd::Embed(Box::new(EmbedJob::new(ids, pooling, normalize, deadline, reply))))?;
         rx.await.map_err(|_| ServiceError::ShutDown)?
     }
 
@@ -317,9 +340,7 @@ fn step_loop<M: StepModel>(mut sched: Scheduler<M>, rx: mpsc::Receiver<Cmd>, met
             match cmd {
                 Cmd::Submit(s) => sched.add(*s),
                 Cmd::Abort(id) => sched.abort(id),
-                Cmd::Embed { inputs, pooling, normalize, reply } => {
-                    let _ = reply.send(sched.embed_matrix(&inputs, pooling, normalize));
-                }
+                Cmd::Embed(job) => sched.add_embed(*job),
                 Cmd::Shutdown => shutdown = true,
             }
         }
@@ -329,7 +350,7 @@ fn step_loop<M: StepModel>(mut sched: Scheduler<M>, rx: mpsc::Receiver<Cmd>, met
             break;
         }
         if !sched.is_idle() {
-            sched.step();
+            sched.round();
         }
         publish(&sched);
     }

@@ -1,7 +1,7 @@
 //! Continuous batching behind an async API.
 //!
 //! ```text
-//!  EngineHandle::submit ──Cmd──► step loop thread ──► Scheduler::step
+//!  EngineHandle::submit ──Cmd──► step loop thread ──► Scheduler::round (step, then an embedding unit)
 //!        ▲                                              │ schedule: decodes, prompt chunks,
 //!        │ StreamEvent (token, text, logprobs, done)    │   admissions (token budget, blocks)
 //!  RequestStream ◄───────── per-request channel ◄───────┤ execute: one ForwardBatch, picks on the backend
@@ -19,13 +19,15 @@
 //! | `scheduler` | the step: token budget, admission (prefix cache lookup), preemption, retirement, metrics |
 //! | `execute`   | one step run: batch assembly, picks on the model's backend, KV progress, prefix registration |
 //! | `state`     | recurrent state: a slot per running request, checkpoints at chunk boundaries (prefix reuse for hybrid models) |
-//! | `embed`     | embeddings between steps: packed or chunked forwards, pooling, normalization |
+//! | `embed`     | embedding requests as jobs: one unit (packed inputs or a chunk of a long one) per round, sized to share time with generation; cancellation and deadlines |
+//! | `pool`      | pooling (mean / last / CLS) and L2 normalization of the vectors |
 //! | `handle`    | `EngineHandle` (thread + command channel) and `RequestStream` |
 
 mod blocks;
 mod embed;
 mod execute;
 mod handle;
+mod pool;
 mod scheduler;
 mod seq;
 mod state;

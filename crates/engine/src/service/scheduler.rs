@@ -5,6 +5,7 @@
 //! blocks released, recomputed later), so no request fails for memory another will free.
 
 use super::blocks::BlockManager;
+use super::embed::{EmbedJob, EmbedPace};
 use super::seq::Seq;
 use super::state::Checkpoints;
 use super::step_model::StepModel;
@@ -39,6 +40,9 @@ pub struct Scheduler<M: StepModel> {
     pub(super) scratch_slot: Option<u32>,
     /// Recurrent models: state checkpoints by the hash of the full block they end with.
     pub(super) ckpt: Checkpoints,
+    /// Embedding requests, advanced one unit per round (`embed`).
+    pub(super) embeds: std::collections::VecDeque<EmbedJob>,
+    pub(super) embed_pace: EmbedPace,
 }
 
 impl<M: StepModel> Scheduler<M> {
@@ -83,12 +87,19 @@ impl<M: StepModel> Scheduler<M> {
             free_slots: (0..n_run as u32).rev().collect(),
             scratch_slot: (n_slots > 0).then_some(n_run as u32),
             ckpt: Checkpoints::new(n_run as u32 + 1..(n_run + 1 + n_ckpt) as u32),
+            embeds: Default::default(),
+            embed_pace: Default::default(),
         };
         s.refresh_metrics(0);
         s
     }
 
     pub fn is_idle(&self) -> bool {
+        self.generation_idle() && self.embeds.is_empty()
+    }
+
+    /// No generation request waiting or running (embedding jobs aside).
+    pub fn generation_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
     }
 
@@ -116,6 +127,7 @@ impl<M: StepModel> Scheduler<M> {
             self.release(&mut s);
             s.send(StreamEvent::Error(err.clone()));
         }
+        self.fail_embeds(&err);
         self.refresh_metrics(0);
     }
 
@@ -331,10 +343,11 @@ impl<M: StepModel> Scheduler<M> {
         }
     }
 
-    fn refresh_metrics(&mut self, batch_tokens: usize) {
+    pub(super) fn refresh_metrics(&mut self, batch_tokens: usize) {
         let m = &mut self.metrics;
         m.queue_depth = self.waiting.len();
         m.running = self.running.len();
+        m.embeddings = self.embeds.len();
         m.last_batch_tokens = batch_tokens;
         m.kv_blocks_total = self.blocks.n_blocks();
         m.kv_blocks_used = self.blocks.n_used();

@@ -370,3 +370,111 @@ fn decoder_finish_rules() {
     assert_eq!((lp.token, lp.top.len(), lp.top[0].0), (plain, 2, plain));
     assert!(d.accept(&tok, plain, None, 6, 100).logprob.is_none());
 }
+
+/// An embedding job as the step loop gets it, and the receiver of its answer.
+fn embed_job(
+    inputs: &[Vec<u32>],
+    deadline: Option<std::time::Instant>,
+) -> (super::embed::EmbedJob, tokio::sync::oneshot::Receiver<Result<Embeddings, ServiceError>>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    (super::embed::EmbedJob::new(inputs.to_vec(), Pooling::Mean, true, deadline, tx), rx)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// Embedding jobs advanced unit by unit between generation steps (`round`): generation
+    /// gives the tokens of solo runs, every vector equals the one its input gets alone, the
+    /// budget holds, and no block leaks.
+    #[test]
+    fn embeddings_between_steps_match_alone_and_leave_generation_exact(
+        reqs in proptest::collection::vec(arb_req(), 1..6),
+        jobs in prop::collection::vec(prop::collection::vec(prop::collection::vec(3u32..90, 1..20), 1..6), 1..4),
+        n_blocks in 16usize..40,
+        max_batch_tokens in 2usize..16,
+    ) {
+        let n_ctx = 52;
+        let opts = ServiceOptions { max_batch_tokens, prompt_chunk: max_batch_tokens.min(5), max_running: 4, ..Default::default() };
+        let mut s = sched(n_blocks, n_ctx, opts.clone());
+        let mut rxs = vec![];
+        for (i, r) in reqs.iter().enumerate() {
+            let r = Req { cancel_after: None, ..r.clone() };
+            let (q, rx) = seq(i as u64 + 1, &r);
+            s.add(q);
+            rxs.push((r, rx));
+        }
+        let mut answers = vec![];
+        for inputs in &jobs {
+            let (job, rx) = embed_job(inputs, None);
+            s.add_embed(job);
+            answers.push(rx);
+        }
+        let mut rounds = 0;
+        while !s.is_idle() {
+            s.round();
+            rounds += 1;
+            prop_assert!(rounds < 10_000, "no progress");
+        }
+        prop_assert!(s.model.peak_batch <= max_batch_tokens);
+        prop_assert_eq!(s.metrics.kv_blocks_used, 0);
+        prop_assert_eq!(s.metrics.embeddings, 0);
+        for (r, mut rx) in rxs {
+            let (toks, fin) = collect(&mut rx);
+            prop_assert!(fin.is_some());
+            prop_assert_eq!(toks, solo(&r, n_ctx));
+        }
+        for (inputs, mut rx) in jobs.iter().zip(answers) {
+            let got = rx.try_recv().expect("answered").expect("embedded");
+            prop_assert_eq!(got.len(), inputs.len());
+            for (i, inp) in inputs.iter().enumerate() {
+                let mut alone = sched(40, n_ctx, opts.clone());
+                let a = alone.embed(std::slice::from_ref(inp), Pooling::Mean, true).unwrap();
+                prop_assert_eq!(&a[0][..], got.row(i));
+            }
+        }
+    }
+}
+
+#[test]
+fn embedding_jobs_take_turns_and_end_on_cancel_deadline_and_shutdown() {
+    let opts = ServiceOptions { max_batch_tokens: 4, prompt_chunk: 4, ..Default::default() };
+    let mut s = sched(24, 52, opts);
+    // a long input holds its blocks between units; dropping the receiver frees them
+    let (job, rx) = embed_job(&[(3..40).collect()], None);
+    s.add_embed(job);
+    assert_eq!(s.embed_step(4, true), 4);
+    assert!(s.metrics.kv_blocks_used > 0 && s.metrics.embeddings == 1);
+    drop(rx);
+    assert_eq!(s.embed_step(4, true), 0);
+    assert_eq!((s.metrics.kv_blocks_used, s.metrics.embeddings), (0, 0));
+    // jobs of short inputs take turns unit by unit: the small one is not stuck behind the big one
+    let (big, mut big_rx) = embed_job(&vec![vec![5, 6, 7, 8]; 6], None);
+    let (small, mut small_rx) = embed_job(&[vec![9, 10]], None);
+    s.add_embed(big);
+    s.add_embed(small);
+    s.embed_step(4, true);
+    s.embed_step(4, true);
+    assert!(small_rx.try_recv().expect("small job answered").is_ok());
+    assert!(big_rx.try_recv().is_err(), "big job still running");
+    // a passed deadline ends the job with Timeout at the next unit, whichever job that unit is for
+    let (late, mut late_rx) = embed_job(&[vec![3, 4]], Some(std::time::Instant::now()));
+    s.add_embed(late);
+    s.embed_step(4, true);
+    assert!(matches!(late_rx.try_recv(), Ok(Err(ServiceError::Timeout))));
+    while s.has_embeds() {
+        s.embed_step(4, true);
+    }
+    assert_eq!(big_rx.try_recv().expect("big job answered").expect("embedded").len(), 6);
+    // shutdown answers what is left
+    let (job, mut rx) = embed_job(&[vec![3, 4, 5]], None);
+    s.add_embed(job);
+    s.fail_all(ServiceError::ShutDown);
+    assert!(matches!(rx.try_recv(), Ok(Err(ServiceError::ShutDown))));
+    assert_eq!((s.metrics.kv_blocks_used, s.metrics.embeddings), (0, 0));
+    // bad inputs are refused at once
+    let (job, mut rx) = embed_job(&[vec![]], None);
+    s.add_embed(job);
+    assert!(matches!(rx.try_recv(), Ok(Err(ServiceError::InvalidRequest(_)))));
+    let (job, mut rx) = embed_job(&[vec![3; 53]], None);
+    s.add_embed(job);
+    assert!(matches!(rx.try_recv(), Ok(Err(ServiceError::PromptTooLong { .. }))));
+}

@@ -248,6 +248,10 @@ pub struct EngineMetrics {
     pub prompt_tokens_total: u64,
     pub generated_tokens_total: u64,
     pub requests_finished_total: u64,
+    /// Embedding requests queued or running (`/v1/embeddings`, ollama embed, Flight).
+    pub embeddings: usize,
+    pub embedded_tokens_total: u64,
+    pub embed_requests_finished_total: u64,
     /// Recurrent (Mamba2) models: bytes of state slots (sequences, scratch, checkpoints).
     pub recurrent_state_bytes: u64,
     /// Recurrent models: non-finite values met in SSM state (recomputed in f64 or saturated).
