@@ -152,7 +152,8 @@ pub async fn start(state: &AppState, model: Option<&str>, prompt: Prompt, knobs:
     // tokenizing (up to --max-prompt bytes) and rendering the template are CPU work: off the
     // async threads, which keep serving other connections meanwhile
     let handle = m.handle.clone();
-    let stream = tokio::task::spawn_blocking(move || handle.submit(req)).await.map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
+    let stream =
+        tokio::task::spawn_blocking(move || handle.submit(req)).await.map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
     let stream = Tracked { inner: stream, state: state.clone(), model: m.entry.name.clone(), t0: Instant::now(), last: None };
     Ok(Started { model: m, stream })
 }
