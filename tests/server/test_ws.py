@@ -118,3 +118,36 @@ class WebSocketProtocol(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class WebSocketViolations(unittest.TestCase):
+    """Frames that break the protocol end the connection with the RFC 6455 code that says why."""
+
+    def close_code(self, send):
+        async def go():
+            async with websockets.connect(WS, max_size=None) as ws:
+                await send(ws)
+                try:
+                    while True:
+                        await asyncio.wait_for(ws.recv(), 30)
+                except websockets.ConnectionClosed as e:
+                    return e.rcvd.code if e.rcvd else None
+        return asyncio.run(go())
+
+    def test_oversized_message_closes_with_1009(self):
+        big = json.dumps({"type": "ping", "pad": "x" * (5 << 20)})  # over the 4 MiB message limit
+        self.assertEqual(self.close_code(lambda ws: ws.send(big)), 1009)
+
+    def test_text_frame_with_invalid_utf8_closes_with_1007(self):
+        async def send(ws):
+            from websockets.frames import Frame, Opcode
+            ws.protocol.send_frame(Frame(Opcode.TEXT, b"\xff\xfe not utf-8"))
+            await ws.send(json.dumps({"type": "ping"}))  # flushes the raw frame
+        self.assertEqual(self.close_code(send), 1007)
+
+    def test_stray_continuation_frame_closes_with_1002(self):
+        async def send(ws):
+            from websockets.frames import Frame, Opcode
+            ws.protocol.send_frame(Frame(Opcode.CONT, b"continuation of nothing"))
+            await ws.send(json.dumps({"type": "ping"}))
+        self.assertEqual(self.close_code(send), 1002)

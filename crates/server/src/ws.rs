@@ -27,7 +27,9 @@
 //! Keys and rate limits apply to every message, not only to the upgrade: each text or binary
 //! message counts against the key's (or, without keys, the client IP's) rate limit and gets
 //! `OVERLOADED` when over it; a key revoked while its socket is open gets `UNAUTHORIZED` and
-//! close code 1008 at its next message or ping.
+//! close code 1008 at its next message or ping. Frames that break RFC 6455 close the connection
+//! with the code that says why: 1009 for a message over `--max-body-bytes`, 1007 for a text frame
+//! that is not UTF-8, 1002 for other protocol errors.
 //! - `{"type":"status","payload":{"version":..,"models":[..],"default_model":..,"active":[ids]}}`,
 //!   `{"type":"metrics","payload":{"<model>":{engine metrics}}}`, `{"type":"pong"}`.
 //!
@@ -138,6 +140,25 @@ async fn refuse(mut socket: WebSocket, e: ApiError) {
     let _ = socket.send(Message::Close(Some(CloseFrame { code, reason: e.ws_code().into() }))).await;
 }
 
+/// RFC 6455 close code for a read error that is the peer's fault (None: the connection is gone).
+fn violation_code(e: &axum::Error) -> Option<u16> {
+    use std::error::Error as _;
+    match e.source().and_then(|s| s.downcast_ref::<tungstenite::Error>())? {
+        tungstenite::Error::Capacity(_) => Some(1009),
+        tungstenite::Error::Protocol(_) => Some(1002),
+        tungstenite::Error::Utf8(_) => Some(1007),
+        _ => None,
+    }
+}
+
+fn violation_reason(code: u16) -> &'static str {
+    match code {
+        1009 => "message too big",
+        1007 => "invalid UTF-8 in a text frame",
+        _ => "protocol error",
+    }
+}
+
 struct Running {
     task: tokio::task::JoinHandle<()>,
     cancel: Box<dyn Fn() + Send>,
@@ -166,7 +187,17 @@ async fn connection(socket: WebSocket, state: AppState, caller: Caller) {
     loop {
         tokio::select! {
             msg = stream.next() => {
-                let Some(Ok(msg)) = msg else { break };
+                let msg = match msg {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => {
+                        // a frame that breaks the protocol or the size limit: the peer learns why
+                        if let Some(code) = violation_code(&e) {
+                            let _ = out_tx.send(Message::Close(Some(CloseFrame { code, reason: violation_reason(code).into() })));
+                        }
+                        break;
+                    }
+                    None => break,
+                };
                 last_seen = Instant::now();
                 if matches!(msg, Message::Text(_) | Message::Binary(_)) {
                     if let Err(e) = admit(&state, &caller) {
