@@ -42,6 +42,10 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
+/// Template instructions one render may run: real templates take a few hundred per message,
+/// so this covers conversations of thousands of messages and stops loops of millions.
+const TEMPLATE_FUEL: u64 = 5_000_000;
+
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate").field("bos_token", &self.bos_token).field("eos_token", &self.eos_token).finish()
@@ -56,6 +60,8 @@ impl ChatTemplate {
         let syntax =
             SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(|e| TokenizerError::Template(e.to_string()))?;
         env.set_syntax(syntax);
+        // templates come from model files: a hostile one must not spin forever
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISE_PREFIX}{msg}")))

@@ -70,3 +70,23 @@ fn no_template_and_fallback() {
         "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
     );
 }
+
+#[test]
+fn a_template_that_loops_for_ever_is_stopped() {
+    use quarrel_tokenizer::ChatTemplate;
+    let t = ChatTemplate::new(
+        "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}x{% endfor %}{% endfor %}{% endfor %}",
+        "<s>",
+        "</s>",
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let r = t.render(&[ChatMessage::user("hi")], true);
+    assert!(r.is_err(), "a render of 10^12 steps must fail");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10), "took {:?}", t0.elapsed());
+    // a long real conversation still renders
+    let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    let t = ChatTemplate::new(chatml, "<s>", "</s>").unwrap();
+    let msgs: Vec<ChatMessage> = (0..5000).map(|i| ChatMessage::user(format!("message {i}"))).collect();
+    assert_eq!(t.render(&msgs, false).unwrap().matches("<|im_end|>").count(), 5000);
+}
