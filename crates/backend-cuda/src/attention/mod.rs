@@ -259,7 +259,6 @@ impl CudaBackend {
             } else {
                 None
             };
-            let gqa_launch = gqa.is_some();
             // prefill over an f16 cache: the tensor-core kernel (attn_mma.cu), one block of
             // ceil(group / 2) warps per (tile, KV head, split); not in exact mode
             let group = p.n_head / p.n_kv_head;
@@ -287,11 +286,9 @@ impl CudaBackend {
             };
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
             let mut args = attn_args([qp, kp, vp, part.ptr()], db.tiles(), db, p, hd, kv.spec.block_size);
-            // the last parameter (heads per warp) is 1: one head per warp
-            args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff), Arg::I(1)]);
-            // attng_* (gqa) take attn1_*'s parameters without the last (heads per warp)
-            let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
-            self.dev.launch(&name, grid, threads, smem, &args[..n_args])?;
+            // attng_* (gqa) and attn_mma_f16_* take the same parameters as attn_* / attn1_*
+            args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff)]);
+            self.dev.launch(&name, grid, threads, smem, &args)?;
             let (xq, xm) = if hd.is_multiple_of(32) { self.q8_out(op, q.len)? } else { (0, 0) };
             self.dev.launch(
                 "attn_combine",
