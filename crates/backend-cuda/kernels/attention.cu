@@ -329,12 +329,10 @@ __device__ __forceinline__ void attn_part(const float* __restrict__ q, const u8*
 #undef TILE_LOGIT
 
 // attn_*: tiles of up to ATT_QT query tokens; attn1_*: one query token per tile (decode).
-// The last parameter, hp, is not read: the launch code (src/attention/mod.rs) passes 1 there,
-// so the kernels keep it.
 #define ATTN_ARGS                                                                                                  \
     const float *q, const u8 *K, const u8 *V, float *part, const u32 *tiles, const u32 *pos, const u32 *bt_off,     \
         const u32 *bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot, int q16, \
-        const float *koff, int hp
+        const float *koff
 #define ATTN_PASS q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, hd, bs, scale, softcap, window, rot, q16, koff
 #define ATTN(NAME, KT, DPL)                                                                                          \
     extern "C" __global__ void __launch_bounds__(32) attn_##NAME##_##DPL(ATTN_ARGS) {                              \

@@ -48,7 +48,7 @@ __device__ __forceinline__ float am_logit(float s, int p, int pq, int lq, float 
     return (p <= pq && p >= lq) ? sc : -INF;
 }
 
-// Parameters as attention.cu's ATTN_ARGS (rot, q16, koff, hp unused: f16 cache, f32 path).
+// Parameters as attention.cu's ATTN_ARGS (rot, q16, koff unused: f16 cache, f32 path).
 template <int HD, int NDS = 1>
 __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* __restrict__ K, const u8* __restrict__ V,
                                          float* __restrict__ part, const u32* __restrict__ tiles, const u32* __restrict__ pos,
@@ -302,7 +302,7 @@ __device__ __forceinline__ void attn_mma(const float* __restrict__ q, const u8* 
     extern "C" __global__ void __launch_bounds__(256) attn_mma_f16_##HD(                                              \
         const float* q, const u8* K, const u8* V, float* part, const u32* tiles, const u32* pos, const u32* bt_off,   \
         const u32* bt, int n_head, int n_kv_head, int hd, int bs, float scale, float softcap, int window, int rot,    \
-        int q16, const float* koff, int hp) {                                                                        \
+        int q16, const float* koff) {                                                                                \
         attn_mma<HD>(q, K, V, part, tiles, pos, bt_off, bt, n_head, n_kv_head, bs, scale, softcap, window, 0, 0,     \
                      nullptr, nullptr, nullptr);                                                                       \
     }

@@ -61,7 +61,7 @@ impl CudaBackend {
                 *g = None;
             }
         }
-        Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op)?)
+        Ok(mmq::mmq(&self.dev, &self.qcache, w, xp, n_tok, op, true)?)
     }
 
     /// The cuBLAS GEMM path of `matmul` at any token count (benchmarks compare it with MMQ).

@@ -331,19 +331,17 @@ pub(crate) fn scan(
                 Arg::P(y.0),
                 Arg::P(st.bad.ptr),
                 Arg::I(c.n_seq as i32),
-                Arg::I(p.n_head as i32),
-                Arg::I(p.head_dim() as i32),
-                Arg::I(p.d_state as i32),
-                Arg::I(p.n_group as i32),
-                Arg::I(dp as i32),
-                Arg::I((dp - p.n_head) as i32),
-                Arg::I(p.d_conv as i32),
-                Arg::P(st.cnt.ptr),
-            ],
+            ]
+            .into_iter()
+            .chain(scan_dims(p))
+            .chain([Arg::I(p.d_conv as i32), Arg::P(st.cnt.ptr)])
+            .collect::<Vec<_>>(),
         );
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;
     let state = st.ssm[layer].as_ref().expect("checked by seqs").ptr;
+    // both scans' leading pointers (the one-token scan adds the sequence count after them)
+    let io = [s.xbc.0, s.zx.0, s.a.0, s.d.0, s.dt_bias.0, seq.ptr(), state, y.0, st.bad.ptr].map(Arg::P);
     if n > n_seq && p.head_dim().is_multiple_of(8) && p.d_state.is_multiple_of(4) && n_seq * p.d_inner / 8 <= i32::MAX as usize {
         // prefill: inputs staged per chunk of tokens, 8 rows of a head per block
         let (name, threads) = kernel.pick(p.d_state);
@@ -352,23 +350,7 @@ pub(crate) fn scan(
             ((n_seq * p.d_inner / 8) as u32, 1, 1),
             threads,
             (4 * SCAN_T * (2 * p.d_state + 10)) as u32,
-            &[
-                Arg::P(s.xbc.0),
-                Arg::P(s.zx.0),
-                Arg::P(s.a.0),
-                Arg::P(s.d.0),
-                Arg::P(s.dt_bias.0),
-                Arg::P(seq.ptr()),
-                Arg::P(state),
-                Arg::P(y.0),
-                Arg::P(st.bad.ptr),
-                Arg::I(p.n_head as i32),
-                Arg::I(p.head_dim() as i32),
-                Arg::I(p.d_state as i32),
-                Arg::I(p.n_group as i32),
-                Arg::I(dp as i32),
-                Arg::I((dp - p.n_head) as i32),
-            ],
+            &[io.as_slice(), &scan_dims(p)].concat(),
         );
     }
     let warps = (n_seq * p.d_inner) as u64;
@@ -376,30 +358,14 @@ pub(crate) fn scan(
     if blocks > u32::MAX as u64 {
         return Err(CudaError::Shape(format!("ssm_scan: {warps} rows is too many for one launch")));
     }
-    dev.launch(
-        "ssm_scan",
-        (blocks as u32, 1, 1),
-        256,
-        0,
-        &[
-            Arg::P(s.xbc.0),
-            Arg::P(s.zx.0),
-            Arg::P(s.a.0),
-            Arg::P(s.d.0),
-            Arg::P(s.dt_bias.0),
-            Arg::P(seq.ptr()),
-            Arg::P(state),
-            Arg::P(y.0),
-            Arg::P(st.bad.ptr),
-            Arg::I(n_seq as i32),
-            Arg::I(p.n_head as i32),
-            Arg::I(p.head_dim() as i32),
-            Arg::I(p.d_state as i32),
-            Arg::I(p.n_group as i32),
-            Arg::I(dp as i32),
-            Arg::I((dp - p.n_head) as i32),
-        ],
-    )
+    dev.launch("ssm_scan", (blocks as u32, 1, 1), 256, 0, &[io.as_slice(), &[Arg::I(n_seq as i32)], &scan_dims(p)].concat())
+}
+
+/// The head shape every scan kernel takes after its pointers (and sequence count): heads, head
+/// dim, state size, groups, the in-projection's row and its dt column.
+fn scan_dims(p: &SsmParams) -> [Arg; 6] {
+    let dp = p.d_in_proj();
+    [p.n_head, p.head_dim(), p.d_state, p.n_group, dp, dp - p.n_head].map(|v| Arg::I(v as i32))
 }
 
 /// `q8`: where the output's Q8 form goes too (`(0, 0)`: not written; else the group size must

@@ -259,7 +259,6 @@ impl CudaBackend {
             } else {
                 None
             };
-            let gqa_launch = gqa.is_some();
             // prefill over an f16 cache: the tensor-core kernel (attn_mma.cu), one block of
             // ceil(group / 2) warps per (tile, KV head, split); not in exact mode
             let group = p.n_head / p.n_kv_head;
@@ -287,33 +286,37 @@ impl CudaBackend {
             };
             let part = self.dev.scratch(4 * batch.n_tokens() * p.n_head * n_split * (hd + 2))?;
             let mut args = attn_args([qp, kp, vp, part.ptr()], db.tiles(), db, p, hd, kv.spec.block_size);
-            // the last parameter (heads per warp) is 1: one head per warp
-            args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff), Arg::I(1)]);
-            // attng_* (gqa) take attn1_*'s parameters without the last (heads per warp)
-            let n_args = if gqa_launch { args.len() - 1 } else { args.len() };
-            self.dev.launch(&name, grid, threads, smem, &args[..n_args])?;
+            // attng_* (gqa) and attn_mma_f16_* take the same parameters as attn_* / attn1_*
+            args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff)]);
+            self.dev.launch(&name, grid, threads, smem, &args)?;
             let (xq, xm) = if hd.is_multiple_of(32) { self.q8_out(op, q.len)? } else { (0, 0) };
-            self.dev.launch(
-                "attn_combine",
-                ((batch.n_tokens() * p.n_head) as u32, 1, 1),
-                if hd.is_multiple_of(32) { hd as u32 } else { 256 },
-                0,
-                &[
-                    Arg::P(part.ptr()),
-                    Arg::P(op),
-                    Arg::I(p.n_head as i32),
-                    Arg::I(hd as i32),
-                    Arg::I(n_split as i32),
-                    Arg::P(xq),
-                    Arg::P(xm),
-                ],
-            )?;
-            Ok(())
+            Ok(self.attn_combine(part.ptr(), op, batch.n_tokens(), p, n_split, (xq, xm))?)
         })
     }
 }
 
 impl CudaBackend {
+    /// `attn_combine`: the `n_split` partials of `n_tok` tokens' heads at `part` into the rows
+    /// at `out` and their Q8 form (`q8`: (0, 0) none; else the head dim is a multiple of 32).
+    fn attn_combine(
+        &self,
+        part: u64,
+        out: u64,
+        n_tok: usize,
+        p: &AttnParams,
+        n_split: usize,
+        (xq, xm): (u64, u64),
+    ) -> Result<(), CudaError> {
+        let hd = p.head_dim;
+        self.dev.launch(
+            "attn_combine",
+            ((n_tok * p.n_head) as u32, 1, 1),
+            if hd.is_multiple_of(32) { hd as u32 } else { 256 },
+            0,
+            &[Arg::P(part), Arg::P(out), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
+        )
+    }
+
     /// The one-pass kernel (`attn_vec2_f16`) over `n_tiles` tiles at `tiles`
     /// (`db.tiles()` or a part of it in its layout), writing the rows and their Q8 form (`q8`:
     /// (0, 0) none).
@@ -441,21 +444,8 @@ impl CudaBackend {
                 self.dev.launch(&kname, ((b - a) as u32, gy, n_split as u32), threads, 0, &launch_args)?;
                 let values = (first * p.n_head * hd) as u64;
                 let (xq_at, xm_at) = if xq == 0 { (0, 0) } else { (xq + values, xm + 8 * (values / 32)) };
-                self.dev.launch(
-                    "attn_combine",
-                    ((n_tok * p.n_head) as u32, 1, 1),
-                    hd as u32,
-                    0,
-                    &[
-                        Arg::P(part.ptr()),
-                        Arg::P(op + 4 * values),
-                        Arg::I(p.n_head as i32),
-                        Arg::I(hd as i32),
-                        Arg::I(n_split as i32),
-                        Arg::P(xq_at),
-                        Arg::P(xm_at),
-                    ],
-                )?;
+                // hd is 64, 128 or 256 here: the combine runs hd threads
+                self.attn_combine(part.ptr(), op + 4 * values, n_tok, p, n_split, (xq_at, xm_at))?;
                 a = b;
             }
             Ok(())

@@ -145,27 +145,22 @@ pub(crate) fn id_tile(per_item: usize) -> (String, usize, usize, u32, u32) {
 }
 
 /// `out (n_tok, n_out) = x · Wᵀ` through MMQ; `x` f32 on the device. Quantized weights only.
-pub(crate) fn mmq(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x: u64, n_tok: usize, out: u64) -> Result<(), CudaError> {
-    let DevType::Quant(name) = w.dev_ty else {
-        return Err(CudaError::Unsupported(format!("MMQ for {} weights", w.dev_ty.name())));
-    };
-    mmq_raw(dev, qc, name, w.p.ptr, w.m_ptr(), w.n_in, w.n_out, x, n_tok, out)
-}
-
-/// `mmq` with every unit of a row in one block (no split K): each output
-/// sums in the order the decode GEMV in MMQ's order (`gemvm_*`, invariant numerics) reproduces.
-pub(crate) fn mmq_unsplit(
+/// `split: false`: every unit of a row in one block (no split K), so each output sums in the
+/// order the decode GEMV in MMQ's order (`gemvm_*`, invariant numerics) reproduces.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mmq(
     dev: &Device,
     qc: &Mutex<Option<QCache>>,
     w: &CudaWeight,
     x: u64,
     n_tok: usize,
     out: u64,
+    split: bool,
 ) -> Result<(), CudaError> {
     let DevType::Quant(name) = w.dev_ty else {
         return Err(CudaError::Unsupported(format!("MMQ for {} weights", w.dev_ty.name())));
     };
-    mmq_raw_split(dev, qc, name, w.p.ptr, w.m_ptr(), w.n_in, w.n_out, x, n_tok, out, false)
+    mmq_raw(dev, qc, name, w.p.ptr, w.m_ptr(), w.n_in, w.n_out, x, n_tok, out, split)
 }
 
 /// Bytes per unit of 32 values of a repacked type: payload plane as a fraction
@@ -183,26 +178,10 @@ pub(crate) fn unit_bytes(name: &str) -> Result<((u64, u64), u64), CudaError> {
     })
 }
 
-/// MMQ over raw planes (`p`, `m`) of `n_out` rows of `n_in` values of type `name`.
+/// MMQ over raw planes (`p`, `m`) of `n_out` rows of `n_in` values of type `name`;
+/// `split: false`: never split over K.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mmq_raw(
-    dev: &Device,
-    qc: &Mutex<Option<QCache>>,
-    name: &str,
-    p: u64,
-    m: u64,
-    n_in: usize,
-    n_out: usize,
-    x: u64,
-    n_tok: usize,
-    out: u64,
-) -> Result<(), CudaError> {
-    mmq_raw_split(dev, qc, name, p, m, n_in, n_out, x, n_tok, out, true)
-}
-
-/// `mmq_raw`; `split: false`: never split over K.
-#[allow(clippy::too_many_arguments)]
-fn mmq_raw_split(
     dev: &Device,
     qc: &Mutex<Option<QCache>>,
     name: &str,

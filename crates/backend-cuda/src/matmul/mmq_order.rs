@@ -96,7 +96,7 @@ pub(crate) fn matmul(dev: &Device, qc: &Mutex<Option<QCache>>, w: &CudaWeight, x
         return Err(CudaError::Shape(format!("invariant matmul: rows of {n_in} values are not whole units")));
     }
     if n_tok > crate::matmul::GEMV_MAX_TOKENS {
-        return crate::matmul::mmq::mmq_unsplit(dev, qc, w, x, n_tok, out);
+        return crate::matmul::mmq::mmq(dev, qc, w, x, n_tok, out, false);
     }
     let (xq, xm) = crate::matmul::q8_activations(dev, qc, x, n_tok, n_in, out)?;
     if crate::matmul::holds(n_tok) {

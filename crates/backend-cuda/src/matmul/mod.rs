@@ -113,7 +113,7 @@ pub(crate) fn matmul(
     if n_tok <= GEMV_MAX_TOKENS || (ordered && n_tok <= crate::matmul::cpu_order::ORDERED_MAX_TOKENS) {
         gemv(dev, qc, w, x, n_tok, out, ordered)
     } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::matmul::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
-        crate::matmul::mmq::mmq(dev, qc, w, x, n_tok, out)
+        crate::matmul::mmq::mmq(dev, qc, w, x, n_tok, out, true)
     } else if small_float(w) {
         gemv_float_tiled(dev, w, x, n_tok, out)
     } else {

@@ -141,22 +141,7 @@ impl MoeGemv {
             self.grid(1),
             128,
             0,
-            &[
-                Arg::P(self.p),
-                Arg::P(self.m),
-                Arg::U64(self.slice.0),
-                Arg::U64(self.slice.1),
-                Arg::P(self.eids),
-                Arg::I(self.n_used as i32),
-                Arg::I(self.per_token as i32),
-                Arg::P(self.x.0),
-                Arg::P(self.x.1),
-                Arg::P(self.out),
-                Arg::I(self.units as i32),
-                Arg::I(self.n_out as i32),
-                Arg::I(self.wpr as i32),
-                Arg::I(self.early as i32),
-            ],
+            &[&[Arg::P(self.p), Arg::P(self.m)], self.routing().as_slice(), &[Arg::P(self.out)], &self.shape_args()].concat(),
         )
     }
 
@@ -210,26 +195,27 @@ impl MoeGemv {
             self.grid(2),
             128,
             0,
-            &[
-                Arg::P(self.p),
-                Arg::P(self.m),
-                Arg::P(self.out),
-                Arg::P(o.p),
-                Arg::P(o.m),
-                Arg::P(o.out),
-                Arg::U64(self.slice.0),
-                Arg::U64(self.slice.1),
-                Arg::P(self.eids),
-                Arg::I(self.n_used as i32),
-                Arg::I(self.per_token as i32),
-                Arg::P(self.x.0),
-                Arg::P(self.x.1),
-                Arg::I(self.units as i32),
-                Arg::I(self.n_out as i32),
-                Arg::I(self.wpr as i32),
-                Arg::I(self.early as i32),
-            ],
+            &[[self.p, self.m, self.out, o.p, o.m, o.out].map(Arg::P).as_slice(), &self.routing(), &self.shape_args()].concat(),
         )
+    }
+
+    /// The routing arguments of `moe_gemv_dev_*` / `moe_gemv2_dev_*`: the experts' slice, the
+    /// routed ids and their count per token, and the Q8 activations with their scales.
+    fn routing(&self) -> [Arg; 7] {
+        [
+            Arg::U64(self.slice.0),
+            Arg::U64(self.slice.1),
+            Arg::P(self.eids),
+            Arg::I(self.n_used as i32),
+            Arg::I(self.per_token as i32),
+            Arg::P(self.x.0),
+            Arg::P(self.x.1),
+        ]
+    }
+
+    /// The shape arguments those kernels end with: units per row, rows, warps per row, early exit.
+    fn shape_args(&self) -> [Arg; 4] {
+        [Arg::I(self.units as i32), Arg::I(self.n_out as i32), Arg::I(self.wpr as i32), Arg::I(self.early as i32)]
     }
 }
 

@@ -143,12 +143,12 @@ pub(crate) fn moe_matmul(
         if let Some(off) = &w.offload {
             // kept in host memory: the expert's cached slot (uploaded when missing)
             let ex = off.expert(dev, budget, *e, idx.len())?;
-            mmq::mmq_raw(dev, qc, name, ex.p, ex.m, n_in, n_out, xo, idx.len(), yo)?;
+            mmq::mmq_raw(dev, qc, name, ex.p, ex.m, n_in, n_out, xo, idx.len(), yo, true)?;
         } else {
             let row0 = (e * n_out * units) as u64;
             let p = w.p.ptr + row0 * pb.0 / pb.1;
             let m = if m_b == 0 { 0 } else { w.m_ptr() + row0 * m_b };
-            mmq::mmq_raw(dev, qc, name, p, m, n_in, n_out, xo, idx.len(), yo)?;
+            mmq::mmq_raw(dev, qc, name, p, m, n_in, n_out, xo, idx.len(), yo, true)?;
         }
         o += idx.len();
     }
