@@ -3,6 +3,10 @@
 use quarrel_core::{CoreError, Result};
 use quarrel_gguf::Gguf;
 
+/// The largest count or dimension a header may give (context lengths of real models are far
+/// below; 2^32 tokens would not fit any KV cache).
+const MAX_HPARAM: u64 = 1 << 32;
+
 pub struct Hparams<'a> {
     pub g: &'a Gguf,
     pub arch: String,
@@ -19,19 +23,45 @@ impl<'a> Hparams<'a> {
 
     pub fn usize(&self, suffix: &str) -> Result<usize> {
         let k = self.key(suffix);
-        Ok(self.g.require_u64(&k)? as usize)
+        self.sized(&k, self.g.require_u64(&k)?)
     }
 
     pub fn usize_or(&self, suffix: &str, default: usize) -> Result<usize> {
-        Ok(self.g.get_u64(&self.key(suffix))?.map_or(default, |v| v as usize))
+        Ok(self.opt_usize(suffix)?.unwrap_or(default))
     }
 
     pub fn opt_usize(&self, suffix: &str) -> Result<Option<usize>> {
-        Ok(self.g.get_u64(&self.key(suffix))?.map(|v| v as usize))
+        let k = self.key(suffix);
+        self.g.get_u64(&k)?.map(|v| self.sized(&k, v)).transpose()
+    }
+
+    /// Counts and dimensions size buffers: a value no real model has (a corrupt or hostile
+    /// header) is an error here, before anything is allocated from it.
+    fn sized(&self, key: &str, v: u64) -> Result<usize> {
+        if v > MAX_HPARAM {
+            return Err(CoreError::Model(format!("{key} = {v} is out of range (at most {MAX_HPARAM})")));
+        }
+        Ok(v as usize)
     }
 
     pub fn f32_or(&self, suffix: &str, default: f32) -> Result<f32> {
-        Ok(self.g.get_f64(&self.key(suffix))?.map_or(default, |v| v as f32))
+        let k = self.key(suffix);
+        match self.g.get_f64(&k)? {
+            None => Ok(default),
+            Some(v) if v.is_finite() && (v as f32).is_finite() => Ok(v as f32),
+            Some(v) => Err(CoreError::Model(format!("{k} = {v} is not a finite f32"))),
+        }
+    }
+
+    /// `block_count`, checked against the file: the last layer's tensors must be there, so a
+    /// layer count the tensors do not back fails before anything is sized by it.
+    pub fn block_count(&self) -> Result<usize> {
+        let n = self.positive("block_count")?;
+        let last = format!("blk.{}.", n - 1);
+        if n > self.g.tensors().len() || !self.g.tensors().iter().any(|t| t.name.starts_with(&last)) {
+            return Err(CoreError::Model(format!("{} = {n}, but the file has no tensors for layer {}", self.key("block_count"), n - 1)));
+        }
+        Ok(n)
     }
 
     pub fn opt_str(&self, suffix: &str) -> Result<Option<&'a str>> {
@@ -69,11 +99,11 @@ impl<'a> Hparams<'a> {
             }
             return items
                 .iter()
-                .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| CoreError::Model(format!("{k}: non-integer value"))))
+                .map(|v| v.as_u64().ok_or_else(|| CoreError::Model(format!("{k}: non-integer value"))).and_then(|x| self.sized(&k, x)))
                 .collect();
         }
         match (self.g.get_u64(&k)?, default) {
-            (Some(v), _) => Ok(vec![v as usize; n_layer]),
+            (Some(v), _) => Ok(vec![self.sized(&k, v)?; n_layer]),
             (None, Some(d)) => Ok(vec![d; n_layer]),
             (None, None) => Err(CoreError::Gguf(quarrel_gguf::GgufError::MissingKey(k))),
         }

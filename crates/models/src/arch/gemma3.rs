@@ -57,7 +57,7 @@ impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
         let h = Hparams::new(g)?;
         let n_embd = h.positive("embedding_length")?;
-        let n_layer = h.positive("block_count")?;
+        let n_layer = h.block_count()?;
         let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
         if h.usize_or("attention.value_length", head_dim)? != head_dim {
             return Err(CoreError::Unsupported("gemma3 with value_length != key_length".into()));

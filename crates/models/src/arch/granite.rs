@@ -51,7 +51,7 @@ impl Config {
         let h = Hparams::new(g)?;
         let arch = h.arch.clone();
         let n_embd = h.positive("embedding_length")?;
-        let n_layer = h.positive("block_count")?;
+        let n_layer = h.block_count()?;
         let n_head = h.positive("attention.head_count")?;
         let n_head_kv = h.per_layer("attention.head_count_kv", n_layer, Some(n_head))?;
         let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;

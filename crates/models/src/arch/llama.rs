@@ -43,7 +43,7 @@ impl Config {
         let n_rot = h.usize_or("rope.dimension_count", head_dim)?;
         Ok(Config {
             n_embd,
-            n_layer: h.positive("block_count")?,
+            n_layer: h.block_count()?,
             n_ff: h.positive("feed_forward_length")?,
             n_head,
             n_head_kv,

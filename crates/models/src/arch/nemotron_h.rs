@@ -56,9 +56,9 @@ impl Config {
         let h = Hparams::new(g)?;
         let arch = h.arch.clone();
         let n_embd = h.positive("embedding_length")?;
-        let n_layer = h.positive("block_count")?;
+        let n_layer = h.block_count()?;
         let rms_eps = match h.g.get_f64(&format!("{arch}.attention.layer_norm_rms_epsilon"))? {
-            Some(e) => e as f32,
+            Some(_) => h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
             None => h.f32_or("attention.layer_norm_epsilon", 1e-5)?,
         };
         let ssm = ssm_params(&h, rms_eps)?;
