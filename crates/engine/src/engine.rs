@@ -139,12 +139,6 @@ impl<B: Backend> Engine<B> {
         self.tokenizer.encode(text, add_special, true)
     }
 
-    /// Tokenize a rendered chat template: BOS is added per metadata unless the template
-    /// already wrote the BOS text itself (no double BOS).
-    pub fn tokenize_templated(&self, text: &str) -> Vec<u32> {
-        tokenize_templated(&self.tokenizer, text)
-    }
-
     /// What a client may want to know about the model (name, shape, quantization, size).
     pub fn summary(&self) -> crate::service::ModelSummary {
         use crate::service::{ModelSummary, Pooling};
@@ -285,14 +279,6 @@ pub fn kv_blocks_for_budget(spec: &KvSpec, budget: usize, n_ctx: usize) -> Resul
         )));
     }
     Ok(n)
-}
-
-pub fn tokenize_templated(tok: &Tokenizer, text: &str) -> Vec<u32> {
-    let ids = tok.encode(text, true, true);
-    match (tok.bos_id(), ids.as_slice()) {
-        (Some(b), [x, y, ..]) if *x == b && *y == b && tok.add_bos() => ids[1..].to_vec(),
-        _ => ids,
-    }
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ pub mod service;
 pub mod stop;
 
 pub use blocks::{BlockPool, OutOfBlocks};
-pub use engine::{tokenize_templated, Engine, EngineError, EngineOptions};
+pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};
 pub use perplexity::{PerplexityChunk, PerplexityResult};
 pub use sampler::{Sampler, SamplingParams};

@@ -42,6 +42,7 @@
 
 mod bpe;
 mod chat;
+mod chat_prompt;
 mod detok;
 mod error;
 mod hash;
@@ -104,8 +105,15 @@ impl Tokenizer {
     /// (`add_bos_token` / `add_eos_token`); with `parse_special`, texts of control tokens
     /// (e.g. `<|im_start|>`) become those tokens (user-defined tokens always do).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        let whole = 0..text.len();
+        self.encode_with_plain(text, add_special, if parse_special { &[] } else { std::slice::from_ref(&whole) })
+    }
+
+    /// [`encode`](Self::encode) with special tokens parsed except inside the byte ranges
+    /// `plain` (sorted, disjoint): there control tokens' texts stay text.
+    pub fn encode_with_plain(&self, text: &str, add_special: bool, plain: &[std::ops::Range<usize>]) -> Vec<u32> {
         let v = &self.vocab;
-        let frags = self.special.partition(v, text, parse_special);
+        let frags = self.special.partition(v, text, plain);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && v.add_bos {
             out.extend(v.ids.bos);

@@ -5,13 +5,15 @@
 //! Tokens are tried longest text first; for each one, every remaining text fragment is
 //! searched left to right and split around the matches. A token with the LSTRIP (RSTRIP)
 //! attribute swallows the ASCII whitespace before (after) it. With `parse_special = false`
-//! control and unknown tokens are skipped, but user-defined tokens are still split out.
+//! control and unknown tokens are skipped, but user-defined tokens are still split out; the
+//! same holds inside "plain" ranges of an otherwise parsed text (chat message content).
 //!
 //! The search order is llama.cpp's; to keep it cheap with vocabularies of thousands of
 //! special tokens (Gemma has ~6400), an Aho-Corasick pass first finds which special tokens
 //! occur in the text at all, and only those are processed.
 
 use aho_corasick::AhoCorasick;
+use std::ops::Range;
 
 use crate::vocab::{TokenAttr, Vocab};
 
@@ -50,15 +52,32 @@ impl SpecialMatcher {
         SpecialMatcher { order, ac }
     }
 
-    /// Splits `text` into fragments.
-    pub(crate) fn partition(&self, vocab: &Vocab, text: &str, parse_special: bool) -> Vec<Fragment> {
-        let mut frags = Vec::new();
+    /// Splits `text` into fragments. Inside the byte ranges `plain` (sorted, disjoint) control
+    /// and unknown tokens are not cut out: that text stays text, as with `parse_special =
+    /// false` for the whole input. Text fragments that end up side by side are joined again,
+    /// so marking a range plain changes nothing unless a control token's text is inside it.
+    pub(crate) fn partition(&self, vocab: &Vocab, text: &str, plain: &[Range<usize>]) -> Vec<Fragment> {
         if text.is_empty() {
-            return frags;
+            return vec![];
         }
-        frags.push(Fragment::Text(0, text.len()));
+        // (fragment, inside a plain range)
+        let mut frags: Vec<(Fragment, bool)> = Vec::new();
+        let mut pos = 0;
+        for r in plain {
+            let (a, b) = (r.start.clamp(pos, text.len()), r.end.clamp(pos, text.len()));
+            if a > pos {
+                frags.push((Fragment::Text(pos, a), false));
+            }
+            if b > a {
+                frags.push((Fragment::Text(a, b), true));
+            }
+            pos = pos.max(b);
+        }
+        if pos < text.len() {
+            frags.push((Fragment::Text(pos, text.len()), false));
+        }
         let Some(ac) = &self.ac else {
-            return frags;
+            return joined(frags);
         };
         // which special tokens occur anywhere in the text (fragments are substrings of it)
         let mut present = vec![false; self.order.len()];
@@ -68,7 +87,7 @@ impl SpecialMatcher {
             any = true;
         }
         if !any {
-            return frags;
+            return joined(frags);
         }
         let bytes = text.as_bytes();
         for (k, &id) in self.order.iter().enumerate() {
@@ -76,21 +95,23 @@ impl SpecialMatcher {
                 continue;
             }
             let attr = vocab.attr(id);
-            if !parse_special && attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN) {
-                continue;
-            }
+            let control = attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN);
             let pat = vocab.tokens[id as usize].as_bytes();
             let finder = memchr::memmem::Finder::new(pat);
             let mut next = Vec::with_capacity(frags.len() + 4);
-            for &frag in &frags {
+            for &(frag, is_plain) in &frags {
                 let Fragment::Text(mut base, end) = frag else {
-                    next.push(frag);
+                    next.push((frag, is_plain));
                     continue;
                 };
+                if is_plain && control {
+                    next.push((frag, is_plain));
+                    continue;
+                }
                 loop {
                     let Some(rel) = finder.find(&bytes[base..end]) else {
                         if base < end {
-                            next.push(Fragment::Text(base, end));
+                            next.push((Fragment::Text(base, end), is_plain));
                         }
                         break;
                     };
@@ -103,10 +124,10 @@ impl SpecialMatcher {
                             }
                         }
                         if left_end > base {
-                            next.push(Fragment::Text(base, left_end));
+                            next.push((Fragment::Text(base, left_end), is_plain));
                         }
                     }
-                    next.push(Fragment::Token(id));
+                    next.push((Fragment::Token(id), false));
                     let after = m + pat.len();
                     if after >= end {
                         break;
@@ -121,6 +142,18 @@ impl SpecialMatcher {
             }
             frags = next;
         }
-        frags
+        joined(frags)
     }
+}
+
+/// The fragments with neighbouring text ranges joined (plain marks dropped).
+fn joined(frags: Vec<(Fragment, bool)>) -> Vec<Fragment> {
+    let mut out: Vec<Fragment> = Vec::with_capacity(frags.len());
+    for (f, _) in frags {
+        match (out.last_mut(), f) {
+            (Some(Fragment::Text(_, e)), Fragment::Text(a, b)) if *e == a => *e = b,
+            _ => out.push(f),
+        }
+    }
+    out
 }

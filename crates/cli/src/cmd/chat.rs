@@ -51,12 +51,8 @@ pub fn main(a: Args) -> Result<()> {
                 _ => {}
             }
             history.push(ChatMessage::new("user", msg));
-            let text = if engine.tokenizer.chat_template().is_some() {
-                engine.tokenizer.apply_chat_template(&history, true)?
-            } else {
-                quarrel_tokenizer::Tokenizer::fallback_chatml(&history, true)
-            };
-            let ids = engine.tokenize_templated(&text);
+            // what the user typed stays text, even where it spells a control token
+            let ids = engine.tokenizer.encode_chat(&history, true)?;
             if ids.len() + 1 >= engine.n_ctx() {
                 eprintln!("(the conversation no longer fits the context of {} tokens: use /reset)", engine.n_ctx());
                 history.pop();

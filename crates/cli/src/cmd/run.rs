@@ -47,8 +47,7 @@ pub fn main(a: Args) -> Result<()> {
                 msgs.push(ChatMessage::new("system", s));
             }
             msgs.push(ChatMessage::new("user", &prompt));
-            let text = engine.tokenizer.apply_chat_template(&msgs, true).context("applying the chat template")?;
-            engine.tokenize_templated(&text)
+            engine.tokenizer.encode_chat(&msgs, true).context("applying the chat template")?
         } else {
             engine.tokenize(&prompt, true)
         };

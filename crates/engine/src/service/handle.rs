@@ -185,14 +185,8 @@ impl EngineHandle {
                 t.clone()
             }
             Prompt::Text(s) => tok.encode(s, true, true),
-            Prompt::Chat(msgs) => {
-                let text = if tok.chat_template().is_some() {
-                    tok.apply_chat_template(msgs, true).map_err(|e| ServiceError::InvalidRequest(format!("chat template: {e}")))?
-                } else {
-                    Tokenizer::fallback_chatml(msgs, true)
-                };
-                crate::engine::tokenize_templated(tok, &text)
-            }
+            // message content stays text: a client cannot forge a turn with control-token texts
+            Prompt::Chat(msgs) => tok.encode_chat(msgs, true).map_err(|e| ServiceError::InvalidRequest(format!("chat template: {e}")))?,
         })
     }
 
