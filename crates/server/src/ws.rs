@@ -140,22 +140,15 @@ async fn refuse(mut socket: WebSocket, e: ApiError) {
     let _ = socket.send(Message::Close(Some(CloseFrame { code, reason: e.ws_code().into() }))).await;
 }
 
-/// RFC 6455 close code for a read error that is the peer's fault (None: the connection is gone).
-fn violation_code(e: &axum::Error) -> Option<u16> {
+/// RFC 6455 close code and reason for a read error that is the peer's fault (None: the
+/// connection is gone).
+fn violation(e: &axum::Error) -> Option<(u16, &'static str)> {
     use std::error::Error as _;
     match e.source().and_then(|s| s.downcast_ref::<tungstenite::Error>())? {
-        tungstenite::Error::Capacity(_) => Some(1009),
-        tungstenite::Error::Protocol(_) => Some(1002),
-        tungstenite::Error::Utf8(_) => Some(1007),
+        tungstenite::Error::Capacity(_) => Some((1009, "message too big")),
+        tungstenite::Error::Protocol(_) => Some((1002, "protocol error")),
+        tungstenite::Error::Utf8(_) => Some((1007, "invalid UTF-8 in a text frame")),
         _ => None,
-    }
-}
-
-fn violation_reason(code: u16) -> &'static str {
-    match code {
-        1009 => "message too big",
-        1007 => "invalid UTF-8 in a text frame",
-        _ => "protocol error",
     }
 }
 
@@ -191,8 +184,8 @@ async fn connection(socket: WebSocket, state: AppState, caller: Caller) {
                     Some(Ok(m)) => m,
                     Some(Err(e)) => {
                         // a frame that breaks the protocol or the size limit: the peer learns why
-                        if let Some(code) = violation_code(&e) {
-                            let _ = out_tx.send(Message::Close(Some(CloseFrame { code, reason: violation_reason(code).into() })));
+                        if let Some((code, reason)) = violation(&e) {
+                            let _ = out_tx.send(Message::Close(Some(CloseFrame { code, reason: reason.into() })));
                         }
                         break;
                     }

@@ -24,11 +24,12 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<(String, Vec<Range<usize>>), TokenizerError> {
+        // compiled once for both renders
+        let template = self.compiled_chat_template()?;
         let render = |m: &[ChatMessage]| -> Result<String, TokenizerError> {
-            if self.chat_template().is_some() {
-                self.apply_chat_template(m, add_generation_prompt)
-            } else {
-                Ok(Tokenizer::fallback_chatml(m, add_generation_prompt))
+            match &template {
+                Some(t) => t.render(m, add_generation_prompt),
+                None => Ok(Tokenizer::fallback_chatml(m, add_generation_prompt)),
             }
         };
         let text = render(messages)?;
@@ -47,7 +48,8 @@ impl Tokenizer {
                 }
             }
         }
-        Ok((text.clone(), search_in_order(&text, messages)))
+        let ranges = search_in_order(&text, messages);
+        Ok((text, ranges))
     }
 
     /// Token ids of a chat prompt: BOS as the model adds it (once, even when the template

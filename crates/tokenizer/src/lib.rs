@@ -254,10 +254,14 @@ impl Tokenizer {
     /// [`TokenizerError::NoChatTemplate`] when the model has none (then use
     /// [`Tokenizer::fallback_chatml`] if ChatML suits the model).
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
-        let src = self.chat_template.as_deref().ok_or(TokenizerError::NoChatTemplate)?;
+        self.compiled_chat_template()?.ok_or(TokenizerError::NoChatTemplate)?.render(messages, add_generation_prompt)
+    }
+
+    /// The model's chat template compiled, with its BOS / EOS texts (None: the model has none).
+    pub(crate) fn compiled_chat_template(&self) -> Result<Option<ChatTemplate>, TokenizerError> {
+        let Some(src) = self.chat_template.as_deref() else { return Ok(None) };
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("").to_string();
-        let t = ChatTemplate::new(src, &text(self.vocab.ids.bos), &text(self.vocab.ids.eos))?;
-        t.render(messages, add_generation_prompt)
+        ChatTemplate::new(src, &text(self.vocab.ids.bos), &text(self.vocab.ids.eos)).map(Some)
     }
 
     /// Plain ChatML, for models without a template.

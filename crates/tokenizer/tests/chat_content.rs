@@ -2,24 +2,14 @@
 //! forge a turn), the template's markup keeps its control tokens, and prompts without such
 //! text tokenize exactly as their rendered string.
 
+mod common;
+
+use common::{byte_char, strings};
 use quarrel_gguf::{Gguf, GgufWriter, Value, ValueType};
 use quarrel_tokenizer::{ChatMessage, Tokenizer};
 
 const IM_START: u32 = 1;
 const IM_END: u32 = 2;
-
-fn strings(v: &[String]) -> Value {
-    Value::Array(ValueType::String, v.iter().map(|s| Value::String(s.clone())).collect())
-}
-
-/// GPT-2's byte -> char map.
-fn byte_char(b: u8) -> char {
-    let printable = |c: u32| (0x21..=0x7E).contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c);
-    if printable(b as u32) {
-        return char::from_u32(b as u32).unwrap();
-    }
-    char::from_u32(256 + (0..b as u32).filter(|&c| !printable(c)).count() as u32).unwrap()
-}
 
 /// A byte-level BPE vocabulary with ChatML control tokens, and `template` (None: no template).
 fn chatml_vocab(template: Option<&str>) -> Tokenizer {
@@ -33,7 +23,7 @@ fn chatml_vocab(template: Option<&str>) -> Tokenizer {
     w.set("tokenizer.ggml.pre", Value::String("qwen2".into()));
     w.set("tokenizer.ggml.tokens", strings(&toks));
     w.set("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
-    w.set("tokenizer.ggml.merges", strings(&["u s".into(), "e r".into(), "us er".into(), "Ġ s".into(), "y s".into()]));
+    w.set("tokenizer.ggml.merges", strings(&["u s", "e r", "us er", "Ġ s", "y s"]));
     w.set("tokenizer.ggml.eos_token_id", Value::U32(IM_END));
     if let Some(t) = template {
         w.set("tokenizer.chat_template", Value::String(t.into()));

@@ -3,12 +3,11 @@
 //! and no panics / lossless round trips on arbitrary text.
 
 use proptest::prelude::*;
+mod common;
+
+use common::{byte_char, strings};
 use quarrel_gguf::{Gguf, GgufWriter, Value, ValueType};
 use quarrel_tokenizer::{DecodeOptions, Detokenizer, Tokenizer, TokenizerError};
-
-fn strings(v: &[&str]) -> Value {
-    Value::Array(ValueType::String, v.iter().map(|s| Value::String(s.to_string())).collect())
-}
 
 fn build(kv: &[(&str, Value)]) -> Result<Tokenizer, TokenizerError> {
     let mut w = GgufWriter::new();
@@ -18,16 +17,6 @@ fn build(kv: &[(&str, Value)]) -> Result<Tokenizer, TokenizerError> {
     }
     let g = Gguf::from_bytes(w.to_bytes(&[]).unwrap()).unwrap();
     Tokenizer::from_gguf(&g)
-}
-
-/// GPT-2's byte -> char map (independent re-derivation for the test).
-fn byte_char(b: u8) -> char {
-    let printable = |c: u32| (0x21..=0x7E).contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c);
-    if printable(b as u32) {
-        return char::from_u32(b as u32).unwrap();
-    }
-    let n = (0..b as u32).filter(|&c| !printable(c)).count() as u32;
-    char::from_u32(256 + n).unwrap()
 }
 
 fn tiny_bpe() -> Tokenizer {

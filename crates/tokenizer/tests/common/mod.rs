@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use quarrel_gguf::{Gguf, GgufWriter, Value};
+use quarrel_gguf::{Gguf, GgufWriter, Value, ValueType};
 use quarrel_tokenizer::Tokenizer;
 
 /// `QUARREL_SMOLLM2`: path to SmolLM2-135M-Instruct (any quantization) GGUF.
@@ -60,4 +60,19 @@ pub fn cases(rel: &str) -> Vec<(String, Vec<u32>)> {
             (text, ids)
         })
         .collect()
+}
+
+/// A GGUF string array.
+pub fn strings<S: AsRef<str>>(v: &[S]) -> Value {
+    Value::Array(ValueType::String, v.iter().map(|s| Value::String(s.as_ref().to_string())).collect())
+}
+
+/// GPT-2's byte -> char map (independent re-derivation for the tests).
+pub fn byte_char(b: u8) -> char {
+    let printable = |c: u32| (0x21..=0x7E).contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c);
+    if printable(b as u32) {
+        return char::from_u32(b as u32).unwrap();
+    }
+    let n = (0..b as u32).filter(|&c| !printable(c)).count() as u32;
+    char::from_u32(256 + n).unwrap()
 }
