@@ -43,6 +43,9 @@ impl ModelArgs {
         spinner.finish_and_clear();
         let engine = engine?;
         with_engine!(ref &engine, e => {
+            for w in e.tokenizer.load_warnings() {
+                eprintln!("warning: {w}");
+            }
             let info = e.model.info();
             eprintln!(
                 "loaded {} ({}, {:.1}M params, {:.0} MiB) on {} in {:.0} ms, ctx {}",

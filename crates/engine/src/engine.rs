@@ -79,6 +79,16 @@ impl<B: Backend> Engine<B> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(|e| EngineError::Tokenizer(e.to_string()))?);
         let model = quarrel_models::load(&backend, &gguf)?;
         let info = model.info().clone();
+        // every id the tokenizer can produce must have an embedding row (llama.cpp sizes
+        // token_embd by the token list, so it refuses such a file too)
+        if tokenizer.n_vocab() > info.n_vocab {
+            return Err(EngineError::Tokenizer(format!(
+                "tokenizer.ggml.tokens has {} tokens, but the model's vocabulary ({}.vocab_size, token_embd) has {}",
+                tokenizer.n_vocab(),
+                info.arch,
+                info.n_vocab
+            )));
+        }
         if opts.n_ctx == 0 {
             opts.n_ctx = info.n_ctx_train.clamp(1, 4096);
         }

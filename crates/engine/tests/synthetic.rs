@@ -85,3 +85,43 @@ fn quantized_kv_results_do_not_depend_on_earlier_requests() {
         assert!(e < if kv == KvType::Q8_0 { 1e-3 } else { 5e-2 }, "{kv:?}: mean nmse vs f16 cache {e}");
     }
 }
+
+/// A token list longer than the model's embedding rows (`vocab_size` smaller than the list)
+/// would let text tokenize to ids with no embedding: refused at load, naming both counts.
+#[test]
+fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
+    use quarrel_gguf::{Gguf, GgufWriter, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth("f32", dir.path());
+    let g = Gguf::open(&path).unwrap();
+    let n = g.get_array("tokenizer.ggml.tokens").unwrap().unwrap().len();
+    let arch = g.architecture().unwrap().to_string();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        let v = match (k.as_str(), v) {
+            // two more tokens, with their types and scores where the file has them
+            ("tokenizer.ggml.tokens", Value::Array(t, items)) => {
+                Value::Array(*t, items.iter().cloned().chain(["<x1>", "<x2>"].map(|s| Value::String(s.into()))).collect())
+            }
+            ("tokenizer.ggml.token_type", Value::Array(t, items)) => Value::Array(*t, [items.clone(), vec![Value::I32(1); 2]].concat()),
+            ("tokenizer.ggml.scores", Value::Array(t, items)) => Value::Array(*t, [items.clone(), vec![Value::F32(0.0); 2]].concat()),
+            _ => v.clone(),
+        };
+        w.set(k, v);
+    }
+    w.set(&format!("{arch}.vocab_size"), Value::U32(n as u32));
+    let mut data = vec![];
+    for t in g.tensors() {
+        w.add_tensor(&t.name, &t.dims, t.ty).unwrap();
+        data.push(g.tensor(&t.name).unwrap().1.to_vec());
+    }
+    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    let bad = dir.path().join("bad.gguf");
+    std::fs::write(&bad, w.to_bytes(&refs).unwrap()).unwrap();
+    let be = quarrel_cpu::CpuBackend::new(1).unwrap();
+    let e = match quarrel_engine::Engine::load(be, &bad, EngineOptions { n_ctx: 32, ..Default::default() }) {
+        Ok(_) => panic!("loaded a tokenizer of {} tokens over {n} embedding rows", n + 2),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("tokenizer.ggml.tokens") && e.contains(&format!("{} tokens", n + 2)) && e.contains(&format!("has {n}")), "{e}");
+}

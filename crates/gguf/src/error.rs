@@ -21,6 +21,8 @@ pub enum GgufError {
     BadUtf8 { key: String },
     #[error("metadata key {key:?} appears twice")]
     DuplicateKey { key: String },
+    #[error("metadata key {key:?}: an array of {count} items would pass the {max} array items a header may hold")]
+    TooManyItems { key: String, count: u64, max: u64 },
     #[error("metadata key {key:?}: arrays nested deeper than {max} levels")]
     TooDeep { key: String, max: usize },
     #[error("general.alignment = {0} is invalid (must be a power of two, at most 1 MiB)")]

@@ -24,6 +24,7 @@ mod writer;
 
 pub use error::GgufError;
 pub use file::{Gguf, TensorInfo};
+pub use parse::MAX_ARRAY_ITEMS;
 pub use quarrel_quant::QuantType;
 pub use value::{Value, ValueType};
 pub use writer::{GgufWriter, TensorSink};

@@ -1,7 +1,9 @@
 //! Bounds-checked parser for the GGUF header, metadata and tensor infos.
 //!
 //! Every count and length is checked against the bytes that remain before anything is
-//! allocated, so a corrupt file cannot make us allocate more than its own size.
+//! allocated, and array items are bounded for the whole header ([`MAX_ARRAY_ITEMS`]): a parsed
+//! item takes up to 32 bytes for an item of 1 byte in the file, so the file size alone would
+//! let a multi-GB file of one `u8` array ask for 32 times its size.
 
 use crate::value::{Value, ValueType};
 use crate::{GgufError, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
@@ -9,6 +11,11 @@ use quarrel_quant::QuantType;
 
 /// Deepest array nesting accepted (GGUF allows nesting; real files use 1 level).
 const MAX_NESTING: usize = 8;
+
+/// Array items (all arrays, nested ones too) one header may hold: the largest tokenizers
+/// (262,144 tokens with scores and types, or ~300,000 merges) stay far below it, and the
+/// parsed values then take at most ~512 MiB whatever the file claims.
+pub const MAX_ARRAY_ITEMS: u64 = 1 << 24;
 
 pub(crate) struct RawTensor {
     pub name: String,
@@ -29,6 +36,8 @@ pub(crate) struct Header {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Array items still allowed in this header.
+    items_left: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -103,6 +112,10 @@ impl<'a> Cursor<'a> {
                 let id = self.u32(&|| format!("array type of {key:?}"))?;
                 let ety = ValueType::from_id(id).ok_or_else(|| GgufError::BadValueType { key: key.to_string(), id })?;
                 let n = self.count(ety.min_size(), &|| format!("array length of {key:?}"))?;
+                if n > self.items_left {
+                    return Err(GgufError::TooManyItems { key: key.to_string(), count: n, max: MAX_ARRAY_ITEMS });
+                }
+                self.items_left -= n;
                 let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     items.push(self.value(ety, key, depth + 1)?);
@@ -115,7 +128,7 @@ impl<'a> Cursor<'a> {
 
 /// Parse everything before the data section and validate the tensor layout against `buf.len()`.
 pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
-    let mut c = Cursor { buf, pos: 0 };
+    let mut c = Cursor { buf, pos: 0, items_left: MAX_ARRAY_ITEMS };
     let magic: [u8; 4] = c.array(&|| "magic".into())?;
     if magic != GGUF_MAGIC {
         return Err(GgufError::BadMagic(magic));

@@ -159,3 +159,33 @@ proptest! {
         let _ = Gguf::from_bytes(b);
     }
 }
+
+/// A header of `u8` arrays with the given keys and lengths (and no tensors).
+fn u8_arrays(arrays: &[(&str, u64)]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.extend((arrays.len() as u64).to_le_bytes());
+    for (key, n) in arrays {
+        b.extend((key.len() as u64).to_le_bytes());
+        b.extend(key.as_bytes());
+        b.extend(9u32.to_le_bytes()); // array
+        b.extend(0u32.to_le_bytes()); // of u8
+        b.extend(n.to_le_bytes());
+        b.resize(b.len() + *n as usize, 7);
+    }
+    b
+}
+
+/// Every parsed item takes far more memory than its byte in the file: arrays are bounded for
+/// the whole header, so a big file cannot make the parser ask for many times its size.
+#[test]
+fn array_items_are_bounded_for_the_whole_header() {
+    let max = quarrel_gguf::MAX_ARRAY_ITEMS;
+    assert!(Gguf::from_bytes(u8_arrays(&[("small", 1000)])).is_ok());
+    let e = err(u8_arrays(&[("huge", max + 1)]));
+    assert!(matches!(&e, GgufError::TooManyItems { key, count, .. } if key == "huge" && *count == max + 1), "{e}");
+    // the bound is for all arrays together: the second one passes it
+    let e = err(u8_arrays(&[("a", max / 2 + 1), ("b", max / 2)]));
+    assert!(matches!(&e, GgufError::TooManyItems { key, .. } if key == "b"), "{e}");
+}

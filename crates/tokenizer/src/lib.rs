@@ -191,6 +191,13 @@ impl Tokenizer {
         self.vocab.n_tokens()
     }
 
+    /// What loading ignored, one message per key naming it and its value: special-token ids
+    /// outside the vocabulary (the default id stays, as in llama.cpp). Callers show them to
+    /// the operator.
+    pub fn load_warnings(&self) -> &[String] {
+        &self.vocab.ignored_ids
+    }
+
     /// Special token ids after llama.cpp's defaults and detection.
     pub fn special_ids(&self) -> SpecialIds {
         self.vocab.ids

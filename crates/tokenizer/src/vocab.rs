@@ -112,6 +112,9 @@ pub(crate) struct Vocab {
     pub eog: BTreeSet<u32>,
     /// Control, user-defined and unknown tokens, longest text first (tokenizer_st_partition order).
     pub special_tokens: Vec<u32>,
+    /// Special-id keys whose value was ignored (outside the vocabulary, negative, not an
+    /// integer), one message each naming the key and value: llama.cpp's load warnings.
+    pub ignored_ids: Vec<String>,
 }
 
 /// Accessor for one field of [`SpecialIds`].
@@ -262,6 +265,7 @@ impl Vocab {
         }
 
         // special ids from metadata
+        let mut ignored_ids = Vec::new();
         {
             let slots: [(&str, SlotFn); 17] = [
                 ("tokenizer.ggml.bos_token_id", |s| &mut s.bos),
@@ -289,10 +293,11 @@ impl Vocab {
                 }
                 if let Some(v) = g.get(key) {
                     // out-of-range or negative values keep the default, like llama.cpp
-                    if let Some(id) = v.as_u64() {
-                        if (id as usize) < n {
-                            *slot = Some(id as u32);
-                        }
+                    // (a file may name a padding id just past its tokens; refusing it would
+                    // refuse models llama.cpp runs), and are reported like its warnings
+                    match v.as_u64() {
+                        Some(id) if id < n as u64 => *slot = Some(id as u32),
+                        _ => ignored_ids.push(format!("{key} = {v} is outside the vocabulary of {n} tokens: ignored")),
                     }
                 }
             }
@@ -327,6 +332,7 @@ impl Vocab {
             ignore_merges,
             eog: BTreeSet::new(),
             special_tokens: Vec::new(),
+            ignored_ids,
         };
         v.detect_special_by_text();
         v.mark_unused();

@@ -38,6 +38,11 @@ fn tiny_bpe() -> Tokenizer {
 }
 
 fn tiny_spm() -> Tokenizer {
+    tiny_spm_with(&[]).unwrap()
+}
+
+/// The tiny SPM vocabulary (266 tokens) with `extra` keys.
+fn tiny_spm_with(extra: &[(&str, Value)]) -> Result<Tokenizer, TokenizerError> {
     let mut toks: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
     toks.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
     let words = [("▁", -1.0), ("a", -2.0), ("b", -2.0), ("▁a", -3.0), ("ab", -0.5), ("▁ab", -0.1), ("▁b", -4.0)];
@@ -48,13 +53,38 @@ fn tiny_spm() -> Tokenizer {
     types.extend([6; 256]);
     types.extend(vec![1; words.len()]);
     let refs: Vec<&str> = toks.iter().map(String::as_str).collect();
-    build(&[
+    let mut kv = vec![
         ("tokenizer.ggml.model", Value::String("llama".into())),
         ("tokenizer.ggml.tokens", strings(&refs)),
         ("tokenizer.ggml.scores", Value::Array(ValueType::F32, scores.into_iter().map(Value::F32).collect())),
         ("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect())),
-    ])
-    .unwrap()
+    ];
+    kv.extend(extra.iter().cloned());
+    build(&kv)
+}
+
+/// Special ids outside the vocabulary keep the default id (llama.cpp), and each is reported
+/// by key and value; ids inside it are taken and report nothing.
+#[test]
+fn out_of_range_special_ids_keep_the_default_and_are_reported() {
+    let bad = [
+        ("tokenizer.ggml.eos_token_id", Value::U64(1 << 40)),
+        ("tokenizer.ggml.bos_token_id", Value::I32(-1)),
+        ("tokenizer.ggml.padding_token_id", Value::U32(266)),
+        ("tokenizer.ggml.eot_token_id", Value::String("2".into())),
+    ];
+    let t = tiny_spm_with(&bad).unwrap();
+    let ids = t.special_ids();
+    assert_eq!((ids.bos, ids.eos, ids.pad, ids.eot), (Some(1), Some(2), None, None));
+    let w = t.load_warnings();
+    assert_eq!(w.len(), bad.len(), "{w:?}");
+    for (key, v) in &bad {
+        let msg = w.iter().find(|m| m.starts_with(&format!("{key} = "))).unwrap_or_else(|| panic!("{key}: {w:?}"));
+        assert!(msg.contains(&v.to_string()) && msg.contains("266 tokens"), "{msg}");
+    }
+    let t = tiny_spm_with(&[("tokenizer.ggml.eos_token_id", Value::U32(265)), ("tokenizer.ggml.padding_token_id", Value::U32(0))]).unwrap();
+    assert_eq!((t.special_ids().eos, t.special_ids().pad), (Some(265), Some(0)));
+    assert!(t.load_warnings().is_empty(), "{:?}", t.load_warnings());
 }
 
 #[test]

@@ -168,7 +168,14 @@ impl ModelLoader for CliLoader {
         let mut args = self.args.clone();
         args.model.name = Some(entry.path.to_string_lossy().into_owned());
         let kv_seqs = self.kv_seqs;
-        let engine = args.engine_with(|o| o.n_seq = kv_seqs.max(1)).map_err(|e| format!("{e:#}"))?;
+        let engine = args.engine_with(|o| o.n_seq = kv_seqs.max(1)).map_err(|e| {
+            // the operator's log gets the path; clients get the file name only (they never
+            // see where the server keeps its files)
+            let full = format!("{e:#}");
+            tracing::warn!(model = %entry.name, error = %full, "model load failed");
+            let file = entry.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            full.replace(&*entry.path.to_string_lossy(), &file)
+        })?;
         let opts = self.opts.clone();
         Ok(crate::common::with_engine!(engine, e => { EngineHandle::spawn(e, opts) }))
     }

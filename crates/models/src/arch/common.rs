@@ -173,20 +173,34 @@ pub fn full_attention(n_head: usize, n_kv_head: usize, head_dim: usize, file_sca
 pub fn head_counts(h: &Hparams, n_embd: usize) -> Result<(usize, usize, usize)> {
     let n_head = h.positive("attention.head_count")?;
     let n_head_kv = h.usize_or("attention.head_count_kv", n_head)?;
-    let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
+    let head_dim = head_dim(h, n_embd, n_head)?;
     if n_head_kv == 0 || n_head % n_head_kv != 0 {
         return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
     }
     Ok((n_head, n_head_kv, head_dim))
 }
 
+/// `attention.key_length`, by default `n_embd / n_head`; a head count above the embedding
+/// width would leave heads of no values.
+pub fn head_dim(h: &Hparams, n_embd: usize, n_head: usize) -> Result<usize> {
+    let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
+    if head_dim == 0 {
+        let (kh, ke) = (h.key("attention.head_count"), h.key("embedding_length"));
+        return Err(CoreError::Model(format!("{kh} = {n_head} leaves heads of no values ({ke} = {n_embd}, no key_length)")));
+    }
+    Ok(head_dim)
+}
+
 /// The RoPE frequency scale of `rope.scaling.type`: 1 for none, `1 / rope.scaling.factor`
-/// for linear, 1 for the `carried` types (applied elsewhere); others are unsupported
-/// (`who` prefixes the error).
+/// for linear (a factor of 0 means none, as in llama.cpp), 1 for the `carried` types
+/// (applied elsewhere); others are unsupported (`who` prefixes the error).
 pub fn rope_freq_scale(h: &Hparams, who: &str, carried: &[&str]) -> Result<f32> {
     match h.opt_str("rope.scaling.type")? {
         None | Some("none") => Ok(1.0),
-        Some("linear") => Ok(1.0 / h.f32_or("rope.scaling.factor", 1.0)?),
+        Some("linear") => {
+            let f = h.f32_or("rope.scaling.factor", 1.0)?;
+            Ok(if f == 0.0 { 1.0 } else { 1.0 / f })
+        }
         Some(t) if carried.contains(&t) => Ok(1.0),
         Some(other) => Err(CoreError::Unsupported(format!("{who}rope scaling type {other:?}"))),
     }

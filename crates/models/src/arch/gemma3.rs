@@ -81,7 +81,7 @@ impl Config {
             n_head,
             n_head_kv,
             head_dim,
-            n_rot: h.usize_or("rope.dimension_count", head_dim)?,
+            n_rot: h.rope_dims(head_dim)?,
             n_vocab: h.n_vocab()?,
             n_ctx_train: h.usize_or("context_length", 8192)?,
             rope_freq_base: h.f32_or("rope.freq_base", 1_000_000.0)?,

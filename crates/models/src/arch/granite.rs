@@ -10,7 +10,7 @@
 //!                               └─ norm ─► output ─► ÷ logit_scale ─► logits
 //! ```
 
-use super::common::{full_attention, model_info, reject_tensors, trace, Head, LayerStack, Stack};
+use super::common::{full_attention, head_dim, model_info, reject_tensors, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
@@ -54,7 +54,7 @@ impl Config {
         let n_layer = h.block_count()?;
         let n_head = h.positive("attention.head_count")?;
         let n_head_kv = h.per_layer("attention.head_count_kv", n_layer, Some(n_head))?;
-        let head_dim = h.usize_or("attention.key_length", n_embd / n_head)?;
+        let head_dim = head_dim(&h, n_embd, n_head)?;
         for &kv in &n_head_kv {
             if kv != 0 && n_head % kv != 0 {
                 return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {kv}")));
@@ -85,7 +85,7 @@ impl Config {
             n_head,
             n_head_kv,
             head_dim,
-            n_rot: h.usize_or("rope.dimension_count", head_dim)?,
+            n_rot: h.rope_dims(head_dim)?,
             n_vocab: h.n_vocab()?,
             n_ctx_train: h.usize_or("context_length", 4096)?,
             rope_freq_base: h.f32_or("rope.freq_base", 10000.0)?,

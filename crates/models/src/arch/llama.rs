@@ -40,7 +40,7 @@ impl Config {
         let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
         // llama3 scaling is carried by rope_freqs.weight; yarn is not implemented
         let rope_freq_scale = rope_freq_scale(&h, "", &["llama3"])?;
-        let n_rot = h.usize_or("rope.dimension_count", head_dim)?;
+        let n_rot = h.rope_dims(head_dim)?;
         Ok(Config {
             n_embd,
             n_layer: h.block_count()?,

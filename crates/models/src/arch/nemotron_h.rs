@@ -83,7 +83,7 @@ impl Config {
                 if nh == 0 || nh % nkv != 0 {
                     return Err(CoreError::Model(format!("layer {il}: head_count {nh} with head_count_kv {nkv}")));
                 }
-                head_dim = h.usize_or("attention.key_length", n_embd / nh)?;
+                head_dim = super::common::head_dim(&h, n_embd, nh)?;
                 LayerKind::Attention { n_head: nh, n_head_kv: nkv }
             } else {
                 let n_ff = match &moe {

@@ -4,7 +4,7 @@
 
 use super::mlp::{ReluSqrMlp, SwiGluMlp};
 use super::{expert_weight, host_f32, weight};
-use quarrel_core::{Backend, MoeRouting, Result};
+use quarrel_core::{Backend, CoreError, MoeRouting, Result};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -155,6 +155,12 @@ impl<B: Backend> FeedForward<B> {
             });
         };
         let shared = match (spec.n_ff_shexp, spec.act) {
+            // shared-expert tensors without their width would be silently left out
+            (0, _) if g.tensor_info(&format!("blk.{il}.ffn_down_shexp.weight")).is_some() => {
+                return Err(CoreError::Model(format!(
+                    "expert_shared_feed_forward_length is 0 or absent, but the file has blk.{il}.ffn_down_shexp.weight"
+                )));
+            }
             (0, _) => None,
             (n, ExpertAct::SwiGlu) => Some(SharedExpert::SwiGlu(SwiGluMlp::load_suffixed(be, g, il, "_shexp", n_embd, n)?)),
             (n, ExpertAct::ReluSqr) => Some(SharedExpert::ReluSqr(ReluSqrMlp::load(be, g, il, "_shexp", n_embd, n)?)),
