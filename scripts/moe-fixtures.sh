@@ -36,7 +36,8 @@ cc -O2 -o "$W/moe_fixtures" "$here/moe_fixtures.c" -I"$W/llama.cpp/include" -I"$
   -L"$LIB" -lllama -Wl,-rpath,"$LIB"
 mkdir -p "$W/models"
 status=0
-for p in tiny-mixtral tiny-granite tiny-granitemoe tiny-granitehybrid tiny-mamba2 tiny-nemotron-h tiny-nemotron-h-moe tiny-gemma3; do
+# every tiny preset the binary has (one per architecture beyond plain llama)
+for p in $("$QUARREL" synth --list | awk '$1 ~ /^tiny-/ {print $1}'); do
   "$QUARREL" synth -p "$p" -q q8_0 --seed 7 --quiet "$W/models/$p.gguf"
   "$W/moe_fixtures" "$W/models/$p.gguf" "$p" "$OUT/$p.json" "$DESC" || { echo "$p: FAILED"; status=1; }
 done

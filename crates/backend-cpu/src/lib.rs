@@ -250,6 +250,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn add_bias(&self, x: &mut Vec<f32>, b: &Vec<f32>) -> Result<()> {
+        if b.is_empty() || !x.len().is_multiple_of(b.len()) {
+            return Err(CoreError::Shape(format!("add_bias: {} values are not rows of {}", x.len(), b.len())));
+        }
+        x.chunks_exact_mut(b.len()).for_each(|row| row.iter_mut().zip(b).for_each(|(a, c)| *a += c));
+        Ok(())
+    }
+
     fn scale(&self, x: &mut Vec<f32>, s: f32) -> Result<()> {
         x.iter_mut().for_each(|a| *a *= s);
         Ok(())

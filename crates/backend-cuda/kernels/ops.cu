@@ -160,6 +160,13 @@ extern "C" __global__ void add_scaled(float* __restrict__ x, const float* __rest
     if (i < n) x[i] = __fadd_rn(x[i], __fmul_rn(y[i], s));
 }
 
+// x (rows, d) += b (d) on every row.
+extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restrict__ b, u64 d, u64 n) {
+    GDC();
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += b[i % d];
+}
+
 extern "C" __global__ void scale(float* __restrict__ x, float s, u64 n) {
     GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

@@ -482,6 +482,18 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn add_bias(&self, x: &mut CudaBuf, b: &CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let d = b.len;
+        if d == 0 || !x.len.is_multiple_of(d) {
+            return Err(CoreError::Shape(format!("add_bias: {} values are not rows of {d}", x.len)));
+        }
+        let n = x.len as u64;
+        let (xp, bp) = (self.rw(x)?, self.rd(b)?);
+        self.dev.launch_1d("add_bias", n, &[Arg::P(xp), Arg::P(bp), Arg::U64(d as u64), Arg::U64(n)])?;
+        Ok(())
+    }
+
     fn scale(&self, x: &mut CudaBuf, s: f32) -> Result<()> {
         self.dev.bind()?;
         let n = x.len as u64;

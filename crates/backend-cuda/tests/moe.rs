@@ -25,6 +25,9 @@ const PRESETS: &[&str] = &[
     "tiny-nemotron-h",
     "tiny-nemotron-h-moe",
     "tiny-gemma3",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-qwen3moe",
 ];
 
 /// Logits vs llama.cpp (the fixtures' bound, as for the CPU backend).
@@ -48,6 +51,11 @@ const SELF_CONSISTENT: f64 = 1e-3;
 /// The same for the dense `granite` and `gemma3` (their long prefill multiplies f16 activations on the tensor
 /// cores, decode Q8 ones): as tests/model.rs's bound.
 const SELF_CONSISTENT_DENSE: f64 = 5e-3;
+/// The default mode on tiny-qwen3moe (4 of 8 experts used: its 4th and 5th router logits are
+/// often near ties): at Q4_K_M the float order of the prefill GEMM flips one routing at one
+/// position (2.3e-2; exact and invariant numerics give 0 there, so routing and scatter are
+/// right). One flipped expert of four, not O(1).
+const SELF_CONSISTENT_WIDE_TOP_K: f64 = 5e-2;
 
 /// The tests' random numbers (xorshift64 from `state`).
 fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
@@ -191,6 +199,8 @@ fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {
             SELF_CONSISTENT_EXACT
         } else if matches!(*name, "tiny-granite" | "tiny-gemma3") {
             SELF_CONSISTENT_DENSE
+        } else if *name == "tiny-qwen3moe" {
+            SELF_CONSISTENT_WIDE_TOP_K
         } else {
             SELF_CONSISTENT
         };

@@ -196,6 +196,11 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     be.add(&mut s, &x).unwrap();
     be.scale(&mut s, 0.25).unwrap();
     outs.push(("add+scale".into(), be.download(&s).unwrap()));
+    // a projection bias on every row (Qwen2's q/k/v), rows narrower than the whole buffer
+    let bias = be.upload(&rnd(96, 9)).unwrap();
+    let mut bx = be.upload(&rnd(n_tok * 96, 10)).unwrap();
+    be.add_bias(&mut bx, &bias).unwrap();
+    outs.push(("add_bias".into(), be.download(&bx).unwrap()));
     let mut gsel = be.alloc(3 * N_IN).unwrap();
     be.gather_rows(&s, N_IN, &[4, 0, 2], &mut gsel).unwrap();
     outs.push(("gather_rows".into(), be.download(&gsel).unwrap()));

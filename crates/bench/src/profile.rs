@@ -206,6 +206,9 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> CoreResult<()> {
         self.timed(OpKind::Add, || self.inner.add(x, y))
     }
+    fn add_bias(&self, x: &mut Self::Buf, b: &Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::Add, || self.inner.add_bias(x, b))
+    }
     fn scale(&self, x: &mut Self::Buf, s: f32) -> CoreResult<()> {
         self.timed(OpKind::Scale, || self.inner.scale(x, s))
     }

@@ -107,6 +107,8 @@ pub trait Backend: Send + Sync + 'static {
     fn geglu(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
     /// `x += y`.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
+    /// `x (rows, b.len()) += b` on every row (projection biases).
+    fn add_bias(&self, x: &mut Self::Buf, b: &Self::Buf) -> Result<()>;
     /// `x *= s`.
     fn scale(&self, x: &mut Self::Buf, s: f32) -> Result<()>;
     /// `x += s·y`, the product rounded before the add (no FMA: scale-then-add's bits); `y` may

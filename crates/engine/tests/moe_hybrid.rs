@@ -1,4 +1,5 @@
-//! MoE and hybrid Mamba2 architectures on their tiny synthetic models (`quarrel synth`
+//! The architectures beyond plain llama (MoE, hybrid Mamba2, Gemma 3, Qwen2 / Qwen3 /
+//! Qwen3-MoE) on their tiny synthetic models (`quarrel synth`
 //! presets `tiny-*`, written here exactly as scripts/moe-fixtures.sh wrote them for
 //! llama.cpp): logits vs llama.cpp's (committed fixtures, NMSE <= 1e-4 at every position),
 //! prefill == token-by-token decode (NMSE <= 1e-5), 8 sequences batched == each alone, and
@@ -159,7 +160,8 @@ fn trace_one() {
 }
 
 /// The full-size presets' real widths (head_dim 128 with n_embd 2688, K-quant fallbacks for
-/// rows of 2688 / 1856, 8 SSM groups, state 128, shared experts) on a few layers and experts:
+/// rows of 2688 / 1856 / 896, 8 SSM groups, state 128, shared experts, Qwen's q/k/v biases and
+/// 768-wide experts) on a few layers and experts:
 /// they load, run finite, and prefill == decode.
 #[test]
 fn full_size_widths_on_few_layers() {
@@ -179,6 +181,9 @@ fn full_size_widths_on_few_layers() {
         cut("granite-4.0-h-tiny", "MA", 4),
         cut("granite-4.0-h-micro", "AM", 0),
         cut("granite-4.0-micro", "A", 0),
+        cut("qwen2.5-0.5b", "AA", 0),
+        cut("qwen3-0.6b", "A", 0),
+        cut("qwen3-30b-a3b", "AA", 8),
     ] {
         let path = dir.path().join(format!("{}.gguf", p.name));
         let spec = ArchSynthSpec { preset: p, ftype: Ftype::Q4_K_M, seed: 1, vocab_from: None };

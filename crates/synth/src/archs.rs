@@ -1,8 +1,10 @@
 //! Synthetic models of the mixture-of-experts and hybrid Mamba2 architectures: Mixtral-style
 //! `llama` with experts, `granite`, `granitemoe`, `granitehybrid`, `mamba2`, `nemotron_h`,
-//! `nemotron_h_moe`; and `gemma3` (per-head q/k norms, sandwich norms, GELU-gated FFN, tied
-//! output, interleaved sliding-window attention). Tiny presets (2-4 layers covering every layer kind of the arch, vocab
-//! 512) are the fixture models; full-size presets carry real shapes for benchmarks.
+//! `nemotron_h_moe`; `gemma3` (per-head q/k norms, sandwich norms, GELU-gated FFN, tied
+//! output, interleaved sliding-window attention); `qwen2` (q/k/v biases), `qwen3` (per-head
+//! q/k norms, wide heads) and `qwen3moe` (experts of their own width in every layer). Tiny
+//! presets (2-4 layers covering every layer kind of the arch, vocab 512) are the fixture
+//! models; full-size presets carry real shapes for benchmarks.
 //!
 //! A preset's `pattern` has one character per layer:
 //! * two-part blocks (llama, granite*): `A` attention + FFN, `M` Mamba2 + FFN;
@@ -20,298 +22,7 @@ use quarrel_gguf::{QuantType, Value, ValueType};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Mamba2 mixer shape.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SsmShape {
-    pub d_conv: usize,
-    pub d_inner: usize,
-    pub d_state: usize,
-    pub n_group: usize,
-    pub n_head: usize,
-}
-
-/// Granite's multipliers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GraniteScales {
-    pub embedding: f32,
-    pub residual: f32,
-    pub attention: f32,
-    pub logit: f32,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ArchPreset {
-    pub name: &'static str,
-    pub model: &'static str,
-    pub arch: &'static str,
-    pub pattern: &'static str,
-    pub n_embd: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-    /// Dense FFN width (llama/granite: also the per-expert width).
-    pub n_ff: usize,
-    pub n_vocab: usize,
-    pub n_ctx: usize,
-    pub n_expert: usize,
-    pub n_used: usize,
-    /// Per-expert width of nemotron_h_moe experts.
-    pub n_ff_exp: usize,
-    pub n_ff_shexp: usize,
-    pub expert_norm: bool,
-    pub expert_scale: f32,
-    pub ssm: Option<SsmShape>,
-    pub granite: Option<GraniteScales>,
-    /// Sliding-window attention (gemma3): `(window, pattern)`, every `pattern`-th layer global.
-    pub swa: Option<(usize, usize)>,
-    pub rope_freq_base: f32,
-    pub rms_eps: f32,
-}
-
-impl ArchPreset {
-    pub fn n_layer(&self) -> usize {
-        self.pattern.len()
-    }
-    fn single_mixer(&self) -> bool {
-        matches!(self.arch, "nemotron_h" | "nemotron_h_moe" | "mamba2")
-    }
-    fn has_rope(&self) -> bool {
-        !self.single_mixer()
-    }
-    pub fn by_name(name: &str) -> Option<&'static ArchPreset> {
-        let want = name.to_ascii_lowercase().replace('_', "-");
-        ARCH_PRESETS.iter().find(|p| p.name == want)
-    }
-    /// The tiny presets (`tiny-*`: one small model per architecture) in table order, the order
-    /// scripts/moe-fixtures.sh writes their llama.cpp fixtures in.
-    pub fn tiny() -> impl Iterator<Item = &'static ArchPreset> {
-        ARCH_PRESETS.iter().filter(|p| p.name.starts_with("tiny-"))
-    }
-}
-
-const BASE: ArchPreset = ArchPreset {
-    name: "",
-    model: "",
-    arch: "llama",
-    pattern: "AA",
-    n_embd: 256,
-    n_head: 4,
-    n_head_kv: 2,
-    head_dim: 64,
-    n_ff: 256,
-    n_vocab: 512,
-    n_ctx: 4096,
-    n_expert: 0,
-    n_used: 0,
-    n_ff_exp: 0,
-    n_ff_shexp: 0,
-    expert_norm: false,
-    expert_scale: 0.0,
-    ssm: None,
-    granite: None,
-    swa: None,
-    rope_freq_base: 10_000.0,
-    rms_eps: 1e-5,
-};
-
-const TINY_SSM: SsmShape = SsmShape { d_conv: 4, d_inner: 512, d_state: 64, n_group: 2, n_head: 8 };
-const GRANITE_SCALES: GraniteScales = GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.0078125, logit: 8.0 };
-
-pub static ARCH_PRESETS: &[ArchPreset] = &[
-    ArchPreset { name: "tiny-mixtral", model: "Quarrel tiny Mixtral-style MoE", n_expert: 4, n_used: 2, ..BASE },
-    ArchPreset { name: "tiny-granite", model: "Quarrel tiny Granite", arch: "granite", granite: Some(GRANITE_SCALES), n_ff: 512, ..BASE },
-    ArchPreset {
-        name: "tiny-granitemoe",
-        model: "Quarrel tiny Granite MoE",
-        arch: "granitemoe",
-        granite: Some(GRANITE_SCALES),
-        n_expert: 4,
-        n_used: 2,
-        n_ff_shexp: 256,
-        ..BASE
-    },
-    ArchPreset {
-        name: "tiny-granitehybrid",
-        model: "Quarrel tiny Granite 4 hybrid",
-        arch: "granitehybrid",
-        pattern: "MAMM",
-        granite: Some(GRANITE_SCALES),
-        n_expert: 4,
-        n_used: 2,
-        n_ff_shexp: 256,
-        ssm: Some(SsmShape { n_group: 1, ..TINY_SSM }),
-        ..BASE
-    },
-    ArchPreset { name: "tiny-mamba2", model: "Quarrel tiny Mamba2", arch: "mamba2", pattern: "MM", ssm: Some(TINY_SSM), ..BASE },
-    ArchPreset {
-        name: "tiny-nemotron-h",
-        model: "Quarrel tiny Nemotron-H",
-        arch: "nemotron_h",
-        pattern: "M*M-",
-        n_ff: 512,
-        ssm: Some(TINY_SSM),
-        ..BASE
-    },
-    ArchPreset {
-        name: "tiny-nemotron-h-moe",
-        model: "Quarrel tiny Nemotron-H MoE",
-        arch: "nemotron_h_moe",
-        pattern: "ME*E",
-        n_expert: 8,
-        n_used: 2,
-        n_ff_exp: 256,
-        n_ff_shexp: 512,
-        expert_norm: true,
-        expert_scale: 2.5,
-        ssm: Some(TINY_SSM),
-        ..BASE
-    },
-    // Gemma 3: head_dim 128 with n_head * head_dim != n_embd, one KV head, a 5-position window
-    // with every 2nd layer global (the fixture's 16 tokens cross the window)
-    ArchPreset {
-        name: "tiny-gemma3",
-        model: "Quarrel tiny Gemma 3",
-        arch: "gemma3",
-        pattern: "AAAA",
-        n_head: 4,
-        n_head_kv: 1,
-        head_dim: 128,
-        n_ff: 512,
-        swa: Some((5, 2)),
-        rope_freq_base: 1_000_000.0,
-        rms_eps: 1e-6,
-        ..BASE
-    },
-    // google/gemma-3-270m
-    ArchPreset {
-        name: "gemma-3-270m",
-        model: "Gemma 3 270M",
-        arch: "gemma3",
-        pattern: "AAAAAAAAAAAAAAAAAA",
-        n_embd: 640,
-        n_head: 4,
-        n_head_kv: 1,
-        head_dim: 256,
-        n_ff: 2048,
-        n_vocab: 262_144,
-        n_ctx: 32_768,
-        swa: Some((512, 6)),
-        rope_freq_base: 1_000_000.0,
-        rms_eps: 1e-6,
-        ..BASE
-    },
-    // google/gemma-3-1b-it
-    ArchPreset {
-        name: "gemma-3-1b",
-        model: "Gemma 3 1B",
-        arch: "gemma3",
-        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAA",
-        n_embd: 1152,
-        n_head: 4,
-        n_head_kv: 1,
-        head_dim: 256,
-        n_ff: 6912,
-        n_vocab: 262_144,
-        n_ctx: 32_768,
-        swa: Some((512, 6)),
-        rope_freq_base: 1_000_000.0,
-        rms_eps: 1e-6,
-        ..BASE
-    },
-    // mistralai/Mixtral-8x7B-v0.1
-    ArchPreset {
-        name: "mixtral-8x7b",
-        model: "Mixtral 8x7B",
-        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-        n_embd: 4096,
-        n_head: 32,
-        n_head_kv: 8,
-        head_dim: 128,
-        n_ff: 14_336,
-        n_vocab: 32_000,
-        n_ctx: 32_768,
-        n_expert: 8,
-        n_used: 2,
-        rope_freq_base: 1_000_000.0,
-        ..BASE
-    },
-    // ibm-granite/granite-4.0-micro (dense transformer)
-    ArchPreset {
-        name: "granite-4.0-micro",
-        model: "Granite 4.0 Micro",
-        arch: "granite",
-        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-        n_embd: 2560,
-        n_head: 40,
-        n_head_kv: 8,
-        head_dim: 64,
-        n_ff: 8192,
-        n_vocab: 100_352,
-        n_ctx: 131_072,
-        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.015625, logit: 10.0 }),
-        rope_freq_base: 10_000_000.0,
-        ..BASE
-    },
-    // ibm-granite/granite-4.0-h-micro (hybrid, dense FFN)
-    ArchPreset {
-        name: "granite-4.0-h-micro",
-        model: "Granite 4.0 H Micro",
-        arch: "granitehybrid",
-        pattern: "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM",
-        n_embd: 2048,
-        n_head: 32,
-        n_head_kv: 8,
-        head_dim: 64,
-        n_ff: 8192,
-        n_vocab: 100_352,
-        n_ctx: 131_072,
-        ssm: Some(SsmShape { d_conv: 4, d_inner: 4096, d_state: 128, n_group: 1, n_head: 64 }),
-        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.015625, logit: 8.0 }),
-        ..BASE
-    },
-    // ibm-granite/granite-4.0-h-tiny (hybrid, 64 experts, 6 active, shared expert)
-    ArchPreset {
-        name: "granite-4.0-h-tiny",
-        model: "Granite 4.0 H Tiny",
-        arch: "granitehybrid",
-        pattern: "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM",
-        n_embd: 1536,
-        n_head: 12,
-        n_head_kv: 4,
-        head_dim: 128,
-        n_ff: 512,
-        n_vocab: 100_352,
-        n_ctx: 131_072,
-        n_expert: 64,
-        n_used: 6,
-        n_ff_shexp: 1024,
-        ssm: Some(SsmShape { d_conv: 4, d_inner: 3072, d_state: 128, n_group: 1, n_head: 48 }),
-        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.0078125, logit: 6.0 }),
-        ..BASE
-    },
-    // nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B
-    ArchPreset {
-        name: "nemotron-3-nano-30b-a3b",
-        model: "Nemotron 3 Nano 30B-A3B",
-        arch: "nemotron_h_moe",
-        pattern: "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-        n_embd: 2688,
-        n_head: 32,
-        n_head_kv: 2,
-        head_dim: 128,
-        n_ff: 0,
-        n_vocab: 131_072,
-        n_ctx: 262_144,
-        n_expert: 128,
-        n_used: 6,
-        n_ff_exp: 1856,
-        n_ff_shexp: 3712,
-        expert_norm: true,
-        expert_scale: 2.5,
-        ssm: Some(SsmShape { d_conv: 4, d_inner: 4096, d_state: 128, n_group: 8, n_head: 64 }),
-        ..BASE
-    },
-];
+pub use super::arch_presets::{ArchPreset, GraniteScales, SsmShape, ARCH_PRESETS};
 
 fn check(p: &ArchPreset) -> Result<(), SynthError> {
     let bad = |m: String| Err(SynthError::Invalid(format!("preset {}: {m}", p.name)));
@@ -364,10 +75,18 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
                 push("attn_k.weight", vec![e, kv], mat(e, 1.0));
                 push("attn_v.weight", vec![e, kv], mat(e, 1.0));
                 push("attn_output.weight", vec![q, e], mat(q, resid));
-                if p.arch == "gemma3" {
+                if p.arch == "qwen2" {
+                    let bias = Init::Normal { mean: 0.0, std: 0.5 };
+                    push("attn_q.bias", vec![q], bias);
+                    push("attn_k.bias", vec![kv], bias);
+                    push("attn_v.bias", vec![kv], bias);
+                }
+                if p.qk_norm() {
                     let hd = u(p.head_dim);
                     push("attn_q_norm.weight", vec![hd], norm);
                     push("attn_k_norm.weight", vec![hd], norm);
+                }
+                if p.arch == "gemma3" {
                     push("post_attention_norm.weight", vec![e], norm);
                 }
             }
@@ -407,7 +126,7 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
                 push("post_ffw_norm.weight", vec![e], norm);
             }
         } else if two_part {
-            let ff = u(p.n_ff);
+            let ff = u(p.expert_width());
             push("ffn_gate_inp.weight", vec![e, ne], mat(e, 1.0));
             push("ffn_gate_exps.weight", vec![e, ff, ne], mat(e, 1.0));
             push("ffn_up_exps.weight", vec![e, ff, ne], mat(e, 1.0));
@@ -429,8 +148,7 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
         }
     }
     l.push(("output_norm.weight".into(), vec![e], norm));
-    if p.arch != "gemma3" {
-        // gemma3 ties its output to token_embd
+    if !p.tied {
         l.push(("output.weight".into(), vec![e, v], mat(e, 1.0)));
     }
     l
@@ -527,6 +245,9 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
         kv.push((k("expert_used_count"), u32v(p.n_used)));
         if p.n_ff_shexp > 0 {
             kv.push((k("expert_shared_feed_forward_length"), u32v(p.n_ff_shexp)));
+        }
+        if p.n_ff_exp > 0 && !p.single_mixer() {
+            kv.push((k("expert_feed_forward_length"), u32v(p.n_ff_exp)));
         }
         if p.single_mixer() {
             kv.push((k("expert_feed_forward_length"), u32v(p.n_ff_exp)));

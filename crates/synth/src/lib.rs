@@ -12,7 +12,8 @@
 //!
 //! | module    | responsibility |
 //! |-----------|----------------|
-//! | `archs`   | MoE / Mamba2 / hybrid architectures (Mixtral, Granite, Nemotron-H, Mamba2): tiny fixtures and full-size presets |
+//! | `archs`   | the other architectures (Mixtral-style MoE, Gemma 3, Granite, Nemotron-H, Mamba2, Qwen2, Qwen3, Qwen3-MoE): tensors and metadata |
+//! | `arch_presets` | their tiny fixture models and full-size presets |
 //! | `presets` | real models' shapes (SmolLM2, TinyLlama, Llama 2/3/3.2, Mistral) and `tiny` |
 //! | `mix`     | llama-quantize's per-tensor type choice for an `Ftype` (the table itself: `quarrel_models::Ftype`) |
 //! | `vocab`   | synthetic SPM vocabulary, or the `tokenizer.*` keys of a real model |
@@ -32,6 +33,7 @@
 //! Tensor data are streamed in chunks of rows (at most [`CHUNK_BYTES`] at a time), so an
 //! 8B model needs tens of megabytes of memory, not gigabytes.
 
+pub mod arch_presets;
 pub mod archs;
 pub mod mix;
 pub mod presets;

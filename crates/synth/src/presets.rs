@@ -95,12 +95,16 @@ static PRESETS: &[Preset] = &[
     llama("tinyllama-1.1b", "TinyLlama 1.1B", [2048, 22, 32, 4, 5632, 32_000, 2048], 10_000.0, 1e-5, false),
     // meta-llama/Llama-3.2-1B(-Instruct)
     llama("llama-3.2-1b", "Llama 3.2 1B", [2048, 16, 32, 8, 8192, 128_256, 131_072], 500_000.0, 1e-5, true),
+    // meta-llama/Llama-3.2-3B(-Instruct)
+    llama("llama-3.2-3b", "Llama 3.2 3B", [3072, 28, 24, 8, 8192, 128_256, 131_072], 500_000.0, 1e-5, true),
     // meta-llama/Llama-2-7b(-hf)
     llama("llama-2-7b", "Llama 2 7B", [4096, 32, 32, 32, 11_008, 32_000, 4096], 10_000.0, 1e-5, false),
     // mistralai/Mistral-7B-Instruct-v0.2 (rope theta 1e6, no sliding window)
     llama("mistral-7b", "Mistral 7B v0.2", [4096, 32, 32, 8, 14_336, 32_000, 32_768], 1_000_000.0, 1e-5, false),
     // meta-llama/Meta-Llama-3-8B(-Instruct)
     llama("llama-3-8b", "Llama 3 8B", [4096, 32, 32, 8, 14_336, 128_256, 8192], 500_000.0, 1e-5, false),
+    // meta-llama/Llama-3.1-8B(-Instruct)
+    llama("llama-3.1-8b", "Llama 3.1 8B", [4096, 32, 32, 8, 14_336, 128_256, 131_072], 500_000.0, 1e-5, false),
 ];
 
 #[cfg(test)]

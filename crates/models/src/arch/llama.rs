@@ -1,23 +1,50 @@
 //! `llama`: Llama 1/2/3, Mistral, TinyLlama, SmolLM2. GQA, RoPE (normal style), RMSNorm,
-//! SwiGLU, optional tied embeddings, optional sliding window and rope frequency factors;
+//! SwiGLU, optional tied embeddings, optional sliding window and rope frequency factors
+//! (Llama 3's `rope_freqs.weight`), projection biases where the file has them;
 //! Mixtral-style experts (`ffn_gate_inp` + `ffn_{gate,up,down}_exps`, softmax top-k,
 //! renormalized) where the file has them.
+//!
+//! The same pre-norm decoder (`x += attn(norm(x)); x += ffn(norm(x))`) is Qwen2, Qwen3 and
+//! Qwen3-MoE: their files choose a [`Variant`] of it (RoPE style, per-head q/k norms, the
+//! experts' width key) and load through [`load_variant`].
 
 use super::common::{head_counts, model_info, rope_freq_scale, trace, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
-use crate::layers::weight;
+use crate::layers::{host_f32, weight};
 use crate::Model;
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
+/// What an architecture of this decoder family chooses.
+#[derive(Clone, Copy, Debug)]
+pub struct Variant {
+    /// GGUF `general.architecture`.
+    pub arch: &'static str,
+    pub rope_style: RopeStyle,
+    /// Per-head RMSNorm of queries and keys before RoPE (`attn_{q,k}_norm`).
+    pub qk_norm: bool,
+    /// Some: every layer is experts (an MoE-only architecture) whose width is under this key
+    /// (`expert_feed_forward_length`); None: dense, or experts as wide as
+    /// `feed_forward_length` (Mixtral) where the file has them.
+    pub expert_width_key: Option<&'static str>,
+    /// Whether `attention.sliding_window` applies (Mistral's files carry it).
+    pub sliding_window: bool,
+}
+
+/// Llama's choices.
+pub const LLAMA: Variant =
+    Variant { arch: "llama", rope_style: RopeStyle::Normal, qk_norm: false, expert_width_key: None, sliding_window: true };
+
 #[derive(Clone, Debug)]
 pub struct Config {
+    pub variant: Variant,
     pub n_embd: usize,
     pub n_layer: usize,
+    /// Dense FFN width, or each expert's width in a mixture-of-experts model.
     pub n_ff: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
@@ -29,22 +56,47 @@ pub struct Config {
     pub rope_freq_scale: f32,
     pub rms_eps: f32,
     pub sliding_window: Option<usize>,
-    /// Experts (Mixtral): routing options; None for a dense model.
-    pub moe: Option<quarrel_core::MoeRouting>,
+    /// Experts: routing options; None for a dense model.
+    pub moe: Option<MoeRouting>,
 }
 
 impl Config {
+    /// A `llama` file's config.
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
+        Config::from_gguf_as(g, LLAMA)
+    }
+
+    pub fn from_gguf_as(g: &Gguf, variant: Variant) -> Result<Config> {
         let h = Hparams::new(g)?;
         let n_embd = h.positive("embedding_length")?;
         let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
         // llama3 scaling is carried by rope_freqs.weight; yarn is not implemented
         let rope_freq_scale = rope_freq_scale(&h, "", &["llama3"])?;
         let n_rot = h.rope_dims(head_dim)?;
+        // llama.cpp's graphs of this family: softmax gating, weights renormalized over the top k
+        let moe = routing_from_gguf(&h, Gating::Softmax, true)?.map(|r| MoeRouting { gating: Gating::Softmax, norm_weights: true, ..r });
+        let n_ff = match variant.expert_width_key {
+            None => h.positive("feed_forward_length")?,
+            Some(key) => {
+                let Some(r) = &moe else {
+                    let arch = variant.arch;
+                    return Err(CoreError::Model(format!(
+                        "{arch} has experts in every layer, but {} is 0 or absent",
+                        h.key("expert_count")
+                    )));
+                };
+                // llama.cpp's fallback for files without the key: the dense width split over the used experts
+                match h.opt_usize(key)? {
+                    Some(w) if w > 0 => w,
+                    _ => (h.positive("feed_forward_length")? / r.n_used).max(1),
+                }
+            }
+        };
         Ok(Config {
+            variant,
             n_embd,
             n_layer: h.block_count()?,
-            n_ff: h.positive("feed_forward_length")?,
+            n_ff,
             n_head,
             n_head_kv,
             head_dim,
@@ -54,13 +106,8 @@ impl Config {
             rope_freq_base: h.f32_or("rope.freq_base", 10000.0)?,
             rope_freq_scale,
             rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
-            sliding_window: h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
-            // llama.cpp's llama graph: softmax gating, weights renormalized over the top k
-            moe: routing_from_gguf(&h, quarrel_core::Gating::Softmax, true)?.map(|r| quarrel_core::MoeRouting {
-                gating: quarrel_core::Gating::Softmax,
-                norm_weights: true,
-                ..r
-            }),
+            sliding_window: if variant.sliding_window { h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0) } else { None },
+            moe,
         })
     }
 }
@@ -75,22 +122,20 @@ pub struct Layer<B: Backend> {
 pub type Llama<B> = Stack<B, Config, Layer<B>>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
-    let cfg = Config::from_gguf(g)?;
+    load_variant(be, g, LLAMA)
+}
+
+/// Load a model of this decoder family as `variant` says.
+pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Result<Box<dyn Model<B>>> {
+    let cfg = Config::from_gguf_as(g, variant)?;
     let c = &cfg;
     let head = Head::load(be, g, c.n_embd, c.n_vocab)?;
     let freq_factors = match g.tensor_info("rope_freqs.weight") {
         None => None,
-        Some(info) => {
-            if info.n_elements() as usize != c.n_rot / 2 {
-                return Err(CoreError::Model(format!("rope_freqs.weight has {} values, expected {}", info.n_elements(), c.n_rot / 2)));
-            }
-            let mut v = vec![0f32; c.n_rot / 2];
-            quarrel_quant::dequantize(info.ty, g.tensor_bytes(info), &mut v)?;
-            Some(v)
-        }
+        Some(_) => Some(host_f32(g, "rope_freqs.weight", c.n_rot / 2)?),
     };
     let rope =
-        RopeParams { style: RopeStyle::Normal, n_rot: c.n_rot, freq_base: c.rope_freq_base, freq_scale: c.rope_freq_scale, freq_factors };
+        RopeParams { style: variant.rope_style, n_rot: c.n_rot, freq_base: c.rope_freq_base, freq_scale: c.rope_freq_scale, freq_factors };
     let attn = AttnParams {
         n_head: c.n_head,
         n_kv_head: c.n_head_kv,
@@ -101,20 +146,19 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     };
     let mut layers = Vec::with_capacity(c.n_layer);
     for il in 0..c.n_layer {
+        let mut sa = SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?.with_biases(be, g, il, c.n_embd)?;
+        if variant.qk_norm {
+            sa = sa.with_qk_norm(be, g, il, c.rms_eps)?;
+        }
+        let ffn = FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: 0 };
         layers.push(Layer {
             attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
-            attn: SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?,
+            attn: sa,
             ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
-            ffn: FeedForward::load(
-                be,
-                g,
-                il,
-                c.n_embd,
-                FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: 0 },
-            )?,
+            ffn: FeedForward::load(be, g, il, c.n_embd, ffn)?,
         });
     }
-    let info = model_info(g, "llama", c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
+    let info = model_info(g, variant.arch, c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
     Ok(Box::new(Llama { cfg, info, head, layers }))
 }
 

@@ -9,3 +9,6 @@ pub mod llama;
 pub mod mamba2;
 pub mod nemotron_h;
 pub mod nemotron_h_moe;
+pub mod qwen2;
+pub mod qwen3;
+pub mod qwen3moe;

@@ -1,7 +1,8 @@
-//! Self-attention with GQA and RoPE over the engine's paged KV cache; optionally (Gemma 3) an
-//! RMSNorm of each query and key head before RoPE and the queries scaled before attention.
+//! Self-attention with GQA and RoPE over the engine's paged KV cache; optionally projection
+//! biases (Qwen2), an RMSNorm of each query and key head before RoPE (Gemma 3, Qwen3) and the
+//! queries scaled before attention (Gemma 3).
 
-use super::weight;
+use super::{host_f32, weight};
 use crate::arch::common::trace;
 use quarrel_core::{AttnParams, Backend, ForwardBatch, Result, RopeParams};
 use quarrel_gguf::Gguf;
@@ -18,6 +19,8 @@ pub struct SelfAttention<B: Backend> {
     pub qk_norm: Option<(B::Weight, B::Weight, f32)>,
     /// Queries multiplied by this after RoPE (the scores then take `params.scale`).
     pub q_scale: Option<f32>,
+    /// Biases of the q, k, v and output projections, each where the file has it.
+    pub bias: [Option<B::Buf>; 4],
 }
 
 impl<B: Backend> SelfAttention<B> {
@@ -34,7 +37,21 @@ impl<B: Backend> SelfAttention<B> {
             rope,
             qk_norm: None,
             q_scale: None,
+            bias: [None, None, None, None],
         })
+    }
+
+    /// Add the projection biases `blk.{il}.attn_{q,k,v,output}.bias` the file has.
+    pub fn with_biases(mut self, be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize) -> Result<Self> {
+        let p = &self.params;
+        let widths = [p.n_head * p.head_dim, p.n_kv_head * p.head_dim, p.n_kv_head * p.head_dim, n_embd];
+        for ((slot, part), width) in self.bias.iter_mut().zip(["attn_q", "attn_k", "attn_v", "attn_output"]).zip(widths) {
+            let name = format!("blk.{il}.{part}.bias");
+            if g.tensor_info(&name).is_some() {
+                *slot = Some(be.upload(&host_f32(g, &name, width)?)?);
+            }
+        }
+        Ok(self)
     }
 
     /// Add the per-head query / key RMSNorms `blk.{il}.attn_{q,k}_norm.weight`.
@@ -53,6 +70,11 @@ impl<B: Backend> SelfAttention<B> {
         let mut k = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
         let mut v = be.alloc(n * p.n_kv_head * p.head_dim)?; // (n_tok, n_kv_head, head_dim)
         be.matmul_many(&[&self.attn_q, &self.attn_k, &self.attn_v], x, n, &mut [&mut q, &mut k, &mut v])?;
+        for (t, b) in [&mut q, &mut k, &mut v].into_iter().zip(&self.bias) {
+            if let Some(b) = b {
+                be.add_bias(t, b)?;
+            }
+        }
         if let Some((qn, kn, eps)) = &self.qk_norm {
             trace(be, "Qcur_mm", layer, &q)?;
             // rows of head_dim: each head normalized on its own
@@ -81,6 +103,9 @@ impl<B: Backend> SelfAttention<B> {
         trace(be, "kqv_out", layer, &o)?;
         let mut out = be.alloc(n * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.attn_output, &o, n, &mut out)?;
+        if let Some(b) = &self.bias[3] {
+            be.add_bias(&mut out, b)?;
+        }
         Ok(out)
     }
 }

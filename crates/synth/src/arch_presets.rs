@@ -1,0 +1,460 @@
+//! The presets of [`crate::archs`]: tiny fixture models (one per architecture, every layer
+//! kind, vocab 512) and full-size models with real shapes (from their Hugging Face
+//! `config.json` files), each a row of [`ARCH_PRESETS`] over a llama-like [`BASE`].
+
+/// Mamba2 mixer shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SsmShape {
+    pub d_conv: usize,
+    pub d_inner: usize,
+    pub d_state: usize,
+    pub n_group: usize,
+    pub n_head: usize,
+}
+
+/// Granite's multipliers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraniteScales {
+    pub embedding: f32,
+    pub residual: f32,
+    pub attention: f32,
+    pub logit: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ArchPreset {
+    pub name: &'static str,
+    pub model: &'static str,
+    pub arch: &'static str,
+    pub pattern: &'static str,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Dense FFN width (llama/granite: also the per-expert width).
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx: usize,
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Per-expert width of nemotron_h_moe experts.
+    pub n_ff_exp: usize,
+    pub n_ff_shexp: usize,
+    pub expert_norm: bool,
+    pub expert_scale: f32,
+    pub ssm: Option<SsmShape>,
+    pub granite: Option<GraniteScales>,
+    /// Sliding-window attention (gemma3): `(window, pattern)`, every `pattern`-th layer global.
+    pub swa: Option<(usize, usize)>,
+    /// No `output.weight`: the output projection reuses `token_embd.weight`.
+    pub tied: bool,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+}
+
+impl ArchPreset {
+    pub fn n_layer(&self) -> usize {
+        self.pattern.len()
+    }
+    pub(crate) fn single_mixer(&self) -> bool {
+        matches!(self.arch, "nemotron_h" | "nemotron_h_moe" | "mamba2")
+    }
+    pub(crate) fn has_rope(&self) -> bool {
+        !self.single_mixer()
+    }
+    /// Per-head RMSNorm of queries and keys.
+    pub(crate) fn qk_norm(&self) -> bool {
+        matches!(self.arch, "gemma3" | "qwen3" | "qwen3moe")
+    }
+    /// Width of each expert of a two-part block (`n_ff` unless `n_ff_exp` is set).
+    pub(crate) fn expert_width(&self) -> usize {
+        if self.n_ff_exp > 0 {
+            self.n_ff_exp
+        } else {
+            self.n_ff
+        }
+    }
+    pub fn by_name(name: &str) -> Option<&'static ArchPreset> {
+        let want = name.to_ascii_lowercase().replace('_', "-");
+        ARCH_PRESETS.iter().find(|p| p.name == want)
+    }
+    /// The tiny presets (`tiny-*`: one small model per architecture) in table order, the order
+    /// scripts/moe-fixtures.sh writes their llama.cpp fixtures in.
+    pub fn tiny() -> impl Iterator<Item = &'static ArchPreset> {
+        ARCH_PRESETS.iter().filter(|p| p.name.starts_with("tiny-"))
+    }
+}
+
+const BASE: ArchPreset = ArchPreset {
+    name: "",
+    model: "",
+    arch: "llama",
+    pattern: "AA",
+    n_embd: 256,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 64,
+    n_ff: 256,
+    n_vocab: 512,
+    n_ctx: 4096,
+    n_expert: 0,
+    n_used: 0,
+    n_ff_exp: 0,
+    n_ff_shexp: 0,
+    expert_norm: false,
+    expert_scale: 0.0,
+    ssm: None,
+    granite: None,
+    swa: None,
+    tied: false,
+    rope_freq_base: 10_000.0,
+    rms_eps: 1e-5,
+};
+
+const TINY_SSM: SsmShape = SsmShape { d_conv: 4, d_inner: 512, d_state: 64, n_group: 2, n_head: 8 };
+const GRANITE_SCALES: GraniteScales = GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.0078125, logit: 8.0 };
+
+pub static ARCH_PRESETS: &[ArchPreset] = &[
+    ArchPreset { name: "tiny-mixtral", model: "Quarrel tiny Mixtral-style MoE", n_expert: 4, n_used: 2, ..BASE },
+    ArchPreset { name: "tiny-granite", model: "Quarrel tiny Granite", arch: "granite", granite: Some(GRANITE_SCALES), n_ff: 512, ..BASE },
+    ArchPreset {
+        name: "tiny-granitemoe",
+        model: "Quarrel tiny Granite MoE",
+        arch: "granitemoe",
+        granite: Some(GRANITE_SCALES),
+        n_expert: 4,
+        n_used: 2,
+        n_ff_shexp: 256,
+        ..BASE
+    },
+    ArchPreset {
+        name: "tiny-granitehybrid",
+        model: "Quarrel tiny Granite 4 hybrid",
+        arch: "granitehybrid",
+        pattern: "MAMM",
+        granite: Some(GRANITE_SCALES),
+        n_expert: 4,
+        n_used: 2,
+        n_ff_shexp: 256,
+        ssm: Some(SsmShape { n_group: 1, ..TINY_SSM }),
+        ..BASE
+    },
+    ArchPreset { name: "tiny-mamba2", model: "Quarrel tiny Mamba2", arch: "mamba2", pattern: "MM", ssm: Some(TINY_SSM), ..BASE },
+    ArchPreset {
+        name: "tiny-nemotron-h",
+        model: "Quarrel tiny Nemotron-H",
+        arch: "nemotron_h",
+        pattern: "M*M-",
+        n_ff: 512,
+        ssm: Some(TINY_SSM),
+        ..BASE
+    },
+    ArchPreset {
+        name: "tiny-nemotron-h-moe",
+        model: "Quarrel tiny Nemotron-H MoE",
+        arch: "nemotron_h_moe",
+        pattern: "ME*E",
+        n_expert: 8,
+        n_used: 2,
+        n_ff_exp: 256,
+        n_ff_shexp: 512,
+        expert_norm: true,
+        expert_scale: 2.5,
+        ssm: Some(TINY_SSM),
+        ..BASE
+    },
+    // Gemma 3: head_dim 128 with n_head * head_dim != n_embd, one KV head, a 5-position window
+    // with every 2nd layer global (the fixture's 16 tokens cross the window)
+    ArchPreset {
+        name: "tiny-gemma3",
+        model: "Quarrel tiny Gemma 3",
+        arch: "gemma3",
+        pattern: "AAAA",
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 128,
+        n_ff: 512,
+        swa: Some((5, 2)),
+        tied: true,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen2: q/k/v biases, tied output, NeoX RoPE
+    ArchPreset {
+        name: "tiny-qwen2",
+        model: "Quarrel tiny Qwen2",
+        arch: "qwen2",
+        tied: true,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen3: head_dim 128 with n_head * head_dim != n_embd, per-head q/k norms
+    ArchPreset {
+        name: "tiny-qwen3",
+        model: "Quarrel tiny Qwen3",
+        arch: "qwen3",
+        head_dim: 128,
+        n_ff: 512,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen3 MoE: 8 experts of their own width, 4 used, no shared expert
+    ArchPreset {
+        name: "tiny-qwen3moe",
+        model: "Quarrel tiny Qwen3 MoE",
+        arch: "qwen3moe",
+        head_dim: 128,
+        n_ff: 512,
+        n_expert: 8,
+        n_used: 4,
+        n_ff_exp: 128,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // google/gemma-3-270m
+    ArchPreset {
+        name: "gemma-3-270m",
+        model: "Gemma 3 270M",
+        arch: "gemma3",
+        pattern: "AAAAAAAAAAAAAAAAAA",
+        n_embd: 640,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 256,
+        n_ff: 2048,
+        n_vocab: 262_144,
+        n_ctx: 32_768,
+        swa: Some((512, 6)),
+        tied: true,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // google/gemma-3-1b-it
+    ArchPreset {
+        name: "gemma-3-1b",
+        model: "Gemma 3 1B",
+        arch: "gemma3",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 1152,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 256,
+        n_ff: 6912,
+        n_vocab: 262_144,
+        n_ctx: 32_768,
+        swa: Some((512, 6)),
+        tied: true,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen/Qwen2.5-0.5B(-Instruct)
+    ArchPreset {
+        name: "qwen2.5-0.5b",
+        model: "Qwen2.5 0.5B",
+        arch: "qwen2",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 896,
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ff: 4_864,
+        n_vocab: 151_936,
+        n_ctx: 32_768,
+        tied: true,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen/Qwen2.5-7B(-Instruct)
+    ArchPreset {
+        name: "qwen2.5-7b",
+        model: "Qwen2.5 7B",
+        arch: "qwen2",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 3_584,
+        n_head: 28,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_ff: 18_944,
+        n_vocab: 152_064,
+        n_ctx: 32_768,
+        tied: false,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen/Qwen3-0.6B
+    ArchPreset {
+        name: "qwen3-0.6b",
+        model: "Qwen3 0.6B",
+        arch: "qwen3",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 1_024,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_ff: 3_072,
+        n_vocab: 151_936,
+        n_ctx: 40_960,
+        tied: true,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen/Qwen3-8B
+    ArchPreset {
+        name: "qwen3-8b",
+        model: "Qwen3 8B",
+        arch: "qwen3",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 4_096,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_ff: 12_288,
+        n_vocab: 151_936,
+        n_ctx: 40_960,
+        tied: false,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen/Qwen3-32B
+    ArchPreset {
+        name: "qwen3-32b",
+        model: "Qwen3 32B",
+        arch: "qwen3",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 5_120,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_ff: 25_600,
+        n_vocab: 151_936,
+        n_ctx: 40_960,
+        tied: false,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Qwen/Qwen3-30B-A3B (128 experts of 768, 8 used)
+    ArchPreset {
+        name: "qwen3-30b-a3b",
+        model: "Qwen3 30B-A3B",
+        arch: "qwen3moe",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 2_048,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_ff: 6_144,
+        n_vocab: 151_936,
+        n_ctx: 40_960,
+        n_expert: 128,
+        n_used: 8,
+        n_ff_exp: 768,
+        tied: false,
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // mistralai/Mixtral-8x7B-v0.1
+    ArchPreset {
+        name: "mixtral-8x7b",
+        model: "Mixtral 8x7B",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_ff: 14_336,
+        n_vocab: 32_000,
+        n_ctx: 32_768,
+        n_expert: 8,
+        n_used: 2,
+        rope_freq_base: 1_000_000.0,
+        ..BASE
+    },
+    // ibm-granite/granite-4.0-micro (dense transformer)
+    ArchPreset {
+        name: "granite-4.0-micro",
+        model: "Granite 4.0 Micro",
+        arch: "granite",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 2560,
+        n_head: 40,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_ff: 8192,
+        n_vocab: 100_352,
+        n_ctx: 131_072,
+        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.015625, logit: 10.0 }),
+        rope_freq_base: 10_000_000.0,
+        ..BASE
+    },
+    // ibm-granite/granite-4.0-h-micro (hybrid, dense FFN)
+    ArchPreset {
+        name: "granite-4.0-h-micro",
+        model: "Granite 4.0 H Micro",
+        arch: "granitehybrid",
+        pattern: "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM",
+        n_embd: 2048,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_ff: 8192,
+        n_vocab: 100_352,
+        n_ctx: 131_072,
+        ssm: Some(SsmShape { d_conv: 4, d_inner: 4096, d_state: 128, n_group: 1, n_head: 64 }),
+        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.015625, logit: 8.0 }),
+        ..BASE
+    },
+    // ibm-granite/granite-4.0-h-tiny (hybrid, 64 experts, 6 active, shared expert)
+    ArchPreset {
+        name: "granite-4.0-h-tiny",
+        model: "Granite 4.0 H Tiny",
+        arch: "granitehybrid",
+        pattern: "MMMMMAMMMMMMMMMAMMMMMMMMMAMMMMMMMMMAMMMM",
+        n_embd: 1536,
+        n_head: 12,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_ff: 512,
+        n_vocab: 100_352,
+        n_ctx: 131_072,
+        n_expert: 64,
+        n_used: 6,
+        n_ff_shexp: 1024,
+        ssm: Some(SsmShape { d_conv: 4, d_inner: 3072, d_state: 128, n_group: 1, n_head: 48 }),
+        granite: Some(GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.0078125, logit: 6.0 }),
+        ..BASE
+    },
+    // nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B
+    ArchPreset {
+        name: "nemotron-3-nano-30b-a3b",
+        model: "Nemotron 3 Nano 30B-A3B",
+        arch: "nemotron_h_moe",
+        pattern: "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        n_embd: 2688,
+        n_head: 32,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_ff: 0,
+        n_vocab: 131_072,
+        n_ctx: 262_144,
+        n_expert: 128,
+        n_used: 6,
+        n_ff_exp: 1856,
+        n_ff_shexp: 3712,
+        expert_norm: true,
+        expert_scale: 2.5,
+        ssm: Some(SsmShape { d_conv: 4, d_inner: 4096, d_state: 128, n_group: 8, n_head: 64 }),
+        ..BASE
+    },
+];
