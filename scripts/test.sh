@@ -14,6 +14,9 @@ QUARREL_SMOLLM2="$("$Q" pull smollm2 | tail -n 1)"
 QUARREL_GEMMA3="$("$Q" pull gemma3 | tail -n 1)"
 [ -f "$QUARREL_SMOLLM2" ] && [ -f "$QUARREL_GEMMA3" ] || { echo "model pull failed" >&2; exit 1; }
 export QUARREL_SMOLLM2 QUARREL_GEMMA3
+# llama.cpp's test vocabularies (Qwen2, Llama 3, Phi-3 tokenizers) and chat templates
+QUARREL_TESTDATA="$(scripts/fetch-testdata.sh)"
+export QUARREL_TESTDATA
 export QUARREL_TEST_MODEL="$QUARREL_SMOLLM2"
 export QUARREL_BIN="$Q"
 cargo test --release --workspace "$@"

@@ -1,0 +1,48 @@
+//! Chat templates of the Qwen2.5, Qwen3, QwQ, Llama 3.x, Phi-3.5 and DeepSeek-R1 families (as
+//! llama.cpp ships them, `scripts/fetch-testdata.sh`) render as Hugging Face transformers
+//! renders them: tests/fixtures/chat/renders.json (tests/fixtures/chat/gen_chat.py) holds
+//! transformers' rendering of five conversations per template.
+
+mod common;
+
+use common::{read_json, testdata};
+use quarrel_tokenizer::{ChatMessage, ChatTemplate, TokenizerError};
+
+#[test]
+fn templates_render_as_transformers() {
+    let doc = read_json("chat/renders.json");
+    let cases = doc["cases"].as_array().expect("cases");
+    // a template that asks for today's date got it written as {{DATE}} in the fixture
+    let today = today();
+    let mut bad = vec![];
+    for c in cases {
+        let name = c["template"].as_str().unwrap();
+        let Some(path) = testdata(&format!("templates/{name}")) else { return };
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let t = ChatTemplate::new(&source, c["bos_token"].as_str().unwrap(), c["eos_token"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let messages: Vec<ChatMessage> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let got = t.render(&messages, c["add_generation_prompt"].as_bool().unwrap());
+        let ok = match (&got, c["text"].as_str()) {
+            (Ok(text), Some(want)) => text.replace(&today, "{{DATE}}") == want,
+            (Err(TokenizerError::TemplateException(_)), None) => true,
+            _ => false,
+        };
+        if !ok {
+            bad.push(format!("{name} {:?}:\n  want {:?}\n  got  {got:?}", messages.iter().map(|m| &m.role).collect::<Vec<_>>(), c["text"]));
+        }
+    }
+    eprintln!("{}/{} renders identical to transformers'", cases.len() - bad.len(), cases.len());
+    assert!(bad.is_empty(), "{} renders differ:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// Today as `%d %b %Y` (UTC), the form the templates ask `strftime_now` for.
+fn today() -> String {
+    let t = ChatTemplate::new("{{ strftime_now('%d %b %Y') }}", "", "").unwrap();
+    t.render(&[], false).unwrap()
+}
