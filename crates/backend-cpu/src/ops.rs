@@ -52,14 +52,16 @@ pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out:
     Ok(())
 }
 
-/// Rotation angles for one position, computed as ggml does (theta multiplied step by step).
+/// Rotation angles for one position, computed as ggml does (theta multiplied step by step;
+/// YaRN's blend and the magnitude as `RopeScaling` says).
 fn rope_cache(pos: u32, p: &RopeParams, cache: &mut [(f32, f32)]) {
     let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+    let mscale = p.scaling.mscale(p.freq_scale);
     let mut theta = pos as f32;
     for (i, c) in cache.iter_mut().enumerate() {
         let ff = p.freq_factors.as_ref().map_or(1.0, |f| f[i]);
-        let t = p.freq_scale * (theta / ff);
-        *c = (t.cos(), t.sin());
+        let t = p.scaling.angle(theta / ff, p.freq_scale, i);
+        *c = (t.cos() * mscale, t.sin() * mscale);
         theta *= theta_scale;
     }
 }

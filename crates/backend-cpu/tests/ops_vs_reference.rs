@@ -105,7 +105,7 @@ fn bad_shapes_are_errors_not_panics() {
 /// rows on): the same bits for every row count.
 #[test]
 fn row_ops_are_bit_identical_on_any_thread_count() {
-    use quarrel_core::{RopeParams, RopeStyle};
+    use quarrel_core::{RopeParams, RopeScaling, RopeStyle};
     let (one, pool) = (CpuBackend::new(1).unwrap(), CpuBackend::new(3).unwrap());
     let d = 576;
     let mut g = GgufWriter::new();
@@ -123,7 +123,7 @@ fn row_ops_are_bit_identical_on_any_thread_count() {
         assert_eq!(bits(&a), bits(&b), "rms_norm, {rows} rows");
         let positions: Vec<u32> = (0..rows as u32).map(|i| i * 7 + 3).collect();
         for style in [RopeStyle::Normal, RopeStyle::Neox] {
-            let p = RopeParams { style, n_rot: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+            let p = RopeParams { style, n_rot: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None, scaling: RopeScaling::NONE };
             let (mut a, mut b) = (x.clone(), x.clone());
             one.rope(&mut a, &positions, 9, 64, &p).unwrap();
             pool.rope(&mut b, &positions, 9, 64, &p).unwrap();

@@ -287,20 +287,32 @@ __device__ __forceinline__ float unit_value(const Unit& u, int i) {
 
 // RoPE of the values (x0, x1) of pair i of a head at position p (ops.cu's rope kernels and the
 // GEMV epilogue of matmul.cu, the CPU backend's arithmetic): angle p * theta_scale^i multiplied
-// up step by step, divided by the pair's frequency factor, times freq_scale.
-__device__ __forceinline__ void rope_rot(float x0, float x1, u32 p, const float* __restrict__ ff, int i, float theta_scale, float freq_scale,
-                                         float* y0, float* y1) {
+// up step by step, divided by the pair's frequency factor, times freq_scale; with YaRN (yr: the
+// blend weight of each pair) blended with the unscaled angle, and cos / sin times mscale.
+__device__ __forceinline__ void rope_rot_s(float x0, float x1, u32 p, const float* __restrict__ ff, int i, float theta_scale,
+                                           float freq_scale, const float* __restrict__ yr, float mscale, float* y0, float* y1) {
     float theta = (float)p;
     for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
     float f = ff ? ff[i] : 1.0f;
-    float a = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
+    float te = __fdiv_rn(theta, f);
+    float a = __fmul_rn(freq_scale, te);
+    if (yr) {
+        float mix = yr[i];
+        a = __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, mix)), __fmul_rn(te, mix));
+    }
     // cos / sin rounded from f64: the correctly rounded values, which glibc's cosf / sinf (the
     // CPU backend's, ggml's) give for all but ~1% of angles; CUDA's own are up to 2 ulp off
     double sd, cd;
     sincos((double)a, &sd, &cd);
-    float c = (float)cd, s = (float)sd;
+    float c = __fmul_rn((float)cd, mscale), s = __fmul_rn((float)sd, mscale);
     *y0 = fmaf(x0, c, -__fmul_rn(x1, s));
     *y1 = fmaf(x0, s, __fmul_rn(x1, c));
+}
+
+// Plain RoPE (no YaRN, magnitude 1): the fused GEMV epilogues.
+__device__ __forceinline__ void rope_rot(float x0, float x1, u32 p, const float* __restrict__ ff, int i, float theta_scale, float freq_scale,
+                                         float* y0, float* y1) {
+    rope_rot_s(x0, x1, p, ff, i, theta_scale, freq_scale, nullptr, 1.0f, y0, y1);
 }
 
 // Paged attention's online softmax for N queries at the start: maxima m = -inf, sums l = 0,

@@ -95,18 +95,21 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
 // Pair i of one head's row h rotated in place for position p; the indices and values written
 // go to (i0, y0), (i1, y1).
 __device__ __forceinline__ void rope_pair(float* __restrict__ h, u32 p, const float* __restrict__ ff, int i, int half, float theta_scale,
-                                          float freq_scale, int neox, int* i0, int* i1, float* y0, float* y1) {
+                                          float freq_scale, int neox, int* i0, int* i1, float* y0, float* y1,
+                                          const float* __restrict__ yr = nullptr, float mscale = 1.0f) {
     *i0 = neox ? i : 2 * i;
     *i1 = neox ? i + half : 2 * i + 1;
-    rope_rot(h[*i0], h[*i1], p, ff, i, theta_scale, freq_scale, y0, y1);
+    rope_rot_s(h[*i0], h[*i1], p, ff, i, theta_scale, freq_scale, yr, mscale, y0, y1);
     h[*i0] = *y0;
     h[*i1] = *y1;
 }
 
 // x (n_tok, n_head, hd) rotated in place; one thread per (token, head, pair). x2 non-null:
-// x2 (n_tok, n_head2, hd) too, by the same positions (q and k in one launch).
+// x2 (n_tok, n_head2, hd) too, by the same positions (q and k in one launch). yr / mscale:
+// YaRN's per-pair blend weights (null: none) and the magnitude (rope_rot_s).
 extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ pos, const float* __restrict__ ff, int n_tok, int n_head,
-                                int hd, int n_rot, float theta_scale, float freq_scale, int neox, float* __restrict__ x2, int n_head2) {
+                                int hd, int n_rot, float theta_scale, float freq_scale, int neox, float* __restrict__ x2, int n_head2,
+                                const float* __restrict__ yr, float mscale) {
     GDC();
     int half = n_rot / 2;
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -123,7 +126,7 @@ extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ p
     int t = (int)(th / n_head);
     int i0, i1;
     float y0, y1;
-    rope_pair(x + th * hd, pos[t], ff, i, half, theta_scale, freq_scale, neox, &i0, &i1, &y0, &y1);
+    rope_pair(x + th * hd, pos[t], ff, i, half, theta_scale, freq_scale, neox, &i0, &i1, &y0, &y1, yr, mscale);
 }
 
 // xq/xm non-null (n a multiple of 32): the output is also written as Q8.

@@ -4,7 +4,7 @@
 use crate::fusion::Held;
 use crate::runtime::Arg;
 use crate::{check_len, matmul, moe, CudaBackend, CudaBuf, CudaWeight};
-use quarrel_core::{Backend, CoreError, MoeRouting, Result, RopeParams, RopeStyle, Route};
+use quarrel_core::{Backend, CoreError, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle, Route};
 use std::sync::atomic::Ordering;
 
 impl CudaBackend {
@@ -22,6 +22,10 @@ impl CudaBackend {
         let xp = self.rw(x)?;
         let (pos, _keep) = self.positions_ptr(positions)?;
         let ff = self.freq_factors_ptr(&p.freq_factors)?;
+        let plain = p.scaling == RopeScaling::NONE;
+        // YaRN's blend weight per pair, kept on the device like the frequency factors
+        let ramps = (p.scaling.ext_factor != 0.0).then(|| (0..p.n_rot / 2).map(|i| p.scaling.ramp(i)).collect::<Vec<f32>>());
+        let yr = self.freq_factors_ptr(&ramps)?;
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
         let n = (positions.len() * n_head * p.n_rot / 2) as u64;
         let args = vec![
@@ -37,8 +41,15 @@ impl CudaBackend {
             Arg::I((p.style == RopeStyle::Neox) as i32),
             Arg::P(0),
             Arg::I(0),
+            Arg::P(yr),
+            Arg::F(p.scaling.mscale(p.freq_scale)),
         ];
         if n == 0 {
+            return Ok(());
+        }
+        // the fused paths below (GEMV epilogue, q and k in one launch, rope_kv) rotate plainly
+        if !plain {
+            self.dev.launch_1d("rope", n, &args)?;
             return Ok(());
         }
         // q, then k, of a held q/k/v GEMV: rotated in its epilogue

@@ -26,6 +26,8 @@ const PRESETS: &[&str] = &[
     "tiny-nemotron-h-moe",
     "tiny-gemma3",
     "tiny-qwen2",
+    "tiny-qwen2-yarn",
+    "tiny-phi3",
     "tiny-qwen3",
     "tiny-qwen3moe",
 ];

@@ -10,7 +10,9 @@
 
 mod common;
 use common::{cuda, rnd};
-use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeStyle, SeqBatch, WeightSource};
+use quarrel_core::{
+    AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeScaling, RopeStyle, SeqBatch, WeightSource,
+};
 use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
@@ -129,7 +131,7 @@ fn rope<B: Backend>(be: &B, style: RopeStyle, ff: Option<Vec<f32>>) -> Vec<f32> 
     let positions: Vec<u32> = (0..64).map(|i| i * 67 + (i % 5)).collect();
     let (n_head, hd) = (3, 64);
     let mut x = be.upload(&rnd(positions.len() * n_head * hd, 8)).unwrap();
-    let p = RopeParams { style, n_rot: hd, freq_base: 100000.0, freq_scale: 1.0, freq_factors: ff };
+    let p = RopeParams { style, n_rot: hd, freq_base: 100000.0, freq_scale: 1.0, freq_factors: ff, scaling: RopeScaling::NONE };
     be.rope(&mut x, &positions, n_head, hd, &p).unwrap();
     be.download(&x).unwrap()
 }

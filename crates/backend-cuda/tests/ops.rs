@@ -4,7 +4,9 @@
 
 mod common;
 use common::{nmse, rnd};
-use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeStyle, SeqBatch, WeightSource};
+use quarrel_core::{
+    AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeScaling, RopeStyle, SeqBatch, WeightSource,
+};
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
@@ -178,11 +180,15 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     be.rms_norm(&x, &norm, 1e-5, &mut h).unwrap();
     outs.push(("rms_norm".into(), be.download(&h).unwrap()));
     let positions = [0u32, 1, 7, 300, 4095];
-    for (style, ff) in [(RopeStyle::Normal, None), (RopeStyle::Neox, Some(rnd(32, 4).iter().map(|v| 1.5 + v).collect::<Vec<f32>>()))] {
+    let yarn = RopeScaling::yarn(64, 4096, 10000.0, 2.0, 32.0, 1.0, 1.1);
+    let ffs = rnd(32, 4).iter().map(|v| 1.5 + v).collect::<Vec<f32>>();
+    for (style, ff, scaling) in
+        [(RopeStyle::Normal, None, RopeScaling::NONE), (RopeStyle::Neox, Some(ffs), RopeScaling::NONE), (RopeStyle::Neox, None, yarn)]
+    {
         let mut r = be.upload(&rnd(n_tok * N_IN, 2)).unwrap();
-        let p = RopeParams { style, n_rot: 64, freq_base: 10000.0, freq_scale: 0.5, freq_factors: ff };
+        let p = RopeParams { style, n_rot: 64, freq_base: 10000.0, freq_scale: 0.5, freq_factors: ff, scaling };
         be.rope(&mut r, &positions, 8, 64, &p).unwrap();
-        outs.push((format!("rope {style:?}"), be.download(&r).unwrap()));
+        outs.push((format!("rope {style:?} {scaling:?}"), be.download(&r).unwrap()));
     }
     let gate = be.upload(&rnd(n_tok * N_IN, 5).iter().map(|v| v * 8.0).collect::<Vec<_>>()).unwrap();
     let mut s = be.alloc(n_tok * N_IN).unwrap();
@@ -407,7 +413,7 @@ fn rope_and_kv_store_fused_match_unfused_and_cpu() {
         let (n_head, n_kv_head, hd, bs) = (8, 2, 64, 16);
         let spec = KvSpec { n_layer: 1, n_kv_head, head_dim: hd, block_size: bs, n_blocks: 24, ty };
         let mut kv = be.alloc_kv(&spec).unwrap();
-        let rp = RopeParams { style, n_rot, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+        let rp = RopeParams { style, n_rot, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None, scaling: RopeScaling::NONE };
         let p = AttnParams { n_head, n_kv_head, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sliding_window: None, softcap: None };
         let (l0, l1) = (21usize, 40usize);
         let pre = ForwardBatch {
@@ -535,7 +541,7 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
         for (style, n_rot, freq_factors) in
             [(RopeStyle::Normal, hd, None), (RopeStyle::Normal, hd, Some(ff)), (RopeStyle::Neox, hd, None), (RopeStyle::Normal, 32, None)]
         {
-            let rp = RopeParams { style, n_rot, freq_base: 10000.0, freq_scale: 0.5, freq_factors };
+            let rp = RopeParams { style, n_rot, freq_base: 10000.0, freq_scale: 0.5, freq_factors, scaling: RopeScaling::NONE };
             for n_tok in [1, 2, 5, 8] {
                 let plain = run(&gpu, &g, dims, &rp, n_tok, false);
                 let fused = run(&gpu, &g, dims, &rp, n_tok, true);

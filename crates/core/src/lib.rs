@@ -39,6 +39,6 @@ pub use error::{CoreError, Result};
 pub use moe::{Gating, MoeRouting, Route};
 pub use numerics::Numerics;
 pub use quarrel_quant::QuantType;
-pub use rope::{RopeParams, RopeStyle};
+pub use rope::{RopeParams, RopeScaling, RopeStyle};
 pub use sample::{sample_row_ref, SampleRow, SAMPLE_MAX_K};
 pub use ssm::{SsmParams, StateSpec};

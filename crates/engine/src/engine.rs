@@ -77,7 +77,7 @@ impl<B: Backend> Engine<B> {
 
     pub fn from_gguf(backend: B, gguf: Arc<Gguf>, mut opts: EngineOptions) -> Result<Engine<B>, EngineError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(|e| EngineError::Tokenizer(e.to_string()))?);
-        let model = quarrel_models::load(&backend, &gguf)?;
+        let mut model = quarrel_models::load(&backend, &gguf)?;
         let info = model.info().clone();
         // every id the tokenizer can produce must have an embedding row (llama.cpp sizes
         // token_embd by the token list, so it refuses such a file too)
@@ -92,6 +92,7 @@ impl<B: Backend> Engine<B> {
         if opts.n_ctx == 0 {
             opts.n_ctx = info.n_ctx_train.clamp(1, 4096);
         }
+        model.set_context_len(opts.n_ctx);
         if opts.block_size == 0 || opts.n_batch == 0 || opts.n_seq == 0 {
             return Err(EngineError::InvalidRequest("block size, batch size and sequence count must be positive".into()));
         }

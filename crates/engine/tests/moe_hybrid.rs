@@ -161,7 +161,7 @@ fn trace_one() {
 
 /// The full-size presets' real widths (head_dim 128 with n_embd 2688, K-quant fallbacks for
 /// rows of 2688 / 1856 / 896, 8 SSM groups, state 128, shared experts, Qwen's q/k/v biases and
-/// 768-wide experts) on a few layers and experts:
+/// 768-wide experts, Phi's fused projections, 96-wide heads and partial rotation) on a few layers and experts:
 /// they load, run finite, and prefill == decode.
 #[test]
 fn full_size_widths_on_few_layers() {
@@ -184,6 +184,8 @@ fn full_size_widths_on_few_layers() {
         cut("qwen2.5-0.5b", "AA", 0),
         cut("qwen3-0.6b", "A", 0),
         cut("qwen3-30b-a3b", "AA", 8),
+        cut("phi-3-mini", "A", 0),
+        cut("phi-4-mini", "AA", 0),
     ] {
         let path = dir.path().join(format!("{}.gguf", p.name));
         let spec = ArchSynthSpec { preset: p, ftype: Ftype::Q4_K_M, seed: 1, vocab_from: None };

@@ -33,6 +33,10 @@ impl ModelInfo {
 /// once for all of them).
 pub trait Model<B: Backend>: Send + Sync {
     fn info(&self) -> &ModelInfo;
+    /// The context length the engine runs the model with, told once before the first
+    /// forward: a model whose rotation depends on it (LongRoPE's short and long frequency
+    /// factors, chosen by whether it exceeds the original training context) sets up here.
+    fn set_context_len(&mut self, _n_ctx: usize) {}
     /// Run a flat batch; returns logits `(batch.logits_rows.len(), n_vocab)` row-major.
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>>;
     /// Like `forward`, but returns the greedy token of each logits row (`Backend::argmax_rows`:

@@ -28,6 +28,7 @@ registry! {
     "mamba2" => arch::mamba2::load,
     "nemotron_h" => arch::nemotron_h::load,
     "nemotron_h_moe" => arch::nemotron_h_moe::load,
+    "phi3" => arch::phi3::load,
     "qwen2" => arch::qwen2::load,
     "qwen3" => arch::qwen3::load,
     "qwen3moe" => arch::qwen3moe::load,

@@ -48,6 +48,13 @@ pub struct ArchPreset {
     pub swa: Option<(usize, usize)>,
     /// No `output.weight`: the output projection reuses `token_embd.weight`.
     pub tied: bool,
+    /// YaRN context extension: `(rope.scaling.factor, rope.scaling.original_context_length)`.
+    pub yarn: Option<(f32, usize)>,
+    /// LongRoPE (Phi-3): `(rope.scaling.attn_factor, rope.scaling.original_context_length)`,
+    /// with short and long frequency factors.
+    pub longrope: Option<(f32, usize)>,
+    /// Rotated dimensions per head (`rope.dimension_count`); 0: the whole head.
+    pub n_rot: usize,
     pub rope_freq_base: f32,
     pub rms_eps: f32,
 }
@@ -61,6 +68,14 @@ impl ArchPreset {
     }
     pub(crate) fn has_rope(&self) -> bool {
         !self.single_mixer()
+    }
+    /// Rotated dimensions per head.
+    pub(crate) fn rot_dims(&self) -> usize {
+        if self.n_rot == 0 {
+            self.head_dim
+        } else {
+            self.n_rot
+        }
     }
     /// Per-head RMSNorm of queries and keys.
     pub(crate) fn qk_norm(&self) -> bool {
@@ -107,6 +122,9 @@ const BASE: ArchPreset = ArchPreset {
     granite: None,
     swa: None,
     tied: false,
+    yarn: None,
+    longrope: None,
+    n_rot: 0,
     rope_freq_base: 10_000.0,
     rms_eps: 1e-5,
 };
@@ -190,6 +208,22 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         rms_eps: 1e-6,
         ..BASE
     },
+    // Qwen2 with YaRN (factor 4 over 32 trained positions): the blend ramp spans the first
+    // rotated pairs and the magnitude is 1 + 0.1 ln 4
+    ArchPreset {
+        name: "tiny-qwen2-yarn",
+        model: "Quarrel tiny Qwen2 with YaRN",
+        arch: "qwen2",
+        tied: true,
+        yarn: Some((4.0, 32)),
+        rope_freq_base: 1_000_000.0,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Phi-3 / Phi-4-mini: fused q/k/v and gate/up, half the head rotated, LongRoPE over 32
+    // original positions (the fixture's 64-token context takes the long factors). Not named
+    // "Phi-3": llama.cpp then expects Phi-3's special tokens in the (synthetic) vocabulary.
+    ArchPreset { name: "tiny-phi3", model: "Quarrel tiny Phi-style model", arch: "phi3", n_rot: 32, longrope: Some((1.19, 32)), ..BASE },
     // Qwen3: head_dim 128 with n_head * head_dim != n_embd, per-head q/k norms
     ArchPreset {
         name: "tiny-qwen3",
@@ -362,6 +396,39 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         tied: false,
         rope_freq_base: 1_000_000.0,
         rms_eps: 1e-6,
+        ..BASE
+    },
+    // microsoft/Phi-3-mini-4k-instruct
+    ArchPreset {
+        name: "phi-3-mini",
+        model: "Phi-3 mini 4k",
+        arch: "phi3",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 3072,
+        n_head: 32,
+        n_head_kv: 32,
+        head_dim: 96,
+        n_ff: 8192,
+        n_vocab: 32_064,
+        n_ctx: 4096,
+        ..BASE
+    },
+    // microsoft/Phi-4-mini-instruct (3/4 of each head rotated, LongRoPE from 4k to 128k)
+    ArchPreset {
+        name: "phi-4-mini",
+        model: "Phi-4 mini",
+        arch: "phi3",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 3072,
+        n_head: 24,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_rot: 96,
+        n_ff: 8192,
+        n_vocab: 200_064,
+        n_ctx: 131_072,
+        tied: true,
+        longrope: Some((1.190_238_3, 4096)),
         ..BASE
     },
     // mistralai/Mixtral-8x7B-v0.1

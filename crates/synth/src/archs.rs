@@ -1,8 +1,10 @@
 //! Synthetic models of the mixture-of-experts and hybrid Mamba2 architectures: Mixtral-style
 //! `llama` with experts, `granite`, `granitemoe`, `granitehybrid`, `mamba2`, `nemotron_h`,
 //! `nemotron_h_moe`; `gemma3` (per-head q/k norms, sandwich norms, GELU-gated FFN, tied
-//! output, interleaved sliding-window attention); `qwen2` (q/k/v biases), `qwen3` (per-head
-//! q/k norms, wide heads) and `qwen3moe` (experts of their own width in every layer). Tiny
+//! output, interleaved sliding-window attention); `qwen2` (q/k/v biases; YaRN metadata where
+//! the preset has it), `qwen3` (per-head q/k norms, wide heads), `qwen3moe` (experts of their
+//! own width in every layer) and `phi3` (fused q/k/v and gate/up, partial rotation, LongRoPE
+//! factors). Tiny
 //! presets (2-4 layers covering every layer kind of the arch, vocab 512) are the fixture
 //! models; full-size presets carry real shapes for benchmarks.
 //!
@@ -70,6 +72,10 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
         let mut push = |t: &str, dims: Vec<u64>, init: Init| l.push((format!("blk.{i}.{t}"), dims, init));
         push("attn_norm.weight", vec![e], norm);
         match kind {
+            'A' | '*' if p.arch == "phi3" => {
+                push("attn_qkv.weight", vec![e, q + 2 * kv], mat(e, 1.0));
+                push("attn_output.weight", vec![q, e], mat(q, resid));
+            }
             'A' | '*' => {
                 push("attn_q.weight", vec![e, q], mat(e, 1.0));
                 push("attn_k.weight", vec![e, kv], mat(e, 1.0));
@@ -117,7 +123,11 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
             push("ffn_norm.weight", vec![e], norm);
         }
         let ne = u(p.n_expert);
-        if two_part && p.n_expert == 0 {
+        if two_part && p.n_expert == 0 && p.arch == "phi3" {
+            let ff = u(p.n_ff);
+            push("ffn_up.weight", vec![e, 2 * ff], mat(e, 1.0));
+            push("ffn_down.weight", vec![ff, e], mat(ff, resid));
+        } else if two_part && p.n_expert == 0 {
             let ff = u(p.n_ff);
             push("ffn_gate.weight", vec![e, ff], mat(e, 1.0));
             push("ffn_up.weight", vec![e, ff], mat(e, 1.0));
@@ -146,6 +156,12 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
             push("ffn_up_shexp.weight", vec![e, fs], mat(e, 1.0));
             push("ffn_down_shexp.weight", vec![fs, e], mat(fs, resid));
         }
+    }
+    if p.longrope.is_some() {
+        // LongRoPE's per-pair divisors: above 1, the long ones larger
+        let half = u(p.rot_dims() / 2);
+        l.push(("rope_factors_long.weight".into(), vec![half], Init::Normal { mean: 6.0, std: 1.0 }));
+        l.push(("rope_factors_short.weight".into(), vec![half], Init::Normal { mean: 1.5, std: 0.2 }));
     }
     l.push(("output_norm.weight".into(), vec![e], norm));
     if !p.tied {
@@ -224,11 +240,20 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
     }
     if p.has_rope() {
         kv.push((k("rope.freq_base"), Value::F32(p.rope_freq_base)));
-        kv.push((k("rope.dimension_count"), u32v(p.head_dim)));
+        kv.push((k("rope.dimension_count"), u32v(p.rot_dims())));
         if p.head_dim * p.n_head != p.n_embd {
             kv.push((k("attention.key_length"), u32v(p.head_dim)));
             kv.push((k("attention.value_length"), u32v(p.head_dim)));
         }
+    }
+    if let Some((attn_factor, n_ctx_orig)) = p.longrope {
+        kv.push((k("rope.scaling.attn_factor"), Value::F32(attn_factor)));
+        kv.push((k("rope.scaling.original_context_length"), u32v(n_ctx_orig)));
+    }
+    if let Some((factor, n_ctx_orig)) = p.yarn {
+        kv.push((k("rope.scaling.type"), Value::String("yarn".into())));
+        kv.push((k("rope.scaling.factor"), Value::F32(factor)));
+        kv.push((k("rope.scaling.original_context_length"), u32v(n_ctx_orig)));
     }
     if let Some((window, pattern)) = p.swa {
         kv.push((k("attention.sliding_window"), u32v(window)));

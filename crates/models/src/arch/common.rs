@@ -13,7 +13,7 @@ use crate::hparams::Hparams;
 use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, SampleRow};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeScaling, SampleRow};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -104,11 +104,17 @@ pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
     fn op_times(&self) -> OpTimes {
         OpTimes::default()
     }
+    /// See [`Model::set_context_len`].
+    fn set_context_len(&mut self, _n_ctx: usize) {}
 }
 
 impl<B: Backend, S: LayerStack<B>> Model<B> for S {
     fn info(&self) -> &ModelInfo {
         LayerStack::info(self)
+    }
+
+    fn set_context_len(&mut self, n_ctx: usize) {
+        LayerStack::set_context_len(self, n_ctx)
     }
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
@@ -195,15 +201,37 @@ pub fn head_dim(h: &Hparams, n_embd: usize, n_head: usize) -> Result<usize> {
 /// for linear (a factor of 0 means none, as in llama.cpp), 1 for the `carried` types
 /// (applied elsewhere); others are unsupported (`who` prefixes the error).
 pub fn rope_freq_scale(h: &Hparams, who: &str, carried: &[&str]) -> Result<f32> {
-    match h.opt_str("rope.scaling.type")? {
-        None | Some("none") => Ok(1.0),
-        Some("linear") => {
-            let f = h.f32_or("rope.scaling.factor", 1.0)?;
-            Ok(if f == 0.0 { 1.0 } else { 1.0 / f })
+    Ok(rope_scaling(h, who, carried, 0, 0, 1.0)?.0)
+}
+
+/// `rope.scaling.*` as llama.cpp applies it: the frequency scale (`1 / factor` for `linear`
+/// and `yarn`, also when a factor comes without a type; 1 for none and for the `carried`
+/// types, whose scaling is applied elsewhere) and the magnitude / YaRN settings for `n_rot`
+/// rotated dimensions (`original_context_length`, default the trained context; YaRN's betas
+/// 32 and 1; `attn_factor` multiplied in for every type).
+pub fn rope_scaling(
+    h: &Hparams,
+    who: &str,
+    carried: &[&str],
+    n_rot: usize,
+    n_ctx_train: usize,
+    freq_base: f32,
+) -> Result<(f32, RopeScaling)> {
+    let factor = h.f32_or("rope.scaling.factor", 0.0)?;
+    let scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+    let attn_factor = h.f32_or("rope.scaling.attn_factor", 1.0)?;
+    let (freq_scale, mut scaling) = match h.opt_str("rope.scaling.type")? {
+        None | Some("linear") => (scale, RopeScaling::NONE),
+        Some("none") => (1.0, RopeScaling::NONE),
+        Some("yarn") => {
+            let n_ctx_orig = h.usize_or("rope.scaling.original_context_length", n_ctx_train)?;
+            (scale, RopeScaling::yarn(n_rot, n_ctx_orig, freq_base, 1.0 / scale, 32.0, 1.0, 1.0))
         }
-        Some(t) if carried.contains(&t) => Ok(1.0),
-        Some(other) => Err(CoreError::Unsupported(format!("{who}rope scaling type {other:?}"))),
-    }
+        Some(t) if carried.contains(&t) => (1.0, RopeScaling::NONE),
+        Some(other) => return Err(CoreError::Unsupported(format!("{who}rope scaling type {other:?}"))),
+    };
+    scaling.attn_factor *= attn_factor;
+    Ok((freq_scale, scaling))
 }
 
 /// Reject optional tensors of layer `il` that this implementation does not apply (biases,

@@ -23,7 +23,7 @@ use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::{GateAct, SwiGluMlp};
 use crate::layers::weight;
 use crate::Model;
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeScaling, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -138,6 +138,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             freq_base: if swa { c.rope_freq_base_swa } else { c.rope_freq_base },
             freq_scale: if swa { 1.0 } else { c.rope_freq_scale },
             freq_factors: None,
+            scaling: RopeScaling::NONE,
         };
         let params = AttnParams {
             n_head: c.n_head,

@@ -18,7 +18,7 @@ use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
-use quarrel_core::{Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle, SsmParams};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -122,7 +122,14 @@ const UNSUPPORTED: [&str; 5] = ["attn_output.bias", "attn_q.bias", "ffn_up.bias"
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
     let c = &cfg;
-    let rope = RopeParams { style: RopeStyle::Normal, n_rot: c.n_rot, freq_base: c.rope_freq_base, freq_scale: 1.0, freq_factors: None };
+    let rope = RopeParams {
+        style: RopeStyle::Normal,
+        n_rot: c.n_rot,
+        freq_base: c.rope_freq_base,
+        freq_scale: 1.0,
+        freq_factors: None,
+        scaling: RopeScaling::NONE,
+    };
     let mut layers = Vec::with_capacity(c.n_layer);
     for il in 0..c.n_layer {
         reject_tensors(g, il, &UNSUPPORTED)?;

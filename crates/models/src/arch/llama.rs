@@ -8,14 +8,14 @@
 //! Qwen3-MoE: their files choose a [`Variant`] of it (RoPE style, per-head q/k norms, the
 //! experts' width key) and load through [`load_variant`].
 
-use super::common::{head_counts, model_info, rope_freq_scale, trace, Head, LayerStack, Stack};
+use super::common::{head_counts, model_info, rope_scaling, trace, Head, LayerStack, Stack, StackParts};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::{host_f32, weight};
-use crate::Model;
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle};
+use crate::{Model, ModelInfo};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -33,11 +33,14 @@ pub struct Variant {
     pub expert_width_key: Option<&'static str>,
     /// Whether `attention.sliding_window` applies (Mistral's files carry it).
     pub sliding_window: bool,
+    /// Queries multiplied by `1 / sqrt(head_dim)` before attention, which then scales by 1
+    /// (Phi-3), instead of the scores scaled.
+    pub scale_q: bool,
 }
 
 /// Llama's choices.
 pub const LLAMA: Variant =
-    Variant { arch: "llama", rope_style: RopeStyle::Normal, qk_norm: false, expert_width_key: None, sliding_window: true };
+    Variant { arch: "llama", rope_style: RopeStyle::Normal, qk_norm: false, expert_width_key: None, sliding_window: true, scale_q: false };
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -54,10 +57,15 @@ pub struct Config {
     pub n_ctx_train: usize,
     pub rope_freq_base: f32,
     pub rope_freq_scale: f32,
+    /// Magnitude and YaRN settings (`rope.scaling.*`).
+    pub rope_scaling: RopeScaling,
     pub rms_eps: f32,
     pub sliding_window: Option<usize>,
     /// Experts: routing options; None for a dense model.
     pub moe: Option<MoeRouting>,
+    /// LongRoPE: the original training context (`rope.scaling.original_context_length`),
+    /// up to which the short frequency factors apply, beyond it the long ones.
+    pub n_ctx_orig: usize,
 }
 
 impl Config {
@@ -70,9 +78,11 @@ impl Config {
         let h = Hparams::new(g)?;
         let n_embd = h.positive("embedding_length")?;
         let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
-        // llama3 scaling is carried by rope_freqs.weight; yarn is not implemented
-        let rope_freq_scale = rope_freq_scale(&h, "", &["llama3"])?;
         let n_rot = h.rope_dims(head_dim)?;
+        let n_ctx_train = h.usize_or("context_length", 2048)?;
+        let rope_freq_base = h.f32_or("rope.freq_base", 10000.0)?;
+        // llama3 scaling is carried by rope_freqs.weight
+        let (rope_freq_scale, rope_scaling) = rope_scaling(&h, "", &["llama3"], n_rot, n_ctx_train, rope_freq_base)?;
         // llama.cpp's graphs of this family: softmax gating, weights renormalized over the top k
         let moe = routing_from_gguf(&h, Gating::Softmax, true)?.map(|r| MoeRouting { gating: Gating::Softmax, norm_weights: true, ..r });
         let n_ff = match variant.expert_width_key {
@@ -102,12 +112,14 @@ impl Config {
             head_dim,
             n_rot,
             n_vocab: h.n_vocab()?,
-            n_ctx_train: h.usize_or("context_length", 2048)?,
-            rope_freq_base: h.f32_or("rope.freq_base", 10000.0)?,
+            n_ctx_train,
+            rope_freq_base,
             rope_freq_scale,
+            rope_scaling,
             rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
             sliding_window: if variant.sliding_window { h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0) } else { None },
             moe,
+            n_ctx_orig: h.usize_or("rope.scaling.original_context_length", n_ctx_train)?,
         })
     }
 }
@@ -119,7 +131,14 @@ pub struct Layer<B: Backend> {
     pub ffn: FeedForward<B>,
 }
 
-pub type Llama<B> = Stack<B, Config, Layer<B>>;
+/// A loaded model of this family: its config, LongRoPE's long frequency factors where the
+/// file has them, and the layers.
+pub struct Decoder<B: Backend> {
+    pub stack: Stack<B, Config, Layer<B>>,
+    pub long_factors: Option<Vec<f32>>,
+}
+
+pub type Llama<B> = Decoder<B>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     load_variant(be, g, LLAMA)
@@ -130,17 +149,28 @@ pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Resu
     let cfg = Config::from_gguf_as(g, variant)?;
     let c = &cfg;
     let head = Head::load(be, g, c.n_embd, c.n_vocab)?;
-    let freq_factors = match g.tensor_info("rope_freqs.weight") {
-        None => None,
-        Some(_) => Some(host_f32(g, "rope_freqs.weight", c.n_rot / 2)?),
+    let factors = |name: &str| g.tensor_info(name).map(|_| host_f32(g, name, c.n_rot / 2)).transpose();
+    // Llama 3's rope_freqs, or LongRoPE's short factors (the long ones once a context beyond
+    // the original one is set)
+    let freq_factors = match factors("rope_freqs.weight")? {
+        Some(f) => Some(f),
+        None => factors("rope_factors_short.weight")?,
     };
-    let rope =
-        RopeParams { style: variant.rope_style, n_rot: c.n_rot, freq_base: c.rope_freq_base, freq_scale: c.rope_freq_scale, freq_factors };
+    let long_factors = factors("rope_factors_long.weight")?;
+    let rope = RopeParams {
+        style: variant.rope_style,
+        n_rot: c.n_rot,
+        freq_base: c.rope_freq_base,
+        freq_scale: c.rope_freq_scale,
+        freq_factors,
+        scaling: c.rope_scaling,
+    };
     let attn = AttnParams {
         n_head: c.n_head,
         n_kv_head: c.n_head_kv,
         head_dim: c.head_dim,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
+        // with scale_q the queries carry the scale
+        scale: if variant.scale_q { 1.0 } else { 1.0 / (c.head_dim as f32).sqrt() },
         sliding_window: c.sliding_window,
         softcap: None,
     };
@@ -149,6 +179,9 @@ pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Resu
         let mut sa = SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?.with_biases(be, g, il, c.n_embd)?;
         if variant.qk_norm {
             sa = sa.with_qk_norm(be, g, il, c.rms_eps)?;
+        }
+        if variant.scale_q {
+            sa.q_scale = Some(1.0 / (c.head_dim as f32).sqrt());
         }
         let ffn = FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: 0 };
         layers.push(Layer {
@@ -159,22 +192,36 @@ pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Resu
         });
     }
     let info = model_info(g, variant.arch, c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
-    Ok(Box::new(Llama { cfg, info, head, layers }))
+    Ok(Box::new(Decoder { stack: Stack { cfg, info, head, layers }, long_factors }))
 }
 
-impl<B: Backend> LayerStack<B> for Llama<B> {
+impl<B: Backend> StackParts<B> for Decoder<B> {
+    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+        self.stack.parts()
+    }
+}
+
+impl<B: Backend> LayerStack<B> for Decoder<B> {
     fn op_times(&self) -> OpTimes {
         let mut t = OpTimes::default();
-        self.layers.iter().for_each(|l| t += l.ffn.op_times());
+        self.stack.layers.iter().for_each(|l| t += l.ffn.op_times());
         t
     }
 
+    fn set_context_len(&mut self, n_ctx: usize) {
+        if let Some(long) = &self.long_factors {
+            if n_ctx > self.stack.cfg.n_ctx_orig {
+                self.stack.layers.iter_mut().for_each(|l| l.attn.rope.freq_factors = Some(long.clone()));
+            }
+        }
+    }
+
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
-        let c = &self.cfg;
+        let Stack { cfg: c, head, layers, .. } = &self.stack;
         let n = batch.n_tokens();
-        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
+        let mut x = head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
         let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
-        for (il, l) in self.layers.iter().enumerate() {
+        for (il, l) in layers.iter().enumerate() {
             be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
             let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
             be.add(&mut x, &a)?;
@@ -184,6 +231,6 @@ impl<B: Backend> LayerStack<B> for Llama<B> {
             be.add(&mut x, &f)?;
             trace(be, "l_out", il, &x)?;
         }
-        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
+        head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
     }
 }

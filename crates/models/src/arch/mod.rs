@@ -9,6 +9,7 @@ pub mod llama;
 pub mod mamba2;
 pub mod nemotron_h;
 pub mod nemotron_h_moe;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3moe;

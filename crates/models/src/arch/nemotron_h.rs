@@ -17,7 +17,7 @@ use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::weight;
 use crate::{Model, ModelInfo};
-use quarrel_core::{Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeStyle, SsmParams};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle, SsmParams};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -129,7 +129,14 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
     let c = &cfg;
     // n_rot 0: these attention layers use no positional rotation
-    let no_rope = RopeParams { style: RopeStyle::Normal, n_rot: 0, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+    let no_rope = RopeParams {
+        style: RopeStyle::Normal,
+        n_rot: 0,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+        freq_factors: None,
+        scaling: RopeScaling::NONE,
+    };
     let mut layers = Vec::with_capacity(c.n_layer);
     let mut max_kv = 1;
     for (il, kind) in c.kinds.iter().enumerate() {

@@ -2,7 +2,7 @@
 //! biases (Qwen2), an RMSNorm of each query and key head before RoPE (Gemma 3, Qwen3) and the
 //! queries scaled before attention (Gemma 3).
 
-use super::{host_f32, weight};
+use super::{host_f32, split_rows, weight};
 use crate::arch::common::trace;
 use quarrel_core::{AttnParams, Backend, ForwardBatch, Result, RopeParams};
 use quarrel_gguf::Gguf;
@@ -24,14 +24,21 @@ pub struct SelfAttention<B: Backend> {
 }
 
 impl<B: Backend> SelfAttention<B> {
-    /// Load `blk.{il}.attn_{q,k,v,output}.weight`.
+    /// Load `blk.{il}.attn_{q,k,v,output}.weight`; q, k and v may come fused as
+    /// `attn_qkv.weight` (Phi-3), cut into the three at load.
     pub fn load(be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize, params: AttnParams, rope: RopeParams) -> Result<Self> {
         let (nh, nkv, hd) = (params.n_head, params.n_kv_head, params.head_dim);
         let name = |s: &str| format!("blk.{il}.{s}.weight");
+        let qkv = match g.tensor_info(&name("attn_qkv")) {
+            Some(_) => {
+                split_rows(g, &name("attn_qkv"), &[(name("attn_q"), nh * hd), (name("attn_k"), nkv * hd), (name("attn_v"), nkv * hd)])?
+            }
+            None => Arc::clone(g),
+        };
         Ok(SelfAttention {
-            attn_q: weight(be, g, &name("attn_q"), n_embd, nh * hd)?,
-            attn_k: weight(be, g, &name("attn_k"), n_embd, nkv * hd)?,
-            attn_v: weight(be, g, &name("attn_v"), n_embd, nkv * hd)?,
+            attn_q: weight(be, &qkv, &name("attn_q"), n_embd, nh * hd)?,
+            attn_k: weight(be, &qkv, &name("attn_k"), n_embd, nkv * hd)?,
+            attn_v: weight(be, &qkv, &name("attn_v"), n_embd, nkv * hd)?,
             attn_output: weight(be, g, &name("attn_output"), nh * hd, n_embd)?,
             params,
             rope,
@@ -41,10 +48,20 @@ impl<B: Backend> SelfAttention<B> {
         })
     }
 
-    /// Add the projection biases `blk.{il}.attn_{q,k,v,output}.bias` the file has.
+    /// Add the projection biases `blk.{il}.attn_{q,k,v,output}.bias` the file has (q, k and v
+    /// possibly fused as `attn_qkv.bias`).
     pub fn with_biases(mut self, be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize) -> Result<Self> {
         let p = &self.params;
         let widths = [p.n_head * p.head_dim, p.n_kv_head * p.head_dim, p.n_kv_head * p.head_dim, n_embd];
+        let fused = format!("blk.{il}.attn_qkv.bias");
+        if g.tensor_info(&fused).is_some() {
+            let all = host_f32(g, &fused, widths[..3].iter().sum())?;
+            let (q, rest) = all.split_at(widths[0]);
+            let (k, v) = rest.split_at(widths[1]);
+            for (slot, part) in self.bias.iter_mut().zip([q, k, v]) {
+                *slot = Some(be.upload(part)?);
+            }
+        }
         for ((slot, part), width) in self.bias.iter_mut().zip(["attn_q", "attn_k", "attn_v", "attn_output"]).zip(widths) {
             let name = format!("blk.{il}.{part}.bias");
             if g.tensor_info(&name).is_some() {

@@ -1,6 +1,6 @@
 //! Gated feed-forward: `down(act(gate(x)) * up(x))`, act SiLU (SwiGLU) or GELU (GeGLU, Gemma).
 
-use super::weight;
+use super::{split_rows, weight};
 use quarrel_core::{Backend, Result};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -28,12 +28,18 @@ impl<B: Backend> SwiGluMlp<B> {
         Self::load_suffixed(be, g, il, "", n_embd, n_ff)
     }
 
-    /// Load `blk.{il}.ffn_{gate,up,down}{suffix}.weight` (suffix `""` or `"_shexp"`).
+    /// Load `blk.{il}.ffn_{gate,up,down}{suffix}.weight` (suffix `""` or `"_shexp"`); without
+    /// `ffn_gate`, an `ffn_up` of `2 n_ff` rows holds the gate (first half) and the up
+    /// projection (Phi-3), cut in two at load.
     pub fn load_suffixed(be: &B, g: &Arc<Gguf>, il: usize, suffix: &str, n_embd: usize, n_ff: usize) -> Result<Self> {
         let name = |s: &str| format!("blk.{il}.{s}{suffix}.weight");
+        let fused = g.tensor_info(&name("ffn_gate")).is_none()
+            && g.tensor_info(&name("ffn_up")).is_some_and(|t| t.dims.len() == 2 && t.dims[1] as usize == 2 * n_ff);
+        let gate_up =
+            if fused { split_rows(g, &name("ffn_up"), &[(name("ffn_gate"), n_ff), (name("ffn_up"), n_ff)])? } else { Arc::clone(g) };
         Ok(SwiGluMlp {
-            ffn_gate: weight(be, g, &name("ffn_gate"), n_embd, n_ff)?,
-            ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
+            ffn_gate: weight(be, &gate_up, &name("ffn_gate"), n_embd, n_ff)?,
+            ffn_up: weight(be, &gate_up, &name("ffn_up"), n_embd, n_ff)?,
             ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
             n_ff,
             act: GateAct::Silu,
