@@ -225,6 +225,11 @@ impl Backend for CpuBackend {
         ops::rms_norm(self, x, w, eps, out)
     }
 
+    fn layer_norm(&self, x: &Vec<f32>, w: &CpuWeight, b: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<()> {
+        check_len("layer_norm output", out.len(), x.len())?;
+        ops::layer_norm(self, x, w, b, eps, out)
+    }
+
     fn rope(&self, x: &mut Vec<f32>, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
         check_len("rope input", x.len(), positions.len() * n_head * head_dim)?;
         ops::rope(self, x, positions, n_head, head_dim, p)

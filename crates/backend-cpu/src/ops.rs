@@ -1,4 +1,4 @@
-//! Element-wise and row-wise ops: embedding, RMSNorm, RoPE, SwiGLU.
+//! Element-wise and row-wise ops: embedding, RMSNorm, LayerNorm, RoPE, SwiGLU.
 
 use crate::{CpuBackend, CpuWeight};
 use quarrel_core::{CoreError, Result, RopeParams, RopeStyle};
@@ -44,6 +44,52 @@ pub(crate) fn rms_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, eps: f32, out:
     };
     // a parallel region costs a wake-up and a barrier: worth it for prompt batches, not for a
     // decode step's few rows
+    if x.len() >= PAR_MIN_VALUES || (be.n_threads() > 1 && x.len() / d >= PAR_MIN_ROWS) {
+        be.par_chunks_mut(out, d, &|i, or| body((&x[i * d..(i + 1) * d], or)));
+    } else {
+        x.chunks(d).zip(out.chunks_mut(d)).for_each(body);
+    }
+    Ok(())
+}
+
+/// ggml's `norm` as its AVX-512 build computes it, then `mul` by `w` and `add` of `b` (each
+/// rounded in f32): the mean summed in f64; the variance of the centered row summed over
+/// 16-value blocks, each block's float squares reduced pairwise (halves, quarters, ...: the
+/// order of `_mm512_reduce_add_ps`) and the block sums added in f64, the tail value by value.
+pub(crate) fn layer_norm(be: &CpuBackend, x: &[f32], w: &CpuWeight, b: &CpuWeight, eps: f32, out: &mut [f32]) -> Result<()> {
+    let (g, bias) = (w.as_f32()?, b.as_f32()?);
+    let d = g.len();
+    if bias.len() != d || !x.len().is_multiple_of(d) {
+        return Err(CoreError::Shape(format!("layer_norm: {} values, weight {d}, bias {}", x.len(), bias.len())));
+    }
+    let body = |(xr, or): (&[f32], &mut [f32])| {
+        let sum: f64 = xr.iter().map(|&v| v as f64).sum();
+        let mean = sum as f32 / d as f32;
+        let mut acc = 0f64;
+        let blocks = d / 16;
+        for blk in xr[..blocks * 16].chunks_exact(16) {
+            let mut p = [0f32; 16];
+            for (q, &v) in p.iter_mut().zip(blk) {
+                let c = v - mean;
+                *q = c * c;
+            }
+            let mut h = [0f32; 8];
+            for j in 0..8 {
+                h[j] = p[j + 8] + p[j];
+            }
+            let q4 = [h[4] + h[0], h[5] + h[1], h[6] + h[2], h[7] + h[3]];
+            acc += ((q4[0] + q4[2]) + (q4[1] + q4[3])) as f64;
+        }
+        for &v in &xr[blocks * 16..] {
+            let c = v - mean;
+            acc += (c * c) as f64;
+        }
+        let variance = (acc / d as f64) as f32;
+        let scale = 1.0 / (variance + eps).sqrt();
+        for ((o, &v), (&gw, &bw)) in or.iter_mut().zip(xr).zip(g.iter().zip(bias)) {
+            *o = ((v - mean) * scale) * gw + bw;
+        }
+    };
     if x.len() >= PAR_MIN_VALUES || (be.n_threads() > 1 && x.len() / d >= PAR_MIN_ROWS) {
         be.par_chunks_mut(out, d, &|i, or| body((&x[i * d..(i + 1) * d], or)));
     } else {

@@ -9,6 +9,45 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     norm_row<false>((float*)x, nullptr, 1.0f, w, out, d, eps, xq, xm);
 }
 
+// ggml's norm as its AVX-512 build computes it (the CPU backend's layer_norm), times w plus b:
+// one block per row; the mean summed in double; the centered squares of each 16-value block
+// reduced pairwise in float (_mm512_reduce_add_ps's order), block sums and the tail in double.
+extern "C" __global__ void layer_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                                      float* __restrict__ out, int d, float eps) {
+    GDC();
+    __shared__ double part[32];
+    const float* xr = x + (u64)blockIdx.x * d;
+    float* orow = out + (u64)blockIdx.x * d;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) s += (double)xr[i];
+    const float mean = __fdiv_rn((float)block_sum_d(s, part), (float)d);
+    __syncthreads();
+    const int blocks = d / 16;
+    double acc = 0.0;
+    for (int k = threadIdx.x; k < blocks; k += blockDim.x) {
+        float p[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            float c = __fsub_rn(xr[k * 16 + j], mean);
+            p[j] = __fmul_rn(c, c);
+        }
+        float h[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) h[j] = __fadd_rn(p[j + 8], p[j]);
+        float q0 = __fadd_rn(h[4], h[0]), q1 = __fadd_rn(h[5], h[1]), q2 = __fadd_rn(h[6], h[2]), q3 = __fadd_rn(h[7], h[3]);
+        acc += (double)__fadd_rn(__fadd_rn(q0, q2), __fadd_rn(q1, q3));
+    }
+    for (int i = blocks * 16 + threadIdx.x; i < d; i += blockDim.x) {
+        float c = __fsub_rn(xr[i], mean);
+        acc += (double)__fmul_rn(c, c);
+    }
+    const float variance = (float)(block_sum_d(acc, part) / (double)d);
+    const float scale = 1.0f / sqrtf(variance + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        orow[i] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xr[i], mean), scale), w[i]), b[i]);
+    }
+}
+
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, float* __restrict__ out,
                                         int d, float eps, i8* __restrict__ xq, float2* __restrict__ xm) {
     GDC();

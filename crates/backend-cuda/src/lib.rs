@@ -432,6 +432,28 @@ impl Backend for CudaBackend {
         Ok(norm::rms_norm(&self.dev, norm::Row { x: xp, w: w.p.ptr, out: op, d, rows, eps, xq, xm })?)
     }
 
+    fn layer_norm(&self, x: &CudaBuf, w: &CudaWeight, b: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("layer_norm output", out.len, x.len)?;
+        let d = w.n_in;
+        for v in [w, b] {
+            if v.n_out != 1 || v.dev_ty != DevType::F32 || v.n_in != d {
+                return Err(CoreError::Shape(format!("weight of shape ({}, {}) used as a vector of {d}", v.n_in, v.n_out)));
+            }
+        }
+        if !x.len.is_multiple_of(d) {
+            return Err(CoreError::Shape(format!("layer_norm: {} values are not rows of {d}", x.len)));
+        }
+        let rows = (x.len / d) as u32;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        let args = [Arg::P(xp), Arg::P(w.p.ptr), Arg::P(b.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps)];
+        self.dev.launch("layer_norm", (rows, 1, 1), 256, 0, &args)?;
+        Ok(())
+    }
+
     fn rope(&self, x: &mut CudaBuf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()> {
         self.rope_op(x, positions, n_head, head_dim, p)
     }

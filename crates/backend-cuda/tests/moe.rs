@@ -28,6 +28,7 @@ const PRESETS: &[&str] = &[
     "tiny-qwen2",
     "tiny-qwen2-yarn",
     "tiny-phi3",
+    "tiny-nemotron",
     "tiny-qwen3",
     "tiny-qwen3moe",
 ];

@@ -179,6 +179,10 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     let mut h = be.alloc(n_tok * N_IN).unwrap();
     be.rms_norm(&x, &norm, 1e-5, &mut h).unwrap();
     outs.push(("rms_norm".into(), be.download(&h).unwrap()));
+    // LayerNorm with the norm vector as its bias too (rows of N_IN: 16-value blocks and no tail)
+    let mut ln = be.alloc(n_tok * N_IN).unwrap();
+    be.layer_norm(&x, &norm, &norm, 1e-5, &mut ln).unwrap();
+    outs.push(("layer_norm".into(), be.download(&ln).unwrap()));
     let positions = [0u32, 1, 7, 300, 4095];
     let yarn = RopeScaling::yarn(64, 4096, 10000.0, 2.0, 32.0, 1.0, 1.1);
     let ffs = rnd(32, 4).iter().map(|v| 1.5 + v).collect::<Vec<f32>>();

@@ -194,6 +194,9 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> CoreResult<()> {
         self.timed(OpKind::RmsNorm, || self.inner.rms_norm(x, w, eps, out))
     }
+    fn layer_norm(&self, x: &Self::Buf, w: &Self::Weight, b: &Self::Weight, eps: f32, out: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::RmsNorm, || self.inner.layer_norm(x, w, b, eps, out))
+    }
     fn rope(&self, x: &mut Self::Buf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> CoreResult<()> {
         self.timed(OpKind::Rope, || self.inner.rope(x, positions, n_head, head_dim, p))
     }

@@ -99,6 +99,9 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// RMSNorm over rows of `w`'s length, times `w`.
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> Result<()>;
+    /// LayerNorm over rows of `w`'s length (mean removed, divided by the deviation), times
+    /// `w`, plus `b` (ggml's `norm`, `mul`, `add`).
+    fn layer_norm(&self, x: &Self::Buf, w: &Self::Weight, b: &Self::Weight, eps: f32, out: &mut Self::Buf) -> Result<()>;
     /// Rotate `x (n_tok, n_head, head_dim)` in place by each token's position.
     fn rope(&self, x: &mut Self::Buf, positions: &[u32], n_head: usize, head_dim: usize, p: &RopeParams) -> Result<()>;
     /// `out = silu(gate) * up`.

@@ -26,6 +26,7 @@ registry! {
     "granitemoe" => arch::granitemoe::load,
     "granitehybrid" => arch::granitehybrid::load,
     "mamba2" => arch::mamba2::load,
+    "nemotron" => arch::nemotron::load,
     "nemotron_h" => arch::nemotron_h::load,
     "nemotron_h_moe" => arch::nemotron_h_moe::load,
     "phi3" => arch::phi3::load,

@@ -224,6 +224,8 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
     // original positions (the fixture's 64-token context takes the long factors). Not named
     // "Phi-3": llama.cpp then expects Phi-3's special tokens in the (synthetic) vocabulary.
     ArchPreset { name: "tiny-phi3", model: "Quarrel tiny Phi-style model", arch: "phi3", n_rot: 32, longrope: Some((1.19, 32)), ..BASE },
+    // Nemotron (Nemotron-Mini): LayerNorms with biases, squared-ReLU MLP, half of each head rotated
+    ArchPreset { name: "tiny-nemotron", model: "Quarrel tiny Nemotron", arch: "nemotron", n_rot: 32, n_ff: 512, ..BASE },
     // Qwen3: head_dim 128 with n_head * head_dim != n_embd, per-head q/k norms
     ArchPreset {
         name: "tiny-qwen3",
@@ -429,6 +431,22 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         n_ctx: 131_072,
         tied: true,
         longrope: Some((1.190_238_3, 4096)),
+        ..BASE
+    },
+    // nvidia/Nemotron-Mini-4B-Instruct
+    ArchPreset {
+        name: "nemotron-mini-4b",
+        model: "Nemotron Mini 4B",
+        arch: "nemotron",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 3072,
+        n_head: 24,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_rot: 64,
+        n_ff: 9216,
+        n_vocab: 256_000,
+        n_ctx: 4096,
         ..BASE
     },
     // mistralai/Mixtral-8x7B-v0.1

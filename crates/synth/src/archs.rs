@@ -3,8 +3,8 @@
 //! `nemotron_h_moe`; `gemma3` (per-head q/k norms, sandwich norms, GELU-gated FFN, tied
 //! output, interleaved sliding-window attention); `qwen2` (q/k/v biases; YaRN metadata where
 //! the preset has it), `qwen3` (per-head q/k norms, wide heads), `qwen3moe` (experts of their
-//! own width in every layer) and `phi3` (fused q/k/v and gate/up, partial rotation, LongRoPE
-//! factors). Tiny
+//! own width in every layer), `phi3` (fused q/k/v and gate/up, partial rotation, LongRoPE
+//! factors) and `nemotron` (LayerNorms with biases, squared-ReLU MLP, partial rotation). Tiny
 //! presets (2-4 layers covering every layer kind of the arch, vocab 512) are the fixture
 //! models; full-size presets carry real shapes for benchmarks.
 //!
@@ -71,6 +71,11 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
     for (i, kind) in p.pattern.chars().enumerate() {
         let mut push = |t: &str, dims: Vec<u64>, init: Init| l.push((format!("blk.{i}.{t}"), dims, init));
         push("attn_norm.weight", vec![e], norm);
+        let layer_norm = p.arch == "nemotron";
+        let norm_bias = Init::Normal { mean: 0.0, std: 0.1 };
+        if layer_norm {
+            push("attn_norm.bias", vec![e], norm_bias);
+        }
         match kind {
             'A' | '*' if p.arch == "phi3" => {
                 push("attn_qkv.weight", vec![e, q + 2 * kv], mat(e, 1.0));
@@ -121,9 +126,17 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
         let two_part = !p.single_mixer();
         if two_part {
             push("ffn_norm.weight", vec![e], norm);
+            if layer_norm {
+                push("ffn_norm.bias", vec![e], norm_bias);
+            }
         }
         let ne = u(p.n_expert);
-        if two_part && p.n_expert == 0 && p.arch == "phi3" {
+        if two_part && p.n_expert == 0 && layer_norm {
+            // Nemotron: ungated squared-ReLU MLP
+            let ff = u(p.n_ff);
+            push("ffn_up.weight", vec![e, ff], mat(e, 1.0));
+            push("ffn_down.weight", vec![ff, e], mat(ff, resid));
+        } else if two_part && p.n_expert == 0 && p.arch == "phi3" {
             let ff = u(p.n_ff);
             push("ffn_up.weight", vec![e, 2 * ff], mat(e, 1.0));
             push("ffn_down.weight", vec![ff, e], mat(ff, resid));
@@ -164,6 +177,9 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
         l.push(("rope_factors_short.weight".into(), vec![half], Init::Normal { mean: 1.5, std: 0.2 }));
     }
     l.push(("output_norm.weight".into(), vec![e], norm));
+    if p.arch == "nemotron" {
+        l.push(("output_norm.bias".into(), vec![e], Init::Normal { mean: 0.0, std: 0.1 }));
+    }
     if !p.tied {
         l.push(("output.weight".into(), vec![e, v], mat(e, 1.0)));
     }
@@ -213,6 +229,7 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
         (k("context_length"), u32v(p.n_ctx)),
         (k("embedding_length"), u32v(p.n_embd)),
         (k("attention.layer_norm_rms_epsilon"), Value::F32(p.rms_eps)),
+        (k("attention.layer_norm_epsilon"), Value::F32(p.rms_eps)),
         ("general.file_type".into(), Value::U32(ftype.llama_ftype())),
         (k("vocab_size"), u32v(p.n_vocab)),
     ];

@@ -17,11 +17,13 @@ use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeSca
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
-/// `token_embd`, `output_norm` and `output` (None when tied to `token_embd`).
+/// `token_embd`, `output_norm` and `output` (None when tied to `token_embd`); with
+/// `output_norm_b` the output norm is a LayerNorm with that bias, else an RMSNorm.
 pub struct Head<B: Backend> {
     pub token_embd: B::Weight,
     pub output_norm: B::Weight,
     pub output: Option<B::Weight>,
+    pub output_norm_b: Option<B::Weight>,
 }
 
 impl<B: Backend> Head<B> {
@@ -30,7 +32,14 @@ impl<B: Backend> Head<B> {
             token_embd: weight(be, g, "token_embd.weight", n_embd, n_vocab)?,
             output_norm: weight(be, g, "output_norm.weight", n_embd, 1)?,
             output: opt_weight(be, g, "output.weight", n_embd, n_vocab)?,
+            output_norm_b: None,
         })
+    }
+
+    /// The output norm as a LayerNorm with `output_norm.bias`.
+    pub fn with_norm_bias(mut self, be: &B, g: &Arc<Gguf>, n_embd: usize) -> Result<Head<B>> {
+        self.output_norm_b = Some(weight(be, g, "output_norm.bias", n_embd, 1)?);
+        Ok(self)
     }
 
     /// The batch's token embeddings: `(n_tok, n_embd)`.
@@ -40,13 +49,16 @@ impl<B: Backend> Head<B> {
         Ok(x)
     }
 
-    /// The `logits_rows` of the last hidden state `x`, RMS-normed: `(rows, n_embd)`.
-    pub fn norm_rows(&self, be: &B, x: &B::Buf, batch: &ForwardBatch, n_embd: usize, rms_eps: f32) -> Result<B::Buf> {
+    /// The `logits_rows` of the last hidden state `x`, normed: `(rows, n_embd)`.
+    pub fn norm_rows(&self, be: &B, x: &B::Buf, batch: &ForwardBatch, n_embd: usize, eps: f32) -> Result<B::Buf> {
         let rows = batch.logits_rows.len();
         let mut sel = be.alloc(rows * n_embd)?; // (rows, n_embd)
         be.gather_rows(x, n_embd, &batch.logits_rows, &mut sel)?;
         let mut normed = be.alloc(rows * n_embd)?; // (rows, n_embd)
-        be.rms_norm(&sel, &self.output_norm, rms_eps, &mut normed)?;
+        match &self.output_norm_b {
+            Some(b) => be.layer_norm(&sel, &self.output_norm, b, eps, &mut normed)?,
+            None => be.rms_norm(&sel, &self.output_norm, eps, &mut normed)?,
+        }
         Ok(normed)
     }
 

@@ -7,6 +7,7 @@ pub mod granitehybrid;
 pub mod granitemoe;
 pub mod llama;
 pub mod mamba2;
+pub mod nemotron;
 pub mod nemotron_h;
 pub mod nemotron_h_moe;
 pub mod phi3;

@@ -1,6 +1,6 @@
 //! Gated feed-forward: `down(act(gate(x)) * up(x))`, act SiLU (SwiGLU) or GELU (GeGLU, Gemma).
 
-use super::{split_rows, weight};
+use super::{host_f32, split_rows, weight};
 use quarrel_core::{Backend, Result};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
@@ -62,11 +62,14 @@ impl<B: Backend> SwiGluMlp<B> {
     }
 }
 
-/// Ungated feed-forward with a squared ReLU: `down(relu(up(x))²)` (Nemotron-H).
+/// Ungated feed-forward with a squared ReLU: `down(relu(up(x))²)` (Nemotron-H, Nemotron),
+/// with optional biases after each projection.
 pub struct ReluSqrMlp<B: Backend> {
     pub ffn_up: B::Weight,
     pub ffn_down: B::Weight,
     pub n_ff: usize,
+    /// `ffn_up.bias`, `ffn_down.bias` where loaded ([`ReluSqrMlp::with_biases`]).
+    pub bias: [Option<B::Buf>; 2],
 }
 
 impl<B: Backend> ReluSqrMlp<B> {
@@ -77,16 +80,34 @@ impl<B: Backend> ReluSqrMlp<B> {
             ffn_up: weight(be, g, &name("ffn_up"), n_embd, n_ff)?,
             ffn_down: weight(be, g, &name("ffn_down"), n_ff, n_embd)?,
             n_ff,
+            bias: [None, None],
         })
+    }
+
+    /// Add `blk.{il}.ffn_{up,down}.bias` where the file has them.
+    pub fn with_biases(mut self, be: &B, g: &Arc<Gguf>, il: usize, n_embd: usize) -> Result<Self> {
+        for ((slot, part), width) in self.bias.iter_mut().zip(["ffn_up", "ffn_down"]).zip([self.n_ff, n_embd]) {
+            let name = format!("blk.{il}.{part}.bias");
+            if g.tensor_info(&name).is_some() {
+                *slot = Some(be.upload(&host_f32(g, &name, width)?)?);
+            }
+        }
+        Ok(self)
     }
 
     /// `x (n_tok, n_embd)` -> `(n_tok, n_embd)`.
     pub fn forward(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize) -> Result<B::Buf> {
         let mut u = be.alloc(n_tok * self.n_ff)?; // (n_tok, n_ff)
         be.matmul(&self.ffn_up, x, n_tok, &mut u)?;
+        if let Some(b) = &self.bias[0] {
+            be.add_bias(&mut u, b)?;
+        }
         be.relu_sqr(&mut u)?;
         let mut out = be.alloc(n_tok * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.ffn_down, &u, n_tok, &mut out)?;
+        if let Some(b) = &self.bias[1] {
+            be.add_bias(&mut out, b)?;
+        }
         Ok(out)
     }
 }
