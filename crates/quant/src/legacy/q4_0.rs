@@ -2,13 +2,10 @@
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
 use super::{dequantize_pairs, dot_pairs, q4_pair, quantize_pairs};
-use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q8_0_SIZE, QK8_0};
 use crate::scan::{inverse_or_zero, signed_absmax};
 
-/// Elements per block.
-pub const QK: usize = QK4_0;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q4_0_SIZE;
+crate::layout::block_geometry!(Q4_0);
 
 /// `dequantize_row_q4_0`. Panics unless `src` holds exactly `dst.len()` elements.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {

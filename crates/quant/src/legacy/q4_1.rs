@@ -1,13 +1,10 @@
 //! Q4_1: `{ f16 d; f16 m; u8 qs[16] }`, value = `d * nibble + m`.
 
 use super::{dequantize_pairs, dot_pairs, q4_pair, quantize_pairs};
-use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q8_1_SIZE, QK8_1};
 use crate::scan::{inverse_or_zero, min_max};
 
-/// Elements per block.
-pub const QK: usize = QK4_1;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q4_1_SIZE;
+crate::layout::block_geometry!(Q4_1);
 
 /// `dequantize_row_q4_1`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {

@@ -2,15 +2,10 @@
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
 use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair, quantize_pairs};
-use crate::layout::{
-    decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0,
-};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q8_0_SIZE, QK8_0};
 use crate::scan::{inverse_or_zero, signed_absmax};
 
-/// Elements per block.
-pub const QK: usize = QK5_0;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q5_0_SIZE;
+crate::layout::block_geometry!(Q5_0);
 
 /// `dequantize_row_q5_0`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
