@@ -53,30 +53,21 @@ fn gpl3(tok: &Tokenizer, fixture: &str) {
     assert_eq!(tok.decode(&got), text);
 }
 
-#[test]
-fn smollm2_random_strings() {
-    if let Some(tok) = load(SMOLLM2) {
-        random_cases(&tok, "tokenizer/smollm2-random.json");
-    }
+/// One test per model and check: `$check(&tokenizer, $fixture)` where the model is there.
+macro_rules! reference_tests {
+    ($($name:ident: $model:ident, $check:ident, $fixture:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            if let Some(tok) = load($model) {
+                $check(&tok, $fixture);
+            }
+        }
+    )*};
 }
 
-#[test]
-fn gemma3_random_strings() {
-    if let Some(tok) = load(GEMMA3) {
-        random_cases(&tok, "tokenizer/gemma3-random.json");
-    }
-}
-
-#[test]
-fn smollm2_gpl3() {
-    if let Some(tok) = load(SMOLLM2) {
-        gpl3(&tok, "tokenizer/smollm2-gpl3.json");
-    }
-}
-
-#[test]
-fn gemma3_gpl3() {
-    if let Some(tok) = load(GEMMA3) {
-        gpl3(&tok, "tokenizer/gemma3-gpl3.json");
-    }
+reference_tests! {
+    smollm2_random_strings: SMOLLM2, random_cases, "tokenizer/smollm2-random.json";
+    gemma3_random_strings: GEMMA3, random_cases, "tokenizer/gemma3-random.json";
+    smollm2_gpl3: SMOLLM2, gpl3, "tokenizer/smollm2-gpl3.json";
+    gemma3_gpl3: GEMMA3, gpl3, "tokenizer/gemma3-gpl3.json";
 }
