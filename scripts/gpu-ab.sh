@@ -42,21 +42,15 @@ for m in $MODELS; do
     [ "${DELETE_AFTER:-0}" = 1 ] && rm -f "$f"
 done
 
-python3 - "$WORK/out" $MODELS <<'PY'
-import json, sys
+PYTHONPATH="$(dirname "$0")" python3 - "$WORK/out" $MODELS <<'PY'
+import sys
+from bench_table import TESTS, load, print_head
 out, models = sys.argv[1], sys.argv[2:]
-def load(path):
-    try:
-        return {(r["n_prompt"], r["n_gen"]): r for r in json.load(open(path))}
-    except Exception:
-        return {}
-print()
-print("| model | test | old t/s | new t/s | new / old |")
-print("|---|---|---:|---:|---:|")
+print_head("old t/s", "new t/s", "new / old")
 for m in models:
     p, q = m.split(":")
     a, b = load(f"{out}/old-{p}-{q}.json"), load(f"{out}/new-{p}-{q}.json")
-    for key, name in [((512, 0), "pp512"), ((0, 128), "tg128")]:
+    for key, name in TESTS:
         x, y = a.get(key, {}).get("avg_ts"), b.get(key, {}).get("avg_ts")
         f = lambda v: f"{v:,.1f}" if v else "-"
         print(f"| {p} {q} | {name} | {f(x)} | {f(y)} | {y / x:.3f} |" if x and y else f"| {p} {q} | {name} | {f(x)} | {f(y)} | - |")

@@ -116,22 +116,16 @@ done
 log "batched benchmarks done"
 
 # 5. the table
-python3 - "$OUT" "${COPY:-}" $MODELS <<'PY'
-import json, sys
+PYTHONPATH="$ROOT/scripts" python3 - "$OUT" "${COPY:-}" $MODELS <<'PY'
+import sys
+from bench_table import TESTS, load, print_head
 out, copy, models = sys.argv[1], sys.argv[2], sys.argv[3:]
-def load(path):
-    try:
-        return {(r["n_prompt"], r["n_gen"]): r for r in json.load(open(path))}
-    except Exception:
-        return {}
-print()
-print("| model | test | llama.cpp t/s | quarrel t/s | ratio |")
-print("|---|---|---:|---:|---:|")
+print_head("llama.cpp t/s", "quarrel t/s", "ratio")
 notes = []
 for m in models:
     p, q = m.split(":")
     a, b = load(f"{out}/l-{p}-{q}.json"), load(f"{out}/q-{p}-{q}.json")
-    for key, name in [((512, 0), "pp512"), ((0, 128), "tg128")]:
+    for key, name in TESTS:
         la, qb = a.get(key, {}).get("avg_ts"), b.get(key, {}).get("avg_ts")
         r = f"{qb / la:.2f}x" if la and qb else "-"
         fmt = lambda v: f"{v:,.0f}" if v else "-"

@@ -45,28 +45,37 @@ def metrics(base=None):
     return out
 
 
-def engine_gauge(name, m=None):
+def engine_sample(metric, label, name, m=None):
+    """The value of `metric` whose `label` is `name` (from `m`, or a fresh scrape)."""
     m = m or metrics()
     for k, v in m.items():
-        if k.startswith("quarrel_engine{") and f'gauge="{name}"' in k:
+        if k.startswith(metric + "{") and f'{label}="{name}"' in k:
             return v
     raise KeyError(name)
+
+
+def engine_gauge(name, m=None):
+    return engine_sample("quarrel_engine", "gauge", name, m)
 
 
 def engine_counter(name, m=None):
-    m = m or metrics()
-    for k, v in m.items():
-        if k.startswith("quarrel_engine_counter{") and f'counter="{name}"' in k:
-            return v
-    raise KeyError(name)
+    return engine_sample("quarrel_engine_counter", "counter", name, m)
+
+
+def wait_gauges_zero(names, timeout, poll=0.05):
+    """Scrape every `poll` seconds until the engine gauges `names` are all 0, for at most
+    `timeout` seconds: (whether they got there, the last scrape)."""
+    t0 = time.time()
+    m = None
+    while time.time() - t0 < timeout:
+        m = metrics()
+        if all(engine_gauge(n, m) == 0 for n in names):
+            return True, m
+        time.sleep(poll)
+    return False, m
 
 
 def wait_idle(timeout=60):
     """Wait until no request runs or waits (earlier tests' streams are done)."""
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        m = metrics()
-        if engine_gauge("running", m) == 0 and engine_gauge("queue_depth", m) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the engine did not become idle")
+    if not wait_gauges_zero(("running", "queue_depth"), timeout)[0]:
+        raise AssertionError("the engine did not become idle")

@@ -7,7 +7,7 @@ import time
 import unittest
 import urllib.parse
 
-from common import BASE, MODEL, engine_counter, engine_gauge, metrics, raw, wait_idle
+from common import BASE, MODEL, engine_counter, engine_gauge, metrics, raw, wait_gauges_zero, wait_idle
 
 CHAT = "/v1/chat/completions"
 
@@ -101,12 +101,7 @@ class Disconnect(unittest.TestCase):
         steps_before = engine_counter("steps", m)
         conn.sock.close()
         conn.close()
-        t0 = time.time()
-        while time.time() - t0 < 10:
-            m = metrics()
-            if engine_gauge("kv_blocks_used", m) == 0 and engine_gauge("running", m) == 0:
-                break
-            time.sleep(0.01)
+        _, m = wait_gauges_zero(("kv_blocks_used", "running"), 10, poll=0.01)
         self.assertEqual(engine_gauge("kv_blocks_used", m), 0)
         self.assertEqual(engine_gauge("running", m), 0)
         # freed at the first step after the disconnect (plus the step in flight and the one

@@ -2,12 +2,11 @@
 garbage frames, status/metrics/ping, errors, and cancellation when the socket closes."""
 import asyncio
 import json
-import time
 import unittest
 
 import websockets
 
-from common import BASE, MODEL, engine_gauge, metrics, wait_idle
+from common import BASE, MODEL, engine_gauge, wait_gauges_zero, wait_idle
 
 WS = BASE.replace("http", "ws", 1) + "/ws"
 
@@ -106,12 +105,7 @@ class WebSocketProtocol(unittest.TestCase):
                 self.assertFalse(m["payload"].get("complete"), m)
             await ws.close()
         self.run_async(go())
-        t0 = time.time()
-        while time.time() - t0 < 10:
-            m = metrics()
-            if engine_gauge("running", m) == 0 and engine_gauge("kv_blocks_used", m) == 0:
-                break
-            time.sleep(0.05)
+        wait_gauges_zero(("running", "kv_blocks_used"), 10)
         self.assertEqual(engine_gauge("running"), 0)
         self.assertEqual(engine_gauge("kv_blocks_used"), 0)
 

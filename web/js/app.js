@@ -19,7 +19,7 @@ import { Connection } from './ws.js';
 import { listModels, loadModel, unloadModel } from './api.js';
 import { Conversations, apiKey, theme, preferredModel } from './store.js';
 import { Transcript } from './chat.js';
-import { wireCodeCopy } from './render.js';
+import { copyText, wireCodeCopy } from './render.js';
 import { renderConversationList, renderModelList } from './sidebar.js';
 import { SettingsPanel, PRESETS } from './settings.js';
 import { toJson, toMarkdown, fileName, download } from './export.js';
@@ -375,15 +375,7 @@ $('#messages').addEventListener('click', async (ev) => {
   const message = current.messages[index];
   if (!message) return;
   if (btn.dataset.action === 'regenerate') regenerate();
-  if (btn.dataset.action === 'copy') {
-    try {
-      await navigator.clipboard.writeText(message.content);
-      btn.textContent = 'Copied';
-    } catch {
-      btn.textContent = 'Copy failed';
-    }
-    setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
-  }
+  if (btn.dataset.action === 'copy') await copyText(btn, message.content);
 });
 ui.composer.addEventListener('submit', (ev) => { ev.preventDefault(); send(ui.input.value); });
 ui.stop.addEventListener('click', stop);

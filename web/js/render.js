@@ -91,12 +91,17 @@ export function wireCodeCopy(container) {
     if (!btn) return;
     const code = btn.closest('.code-block')?.querySelector('code');
     if (!code) return;
-    try {
-      await navigator.clipboard.writeText(code.textContent);
-      btn.textContent = 'Copied';
-    } catch {
-      btn.textContent = 'Copy failed';
-    }
-    setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
+    await copyText(btn, code.textContent);
   });
+}
+
+/** Copy `text` to the clipboard; `btn` says whether it worked, then reads 'Copy' again. */
+export async function copyText(btn, text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    btn.textContent = 'Copied';
+  } catch {
+    btn.textContent = 'Copy failed';
+  }
+  setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
 }

@@ -12,22 +12,26 @@ function relTime(ms) {
   return new Date(ms).toLocaleDateString();
 }
 
-// The one muted line an empty list shows.
-function emptyNote(ul, text) {
-  const li = document.createElement('li');
-  li.className = 'muted';
-  li.textContent = text;
-  ul.append(li);
+// `ul` redrawn with one `<li>` per item from `fill(li, item)`, or the one muted line
+// `emptyText` where there are no items.
+function renderList(ul, items, emptyText, fill) {
+  ul.replaceChildren();
+  if (!items.length) {
+    const li = document.createElement('li');
+    li.className = 'muted';
+    li.textContent = emptyText;
+    ul.append(li);
+    return;
+  }
+  for (const item of items) {
+    const li = document.createElement('li');
+    fill(li, item);
+    ul.append(li);
+  }
 }
 
 export function renderConversationList(ul, items, currentId, { onOpen, onDelete }) {
-  ul.replaceChildren();
-  if (!items.length) {
-    emptyNote(ul, 'No conversations');
-    return;
-  }
-  for (const c of items) {
-    const li = document.createElement('li');
+  renderList(ul, items, 'No conversations', (li, c) => {
     li.className = 'conv' + (c.id === currentId ? ' current' : '');
     li.dataset.id = c.id;
     const open = document.createElement('button');
@@ -49,18 +53,11 @@ export function renderConversationList(ul, items, currentId, { onOpen, onDelete 
     del.textContent = '✕';
     del.addEventListener('click', () => onDelete(c.id));
     li.append(open, del);
-    ul.append(li);
-  }
+  });
 }
 
 export function renderModelList(ul, models, busy, { onLoad, onUnload }) {
-  ul.replaceChildren();
-  if (!models.length) {
-    emptyNote(ul, 'No models');
-    return;
-  }
-  for (const m of models) {
-    const li = document.createElement('li');
+  renderList(ul, models, 'No models', (li, m) => {
     li.className = 'model' + (m.loaded ? ' loaded' : '');
     li.dataset.name = m.name;
     const head = document.createElement('div');
@@ -89,6 +86,5 @@ export function renderModelList(ul, models, busy, { onLoad, onUnload }) {
     btn.textContent = busy.has(m.name) ? '…' : m.loaded ? 'Unload' : 'Load';
     btn.addEventListener('click', () => (m.loaded ? onUnload(m.name) : onLoad(m.name)));
     li.append(head, facts, btn);
-    ul.append(li);
-  }
+  });
 }

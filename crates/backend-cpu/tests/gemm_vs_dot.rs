@@ -200,6 +200,15 @@ fn quantized_and_packed(g: simd::Gemm, ty: QuantType, n_in: usize, w: &[u8], x: 
     (xq, arb, wp)
 }
 
+/// The first `nt` of the quantized activation rows `xq` (`arb` bytes each) packed by `pack`
+/// into a panel of `bytes` bytes from byte 1 of the buffer returned (deliberately unaligned).
+fn unaligned_panel(xq: &[u8], arb: usize, nt: usize, bytes: usize, pack: impl FnOnce(&[&[u8]], &mut [u8])) -> Vec<u8> {
+    let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
+    let mut ap = vec![0u8; bytes + 1];
+    pack(&arows, &mut ap[1..]);
+    ap
+}
+
 #[test]
 fn gemm_tiles_match_dot() {
     for (&ty, n_blocks) in TYPES[..N_GEMM].iter().flat_map(|ty| [(ty, 3), (ty, 11), (ty, 19)]) {
@@ -213,10 +222,7 @@ fn gemm_tiles_match_dot() {
         let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, GEMM_TOKENS);
         let (xq, arb, wp) = quantized_and_packed(g, ty, n_in, &w, &x);
         for nt in 1..=GEMM_TOKENS {
-            let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
-            // deliberately unaligned panel
-            let mut ap = vec![0u8; g.act_panel_bytes(n_in) + 1];
-            g.pack_act(n_in, &arows, &mut ap[1..]);
+            let ap = unaligned_panel(&xq, arb, nt, g.act_panel_bytes(n_in), |rows, p| g.pack_act(n_in, rows, p));
             let mut out = [[f32::NAN; GEMM_TOKENS]; GEMM_ROWS];
             g.tile(n_in, &wp, &ap[1..], nt, &mut out);
             for (r, row) in out.iter().enumerate() {
@@ -253,10 +259,7 @@ fn wide_tiles_match_dot() {
             let want = per_output_dot(ty, n_in, GEMM_ROWS, &w, &x, WT);
             let (xq, arb, wp) = quantized_and_packed(g, ty, n_in, &w, &x);
             for nt in 1..=WT {
-                let arows: Vec<&[u8]> = xq.chunks(arb).take(nt).collect();
-                // deliberately unaligned panel
-                let mut ap = vec![0u8; g.wide_act_panel_bytes(n_in) + 1];
-                g.pack_act_wide(n_in, &arows, &mut ap[1..]);
+                let ap = unaligned_panel(&xq, arb, nt, g.wide_act_panel_bytes(n_in), |rows, p| g.pack_act_wide(n_in, rows, p));
                 // token-major rows of ld floats, the first GEMM_ROWS written
                 let ld = GEMM_ROWS + 3;
                 let mut out = vec![f32::NAN; WT * ld];

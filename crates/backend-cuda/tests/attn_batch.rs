@@ -7,10 +7,9 @@
 //! a CUDA device.
 
 mod common;
-use common::{nmse, require_gpu, rnd};
+use common::{cuda_and_cpu, nmse, rnd, rnd_scaled, store, store_attend};
 use quarrel_core::{AttnParams, Backend, ForwardBatch, KvSpec, KvType, SeqBatch};
 use quarrel_cpu::CpuBackend;
-use quarrel_cuda::CudaBackend;
 
 /// NMSE bounds (Σ(a-b)²/Σa²).
 mod tol {
@@ -85,9 +84,7 @@ fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
         pre.seqs.push(SeqBatch { start, len: l, block_table: tables[s].clone() });
     }
     let n = pre.n_tokens();
-    let k = be.upload(&rnd(n * row, 11)).unwrap();
-    let v = be.upload(&rnd(n * row, 12)).unwrap();
-    be.kv_store(&mut kv, 0, &k, &v, &pre).unwrap();
+    store(be, &mut kv, 0, &pre, &rnd(n * row, 11), &rnd(n * row, 12));
     let dec = ForwardBatch {
         tokens: vec![0; lens.len()],
         positions: lens.iter().map(|&l| l as u32).collect(),
@@ -95,25 +92,17 @@ fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
         logits_rows: (0..lens.len()).collect(),
         state_slots: vec![],
     };
-    let k1 = be.upload(&rnd(lens.len() * row, 21)).unwrap();
-    let v1 = be.upload(&rnd(lens.len() * row, 22)).unwrap();
-    be.kv_store(&mut kv, 0, &k1, &v1, &dec).unwrap();
-    let p = c.params();
-    let q = be.upload(&rnd(lens.len() * c.n_head * c.hd, 23).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
-    let mut o = be.alloc(lens.len() * c.n_head * c.hd).unwrap();
-    be.attention(&q, &kv, 0, &dec, &p, &mut o).unwrap();
-    be.download(&o).unwrap()
+    let n = lens.len();
+    store_attend(be, &mut kv, 0, &dec, &c.params(), [&rnd(n * row, 21), &rnd(n * row, 22), &rnd_scaled(n * c.n_head * c.hd, 23, 3.0)])
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn batched_decode_attention_matches_cpu_and_per_head_kernel() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     // f16 caches: the grouped and per-head kernels (split-K, f32) here, not the default
     // one-pass kernel with the CPU's numerics (checked below and in numerics.rs)
     gpu.set_attn_vec_max(0);
-    let cpu = CpuBackend::new(0).unwrap();
     let lens = [1usize, 33, 70, 300, 9, 128, 64, 17];
     let mut cases = Vec::new();
     for ty in [KvType::F16, KvType::F32, KvType::Q8_0] {
@@ -179,20 +168,11 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
     };
     let pre = batch(&vec![0; lens.len()], cached);
     if pre.n_tokens() > 0 {
-        let k = be.upload(&rnd(pre.n_tokens() * row, 31)).unwrap();
-        let v = be.upload(&rnd(pre.n_tokens() * row, 32)).unwrap();
-        be.kv_store(&mut kv, 0, &k, &v, &pre).unwrap();
+        store(be, &mut kv, 0, &pre, &rnd(pre.n_tokens() * row, 31), &rnd(pre.n_tokens() * row, 32));
     }
     let b = batch(cached, lens);
     let n = b.n_tokens();
-    let k = be.upload(&rnd(n * row, 11)).unwrap();
-    let v = be.upload(&rnd(n * row, 12)).unwrap();
-    be.kv_store(&mut kv, 0, &k, &v, &b).unwrap();
-    let p = c.params();
-    let q = be.upload(&rnd(n * c.n_head * c.hd, 23).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
-    let mut o = be.alloc(n * c.n_head * c.hd).unwrap();
-    be.attention(&q, &kv, 0, &b, &p, &mut o).unwrap();
-    be.download(&o).unwrap()
+    store_attend(be, &mut kv, 0, &b, &c.params(), [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * c.n_head * c.hd, 23, 3.0)])
 }
 
 /// Prefill attention over an f16 cache on the tensor cores (kernels/attn_mma.cu) against the
@@ -205,10 +185,8 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     gpu.set_attn_mma_min(Some(64));
-    let cpu = CpuBackend::new(0).unwrap();
     cpu.set_batch_invariant_attention(false);
     let cpu_vec = CpuBackend::new(0).unwrap();
     let (cached, lens) = ([0usize, 37, 100, 0], [300usize, 70, 13, 1]);
@@ -252,10 +230,8 @@ fn prefill_attention_on_tensor_cores_matches_cpu_and_f32_kernel() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn one_pass_kernel_matches_cpu_bits() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     gpu.set_numerics(quarrel_core::Numerics::Exact);
-    let cpu = CpuBackend::new(0).unwrap();
     let lens = [1usize, 40, 130, 1030, 2100, 17];
     // 18 sequences x 32 heads: >= 512 blocks, so 128-thread blocks (hd 128) / (hd 32: 4 warps)
     let many: Vec<usize> = (0..18).map(|i| 1 + 37 * i).collect();
@@ -297,7 +273,7 @@ fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_block
     let mut kv = be.alloc_kv(&spec).unwrap();
     let (row, qrow) = (c.n_kv_head * c.hd, c.n_head * c.hd);
     let (ks, vs) = (rnd(total * row, 41), rnd(total * row, 42));
-    let qs: Vec<f32> = rnd(total * qrow, 43).iter().map(|x| x * 3.0).collect();
+    let qs = rnd_scaled(total * qrow, 43, 3.0);
     let p = c.params();
     let mut out = Vec::with_capacity(total * qrow);
     let (mut a, mut i) = (0, 0);
@@ -311,13 +287,14 @@ fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_block
             logits_rows: vec![n - 1],
             state_slots: vec![],
         };
-        let k = be.upload(&ks[a * row..(a + n) * row]).unwrap();
-        let v = be.upload(&vs[a * row..(a + n) * row]).unwrap();
-        be.kv_store(&mut kv, 0, &k, &v, &b).unwrap();
-        let q = be.upload(&qs[a * qrow..(a + n) * qrow]).unwrap();
-        let mut o = be.alloc(n * qrow).unwrap();
-        be.attention(&q, &kv, 0, &b, &p, &mut o).unwrap();
-        out.extend(be.download(&o).unwrap());
+        out.extend(store_attend(
+            be,
+            &mut kv,
+            0,
+            &b,
+            &p,
+            [&ks[a * row..(a + n) * row], &vs[a * row..(a + n) * row], &qs[a * qrow..(a + n) * qrow]],
+        ));
         a += n;
     }
     out
@@ -334,10 +311,8 @@ fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_block
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn invariant_attention_prefill_equals_decode_bits() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     gpu.set_numerics(quarrel_core::Numerics::Invariant);
-    let cpu = CpuBackend::new(0).unwrap();
     let total = 700;
     let mut cases = Vec::new();
     for (n_head, n_kv_head, hd) in [(32, 8, 128), (4, 4, 64), (3, 1, 64), (8, 2, 256)] {

@@ -4,11 +4,10 @@
 //! the split-K path; plus MMQ == GEMV for the same tokens. Needs a CUDA device.
 
 mod common;
-use common::{nmse, require_gpu, rnd};
+use common::{cuda, cuda_and_cpu, nmse, rnd, rnd_scaled};
 use quarrel_core::{Backend, QuantType, Route, WeightSource};
-use quarrel_cpu::CpuBackend;
 use quarrel_cuda::mmq::MMQ_TYPES;
-use quarrel_cuda::{repack, CudaBackend};
+use quarrel_cuda::repack;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
@@ -31,7 +30,7 @@ fn is_k(ty: QuantType) -> bool {
 /// A weight "w" of type `ty` and shape `dims` (innermost first) quantized from values in
 /// [-0.5, 0.5) (`rnd` from `seed`): its bytes and the file holding it.
 fn quantized(ty: QuantType, dims: &[usize], seed: u64) -> (Vec<u8>, Arc<Gguf>) {
-    let v: Vec<f32> = rnd(dims.iter().product(), seed).iter().map(|x| x * 0.5).collect();
+    let v = rnd_scaled(dims.iter().product(), seed, 0.5);
     let bytes = quarrel_quant::quantize_to_vec(ty, &v).unwrap();
     let mut wr = GgufWriter::new();
     wr.add_tensor("w", &dims.iter().map(|&d| d as u64).collect::<Vec<u64>>(), ty).unwrap();
@@ -64,9 +63,7 @@ fn twin_per_route(
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_matches_twin_cpu_and_gemv() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     // (n_in, n_out, n_tok): tails of rows (70, 200), of tokens (9, 17, 33, 100), of units
     // (544 = 17 units, legacy only), split-K (few blocks, long rows), a full-size tile
     let shapes = [
@@ -128,8 +125,7 @@ fn mmq_matches_twin_cpu_and_gemv() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn mmq_rejects_float_weights() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let gpu = cuda();
     let mut wr = GgufWriter::new();
     wr.add_tensor("w", &[64, 4], QuantType::F32).unwrap();
     let bytes: Vec<u8> = rnd(256, 3).iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -148,8 +144,7 @@ fn mmq_rejects_float_weights() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn grouped_expert_mmq_matches_twin_per_route() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let gpu = cuda();
     // (n_in, n_out per expert, experts, tokens, used per token, skew)
     let shapes = [
         (256usize, 70usize, 8usize, 40usize, 2usize, false),
@@ -211,8 +206,7 @@ fn grouped_expert_mmq_matches_twin_per_route() {
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn device_planned_expert_mmq_equals_host_planned() {
     use quarrel_core::{Gating, MoeRouting};
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let gpu = cuda();
     // (n_in, n_out per expert, experts, used, tokens, logit bias toward expert 0: skew)
     let shapes = [
         (256usize, 70usize, 8usize, 2usize, 40usize, 0.0f32),
@@ -277,8 +271,7 @@ fn device_planned_expert_mmq_equals_host_planned() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn invariant_gemvm_equals_unsplit_mmq_bit_for_bit() {
-    require_gpu();
-    let gpu = CudaBackend::new(0).unwrap();
+    let gpu = cuda();
     gpu.set_numerics(quarrel_core::Numerics::Invariant);
     let shapes = [(512usize, 70usize), (544, 130), (672, 33), (4096, 200), (14336, 96), (256, 1)];
     let n_tok = 23;

@@ -9,7 +9,7 @@
 //! a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
 mod common;
-use common::{fixture, nmse_any, require_gpu, tmpdir};
+use common::{cuda, fixture, nmse_any, require_gpu, tmpdir};
 use quarrel_cuda::CudaBackend;
 use quarrel_engine::{Engine, EngineOptions};
 use quarrel_synth::archs::{write_arch_synth, ArchPreset, ArchSynthSpec};
@@ -398,8 +398,7 @@ fn expert_budget_keeps_logits_identical() {
 fn device_router_matches_host_reference() {
     use quarrel_core::moe::route_reference;
     use quarrel_core::{Backend, Gating, MoeRouting};
-    require_gpu();
-    let be = CudaBackend::new(0).unwrap();
+    let be = cuda();
     let mut next = xorshift(0x9e3779b97f4a7c15u64);
     let mut cases = 0;
     for round in 0..300 {
@@ -447,8 +446,7 @@ fn device_router_matches_host_reference() {
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn ssm_conv_scan_equals_conv_then_scan() {
     use quarrel_core::{Backend, ForwardBatch, KvSpec, KvType, SeqBatch, SsmParams, StateSpec};
-    require_gpu();
-    let be = CudaBackend::new(0).unwrap();
+    let be = cuda();
     let mut next = xorshift(0x853c49e6748fea9bu64);
     let mut rnd = move |n: usize, scale: f32| -> Vec<f32> {
         (0..n).map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
@@ -507,8 +505,7 @@ fn fused_router_matches_matmul_and_reference() {
     use quarrel_core::{Backend, Gating, MoeRouting, QuantType, WeightSource};
     use quarrel_gguf::{Gguf, GgufWriter};
     use std::sync::Arc;
-    require_gpu();
-    let be = CudaBackend::new(0).unwrap();
+    let be = cuda();
     let mut next = xorshift(0x2545f4914f6cdd1du64);
     let mut cases = 0;
     for round in 0..64 {

@@ -9,11 +9,10 @@
 //! unless asked for (scripts/gpu-test.sh).
 
 mod common;
-use common::{cuda, rnd};
+use common::{cuda, cuda_and_cpu, load, matmul_out, rnd, rnd_scaled, store, store_attend};
 use quarrel_core::{
     AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeScaling, RopeStyle, SeqBatch, WeightSource,
 };
-use quarrel_cpu::CpuBackend;
 use quarrel_gguf::{Gguf, GgufWriter};
 use std::sync::Arc;
 
@@ -42,7 +41,7 @@ fn weights() -> Arc<Gguf> {
     let mut data = Vec::new();
     for (i, ty) in quarrel_cuda::mmq::MMQ_TYPES.into_iter().enumerate() {
         for (name, n_in, n_out) in [("up", EMBD, FF), ("down", FF, EMBD)] {
-            let v: Vec<f32> = rnd(n_in * n_out, 500 + 2 * i as u64 + (name == "down") as u64).iter().map(|x| x * 0.1).collect();
+            let v = rnd_scaled(n_in * n_out, 500 + 2 * i as u64 + (name == "down") as u64, 0.1);
             w.add_tensor(&format!("{name}.{}", ty.name()), &[n_in as u64, n_out as u64], ty).unwrap();
             data.push(quarrel_quant::quantize_to_vec(ty, &v).unwrap());
         }
@@ -51,10 +50,6 @@ fn weights() -> Arc<Gguf> {
     data.push(rnd(EMBD, 9).iter().flat_map(|x| (1.0 + 0.3 * x).to_le_bytes()).collect());
     let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
     Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap())
-}
-
-fn load<B: Backend>(be: &B, g: &Arc<Gguf>, name: &str) -> B::Weight {
-    be.load_weight(WeightSource { gguf: g, name }).unwrap()
 }
 
 /// Residual stream-like input: values of mixed magnitude (a few large channels).
@@ -77,8 +72,8 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>) -> Vec<(&'static str, Vec<f32>
     outs.push(("add+rms_norm: sum", be.download(&x).unwrap()));
     // SwiGLU over whole rows of FF, and over a length with a tail past the last 16
     for n in [n_tok * FF, 1000] {
-        let gate = be.upload(&rnd(n, 3).iter().map(|v| v * 9.0).collect::<Vec<_>>()).unwrap();
-        let up = be.upload(&rnd(n, 4).iter().map(|v| v * 3.0).collect::<Vec<_>>()).unwrap();
+        let gate = be.upload(&rnd_scaled(n, 3, 9.0)).unwrap();
+        let up = be.upload(&rnd_scaled(n, 4, 3.0)).unwrap();
         let mut s = be.alloc(n).unwrap();
         be.swiglu(&gate, &up, &mut s).unwrap();
         outs.push((if n == 1000 { "swiglu (tail)" } else { "swiglu" }, be.download(&s).unwrap()));
@@ -104,8 +99,7 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>) -> Vec<(&'static str, Vec<f32>
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn elementwise_ops_bit_exact() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     let g = weights();
     let (a, b) = (elementwise(&cpu, &g), elementwise(&gpu, &g));
     let mut bad = vec![];
@@ -139,8 +133,7 @@ fn rope<B: Backend>(be: &B, style: RopeStyle, ff: Option<Vec<f32>>) -> Vec<f32> 
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn rope_within_one_ulp_of_cpu() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     for (style, ff) in [(RopeStyle::Normal, None), (RopeStyle::Neox, Some(rnd(32, 4).iter().map(|v| 1.5 + v).collect::<Vec<f32>>()))] {
         let (a, b) = (rope(&cpu, style, ff.clone()), rope(&gpu, style, ff));
         let (n, _) = bit_diff(&a, &b);
@@ -163,13 +156,11 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: &str, n_tok: usize, via: &str) -> V
         let raw = be.upload(&hidden(n_tok * n_in, 40 + n_tok as u64)).unwrap();
         be.rms_norm(&raw, &norm, 1e-5, &mut x).unwrap();
     } else if via == "swiglu" {
-        let gate = be.upload(&rnd(n_tok * n_in, 50).iter().map(|v| v * 6.0).collect::<Vec<_>>()).unwrap();
-        let up = be.upload(&rnd(n_tok * n_in, 51).iter().map(|v| v * 2.0).collect::<Vec<_>>()).unwrap();
+        let gate = be.upload(&rnd_scaled(n_tok * n_in, 50, 6.0)).unwrap();
+        let up = be.upload(&rnd_scaled(n_tok * n_in, 51, 2.0)).unwrap();
         be.swiglu(&gate, &up, &mut x).unwrap();
     }
-    let mut out = be.alloc(n_tok * n_out).unwrap();
-    be.matmul(&w, &x, n_tok, &mut out).unwrap();
-    be.download(&out).unwrap()
+    matmul_out(be, &w, &x, n_tok, n_out)
 }
 
 /// Legacy-quant matmuls (default mode): both sides quantize the activations alike (same d,
@@ -181,10 +172,9 @@ fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: &str, n_tok: usize, via: &str) -> V
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn quantized_matmul_equals_cpu_to_float_order() {
-    let gpu = cuda();
+    let (gpu, cpu) = cuda_and_cpu();
     // the fast GEMV (the default; the ordered one: ordered_gemv_bit_exact)
     gpu.set_ordered_gemv(false);
-    let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
     let mut bad = vec![];
     for ty in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"] {
@@ -209,9 +199,8 @@ fn quantized_matmul_equals_cpu_to_float_order() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_matmul_bit_exact() {
-    let gpu = cuda();
+    let (gpu, cpu) = cuda_and_cpu();
     gpu.set_numerics(quarrel_core::Numerics::Exact);
-    let cpu = CpuBackend::new(0).unwrap();
     let g = weights();
     let mut bad = vec![];
     for ty in ["q4_0", "q4_1", "q8_0"] {
@@ -251,16 +240,15 @@ fn mm3<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, x: &[f32], n_tok: usize
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn ordered_gemv_bit_exact() {
-    let gpu = cuda();
+    let (gpu, cpu) = cuda_and_cpu();
     gpu.set_ordered_gemv(true);
-    let cpu = CpuBackend::new(0).unwrap();
     let (n_in, outs) = (5632usize, [100usize, 36, 7]);
     let mut bad = vec![];
     for (s, ty) in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0].into_iter().enumerate() {
         let mut w = GgufWriter::new();
         let mut data = vec![];
         for (i, &n_out) in outs.iter().enumerate() {
-            let v: Vec<f32> = rnd(n_in * n_out, 800 + 10 * s as u64 + i as u64).iter().map(|x| x * 0.1).collect();
+            let v = rnd_scaled(n_in * n_out, 800 + 10 * s as u64 + i as u64, 0.1);
             w.add_tensor(&format!("m{i}.{}", ty.name()), &[n_in as u64, n_out as u64], ty).unwrap();
             data.push(quarrel_quant::quantize_to_vec(ty, &v).unwrap());
         }
@@ -298,13 +286,9 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
             logits_rows: vec![],
             state_slots: vec![],
         };
-        let k = be.upload(&rnd(len * row, 60 + seq as u64).iter().map(|v| v * 4.0).collect::<Vec<_>>()).unwrap();
-        let v = be.upload(&rnd(len * row, 70 + seq as u64)).unwrap();
-        be.kv_store(&mut kv, 0, &k, &v, &batch).unwrap();
-        let q = be.upload(&rnd(len * n_head * hd, 80 + seq as u64).iter().map(|v| v * 3.0).collect::<Vec<_>>()).unwrap();
-        let mut out = be.alloc(len * n_head * hd).unwrap();
-        be.attention(&q, &kv, 0, &batch, &p, &mut out).unwrap();
-        outs.push(be.download(&out).unwrap());
+        let k = rnd_scaled(len * row, 60 + seq as u64, 4.0);
+        let q = rnd_scaled(len * n_head * hd, 80 + seq as u64, 3.0);
+        outs.push(store_attend(be, &mut kv, 0, &batch, &p, [&k, &rnd(len * row, 70 + seq as u64), &q]));
         for step in 0..3 {
             let pos = (len + step) as u32;
             let dec = ForwardBatch {
@@ -314,13 +298,9 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
                 logits_rows: vec![0],
                 state_slots: vec![],
             };
-            let k1 = be.upload(&rnd(row, 90 + pos as u64).iter().map(|v| v * 4.0).collect::<Vec<_>>()).unwrap();
-            let v1 = be.upload(&rnd(row, 190 + pos as u64)).unwrap();
-            be.kv_store(&mut kv, 0, &k1, &v1, &dec).unwrap();
-            let q1 = be.upload(&rnd(n_head * hd, 290 + pos as u64).iter().map(|v| v * 3.0).collect::<Vec<_>>()).unwrap();
-            let mut o1 = be.alloc(n_head * hd).unwrap();
-            be.attention(&q1, &kv, 0, &dec, &p, &mut o1).unwrap();
-            outs.push(be.download(&o1).unwrap());
+            let k1 = rnd_scaled(row, 90 + pos as u64, 4.0);
+            let q1 = rnd_scaled(n_head * hd, 290 + pos as u64, 3.0);
+            outs.push(store_attend(be, &mut kv, 0, &dec, &p, [&k1, &rnd(row, 190 + pos as u64), &q1]));
         }
     }
     outs
@@ -337,9 +317,8 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn exact_attention_matches_cpu() {
-    let gpu = cuda();
+    let (gpu, cpu) = cuda_and_cpu();
     gpu.set_attn_mma_min(None);
-    let cpu = CpuBackend::new(0).unwrap();
     for exact in [false, true] {
         // default numerics follow llama.cpp's rule (the tiled f32 path for the 70-token
         // prompt, tensor cores off above), exact ones the CPU backend's default (the vector
@@ -374,8 +353,7 @@ fn check_attention(a: &[Vec<f32>], b: &[Vec<f32>]) {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn decode_attention_long_contexts_match_cpu() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     let limit = 2048;
     gpu.set_attn_vec_max(limit);
     let mut bad = vec![];
@@ -423,9 +401,7 @@ fn long_decode<B: Backend>(be: &B, lens: [usize; 2], window: Option<usize>) -> V
             logits_rows: vec![],
             state_slots: vec![],
         };
-        let k = be.upload(&rnd(len * row, 400 + s as u64).iter().map(|v| v * 4.0).collect::<Vec<_>>()).unwrap();
-        let v = be.upload(&rnd(len * row, 500 + s as u64)).unwrap();
-        be.kv_store(&mut kv, 0, &k, &v, &batch).unwrap();
+        store(be, &mut kv, 0, &batch, &rnd_scaled(len * row, 400 + s as u64, 4.0), &rnd(len * row, 500 + s as u64));
     }
     let mut outs = vec![];
     for step in 0..3 {
@@ -436,13 +412,9 @@ fn long_decode<B: Backend>(be: &B, lens: [usize; 2], window: Option<usize>) -> V
             logits_rows: vec![0, 1],
             state_slots: vec![],
         };
-        let k1 = be.upload(&rnd(2 * row, 600 + step as u64).iter().map(|v| v * 4.0).collect::<Vec<_>>()).unwrap();
-        let v1 = be.upload(&rnd(2 * row, 700 + step as u64)).unwrap();
-        be.kv_store(&mut kv, 0, &k1, &v1, &dec).unwrap();
-        let q1 = be.upload(&rnd(2 * n_head * hd, 800 + step as u64).iter().map(|v| v * 3.0).collect::<Vec<_>>()).unwrap();
-        let mut o1 = be.alloc(2 * n_head * hd).unwrap();
-        be.attention(&q1, &kv, 0, &dec, &p, &mut o1).unwrap();
-        outs.push(be.download(&o1).unwrap());
+        let k1 = rnd_scaled(2 * row, 600 + step as u64, 4.0);
+        let q1 = rnd_scaled(2 * n_head * hd, 800 + step as u64, 3.0);
+        outs.push(store_attend(be, &mut kv, 0, &dec, &p, [&k1, &rnd(2 * row, 700 + step as u64), &q1]));
     }
     outs
 }
@@ -455,8 +427,7 @@ fn long_decode<B: Backend>(be: &B, lens: [usize; 2], window: Option<usize>) -> V
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn embed_rows_bit_exact_at_every_position() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     let shapes = [(768usize, 2048usize), (256, 2048), (768, 64), (512, 70)];
     let types = [QuantType::Q4_K, QuantType::Q4_0, QuantType::Q8_0, QuantType::Q6_K, QuantType::Q4_1];
     let exact = |ty: QuantType| matches!(ty, QuantType::Q8_0 | QuantType::Q4_1 | QuantType::Q4_K);
@@ -464,7 +435,7 @@ fn embed_rows_bit_exact_at_every_position() {
     let mut data = Vec::new();
     for (i, ty) in types.iter().enumerate() {
         for (j, &(n_in, n_out)) in shapes.iter().enumerate() {
-            let v: Vec<f32> = rnd(n_in * n_out, 900 + (10 * i + j) as u64).iter().map(|x| x * 0.1).collect();
+            let v = rnd_scaled(n_in * n_out, 900 + (10 * i + j) as u64, 0.1);
             w.add_tensor(&format!("t{i}_{j}"), &[n_in as u64, n_out as u64], *ty).unwrap();
             data.push(quarrel_quant::quantize_to_vec(*ty, &v).unwrap());
         }

@@ -3,7 +3,7 @@
 //! `scripts/gpu-test.sh` does on a GPU machine), so CI (no GPU) reports them as ignored.
 
 mod common;
-use common::{nmse, rnd};
+use common::{load, matmul_out, nmse, rnd, rnd_scaled, store_attend};
 use quarrel_core::{
     AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeScaling, RopeStyle, SeqBatch, WeightSource,
 };
@@ -38,6 +38,11 @@ fn cuda() -> CudaBackend {
     gpu
 }
 
+/// [`cuda`] and the CPU backend it is compared with.
+fn cuda_and_cpu() -> (CudaBackend, CpuBackend) {
+    (cuda(), CpuBackend::new(0).unwrap())
+}
+
 const N_IN: usize = 512;
 const N_OUT: usize = 70;
 
@@ -64,7 +69,7 @@ fn weights() -> (Arc<Gguf>, Vec<QuantType>) {
     let mut data = Vec::new();
     let mut types = Vec::new();
     for (i, &ty) in TYPES.iter().enumerate() {
-        let v: Vec<f32> = rnd(N_IN * N_OUT, 100 + i as u64).iter().map(|x| x * 0.5).collect();
+        let v = rnd_scaled(N_IN * N_OUT, 100 + i as u64, 0.5);
         let Ok(bytes) = quarrel_quant::quantize_to_vec(ty, &v) else { continue };
         w.add_tensor(&format!("w.{}", ty.name()), &[N_IN as u64, N_OUT as u64], ty).unwrap();
         data.push(bytes);
@@ -77,23 +82,16 @@ fn weights() -> (Arc<Gguf>, Vec<QuantType>) {
     (Arc::new(Gguf::from_bytes(w.to_bytes(&refs).unwrap()).unwrap()), types)
 }
 
-fn load<B: Backend>(be: &B, g: &Arc<Gguf>, name: &str) -> B::Weight {
-    be.load_weight(WeightSource { gguf: g, name }).unwrap()
-}
-
 fn matmul<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, n_tok: usize) -> Vec<f32> {
     let w = load(be, g, &format!("w.{}", ty.name()));
     let x = be.upload(&rnd(n_tok * N_IN, n_tok as u64)).unwrap();
-    let mut out = be.alloc(n_tok * N_OUT).unwrap();
-    be.matmul(&w, &x, n_tok, &mut out).unwrap();
-    be.download(&out).unwrap()
+    matmul_out(be, &w, &x, n_tok, N_OUT)
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn matmul_every_type_gemv_and_gemm() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     let (g, types) = weights();
     assert!(types.len() >= 12, "only {types:?} quantize");
     for &ty in &types {
@@ -123,8 +121,7 @@ fn matmul_every_type_gemv_and_gemm() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn matmul_row_splits() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     for (n_in, n_out) in [(256usize, 8200usize), (512, 4100)] {
         let mut w = GgufWriter::new();
         let mut data = Vec::new();
@@ -158,9 +155,7 @@ fn matmul_row_splits() {
 fn mm<B: Backend>(be: &B, g: &Arc<Gguf>, ty: QuantType, n_in: usize, n_out: usize, n_tok: usize) -> Vec<f32> {
     let w = load(be, g, &format!("w.{}", ty.name()));
     let x = be.upload(&rnd(n_tok * n_in, 7 + n_tok as u64)).unwrap();
-    let mut out = be.alloc(n_tok * n_out).unwrap();
-    be.matmul(&w, &x, n_tok, &mut out).unwrap();
-    be.download(&out).unwrap()
+    matmul_out(be, &w, &x, n_tok, n_out)
 }
 
 /// Embedding, RMSNorm, RoPE (both styles, with frequency factors), SwiGLU, GeGLU, add, scale, gather.
@@ -194,12 +189,12 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
         be.rope(&mut r, &positions, 8, 64, &p).unwrap();
         outs.push((format!("rope {style:?} {scaling:?}"), be.download(&r).unwrap()));
     }
-    let gate = be.upload(&rnd(n_tok * N_IN, 5).iter().map(|v| v * 8.0).collect::<Vec<_>>()).unwrap();
+    let gate = be.upload(&rnd_scaled(n_tok * N_IN, 5, 8.0)).unwrap();
     let mut s = be.alloc(n_tok * N_IN).unwrap();
     be.swiglu(&gate, &x, &mut s).unwrap();
     outs.push(("swiglu".into(), be.download(&s).unwrap()));
     // GELU gate over the table's whole range and past its ±10 cut-offs (Gemma)
-    let wide = be.upload(&rnd(n_tok * N_IN, 8).iter().map(|v| v * 30.0).collect::<Vec<_>>()).unwrap();
+    let wide = be.upload(&rnd_scaled(n_tok * N_IN, 8, 30.0)).unwrap();
     let mut gg = be.alloc(n_tok * N_IN).unwrap();
     be.geglu(&wide, &x, &mut gg).unwrap();
     outs.push(("geglu".into(), be.download(&gg).unwrap()));
@@ -242,8 +237,7 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn elementwise_ops_match_cpu() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     let (g, types) = weights();
     let a = elementwise(&cpu, &g, &types);
     let b = elementwise(&gpu, &g, &types);
@@ -274,14 +268,9 @@ fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Opt
         state_slots: vec![],
     };
     let row = n_kv_head * hd;
-    let k = be.upload(&rnd(batch.n_tokens() * row, 11)).unwrap();
-    let v = be.upload(&rnd(batch.n_tokens() * row, 12)).unwrap();
-    be.kv_store(&mut kv, 1, &k, &v, &batch).unwrap();
+    let n = batch.n_tokens();
     let p = AttnParams { n_head, n_kv_head, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sliding_window: window, softcap };
-    let q = be.upload(&rnd(batch.n_tokens() * n_head * hd, 13).iter().map(|x| x * 3.0).collect::<Vec<_>>()).unwrap();
-    let mut out = be.alloc(batch.n_tokens() * n_head * hd).unwrap();
-    be.attention(&q, &kv, 1, &batch, &p, &mut out).unwrap();
-    let mut all = be.download(&out).unwrap();
+    let mut all = store_attend(be, &mut kv, 1, &batch, &p, [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * n_head * hd, 13, 3.0)]);
     // then one decode token for sequence 1 (position 70)
     let dec = ForwardBatch {
         tokens: vec![0],
@@ -290,21 +279,14 @@ fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Opt
         logits_rows: vec![0],
         state_slots: vec![],
     };
-    let k1 = be.upload(&rnd(row, 21)).unwrap();
-    let v1 = be.upload(&rnd(row, 22)).unwrap();
-    be.kv_store(&mut kv, 1, &k1, &v1, &dec).unwrap();
-    let q1 = be.upload(&rnd(n_head * hd, 23)).unwrap();
-    let mut o1 = be.alloc(n_head * hd).unwrap();
-    be.attention(&q1, &kv, 1, &dec, &p, &mut o1).unwrap();
-    all.extend(be.download(&o1).unwrap());
+    all.extend(store_attend(be, &mut kv, 1, &dec, &p, [&rnd(row, 21), &rnd(row, 22), &rnd(n_head * hd, 23)]));
     all
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn paged_attention_every_kv_type() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     for ty in KvType::ALL {
         for (window, softcap) in [(None, None), (Some(20), None), (None, Some(5.0))] {
             let a = attention(&cpu, ty, window, softcap);
@@ -336,8 +318,7 @@ fn bad_input_is_an_error_not_a_panic() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn grouped_gemvs_match_cpu() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     let n_in = 256;
     let shapes = [700usize, 96, 96, 5000];
     for ty in [QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K] {
@@ -411,8 +392,7 @@ fn argmax_rows_matches_host() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn rope_and_kv_store_fused_match_unfused_and_cpu() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     fn run<B: Backend>(be: &B, ty: KvType, style: RopeStyle, n_rot: usize, fuse: bool) -> Vec<f32> {
         let (n_head, n_kv_head, hd, bs) = (8, 2, 64, 16);
         let spec = KvSpec { n_layer: 1, n_kv_head, head_dim: hd, block_size: bs, n_blocks: 24, ty };
@@ -482,8 +462,7 @@ fn rope_and_kv_store_fused_match_unfused_and_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     let (n_in, n_head, n_kv_head, hd, bs) = (256usize, 4usize, 2usize, 64usize, 16usize);
     for ty in [QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K] {
         let mut w = GgufWriter::new();
@@ -568,8 +547,7 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn wide_rms_norm_matches_cpu() {
-    let gpu = cuda();
-    let cpu = CpuBackend::new(0).unwrap();
+    let (gpu, cpu) = cuda_and_cpu();
     fn run<B: Backend>(be: &B, d: usize, rows: usize) -> Vec<Vec<f32>> {
         let mut w = GgufWriter::new();
         w.add_tensor("norm", &[d as u64], QuantType::F32).unwrap();
@@ -577,7 +555,7 @@ fn wide_rms_norm_matches_cpu() {
         let g = Arc::new(Gguf::from_bytes(w.to_bytes(&[&g]).unwrap()).unwrap());
         let norm = load(be, &g, "norm");
         let n = rows * d;
-        let mut x = be.upload(&rnd(n, d as u64).iter().map(|v| v * 4.0).collect::<Vec<_>>()).unwrap();
+        let mut x = be.upload(&rnd_scaled(n, d as u64, 4.0)).unwrap();
         let y = be.upload(&rnd(n, 2 + d as u64)).unwrap();
         let mut h = be.alloc(n).unwrap();
         let mut outs = Vec::new();

@@ -7,7 +7,7 @@
 //! Needs a CUDA device: ignored unless asked for (scripts/gpu-test.sh).
 
 mod common;
-use common::{require_gpu, rnd};
+use common::{cuda, rnd};
 use quarrel_core::{Backend, ForwardBatch, KvSpec, KvType, SeqBatch, SsmParams, StateSpec};
 use quarrel_cuda::{CudaBackend, CudaKv, ScanKernel};
 
@@ -106,8 +106,7 @@ fn by_token(p: &SsmParams, steps: &[Vec<(usize, usize, usize)>], outs: &[Vec<f32
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn prefill_scan_kernels_equal_token_steps() {
-    require_gpu();
-    let be = CudaBackend::new(0).unwrap();
+    let be = cuda();
     // (heads, head size, state size, groups): state sizes 16 and 48 have only the generic kernel
     let shapes = [
         (8usize, 32usize, 16usize, 2usize),

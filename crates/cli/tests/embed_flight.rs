@@ -4,6 +4,8 @@
 //! the vectors the engine computes for the same texts; k-NN finds each document first;
 //! texts embedded alone equal the same texts embedded in a batch.
 
+mod common;
+use common::Server;
 use quarrel_cpu::CpuBackend;
 use quarrel_engine::embedding::{embed_texts_blocking, EmbedOptions};
 use quarrel_engine::service::{EngineHandle, ServiceOptions};
@@ -11,10 +13,10 @@ use quarrel_engine::{Engine, EngineOptions};
 use quarrel_flight::peer::TestPeer;
 use quarrel_flight::LongbowClient;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Instant;
 
 fn smollm2() -> Option<PathBuf> {
     match std::env::var_os("QUARREL_SMOLLM2") {
@@ -55,75 +57,6 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
     let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
     dot / (n(a) * n(b))
-}
-
-/// `quarrel serve` on a free loopback port; stopped on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(model: &str, home: &std::path::Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_quarrel"))
-            .args(["serve", "-m", model, "--port", "0", "--log-format", "text"])
-            .env("QUARREL_HOME", home)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if let Some(a) = line.split("listening on http://").nth(1) {
-                    let _ = tx.send(a.trim().to_string());
-                }
-            }
-        });
-        let addr = rx.recv_timeout(Duration::from_secs(120)).expect("quarrel serve did not start");
-        Server { child, addr }
-    }
-
-    /// POST a JSON body; the JSON response (status 200 expected).
-    fn post(&self, path: &str, body: &Value) -> Value {
-        let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
-        let b = body.to_string();
-        write!(
-            s,
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
-            self.addr,
-            b.len()
-        )
-        .unwrap();
-        let mut resp = vec![];
-        s.read_to_end(&mut resp).unwrap();
-        let split = resp.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
-        let head = String::from_utf8_lossy(&resp[..split]).to_ascii_lowercase();
-        assert!(head.starts_with("http/1.1 200"), "{head}\n{}", String::from_utf8_lossy(&resp[split..]));
-        let mut body = resp[split + 4..].to_vec();
-        if head.contains("transfer-encoding: chunked") {
-            let (mut out, mut rest) = (vec![], &body[..]);
-            loop {
-                let eol = rest.windows(2).position(|w| w == b"\r\n").unwrap();
-                let n = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap().trim(), 16).unwrap();
-                if n == 0 {
-                    break;
-                }
-                out.extend_from_slice(&rest[eol + 2..eol + 2 + n]);
-                rest = &rest[eol + 4 + n..];
-            }
-            body = out;
-        }
-        serde_json::from_slice(&body).unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 async fn peer_stats(c: &LongbowClient) -> Value {
@@ -187,9 +120,10 @@ fn embed_1000_texts_into_longbow_through_slow_down_and_a_dropped_connection() {
     assert_eq!(differing, 0, "{differing} of 1000 stored vectors differ from the engine's");
 
     // ... and equal what `quarrel serve`'s /v1/embeddings answers for the same texts
-    let server = Server::start(m, dir.path());
+    let mut server = Server::start(&["-m", m], dir.path());
     let t2 = Instant::now();
-    let r = server.post("/v1/embeddings", &serde_json::json!({ "input": texts }));
+    let (status, r) = server.post("/v1/embeddings", &serde_json::json!({ "input": texts }), None);
+    assert_eq!(status, 200, "{r}");
     eprintln!("/v1/embeddings of 1000 texts: {:.1} s", t2.elapsed().as_secs_f64());
     let data = r["data"].as_array().unwrap();
     assert_eq!(data.len(), 1000);

@@ -2,32 +2,26 @@
 
 use std::fmt;
 
-/// GGUF metadata value type ids as stored in the file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum ValueType {
-    U8 = 0,
-    I8 = 1,
-    U16 = 2,
-    I16 = 3,
-    U32 = 4,
-    I32 = 5,
-    F32 = 6,
-    Bool = 7,
-    String = 8,
-    Array = 9,
-    U64 = 10,
-    I64 = 11,
-    F64 = 12,
+/// `ValueType` with the variants listed, numbered 0.. in that order (the file's type ids are
+/// 0..=12 without gaps), and `BY_ID`, every type at the index of its id.
+macro_rules! value_types {
+    ($($t:ident),*) => {
+        /// GGUF metadata value type ids as stored in the file.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u32)]
+        pub enum ValueType {
+            $($t),*
+        }
+
+        impl ValueType {
+            const BY_ID: &'static [ValueType] = &[$(ValueType::$t),*];
+        }
+    };
 }
 
-impl ValueType {
-    /// Every type, at the index of its id (the ids are 0..=12 without gaps).
-    const BY_ID: [ValueType; 13] = {
-        use ValueType::*;
-        [U8, I8, U16, I16, U32, I32, F32, Bool, String, Array, U64, I64, F64]
-    };
+value_types!(U8, I8, U16, I16, U32, I32, F32, Bool, String, Array, U64, I64, F64);
 
+impl ValueType {
     pub fn from_id(id: u32) -> Option<ValueType> {
         Self::BY_ID.get(id as usize).copied()
     }

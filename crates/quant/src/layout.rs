@@ -111,6 +111,18 @@ const _: () = assert!(Q5_K_QS_OFF + QK_K / 2 == BLOCK_Q5_K_SIZE);
 const _: () = assert!(Q6_K_D_OFF + 2 == BLOCK_Q6_K_SIZE);
 const _: () = assert!(Q8_K_BSUMS_OFF + 2 * (QK_K / 16) == BLOCK_Q8_K_SIZE);
 
+/// A block module's `QK` (elements per block) and `BLOCK_BYTES` (bytes per block): those of
+/// its row `$ty` of the type table.
+macro_rules! block_geometry {
+    ($ty:ident) => {
+        /// Elements per block.
+        pub const QK: usize = $crate::QuantType::$ty.info().block_size;
+        /// Bytes per block.
+        pub const BLOCK_BYTES: usize = $crate::QuantType::$ty.info().type_size;
+    };
+}
+pub(crate) use block_geometry;
+
 /// Read a little-endian f16 at `off` and widen it to f32 (exact).
 #[inline]
 pub fn read_f16(b: &[u8], off: usize) -> f32 {

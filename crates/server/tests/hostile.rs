@@ -3,8 +3,10 @@
 //! rate limits without keys, file paths in model listings, and a shutdown that must not wait
 //! forever. The connection-level checks run over real TCP against `quarrel_server::serve`.
 
+mod common;
 use axum::body::{to_bytes, Body};
 use axum::http::{Request, StatusCode};
+use common::key_file;
 use quarrel_engine::EngineHandle;
 use quarrel_server::{AppState, KeyFile, KeyStore, ModelEntry, ModelLoader, RateLimit, Registry, ServerConfig};
 use std::sync::Arc;
@@ -96,16 +98,20 @@ async fn read_response(s: &mut TcpStream) -> String {
 
 const GET_HEALTH: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
+/// `request` sent on a new connection to `addr`: all the server answers before it closes the
+/// connection, within `within` (`None` if it stays open).
+async fn send_then_read_to_close(addr: std::net::SocketAddr, request: &[u8], within: Duration) -> Option<String> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    read_to_close(&mut s, within).await
+}
+
 #[tokio::test]
 async fn declared_body_over_the_limit_is_413_before_reading() {
     let (addr, _stop, _) = start(ServerConfig::default()).await;
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let text = read_to_close(&mut s, Duration::from_secs(3)).await.expect("the server kept waiting for a body it will refuse");
+    let req =
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n";
+    let text = send_then_read_to_close(addr, req, Duration::from_secs(3)).await.expect("the server kept waiting for a body it will refuse");
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
     assert!(text.contains("body_too_large"), "{text}");
 }
@@ -114,13 +120,10 @@ async fn declared_body_over_the_limit_is_413_before_reading() {
 async fn unfinished_body_is_408_and_the_connection_closes() {
     let cfg = ServerConfig { body_timeout: Duration::from_millis(300), ..Default::default() };
     let (addr, _stop, _) = start(cfg).await;
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":",
-    )
-    .await
-    .unwrap();
-    let text = read_to_close(&mut s, Duration::from_secs(3)).await.expect("an unfinished body was waited for past the body timeout");
+    let req =
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":";
+    let text =
+        send_then_read_to_close(addr, req, Duration::from_secs(3)).await.expect("an unfinished body was waited for past the body timeout");
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("body_timeout"), "{text}");
 }
@@ -130,9 +133,8 @@ async fn slow_headers_and_idle_keep_alive_connections_are_closed() {
     let cfg = ServerConfig { header_timeout: Duration::from_millis(300), ..Default::default() };
     let (addr, _stop, _) = start(cfg).await;
     // headers never finished
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: loc").await.unwrap();
-    assert!(read_to_close(&mut s, Duration::from_secs(3)).await.is_some(), "half-sent headers kept the connection open");
+    let half = send_then_read_to_close(addr, b"GET /healthz HTTP/1.1\r\nHost: loc", Duration::from_secs(3)).await;
+    assert!(half.is_some(), "half-sent headers kept the connection open");
     // a connection that sends nothing at all
     let mut s = TcpStream::connect(addr).await.unwrap();
     assert!(read_to_close(&mut s, Duration::from_secs(3)).await.is_some(), "a silent connection stayed open");
@@ -324,10 +326,7 @@ async fn ws_json(s: &mut TcpStream) -> serde_json::Value {
 #[tokio::test]
 async fn a_key_revoked_while_its_websocket_is_open_is_refused_and_closed() {
     let d = tempfile::tempdir().unwrap();
-    let kp = d.path().join("keys.json");
-    let mut kf = KeyFile::default();
-    let (key, rec) = kf.create("ws");
-    kf.save(&kp).unwrap();
+    let (kp, key, id) = key_file(d.path(), "ws");
     let st = AppState::new(ServerConfig::default(), Registry::new(Arc::new(Catalog(vec![])), 0, false), Some(KeyStore::open(&kp).unwrap()))
         .unwrap();
     let (addr, _stop, _) = start_with(st).await;
@@ -335,7 +334,7 @@ async fn a_key_revoked_while_its_websocket_is_open_is_refused_and_closed() {
     ws_send(&mut ws, r#"{"type":"ping","id":"a"}"#).await;
     assert_eq!(ws_json(&mut ws).await["type"], "pong");
     let mut kf = KeyFile::load(&kp).unwrap();
-    kf.revoke(&rec.id).unwrap();
+    kf.revoke(&id).unwrap();
     kf.save(&kp).unwrap();
     // make sure the modification time moves even on coarse clocks
     let later = std::time::SystemTime::now() + Duration::from_secs(2);

@@ -3,11 +3,13 @@
 //! is full, the per-request timeout, auth, and the error shape. No network: requests go
 //! through `tower::ServiceExt::oneshot`.
 
+mod common;
 use axum::body::{to_bytes, Body};
 use axum::http::{Request, StatusCode};
+use common::key_file;
 use quarrel_cpu::CpuBackend;
 use quarrel_engine::{Engine, EngineHandle, EngineOptions, ServiceOptions};
-use quarrel_server::{AppState, KeyFile, KeyStore, ModelEntry, ModelLoader, Registry, ServerConfig};
+use quarrel_server::{AppState, KeyStore, ModelEntry, ModelLoader, Registry, ServerConfig};
 use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -118,10 +120,7 @@ async fn request_timeout_is_504() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_gate_the_apis_but_not_the_probes() {
     let d = tempfile::tempdir().unwrap();
-    let kp = d.path().join("keys.json");
-    let mut kf = KeyFile::default();
-    let (key, _) = kf.create("test");
-    kf.save(&kp).unwrap();
+    let (kp, key, _) = key_file(d.path(), "test");
     let st = state(vec![synth(d.path(), "alpha", 1)], 0, 64, ServerConfig::default(), Some(KeyStore::open(&kp).unwrap()));
     assert_eq!(call(&st, "GET", "/v1/models", None, None).await.0, StatusCode::UNAUTHORIZED);
     assert_eq!(call(&st, "GET", "/v1/models", None, Some("qk-wrong")).await.0, StatusCode::UNAUTHORIZED);

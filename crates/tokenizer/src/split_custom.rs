@@ -111,6 +111,31 @@ fn contraction(s: &Seg, pos: usize, fold: bool) -> Option<usize> {
     None
 }
 
+/// [`split_pieces`] with the loop the GPT-2 and Llama-3-like scanners share: at each
+/// position a contraction ([`contraction`], case-insensitive when `fold`) is a word of its
+/// own; otherwise `step` gets the position, its codepoint and flags, ends what word it
+/// matches there and returns where the next one starts.
+fn scan_words(
+    cpts: &[char],
+    flags: &[Flags],
+    offsets: &[usize],
+    fold: bool,
+    mut step: impl FnMut(&mut Seg<'_>, usize, u32, Flags, &mut Vec<usize>) -> usize,
+) -> Vec<usize> {
+    split_pieces(cpts, flags, offsets, |s, out| {
+        let mut pos = s.ini;
+        while pos < s.end {
+            let cpt = s.cpt(pos);
+            let f = s.fl(pos);
+            if let Some(len) = contraction(s, pos, fold) {
+                pos += s.add(pos + len, out);
+                continue;
+            }
+            pos = step(s, pos, cpt, f, out);
+        }
+    })
+}
+
 /// GPT-2's run classes, each optionally led by one space: letters, digits, and the rest
 /// but white space.
 const GPT2_RUNS: [fn(Flags) -> bool; 3] =
@@ -118,32 +143,23 @@ const GPT2_RUNS: [fn(Flags) -> bool; 3] =
 
 /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 pub(crate) fn gpt2(cpts: &[char], flags: &[Flags], offsets: &[usize]) -> Vec<usize> {
-    split_pieces(cpts, flags, offsets, |s, out| {
-        let mut pos = s.ini;
-        while pos < s.end {
-            let cpt = s.cpt(pos);
-            let f = s.fl(pos);
-            if let Some(len) = contraction(s, pos, false) {
-                pos += s.add(pos + len, out);
-                continue;
+    scan_words(cpts, flags, offsets, false, |s, mut pos, cpt, f, out| {
+        // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: the first class that matches
+        let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
+        if let Some(class) = GPT2_RUNS.iter().find(|class| class(f2)) {
+            pos += (cpt == SP) as usize;
+            while class(f2) {
+                pos += 1;
+                f2 = s.fl(pos);
             }
-            // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: the first class that matches
-            let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
-            if let Some(class) = GPT2_RUNS.iter().find(|class| class(f2)) {
-                pos += (cpt == SP) as usize;
-                while class(f2) {
-                    pos += 1;
-                    f2 = s.fl(pos);
-                }
-                s.add(pos, out);
-                continue;
-            }
-            let mut nws = 0;
-            while s.fl(pos + nws).is_whitespace() {
-                nws += 1;
-            }
-            pos = whitespace_or_one(s, pos, nws, out);
+            s.add(pos, out);
+            return pos;
         }
+        let mut nws = 0;
+        while s.fl(pos + nws).is_whitespace() {
+            nws += 1;
+        }
+        whitespace_or_one(s, pos, nws, out)
     })
 }
 
@@ -163,76 +179,67 @@ enum Variant {
 fn llama3_like(cpts: &[char], flags: &[Flags], offsets: &[usize], v: Variant) -> Vec<usize> {
     let marks = v == Variant::Qwen35;
     let wordish = |f: Flags| f.is_letter() || (marks && f.is_mark());
-    split_pieces(cpts, flags, offsets, |s, out| {
-        let mut pos = s.ini;
-        while pos < s.end {
-            let cpt = s.cpt(pos);
-            let f = s.fl(pos);
-            if let Some(len) = contraction(s, pos, true) {
-                pos += s.add(pos + len, out);
-                continue;
-            }
-            // [^\r\n\p{L}\p{N}]?\p{L}+
-            if !(cpt == R || cpt == N || f.is_number()) && (wordish(f) || wordish(s.fl(pos + 1))) {
+    scan_words(cpts, flags, offsets, true, |s, mut pos, cpt, f, out| {
+        // [^\r\n\p{L}\p{N}]?\p{L}+
+        if !(cpt == R || cpt == N || f.is_number()) && (wordish(f) || wordish(s.fl(pos + 1))) {
+            pos += 1;
+            while wordish(s.fl(pos)) {
                 pos += 1;
-                while wordish(s.fl(pos)) {
-                    pos += 1;
-                }
-                s.add(pos, out);
-                continue;
             }
-            // \p{N}{1,3} or \p{N}
-            if f.is_number() {
-                if v == Variant::Llama3 {
-                    let mut ini = pos;
-                    while s.fl(pos).is_number() {
-                        pos += 1;
-                        if pos - ini >= 3 {
-                            s.add(pos, out);
-                            ini = pos;
-                        }
-                    }
-                } else {
-                    pos += 1;
-                }
-                s.add(pos, out);
-                continue;
-            }
-            // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (llama.cpp tests the first codepoint's flags
-            // for "inside the piece", not those of the one after the space)
-            let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
-            let other = |g: Flags| !(g.is_whitespace() || g.is_letter() || g.is_number() || (marks && g.is_mark()));
-            if other(f2) && f.any() {
-                pos += (cpt == SP) as usize;
-                while other(f2) && f2.any() {
-                    pos += 1;
-                    f2 = s.fl(pos);
-                }
-                let mut c2 = s.cpt(pos);
-                while c2 == R || c2 == N {
-                    pos += 1;
-                    c2 = s.cpt(pos);
-                }
-                s.add(pos, out);
-                continue;
-            }
-            let mut nws = 0;
-            let mut last_rn = 0;
-            while s.fl(pos + nws).is_whitespace() {
-                let c2 = s.cpt(pos + nws);
-                if c2 == R || c2 == N {
-                    last_rn = pos + nws + 1;
-                }
-                nws += 1;
-            }
-            // \s*[\r\n]+
-            if last_rn > 0 {
-                pos = last_rn;
-                s.add(pos, out);
-                continue;
-            }
-            pos = whitespace_or_one(s, pos, nws, out);
+            s.add(pos, out);
+            return pos;
         }
+        // \p{N}{1,3} or \p{N}
+        if f.is_number() {
+            if v == Variant::Llama3 {
+                let mut ini = pos;
+                while s.fl(pos).is_number() {
+                    pos += 1;
+                    if pos - ini >= 3 {
+                        s.add(pos, out);
+                        ini = pos;
+                    }
+                }
+            } else {
+                pos += 1;
+            }
+            s.add(pos, out);
+            return pos;
+        }
+        // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (llama.cpp tests the first codepoint's flags
+        // for "inside the piece", not those of the one after the space)
+        let mut f2 = if cpt == SP { s.fl(pos + 1) } else { f };
+        let other = |g: Flags| !(g.is_whitespace() || g.is_letter() || g.is_number() || (marks && g.is_mark()));
+        if other(f2) && f.any() {
+            pos += (cpt == SP) as usize;
+            while other(f2) && f2.any() {
+                pos += 1;
+                f2 = s.fl(pos);
+            }
+            let mut c2 = s.cpt(pos);
+            while c2 == R || c2 == N {
+                pos += 1;
+                c2 = s.cpt(pos);
+            }
+            s.add(pos, out);
+            return pos;
+        }
+        let mut nws = 0;
+        let mut last_rn = 0;
+        while s.fl(pos + nws).is_whitespace() {
+            let c2 = s.cpt(pos + nws);
+            if c2 == R || c2 == N {
+                last_rn = pos + nws + 1;
+            }
+            nws += 1;
+        }
+        // \s*[\r\n]+
+        if last_rn > 0 {
+            pos = last_rn;
+            s.add(pos, out);
+            return pos;
+        }
+        whitespace_or_one(s, pos, nws, out)
     })
 }
 

@@ -9,6 +9,16 @@
 
 use unicode_general_category::{get_general_category, GeneralCategory as G};
 
+/// `$name(self) -> bool` for each flag `$bit`: whether it is set.
+macro_rules! has_flag {
+    ($($name:ident: $bit:ident),*) => {$(
+        #[inline]
+        pub fn $name(self) -> bool {
+            self.0 & Self::$bit != 0
+        }
+    )*};
+}
+
 /// Category and helper bits, same values as llama.cpp's `unicode_cpt_flags`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Flags(pub u16);
@@ -27,22 +37,7 @@ impl Flags {
     /// No flags at all: what llama.cpp returns for a position outside the current segment.
     pub const OUT: Flags = Flags(0);
 
-    #[inline]
-    pub fn is_letter(self) -> bool {
-        self.0 & Self::LETTER != 0
-    }
-    #[inline]
-    pub fn is_number(self) -> bool {
-        self.0 & Self::NUMBER != 0
-    }
-    #[inline]
-    pub fn is_mark(self) -> bool {
-        self.0 & Self::MARK != 0
-    }
-    #[inline]
-    pub fn is_whitespace(self) -> bool {
-        self.0 & Self::WHITESPACE != 0
-    }
+    has_flag!(is_letter: LETTER, is_number: NUMBER, is_mark: MARK, is_whitespace: WHITESPACE);
     /// Any flag set, i.e. "a codepoint inside the segment" (llama.cpp's `as_uint() != 0`).
     #[inline]
     pub fn any(self) -> bool {

@@ -2,8 +2,12 @@
 //! inputs, fixture and scratch paths.
 #![allow(dead_code)] // each test file uses what it needs
 
+use quarrel_core::{AttnParams, Backend, ForwardBatch, WeightSource};
+use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
+use quarrel_gguf::Gguf;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Fails where there is no CUDA device (the GPU tests are ignored unless asked for).
 pub fn require_gpu() {
@@ -14,6 +18,23 @@ pub fn require_gpu() {
 pub fn cuda() -> CudaBackend {
     require_gpu();
     CudaBackend::new(0).expect("CUDA backend")
+}
+
+/// [`cuda`] and the CPU backend it is compared with (the CPU's default thread count).
+pub fn cuda_and_cpu() -> (CudaBackend, CpuBackend) {
+    (cuda(), CpuBackend::new(0).unwrap())
+}
+
+/// The tensor `name` of `g` loaded on `be`.
+pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>, name: &str) -> B::Weight {
+    be.load_weight(WeightSource { gguf: g, name }).unwrap()
+}
+
+/// `w` times the `n_tok` rows of `x` on `be`: the `n_tok * n_out` outputs.
+pub fn matmul_out<B: Backend>(be: &B, w: &B::Weight, x: &B::Buf, n_tok: usize, n_out: usize) -> Vec<f32> {
+    let mut out = be.alloc(n_tok * n_out).unwrap();
+    be.matmul(w, x, n_tok, &mut out).unwrap();
+    be.download(&out).unwrap()
 }
 
 /// Normalized mean squared error of `b` against `a` (same length; `b` finite).
@@ -41,6 +62,35 @@ pub fn rnd(n: usize, seed: u64) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// `rnd(n, seed)` times `scale`.
+pub fn rnd_scaled(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    rnd(n, seed).iter().map(|v| v * scale).collect()
+}
+
+/// `k` and `v` (rows of the cache's width, one per token of `batch`) stored in `layer`.
+pub fn store<B: Backend>(be: &B, kv: &mut B::Kv, layer: usize, batch: &ForwardBatch, k: &[f32], v: &[f32]) {
+    let k = be.upload(k).unwrap();
+    let v = be.upload(v).unwrap();
+    be.kv_store(kv, layer, &k, &v, batch).unwrap();
+}
+
+/// [`store`] of `k` and `v`, then the attention of `q` over the cache in `layer`: its output
+/// (as long as `q`).
+pub fn store_attend<B: Backend>(
+    be: &B,
+    kv: &mut B::Kv,
+    layer: usize,
+    batch: &ForwardBatch,
+    p: &AttnParams,
+    [k, v, q]: [&[f32]; 3],
+) -> Vec<f32> {
+    store(be, kv, layer, batch, k, v);
+    let qb = be.upload(q).unwrap();
+    let mut out = be.alloc(q.len()).unwrap();
+    be.attention(&qb, kv, layer, batch, p, &mut out).unwrap();
+    be.download(&out).unwrap()
 }
 
 /// `tests/fixtures/<rel>`; `QUARREL_FIXTURES` overrides the folder (prebuilt test binaries

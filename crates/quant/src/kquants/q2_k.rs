@@ -6,10 +6,7 @@
 use super::{make_qkx2_quants, nearest_int, Qkx2Params};
 use crate::layout::*;
 
-/// Elements per block.
-pub const QK: usize = QK_K;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q2_K_SIZE;
+crate::layout::block_geometry!(Q2_K);
 
 /// `dequantize_row_q2_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {

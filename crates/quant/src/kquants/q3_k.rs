@@ -5,10 +5,7 @@
 use super::{make_q3_quants, nearest_int, Lanes};
 use crate::layout::*;
 
-/// Elements per block.
-pub const QK: usize = QK_K;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q3_K_SIZE;
+crate::layout::block_geometry!(Q3_K);
 
 /// Unpack the sixteen 6-bit scales (still offset by +32) from the 12-byte field.
 /// Low 4 bits: `s[j]` (j < 8) or `s[j-8] >> 4`; high 2 bits: `s[8 + j%4] >> 2*(j/4)`.

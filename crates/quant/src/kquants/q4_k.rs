@@ -6,10 +6,7 @@
 use super::{get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, rms_plus_abs_weights, scaled_pair_k4, Lanes, Qkx2Params};
 use crate::layout::*;
 
-/// Elements per block.
-pub const QK: usize = QK_K;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q4_K_SIZE;
+crate::layout::block_geometry!(Q4_K);
 
 /// `dequantize_row_q4_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {

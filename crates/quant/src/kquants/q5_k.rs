@@ -5,10 +5,7 @@ use super::q4_k::{quantize_scales_and_mins, vec_dot_scale_min};
 use super::{scaled_pair_k4, Qkx2Params};
 use crate::layout::*;
 
-/// Elements per block.
-pub const QK: usize = QK_K;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q5_K_SIZE;
+crate::layout::block_geometry!(Q5_K);
 
 /// `dequantize_row_q5_K`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {

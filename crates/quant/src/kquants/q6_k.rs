@@ -6,10 +6,7 @@
 use super::{make_qx_quants, nearest_int, Lanes, GROUP_MAX_EPS};
 use crate::layout::*;
 
-/// Elements per block.
-pub const QK: usize = QK_K;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q6_K_SIZE;
+crate::layout::block_geometry!(Q6_K);
 
 /// Signed quant (-32..=31) of element `idx` (0..256) of a block.
 #[inline]

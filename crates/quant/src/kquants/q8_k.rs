@@ -6,10 +6,7 @@
 use super::nearest_int;
 use crate::layout::*;
 
-/// Elements per block.
-pub const QK: usize = QK_K;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q8_K_SIZE;
+crate::layout::block_geometry!(Q8_K);
 
 /// `dequantize_row_q8_K`: `d * q`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {

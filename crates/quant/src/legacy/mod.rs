@@ -48,6 +48,30 @@ pub(crate) fn q5_pack(qs: &mut [u8], qh: &mut u32, j: usize, xi0: u8, xi1: u8) {
     *qh |= (((xi1 & 0x10) >> 4) as u32) << (j + HALF);
 }
 
+/// Start a block symmetric around 0 (Q4_0, Q5_0) from its values `x`: `d = max / -levels`,
+/// `max` the signed value of largest magnitude, stored as f16 first. Returns `1 / d` (0 for
+/// an all-zero block).
+#[inline]
+pub(crate) fn symmetric_scale(x: &[f32], b: &mut [u8], levels: f32) -> f32 {
+    let (_, max) = crate::scan::signed_absmax(x);
+    let d = max / -levels;
+    let id = crate::scan::inverse_or_zero(d);
+    crate::layout::write_f16(b, 0, d);
+    id
+}
+
+/// Start a scale + min block (Q4_1, Q5_1) from its values `x`: `d = (max - min) / levels`
+/// and `m = min`, stored as f16 first. Returns `min` and `1 / d` (0 for a constant block).
+#[inline]
+pub(crate) fn scale_and_min(x: &[f32], b: &mut [u8], levels: f32) -> (f32, f32) {
+    let (min, max) = crate::scan::min_max(x);
+    let d = (max - min) / levels;
+    let id = crate::scan::inverse_or_zero(d);
+    crate::layout::write_f16(b, 0, d);
+    crate::layout::write_f16(b, 2, min);
+    (min, id)
+}
+
 /// One block of `y.len() == 32` values: element pair `pair(j)` through `value`.
 #[inline]
 pub(crate) fn dequantize_pairs(y: &mut [f32], pair: impl Fn(usize) -> (u8, u8), value: impl Fn(u8) -> f32) {

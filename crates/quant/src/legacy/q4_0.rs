@@ -1,14 +1,11 @@
 //! Q4_0: `{ f16 d; u8 qs[16] }`, value = `d * (nibble - 8)`.
 //! Element `j` (0..16) is the low nibble of `qs[j]`, element `j + 16` the high nibble.
 
-use super::{dequantize_pairs, dot_pairs, q4_pair, quantize_pairs};
-use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_0_SIZE, BLOCK_Q8_0_SIZE, QK4_0, QK8_0};
+use super::{dequantize_pairs, dot_pairs, q4_pair, quantize_pairs, symmetric_scale};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q8_0_SIZE, QK8_0};
 use crate::scan::{inverse_or_zero, signed_absmax};
 
-/// Elements per block.
-pub const QK: usize = QK4_0;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q4_0_SIZE;
+crate::layout::block_geometry!(Q4_0);
 
 /// `dequantize_row_q4_0`. Panics unless `src` holds exactly `dst.len()` elements.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
@@ -22,10 +19,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// largest magnitude; `q = min(15, trunc(x/d + 8.5))`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q4_0", QK, BLOCK_BYTES, src, dst) {
-        let (_, max) = signed_absmax(x);
-        let d = max / -8.0;
-        let id = inverse_or_zero(d);
-        write_f16(b, 0, d);
+        let id = symmetric_scale(x, b, 8.0);
         let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
         quantize_pairs(x, q, |j, xi0, xi1| b[2 + j] = xi0 | (xi1 << 4));
     }

@@ -1,13 +1,9 @@
 //! Q4_1: `{ f16 d; f16 m; u8 qs[16] }`, value = `d * nibble + m`.
 
-use super::{dequantize_pairs, dot_pairs, q4_pair, quantize_pairs};
-use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, write_f16, BLOCK_Q4_1_SIZE, BLOCK_Q8_1_SIZE, QK4_1, QK8_1};
-use crate::scan::{inverse_or_zero, min_max};
+use super::{dequantize_pairs, dot_pairs, q4_pair, quantize_pairs, scale_and_min};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, BLOCK_Q8_1_SIZE, QK8_1};
 
-/// Elements per block.
-pub const QK: usize = QK4_1;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q4_1_SIZE;
+crate::layout::block_geometry!(Q4_1);
 
 /// `dequantize_row_q4_1`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
@@ -22,11 +18,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `q = min(15, trunc((x - min)/d + 0.5))`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q4_1", QK, BLOCK_BYTES, src, dst) {
-        let (min, max) = min_max(x);
-        let d = (max - min) / 15.0;
-        let id = inverse_or_zero(d);
-        write_f16(b, 0, d);
-        write_f16(b, 2, min);
+        let (min, id) = scale_and_min(x, b, 15.0);
         let q = |v: f32| (((v - min) * id + 0.5) as i8).min(15) as u8;
         quantize_pairs(x, q, |j, xi0, xi1| b[4 + j] = xi0 | (xi1 << 4));
     }

@@ -1,16 +1,10 @@
 //! Q5_0: `{ f16 d; u8 qh[4]; u8 qs[16] }`, value = `d * (q - 16)` where the
 //! 5th bit of element `j` is bit `j` of the little-endian u32 `qh`.
 
-use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair, quantize_pairs};
-use crate::layout::{
-    decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_0_SIZE, BLOCK_Q8_0_SIZE, QK5_0, QK8_0,
-};
-use crate::scan::{inverse_or_zero, signed_absmax};
+use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair, quantize_pairs, symmetric_scale};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, BLOCK_Q8_0_SIZE, QK8_0};
 
-/// Elements per block.
-pub const QK: usize = QK5_0;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q5_0_SIZE;
+crate::layout::block_geometry!(Q5_0);
 
 /// `dequantize_row_q5_0`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
@@ -24,10 +18,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `quantize_row_q5_0_ref`: `d = max / -16`, `q = min(31, trunc(x/d + 16.5))`.
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q5_0", QK, BLOCK_BYTES, src, dst) {
-        let (_, max) = signed_absmax(x);
-        let d = max / -16.0;
-        let id = inverse_or_zero(d);
-        write_f16(b, 0, d);
+        let id = symmetric_scale(x, b, 16.0);
         let mut qh = 0u32;
         let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
         quantize_pairs(x, q, |j, xi0, xi1| q5_pack(&mut b[6..], &mut qh, j, xi0, xi1));

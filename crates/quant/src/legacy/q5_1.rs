@@ -1,15 +1,9 @@
 //! Q5_1: `{ f16 d; f16 m; u8 qh[4]; u8 qs[16] }`, value = `d * q + m`.
 
-use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair, quantize_pairs};
-use crate::layout::{
-    decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, write_f16, BLOCK_Q5_1_SIZE, BLOCK_Q8_1_SIZE, QK5_1, QK8_1,
-};
-use crate::scan::{inverse_or_zero, min_max};
+use super::{dequantize_pairs, dot_pairs, q5_pack, q5_pair, quantize_pairs, scale_and_min};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, read_u32, BLOCK_Q8_1_SIZE, QK8_1};
 
-/// Elements per block.
-pub const QK: usize = QK5_1;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q5_1_SIZE;
+crate::layout::block_geometry!(Q5_1);
 
 /// `dequantize_row_q5_1`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
@@ -25,11 +19,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 /// `q = trunc((x - min)/d + 0.5)` (5 bits kept).
 pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     for (x, b) in encode_blocks("q5_1", QK, BLOCK_BYTES, src, dst) {
-        let (min, max) = min_max(x);
-        let d = (max - min) / 31.0;
-        let id = inverse_or_zero(d);
-        write_f16(b, 0, d);
-        write_f16(b, 2, min);
+        let (min, id) = scale_and_min(x, b, 31.0);
         let mut qh = 0u32;
         // ggml: `(uint8_t)(x0 + 0.5f)`, no clamp (the value is <= 31.5 by construction).
         let q = |v: f32| ((v - min) * id + 0.5) as u8;

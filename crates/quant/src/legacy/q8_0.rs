@@ -1,12 +1,9 @@
 //! Q8_0: `{ f16 d; i8 qs[32] }`, value = `d * q`. Used for weights, for the
 //! activations of Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4 dot products, and for KV caches.
 
-use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16, BLOCK_Q8_0_SIZE, QK8_0};
+use crate::layout::{decode_blocks, dot_blocks, encode_blocks, read_f16};
 
-/// Elements per block.
-pub const QK: usize = QK8_0;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q8_0_SIZE;
+crate::layout::block_geometry!(Q8_0);
 
 /// `dequantize_row_q8_0`.
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {

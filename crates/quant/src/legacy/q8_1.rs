@@ -2,12 +2,9 @@
 //! Activation partner of Q4_1/Q5_1 (the `s` term folds in their `m` offsets).
 //! ggml has no `dequantize_row_q8_1`; ours is the obvious `d * q`.
 
-use crate::layout::{decode_blocks, encode_blocks, write_f16, BLOCK_Q8_1_SIZE, QK8_1};
+use crate::layout::{decode_blocks, encode_blocks, write_f16};
 
-/// Elements per block.
-pub const QK: usize = QK8_1;
-/// Bytes per block.
-pub const BLOCK_BYTES: usize = BLOCK_Q8_1_SIZE;
+crate::layout::block_geometry!(Q8_1);
 
 /// `d * q` for each element (the `s` field is ignored).
 pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
