@@ -3,58 +3,36 @@
 //! part of each head (`rope.dimension_count`), an optional output-projection bias; an ungated
 //! squared-ReLU MLP with optional biases.
 
-use super::common::{head_counts, model_info, rope_scaling, trace, Head, LayerStack, Stack};
+use super::common::{model_info, trace, Head, LayerStack, Stack};
+use super::llama::{Variant, LLAMA};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::ReluSqrMlp;
 use crate::layers::weight;
 use crate::Model;
-use quarrel_core::{AttnParams, Backend, ForwardBatch, Result, RopeParams, RopeScaling, RopeStyle};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
+/// The [`super::llama`] family's hyperparameters (heads, RoPE and its scaling, widths) and the
+/// LayerNorms' epsilon.
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub n_embd: usize,
-    pub n_layer: usize,
-    pub n_ff: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-    pub n_rot: usize,
-    pub n_vocab: usize,
-    pub n_ctx_train: usize,
-    pub rope_freq_base: f32,
-    pub rope_freq_scale: f32,
-    pub rope_scaling: RopeScaling,
+    pub base: super::llama::Config,
     /// `attention.layer_norm_epsilon`.
     pub norm_eps: f32,
 }
 
+/// Nemotron's RoPE style and window rule, for the shared hyperparameter reading.
+const NEMOTRON: Variant = Variant { arch: "nemotron", rope_style: RopeStyle::Neox, sliding_window: false, ..LLAMA };
+
 impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
-        let h = Hparams::new(g)?;
-        let n_embd = h.positive("embedding_length")?;
-        let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
-        let n_rot = h.rope_dims(head_dim)?;
-        let n_ctx_train = h.usize_or("context_length", 4096)?;
-        let rope_freq_base = h.f32_or("rope.freq_base", 10000.0)?;
-        let (rope_freq_scale, rope_scaling) = rope_scaling(&h, "nemotron ", &[], n_rot, n_ctx_train, rope_freq_base)?;
-        Ok(Config {
-            n_embd,
-            n_layer: h.block_count()?,
-            n_ff: h.positive("feed_forward_length")?,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_rot,
-            n_vocab: h.n_vocab()?,
-            n_ctx_train,
-            rope_freq_base,
-            rope_freq_scale,
-            rope_scaling,
-            norm_eps: h.f32_or("attention.layer_norm_epsilon", 1e-5)?,
-        })
+        let base = super::llama::Config::from_gguf_as(g, NEMOTRON)?;
+        if base.moe.is_some() {
+            return Err(CoreError::Unsupported("nemotron with experts".into()));
+        }
+        Ok(Config { base, norm_eps: Hparams::new(g)?.f32_or("attention.layer_norm_epsilon", 1e-5)? })
     }
 }
 
@@ -71,7 +49,7 @@ pub type Nemotron<B> = Stack<B, Config, Layer<B>>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
-    let c = &cfg;
+    let c = &cfg.base;
     let head = Head::load(be, g, c.n_embd, c.n_vocab)?.with_norm_bias(be, g, c.n_embd)?;
     let rope = RopeParams {
         style: RopeStyle::Neox,
@@ -107,21 +85,21 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 
 impl<B: Backend> LayerStack<B> for Nemotron<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
-        let c = &self.cfg;
+        let (c, eps) = (&self.cfg.base, self.cfg.norm_eps);
         let n = batch.n_tokens();
         let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
         let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
         for (il, l) in self.layers.iter().enumerate() {
-            be.layer_norm(&x, &l.attn_norm, &l.attn_norm_b, c.norm_eps, &mut h)?;
+            be.layer_norm(&x, &l.attn_norm, &l.attn_norm_b, eps, &mut h)?;
             trace(be, "attn_norm", il, &h)?;
             let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
             be.add(&mut x, &a)?;
-            be.layer_norm(&x, &l.ffn_norm, &l.ffn_norm_b, c.norm_eps, &mut h)?;
+            be.layer_norm(&x, &l.ffn_norm, &l.ffn_norm_b, eps, &mut h)?;
             let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
             be.add(&mut x, &f)?;
             trace(be, "l_out", il, &x)?;
         }
-        self.head.norm_rows(be, &x, batch, c.n_embd, c.norm_eps)
+        self.head.norm_rows(be, &x, batch, c.n_embd, eps)
     }
 }
