@@ -57,11 +57,24 @@ fn frames(mut data: &[u8]) -> Vec<Message> {
     out
 }
 
+/// A WebSocket connection to `/ws`. libFuzzer's own signals can interrupt a blocking read of the
+/// handshake (EINTR, which tungstenite does not retry): such a handshake is tried again.
+fn connect(addr: SocketAddr) -> tungstenite::WebSocket<TcpStream> {
+    for _ in 0..5 {
+        let stream = TcpStream::connect(addr).expect("the server accepts a connection");
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        match tungstenite::client(format!("ws://{addr}/ws"), stream) {
+            Ok((ws, _)) => return ws,
+            Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Io(e))) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => panic!("websocket handshake refused: {e}"),
+        }
+    }
+    panic!("websocket handshake interrupted 5 times in a row")
+}
+
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let addr = server();
-    let stream = TcpStream::connect(addr).expect("the server accepts a connection");
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let (mut ws, _) = tungstenite::client(format!("ws://{addr}/ws"), stream).expect("websocket handshake");
+    let mut ws = connect(addr);
     for m in frames(data) {
         if ws.send(m).is_err() {
             return; // the server closed the connection: an answer
@@ -75,6 +88,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             Ok(Message::Text(t)) if t.contains("fuzz-end") => return,
             Ok(Message::Close(_)) => return,
             Ok(_) => continue,
+            Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => return,
             Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 panic!("no reply to a ping message within 5 s after {} input bytes", data.len())
