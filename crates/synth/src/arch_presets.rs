@@ -55,6 +55,8 @@ pub struct ArchPreset {
     pub longrope: Option<(f32, usize)>,
     /// Rotated dimensions per head (`rope.dimension_count`); 0: the whole head.
     pub n_rot: usize,
+    /// Llama 3.1's RoPE frequency factors (`rope_freqs.weight`): `(factor, original context)`.
+    pub llama3_rope: Option<(f32, u32)>,
     pub rope_freq_base: f32,
     pub rms_eps: f32,
 }
@@ -125,6 +127,7 @@ const BASE: ArchPreset = ArchPreset {
     yarn: None,
     longrope: None,
     n_rot: 0,
+    llama3_rope: None,
     rope_freq_base: 10_000.0,
     rms_eps: 1e-5,
 };
@@ -196,6 +199,16 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         tied: true,
         rope_freq_base: 1_000_000.0,
         rms_eps: 1e-6,
+        ..BASE
+    },
+    // Llama 3.1 / 3.2: rope_freqs factors over 64 original positions (pairs at 1, at the factor
+    // and on the smooth ramp between), tied output
+    ArchPreset {
+        name: "tiny-llama3",
+        model: "Quarrel tiny Llama 3",
+        tied: true,
+        llama3_rope: Some((8.0, 64)),
+        rope_freq_base: 500_000.0,
         ..BASE
     },
     // Qwen2: q/k/v biases, tied output, NeoX RoPE

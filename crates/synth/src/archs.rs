@@ -4,7 +4,8 @@
 //! output, interleaved sliding-window attention); `qwen2` (q/k/v biases; YaRN metadata where
 //! the preset has it), `qwen3` (per-head q/k norms, wide heads), `qwen3moe` (experts of their
 //! own width in every layer), `phi3` (fused q/k/v and gate/up, partial rotation, LongRoPE
-//! factors) and `nemotron` (LayerNorms with biases, squared-ReLU MLP, partial rotation). Tiny
+//! factors), `nemotron` (LayerNorms with biases, squared-ReLU MLP, partial rotation); and
+//! `llama` with Llama 3.1's `rope_freqs` factors. Tiny
 //! presets (2-4 layers covering every layer kind of the arch, vocab 512) are the fixture
 //! models; full-size presets carry real shapes for benchmarks.
 //!
@@ -169,6 +170,10 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
             push("ffn_up_shexp.weight", vec![e, fs], mat(e, 1.0));
             push("ffn_down_shexp.weight", vec![fs, e], mat(fs, resid));
         }
+    }
+    if let Some((factor, n_ctx_orig)) = p.llama3_rope {
+        let freq_base = p.rope_freq_base;
+        l.push(("rope_freqs.weight".into(), vec![u(p.rot_dims() / 2)], Init::Llama3RopeFactors { freq_base, factor, n_ctx_orig }));
     }
     if p.longrope.is_some() {
         // LongRoPE's per-pair divisors: above 1, the long ones larger

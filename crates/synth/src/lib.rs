@@ -141,6 +141,30 @@ pub enum Init {
     Normal { mean: f32, std: f32 },
     /// -|N(mean, std)|: strictly non-positive values (Mamba2's `ssm_a` decay rates).
     NegAbs { mean: f32, std: f32 },
+    /// Llama 3.1's `rope_freqs` (one row of `n_rot / 2` divisors), as llama.cpp's converter
+    /// computes them from `rope_scaling`: 1 for short wavelengths, `factor` for long ones,
+    /// smoothly between (low / high frequency factors 1 and 4 of `n_ctx_orig`).
+    Llama3RopeFactors { freq_base: f32, factor: f32, n_ctx_orig: u32 },
+}
+
+/// The values of [`Init::Llama3RopeFactors`] for `n` pairs.
+fn llama3_rope_factors(n: usize, freq_base: f32, factor: f32, n_ctx_orig: u32) -> Vec<f32> {
+    let (low, high, ctx) = (1.0f64, 4.0f64, n_ctx_orig as f64);
+    (0..n)
+        .map(|i| {
+            let freq = 1.0 / (freq_base as f64).powf(2.0 * i as f64 / (2 * n) as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let f = if wavelen < ctx / high {
+                1.0
+            } else if wavelen > ctx / low {
+                factor as f64
+            } else {
+                let smooth = (ctx / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor as f64 + smooth)
+            };
+            f as f32
+        })
+        .collect()
 }
 
 /// One tensor of the file.
@@ -277,6 +301,16 @@ fn fill_rows(t: &PlannedTensor, tseed: u64, r0: u64, row_bytes: usize, dst: &mut
     let (mean, std, neg_abs) = match t.init {
         Init::Normal { mean, std } => (mean, std, false),
         Init::NegAbs { mean, std } => (mean, std, true),
+        Init::Llama3RopeFactors { freq_base, factor, n_ctx_orig } => {
+            let row = llama3_rope_factors(ne0, freq_base, factor, n_ctx_orig);
+            return dst.chunks_mut(row_bytes).try_for_each(|out| {
+                quarrel_quant::quantize(t.ty, &row, out).map_err(|e| SynthError::Quant {
+                    tensor: t.name.clone(),
+                    ty: t.ty,
+                    msg: e.to_string(),
+                })
+            });
+        }
     };
     dst.par_chunks_mut(row_bytes).enumerate().with_min_len((16384 / ne0).max(1)).try_for_each_init(
         || vec![0f32; ne0],

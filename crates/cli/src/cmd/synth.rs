@@ -14,7 +14,7 @@ use std::path::PathBuf;
 /// Presets: tiny, smollm2-135m, smollm2-360m, tinyllama-1.1b, llama-3.2-1b, llama-3.2-3b,
 /// llama-2-7b, mistral-7b, llama-3-8b, llama-3.1-8b; other architectures: tiny-mixtral,
 /// tiny-granite, tiny-granitemoe, tiny-granitehybrid, tiny-mamba2, tiny-nemotron-h,
-/// tiny-nemotron-h-moe, tiny-gemma3, tiny-qwen2, tiny-qwen2-yarn, tiny-phi3, tiny-nemotron,
+/// tiny-nemotron-h-moe, tiny-gemma3, tiny-llama3, tiny-qwen2, tiny-qwen2-yarn, tiny-phi3, tiny-nemotron,
 /// tiny-qwen3, tiny-qwen3moe, gemma-3-270m, gemma-3-1b, qwen2.5-0.5b, qwen2.5-7b, phi-3-mini,
 /// phi-4-mini, nemotron-mini-4b,
 /// qwen3-0.6b, qwen3-8b, qwen3-32b, qwen3-30b-a3b,
