@@ -139,8 +139,16 @@ fn rope_dimension_counts_outside_the_head_are_errors() {
             let e = load_err(with_key(p, "{arch}.rope.dimension_count", Value::U64(n)));
             assert!(e.contains(&format!("rope.dimension_count = {n}")), "{} n_rot {n}: {e}", p.name);
         }
-        // a partial rotation is a real layout (e.g. GPT-NeoX's rotary_pct)
-        assert_eq!(load_err(with_key(p, "{arch}.rope.dimension_count", Value::U64(p.head_dim as u64 / 2))), "loaded", "{}", p.name);
+        // a partial rotation is a real layout (e.g. GPT-NeoX's rotary_pct), unless the file's
+        // per-pair factors (Llama 3's rope_freqs, LongRoPE's) were written for another one
+        let half = with_key(p, "{arch}.rope.dimension_count", Value::U64(p.head_dim as u64 / 2));
+        let n_rot = if p.n_rot == 0 { p.head_dim } else { p.n_rot };
+        if (p.llama3_rope.is_some() || p.longrope.is_some()) && n_rot != p.head_dim / 2 {
+            let e = load_err(half);
+            assert!(e.contains(&format!("values, expected {}", p.head_dim / 4)), "{}: {e}", p.name);
+        } else {
+            assert_eq!(load_err(half), "loaded", "{}", p.name);
+        }
     }
 }
 
