@@ -2,10 +2,11 @@
 //! from the router: a 4xx with an error body or a success, never a panic and never a 500. Input: a route selector byte, then
 //! the body.
 #![no_main]
+mod common;
 use axum::body::Body;
 use axum::http::Request;
-use quarrel_engine::EngineHandle;
-use quarrel_server::{AppState, ModelEntry, ModelLoader, Registry, ServerConfig};
+use common::NoEngines;
+use quarrel_server::{AppState, Registry, ServerConfig};
 use std::sync::{Arc, OnceLock};
 use tower::ServiceExt;
 
@@ -21,18 +22,6 @@ const ROUTES: [&str; 10] = [
     "/api/stream",
     "/api/models/m/load",
 ];
-
-/// A catalog whose model cannot load: requests are parsed and validated, then end at the model.
-struct NoEngines;
-
-impl ModelLoader for NoEngines {
-    fn catalog(&self) -> Vec<ModelEntry> {
-        vec![]
-    }
-    fn load(&self, _: &ModelEntry) -> Result<EngineHandle, String> {
-        Err("no engines while fuzzing".into())
-    }
-}
 
 fn rt() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

@@ -4,24 +4,13 @@
 //! been closed, and a new connection is accepted. Input: frames as (kind byte, length byte,
 //! that many bytes).
 #![no_main]
-use quarrel_engine::EngineHandle;
-use quarrel_server::{AppState, ModelEntry, ModelLoader, Registry, ServerConfig};
+mod common;
+use common::NoEngines;
+use quarrel_server::{AppState, Registry, ServerConfig};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tungstenite::{Bytes, Message};
-
-/// A catalog whose model cannot load: inference requests end at the model with an error.
-struct NoEngines;
-
-impl ModelLoader for NoEngines {
-    fn catalog(&self) -> Vec<ModelEntry> {
-        vec![]
-    }
-    fn load(&self, _: &ModelEntry) -> Result<EngineHandle, String> {
-        Err("no engines while fuzzing".into())
-    }
-}
 
 /// The server, listening on a loopback port for the whole run.
 fn server() -> SocketAddr {
