@@ -2,6 +2,7 @@
 # Server integration tests: the official `openai` and `ollama` Python clients and a
 # `websockets` client against running `quarrel serve` instances on loopback ports (one
 # open, one with API keys, rate limits and CORS), serving the default model.
+# Then a minute of tests/server/chaos.py and tests/server/long_context.py at a 2048 context.
 # Usage: tests/server/run.sh  (needs target/release/quarrel and the default model pulled)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,5 +48,9 @@ status=0
 (cd tests/server && "$PY" -m unittest -v test_openai test_ollama test_ws test_errors test_auth test_embed_sharing test_tokenize_offload) || status=$?
 if [ "$status" -ne 0 ]; then
   echo "--- server log (last 40 lines)"; tail -n 40 "$WORK/serve.log"
+  exit "$status"
 fi
-exit "$status"
+# a minute of the chaos test (faults beside a load test, then SIGTERM), and prompts of a full
+# context sharing a cache of one context (queueing, preemption) against each prompt alone
+"$PY" tests/server/chaos.py --duration 60 --clients 16
+"$PY" tests/server/long_context.py --model smollm2 --ctx 2048
