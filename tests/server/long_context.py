@@ -1,6 +1,11 @@
-"""Long prompts at the KV cache's limit: several prompts near the model's full context share a
-paged KV cache that holds one context's worth of tokens, so the scheduler must queue and
-preempt; every greedy result must be exactly the one the same prompt gives alone.
+"""Long prompts at the KV cache's limit: prompts up to the model's full context share a paged KV
+cache that holds one context's worth of tokens, so the scheduler must queue and preempt; every
+greedy result must be exactly the one the same prompt gives alone.
+
+Two rounds on the tight server: four prompts of the full, half and a third of the context at
+once (they cannot all be resident: queueing), then four prompts of a quarter context each,
+block-aligned, that fill the cache exactly, so that the first generated tokens need blocks no
+one has (preemption and recomputation).
 
     python3 tests/server/long_context.py [--model gemma3] [--ctx 32768] [--device cuda:0]
 
@@ -121,26 +126,30 @@ def main():
     args = ap.parse_args()
 
     n = args.ctx - args.max_tokens
-    # together these need more than twice the cache: one near-full prompt and two that fit two by two
-    lengths = [n, n // 2, n // 2 - 7, n // 3]
+    rounds = [[n, n // 2, n // 2 - 7, n // 3], [args.ctx // 4] * 4]
+    lengths = [length for r in rounds for length in r]
     t0 = time.time()
     prompts = [prompt_ids(args, seed, length) for seed, length in enumerate(lengths)]
-    print(f"prompts: {lengths} tokens (made in {time.time() - t0:.1f} s)", flush=True)
+    print(f"prompts: {rounds} tokens (made in {time.time() - t0:.1f} s)", flush=True)
 
     work = tempfile.mkdtemp()
-    tight = Server(args, ["--kv-seqs", "1", "--parallel", str(len(prompts))], os.path.join(work, "tight.log"))
+    tight = Server(args, ["--kv-seqs", "1", "--parallel", "4"], os.path.join(work, "tight.log"))
     got = [None] * len(prompts)
 
     def one(i):
         got[i] = result(*tight.complete(prompts[i], args.max_tokens))
 
     t0 = time.time()
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-        time.sleep(0.2)  # arrival order = list order
-    for t in threads:
-        t.join()
+    first, per_round = 0, []
+    for r in rounds:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(first, first + len(r))]
+        first += len(r)
+        for t in threads:
+            t.start()
+            time.sleep(0.2)  # arrival order = list order
+        for t in threads:
+            t.join()
+        per_round.append(tight.counter("preemptions") - sum(per_round))
     t_tight = time.time() - t0
     preemptions = tight.counter("preemptions")
     tight.stop()
@@ -159,7 +168,7 @@ def main():
         print(f"| {length} | {'yes' if same else 'NO'} | {json.dumps(w[0])[:60]} |")
         if not same:
             print(f"  together: {g}\n  alone:    {w}")
-    print(f"\ntogether: {t_tight:.1f} s, {preemptions:.0f} preemptions; one by one: {t_alone:.1f} s")
+    print(f"\ntogether: {t_tight:.1f} s, preemptions per round {[int(p) for p in per_round]}; one by one: {t_alone:.1f} s")
     if preemptions < 1:
         print("FAIL: the tight cache preempted nothing: the test did not reach the KV limit")
         ok = False
