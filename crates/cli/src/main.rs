@@ -26,6 +26,13 @@
 
 mod args;
 mod cmd;
+
+/// mimalloc gives freed memory back to the system. glibc's malloc keeps it in one arena per
+/// thread that once allocated, so a long-running server's resident memory creeps up with
+/// every burst of requests (tokenizing, JSON bodies, embeddings) long after the work is done.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod common;
 mod resolve;
 
