@@ -5,7 +5,7 @@
 use crate::ggml_math::{fold_lanes, silu_ggml};
 use crate::matmul::SyncPtr;
 use crate::{CpuBackend, CpuKv};
-use quarrel_core::ssm::softplus;
+use quarrel_core::ssm::{softplus, ConvInputs};
 use quarrel_core::{CoreError, ForwardBatch, Result, SsmParams, StateSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -97,53 +97,22 @@ pub(crate) fn ssm_conv(
         if fresh {
             state.fill(0.0);
         }
-        conv_seq(p, &zxbcdt[start * dp..], dp, p.d_inner, state, w, bias, &mut out[start * cd..(start + len) * cd]);
+        let inp = ConvInputs { xbc: &zxbcdt[start * dp..], stride: dp, col0: p.d_inner, w, bias };
+        conv_seq(p, &inp, state, &mut out[start * cd..(start + len) * cd]);
     }
     Ok(())
 }
 
-/// `quarrel_core::ssm::conv_reference` with ggml's AVX-512 build's rounding: the window
-/// dot product accumulated with fused multiply-adds (the compiler contracts ggml's scalar
-/// loop), `ggml_v_silu` on the 16-aligned part of each row and libm SiLU on the rest.
-#[allow(clippy::too_many_arguments)]
-fn conv_seq(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: feature checked above.
-        unsafe { conv_seq_fma(p, xbc, stride, col0, state, w, bias, out) };
-        return;
-    }
-    conv_seq_body(p, xbc, stride, col0, state, w, bias, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn conv_seq_fma(
-    p: &SsmParams,
-    xbc: &[f32],
-    stride: usize,
-    col0: usize,
-    state: &mut [f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    conv_seq_body(p, xbc, stride, col0, state, w, bias, out)
+fma_dispatch! {
+    /// `quarrel_core::ssm::conv_reference` with ggml's AVX-512 build's rounding: the window
+    /// dot product accumulated with fused multiply-adds (the compiler contracts ggml's scalar
+    /// loop), `ggml_v_silu` on the 16-aligned part of each row and libm SiLU on the rest.
+    fn conv_seq(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], out: &mut [f32]) => conv_seq_body
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn conv_seq_body(
-    p: &SsmParams,
-    xbc: &[f32],
-    stride: usize,
-    col0: usize,
-    state: &mut [f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
+fn conv_seq_body(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], out: &mut [f32]) {
+    let ConvInputs { xbc, stride, col0, w, bias } = *inp;
     let (nc, cd) = (p.d_conv, p.conv_dim());
     let n_t = out.len() / cd;
     let vec_end = cd & !15;

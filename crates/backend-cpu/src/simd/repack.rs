@@ -173,6 +173,17 @@ pub fn act_aux(ty: RepackTy, n_in: usize, a: &[u8], out: &mut [ActAux]) {
     }
 }
 
+/// The [`ActAux`] of every row of `acts`, quantized activation rows of `row_bytes` each.
+pub fn act_aux_rows(ty: RepackTy, n_in: usize, acts: &[u8], row_bytes: usize) -> Vec<Vec<ActAux>> {
+    acts.chunks(row_bytes)
+        .map(|a| {
+            let mut v = vec![ActAux::default(); n_in / ty.qk()];
+            act_aux(ty, n_in, a, &mut v);
+            v
+        })
+        .collect()
+}
+
 /// The scalar twin: row `i` (0..R) of the group at `group` against one activation row `a`
 /// (the weight's vec_dot_type), in the order described in the module header.
 pub fn reference_dot(ty: RepackTy, n_in: usize, group: &[u8], i: usize, a: &[u8]) -> f32 {

@@ -70,6 +70,63 @@ impl<B: Backend> Head<B> {
     }
 }
 
+/// The decoder shape that the attention architectures read under the same keys: widths,
+/// head counts, rotated dimensions, vocabulary, trained context, RoPE base and RMSNorm epsilon.
+#[derive(Clone, Debug)]
+pub struct Dims {
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+}
+
+/// An architecture's values for the [`Dims`] keys a file may leave out.
+#[derive(Clone, Copy, Debug)]
+pub struct DimDefaults {
+    /// `context_length`.
+    pub n_ctx_train: usize,
+    /// `rope.freq_base`.
+    pub rope_freq_base: f32,
+    /// `attention.layer_norm_rms_epsilon`.
+    pub rms_eps: f32,
+}
+
+impl Dims {
+    pub fn from_hparams(h: &Hparams, d: DimDefaults) -> Result<Dims> {
+        let n_embd = h.positive("embedding_length")?;
+        let n_layer = h.block_count()?;
+        let (n_head, n_head_kv, head_dim) = head_counts(h, n_embd)?;
+        Ok(Dims {
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot: h.rope_dims(head_dim)?,
+            n_vocab: h.n_vocab()?,
+            n_ctx_train: h.usize_or("context_length", d.n_ctx_train)?,
+            rope_freq_base: h.f32_or("rope.freq_base", d.rope_freq_base)?,
+            rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", d.rms_eps)?,
+        })
+    }
+
+    /// Attention over these heads, scores multiplied by `scale`, no soft cap.
+    pub fn attn_params(&self, scale: f32, sliding_window: Option<usize>) -> AttnParams {
+        AttnParams { n_head: self.n_head, n_kv_head: self.n_head_kv, head_dim: self.head_dim, scale, sliding_window, softcap: None }
+    }
+
+    /// The [`ModelInfo`] of a model of this shape (every layer attends).
+    pub fn model_info(&self, g: &Gguf, arch: &str) -> ModelInfo {
+        model_info(g, arch, self.n_vocab, self.n_embd, self.n_layer, self.n_ctx_train, (self.n_head_kv, self.head_dim))
+    }
+}
+
 /// An architecture's loaded model: its config `C`, description, head and layers `L`.
 pub struct Stack<B: Backend, C, L> {
     pub cfg: C,
