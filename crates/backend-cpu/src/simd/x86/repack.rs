@@ -103,11 +103,7 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
     let mut accm = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let gp = g.add(b * GROUP_BLOCK);
-        let mut p = 0;
-        while p < GROUP_BLOCK {
-            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(super::PREFETCH_AHEAD + p) as *const i8);
-            p += 64;
-        }
+        super::prefetch(gp, GROUP_BLOCK);
         let mut isum = [_mm512_setzero_si512(); T];
         for j in 0..8 {
             let (jj, hi) = (j / 2, j % 2 == 1);
@@ -175,11 +171,7 @@ unsafe fn kernel<const T: usize, const IQ4: bool>(
     for b in 0..nb {
         let gp = g.add(b * gb);
         // streaming weights: ask for the blocks a little ahead
-        let mut p = 0;
-        while p < gb {
-            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(super::PREFETCH_AHEAD + p) as *const i8);
-            p += 64;
-        }
+        super::prefetch(gp, gb);
         // code register `k` and the offset of its 4 activation bytes
         let mut w = [_mm512_setzero_si512(); 8];
         let mut yo = [0usize; 8];
