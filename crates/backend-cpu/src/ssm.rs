@@ -5,7 +5,7 @@
 use crate::ggml_math::{fold_lanes, silu_ggml};
 use crate::matmul::SyncPtr;
 use crate::{CpuBackend, CpuKv};
-use quarrel_core::ssm::{softplus, ConvInputs};
+use quarrel_core::ssm::{conv_with, softplus, ConvInputs};
 use quarrel_core::{CoreError, ForwardBatch, Result, SsmParams, StateSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -112,28 +112,8 @@ fma_dispatch! {
 
 #[inline(always)]
 fn conv_seq_body(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], out: &mut [f32]) {
-    let ConvInputs { xbc, stride, col0, w, bias } = *inp;
-    let (nc, cd) = (p.d_conv, p.conv_dim());
-    let n_t = out.len() / cd;
-    let vec_end = cd & !15;
-    let mut win = vec![0f32; nc - 1 + n_t];
-    for ch in 0..cd {
-        win[..nc - 1].copy_from_slice(&state[ch * (nc - 1)..(ch + 1) * (nc - 1)]);
-        for t in 0..n_t {
-            win[nc - 1 + t] = xbc[t * stride + col0 + ch];
-        }
-        let wc = &w[ch * nc..(ch + 1) * nc];
-        let b = bias.map_or(0.0, |b| b[ch]);
-        for t in 0..n_t {
-            let mut s = 0f32;
-            for i in 0..nc {
-                s = win[t + i].mul_add(wc[i], s);
-            }
-            let v = s + b;
-            out[t * cd + ch] = if ch < vec_end { silu_ggml(v) } else { v / (1.0 + (-v).exp()) };
-        }
-        state[ch * (nc - 1)..(ch + 1) * (nc - 1)].copy_from_slice(&win[n_t..]);
-    }
+    let vec_end = p.conv_dim() & !15;
+    conv_with(p, inp, state, out, |s, x, w| x.mul_add(w, s), |ch, v| if ch < vec_end { silu_ggml(v) } else { v / (1.0 + (-v).exp()) });
 }
 
 /// The 64-wide steps of one state row: `s = s*da + b*xdt` (two multiplies and an add), and

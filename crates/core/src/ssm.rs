@@ -101,6 +101,20 @@ pub struct ConvInputs<'a> {
 /// Reference conv of one sequence: the rows of `inp`, carried `state (conv_dim, d_conv-1)`;
 /// writes `silu(conv + bias)` to `out (n_t, conv_dim)` and updates `state`.
 pub fn conv_reference(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], out: &mut [f32]) {
+    conv_with(p, inp, state, out, |s, x, w| s + x * w, |_, v| v / (1.0 + (-v).exp()));
+}
+
+/// The conv of [`conv_reference`] with its two roundings chosen by the caller: `mac(s, x, w)`
+/// adds one window product to the sum `s`, `act(channel, v)` is the SiLU of conv + bias.
+#[inline(always)]
+pub fn conv_with(
+    p: &SsmParams,
+    inp: &ConvInputs<'_>,
+    state: &mut [f32],
+    out: &mut [f32],
+    mac: impl Fn(f32, f32, f32) -> f32,
+    act: impl Fn(usize, f32) -> f32,
+) {
     let ConvInputs { xbc, stride, col0, w, bias } = *inp;
     let (nc, cd) = (p.d_conv, p.conv_dim());
     let n_t = out.len() / cd;
@@ -111,13 +125,13 @@ pub fn conv_reference(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], ou
             win[nc - 1 + t] = xbc[t * stride + col0 + ch];
         }
         let wc = &w[ch * nc..(ch + 1) * nc];
+        let b = bias.map_or(0.0, |b| b[ch]);
         for t in 0..n_t {
             let mut s = 0f32;
             for i in 0..nc {
-                s += win[t + i] * wc[i];
+                s = mac(s, win[t + i], wc[i]);
             }
-            let v = s + bias.map_or(0.0, |b| b[ch]);
-            out[t * cd + ch] = v / (1.0 + (-v).exp());
+            out[t * cd + ch] = act(ch, s + b);
         }
         state[ch * (nc - 1)..(ch + 1) * (nc - 1)].copy_from_slice(&win[n_t..]);
     }
