@@ -33,6 +33,7 @@ const DEFAULT_SWA_PATTERN: usize = 6;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub dims: Dims,
+    pub n_head_kv: usize,
     pub n_ff: usize,
     pub rope_freq_scale: f32,
     pub rope_freq_base_swa: f32,
@@ -48,6 +49,7 @@ impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
         let h = Hparams::new(g)?;
         let dims = Dims::from_hparams(&h, DimDefaults { n_ctx_train: 8192, rope_freq_base: 1_000_000.0, rms_eps: 1e-6 })?;
+        let n_head_kv = dims.kv_heads(&h)?;
         let (n_embd, n_layer, n_head, head_dim) = (dims.n_embd, dims.n_layer, dims.n_head, dims.head_dim);
         if h.usize_or("attention.value_length", head_dim)? != head_dim {
             return Err(CoreError::Unsupported("gemma3 with value_length != key_length".into()));
@@ -65,6 +67,7 @@ impl Config {
         // gemma_pytorch: query_pre_attn_scalar is head_dim, except 27B's n_embd / n_head
         let pre_attn = if n_layer == 62 { n_embd / n_head } else { head_dim };
         Ok(Config {
+            n_head_kv,
             n_ff: h.positive("feed_forward_length")?,
             rope_freq_scale,
             rope_freq_base_swa: h.f32_or("rope.freq_base_swa", 10_000.0)?,
@@ -122,7 +125,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             scaling: RopeScaling::NONE,
         };
         // the queries carry the scale (llama.cpp scales q, then attends with 1.0)
-        let params = d.attn_params(1.0, if swa { c.sliding_window } else { None });
+        let params = d.attn_params(c.n_head_kv, 1.0, if swa { c.sliding_window } else { None });
         let mut attn = SelfAttention::load(be, g, il, d.n_embd, params, rope)?.with_qk_norm(be, g, il, d.rms_eps)?;
         attn.q_scale = Some(c.q_scale);
         let mut ffn = SwiGluMlp::load(be, g, il, d.n_embd, c.n_ff)?;
@@ -137,7 +140,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             post_ffw_norm: norm("post_ffw_norm")?,
         });
     }
-    let info = d.model_info(g, "gemma3");
+    let info = d.model_info(g, "gemma3", c.n_head_kv);
     Ok(Box::new(Gemma3 { cfg, info, head, layers }))
 }
 

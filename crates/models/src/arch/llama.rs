@@ -46,6 +46,7 @@ pub const LLAMA: Variant =
 pub struct Config {
     pub variant: Variant,
     pub dims: Dims,
+    pub n_head_kv: usize,
     /// Dense FFN width, or each expert's width in a mixture-of-experts model.
     pub n_ff: usize,
     pub rope_freq_scale: f32,
@@ -68,6 +69,7 @@ impl Config {
     pub fn from_gguf_as(g: &Gguf, variant: Variant) -> Result<Config> {
         let h = Hparams::new(g)?;
         let dims = Dims::from_hparams(&h, DimDefaults { n_ctx_train: 2048, rope_freq_base: 10000.0, rms_eps: 1e-5 })?;
+        let n_head_kv = dims.kv_heads(&h)?;
         // llama3 scaling is carried by rope_freqs.weight
         let (rope_freq_scale, rope_scaling) = rope_scaling(&h, "", &["llama3"], dims.n_rot, dims.n_ctx_train, dims.rope_freq_base)?;
         // llama.cpp's graphs of this family: softmax gating, weights renormalized over the top k
@@ -91,6 +93,7 @@ impl Config {
         };
         Ok(Config {
             variant,
+            n_head_kv,
             n_ff,
             rope_freq_scale,
             rope_scaling,
@@ -144,7 +147,7 @@ pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Resu
         scaling: c.rope_scaling,
     };
     // with scale_q the queries carry the scale
-    let attn = d.attn_params(if variant.scale_q { 1.0 } else { 1.0 / (d.head_dim as f32).sqrt() }, c.sliding_window);
+    let attn = d.attn_params(c.n_head_kv, if variant.scale_q { 1.0 } else { 1.0 / (d.head_dim as f32).sqrt() }, c.sliding_window);
     let mut layers = Vec::with_capacity(d.n_layer);
     for il in 0..d.n_layer {
         let mut sa = SelfAttention::load(be, g, il, d.n_embd, attn.clone(), rope.clone())?.with_biases(be, g, il, d.n_embd)?;
@@ -162,7 +165,7 @@ pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Resu
             ffn: FeedForward::load(be, g, il, d.n_embd, ffn)?,
         });
     }
-    let info = d.model_info(g, variant.arch);
+    let info = d.model_info(g, variant.arch, c.n_head_kv);
     Ok(Box::new(Decoder { stack: Stack { cfg, info, head, layers }, long_factors }))
 }
 

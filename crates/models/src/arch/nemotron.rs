@@ -59,7 +59,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
         freq_factors: None,
         scaling: c.rope_scaling,
     };
-    let params = d.attn_params(1.0 / (d.head_dim as f32).sqrt(), None);
+    let params = d.attn_params(c.n_head_kv, 1.0 / (d.head_dim as f32).sqrt(), None);
     let mut layers = Vec::with_capacity(d.n_layer);
     for il in 0..d.n_layer {
         let vec = |s: &str| weight(be, g, &format!("blk.{il}.{s}"), d.n_embd, 1);
@@ -72,7 +72,7 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             ffn: ReluSqrMlp::load(be, g, il, "", d.n_embd, c.n_ff)?.with_biases(be, g, il, d.n_embd)?,
         });
     }
-    let info = d.model_info(g, "nemotron");
+    let info = d.model_info(g, "nemotron", c.n_head_kv);
     Ok(Box::new(Nemotron { cfg, info, head, layers }))
 }
 
