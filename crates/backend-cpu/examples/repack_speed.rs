@@ -15,15 +15,7 @@ fn main() {
         let xa: Vec<f32> = (0..n_in * 8).map(|i| ((i * 31 % 97) as f32 - 48.0) / 20.0).collect();
         let aq = quarrel_quant::quantize_to_vec(act, &xa).unwrap();
         let arb = act.row_bytes(n_in).unwrap();
-        let nb = n_in / rt.qk();
-        let aux: Vec<Vec<ActAux>> = aq
-            .chunks(arb)
-            .map(|a| {
-                let mut v = vec![ActAux::default(); nb];
-                repack::act_aux(rt, n_in, a, &mut v);
-                v
-            })
-            .collect();
+        let aux = repack::act_aux_rows(rt, n_in, &aq, arb);
         let gb = rt.group_bytes(n_in);
         for t in [1usize, 4, 8] {
             let acts: Vec<(&[u8], &[ActAux])> = aq.chunks(arb).zip(&aux).take(t).map(|(a, x)| (a, x.as_slice())).collect();

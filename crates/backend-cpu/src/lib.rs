@@ -32,6 +32,28 @@
 // keeps that mapping visible where an iterator chain would hide it.
 #![allow(clippy::needless_range_loop)]
 
+/// `fn $name($args)` running `$body($args)` with hardware FMA where the CPU has it:
+/// `f32::mul_add` is a libm call otherwise (exactly fused as well, so the same bits, slower).
+/// `$body` is `#[inline(always)]`, so the FMA twin compiles it with the feature.
+macro_rules! fma_dispatch {
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:ident) => {
+        $(#[$m])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "fma")]
+            unsafe fn with_fma($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has FMA (checked above).
+                return unsafe { with_fma($($arg),*) };
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 pub mod actquant;
 mod attention;
 pub mod ggml_math;

@@ -34,19 +34,6 @@ pub(crate) fn moe_route(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting) ->
     quarrel_core::moe::route_with(logits, bias, p, &softmax_ggml)
 }
 
-/// Routes grouped by expert: `(expert, route indices)` in expert order, route order kept.
-pub(crate) fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, Vec<usize>)>> {
-    let mut per: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
-    for (i, r) in routes.iter().enumerate() {
-        let e = r.expert as usize;
-        if e >= n_expert {
-            return Err(CoreError::Shape(format!("route to expert {e} of {n_expert}")));
-        }
-        per[e].push(i);
-    }
-    Ok(per.into_iter().enumerate().filter(|(_, v)| !v.is_empty()).collect())
-}
-
 pub(crate) fn moe_matmul(
     be: &CpuBackend,
     w: &CpuWeight,
@@ -70,7 +57,7 @@ pub(crate) fn moe_matmul(
     }
     let mut xs: Vec<f32> = Vec::new();
     let mut ys: Vec<f32> = Vec::new();
-    for (e, idx) in group_by_expert(routes, n_expert)? {
+    for (e, idx) in quarrel_core::moe::group_by_expert(routes, n_expert)? {
         let view = w.expert(e, n_expert)?;
         xs.clear();
         for &i in &idx {

@@ -139,23 +139,9 @@ pub(crate) fn rope(be: &CpuBackend, x: &mut [f32], positions: &[u32], n_head: us
     Ok(())
 }
 
-/// Rotate every head (`hd` values) of `xr` by the angles in `cache`, with hardware FMA where
-/// the CPU has it (`f32::mul_add` is a libm call otherwise; both are exactly fused, so the
-/// results are the same bits).
-fn rotate_heads(style: RopeStyle, cache: &[(f32, f32)], xr: &mut [f32], hd: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has FMA (checked above).
-        unsafe { rotate_heads_fma(style, cache, xr, hd) };
-        return;
-    }
-    rotate_heads_impl(style, cache, xr, hd)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-unsafe fn rotate_heads_fma(style: RopeStyle, cache: &[(f32, f32)], xr: &mut [f32], hd: usize) {
-    rotate_heads_impl(style, cache, xr, hd)
+fma_dispatch! {
+    /// Rotate every head (`hd` values) of `xr` by the angles in `cache`.
+    fn rotate_heads(style: RopeStyle, cache: &[(f32, f32)], xr: &mut [f32], hd: usize) => rotate_heads_impl
 }
 
 #[inline(always)]

@@ -5,7 +5,7 @@
 use crate::ggml_math::{fold_lanes, silu_ggml};
 use crate::matmul::SyncPtr;
 use crate::{CpuBackend, CpuKv};
-use quarrel_core::ssm::softplus;
+use quarrel_core::ssm::{conv_with, softplus, ConvInputs};
 use quarrel_core::{CoreError, ForwardBatch, Result, SsmParams, StateSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -97,74 +97,23 @@ pub(crate) fn ssm_conv(
         if fresh {
             state.fill(0.0);
         }
-        conv_seq(p, &zxbcdt[start * dp..], dp, p.d_inner, state, w, bias, &mut out[start * cd..(start + len) * cd]);
+        let inp = ConvInputs { xbc: &zxbcdt[start * dp..], stride: dp, col0: p.d_inner, w, bias };
+        conv_seq(p, &inp, state, &mut out[start * cd..(start + len) * cd]);
     }
     Ok(())
 }
 
-/// `quarrel_core::ssm::conv_reference` with ggml's AVX-512 build's rounding: the window
-/// dot product accumulated with fused multiply-adds (the compiler contracts ggml's scalar
-/// loop), `ggml_v_silu` on the 16-aligned part of each row and libm SiLU on the rest.
-#[allow(clippy::too_many_arguments)]
-fn conv_seq(p: &SsmParams, xbc: &[f32], stride: usize, col0: usize, state: &mut [f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: feature checked above.
-        unsafe { conv_seq_fma(p, xbc, stride, col0, state, w, bias, out) };
-        return;
-    }
-    conv_seq_body(p, xbc, stride, col0, state, w, bias, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn conv_seq_fma(
-    p: &SsmParams,
-    xbc: &[f32],
-    stride: usize,
-    col0: usize,
-    state: &mut [f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    conv_seq_body(p, xbc, stride, col0, state, w, bias, out)
+fma_dispatch! {
+    /// `quarrel_core::ssm::conv_reference` with ggml's AVX-512 build's rounding: the window
+    /// dot product accumulated with fused multiply-adds (the compiler contracts ggml's scalar
+    /// loop), `ggml_v_silu` on the 16-aligned part of each row and libm SiLU on the rest.
+    fn conv_seq(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], out: &mut [f32]) => conv_seq_body
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn conv_seq_body(
-    p: &SsmParams,
-    xbc: &[f32],
-    stride: usize,
-    col0: usize,
-    state: &mut [f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    let (nc, cd) = (p.d_conv, p.conv_dim());
-    let n_t = out.len() / cd;
-    let vec_end = cd & !15;
-    let mut win = vec![0f32; nc - 1 + n_t];
-    for ch in 0..cd {
-        win[..nc - 1].copy_from_slice(&state[ch * (nc - 1)..(ch + 1) * (nc - 1)]);
-        for t in 0..n_t {
-            win[nc - 1 + t] = xbc[t * stride + col0 + ch];
-        }
-        let wc = &w[ch * nc..(ch + 1) * nc];
-        let b = bias.map_or(0.0, |b| b[ch]);
-        for t in 0..n_t {
-            let mut s = 0f32;
-            for i in 0..nc {
-                s = win[t + i].mul_add(wc[i], s);
-            }
-            let v = s + b;
-            out[t * cd + ch] = if ch < vec_end { silu_ggml(v) } else { v / (1.0 + (-v).exp()) };
-        }
-        state[ch * (nc - 1)..(ch + 1) * (nc - 1)].copy_from_slice(&win[n_t..]);
-    }
+fn conv_seq_body(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], out: &mut [f32]) {
+    let vec_end = p.conv_dim() & !15;
+    conv_with(p, inp, state, out, |s, x, w| x.mul_add(w, s), |ch, v| if ch < vec_end { silu_ggml(v) } else { v / (1.0 + (-v).exp()) });
 }
 
 /// The 64-wide steps of one state row: `s = s*da + b*xdt` (two multiplies and an add), and

@@ -6,7 +6,7 @@
 
 mod common;
 use proptest::prelude::*;
-use quarrel_core::ssm::{conv_reference, gated_norm_reference, scan_f64, scan_reference, ScanInputs};
+use quarrel_core::ssm::{conv_reference, gated_norm_reference, scan_f64, scan_reference, ConvInputs, ScanInputs};
 use quarrel_core::{
     Backend, ForwardBatch, Gating, KvSpec, KvType, MoeRouting, QuantType, Route, SeqBatch, SsmParams, StateSpec, WeightSource,
 };
@@ -173,7 +173,7 @@ proptest! {
         let dp = p.d_in_proj();
         let mut cs = vec![0f32; p.conv_state_len()];
         let mut rx = vec![0f32; n * p.conv_dim()];
-        conv_reference(&p, &l.zxbcdt, dp, p.d_inner, &mut cs, &l.w, Some(&l.bias), &mut rx);
+        conv_reference(&p, &ConvInputs { xbc: &l.zxbcdt, stride: dp, col0: p.d_inner, w: &l.w, bias: Some(&l.bias) }, &mut cs, &mut rx);
         prop_assert!(nmse(&rx, &xbc) < 1e-10, "conv nmse {}", nmse(&rx, &xbc));
         let inp = ScanInputs { xbc: &xbc, dt: &l.zxbcdt, dt_stride: dp, dt_col: dp - p.n_head, a: &l.a, d: &l.d, dt_bias: &l.dtb };
         let mut ss = vec![0f32; p.ssm_state_len()];

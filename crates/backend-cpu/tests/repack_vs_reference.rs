@@ -52,14 +52,7 @@ fn check_tile(ti: usize, nb: usize, n_tok: usize, seed: u64) -> Result<(), TestC
     let packed = repack::repack(rt, n_in, R, &w);
     let xq = quantized_acts(ty, n_in, n_tok, seed ^ 9);
     let arb = ty.vec_dot_type().row_bytes(n_in).unwrap();
-    let aux: Vec<Vec<ActAux>> = xq
-        .chunks(arb)
-        .map(|a| {
-            let mut v = vec![ActAux::default(); nb];
-            repack::act_aux(rt, n_in, a, &mut v);
-            v
-        })
-        .collect();
+    let aux = repack::act_aux_rows(rt, n_in, &xq, arb);
     let acts: Vec<(&[u8], &[ActAux])> = xq.chunks(arb).zip(&aux).map(|(a, x)| (a, x.as_slice())).collect();
     let mut out = [[f32::NAN; R]; TILE_TOKENS];
     repack::tile(rt, n_in, &packed, &acts, &mut out);

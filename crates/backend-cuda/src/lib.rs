@@ -248,6 +248,23 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
+/// The checks of a row norm of `x` into `out` by the f32 vectors `vecs` (weight, bias): the
+/// row width (the vectors' length) and the row count; None where `x` has no rows.
+fn norm_rows(what: &str, x: &CudaBuf, out: &CudaBuf, vecs: &[&CudaWeight]) -> Result<Option<(usize, u32)>> {
+    check_len(&format!("{what} output"), out.len, x.len)?;
+    let d = vecs[0].n_in;
+    for v in vecs {
+        if v.n_out != 1 || v.dev_ty != DevType::F32 || v.n_in != d {
+            return Err(CoreError::Shape(format!("weight of shape ({}, {}) used as a vector of {d}", v.n_in, v.n_out)));
+        }
+    }
+    if d == 0 || !x.len.is_multiple_of(d) {
+        return Err(CoreError::Shape(format!("{what}: {} values are not rows of {d}", x.len)));
+    }
+    let rows = (x.len / d) as u32;
+    Ok((rows > 0).then_some((d, rows)))
+}
+
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
     type Weight = CudaWeight;
@@ -415,18 +432,9 @@ impl Backend for CudaBackend {
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
-        check_len("rms_norm output", out.len, x.len)?;
-        let d = w.n_in;
-        if w.n_out != 1 || w.dev_ty != DevType::F32 {
-            return Err(CoreError::Shape(format!("weight of shape ({}, {}) used as a vector", w.n_in, w.n_out)));
-        }
-        if !x.len.is_multiple_of(d) {
-            return Err(CoreError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len)));
-        }
-        let rows = (x.len / d) as u32;
-        if rows == 0 {
+        let Some((d, rows)) = norm_rows("rms_norm", x, out, &[w])? else {
             return Ok(());
-        }
+        };
         let (xp, op) = (self.rd(x)?, self.wr(out));
         let (xq, xm) = if d.is_multiple_of(32) { self.q8_out(op, x.len)? } else { (0, 0) };
         Ok(norm::rms_norm(&self.dev, norm::Row { x: xp, w: w.p.ptr, out: op, d, rows, eps, xq, xm })?)
@@ -434,20 +442,9 @@ impl Backend for CudaBackend {
 
     fn layer_norm(&self, x: &CudaBuf, w: &CudaWeight, b: &CudaWeight, eps: f32, out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
-        check_len("layer_norm output", out.len, x.len)?;
-        let d = w.n_in;
-        for v in [w, b] {
-            if v.n_out != 1 || v.dev_ty != DevType::F32 || v.n_in != d {
-                return Err(CoreError::Shape(format!("weight of shape ({}, {}) used as a vector of {d}", v.n_in, v.n_out)));
-            }
-        }
-        if !x.len.is_multiple_of(d) {
-            return Err(CoreError::Shape(format!("layer_norm: {} values are not rows of {d}", x.len)));
-        }
-        let rows = (x.len / d) as u32;
-        if rows == 0 {
+        let Some((d, rows)) = norm_rows("layer_norm", x, out, &[w, b])? else {
             return Ok(());
-        }
+        };
         let (xp, op) = (self.rd(x)?, self.wr(out));
         let args = [Arg::P(xp), Arg::P(w.p.ptr), Arg::P(b.p.ptr), Arg::P(op), Arg::I(d as i32), Arg::F(eps)];
         self.dev.launch("layer_norm", (rows, 1, 1), 256, 0, &args)?;

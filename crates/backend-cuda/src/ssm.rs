@@ -229,27 +229,18 @@ pub(crate) struct ConvHeld {
 }
 
 impl ConvHeld {
+    /// The conv's buffers: the first arguments of `ssm_conv` and of `ssm_conv_scan`.
+    fn buffers(&self) -> [Arg; 6] {
+        [Arg::P(self.zx), Arg::P(self.w), Arg::P(self.bias), Arg::P(self.seq.ptr()), Arg::P(self.state), Arg::P(self.out)]
+    }
+
     /// Queue it alone (`ssm_conv`).
     pub(crate) fn launch(&self, dev: &Device) -> Result<(), CudaError> {
         let p = &self.p;
         let cd = p.conv_dim();
-        dev.launch_1d(
-            "ssm_conv",
-            (self.n_seq * cd) as u64,
-            &[
-                Arg::P(self.zx),
-                Arg::P(self.w),
-                Arg::P(self.bias),
-                Arg::P(self.seq.ptr()),
-                Arg::P(self.state),
-                Arg::P(self.out),
-                Arg::I(self.n_seq as i32),
-                Arg::I(cd as i32),
-                Arg::I(p.d_conv as i32),
-                Arg::I(p.d_in_proj() as i32),
-                Arg::I(p.d_inner as i32),
-            ],
-        )
+        let dims = [cd, p.d_conv, p.d_in_proj(), p.d_inner].map(|d| Arg::I(d as i32));
+        let args: Vec<Arg> = self.buffers().into_iter().chain([Arg::I(self.n_seq as i32)]).chain(dims).collect();
+        dev.launch_1d("ssm_conv", (self.n_seq * cd) as u64, &args)
     }
 }
 
@@ -317,25 +308,13 @@ pub(crate) fn scan(
             ((c.n_seq * p.d_inner / 8) as u32, 1, 1),
             256,
             (4 * (2 * p.d_state + 8)) as u32,
-            &[
-                Arg::P(c.zx),
-                Arg::P(c.w),
-                Arg::P(c.bias),
-                Arg::P(c.seq.ptr()),
-                Arg::P(c.state),
-                Arg::P(c.out),
-                Arg::P(s.a.0),
-                Arg::P(s.d.0),
-                Arg::P(s.dt_bias.0),
-                Arg::P(state),
-                Arg::P(y.0),
-                Arg::P(st.bad.ptr),
-                Arg::I(c.n_seq as i32),
-            ]
-            .into_iter()
-            .chain(scan_dims(p))
-            .chain([Arg::I(p.d_conv as i32), Arg::P(st.cnt.ptr)])
-            .collect::<Vec<_>>(),
+            &c.buffers()
+                .into_iter()
+                .chain([s.a.0, s.d.0, s.dt_bias.0, state, y.0, st.bad.ptr].map(Arg::P))
+                .chain([Arg::I(c.n_seq as i32)])
+                .chain(scan_dims(p))
+                .chain([Arg::I(p.d_conv as i32), Arg::P(st.cnt.ptr)])
+                .collect::<Vec<_>>(),
         );
     }
     let (seq, n_seq) = st.seqs(dev, layer, p, batch)?;

@@ -102,20 +102,41 @@ pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax:
         // descending, NaN last, ties by expert index
         order.sort_by(|&a, &b| sel(b).partial_cmp(&sel(a)).unwrap_or_else(|| sel(a).is_nan().cmp(&sel(b).is_nan())).then(a.cmp(&b)));
         let chosen = &order[..p.n_used];
-        let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
-        if p.norm_weights {
-            // ggml_sum_rows sums in f64; the clamp keeps a zero sum finite
-            let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
-            w.iter_mut().for_each(|x| *x /= s);
-        }
-        if p.scale != 0.0 && p.scale != 1.0 {
-            w.iter_mut().for_each(|x| *x *= p.scale);
-        }
+        let w = chosen_weights(chosen, &probs, p);
         for (&e, &wt) in chosen.iter().zip(&w) {
             out.push(Route { token: t as u32, expert: e as u32, weight: wt });
         }
     }
     Ok(out)
+}
+
+/// The weights of the `chosen` experts: their probabilities, divided by their sum where `p`
+/// renormalizes, then multiplied by `p.scale`.
+pub fn chosen_weights(chosen: &[usize], probs: &[f32], p: &MoeRouting) -> Vec<f32> {
+    let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
+    if p.norm_weights {
+        // ggml_sum_rows sums in f64; the clamp keeps a zero sum finite
+        let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
+        w.iter_mut().for_each(|x| *x /= s);
+    }
+    if p.scale != 0.0 && p.scale != 1.0 {
+        w.iter_mut().for_each(|x| *x *= p.scale);
+    }
+    w
+}
+
+/// Routes grouped by expert: `(expert, route indices)` in expert order, route order kept;
+/// an error for a route to an expert at or past `n_expert`.
+pub fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, Vec<usize>)>> {
+    let mut per: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    for (i, r) in routes.iter().enumerate() {
+        let e = r.expert as usize;
+        if e >= n_expert {
+            return Err(CoreError::Shape(format!("route to expert {e} of {n_expert}")));
+        }
+        per[e].push(i);
+    }
+    Ok(per.into_iter().enumerate().filter(|(_, v)| !v.is_empty()).collect())
 }
 
 #[cfg(test)]

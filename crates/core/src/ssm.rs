@@ -86,20 +86,36 @@ pub fn softplus(x: f32) -> f32 {
     }
 }
 
-/// Reference conv of one sequence: `xbc (n_t, conv_dim)` rows (stride `stride`, starting at
-/// column `col0`), carried `state (conv_dim, d_conv-1)`, weight `(conv_dim, d_conv)`, optional
-/// bias; writes `silu(conv + bias)` to `out (n_t, conv_dim)` and updates `state`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv_reference(
+/// Inputs of the conv for one sequence.
+#[derive(Clone, Copy)]
+pub struct ConvInputs<'a> {
+    /// `(n_t, conv_dim)` rows: `xbc[t * stride + col0 + ch]`.
+    pub xbc: &'a [f32],
+    pub stride: usize,
+    pub col0: usize,
+    /// Weight `(conv_dim, d_conv)`.
+    pub w: &'a [f32],
+    pub bias: Option<&'a [f32]>,
+}
+
+/// Reference conv of one sequence: the rows of `inp`, carried `state (conv_dim, d_conv-1)`;
+/// writes `silu(conv + bias)` to `out (n_t, conv_dim)` and updates `state`.
+pub fn conv_reference(p: &SsmParams, inp: &ConvInputs<'_>, state: &mut [f32], out: &mut [f32]) {
+    conv_with(p, inp, state, out, |s, x, w| s + x * w, |_, v| v / (1.0 + (-v).exp()));
+}
+
+/// The conv of [`conv_reference`] with its two roundings chosen by the caller: `mac(s, x, w)`
+/// adds one window product to the sum `s`, `act(channel, v)` is the SiLU of conv + bias.
+#[inline(always)]
+pub fn conv_with(
     p: &SsmParams,
-    xbc: &[f32],
-    stride: usize,
-    col0: usize,
+    inp: &ConvInputs<'_>,
     state: &mut [f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
     out: &mut [f32],
+    mac: impl Fn(f32, f32, f32) -> f32,
+    act: impl Fn(usize, f32) -> f32,
 ) {
+    let ConvInputs { xbc, stride, col0, w, bias } = *inp;
     let (nc, cd) = (p.d_conv, p.conv_dim());
     let n_t = out.len() / cd;
     let mut win = vec![0f32; nc - 1 + n_t];
@@ -109,13 +125,13 @@ pub fn conv_reference(
             win[nc - 1 + t] = xbc[t * stride + col0 + ch];
         }
         let wc = &w[ch * nc..(ch + 1) * nc];
+        let b = bias.map_or(0.0, |b| b[ch]);
         for t in 0..n_t {
             let mut s = 0f32;
             for i in 0..nc {
-                s += win[t + i] * wc[i];
+                s = mac(s, win[t + i], wc[i]);
             }
-            let v = s + bias.map_or(0.0, |b| b[ch]);
-            out[t * cd + ch] = v / (1.0 + (-v).exp());
+            out[t * cd + ch] = act(ch, s + b);
         }
         state[ch * (nc - 1)..(ch + 1) * (nc - 1)].copy_from_slice(&win[n_t..]);
     }
@@ -225,20 +241,30 @@ mod tests {
         SsmParams { d_conv: 4, d_inner: 8, d_state: 4, n_group: 2, n_head: 4, eps: 1e-5 }
     }
 
+    /// `n` deterministic values spread around 0: `(i * step % modulo - modulo / 2) / scale`.
+    fn values(n: usize, step: usize, modulo: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i * step % modulo) as f32 - (modulo / 2) as f32) / scale).collect()
+    }
+
     #[test]
     fn conv_in_pieces_equals_conv_at_once() {
         let p = params();
         let cd = p.conv_dim();
         let n_t = 7;
-        let x: Vec<f32> = (0..n_t * cd).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
-        let w: Vec<f32> = (0..cd * p.d_conv).map(|i| ((i * 13 % 29) as f32 - 14.0) / 10.0).collect();
+        let x = values(n_t * cd, 37, 101, 25.0);
+        let w = values(cd * p.d_conv, 13, 29, 10.0);
         let mut s1 = vec![0f32; p.conv_state_len()];
         let mut all = vec![0f32; n_t * cd];
-        conv_reference(&p, &x, cd, 0, &mut s1, &w, None, &mut all);
+        conv_reference(&p, &ConvInputs { xbc: &x, stride: cd, col0: 0, w: &w, bias: None }, &mut s1, &mut all);
         let mut s2 = vec![0f32; p.conv_state_len()];
         let mut pieces = vec![0f32; n_t * cd];
         for (a, b) in [(0, 3), (3, 4), (4, 7)] {
-            conv_reference(&p, &x[a * cd..], cd, 0, &mut s2, &w, None, &mut pieces[a * cd..b * cd]);
+            conv_reference(
+                &p,
+                &ConvInputs { xbc: &x[a * cd..], stride: cd, col0: 0, w: &w, bias: None },
+                &mut s2,
+                &mut pieces[a * cd..b * cd],
+            );
         }
         assert_eq!(all, pieces);
         assert_eq!(s1, s2);
@@ -249,7 +275,7 @@ mod tests {
         let p = params();
         let cd = p.conv_dim();
         let n_t = 5;
-        let xbc: Vec<f32> = (0..n_t * cd).map(|i| ((i * 7 % 23) as f32 - 11.0) / 7.0).collect();
+        let xbc = values(n_t * cd, 7, 23, 7.0);
         let dt: Vec<f32> = (0..n_t * p.n_head).map(|i| (i as f32 - 8.0) / 4.0).collect();
         let a = vec![-0.5, -1.0, -2.0, -0.1];
         let d = vec![1.0, 0.5, 0.0, -1.0];

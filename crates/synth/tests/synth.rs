@@ -90,7 +90,7 @@ fn check_file_vocab(path: &Path, p: &Preset, ft: Ftype, s: &SynthSummary, synthe
     }
     // Quarrel's own llama config reader accepts it
     let cfg = quarrel_models::arch::llama::Config::from_gguf(&g).unwrap();
-    assert_eq!((cfg.n_vocab, cfg.n_layer, cfg.head_dim), (p.n_vocab, p.n_layer, p.head_dim()));
+    assert_eq!((cfg.dims.n_vocab, cfg.dims.n_layer, cfg.dims.head_dim), (p.n_vocab, p.n_layer, p.head_dim()));
     g
 }
 

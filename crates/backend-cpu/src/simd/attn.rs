@@ -91,6 +91,17 @@ pub(crate) fn check_run(run: &Run, hd: usize, n: usize) {
     }
 }
 
+/// The checks of one query's run (head dim a multiple of `lanes`) over rows of `k_len` /
+/// `v_len` values: the head dim.
+#[track_caller]
+pub(crate) fn run_args(q: &[f32], lanes: usize, (k_len, v_len): (usize, usize), run: &Run, acc: &[f32]) -> usize {
+    let hd = q.len();
+    assert!(hd.is_multiple_of(lanes) && acc.len() == hd, "attention run: query of {hd}, accumulator of {}", acc.len());
+    check_run(run, hd, k_len);
+    check_run(run, hd, v_len);
+    hd
+}
+
 /// The checks of a run of `G` queries (head dims a multiple of `lanes`) over rows of `k_len`
 /// / `v_len` values, and the queries' and accumulators' pointers: `(hd, q, acc)`.
 #[allow(clippy::type_complexity)]
@@ -148,10 +159,7 @@ pub fn prefetch<T>(x: &[T], start: usize, n: usize) {
 
 /// Reference twin of [`vec_f16_run`].
 pub fn vec_f16_run_ref(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
-    let hd = q16.len();
-    assert_eq!(acc.len(), hd);
-    check_run(&run, hd, k.len());
-    check_run(&run, hd, v.len());
+    let hd = run_args(q16, 1, (k.len(), v.len()), &run, acc);
     for j in 0..run.len {
         let at = run.start + j * run.stride;
         let score = sc.apply(dot_f16_ggml(q16, &k[at..at + hd]));
@@ -299,10 +307,7 @@ pub fn f32_run_multi_ref(q: &[&[f32]], k: KvRows<'_>, v: KvRows<'_>, run: Run, s
 
 /// Reference twin of [`f32_run`].
 pub fn f32_run_ref(q: &[f32], k: KvRows<'_>, v: KvRows<'_>, run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
-    let hd = q.len();
-    assert_eq!(acc.len(), hd);
-    check_run(&run, hd, k.len());
-    check_run(&run, hd, v.len());
+    run_args(q, 1, (k.len(), v.len()), &run, acc);
     for j in 0..run.len {
         let at = run.start + j * run.stride;
         let score = sc.apply(dot8(q, |i| k.at(at + i)));

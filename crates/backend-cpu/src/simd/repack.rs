@@ -112,23 +112,36 @@ pub fn repack_into(ty: RepackTy, n_in: usize, n_out: usize, src: &[u8], out: &mu
     if ty == RepackTy::Q4_K {
         return super::repack_k::repack_into(n_in, n_out, src, out);
     }
-    let nb = n_in / QK;
-    let (wb, gb) = (ty.wb(), ty.group_block());
-    assert!(n_in.is_multiple_of(QK) && src.len() >= n_out * nb * wb, "repack: short source");
+    let c = ty.codes();
+    for_each_block(n_in, n_out, src, out, (QK, ty.wb(), ty.group_block()), |i, s, d| {
+        let q = &s[CODES_AT..];
+        for k in 0..c / (4 * R) {
+            for j in 0..4 {
+                d[k * 4 * R + 4 * i + j] = q[4 * k + j];
+            }
+        }
+        d[c + 2 * i..c + 2 * i + 2].copy_from_slice(&s[0..2]);
+    });
+}
+
+/// `place(i, block, group block)` for every block of the `n_out` rows of `src`: row `r` is
+/// row `i = r % R` of group `r / R`. `(qk, wb, gb)`: values per block, bytes of a source
+/// block and of a group block.
+pub(crate) fn for_each_block(
+    n_in: usize,
+    n_out: usize,
+    src: &[u8],
+    out: &mut [u8],
+    (qk, wb, gb): (usize, usize, usize),
+    mut place: impl FnMut(usize, &[u8], &mut [u8]),
+) {
+    let nb = n_in / qk;
+    assert!(n_in.is_multiple_of(qk) && src.len() >= n_out * nb * wb, "repack: short source");
     assert!(out.len() >= n_out.div_ceil(R) * nb * gb, "repack: short output");
     for (r, row) in src.chunks_exact(nb * wb).take(n_out).enumerate() {
         let (g, i) = (r / R, r % R);
         for b in 0..nb {
-            let s = &row[b * wb..(b + 1) * wb];
-            let d = &mut out[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-            let q = &s[CODES_AT..];
-            for k in 0..ty.codes() / (4 * R) {
-                for j in 0..4 {
-                    d[k * 4 * R + 4 * i + j] = q[4 * k + j];
-                }
-            }
-            let c = ty.codes();
-            d[c + 2 * i..c + 2 * i + 2].copy_from_slice(&s[0..2]);
+            place(i, &row[b * wb..(b + 1) * wb], &mut out[(g * nb + b) * gb..(g * nb + b + 1) * gb]);
         }
     }
 }
@@ -171,6 +184,17 @@ pub fn act_aux(ty: RepackTy, n_in: usize, a: &[u8], out: &mut [ActAux]) {
             bs: [0; 8],
         };
     }
+}
+
+/// The [`ActAux`] of every row of `acts`, quantized activation rows of `row_bytes` each.
+pub fn act_aux_rows(ty: RepackTy, n_in: usize, acts: &[u8], row_bytes: usize) -> Vec<Vec<ActAux>> {
+    acts.chunks(row_bytes)
+        .map(|a| {
+            let mut v = vec![ActAux::default(); n_in / ty.qk()];
+            act_aux(ty, n_in, a, &mut v);
+            v
+        })
+        .collect()
 }
 
 /// The scalar twin: row `i` (0..R) of the group at `group` against one activation row `a`

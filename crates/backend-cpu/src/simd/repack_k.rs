@@ -29,31 +29,23 @@ pub(crate) const GROUP_BLOCK: usize = DMIN + 2 * R;
 
 /// Repack `n_out` Q4_K rows into `out` (see [`super::repack::repack_into`]).
 pub(crate) fn repack_into(n_in: usize, n_out: usize, src: &[u8], out: &mut [u8]) {
-    let nb = n_in / QK;
-    assert!(n_in.is_multiple_of(QK) && src.len() >= n_out * nb * WB, "repack: short source");
-    assert!(out.len() >= n_out.div_ceil(R) * nb * GROUP_BLOCK, "repack: short output");
-    for (r, row) in src.chunks_exact(nb * WB).take(n_out).enumerate() {
-        let (g, i) = (r / R, r % R);
-        for b in 0..nb {
-            let s = &row[b * WB..(b + 1) * WB];
-            let d = &mut out[(g * nb + b) * GROUP_BLOCK..(g * nb + b + 1) * GROUP_BLOCK];
-            let qs = &s[16..];
-            for jj in 0..4 {
-                for k in 0..8 {
-                    for j in 0..4 {
-                        d[(jj * 8 + k) * 64 + 4 * i + j] = qs[32 * jj + 4 * k + j];
-                    }
+    super::repack::for_each_block(n_in, n_out, src, out, (QK, WB, GROUP_BLOCK), |i, s, d| {
+        let qs = &s[16..];
+        for jj in 0..4 {
+            for k in 0..8 {
+                for j in 0..4 {
+                    d[(jj * 8 + k) * 64 + 4 * i + j] = qs[32 * jj + 4 * k + j];
                 }
             }
-            for j in 0..8 {
-                let (sc, m) = get_scale_min_k4(j, &s[4..16]);
-                d[SCALES + j * R + i] = sc;
-                d[MINS + (j / 2) * 2 * R + 2 * i + j % 2] = m;
-            }
-            d[D + 2 * i..D + 2 * i + 2].copy_from_slice(&s[0..2]);
-            d[DMIN + 2 * i..DMIN + 2 * i + 2].copy_from_slice(&s[2..4]);
         }
-    }
+        for j in 0..8 {
+            let (sc, m) = get_scale_min_k4(j, &s[4..16]);
+            d[SCALES + j * R + i] = sc;
+            d[MINS + (j / 2) * 2 * R + 2 * i + j % 2] = m;
+        }
+        d[D + 2 * i..D + 2 * i + 2].copy_from_slice(&s[0..2]);
+        d[DMIN + 2 * i..DMIN + 2 * i + 2].copy_from_slice(&s[2..4]);
+    });
 }
 
 /// The [`ActAux`] of each super-block of a Q8_K row: `d` and the sub-block sums `bs`.

@@ -77,13 +77,7 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
     let plan = plan(groups, routes, x_per_token, n_src)?;
     let rows = plan.src.len();
     let n_chunks = plan.experts.len();
-    let src_d = dev.upload_async(&plan.src)?;
-    let xs = dev.scratch(4 * rows * n_in)?;
-    dev.launch_1d(
-        "gather_rows",
-        (rows * n_in) as u64,
-        &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(rows as i32)],
-    )?;
+    let (_src_d, xs) = super::gather_rows(dev, x, &plan.src, n_in)?;
     let nb = rows * units;
     let (xq, xm) = (dev.scratch(rows * n_in)?, dev.scratch(nb * 8)?);
     dev.launch(
@@ -166,15 +160,10 @@ pub(crate) fn matmul(c: &ExpertCall) -> Result<(), CudaError> {
 mod tests {
     use super::*;
 
-    fn r(token: u32, expert: u32) -> Route {
-        Route { token, expert, weight: 1.0 }
-    }
-
     #[test]
     fn plan_pads_chunks_and_maps_every_route_once() {
         // 11 routes of expert 2 (two chunks), 1 of expert 5
-        let routes: Vec<Route> = (0..12).map(|i| r(i / 2, if i == 7 { 5 } else { 2 })).collect();
-        let groups = crate::moe::group_by_expert(&routes, 6).unwrap();
+        let (routes, groups) = crate::moe::test_routes(12);
         let p = plan(&groups, &routes, true, 6).unwrap();
         assert_eq!(p.experts, vec![2, 2, 5]);
         assert_eq!(p.src.len(), 3 * CHUNK);

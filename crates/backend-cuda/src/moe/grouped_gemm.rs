@@ -205,10 +205,6 @@ pub(crate) fn matmul(qc: &Mutex<Option<QCache>>, c: &ExpertCall) -> Result<(), C
 mod tests {
     use super::*;
 
-    fn r(token: u32, expert: u32) -> Route {
-        Route { token, expert, weight: 1.0 }
-    }
-
     #[test]
     fn split_takes_the_cheapest_tiles() {
         let routes = |v: &[usize]| v.iter().map(|&t| TILES[t]).collect::<Vec<_>>();
@@ -257,8 +253,7 @@ mod tests {
     #[test]
     fn plan_maps_every_route_once_in_items_of_one_expert() {
         // 150 routes of expert 2 (items of 128 + 32), 1 of expert 5
-        let routes: Vec<Route> = (0..151).map(|i| r(i / 2, if i == 7 { 5 } else { 2 })).collect();
-        let groups = crate::moe::group_by_expert(&routes, 6).unwrap();
+        let (routes, groups) = crate::moe::test_routes(151);
         let p = plan(&groups, &routes, true, 76).unwrap();
         let items: Vec<(usize, u32, u32, usize)> = p.items.iter().map(|it| (it.expert, it.off, it.cnt, TILES[it.tile])).collect();
         assert_eq!(items, vec![(2, 0, 128, 128), (2, 128, 22, 32), (5, 150, 1, 16)]);

@@ -73,14 +73,7 @@ fn route_rows(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, t0: usize) -
             taken[best] = true;
             chosen.push(best);
         }
-        let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
-        if p.norm_weights {
-            let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
-            w.iter_mut().for_each(|x| *x /= s);
-        }
-        if p.scale != 0.0 && p.scale != 1.0 {
-            w.iter_mut().for_each(|x| *x *= p.scale);
-        }
+        let w = quarrel_core::moe::chosen_weights(&chosen, &probs, p);
         for (&e, &wt) in chosen.iter().zip(&w) {
             taken[e] = false;
             out.push(Route { token: (t0 + t) as u32, expert: e as u32, weight: wt });

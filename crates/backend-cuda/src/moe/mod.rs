@@ -26,23 +26,33 @@ use crate::error::CudaError;
 use crate::fusion::Device;
 use crate::matmul::mmq;
 use crate::matmul::QCache;
-use crate::runtime::Arg;
+use crate::runtime::{Arg, PoolMem};
 use crate::weights::experts::ExpertBudget;
 use crate::weights::{CudaWeight, DevType};
 use quarrel_core::Route;
 use std::sync::Mutex;
 
-/// Routes grouped by expert: `(expert, route indices)` in expert order, route order kept.
-pub fn group_by_expert(routes: &[Route], n_expert: usize) -> Result<Vec<(usize, Vec<usize>)>, CudaError> {
-    let mut per: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
-    for (i, r) in routes.iter().enumerate() {
-        let e = r.expert as usize;
-        if e >= n_expert {
-            return Err(CudaError::Shape(format!("route to expert {e} of {n_expert}")));
-        }
-        per[e].push(i);
-    }
-    Ok(per.into_iter().enumerate().filter(|(_, v)| !v.is_empty()).collect())
+/// The rows `src` of `x (·, n_in)` gathered into a scratch `(src.len(), n_in)`; returned with
+/// the uploaded indices, both to be held until the launches reading them are queued.
+pub(crate) fn gather_rows(dev: &Device, x: u64, src: &[u32], n_in: usize) -> Result<(PoolMem, PoolMem), CudaError> {
+    let rows = src.len();
+    let src_d = dev.upload_async(src)?;
+    let xs = dev.scratch(4 * rows * n_in)?;
+    dev.launch_1d(
+        "gather_rows",
+        (rows * n_in) as u64,
+        &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(rows as i32)],
+    )?;
+    Ok((src_d, xs))
+}
+
+/// Routes for the plan tests: `n` of them, two per token, each to expert 2 but the eighth
+/// (expert 5), and their grouping over 6 experts.
+#[cfg(test)]
+pub(crate) fn test_routes(n: u32) -> (Vec<Route>, Vec<(usize, Vec<usize>)>) {
+    let routes: Vec<Route> = (0..n).map(|i| Route { token: i / 2, expert: if i == 7 { 5 } else { 2 }, weight: 1.0 }).collect();
+    let groups = quarrel_core::moe::group_by_expert(&routes, 6).unwrap();
+    (routes, groups)
 }
 
 /// One expert matmul as `moe_matmul` has checked it: what each of its paths (the routed GEMV,
@@ -96,7 +106,7 @@ pub(crate) fn moe_matmul(
     if routes.is_empty() {
         return Ok(());
     }
-    let groups = group_by_expert(routes, n_expert)?;
+    let groups = quarrel_core::moe::group_by_expert(routes, n_expert).map_err(|e| CudaError::Shape(e.to_string()))?;
     let call = ExpertCall { dev, budget, w, name, n_out, x, n_src, routes, x_per_token, groups: &groups, out };
     // decode-sized steps: one routed-expert GEMV launch (no gather / scatter, no per-expert MMQ)
     let n_tok = routes.iter().map(|r| r.token as usize + 1).max().unwrap_or(0);
@@ -123,15 +133,9 @@ pub(crate) fn moe_matmul(
         }
     }
     let n = routes.len();
-    let src_d = dev.upload_async(&src)?;
+    let (_src_d, xs) = gather_rows(dev, x, &src, n_in)?;
     let dst_d = dev.upload_async(&dst)?;
-    let xs = dev.scratch(4 * n * n_in)?;
     let ys = dev.scratch(4 * n * n_out)?;
-    dev.launch_1d(
-        "gather_rows",
-        (n * n_in) as u64,
-        &[Arg::P(x), Arg::P(src_d.ptr()), Arg::P(xs.ptr()), Arg::I(n_in as i32), Arg::I(n as i32)],
-    )?;
     // cached Q8 activations never outlive this call (xs is scratch)
     clear(qc);
     let units = n_in / 32;

@@ -70,6 +70,74 @@ impl<B: Backend> Head<B> {
     }
 }
 
+/// The decoder shape that the attention architectures read under the same keys: widths, the
+/// query heads, rotated dimensions, vocabulary, trained context, RoPE base and RMSNorm
+/// epsilon. The KV heads are each architecture's (one count, or one per layer).
+#[derive(Clone, Debug)]
+pub struct Dims {
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+}
+
+/// An architecture's values for the [`Dims`] keys a file may leave out.
+#[derive(Clone, Copy, Debug)]
+pub struct DimDefaults {
+    /// `context_length`.
+    pub n_ctx_train: usize,
+    /// `rope.freq_base`.
+    pub rope_freq_base: f32,
+    /// `attention.layer_norm_rms_epsilon`.
+    pub rms_eps: f32,
+}
+
+impl Dims {
+    pub fn from_hparams(h: &Hparams, d: DimDefaults) -> Result<Dims> {
+        let n_embd = h.positive("embedding_length")?;
+        let n_layer = h.block_count()?;
+        let n_head = h.positive("attention.head_count")?;
+        let head_dim = head_dim(h, n_embd, n_head)?;
+        Ok(Dims {
+            n_embd,
+            n_layer,
+            n_head,
+            head_dim,
+            n_rot: h.rope_dims(head_dim)?,
+            n_vocab: h.n_vocab()?,
+            n_ctx_train: h.usize_or("context_length", d.n_ctx_train)?,
+            rope_freq_base: h.f32_or("rope.freq_base", d.rope_freq_base)?,
+            rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", d.rms_eps)?,
+        })
+    }
+
+    /// `attention.head_count_kv` as one count for every layer (default: all heads), checked
+    /// for grouped-query attention.
+    pub fn kv_heads(&self, h: &Hparams) -> Result<usize> {
+        let (n_head, n_head_kv) = (self.n_head, h.usize_or("attention.head_count_kv", self.n_head)?);
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
+        }
+        Ok(n_head_kv)
+    }
+
+    /// Attention over these heads and `n_kv_head` KV heads, scores multiplied by `scale`, no
+    /// soft cap.
+    pub fn attn_params(&self, n_kv_head: usize, scale: f32, sliding_window: Option<usize>) -> AttnParams {
+        AttnParams { n_head: self.n_head, n_kv_head, head_dim: self.head_dim, scale, sliding_window, softcap: None }
+    }
+
+    /// The [`ModelInfo`] of a model of this shape whose cache holds `n_kv_head` heads a layer.
+    pub fn model_info(&self, g: &Gguf, arch: &str, n_kv_head: usize) -> ModelInfo {
+        model_info(g, arch, self.n_vocab, self.n_embd, self.n_layer, self.n_ctx_train, (n_kv_head, self.head_dim))
+    }
+}
+
 /// An architecture's loaded model: its config `C`, description, head and layers `L`.
 pub struct Stack<B: Backend, C, L> {
     pub cfg: C,
@@ -183,19 +251,6 @@ pub fn model_info(
 pub fn full_attention(n_head: usize, n_kv_head: usize, head_dim: usize, file_scale: f32) -> AttnParams {
     let scale = if file_scale == 0.0 { 1.0 / (head_dim as f32).sqrt() } else { file_scale };
     AttnParams { n_head, n_kv_head, head_dim, scale, sliding_window: None, softcap: None }
-}
-
-/// `attention.head_count`, `attention.head_count_kv` (default: all heads) and
-/// `attention.key_length` (default `n_embd / head_count`), checked for grouped-query
-/// attention: `(n_head, n_head_kv, head_dim)`.
-pub fn head_counts(h: &Hparams, n_embd: usize) -> Result<(usize, usize, usize)> {
-    let n_head = h.positive("attention.head_count")?;
-    let n_head_kv = h.usize_or("attention.head_count_kv", n_head)?;
-    let head_dim = head_dim(h, n_embd, n_head)?;
-    if n_head_kv == 0 || n_head % n_head_kv != 0 {
-        return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
-    }
-    Ok((n_head, n_head_kv, head_dim))
 }
 
 /// `attention.key_length`, by default `n_embd / n_head`; a head count above the embedding

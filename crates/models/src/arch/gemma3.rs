@@ -17,13 +17,13 @@
 //!                             └─ norm ─► output (tied) ─► [softcap] ─► logits
 //! ```
 
-use super::common::{head_counts, model_info, reject_tensors, rope_freq_scale, trace, Head, LayerStack, Stack};
+use super::common::{reject_tensors, rope_freq_scale, trace, DimDefaults, Dims, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::{GateAct, SwiGluMlp};
 use crate::layers::weight;
 use crate::Model;
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeScaling, RopeStyle};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Result, RopeParams, RopeScaling, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -32,19 +32,11 @@ const DEFAULT_SWA_PATTERN: usize = 6;
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub n_embd: usize,
-    pub n_layer: usize,
-    pub n_ff: usize,
-    pub n_head: usize,
+    pub dims: Dims,
     pub n_head_kv: usize,
-    pub head_dim: usize,
-    pub n_rot: usize,
-    pub n_vocab: usize,
-    pub n_ctx_train: usize,
-    pub rope_freq_base: f32,
+    pub n_ff: usize,
     pub rope_freq_scale: f32,
     pub rope_freq_base_swa: f32,
-    pub rms_eps: f32,
     /// Window of the sliding layers; None: every layer global.
     pub sliding_window: Option<usize>,
     /// Per layer: true where the layer attends through the sliding window.
@@ -56,9 +48,9 @@ pub struct Config {
 impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
         let h = Hparams::new(g)?;
-        let n_embd = h.positive("embedding_length")?;
-        let n_layer = h.block_count()?;
-        let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
+        let dims = Dims::from_hparams(&h, DimDefaults { n_ctx_train: 8192, rope_freq_base: 1_000_000.0, rms_eps: 1e-6 })?;
+        let n_head_kv = dims.kv_heads(&h)?;
+        let (n_embd, n_layer, n_head, head_dim) = (dims.n_embd, dims.n_layer, dims.n_head, dims.head_dim);
         if h.usize_or("attention.value_length", head_dim)? != head_dim {
             return Err(CoreError::Unsupported("gemma3 with value_length != key_length".into()));
         }
@@ -75,22 +67,14 @@ impl Config {
         // gemma_pytorch: query_pre_attn_scalar is head_dim, except 27B's n_embd / n_head
         let pre_attn = if n_layer == 62 { n_embd / n_head } else { head_dim };
         Ok(Config {
-            n_embd,
-            n_layer,
-            n_ff: h.positive("feed_forward_length")?,
-            n_head,
             n_head_kv,
-            head_dim,
-            n_rot: h.rope_dims(head_dim)?,
-            n_vocab: h.n_vocab()?,
-            n_ctx_train: h.usize_or("context_length", 8192)?,
-            rope_freq_base: h.f32_or("rope.freq_base", 1_000_000.0)?,
+            n_ff: h.positive("feed_forward_length")?,
             rope_freq_scale,
             rope_freq_base_swa: h.f32_or("rope.freq_base_swa", 10_000.0)?,
-            rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-6)?,
             sliding_window,
             is_swa,
             q_scale: 1.0 / (pre_attn as f32).sqrt(),
+            dims,
         })
     }
 }
@@ -126,34 +110,27 @@ pub type Gemma3<B> = Stack<B, Config, Layer<B>>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
-    let c = &cfg;
-    let head = Head::load(be, g, c.n_embd, c.n_vocab)?;
-    let mut layers = Vec::with_capacity(c.n_layer);
-    for il in 0..c.n_layer {
+    let (c, d) = (&cfg, &cfg.dims);
+    let head = Head::load(be, g, d.n_embd, d.n_vocab)?;
+    let mut layers = Vec::with_capacity(d.n_layer);
+    for il in 0..d.n_layer {
         reject_tensors(g, il, &["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"])?;
         let swa = c.is_swa[il];
         let rope = RopeParams {
             style: RopeStyle::Neox,
-            n_rot: c.n_rot,
-            freq_base: if swa { c.rope_freq_base_swa } else { c.rope_freq_base },
+            n_rot: d.n_rot,
+            freq_base: if swa { c.rope_freq_base_swa } else { d.rope_freq_base },
             freq_scale: if swa { 1.0 } else { c.rope_freq_scale },
             freq_factors: None,
             scaling: RopeScaling::NONE,
         };
-        let params = AttnParams {
-            n_head: c.n_head,
-            n_kv_head: c.n_head_kv,
-            head_dim: c.head_dim,
-            // the queries carry the scale (llama.cpp scales q, then attends with 1.0)
-            scale: 1.0,
-            sliding_window: if swa { c.sliding_window } else { None },
-            softcap: None,
-        };
-        let mut attn = SelfAttention::load(be, g, il, c.n_embd, params, rope)?.with_qk_norm(be, g, il, c.rms_eps)?;
+        // the queries carry the scale (llama.cpp scales q, then attends with 1.0)
+        let params = d.attn_params(c.n_head_kv, 1.0, if swa { c.sliding_window } else { None });
+        let mut attn = SelfAttention::load(be, g, il, d.n_embd, params, rope)?.with_qk_norm(be, g, il, d.rms_eps)?;
         attn.q_scale = Some(c.q_scale);
-        let mut ffn = SwiGluMlp::load(be, g, il, c.n_embd, c.n_ff)?;
+        let mut ffn = SwiGluMlp::load(be, g, il, d.n_embd, c.n_ff)?;
         ffn.act = GateAct::Gelu;
-        let norm = |s: &str| weight(be, g, &format!("blk.{il}.{s}.weight"), c.n_embd, 1);
+        let norm = |s: &str| weight(be, g, &format!("blk.{il}.{s}.weight"), d.n_embd, 1);
         layers.push(Layer {
             attn_norm: norm("attn_norm")?,
             attn,
@@ -163,34 +140,34 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             post_ffw_norm: norm("post_ffw_norm")?,
         });
     }
-    let info = model_info(g, "gemma3", c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
+    let info = d.model_info(g, "gemma3", c.n_head_kv);
     Ok(Box::new(Gemma3 { cfg, info, head, layers }))
 }
 
 impl<B: Backend> LayerStack<B> for Gemma3<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
-        let c = &self.cfg;
+        let d = &self.cfg.dims;
         let n = batch.n_tokens();
-        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
-        be.scale(&mut x, (c.n_embd as f32).sqrt())?;
-        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
-        let mut post = be.alloc(n * c.n_embd)?; // a branch after its sandwich norm
+        let mut x = self.head.embed(be, batch, d.n_embd)?; // (n_tok, n_embd)
+        be.scale(&mut x, (d.n_embd as f32).sqrt())?;
+        let mut h = be.alloc(n * d.n_embd)?; // (n_tok, n_embd)
+        let mut post = be.alloc(n * d.n_embd)?; // a branch after its sandwich norm
         for (il, l) in self.layers.iter().enumerate() {
-            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
+            be.rms_norm(&x, &l.attn_norm, d.rms_eps, &mut h)?;
             trace(be, "attn_norm", il, &h)?;
-            let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
-            be.rms_norm(&a, &l.post_attn_norm, c.rms_eps, &mut post)?;
+            let a = l.attn.forward(be, il, &h, batch, kv, d.n_embd)?; // (n_tok, n_embd)
+            be.rms_norm(&a, &l.post_attn_norm, d.rms_eps, &mut post)?;
             be.add(&mut x, &post)?;
             trace(be, "attn_post_norm", il, &post)?;
             trace(be, "sa_out", il, &x)?;
-            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
+            be.rms_norm(&x, &l.ffn_norm, d.rms_eps, &mut h)?;
             trace(be, "ffn_norm", il, &h)?;
-            let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            let f = l.ffn.forward(be, &h, n, d.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
-            be.rms_norm(&f, &l.post_ffw_norm, c.rms_eps, &mut post)?;
+            be.rms_norm(&f, &l.post_ffw_norm, d.rms_eps, &mut post)?;
             be.add(&mut x, &post)?;
             trace(be, "l_out", il, &x)?;
         }
-        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
+        self.head.norm_rows(be, &x, batch, d.n_embd, d.rms_eps)
     }
 }

@@ -10,7 +10,7 @@
 //!                               └─ norm ─► output ─► ÷ logit_scale ─► logits
 //! ```
 
-use super::common::{full_attention, head_dim, model_info, reject_tensors, trace, Head, LayerStack, Stack};
+use super::common::{full_attention, reject_tensors, trace, DimDefaults, Dims, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mamba2::{ssm_params, Mamba2};
@@ -25,18 +25,10 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub arch: String,
-    pub n_embd: usize,
-    pub n_layer: usize,
+    pub dims: Dims,
     pub n_ff: usize,
-    pub n_head: usize,
     /// Per layer; 0 marks a recurrent (Mamba2) layer in granitehybrid.
     pub n_head_kv: Vec<usize>,
-    pub head_dim: usize,
-    pub n_rot: usize,
-    pub n_vocab: usize,
-    pub n_ctx_train: usize,
-    pub rope_freq_base: f32,
-    pub rms_eps: f32,
     pub embedding_scale: f32,
     pub residual_scale: f32,
     pub attention_scale: f32,
@@ -50,11 +42,9 @@ impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config> {
         let h = Hparams::new(g)?;
         let arch = h.arch.clone();
-        let n_embd = h.positive("embedding_length")?;
-        let n_layer = h.block_count()?;
-        let n_head = h.positive("attention.head_count")?;
-        let n_head_kv = h.per_layer("attention.head_count_kv", n_layer, Some(n_head))?;
-        let head_dim = head_dim(&h, n_embd, n_head)?;
+        let dims = Dims::from_hparams(&h, DimDefaults { n_ctx_train: 4096, rope_freq_base: 10000.0, rms_eps: 1e-5 })?;
+        let (n_embd, n_head, rms_eps) = (dims.n_embd, dims.n_head, dims.rms_eps);
+        let n_head_kv = h.per_layer("attention.head_count_kv", dims.n_layer, Some(n_head))?;
         for &kv in &n_head_kv {
             if kv != 0 && n_head % kv != 0 {
                 return Err(CoreError::Model(format!("head_count {n_head} is not a multiple of head_count_kv {kv}")));
@@ -69,7 +59,6 @@ impl Config {
                 return Err(CoreError::Unsupported(format!("{arch}: rope scaling type {t:?}")));
             }
         }
-        let rms_eps = h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?;
         let ssm = if hybrid { Some(ssm_params(&h, rms_eps)?) } else { None };
         if let Some(p) = &ssm {
             if p.d_inner != 2 * n_embd {
@@ -79,17 +68,9 @@ impl Config {
         // llama.cpp's granite graphs: softmax gating, renormalized top-k weights
         let moe = routing_from_gguf(&h, Gating::Softmax, true)?.map(|r| MoeRouting { gating: Gating::Softmax, norm_weights: true, ..r });
         Ok(Config {
-            n_embd,
-            n_layer,
+            dims,
             n_ff: h.positive("feed_forward_length")?,
-            n_head,
             n_head_kv,
-            head_dim,
-            n_rot: h.rope_dims(head_dim)?,
-            n_vocab: h.n_vocab()?,
-            n_ctx_train: h.usize_or("context_length", 4096)?,
-            rope_freq_base: h.f32_or("rope.freq_base", 10000.0)?,
-            rms_eps,
             embedding_scale: h.f32_or("embedding_scale", 0.0)?,
             residual_scale: h.f32_or("residual_scale", 0.0)?,
             attention_scale: h.f32_or("attention.scale", 0.0)?,
@@ -121,31 +102,31 @@ const UNSUPPORTED: [&str; 5] = ["attn_output.bias", "attn_q.bias", "ffn_up.bias"
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
-    let c = &cfg;
+    let (c, d) = (&cfg, &cfg.dims);
     let rope = RopeParams {
         style: RopeStyle::Normal,
-        n_rot: c.n_rot,
-        freq_base: c.rope_freq_base,
+        n_rot: d.n_rot,
+        freq_base: d.rope_freq_base,
         freq_scale: 1.0,
         freq_factors: None,
         scaling: RopeScaling::NONE,
     };
-    let mut layers = Vec::with_capacity(c.n_layer);
-    for il in 0..c.n_layer {
+    let mut layers = Vec::with_capacity(d.n_layer);
+    for il in 0..d.n_layer {
         reject_tensors(g, il, &UNSUPPORTED)?;
         let mixer = match (c.n_head_kv[il], &c.ssm) {
-            (0, Some(p)) => Mixer::Mamba2(Mamba2::load(be, g, il, c.n_embd, *p)?),
+            (0, Some(p)) => Mixer::Mamba2(Mamba2::load(be, g, il, d.n_embd, *p)?),
             (kv, _) => {
-                let attn = full_attention(c.n_head, kv, c.head_dim, c.attention_scale);
-                Mixer::Attention(SelfAttention::load(be, g, il, c.n_embd, attn, rope.clone())?)
+                let attn = full_attention(d.n_head, kv, d.head_dim, c.attention_scale);
+                Mixer::Attention(SelfAttention::load(be, g, il, d.n_embd, attn, rope.clone())?)
             }
         };
         let spec = FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: c.n_ff_shexp };
-        let ffn = FeedForward::load(be, g, il, c.n_embd, spec)?;
+        let ffn = FeedForward::load(be, g, il, d.n_embd, spec)?;
         layers.push(Layer {
-            attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
+            attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), d.n_embd, 1)?,
             mixer,
-            ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
+            ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), d.n_embd, 1)?,
             ffn,
         });
     }
@@ -155,9 +136,9 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
             Some(p) => c.n_head_kv.iter().map(|&kv| (kv == 0).then_some(*p)).collect(),
             None => vec![],
         },
-        ..model_info(g, &c.arch, c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (max_kv, c.head_dim))
+        ..d.model_info(g, &c.arch, max_kv)
     };
-    Ok(Box::new(Granite { head: Head::load(be, g, c.n_embd, c.n_vocab)?, cfg, info, layers }))
+    Ok(Box::new(Granite { head: Head::load(be, g, d.n_embd, d.n_vocab)?, cfg, info, layers }))
 }
 
 impl<B: Backend> LayerStack<B> for Granite<B> {
@@ -174,9 +155,9 @@ impl<B: Backend> LayerStack<B> for Granite<B> {
 
     /// The head's logits divided by `logit_scale`.
     fn logits(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
-        let c = &self.cfg;
+        let (c, d) = (&self.cfg, &self.cfg.dims);
         let normed = self.final_hidden(be, batch, kv)?;
-        let mut logits = self.head.logits(be, &normed, batch.logits_rows.len(), c.n_vocab)?; // (rows, n_vocab)
+        let mut logits = self.head.logits(be, &normed, batch.logits_rows.len(), d.n_vocab)?; // (rows, n_vocab)
         if c.logit_scale != 0.0 {
             be.scale(&mut logits, 1.0 / c.logit_scale)?;
         }
@@ -184,18 +165,18 @@ impl<B: Backend> LayerStack<B> for Granite<B> {
     }
 
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
-        let c = &self.cfg;
+        let (c, d) = (&self.cfg, &self.cfg.dims);
         let n = batch.n_tokens();
-        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
+        let mut x = self.head.embed(be, batch, d.n_embd)?; // (n_tok, n_embd)
         if c.embedding_scale != 0.0 {
             be.scale(&mut x, c.embedding_scale)?;
         }
-        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        let mut h = be.alloc(n * d.n_embd)?; // (n_tok, n_embd)
         for (il, l) in self.layers.iter().enumerate() {
-            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
+            be.rms_norm(&x, &l.attn_norm, d.rms_eps, &mut h)?;
             let mut a = match &l.mixer {
-                Mixer::Attention(at) => at.forward(be, il, &h, batch, kv, c.n_embd)?,
-                Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, c.n_embd)?.0,
+                Mixer::Attention(at) => at.forward(be, il, &h, batch, kv, d.n_embd)?,
+                Mixer::Mamba2(m) => m.forward(be, il, &h, batch, kv, d.n_embd)?.0,
             }; // (n_tok, n_embd)
             trace(be, "mixer_out", il, &a)?;
             if c.residual_scale != 0.0 {
@@ -203,8 +184,8 @@ impl<B: Backend> LayerStack<B> for Granite<B> {
             } else {
                 be.add(&mut x, &a)?;
             }
-            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
-            let mut f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            be.rms_norm(&x, &l.ffn_norm, d.rms_eps, &mut h)?;
+            let mut f = l.ffn.forward(be, &h, n, d.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
             if c.residual_scale != 0.0 {
                 be.add_scaled(&mut x, &mut f, c.residual_scale)?;
@@ -213,6 +194,6 @@ impl<B: Backend> LayerStack<B> for Granite<B> {
             }
             trace(be, "l_out", il, &x)?;
         }
-        self.head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
+        self.head.norm_rows(be, &x, batch, d.n_embd, d.rms_eps)
     }
 }

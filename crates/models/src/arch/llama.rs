@@ -8,14 +8,14 @@
 //! Qwen3-MoE: their files choose a [`Variant`] of it (RoPE style, per-head q/k norms, the
 //! experts' width key) and load through [`load_variant`].
 
-use super::common::{head_counts, model_info, rope_scaling, trace, Head, LayerStack, Stack, StackParts};
+use super::common::{rope_scaling, trace, DimDefaults, Dims, Head, LayerStack, Stack, StackParts};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::moe::{routing_from_gguf, ExpertAct, FeedForward, FfnSpec};
 use crate::layers::timing::OpTimes;
 use crate::layers::{host_f32, weight};
 use crate::{Model, ModelInfo};
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Gating, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -45,21 +45,13 @@ pub const LLAMA: Variant =
 #[derive(Clone, Debug)]
 pub struct Config {
     pub variant: Variant,
-    pub n_embd: usize,
-    pub n_layer: usize,
+    pub dims: Dims,
+    pub n_head_kv: usize,
     /// Dense FFN width, or each expert's width in a mixture-of-experts model.
     pub n_ff: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-    pub n_rot: usize,
-    pub n_vocab: usize,
-    pub n_ctx_train: usize,
-    pub rope_freq_base: f32,
     pub rope_freq_scale: f32,
     /// Magnitude and YaRN settings (`rope.scaling.*`).
     pub rope_scaling: RopeScaling,
-    pub rms_eps: f32,
     pub sliding_window: Option<usize>,
     /// Experts: routing options; None for a dense model.
     pub moe: Option<MoeRouting>,
@@ -76,13 +68,10 @@ impl Config {
 
     pub fn from_gguf_as(g: &Gguf, variant: Variant) -> Result<Config> {
         let h = Hparams::new(g)?;
-        let n_embd = h.positive("embedding_length")?;
-        let (n_head, n_head_kv, head_dim) = head_counts(&h, n_embd)?;
-        let n_rot = h.rope_dims(head_dim)?;
-        let n_ctx_train = h.usize_or("context_length", 2048)?;
-        let rope_freq_base = h.f32_or("rope.freq_base", 10000.0)?;
+        let dims = Dims::from_hparams(&h, DimDefaults { n_ctx_train: 2048, rope_freq_base: 10000.0, rms_eps: 1e-5 })?;
+        let n_head_kv = dims.kv_heads(&h)?;
         // llama3 scaling is carried by rope_freqs.weight
-        let (rope_freq_scale, rope_scaling) = rope_scaling(&h, "", &["llama3"], n_rot, n_ctx_train, rope_freq_base)?;
+        let (rope_freq_scale, rope_scaling) = rope_scaling(&h, "", &["llama3"], dims.n_rot, dims.n_ctx_train, dims.rope_freq_base)?;
         // llama.cpp's graphs of this family: softmax gating, weights renormalized over the top k
         let moe = routing_from_gguf(&h, Gating::Softmax, true)?.map(|r| MoeRouting { gating: Gating::Softmax, norm_weights: true, ..r });
         let n_ff = match variant.expert_width_key {
@@ -104,22 +93,14 @@ impl Config {
         };
         Ok(Config {
             variant,
-            n_embd,
-            n_layer: h.block_count()?,
-            n_ff,
-            n_head,
             n_head_kv,
-            head_dim,
-            n_rot,
-            n_vocab: h.n_vocab()?,
-            n_ctx_train,
-            rope_freq_base,
+            n_ff,
             rope_freq_scale,
             rope_scaling,
-            rms_eps: h.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
             sliding_window: if variant.sliding_window { h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0) } else { None },
             moe,
-            n_ctx_orig: h.usize_or("rope.scaling.original_context_length", n_ctx_train)?,
+            n_ctx_orig: h.usize_or("rope.scaling.original_context_length", dims.n_ctx_train)?,
+            dims,
         })
     }
 }
@@ -147,9 +128,9 @@ pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
 /// Load a model of this decoder family as `variant` says.
 pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf_as(g, variant)?;
-    let c = &cfg;
-    let head = Head::load(be, g, c.n_embd, c.n_vocab)?;
-    let factors = |name: &str| g.tensor_info(name).map(|_| host_f32(g, name, c.n_rot / 2)).transpose();
+    let (c, d) = (&cfg, &cfg.dims);
+    let head = Head::load(be, g, d.n_embd, d.n_vocab)?;
+    let factors = |name: &str| g.tensor_info(name).map(|_| host_f32(g, name, d.n_rot / 2)).transpose();
     // Llama 3's rope_freqs, or LongRoPE's short factors (the long ones once a context beyond
     // the original one is set)
     let freq_factors = match factors("rope_freqs.weight")? {
@@ -159,39 +140,32 @@ pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Resu
     let long_factors = factors("rope_factors_long.weight")?;
     let rope = RopeParams {
         style: variant.rope_style,
-        n_rot: c.n_rot,
-        freq_base: c.rope_freq_base,
+        n_rot: d.n_rot,
+        freq_base: d.rope_freq_base,
         freq_scale: c.rope_freq_scale,
         freq_factors,
         scaling: c.rope_scaling,
     };
-    let attn = AttnParams {
-        n_head: c.n_head,
-        n_kv_head: c.n_head_kv,
-        head_dim: c.head_dim,
-        // with scale_q the queries carry the scale
-        scale: if variant.scale_q { 1.0 } else { 1.0 / (c.head_dim as f32).sqrt() },
-        sliding_window: c.sliding_window,
-        softcap: None,
-    };
-    let mut layers = Vec::with_capacity(c.n_layer);
-    for il in 0..c.n_layer {
-        let mut sa = SelfAttention::load(be, g, il, c.n_embd, attn.clone(), rope.clone())?.with_biases(be, g, il, c.n_embd)?;
+    // with scale_q the queries carry the scale
+    let attn = d.attn_params(c.n_head_kv, if variant.scale_q { 1.0 } else { 1.0 / (d.head_dim as f32).sqrt() }, c.sliding_window);
+    let mut layers = Vec::with_capacity(d.n_layer);
+    for il in 0..d.n_layer {
+        let mut sa = SelfAttention::load(be, g, il, d.n_embd, attn.clone(), rope.clone())?.with_biases(be, g, il, d.n_embd)?;
         if variant.qk_norm {
-            sa = sa.with_qk_norm(be, g, il, c.rms_eps)?;
+            sa = sa.with_qk_norm(be, g, il, d.rms_eps)?;
         }
         if variant.scale_q {
-            sa.q_scale = Some(1.0 / (c.head_dim as f32).sqrt());
+            sa.q_scale = Some(1.0 / (d.head_dim as f32).sqrt());
         }
         let ffn = FfnSpec { act: ExpertAct::SwiGlu, n_ff: c.n_ff, moe: c.moe.as_ref(), n_ff_shexp: 0 };
         layers.push(Layer {
-            attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), c.n_embd, 1)?,
+            attn_norm: weight(be, g, &format!("blk.{il}.attn_norm.weight"), d.n_embd, 1)?,
             attn: sa,
-            ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), c.n_embd, 1)?,
-            ffn: FeedForward::load(be, g, il, c.n_embd, ffn)?,
+            ffn_norm: weight(be, g, &format!("blk.{il}.ffn_norm.weight"), d.n_embd, 1)?,
+            ffn: FeedForward::load(be, g, il, d.n_embd, ffn)?,
         });
     }
-    let info = model_info(g, variant.arch, c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
+    let info = d.model_info(g, variant.arch, c.n_head_kv);
     Ok(Box::new(Decoder { stack: Stack { cfg, info, head, layers }, long_factors }))
 }
 
@@ -217,20 +191,21 @@ impl<B: Backend> LayerStack<B> for Decoder<B> {
     }
 
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
-        let Stack { cfg: c, head, layers, .. } = &self.stack;
+        let Stack { cfg, head, layers, .. } = &self.stack;
+        let d = &cfg.dims;
         let n = batch.n_tokens();
-        let mut x = head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
-        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        let mut x = head.embed(be, batch, d.n_embd)?; // (n_tok, n_embd)
+        let mut h = be.alloc(n * d.n_embd)?; // (n_tok, n_embd)
         for (il, l) in layers.iter().enumerate() {
-            be.rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h)?;
-            let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
+            be.rms_norm(&x, &l.attn_norm, d.rms_eps, &mut h)?;
+            let a = l.attn.forward(be, il, &h, batch, kv, d.n_embd)?; // (n_tok, n_embd)
             be.add(&mut x, &a)?;
-            be.rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h)?;
-            let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            be.rms_norm(&x, &l.ffn_norm, d.rms_eps, &mut h)?;
+            let f = l.ffn.forward(be, &h, n, d.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
             be.add(&mut x, &f)?;
             trace(be, "l_out", il, &x)?;
         }
-        head.norm_rows(be, &x, batch, c.n_embd, c.rms_eps)
+        head.norm_rows(be, &x, batch, d.n_embd, d.rms_eps)
     }
 }

@@ -3,14 +3,14 @@
 //! part of each head (`rope.dimension_count`), an optional output-projection bias; an ungated
 //! squared-ReLU MLP with optional biases.
 
-use super::common::{model_info, trace, Head, LayerStack, Stack};
+use super::common::{trace, Head, LayerStack, Stack};
 use super::llama::{Variant, LLAMA};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::ReluSqrMlp;
 use crate::layers::weight;
 use crate::Model;
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
+use quarrel_core::{Backend, CoreError, ForwardBatch, Result, RopeParams, RopeStyle};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -49,57 +49,50 @@ pub type Nemotron<B> = Stack<B, Config, Layer<B>>;
 
 pub fn load<B: Backend>(be: &B, g: &Arc<Gguf>) -> Result<Box<dyn Model<B>>> {
     let cfg = Config::from_gguf(g)?;
-    let c = &cfg.base;
-    let head = Head::load(be, g, c.n_embd, c.n_vocab)?.with_norm_bias(be, g, c.n_embd)?;
+    let (c, d) = (&cfg.base, &cfg.base.dims);
+    let head = Head::load(be, g, d.n_embd, d.n_vocab)?.with_norm_bias(be, g, d.n_embd)?;
     let rope = RopeParams {
         style: RopeStyle::Neox,
-        n_rot: c.n_rot,
-        freq_base: c.rope_freq_base,
+        n_rot: d.n_rot,
+        freq_base: d.rope_freq_base,
         freq_scale: c.rope_freq_scale,
         freq_factors: None,
         scaling: c.rope_scaling,
     };
-    let params = AttnParams {
-        n_head: c.n_head,
-        n_kv_head: c.n_head_kv,
-        head_dim: c.head_dim,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
-        sliding_window: None,
-        softcap: None,
-    };
-    let mut layers = Vec::with_capacity(c.n_layer);
-    for il in 0..c.n_layer {
-        let vec = |s: &str| weight(be, g, &format!("blk.{il}.{s}"), c.n_embd, 1);
+    let params = d.attn_params(c.n_head_kv, 1.0 / (d.head_dim as f32).sqrt(), None);
+    let mut layers = Vec::with_capacity(d.n_layer);
+    for il in 0..d.n_layer {
+        let vec = |s: &str| weight(be, g, &format!("blk.{il}.{s}"), d.n_embd, 1);
         layers.push(Layer {
             attn_norm: vec("attn_norm.weight")?,
             attn_norm_b: vec("attn_norm.bias")?,
-            attn: SelfAttention::load(be, g, il, c.n_embd, params.clone(), rope.clone())?.with_biases(be, g, il, c.n_embd)?,
+            attn: SelfAttention::load(be, g, il, d.n_embd, params.clone(), rope.clone())?.with_biases(be, g, il, d.n_embd)?,
             ffn_norm: vec("ffn_norm.weight")?,
             ffn_norm_b: vec("ffn_norm.bias")?,
-            ffn: ReluSqrMlp::load(be, g, il, "", c.n_embd, c.n_ff)?.with_biases(be, g, il, c.n_embd)?,
+            ffn: ReluSqrMlp::load(be, g, il, "", d.n_embd, c.n_ff)?.with_biases(be, g, il, d.n_embd)?,
         });
     }
-    let info = model_info(g, "nemotron", c.n_vocab, c.n_embd, c.n_layer, c.n_ctx_train, (c.n_head_kv, c.head_dim));
+    let info = d.model_info(g, "nemotron", c.n_head_kv);
     Ok(Box::new(Nemotron { cfg, info, head, layers }))
 }
 
 impl<B: Backend> LayerStack<B> for Nemotron<B> {
     fn final_hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
-        let (c, eps) = (&self.cfg.base, self.cfg.norm_eps);
+        let (d, eps) = (&self.cfg.base.dims, self.cfg.norm_eps);
         let n = batch.n_tokens();
-        let mut x = self.head.embed(be, batch, c.n_embd)?; // (n_tok, n_embd)
-        let mut h = be.alloc(n * c.n_embd)?; // (n_tok, n_embd)
+        let mut x = self.head.embed(be, batch, d.n_embd)?; // (n_tok, n_embd)
+        let mut h = be.alloc(n * d.n_embd)?; // (n_tok, n_embd)
         for (il, l) in self.layers.iter().enumerate() {
             be.layer_norm(&x, &l.attn_norm, &l.attn_norm_b, eps, &mut h)?;
             trace(be, "attn_norm", il, &h)?;
-            let a = l.attn.forward(be, il, &h, batch, kv, c.n_embd)?; // (n_tok, n_embd)
+            let a = l.attn.forward(be, il, &h, batch, kv, d.n_embd)?; // (n_tok, n_embd)
             be.add(&mut x, &a)?;
             be.layer_norm(&x, &l.ffn_norm, &l.ffn_norm_b, eps, &mut h)?;
-            let f = l.ffn.forward(be, &h, n, c.n_embd)?; // (n_tok, n_embd)
+            let f = l.ffn.forward(be, &h, n, d.n_embd)?; // (n_tok, n_embd)
             trace(be, "ffn_out", il, &f)?;
             be.add(&mut x, &f)?;
             trace(be, "l_out", il, &x)?;
         }
-        self.head.norm_rows(be, &x, batch, c.n_embd, eps)
+        self.head.norm_rows(be, &x, batch, d.n_embd, eps)
     }
 }

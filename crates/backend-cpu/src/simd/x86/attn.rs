@@ -3,7 +3,7 @@
 //! of ggml's AVX-512 `ggml_vec_dot_f16` are two 8-lane registers here), K and V are read
 //! straight from the cache (f16 widened in registers, exactly).
 
-use crate::simd::attn::{check_run, multi_args, Online, Run, Scoring};
+use crate::simd::attn::{multi_args, run_args, Online, Run, Scoring};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -35,10 +35,7 @@ unsafe fn r16x8(x: __m256) -> __m256 {
 /// `simd::attn::vec_f16_run` (`q16.len() % 8 == 0`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn vec_f16_run(q16: &[f32], k: &[f16], v: &[f16], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
-    let hd = q16.len();
-    assert!(hd.is_multiple_of(8) && acc.len() == hd);
-    check_run(&run, hd, k.len());
-    check_run(&run, hd, v.len());
+    let hd = run_args(q16, 8, (k.len(), v.len()), &run, acc);
     for j in 0..run.len {
         let at = run.start + j * run.stride;
         vec_f16_step(q16.as_ptr(), k.as_ptr().add(at), v.as_ptr().add(at), hd, sc, st, acc.as_mut_ptr());
@@ -115,10 +112,7 @@ unsafe fn vec_f16_step(qp: *const f32, kr: *const f16, vr: *const f16, hd: usize
 /// `simd::attn::f32_run` (`q.len() % 8 == 0`) over a cache of `T`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn f32_run<T: Elem>(q: &[f32], k: &[T], v: &[T], run: Run, sc: Scoring, st: &mut Online, acc: &mut [f32]) {
-    let hd = q.len();
-    assert!(hd.is_multiple_of(8) && acc.len() == hd);
-    check_run(&run, hd, k.len());
-    check_run(&run, hd, v.len());
+    let hd = run_args(q, 8, (k.len(), v.len()), &run, acc);
     let (qp, ap) = (q.as_ptr(), acc.as_mut_ptr());
     for j in 0..run.len {
         let at = run.start + j * run.stride;

@@ -8,30 +8,6 @@
 use super::kquants::{k4_block_start, q3k_scales, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, QK_K};
 use super::*;
 
-pub(super) fn dot_fn_avx512(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached at `Level::Avx512` or above.
-    Some(match ty {
-        QuantType::Q2_K => |n, w, a| unsafe { bw::dot_q2_k(n, w, a) },
-        QuantType::Q3_K => |n, w, a| unsafe { bw::dot_q3_k(n, w, a) },
-        QuantType::Q4_K => |n, w, a| unsafe { bw::dot_q4_k(n, w, a) },
-        QuantType::Q5_K => |n, w, a| unsafe { bw::dot_q5_k(n, w, a) },
-        QuantType::Q6_K => |n, w, a| unsafe { bw::dot_q6_k(n, w, a) },
-        _ => return None,
-    })
-}
-
-pub(super) fn dot_fn_vnni(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached at `Level::Avx512Vnni`.
-    Some(match ty {
-        QuantType::Q2_K => |n, w, a| unsafe { vnni::dot_q2_k(n, w, a) },
-        QuantType::Q3_K => |n, w, a| unsafe { vnni::dot_q3_k(n, w, a) },
-        QuantType::Q4_K => |n, w, a| unsafe { vnni::dot_q4_k(n, w, a) },
-        QuantType::Q5_K => |n, w, a| unsafe { vnni::dot_q5_k(n, w, a) },
-        QuantType::Q6_K => |n, w, a| unsafe { vnni::dot_q6_k(n, w, a) },
-        _ => return None,
-    })
-}
-
 const fn make_shuffles(first: [usize; 4], second: [usize; 4]) -> [[u8; 64]; 2] {
     let mut t = [[0u8; 64]; 2];
     let mut b = 0;
@@ -97,6 +73,8 @@ pub(super) fn scale_vec(s: __m512i, ctl: &[u8; 64]) -> __m512i {
 macro_rules! kquant_kernels {
     ($features:literal, $madd_acc:expr) => {
         use super::*;
+
+        kquant_table!(pub(crate));
 
         #[inline]
         #[target_feature(enable = $features)]

@@ -11,63 +11,6 @@ use super::legacy::{self, QK};
 use super::*;
 use quarrel_quant::{KVALUES_IQ4NL, KVALUES_MXFP4};
 
-pub(super) fn dot_fn_avx512(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached at `Level::Avx512` or above (AVX2, FMA, F16C,
-    // AVX512F/BW/VL present).
-    Some(match ty {
-        QuantType::Q4_0 => |n, w, a| unsafe { bw::dot_q4_0(n, w, a) },
-        QuantType::Q4_1 => |n, w, a| unsafe { bw::dot_q4_1(n, w, a) },
-        QuantType::Q5_0 => |n, w, a| unsafe { bw::dot_q5_0(n, w, a) },
-        QuantType::Q5_1 => |n, w, a| unsafe { bw::dot_q5_1(n, w, a) },
-        QuantType::Q8_0 => |n, w, a| unsafe { bw::dot_q8_0(n, w, a) },
-        QuantType::IQ4_NL => |n, w, a| unsafe { bw::dot_iq4_nl(n, w, a) },
-        QuantType::MXFP4 => |n, w, a| unsafe { bw::dot_mxfp4(n, w, a) },
-        _ => return None,
-    })
-}
-
-pub(super) fn dot4_fn_avx512(ty: QuantType) -> Option<Dot4Fn> {
-    // SAFETY (all arms): as in `dot_fn_avx512`.
-    Some(match ty {
-        QuantType::Q4_0 => |n, w, a| unsafe { bw::rows_q4_0::<4>(n, w, a) },
-        QuantType::Q4_1 => |n, w, a| unsafe { bw::rows_q4_1::<4>(n, w, a) },
-        QuantType::Q5_0 => |n, w, a| unsafe { bw::rows_q5_0::<4>(n, w, a) },
-        QuantType::Q5_1 => |n, w, a| unsafe { bw::rows_q5_1::<4>(n, w, a) },
-        QuantType::Q8_0 => |n, w, a| unsafe { bw::rows_q8_0::<4>(n, w, a) },
-        QuantType::IQ4_NL => |n, w, a| unsafe { bw::rows_iq4_nl::<4>(n, w, a) },
-        QuantType::MXFP4 => |n, w, a| unsafe { bw::rows_mxfp4::<4>(n, w, a) },
-        _ => return None,
-    })
-}
-
-pub(super) fn dot4_fn_vnni(ty: QuantType) -> Option<Dot4Fn> {
-    // SAFETY (all arms): as in `dot_fn_vnni`.
-    Some(match ty {
-        QuantType::Q4_0 => |n, w, a| unsafe { vnni::rows_q4_0::<4>(n, w, a) },
-        QuantType::Q4_1 => |n, w, a| unsafe { vnni::rows_q4_1::<4>(n, w, a) },
-        QuantType::Q5_0 => |n, w, a| unsafe { vnni::rows_q5_0::<4>(n, w, a) },
-        QuantType::Q5_1 => |n, w, a| unsafe { vnni::rows_q5_1::<4>(n, w, a) },
-        QuantType::Q8_0 => |n, w, a| unsafe { vnni::rows_q8_0::<4>(n, w, a) },
-        QuantType::IQ4_NL => |n, w, a| unsafe { vnni::rows_iq4_nl::<4>(n, w, a) },
-        QuantType::MXFP4 => |n, w, a| unsafe { vnni::rows_mxfp4::<4>(n, w, a) },
-        _ => return None,
-    })
-}
-
-pub(super) fn dot_fn_vnni(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached at `Level::Avx512Vnni` (AVX512 level + AVX512-VNNI).
-    Some(match ty {
-        QuantType::Q4_0 => |n, w, a| unsafe { vnni::dot_q4_0(n, w, a) },
-        QuantType::Q4_1 => |n, w, a| unsafe { vnni::dot_q4_1(n, w, a) },
-        QuantType::Q5_0 => |n, w, a| unsafe { vnni::dot_q5_0(n, w, a) },
-        QuantType::Q5_1 => |n, w, a| unsafe { vnni::dot_q5_1(n, w, a) },
-        QuantType::Q8_0 => |n, w, a| unsafe { vnni::dot_q8_0(n, w, a) },
-        QuantType::IQ4_NL => |n, w, a| unsafe { vnni::dot_iq4_nl(n, w, a) },
-        QuantType::MXFP4 => |n, w, a| unsafe { vnni::dot_mxfp4(n, w, a) },
-        _ => return None,
-    })
-}
-
 /// Block order of the 16 sums produced by [`reduce16`] (`ORDER16`):
 /// `[0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15]`.
 /// Sums of 16 blocks from 8 block-pair vectors (`p[k]` = blocks 2k | 2k+1, 8 i32 each),
@@ -251,6 +194,8 @@ macro_rules! dot16 {
 macro_rules! legacy_kernels {
     ($features:literal, $udot:expr, $sact:expr, $sdot:expr) => {
         use super::*;
+
+        legacy_tables!(pub(crate));
 
         #[inline]
         #[target_feature(enable = $features)]

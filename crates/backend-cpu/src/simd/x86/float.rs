@@ -8,25 +8,8 @@
 use super::*;
 use quarrel_quant::{bf16_to_f32, fp16_to_f32};
 
-pub(super) fn dot_fn_avx2(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached through `x86::dot_fn` at a level the CPU supports.
-    Some(match ty {
-        QuantType::F32 => |n, w, a| unsafe { dot_f32_avx2(n, w, a) },
-        QuantType::F16 => |n, w, a| unsafe { dot_f16_avx2(n, w, a) },
-        QuantType::BF16 => |n, w, a| unsafe { dot_bf16_avx2(n, w, a) },
-        _ => return None,
-    })
-}
-
-pub(super) fn dot_fn_avx512(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached at `Level::Avx512` or above (AVX512F/BW/VL present).
-    Some(match ty {
-        QuantType::F32 => |n, w, a| unsafe { dot_f32_avx512(n, w, a) },
-        QuantType::F16 => |n, w, a| unsafe { dot_f16_avx512(n, w, a) },
-        QuantType::BF16 => |n, w, a| unsafe { dot_bf16_avx512(n, w, a) },
-        _ => return None,
-    })
-}
+kernel_table!(pub(super) fn dot_fn_avx2 -> DotFn { F32 => dot_f32_avx2, F16 => dot_f16_avx2, BF16 => dot_bf16_avx2 });
+kernel_table!(pub(super) fn dot_fn_avx512 -> DotFn { F32 => dot_f32_avx512, F16 => dot_f16_avx512, BF16 => dot_bf16_avx512 });
 
 #[inline(always)]
 fn check_float(n: usize, w: &[u8], a: &[u8], size: usize) {

@@ -8,18 +8,7 @@
 
 use super::*;
 
-pub(super) fn dot_fn(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached through `x86::dot_fn` at a level the CPU supports,
-    // i.e. with AVX2, FMA and F16C present.
-    Some(match ty {
-        QuantType::Q2_K => |n, w, a| unsafe { dot_q2_k(n, w, a) },
-        QuantType::Q3_K => |n, w, a| unsafe { dot_q3_k(n, w, a) },
-        QuantType::Q4_K => |n, w, a| unsafe { dot_q4_k(n, w, a) },
-        QuantType::Q5_K => |n, w, a| unsafe { dot_q5_k(n, w, a) },
-        QuantType::Q6_K => |n, w, a| unsafe { dot_q6_k(n, w, a) },
-        _ => return None,
-    })
-}
+kquant_table!(pub(super));
 
 pub(crate) const QK_K: usize = 256;
 /// Q8_K block: `{ f32 d; i8 qs[256]; i16 bsums[16] }`.

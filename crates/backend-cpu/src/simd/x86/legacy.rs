@@ -10,35 +10,7 @@
 use super::*;
 use quarrel_quant::{E8M0_TO_FP32_HALF_BITS, KVALUES_IQ4NL, KVALUES_MXFP4};
 
-pub(super) fn dot_fn(ty: QuantType) -> Option<DotFn> {
-    // SAFETY (all arms): only reached through `x86::dot_fn` at a level the CPU supports,
-    // i.e. with AVX2, FMA and F16C present.
-    Some(match ty {
-        QuantType::Q4_0 => |n, w, a| unsafe { dot_q4_0(n, w, a) },
-        QuantType::Q4_1 => |n, w, a| unsafe { dot_q4_1(n, w, a) },
-        QuantType::Q5_0 => |n, w, a| unsafe { dot_q5_0(n, w, a) },
-        QuantType::Q5_1 => |n, w, a| unsafe { dot_q5_1(n, w, a) },
-        QuantType::Q8_0 => |n, w, a| unsafe { dot_q8_0(n, w, a) },
-        QuantType::IQ4_NL => |n, w, a| unsafe { dot_iq4_nl(n, w, a) },
-        QuantType::MXFP4 => |n, w, a| unsafe { dot_mxfp4(n, w, a) },
-        _ => return None,
-    })
-}
-
-/// Four-row kernels (`R = 4` instances of the kernels below).
-pub(super) fn dot4_fn(ty: QuantType) -> Option<Dot4Fn> {
-    // SAFETY (all arms): as in `dot_fn`.
-    Some(match ty {
-        QuantType::Q4_0 => |n, w, a| unsafe { rows_q4_0::<4>(n, w, a) },
-        QuantType::Q4_1 => |n, w, a| unsafe { rows_q4_1::<4>(n, w, a) },
-        QuantType::Q5_0 => |n, w, a| unsafe { rows_q5_0::<4>(n, w, a) },
-        QuantType::Q5_1 => |n, w, a| unsafe { rows_q5_1::<4>(n, w, a) },
-        QuantType::Q8_0 => |n, w, a| unsafe { rows_q8_0::<4>(n, w, a) },
-        QuantType::IQ4_NL => |n, w, a| unsafe { rows_iq4_nl::<4>(n, w, a) },
-        QuantType::MXFP4 => |n, w, a| unsafe { rows_mxfp4::<4>(n, w, a) },
-        _ => return None,
-    })
-}
+legacy_tables!(pub(super));
 
 pub(crate) const QK: usize = 32;
 

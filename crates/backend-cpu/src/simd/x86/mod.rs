@@ -30,6 +30,46 @@
 //! the features it was compiled for. Kernels check buffer lengths up front (a hard
 //! `assert!`), so the raw-pointer loads inside stay within the slices.
 
+/// `fn $name(ty) -> Option<$fn_ty>`: the listed types' kernels (`$kernel`, optionally a
+/// const-generic instance), None for the others.
+macro_rules! kernel_table {
+    ($vis:vis fn $name:ident -> $fn_ty:ty { $($ty:ident => $kernel:ident $(::<$r:literal>)?),* $(,)? }) => {
+        $vis fn $name(ty: QuantType) -> Option<$fn_ty> {
+            // SAFETY (all arms): the dispatch below (`dot_fn`, `dot4_fn`) only hands a kernel
+            // out at a level the CPU supports, whose features the kernel takes.
+            Some(match ty {
+                $(QuantType::$ty => |n, w, a| unsafe { $kernel $(::<$r>)?(n, w, a) },)*
+                _ => return None,
+            })
+        }
+    };
+}
+
+/// `dot_fn` and `dot4_fn` over the 32-element block types' kernels of the module it is used
+/// in (the AVX2 ones and each AVX-512 flavour have the same names).
+macro_rules! legacy_tables {
+    ($vis:vis) => {
+        kernel_table!($vis fn dot_fn -> DotFn {
+            Q4_0 => dot_q4_0, Q4_1 => dot_q4_1, Q5_0 => dot_q5_0, Q5_1 => dot_q5_1,
+            Q8_0 => dot_q8_0, IQ4_NL => dot_iq4_nl, MXFP4 => dot_mxfp4,
+        });
+        // four-row kernels (`R = 4` instances)
+        kernel_table!($vis fn dot4_fn -> Dot4Fn {
+            Q4_0 => rows_q4_0::<4>, Q4_1 => rows_q4_1::<4>, Q5_0 => rows_q5_0::<4>, Q5_1 => rows_q5_1::<4>,
+            Q8_0 => rows_q8_0::<4>, IQ4_NL => rows_iq4_nl::<4>, MXFP4 => rows_mxfp4::<4>,
+        });
+    };
+}
+
+/// `dot_fn` over the K-quants' kernels of the module it is used in.
+macro_rules! kquant_table {
+    ($vis:vis) => {
+        kernel_table!($vis fn dot_fn -> DotFn {
+            Q2_K => dot_q2_k, Q3_K => dot_q3_k, Q4_K => dot_q4_k, Q5_K => dot_q5_k, Q6_K => dot_q6_k,
+        });
+    };
+}
+
 pub(crate) mod attn;
 pub(crate) mod attn512;
 mod avx512_kquants;
@@ -84,10 +124,8 @@ pub(super) fn dot_fn(ty: QuantType, level: Level) -> Option<DotFn> {
     let mut l = level;
     loop {
         let k = match l {
-            Level::Avx512Vnni => avx512_legacy::dot_fn_vnni(ty).or_else(|| avx512_kquants::dot_fn_vnni(ty)),
-            Level::Avx512 => {
-                float::dot_fn_avx512(ty).or_else(|| avx512_legacy::dot_fn_avx512(ty)).or_else(|| avx512_kquants::dot_fn_avx512(ty))
-            }
+            Level::Avx512Vnni => avx512_legacy::vnni::dot_fn(ty).or_else(|| avx512_kquants::vnni::dot_fn(ty)),
+            Level::Avx512 => float::dot_fn_avx512(ty).or_else(|| avx512_legacy::bw::dot_fn(ty)).or_else(|| avx512_kquants::bw::dot_fn(ty)),
             Level::Avx2 => legacy::dot_fn(ty).or_else(|| kquants::dot_fn(ty)).or_else(|| float::dot_fn_avx2(ty)),
             Level::Scalar => return None,
         };
@@ -106,8 +144,8 @@ pub(super) fn dot_fn(ty: QuantType, level: Level) -> Option<DotFn> {
 /// have them (the activation side is a large share of their work).
 pub(super) fn dot4_fn(ty: QuantType, level: Level) -> Option<Dot4Fn> {
     match level {
-        Level::Avx512Vnni => avx512_legacy::dot4_fn_vnni(ty),
-        Level::Avx512 => avx512_legacy::dot4_fn_avx512(ty),
+        Level::Avx512Vnni => avx512_legacy::vnni::dot4_fn(ty),
+        Level::Avx512 => avx512_legacy::bw::dot4_fn(ty),
         Level::Avx2 => legacy::dot4_fn(ty),
         Level::Scalar => None,
     }
@@ -118,8 +156,8 @@ pub(super) fn dot4_fn(ty: QuantType, level: Level) -> Option<Dot4Fn> {
 pub(super) fn quantize_row_fn(ty: QuantType, level: Level, ggml_x86: bool) -> Option<QuantizeRowFn> {
     match (level >= Level::Avx2, ggml_x86) {
         (false, _) => None,
-        (true, false) => quantize::quantize_row_fn(ty),
-        (true, true) => quantize::quantize_row_fn_ggml_x86(ty),
+        (true, false) => quantize::quantize_row_fn::<false>(ty),
+        (true, true) => quantize::quantize_row_fn::<true>(ty),
     }
 }
 

@@ -12,23 +12,14 @@
 
 use super::*;
 
-pub(super) fn quantize_row_fn(ty: QuantType) -> Option<QuantizeRowFn> {
+/// The AVX2 quantizer of `ty`: for Q8_0 / Q8_1 the reference flavour, or with `GGML_X86`
+/// the flavour of ggml's x86 build (`id = 127 / amax`, ties to even); Q8_K is the reference
+/// one either way (ggml's x86 build uses the reference for it too).
+pub(super) fn quantize_row_fn<const GGML_X86: bool>(ty: QuantType) -> Option<QuantizeRowFn> {
     // SAFETY (all arms): only reached at `Level::Avx2` or above.
     Some(match ty {
-        QuantType::Q8_0 => |x, y| unsafe { quantize_q8_0::<false>(x, y) },
-        QuantType::Q8_1 => |x, y| unsafe { quantize_q8_1::<false>(x, y) },
-        QuantType::Q8_K => |x, y| unsafe { quantize_q8_k(x, y) },
-        _ => return None,
-    })
-}
-
-/// The ggml-x86-build flavour (`id = 127 / amax`, ties to even) for Q8_0 / Q8_1; Q8_K is
-/// the reference one (ggml's x86 build uses the reference for it too).
-pub(super) fn quantize_row_fn_ggml_x86(ty: QuantType) -> Option<QuantizeRowFn> {
-    // SAFETY (all arms): only reached at `Level::Avx2` or above.
-    Some(match ty {
-        QuantType::Q8_0 => |x, y| unsafe { quantize_q8_0::<true>(x, y) },
-        QuantType::Q8_1 => |x, y| unsafe { quantize_q8_1::<true>(x, y) },
+        QuantType::Q8_0 => |x, y| unsafe { quantize_q8::<GGML_X86, false>(x, y) },
+        QuantType::Q8_1 => |x, y| unsafe { quantize_q8::<GGML_X86, true>(x, y) },
         QuantType::Q8_K => |x, y| unsafe { quantize_q8_k(x, y) },
         _ => return None,
     })
@@ -119,34 +110,25 @@ unsafe fn block32<const GGML_X86: bool>(x: *const f32) -> (f32, [__m256i; 4]) {
     (d, [round(v[0]), round(v[1]), round(v[2]), round(v[3])])
 }
 
-/// Q8_0 row (see [`block32`] for `GGML_X86`). SAFETY: AVX2+FMA+F16C.
+/// Q8_0 row, or with `SUM` Q8_1's (Q8_0 plus `s = f16(sum(q) * d)` after `d`); see
+/// [`block32`] for `GGML_X86`. SAFETY: AVX2+FMA+F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn quantize_q8_0<const GGML_X86: bool>(src: &[f32], dst: &mut [u8]) {
-    check_geometry("q8_0", 32, 34, src.len(), dst.len());
+pub(crate) unsafe fn quantize_q8<const GGML_X86: bool, const SUM: bool>(src: &[f32], dst: &mut [u8]) {
+    let (what, bs) = if SUM { ("q8_1", 36) } else { ("q8_0", 34) };
+    check_geometry(what, 32, bs, src.len(), dst.len());
     let (xp, yp) = (src.as_ptr(), dst.as_mut_ptr());
     for i in 0..src.len() / 32 {
         let (d, q) = block32::<GGML_X86>(xp.add(32 * i));
-        let y = yp.add(34 * i);
+        let y = yp.add(bs * i);
         store_f16(y, d);
-        _mm256_storeu_si256(y.add(2) as *mut __m256i, pack_i32x32(q));
-    }
-}
-
-/// Q8_1 row: Q8_0 plus `s = f16(sum(q) * d)`. SAFETY: AVX2+FMA+F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn quantize_q8_1<const GGML_X86: bool>(src: &[f32], dst: &mut [u8]) {
-    check_geometry("q8_1", 32, 36, src.len(), dst.len());
-    let (xp, yp) = (src.as_ptr(), dst.as_mut_ptr());
-    for i in 0..src.len() / 32 {
-        let (d, q) = block32::<GGML_X86>(xp.add(32 * i));
-        let y = yp.add(36 * i);
-        store_f16(y, d);
-        let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        store_f16(y.add(2), _mm_cvtsi128_si32(s) as f32 * d);
-        _mm256_storeu_si256(y.add(4) as *mut __m256i, pack_i32x32(q));
+        if SUM {
+            let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            store_f16(y.add(2), _mm_cvtsi128_si32(s) as f32 * d);
+        }
+        _mm256_storeu_si256(y.add(bs - 32) as *mut __m256i, pack_i32x32(q));
     }
 }
 

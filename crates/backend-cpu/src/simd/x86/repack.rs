@@ -103,11 +103,7 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
     let mut accm = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let gp = g.add(b * GROUP_BLOCK);
-        let mut p = 0;
-        while p < GROUP_BLOCK {
-            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(super::PREFETCH_AHEAD + p) as *const i8);
-            p += 64;
-        }
+        super::prefetch(gp, GROUP_BLOCK);
         let mut isum = [_mm512_setzero_si512(); T];
         for j in 0..8 {
             let (jj, hi) = (j / 2, j % 2 == 1);
@@ -155,6 +151,11 @@ unsafe fn kernel_k<const T: usize>(nb: usize, g: *const u8, a: &[*const u8], x: 
     }
 }
 
+/// Where the 4 activation bytes of code register `k` start in a block (the AVX2 twin's
+/// too): register `2j` holds the low nibbles of the group's `j`-th code vector (values
+/// `4j..4j + 4` of each row), register `2j + 1` its high nibbles (values `16 + 4j..`).
+pub(super) const ACT_AT: [usize; 8] = [0, 16, 4, 20, 8, 24, 12, 28];
+
 /// Q4_0, or IQ4_NL where `IQ4` (nibbles through the codebook + 128).
 ///
 /// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL/VNNI; `g` readable for `nb` group blocks, `a[t]`
@@ -175,14 +176,9 @@ unsafe fn kernel<const T: usize, const IQ4: bool>(
     for b in 0..nb {
         let gp = g.add(b * gb);
         // streaming weights: ask for the blocks a little ahead
-        let mut p = 0;
-        while p < gb {
-            _mm_prefetch::<_MM_HINT_T0>(gp.wrapping_add(super::PREFETCH_AHEAD + p) as *const i8);
-            p += 64;
-        }
-        // code register `k` and the offset of its 4 activation bytes
+        super::prefetch(gp, gb);
+        // code register `k` (its activation bytes at `ACT_AT[k]`)
         let mut w = [_mm512_setzero_si512(); 8];
-        let mut yo = [0usize; 8];
         for k in 0..4 {
             let v = _mm512_loadu_si512(gp.add(64 * k) as *const _);
             w[2 * k] = _mm512_and_si512(v, mask);
@@ -191,8 +187,6 @@ unsafe fn kernel<const T: usize, const IQ4: bool>(
                 w[2 * k] = _mm512_shuffle_epi8(lut, w[2 * k]);
                 w[2 * k + 1] = _mm512_shuffle_epi8(lut, w[2 * k + 1]);
             }
-            yo[2 * k] = 4 * k;
-            yo[2 * k + 1] = 16 + 4 * k;
         }
         let dw = _mm512_cvtph_ps(_mm256_loadu_si256(gp.add(codes) as *const __m256i));
         for t in 0..T {
@@ -201,7 +195,7 @@ unsafe fn kernel<const T: usize, const IQ4: bool>(
             let mut s0 = _mm512_set1_epi32(xa.off);
             let mut s1 = _mm512_setzero_si512();
             for k in 0..8 {
-                let yv = _mm512_set1_epi32((y.add(yo[k]) as *const i32).read_unaligned());
+                let yv = _mm512_set1_epi32((y.add(ACT_AT[k]) as *const i32).read_unaligned());
                 if k % 2 == 0 {
                     s0 = _mm512_dpbusd_epi32(s0, w[k], yv);
                 } else {

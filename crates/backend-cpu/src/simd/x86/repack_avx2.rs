@@ -75,7 +75,6 @@ unsafe fn half_legacy<const T: usize, const IQ4: bool>(
     for b in 0..nb {
         let gp = g.add(b * gb);
         let mut w = [_mm256_setzero_si256(); 8];
-        let mut yo = [0usize; 8];
         for k in 0..4 {
             let v = _mm256_loadu_si256(gp.add(64 * k + 32 * half) as *const __m256i);
             w[2 * k] = _mm256_and_si256(v, mask);
@@ -84,8 +83,6 @@ unsafe fn half_legacy<const T: usize, const IQ4: bool>(
                 w[2 * k] = _mm256_shuffle_epi8(lut, w[2 * k]);
                 w[2 * k + 1] = _mm256_shuffle_epi8(lut, w[2 * k + 1]);
             }
-            yo[2 * k] = 4 * k;
-            yo[2 * k + 1] = 16 + 4 * k;
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(gp.add(codes + 16 * half) as *const __m128i));
         for t in 0..T {
@@ -94,7 +91,7 @@ unsafe fn half_legacy<const T: usize, const IQ4: bool>(
             // IQ4_NL sums `x·y` directly (no `- 128·Σy` term)
             let mut s = _mm256_set1_epi32(if IQ4 { 0 } else { xa.off });
             for k in 0..8 {
-                let yv = _mm256_set1_epi32((y.add(yo[k]) as *const i32).read_unaligned());
+                let yv = _mm256_set1_epi32((y.add(super::repack::ACT_AT[k]) as *const i32).read_unaligned());
                 let d = if IQ4 { dot_i8(w[k], yv) } else { dot_u8(w[k], yv) };
                 s = _mm256_add_epi32(s, d);
             }
