@@ -17,7 +17,7 @@ Faults, each in its own thread for the whole run:
 
 Pass: the load test's requests all complete (no 5xx, no error, nothing lost); every fault
 request ends with its expected answer (a 4xx JSON error, a clear error event, or the server
-closing a connection it must close); the server's memory after warm-up stays flat."""
+closing a connection it must close); in runs of ten minutes or more, the server's memory after warm-up stays flat."""
 import argparse
 import http.client
 import json
@@ -34,17 +34,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+import serving
 from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def gguf_huge_blocks(src, dst):
@@ -325,6 +319,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--slow-timeout", type=int, default=5, help="the server's header and body timeouts")
     ap.add_argument("--shutdown-timeout", type=int, default=20)
+    ap.add_argument("--kv-seqs", type=int, default=2,
+                    help="the server's KV cache in full contexts: small, so that its pages are all touched early and growth "
+                         "after warm-up means a leak, and so that the load runs at the cache's limit")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args()
 
@@ -338,25 +335,12 @@ def main():
         g.write(f.read(1 << 20))
     gguf_huge_blocks(path, os.path.join(models, "bad-blocks.gguf"))
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [args.bin, "serve", "-m", path, "--models-dir", models, "--port", str(port), "--parallel", str(args.clients),
-           "--header-timeout", str(args.slow_timeout), "--body-timeout", str(args.slow_timeout),
-           "--shutdown-timeout", str(args.shutdown_timeout), "--timeout", "900", "--log-format", "json"]
-    if args.threads:
-        cmd += ["-t", str(args.threads)]
-    log = open(os.path.join(work, "serve.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(base + "/readyz", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                sys.exit(f"server exited at start: {work}/serve.log")
-            time.sleep(0.5)
-    with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
-        model = json.loads(r.read())["data"][0]["id"]
+    flags = ["-m", path, "--models-dir", models, "--parallel", str(args.clients),
+             "--header-timeout", str(args.slow_timeout), "--body-timeout", str(args.slow_timeout),
+             "--shutdown-timeout", str(args.shutdown_timeout), "--timeout", "900", "--kv-seqs", str(args.kv_seqs),
+             "--log-format", "json"]
+    proc, base = serving.start(args.bin, flags, os.path.join(work, "serve.log"), args.threads)
+    model = serving.default_model(base)
     args.model = model
 
     tally, stop = Tally(), threading.Event()
@@ -383,7 +367,6 @@ def main():
     lt_out = load.stdout.read()
     report = json.load(open(lt_json))
     sigterm_phase(base, model, proc, tally, args.shutdown_timeout)
-    log.close()
 
     # memory: after a warm-up of a sixth of the run, the last third's floor (the churned model
     # unloaded, no embeddings) and its peak may not rise above the middle's
@@ -391,6 +374,8 @@ def main():
     mid = [r for t, r in samples if warm <= t < args.duration * 2 / 3]
     late = [r for t, r in samples if t >= args.duration * 2 / 3]
     mem_ok = bool(mid and late) and min(late) <= min(mid) * 1.05 + 16 and max(late) <= max(mid) * 1.05 + 16
+    # a run of minutes is all warm-up (the KV cache's pages are still being touched): reported only
+    mem_checked = args.duration >= 600
     summary = {
         "duration_s": args.duration, "clients": args.clients,
         "load": {k: report[k] for k in ("requests", "complete", "errors", "incomplete", "errors_by_kind", "generated_tokens_per_s")},
@@ -398,14 +383,21 @@ def main():
         "faults_broken": tally.bad, "rss_mib": {"start": samples[0][1] if samples else 0,
                                                 "middle_min_max": [min(mid), max(mid)] if mid else [],
                                                 "last_third_min_max": [min(late), max(late)] if late else [],
-                                                "flat": mem_ok},
+                                                "flat": mem_ok, "checked": mem_checked},
     }
+    summary["rss_mib"]["samples"] = [[round(t), round(r, 1)] for t, r in samples]
     print(lt_out)
-    print(json.dumps(summary, indent=1))
+    print("| seconds | anonymous RSS min MiB | max MiB |\n|---|---:|---:|")
+    step = max(args.duration / 10, 5)
+    for i in range(10):
+        w = [r for t, r in samples if i * step <= t < (i + 1) * step]
+        if w:
+            print(f"| {i * step:.0f}-{(i + 1) * step:.0f} | {min(w):.0f} | {max(w):.0f} |")
+    print(json.dumps({k: v for k, v in summary.items() if k != "rss_mib"} | {"rss_mib": {k: v for k, v in summary["rss_mib"].items() if k != "samples"}}, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
-    ok = report["errors"] == 0 and report["incomplete"] == 0 and report["requests"] > 0 and not tally.bad and mem_ok
+    ok = report["errors"] == 0 and report["incomplete"] == 0 and report["requests"] > 0 and not tally.bad and (mem_ok or not mem_checked)
     print("OK" if ok else f"FAIL (server log: {work}/serve.log)")
     if ok:
         shutil.rmtree(work, ignore_errors=True)

@@ -9,7 +9,6 @@ request fails, or when the embeddings request did not run through the second loa
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +16,9 @@ import threading
 import time
 import urllib.request
 
+import serving
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def loadtest(args, base, out):
@@ -48,25 +41,10 @@ def main():
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="quarrel-fair-")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [args.bin, "serve", "-m", args.model, "--port", str(port), "--timeout", "3600",
-           "--max-body-bytes", str(64 << 20), "--max-prompt-bytes", str(64 << 20)]
-    cmd += ["-t", str(args.threads)] if args.threads else []
-    cmd += ["--device", args.device] if args.device else []
-    log = open(os.path.join(work, "serve.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    flags = ["-m", args.model, "--timeout", "3600", "--max-body-bytes", str(64 << 20), "--max-prompt-bytes", str(64 << 20)]
+    proc, base = serving.start(args.bin, flags, os.path.join(work, "serve.log"), args.threads, args.device)
     try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(base + "/readyz", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    sys.exit(f"server exited: {work}/serve.log")
-                time.sleep(0.5)
-        with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
-            model = json.loads(r.read())["data"][0]["id"]
+        model = serving.default_model(base)
         loadtest(args, base, os.path.join(work, "warm.json"))  # caches, page-ins, allocator
         alone = loadtest(args, base, os.path.join(work, "alone.json"))
 
@@ -94,7 +72,6 @@ def main():
     finally:
         proc.terminate()
         proc.wait(60)
-        log.close()
 
     ratio = beside["ttft"]["p99_ms"] / max(alone["ttft"]["p99_ms"], 1e-9)
     print(f"| chat load ({args.clients} clients, {args.duration:.0f} s) | requests | TTFT p50 ms | TTFT p99 ms | tokens/s |")

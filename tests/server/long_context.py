@@ -25,6 +25,8 @@ import time
 import urllib.error
 import urllib.request
 
+import serving
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -53,26 +55,9 @@ def prompt_ids(args, seed, n_tokens):
 
 class Server:
     def __init__(self, args, extra, log):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [args.bin, "serve", "-m", args.model, "--port", str(self.port), "--ctx", str(args.ctx),
-               "--timeout", "3600", "--max-prompt-bytes", str(16 << 20), "--max-body-bytes", str(16 << 20)]
-        if args.device:
-            cmd += ["--device", args.device]
-        if args.threads:
-            cmd += ["-t", str(args.threads)]
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(cmd + extra, stdout=self.log, stderr=subprocess.STDOUT)
-        t0 = time.time()
-        while time.time() - t0 < 300:
-            if self.proc.poll() is not None:
-                sys.exit(f"server exited: see {log}")
-            try:
-                urllib.request.urlopen(self.base + "/readyz", timeout=2)
-                return
-            except OSError:
-                time.sleep(0.5)
-        sys.exit(f"server did not start: see {log}")
+        flags = ["-m", args.model, "--ctx", str(args.ctx), "--timeout", "3600",
+                 "--max-prompt-bytes", str(16 << 20), "--max-body-bytes", str(16 << 20)] + extra
+        self.proc, self.base = serving.start(args.bin, flags, log, args.threads, args.device)
 
     def complete(self, ids, max_tokens):
         body = json.dumps({"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1}).encode()
@@ -94,16 +79,6 @@ class Server:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=120)
-        self.log.close()
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def result(status, r):
@@ -160,7 +135,7 @@ def main():
     t_alone = time.time() - t0
     roomy.stop()
 
-    print(f"\n| prompt tokens | together == alone | generated text (alone) |\n|---:|---|---|")
+    print("\n| prompt tokens | together == alone | generated text (alone) |\n|---:|---|---|")
     ok = True
     for length, g, w in zip(lengths, got, want):
         same = g == w and w[0] != "error"
