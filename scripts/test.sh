@@ -20,6 +20,8 @@ export QUARREL_TESTDATA
 export QUARREL_TEST_MODEL="$QUARREL_SMOLLM2"
 export QUARREL_BIN="$Q"
 cargo test --release --workspace "$@"
+# Dockerfiles, Prometheus rules, Kubernetes manifests (hadolint, promtool, kubernetes-validate)
+scripts/check-deploy.sh
 # Server integration tests: official openai / ollama Python clients and a WebSocket client
 # against `quarrel serve` on loopback ports (pip-installs them into target/pyenv).
 tests/server/run.sh

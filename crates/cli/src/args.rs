@@ -40,10 +40,10 @@ pub struct ModelArg {
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ContextArgs {
     /// Worker threads (default: all available cores).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    #[arg(short = 't', long = "threads", default_value_t = 0, env = "QUARREL_THREADS")]
     pub threads: usize,
     /// Context length in tokens (default: the model's, at most 4096).
-    #[arg(short = 'c', long = "ctx", value_name = "CTX", default_value_t = 0)]
+    #[arg(short = 'c', long = "ctx", value_name = "CTX", default_value_t = 0, env = "QUARREL_CTX")]
     pub n_ctx: usize,
 }
 
@@ -53,11 +53,11 @@ pub struct CacheArgs {
     #[command(flatten)]
     pub kv: KvTypeArg,
     /// Tokens per forward pass while processing the prompt.
-    #[arg(short = 'b', long = "batch", default_value_t = 512)]
+    #[arg(short = 'b', long = "batch", default_value_t = 512, env = "QUARREL_BATCH")]
     pub batch: usize,
     /// KV cache memory budget (e.g. 512M, 2G, 1.5GiB, or bytes): the block pool holds as many
     /// blocks as fit, shared by all sequences (default: one full context).
-    #[arg(long = "kv-mem", value_parser = parse_bytes)]
+    #[arg(long = "kv-mem", value_parser = parse_bytes, env = "QUARREL_KV_MEM")]
     pub kv_mem: Option<usize>,
 }
 
@@ -72,7 +72,7 @@ impl Default for CacheArgs {
 pub struct KvTypeArg {
     /// KV cache element type: f16 (default, as llama.cpp), f32, or quantized q8_0 / q4_0
     /// (less memory, slightly higher perplexity).
-    #[arg(long = "kv-type", default_value = "f16")]
+    #[arg(long = "kv-type", default_value = "f16", env = "QUARREL_KV_TYPE")]
     pub kv_type: String,
 }
 
@@ -87,12 +87,12 @@ impl Default for KvTypeArg {
 pub struct DeviceArgs {
     /// Compute device: auto (the first CUDA GPU when a driver and a GPU are present, else the
     /// CPU), cpu, or cuda[:N].
-    #[arg(long = "device", default_value = "auto")]
+    #[arg(long = "device", default_value = "auto", env = "QUARREL_DEVICE")]
     pub device: String,
     /// GPU memory for a mixture-of-experts model's expert weights (e.g. 8G): experts beyond it
     /// stay in host memory and the most recently routed are cached on the GPU (default: all on
     /// the GPU while they fit).
-    #[arg(long = "expert-budget", value_parser = parse_bytes)]
+    #[arg(long = "expert-budget", value_parser = parse_bytes, env = "QUARREL_EXPERT_BUDGET")]
     pub expert_budget: Option<usize>,
     /// GPU arithmetic: auto (default: invariant for models with routed experts or Mamba2
     /// layers, fast otherwise); fast; invariant (a prompt, its tokens one by one and any batch
@@ -100,7 +100,7 @@ pub struct DeviceArgs {
     /// token count, attention on the tensor cores over fixed position spans); or exact (batch-invariant too, and llama.cpp's CPU
     /// arithmetic where the GPU can reproduce it: every matmul through the decode kernels,
     /// slower prompts). The CPU always computes exactly.
-    #[arg(long = "numerics", value_enum, default_value_t = NumericsArg::Auto)]
+    #[arg(long = "numerics", value_enum, default_value_t = NumericsArg::Auto, env = "QUARREL_NUMERICS")]
     pub numerics: NumericsArg,
 }
 

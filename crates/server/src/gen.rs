@@ -185,8 +185,13 @@ impl Tracked {
                 self.last = Some(now);
                 m.tokens_out.with_label_values(&[&self.model]).inc();
             }
-            StreamEvent::Done { usage, .. } => {
-                m.tokens_in.with_label_values(&[&self.model]).inc_by(usage.prompt_tokens as u64);
+            StreamEvent::Done { usage, timings, .. } => {
+                let model = [self.model.as_str()];
+                m.tokens_in.with_label_values(&model).inc_by(usage.prompt_tokens as u64);
+                m.e2e_seconds.with_label_values(&model).observe(self.t0.elapsed().as_secs_f64());
+                m.queue_seconds.with_label_values(&model).observe(timings.queued.as_secs_f64());
+                m.prompt_len.with_label_values(&model).observe(usage.prompt_tokens as f64);
+                m.gen_len.with_label_values(&model).observe(usage.completion_tokens as f64);
             }
             StreamEvent::Error(e) => {
                 m.errors.with_label_values(&[ApiError::from(e.clone()).code]).inc();

@@ -1,6 +1,6 @@
 //! Prometheus metrics: HTTP requests by route/model/status, errors by type, live HTTP and
-//! WebSocket connections, latency histograms (request, time to first token, inter-token),
-//! tokens in/out, and the engines' gauges (queue depth, batch size, KV usage) read from each
+//! WebSocket connections, latency histograms (request, time to first token, inter-token,
+//! end-to-end generation, queue time), prompt and generation length histograms, tokens in/out, and the engines' gauges (queue depth, batch size, KV usage) read from each
 //! loaded model's `EngineHandle::metrics()` at scrape time; for MoE and hybrid models also the
 //! expert selection counts and utilization per layer, routing / SSM conv / scan time, recurrent
 //! state bytes and the SSM non-finite counter.
@@ -20,6 +20,10 @@ pub struct Metrics {
     pub request_seconds: HistogramVec,
     pub ttft_seconds: HistogramVec,
     pub itl_seconds: HistogramVec,
+    pub e2e_seconds: HistogramVec,
+    pub queue_seconds: HistogramVec,
+    pub prompt_len: HistogramVec,
+    pub gen_len: HistogramVec,
     pub tokens_in: IntCounterVec,
     pub tokens_out: IntCounterVec,
     engine: IntGaugeVec,
@@ -34,6 +38,11 @@ pub struct Metrics {
 /// The model label of a response (set by handlers, read by the metrics middleware).
 #[derive(Clone, Debug)]
 pub struct ModelLabel(pub String);
+
+/// Token-count buckets for prompt and generation lengths: powers of two up to 128K.
+fn length_buckets() -> Vec<f64> {
+    (0..=17).map(|i| (1u64 << i) as f64).collect()
+}
 
 fn buckets() -> Vec<f64> {
     vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
@@ -63,6 +72,24 @@ impl Metrics {
                 .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
             &["model"],
         )?;
+        let e2e_seconds = HistogramVec::new(
+            HistogramOpts::new("e2e_request_latency_seconds", "Generation requests: submission to the last token").buckets(buckets()),
+            &["model"],
+        )?;
+        let queue_seconds = HistogramVec::new(
+            HistogramOpts::new("request_queue_time_seconds", "Generation requests: submission to the first scheduled step")
+                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+            &["model"],
+        )?;
+        let prompt_len = HistogramVec::new(
+            HistogramOpts::new("request_prompt_tokens", "Prompt length of finished generation requests, in tokens")
+                .buckets(length_buckets()),
+            &["model"],
+        )?;
+        let gen_len = HistogramVec::new(
+            HistogramOpts::new("request_generation_tokens", "Generated length of finished requests, in tokens").buckets(length_buckets()),
+            &["model"],
+        )?;
         let tokens_in = IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens of finished requests"), &["model"])?;
         let tokens_out = IntCounterVec::new(Opts::new("generated_tokens_total", "Generated tokens"), &["model"])?;
         let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, embeddings, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached, kv_block_size, recurrent_state_bytes, state_checkpoints"), &["model", "gauge"])?;
@@ -82,10 +109,13 @@ impl Metrics {
             Opts::new("expert_utilization", "MoE models: an expert's share of its layer's selections since load (0..1)"),
             &["model", "layer", "expert"],
         )?;
+        // the queue-full alert takes increase() of this series: it must exist at 0 before the
+        // first refusal, or that refusal is the series' first sample and increase() misses it
+        errors.with_label_values(&["overloaded"]).inc_by(0);
         for c in [&requests, &errors, &tokens_in, &tokens_out] {
             r.register(Box::new(c.clone()))?;
         }
-        for h in [&request_seconds, &ttft_seconds, &itl_seconds] {
+        for h in [&request_seconds, &ttft_seconds, &itl_seconds, &e2e_seconds, &queue_seconds, &prompt_len, &gen_len] {
             r.register(Box::new(h.clone()))?;
         }
         for g in [&http_active, &http_connections, &ws_active, &models_loaded] {
@@ -107,6 +137,10 @@ impl Metrics {
             request_seconds,
             ttft_seconds,
             itl_seconds,
+            e2e_seconds,
+            queue_seconds,
+            prompt_len,
+            gen_len,
             tokens_in,
             tokens_out,
             engine,

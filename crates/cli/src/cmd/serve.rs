@@ -20,15 +20,21 @@ use std::time::Duration;
 /// the keys file exists, and always when binding to a non-loopback address.
 #[derive(clap::Args)]
 pub struct Args {
+    /// TOML file of settings: keys are these long flag names (`port = 8080`, `model = ["a",
+    /// "b"]`, `no-auth = true`); flags and QUARREL_ variables override it.
+    #[arg(long = "config", env = "QUARREL_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Model(s) to load at start (repeatable): path or name as for `quarrel run -m`.
-    #[arg(short = 'm', long = "model")]
+    #[arg(short = 'm', long = "model", env = "QUARREL_MODEL")]
     pub models: Vec<String>,
     /// A directory whose .gguf files may be loaded by name (on demand or via the API).
-    #[arg(long = "models-dir")]
+    #[arg(long = "models-dir", env = "QUARREL_MODELS_DIR")]
     pub models_dir: Option<PathBuf>,
-    #[arg(long, default_value = "127.0.0.1")]
+    /// Address to listen on (0.0.0.0 or :: for every interface; API keys are then required).
+    #[arg(long, default_value = "127.0.0.1", env = "QUARREL_HOST")]
     pub host: IpAddr,
-    #[arg(long, default_value_t = 8080)]
+    /// TCP port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8080, env = "QUARREL_PORT")]
     pub port: u16,
     #[command(flatten)]
     pub ctx: ContextArgs,
@@ -37,51 +43,51 @@ pub struct Args {
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Most sequences decoding at once per model.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, env = "QUARREL_PARALLEL")]
     pub parallel: usize,
     /// Most requests waiting per model; beyond it: 503 with Retry-After.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, env = "QUARREL_QUEUE")]
     pub queue: usize,
     /// KV cache size per model, in full-context sequences (shared by all requests); --kv-mem
     /// overrides it.
-    #[arg(long = "kv-seqs", default_value_t = 8)]
+    #[arg(long = "kv-seqs", default_value_t = 8, env = "QUARREL_KV_SEQS")]
     pub kv_seqs: usize,
     /// Do not reuse the KV blocks of earlier prompts that share a prefix.
-    #[arg(long = "no-prefix-cache")]
+    #[arg(long = "no-prefix-cache", env = "QUARREL_NO_PREFIX_CACHE", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_prefix_cache: bool,
     /// Memory budget for loaded models in MiB (0 = 80% of RAM); least recently used models
     /// are unloaded to fit.
-    #[arg(long = "memory-budget-mib", default_value_t = 0)]
+    #[arg(long = "memory-budget-mib", default_value_t = 0, env = "QUARREL_MEMORY_BUDGET_MIB")]
     pub memory_budget_mib: u64,
     /// Do not load models on demand when a request names an unloaded one.
-    #[arg(long = "no-load-on-demand")]
+    #[arg(long = "no-load-on-demand", env = "QUARREL_NO_LOAD_ON_DEMAND", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_on_demand: bool,
     /// API keys file (default: $QUARREL_HOME/keys.json).
-    #[arg(long = "keys")]
+    #[arg(long = "keys", env = "QUARREL_KEYS")]
     pub keys: Option<PathBuf>,
     /// Serve without API keys even on a non-loopback address.
-    #[arg(long = "no-auth")]
+    #[arg(long = "no-auth", env = "QUARREL_NO_AUTH", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_auth: bool,
-    /// Allowed CORS origin (repeatable; `*` for any).
-    #[arg(long = "cors-origin")]
+    /// Allowed CORS origin (repeatable or comma-separated; `*` for any).
+    #[arg(long = "cors-origin", env = "QUARREL_CORS_ORIGIN", value_delimiter = ',')]
     pub cors: Vec<String>,
     /// Requests per minute per API key (0 = unlimited).
-    #[arg(long = "rate-limit", default_value_t = 0)]
+    #[arg(long = "rate-limit", default_value_t = 0, env = "QUARREL_RATE_LIMIT")]
     pub rate_key: u32,
     /// Requests per minute per client IP (0 = unlimited).
-    #[arg(long = "rate-limit-ip", default_value_t = 0)]
+    #[arg(long = "rate-limit-ip", default_value_t = 0, env = "QUARREL_RATE_LIMIT_IP")]
     pub rate_ip: u32,
     /// Burst allowance of the rate limits (default: the per-minute rate).
-    #[arg(long = "rate-burst")]
+    #[arg(long = "rate-burst", env = "QUARREL_RATE_BURST")]
     pub rate_burst: Option<u32>,
     /// Largest request body in bytes.
-    #[arg(long = "max-body-bytes", default_value_t = 4 << 20)]
+    #[arg(long = "max-body-bytes", default_value_t = 4 << 20, env = "QUARREL_MAX_BODY_BYTES")]
     pub max_body: usize,
     /// Largest prompt in bytes (all messages together).
-    #[arg(long = "max-prompt-bytes", default_value_t = 1 << 20)]
+    #[arg(long = "max-prompt-bytes", default_value_t = 1 << 20, env = "QUARREL_MAX_PROMPT_BYTES")]
     pub max_prompt: usize,
     /// Per-request time limit in seconds.
-    #[arg(long = "timeout", default_value_t = 300)]
+    #[arg(long = "timeout", default_value_t = 300, env = "QUARREL_TIMEOUT")]
     pub timeout: u64,
     /// Seconds a client has to send a request's headers, from the connection's start or the
     /// end of its previous response (so it also closes idle keep-alive connections).
@@ -102,10 +108,10 @@ pub struct Args {
     #[arg(long = "allowed-hosts", env = "QUARREL_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
     /// Log prompts (they are redacted otherwise).
-    #[arg(long = "log-prompts")]
+    #[arg(long = "log-prompts", env = "QUARREL_LOG_PROMPTS", value_parser = clap::builder::BoolishValueParser::new())]
     pub log_prompts: bool,
     /// Log format: json (default) or text.
-    #[arg(long = "log-format", default_value = "json")]
+    #[arg(long = "log-format", default_value = "json", env = "QUARREL_LOG_FORMAT")]
     pub log_format: String,
 }
 
