@@ -121,7 +121,7 @@ fn params(r: &Req) -> GenerateParams {
 fn seq(id: u64, r: &Req) -> (Seq, UnboundedReceiver<StreamEvent>) {
     let (tx, rx) = unbounded_channel();
     let prio = if r.batch { Priority::Batch } else { Priority::Interactive };
-    let s = Seq::new(id, id, r.prompt.clone(), params(r), prio, None, None, tokenizer().detokenizer(), tx);
+    let s = Seq::new(id, id, r.prompt.clone(), params(r), prio, None, None, tokenizer().detokenizer(), None, tx);
     (s, rx)
 }
 
