@@ -35,7 +35,7 @@ SCHEMAS = [
     {"type": "object", "properties": {"answer": {"type": "boolean"}, "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
      "required": ["answer", "confidence"], "additionalProperties": False},
     {"type": "object", "properties": {"email": {"type": "string", "pattern": "^[a-z]{1,10}@[a-z]{1,10}\\.(com|org)$"},
-                                      "tags": {"type": "array", "items": {"enum": ["new", "vip", "old"]}, "maxItems": 3, "uniqueItems": False}},
+                                      "tags": {"type": "array", "items": {"enum": ["new", "vip", "old"]}, "maxItems": 3}},
      "required": ["email"], "additionalProperties": False},
     {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "object", "properties": {
         "n": {"type": "integer", "minimum": 1, "maximum": 10}, "text": {"type": "string", "maxLength": 40}}, "required": ["n", "text"], "additionalProperties": False},
@@ -164,8 +164,8 @@ class StructuredOutput(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError):
             self.c.chat.completions.create(model=MODEL, messages=msgs, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
         # the server still serves, constrained or not
-        ch = self.chat_json(SCHEMAS[7], "Is water wet?")
-        jsonschema.validate(json.loads(ch.message.content), SCHEMAS[7])
+        ch = self.chat_json(SCHEMAS[1], "Pick a color.")
+        jsonschema.validate(json.loads(ch.message.content), SCHEMAS[1])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ use crate::error::ApiError;
 use crate::registry::Loaded;
 use crate::state::AppState;
 use quarrel_engine::{
-    ConstraintSpec, FinishReason, GenerateParams, Prompt, Request, RequestStream, RequestTimings, SamplingParams, StreamEvent, TokenLogprob, Usage,
+    ConstraintSpec, FinishReason, GenerateParams, Prompt, Request, RequestStream, RequestTimings, SamplingParams, StreamEvent,
+    TokenLogprob, Usage,
 };
 use std::sync::Arc;
 use std::time::Instant;

@@ -252,7 +252,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
                 }
                 Tok::Any => out.push_str(" /(?s:.)/"),
                 Tok::Repeat(r) => out.push_str(r),
-                Tok::Punct(c) => {
+                &Tok::Punct(c) => {
                     if matches!(c, '|' | ')') && alt_empty {
                         out.push_str(" \"\"");
                     }
@@ -265,7 +265,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
                         return err(*p, "unbalanced `)`");
                     }
                     if matches!(c, '*' | '+' | '?') {
-                        out.push(*c);
+                        out.push(c);
                     } else {
                         let _ = write!(out, " {c}");
                     }

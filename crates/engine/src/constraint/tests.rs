@@ -73,7 +73,13 @@ fn json_schema_walks_validate() {
         assert!(["gold", "silver"].contains(&v["tier"].as_str().unwrap()), "{text}");
         let tags = v["tags"].as_array().unwrap();
         assert!((1..=3).contains(&tags.len()), "{text}");
-        assert!(tags.iter().all(|t| { let t = t.as_str().unwrap(); (1..=3).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_lowercase()) }), "{text}");
+        assert!(
+            tags.iter().all(|t| {
+                let t = t.as_str().unwrap();
+                (1..=3).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_lowercase())
+            }),
+            "{text}"
+        );
         let zip = v["home"]["zip"].as_str().unwrap();
         assert!(zip.len() == 5 && zip.bytes().all(|b| b.is_ascii_digit()), "{text}");
         assert_eq!(v.as_object().unwrap().len(), 5, "{text}");
@@ -134,7 +140,10 @@ fn gbnf_walks_parse() {
                 s.strip_suffix('"').is_some_and(|s| s.chars().count() <= 4 && !s.contains(['"', '\\']))
             } else {
                 let b = it.as_bytes();
-                !b.is_empty() && b.len() <= 3 && (b'a'..=b'c').contains(&b[0]) && b[1..].iter().all(|&c| matches!(c, b'a'..=b'c' | b'0'..=b'9' | b'_'))
+                !b.is_empty()
+                    && b.len() <= 3
+                    && (b'a'..=b'c').contains(&b[0])
+                    && b[1..].iter().all(|&c| matches!(c, b'a'..=b'c' | b'0'..=b'9' | b'_'))
             };
             assert!(ok, "item {it:?} of {text:?}");
         }

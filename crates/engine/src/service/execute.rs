@@ -35,10 +35,11 @@ impl<M: StepModel> Scheduler<M> {
                 picks.push(s.next_pick());
             }
         }
+        let n_picks = picks.len();
         let picked = match self.forward_picks(&batch, &row_of, picks) {
-            Ok(p) if p.len() == picks.len() => p,
+            Ok(p) if p.len() == n_picks => p,
             Ok(p) => {
-                let e = format!("the model picked {} tokens for {} rows", p.len(), picks.len());
+                let e = format!("the model picked {} tokens for {} rows", p.len(), n_picks);
                 self.fail_scheduled(&e);
                 return;
             }
@@ -101,9 +102,7 @@ impl<M: StepModel> Scheduler<M> {
         }
         let (running, model) = (&mut self.running, &mut self.model);
         let (logits, masks) = std::thread::scope(|sc| {
-            let masks = sc.spawn(|| {
-                running.iter_mut().zip(row_of).filter_map(|(s, r)| Some((((*r)?), s.mask()?))).collect::<Vec<_>>()
-            });
+            let masks = sc.spawn(|| running.iter_mut().zip(row_of).filter_map(|(s, r)| Some((((*r)?), s.mask()?))).collect::<Vec<_>>());
             let logits = model.forward(batch);
             (logits, masks.join())
         });
