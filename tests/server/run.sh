@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 Q="${QUARREL_BIN:-$PWD/target/release/quarrel}"
 VENV="${QUARREL_PYENV:-$PWD/target/pyenv}"
-PKGS=("openai>=1.40" "ollama>=0.4" "websockets>=12")
+PKGS=("openai>=1.40" "ollama>=0.4" "websockets>=12" "jsonschema>=4")
 if [ ! -x "$VENV/bin/python" ]; then
   # python3-venv may be missing (Debian): fall back to the user site below
   python3 -m venv "$VENV" >/dev/null 2>&1 || rm -rf "$VENV"
@@ -45,7 +45,7 @@ for p in "$P1" "$P2"; do
 done
 export QUARREL_URL="http://127.0.0.1:$P1" QUARREL_AUTH_URL="http://127.0.0.1:$P2" QUARREL_KEYS_FILE="$WORK/keys.json" QUARREL_BIN="$Q"
 status=0
-(cd tests/server && "$PY" -m unittest -v test_openai test_ollama test_ws test_errors test_auth test_embed_sharing test_tokenize_offload test_deploy_metrics) || status=$?
+(cd tests/server && "$PY" -m unittest -v test_openai test_ollama test_ws test_errors test_auth test_embed_sharing test_tokenize_offload test_deploy_metrics test_structured test_utility) || status=$?
 if [ "$status" -ne 0 ]; then
   echo "--- server log (last 40 lines)"; tail -n 40 "$WORK/serve.log"
   exit "$status"

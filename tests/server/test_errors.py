@@ -47,8 +47,10 @@ class BadInput(unittest.TestCase):
             ("ollama unknown model", 404, "POST", "/api/chat", {"model": "nope:1b", "messages": [{"role": "user", "content": "x"}]}, None),
             ("ollama empty prompt", 400, "POST", "/api/generate", {"model": MODEL, "prompt": ""}, None),
             ("embedding of nothing", 400, "POST", "/v1/embeddings", {"model": MODEL, "input": []}, None),
-            ("JSON mode is refused, not ignored", 400, "POST", CHAT, chat(response_format={"type": "json_object"}), None),
-            ("ollama format is refused, not ignored", 400, "POST", "/api/generate", {"model": MODEL, "prompt": "x", "format": "json"}, None),
+            ("unknown response_format", 400, "POST", CHAT, chat(response_format={"type": "yaml"}), None),
+            ("bad JSON schema", 400, "POST", CHAT, chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}), None),
+            ("bad GBNF grammar", 400, "POST", CHAT, chat(grammar="root ::= missing"), None),
+            ("ollama unknown format", 400, "POST", "/api/generate", {"model": MODEL, "prompt": "x", "format": "xml"}, None),
             ("n out of range", 400, "POST", CHAT, chat(n=50), None),
             ("quarrel stream without prompt", 400, "POST", "/api/stream", {"model": MODEL}, None),
         ]

@@ -13,6 +13,7 @@
 //!  SeqDecoder::finish(reason) ─► held-back text released (unless it completes a stop string)
 //! ```
 
+use crate::constraint::{Constraint, TokenMask};
 use crate::generate::{FinishReason, GenerateParams};
 use crate::sampler::{argmax, Sampler};
 use crate::service::TokenLogprob;
@@ -59,11 +60,21 @@ impl Pick {
     }
 }
 
-/// One logits row's pick, and whether its logits must come to the host (log-probabilities).
+/// One logits row's pick, whether its logits must come to the host (log-probabilities), and
+/// the tokens a constraint allows (the others get -inf before the chain runs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowPick {
     pub pick: Pick,
     pub logits: bool,
+    pub mask: Option<TokenMask>,
+}
+
+impl RowPick {
+    /// Whether the pick needs the logits on the host: reported log-probabilities, or a
+    /// constraint's mask, which the host applies before the sampling chain.
+    pub fn on_host(&self) -> bool {
+        self.logits || self.mask.is_some()
+    }
 }
 
 /// A picked token, with its logits row when the pick asked for it.
@@ -81,15 +92,26 @@ pub fn pick_on_host(logits: &[f32], n_vocab: usize, rows: &[RowPick]) -> Result<
     Ok(logits
         .chunks_exact(n_vocab)
         .zip(rows)
-        .map(|(l, r)| Picked { id: r.pick.on_host(l), logits: r.logits.then(|| l.to_vec()) })
+        .map(|(l, r)| {
+            let id = match &r.mask {
+                Some(m) => {
+                    let mut masked = l.to_vec();
+                    m.apply(&mut masked);
+                    r.pick.on_host(&masked)
+                }
+                None => r.pick.on_host(l),
+            };
+            // log-probabilities are of the model's distribution, before the mask
+            Picked { id, logits: r.logits.then(|| l.to_vec()) }
+        })
         .collect())
 }
 
 /// Run `batch` and pick one token per logits row (`rows`, in `batch.logits_rows` order). The
 /// picks run where the logits are: on the backend (`Backend::argmax_rows` when every row is
 /// plain greedy, else `Backend::sample_rows`), so a device sends back ids only; when a row
-/// wants its logits (log-probabilities) the logits of the batch are downloaded and every row
-/// is picked on the host by the reference chain.
+/// wants its logits (log-probabilities) or carries a constraint's mask, the logits of the
+/// batch are downloaded and every row is picked on the host by the reference chain.
 pub fn forward_picks<B: Backend>(
     model: &dyn Model<B>,
     be: &B,
@@ -100,7 +122,7 @@ pub fn forward_picks<B: Backend>(
     if rows.len() != batch.logits_rows.len() {
         return Err(CoreError::Shape(format!("{} picks for {} logits rows", rows.len(), batch.logits_rows.len())));
     }
-    if rows.is_empty() || rows.iter().any(|r| r.logits) {
+    if rows.is_empty() || rows.iter().any(RowPick::on_host) {
         let logits = model.forward(be, batch, kv)?;
         return pick_on_host(&logits, model.info().n_vocab, rows).map_err(CoreError::Backend);
     }
@@ -139,6 +161,8 @@ pub struct SeqDecoder {
     generated: usize,
     /// A stop string matched: nothing more is released.
     stopped: bool,
+    /// Structured output: the grammar the tokens must follow.
+    constraint: Option<Constraint>,
 }
 
 impl SeqDecoder {
@@ -152,7 +176,23 @@ impl SeqDecoder {
             logprobs,
             generated: 0,
             stopped: false,
+            constraint: None,
         }
+    }
+
+    /// Constrain the output to `c` (a JSON schema, a grammar, ...).
+    pub fn with_constraint(mut self, c: Option<Constraint>) -> SeqDecoder {
+        self.constraint = c;
+        self
+    }
+
+    /// The tokens the constraint allows next (None: unconstrained).
+    pub fn mask(&mut self) -> Option<TokenMask> {
+        self.constraint.as_mut().map(Constraint::mask)
+    }
+
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
     }
 
     /// Tokens accepted so far (end-of-generation tokens not counted).
@@ -161,19 +201,25 @@ impl SeqDecoder {
     }
 
     /// How the next token is picked after `history` (prompt and generated tokens). Call once
-    /// per pick: a sampling chain takes the next draw of the request's seeded RNG.
+    /// per pick: a sampling chain takes the next draw of the request's seeded RNG. A
+    /// constrained sequence's mask comes from [`mask`](Self::mask), which the caller may
+    /// compute while the forward pass runs.
     pub fn next_pick(&mut self, history: &[u32]) -> RowPick {
         let pick = if self.sampler.params.is_plain_greedy() { Pick::Argmax } else { Pick::Chain(self.sampler.row(history)) };
-        RowPick { pick, logits: self.logprobs.is_some() }
+        RowPick { pick, logits: self.logprobs.is_some(), mask: None }
     }
 
     /// Take the picked token `id`; `seq_len` is the sequence's length with it, `logits` its
     /// row when the pick asked for it. Finish rules, in order: end of generation (unless
-    /// ignored), a stop string, `max_tokens`, the context full.
+    /// ignored), a stop string, the constraint's grammar complete, `max_tokens`, the context
+    /// full.
     pub fn accept(&mut self, tok: &Tokenizer, id: u32, logits: Option<&[f32]>, seq_len: usize, n_ctx: usize) -> Accepted {
-        if tok.is_eog(id) && !self.ignore_eos {
+        if tok.is_eog(id) && (!self.ignore_eos || self.constraint.is_some()) {
             return Accepted { finish: Some(FinishReason::Stop), ..Default::default() };
         }
+        // a token the mask let through always advances the matcher; one that breaks it
+        // ends the sequence (the grammar could not continue)
+        let grammar_done = self.constraint.as_mut().is_some_and(|c| c.accept(id).is_err() || c.is_finished());
         let logprob = self.logprobs.zip(logits).map(|(n, l)| token_logprob(l, id, n, tok));
         self.generated += 1;
         let piece = self.detok.push(tok, id).unwrap_or_default();
@@ -184,7 +230,7 @@ impl SeqDecoder {
                 s
             }
         };
-        let finish = if self.stopped {
+        let finish = if self.stopped || grammar_done {
             Some(FinishReason::Stop)
         } else if self.generated >= self.max_tokens {
             Some(FinishReason::Length)
@@ -247,7 +293,7 @@ mod tests {
     fn host_picks_follow_each_row_and_keep_only_wanted_logits() {
         let logits = [1.0, 3.0, 3.0, 0.0, /* row 2 */ 2.0, 0.5, 0.0, 1.0];
         let penalized = Pick::Chain(SampleRow { repeat_penalty: 4.0, penalties: vec![(0, 1)], ..Pick::Argmax.as_row() });
-        let rows = [RowPick { pick: Pick::Argmax, logits: false }, RowPick { pick: penalized, logits: true }];
+        let rows = [RowPick { pick: Pick::Argmax, logits: false, mask: None }, RowPick { pick: penalized, logits: true, mask: None }];
         let got = pick_on_host(&logits, 4, &rows).unwrap();
         assert_eq!(got[0], Picked { id: 1, logits: None });
         // 2.0 / 4 = 0.5 < 1.0: the penalty moves the pick to token 3
@@ -260,7 +306,7 @@ mod tests {
         let g = GenerateParams { sampling: SamplingParams::greedy(), ..Default::default() };
         let dummy = Detokenizer::default;
         let mut d = SeqDecoder::new(&g, None, dummy());
-        assert_eq!(d.next_pick(&[1, 2]), RowPick { pick: Pick::Argmax, logits: false });
+        assert_eq!(d.next_pick(&[1, 2]), RowPick { pick: Pick::Argmax, logits: false, mask: None });
         let s = GenerateParams { sampling: SamplingParams { seed: 7, ..Default::default() }, ..Default::default() };
         let (mut a, mut b) = (SeqDecoder::new(&s, Some(2), dummy()), SeqDecoder::new(&s, None, dummy()));
         let (pa, pb) = (a.next_pick(&[1]), b.next_pick(&[1]));

@@ -123,7 +123,8 @@ impl<B: Backend> Engine<B> {
         let mut n_computed = 0;
         let (mut text, mut tokens) = (String::new(), vec![]);
         let finish = loop {
-            let pick = dec.next_pick(&history);
+            let mut pick = dec.next_pick(&history);
+            pick.mask = dec.mask();
             let picked = self.run_sequence_pick(table, &history[n_computed..], n_computed, &pick)?;
             n_computed = history.len();
             if n_computed == prompt.len() {

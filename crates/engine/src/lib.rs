@@ -12,6 +12,7 @@
 //!
 //! | module       | responsibility |
 //! |--------------|----------------|
+//! | `constraint` | structured output: llguidance matchers from JSON schemas, GBNF / Lark grammars, regexes; per-token masks |
 //! | `engine`     | `Engine`: loads a model, owns the KV cache, recurrent state slots and block pool, runs sequences |
 //! | `decode`     | one sequence's decode logic shared by `generate` and the service: picks (device or host), detokenizing, stop strings, finish rules, logprobs |
 //! | `generate`   | one completion on the calling thread: a `SeqDecoder` fed a batch of one sequence |
@@ -25,6 +26,7 @@
 //! | `embedding`  | text embeddings: model-family task prefixes, pooling choice, `embed_texts` |
 
 mod blocks;
+pub mod constraint;
 pub mod decode;
 pub mod embedding;
 mod engine;
@@ -37,6 +39,7 @@ pub mod service;
 pub mod stop;
 
 pub use blocks::{BlockPool, OutOfBlocks};
+pub use constraint::{gbnf_to_lark, Constraint, ConstraintCompiler, ConstraintSpec};
 pub use engine::{Engine, EngineError, EngineOptions};
 pub use generate::{Completion, Event, FinishReason, GenerateParams, Timings};
 pub use perplexity::{PerplexityChunk, PerplexityResult};

@@ -7,7 +7,8 @@ use crate::error::ApiError;
 use crate::registry::Loaded;
 use crate::state::AppState;
 use quarrel_engine::{
-    FinishReason, GenerateParams, Prompt, Request, RequestStream, RequestTimings, SamplingParams, StreamEvent, TokenLogprob, Usage,
+    ConstraintSpec, FinishReason, GenerateParams, Prompt, Request, RequestStream, RequestTimings, SamplingParams, StreamEvent,
+    TokenLogprob, Usage,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +31,8 @@ pub struct Knobs {
     pub logprobs: Option<usize>,
     /// Default temperature when none is given (OpenAI: 1.0; ollama: 0.8).
     pub default_temperature: f64,
+    /// Structured output (`response_format`, `grammar`, `format`, ...).
+    pub constraint: Option<ConstraintSpec>,
 }
 
 fn range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
@@ -148,6 +151,7 @@ pub async fn start(state: &AppState, model: Option<&str>, prompt: Prompt, knobs:
     }
     let mut req = Request::new(prompt, params);
     req.logprobs = logprobs;
+    req.constraint = knobs.constraint.clone();
     req.timeout = Some(state.config.request_timeout);
     // tokenizing (up to --max-prompt bytes) and rendering the template are CPU work: off the
     // async threads, which keep serving other connections meanwhile

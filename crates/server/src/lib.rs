@@ -20,7 +20,9 @@
 //! | `embeddings` | `/v1/embeddings` and the embedding path the ollama routes share |
 //! | `ollama`     | `/api/generate`, `/api/chat`, `/api/embed`, `/api/tags`, `/api/show`, `/api/ps` |
 //! | `rest`       | Quarrel's `/api/models*`, `/api/stream`, `/api/health`, `/api/metrics`, probes |
+//! | `utility`    | llama-server's `/tokenize`, `/detokenize`, `/apply-template` |
 //! | `ws`         | the `/ws` WebSocket protocol (message shapes documented there) |
+//! | `structured` | structured output fields (`response_format`, `grammar`, `json_schema`, ollama `format`) -> constraints |
 //! | `gen`        | sampling knobs -> engine request, submission, tracked streams |
 //! | `registry`   | loaded models, load/unload, memory budget, LRU, on-demand loading |
 //! | `auth`       | hashed API keys file, constant-time check |
@@ -48,7 +50,9 @@ pub mod rest;
 pub mod routes;
 pub mod shield;
 pub mod state;
+pub mod structured;
 pub mod ui;
+pub mod utility;
 pub mod ws;
 
 pub use auth::{KeyFile, KeyStore};

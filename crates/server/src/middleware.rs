@@ -19,8 +19,8 @@ use std::time::Instant;
 /// Paths anyone may read (probes, scrapes, docs). `/ws` checks its key itself so that a
 /// browser, which cannot read a refused handshake, gets an `UNAUTHORIZED` message.
 pub fn is_public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/readyz" | "/version" | "/api/version" | "/metrics" | "/openapi.json" | "/ws")
-        || !(path.starts_with("/v1/") || path.starts_with("/api/"))
+    matches!(path, "/healthz" | "/health" | "/readyz" | "/version" | "/api/version" | "/metrics" | "/openapi.json" | "/ws")
+        || !(path.starts_with("/v1/") || path.starts_with("/api/") || crate::utility::is_utility_path(path))
 }
 
 pub fn client_ip(req: &Request) -> String {

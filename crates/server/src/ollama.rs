@@ -9,6 +9,7 @@ use crate::metrics::ModelLabel;
 use crate::openai::{to_chat, ChatMessageIn, StringOrList};
 use crate::registry::Loaded;
 use crate::state::AppState;
+use crate::structured::ollama_format;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header;
@@ -61,6 +62,7 @@ impl Options {
             frequency_penalty: self.frequency_penalty,
             logprobs: None,
             default_temperature: 0.8,
+            constraint: None,
         })
     }
 }
@@ -131,15 +133,6 @@ fn labeled(v: Value, model: &str) -> Response {
     r
 }
 
-/// `format` ("json" or a schema) asks for constrained output, which this server does not do.
-fn check_format(f: &Option<Value>) -> Result<(), ApiError> {
-    match f {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(s)) if s.is_empty() => Ok(()),
-        Some(_) => Err(ApiError::invalid("format (JSON mode, schemas) is not supported by this server")),
-    }
-}
-
 fn done_reason(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Stop => "stop",
@@ -199,7 +192,7 @@ pub async fn generate(State(state): State<AppState>, ApiJson(req): ApiJson<Gener
     if req.images.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(ApiError::invalid("images are not supported by this server"));
     }
-    check_format(&req.format)?;
+    let constraint = ollama_format(req.format.as_ref())?;
     let Some(prompt) = req.prompt else {
         // ollama: a request without a prompt loads the model
         let m = state.registry.get(Some(&req.model)).await?;
@@ -212,6 +205,7 @@ pub async fn generate(State(state): State<AppState>, ApiJson(req): ApiJson<Gener
     knobs.top_k = req.topk.or(knobs.top_k);
     knobs.top_p = req.topp.or(knobs.top_p);
     knobs.max_tokens = req.max_tokens.or(knobs.max_tokens);
+    knobs.constraint = constraint;
     let prompt = if req.raw {
         Prompt::Text(prompt)
     } else {
@@ -234,7 +228,7 @@ pub async fn generate(State(state): State<AppState>, ApiJson(req): ApiJson<Gener
     responses((status = 200, description = "NDJSON lines, or one JSON object with stream=false"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn chat(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
     let t0 = Instant::now();
-    check_format(&req.format)?;
+    let constraint = ollama_format(req.format.as_ref())?;
     let msgs = req.messages.unwrap_or_default();
     if msgs.is_empty() {
         // ollama: a chat without messages loads the model
@@ -245,7 +239,8 @@ pub async fn chat(State(state): State<AppState>, ApiJson(req): ApiJson<ChatReque
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::invalid("tools are not supported by this server"));
     }
-    let knobs = req.options.knobs()?;
+    let mut knobs = req.options.knobs()?;
+    knobs.constraint = constraint;
     let started = start(&state, Some(&req.model), Prompt::Chat(to_chat(msgs)?), &knobs).await?;
     let model = started.model.entry.name.clone();
     respond(started.stream, model, req.stream, true, t0).await

@@ -7,6 +7,7 @@ use crate::error::{ApiError, ApiJson};
 use crate::gen::{finish_str, start, unix_now, Collected, Knobs, Tracked};
 use crate::metrics::ModelLabel;
 use crate::state::AppState;
+use crate::structured::GuidedFields;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -106,6 +107,9 @@ pub struct Generation {
     pub frequency_penalty: Option<f64>,
     /// Number of choices (1..=16).
     pub n: Option<u32>,
+    /// Structured output in llama-server's and vLLM's spellings.
+    #[serde(flatten)]
+    pub guided: GuidedFields,
 }
 
 impl Generation {
@@ -146,7 +150,7 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<usize>,
-    /// Only `{"type": "text"}` is supported.
+    /// `text`, `json_object`, or `json_schema` with `schema` (enforced whether `strict` or not).
     #[schema(value_type = Object)]
     pub response_format: Option<Value>,
     /// Not supported (rejected when non-empty).
@@ -155,12 +159,7 @@ pub struct ChatRequest {
 }
 
 /// Reject options this server cannot honour instead of silently ignoring them.
-fn check_unsupported(response_format: &Option<Value>, tools: &Option<Vec<Value>>) -> Result<(), ApiError> {
-    if let Some(rf) = response_format {
-        if rf.get("type").and_then(Value::as_str).unwrap_or("text") != "text" {
-            return Err(ApiError::invalid("response_format other than text (JSON mode, schemas) is not supported"));
-        }
-    }
+fn check_unsupported(tools: &Option<Vec<Value>>) -> Result<(), ApiError> {
     if tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::invalid("tools are not supported by this server"));
     }
@@ -179,6 +178,9 @@ pub struct CompletionRequest {
     pub logprobs: Option<usize>,
     #[serde(default)]
     pub echo: bool,
+    /// As in chat completions (llama-server takes it here too).
+    #[schema(value_type = Object)]
+    pub response_format: Option<Value>,
 }
 
 /// Most choices per request.
@@ -376,8 +378,9 @@ fn request_id(prefix: &str) -> String {
     responses((status = 200, description = "chat.completion, or SSE chat.completion.chunk events"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
     let n = check_n(req.gen.n)?;
-    check_unsupported(&req.response_format, &req.tools)?;
-    let knobs = req.gen.knobs(req.max_completion_tokens.or(req.gen.max_tokens), req.logprobs.then_some(req.top_logprobs.unwrap_or(0)));
+    check_unsupported(&req.tools)?;
+    let mut knobs = req.gen.knobs(req.max_completion_tokens.or(req.gen.max_tokens), req.logprobs.then_some(req.top_logprobs.unwrap_or(0)));
+    knobs.constraint = req.gen.guided.spec(req.response_format.as_ref())?;
     let msgs = to_chat(req.messages)?;
     let (model, streams) = start_n(&state, req.model.as_deref(), Prompt::Chat(msgs), &knobs, n).await?;
     let id = request_id("chatcmpl");
@@ -409,7 +412,8 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
     responses((status = 200, description = "text_completion, or SSE events"), (status = "4XX", body = crate::error::ErrorBody)))]
 pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     let n = check_n(req.gen.n)?;
-    let knobs = req.gen.knobs(Some(req.gen.max_tokens.unwrap_or(16)), req.logprobs);
+    let mut knobs = req.gen.knobs(Some(req.gen.max_tokens.unwrap_or(16)), req.logprobs);
+    knobs.constraint = req.gen.guided.spec(req.response_format.as_ref())?;
     let prompt = req.prompt.into_prompt()?;
     let echo_text = match (&prompt, req.echo) {
         (Prompt::Text(t), true) => t.clone(),

@@ -6,7 +6,7 @@
 //! content type and body checks (`shield`) -> body limit -> handler.
 
 use crate::state::AppState;
-use crate::{embeddings, middleware, ollama, openai, openapi, rest, shield, ws};
+use crate::{embeddings, middleware, ollama, openai, openapi, rest, shield, utility, ws};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderName, HeaderValue, Method, Request};
 use axum::middleware::from_fn_with_state;
@@ -45,8 +45,13 @@ pub fn api_routes() -> Router<AppState> {
         .route("/api/health", get(rest::health))
         .route("/api/metrics", get(rest::metrics_json))
         .route("/ws", get(ws::upgrade))
+        // llama-server's utility routes
+        .route("/tokenize", post(utility::tokenize))
+        .route("/detokenize", post(utility::detokenize))
+        .route("/apply-template", post(utility::apply_template))
         // probes and docs
         .route("/healthz", get(rest::healthz))
+        .route("/health", get(rest::healthz))
         .route("/readyz", get(rest::readyz))
         .route("/version", get(rest::version))
         .route("/metrics", get(rest::prometheus))

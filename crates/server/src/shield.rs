@@ -90,7 +90,7 @@ pub async fn check(State(state): State<AppState>, req: Request, next: Next) -> R
         }
     }
     let path = req.uri().path();
-    if req.method() == Method::POST && (path.starts_with("/v1/") || path.starts_with("/api/")) {
+    if req.method() == Method::POST && (path.starts_with("/v1/") || path.starts_with("/api/") || crate::utility::is_utility_path(path)) {
         let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
         if !is_json(ct) {
             let e = ApiError::new(

@@ -1,5 +1,6 @@
 //! One scheduled step run: the `ForwardBatch` assembled from the scheduled requests, the
-//! picks (each request's `SeqDecoder` says how; the model picks on its backend), then per
+//! picks (each request's `SeqDecoder` says how; the model picks on its backend, or the host
+//! when a request's constraint masks its logits, the masks computed during the forward), then per
 //! request: KV progress, newly full blocks into the prefix cache, state checkpoints, and the
 //! picked token handed to the request's decoder (stream, finish).
 
@@ -7,6 +8,7 @@ use super::blocks::block_hash;
 use super::scheduler::Scheduler;
 use super::step_model::StepModel;
 use super::types::{ServiceError, StreamEvent};
+use crate::decode::{pick_on_host, Picked, RowPick};
 use quarrel_core::{ForwardBatch, SeqBatch};
 
 impl<M: StepModel> Scheduler<M> {
@@ -33,10 +35,11 @@ impl<M: StepModel> Scheduler<M> {
                 picks.push(s.next_pick());
             }
         }
-        let picked = match self.model.forward_picks(&batch, &picks) {
-            Ok(p) if p.len() == picks.len() => p,
+        let n_picks = picks.len();
+        let picked = match self.forward_picks(&batch, &row_of, picks) {
+            Ok(p) if p.len() == n_picks => p,
             Ok(p) => {
-                let e = format!("the model picked {} tokens for {} rows", p.len(), picks.len());
+                let e = format!("the model picked {} tokens for {} rows", p.len(), n_picks);
                 self.fail_scheduled(&e);
                 return;
             }
@@ -86,6 +89,28 @@ impl<M: StepModel> Scheduler<M> {
                 self.retire(&mut s, reason);
             }
         }
+    }
+
+    /// Run `batch` and pick. Unconstrained batches pick where the model's backend picks;
+    /// when a request carries a constraint, its mask is computed on a second thread while
+    /// the forward pass runs, and every row is picked on the host from the logits
+    /// (`decode::pick_on_host` applies the masks before the sampling chains).
+    fn forward_picks(&mut self, batch: &ForwardBatch, row_of: &[Option<usize>], mut picks: Vec<RowPick>) -> Result<Vec<Picked>, String> {
+        let constrained = self.running.iter().zip(row_of).any(|(s, r)| r.is_some() && s.is_constrained());
+        if !constrained {
+            return self.model.forward_picks(batch, &picks);
+        }
+        let (running, model) = (&mut self.running, &mut self.model);
+        let (logits, masks) = std::thread::scope(|sc| {
+            let masks = sc.spawn(|| running.iter_mut().zip(row_of).filter_map(|(s, r)| Some((((*r)?), s.mask()?))).collect::<Vec<_>>());
+            let logits = model.forward(batch);
+            (logits, masks.join())
+        });
+        let masks = masks.map_err(|_| "computing the constraint masks failed".to_string())?;
+        for (row, mask) in masks {
+            picks[row].mask = Some(mask);
+        }
+        pick_on_host(&logits?, model.n_vocab(), &picks)
     }
 
     /// Fail the requests of this step's batch (the others keep going).

@@ -6,13 +6,14 @@ use super::scheduler::Scheduler;
 use super::seq::Seq;
 use super::step_model::StepModel;
 use super::types::*;
+use crate::constraint::{Constraint, ConstraintCompiler, ConstraintSpec};
 use crate::decode::{forward_picks, Picked, RowPick};
 use crate::engine::Engine;
 use quarrel_core::Backend;
 use quarrel_tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::{mpsc as tmpsc, oneshot};
@@ -34,6 +35,8 @@ struct Inner {
     opts: ServiceOptions,
     n_ctx: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Built on the first constrained request (the token table takes a moment to build).
+    compiler: OnceLock<Result<Arc<ConstraintCompiler>, String>>,
 }
 
 impl Drop for Inner {
@@ -149,6 +152,7 @@ impl EngineHandle {
                 opts,
                 n_ctx,
                 thread: Mutex::new(Some(thread)),
+                compiler: OnceLock::new(),
             }),
         }
     }
@@ -190,9 +194,17 @@ impl EngineHandle {
         })
     }
 
+    /// A matcher for `spec` over this model's vocabulary, or what is wrong with the spec.
+    pub fn compile_constraint(&self, spec: &ConstraintSpec) -> Result<Constraint, ServiceError> {
+        let compiler = self.inner.compiler.get_or_init(|| ConstraintCompiler::new(&self.inner.tokenizer).map(Arc::new));
+        let compiler = compiler.as_ref().map_err(|e| ServiceError::InvalidRequest(format!("structured output is not available: {e}")))?;
+        compiler.compile(spec).map_err(ServiceError::InvalidRequest)
+    }
+
     /// Queue a request. Never blocks: a full queue answers `Overloaded`.
     pub fn submit(&self, req: Request) -> Result<RequestStream, ServiceError> {
         req.params.sampling.validate().map_err(ServiceError::InvalidRequest)?;
+        let constraint = req.constraint.as_ref().map(|c| self.compile_constraint(c)).transpose()?;
         let tokens = self.tokenize_prompt(&req.prompt)?;
         if tokens.is_empty() {
             return Err(ServiceError::InvalidRequest("empty prompt".into()));
@@ -217,6 +229,7 @@ impl EngineHandle {
             req.logprobs,
             timeout.map(|t| Instant::now() + t),
             self.inner.tokenizer.detokenizer(),
+            constraint,
             tx,
         );
         if let Err(e) = self.send(Cmd::Submit(Box::new(seq))) {

@@ -3,6 +3,7 @@
 
 use super::blocks::block_hash;
 use super::types::{Priority, RequestId, RequestTimings, StreamEvent, Usage};
+use crate::constraint::{Constraint, TokenMask};
 use crate::decode::{Picked, RowPick, SeqDecoder};
 use crate::generate::{FinishReason, GenerateParams};
 use quarrel_tokenizer::{Detokenizer, Tokenizer};
@@ -47,6 +48,7 @@ impl Seq {
         logprobs: Option<usize>,
         deadline: Option<Instant>,
         detok: Detokenizer,
+        constraint: Option<Constraint>,
         tx: UnboundedSender<StreamEvent>,
     ) -> Seq {
         Seq {
@@ -60,7 +62,7 @@ impl Seq {
             n_computed: 0,
             table: vec![],
             hashes: vec![],
-            dec: SeqDecoder::new(&params, logprobs, detok),
+            dec: SeqDecoder::new(&params, logprobs, detok).with_constraint(constraint),
             cached_tokens: 0,
             admitted: false,
             first_scheduled: None,
@@ -125,6 +127,15 @@ impl Seq {
     /// How the token after the last one is picked (one call per pick: it may take a draw).
     pub fn next_pick(&mut self) -> RowPick {
         self.dec.next_pick(&self.tokens)
+    }
+
+    /// A constrained request's mask for its next pick (None: unconstrained).
+    pub fn mask(&mut self) -> Option<TokenMask> {
+        self.dec.mask()
+    }
+
+    pub fn is_constrained(&self) -> bool {
+        self.dec.is_constrained()
     }
 
     /// Take the picked token, stream it, and say whether the request is finished.

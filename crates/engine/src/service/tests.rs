@@ -121,7 +121,7 @@ fn params(r: &Req) -> GenerateParams {
 fn seq(id: u64, r: &Req) -> (Seq, UnboundedReceiver<StreamEvent>) {
     let (tx, rx) = unbounded_channel();
     let prio = if r.batch { Priority::Batch } else { Priority::Interactive };
-    let s = Seq::new(id, id, r.prompt.clone(), params(r), prio, None, None, tokenizer().detokenizer(), tx);
+    let s = Seq::new(id, id, r.prompt.clone(), params(r), prio, None, None, tokenizer().detokenizer(), None, tx);
     (s, rx)
 }
 
@@ -477,4 +477,38 @@ fn embedding_jobs_take_turns_and_end_on_cancel_deadline_and_shutdown() {
     let (job, mut rx) = embed_job(&[vec![3; 53]], None);
     s.add_embed(job);
     assert!(matches!(rx.try_recv(), Ok(Err(ServiceError::PromptTooLong { .. }))));
+}
+
+/// Constrained and unconstrained requests share batches: the constrained ones spell what
+/// their regex allows and end when it is complete; the others are untouched (their solo runs).
+#[test]
+fn constrained_requests_follow_their_grammar_inside_a_batch() {
+    use crate::constraint::{ConstraintCompiler, ConstraintSpec};
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).unwrap();
+    let n_ctx = 64;
+    let mut s = sched(48, n_ctx, ServiceOptions { max_batch_tokens: 16, prompt_chunk: 4, max_running: 6, ..Default::default() });
+    let mut runs = vec![];
+    for i in 0..6u64 {
+        let prompt = (0..5 + i as u32).map(|t| (t * 7 + i as u32) % 90 + 3).collect();
+        let r = Req { prompt, max_tokens: 12, seed: (i % 2 == 1).then_some(i), arrive: 0, cancel_after: None, batch: false };
+        let (tx, rx) = unbounded_channel();
+        let c = (i % 3 != 0).then(|| compiler.compile(&ConstraintSpec::Regex("[0-9]{2,6}".into())).unwrap());
+        let constrained = c.is_some();
+        s.add(Seq::new(i + 1, i + 1, r.prompt.clone(), params(&r), Priority::Interactive, None, None, tok.detokenizer(), c, tx));
+        runs.push((r, constrained, rx));
+    }
+    while !s.is_idle() {
+        s.step();
+    }
+    for (r, constrained, mut rx) in runs {
+        let (toks, fin) = collect(&mut rx);
+        if constrained {
+            let text: Vec<u8> = toks.iter().flat_map(|&t| tok.token_to_piece(t, false)).collect();
+            assert!((2..=6).contains(&text.len()) && text.iter().all(u8::is_ascii_digit), "{:?}", String::from_utf8_lossy(&text));
+            assert_eq!(fin, Some(FinishReason::Stop));
+        } else {
+            assert_eq!(toks, solo(&r, n_ctx));
+        }
+    }
 }

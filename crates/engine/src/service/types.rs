@@ -1,5 +1,6 @@
 //! The service's public vocabulary: requests, streamed events, errors, options, metrics.
 
+use crate::constraint::ConstraintSpec;
 use crate::generate::{FinishReason, GenerateParams};
 use quarrel_tokenizer::ChatMessage;
 use serde::Serialize;
@@ -36,11 +37,13 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Wall-clock limit from submission; `None` = the service default.
     pub timeout: Option<Duration>,
+    /// Structured output: what the generated text must follow (checked by `submit`).
+    pub constraint: Option<ConstraintSpec>,
 }
 
 impl Request {
     pub fn new(prompt: Prompt, params: GenerateParams) -> Request {
-        Request { prompt, params, priority: Priority::Interactive, logprobs: None, timeout: None }
+        Request { prompt, params, priority: Priority::Interactive, logprobs: None, timeout: None, constraint: None }
     }
 }
 
