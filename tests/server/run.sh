@@ -45,7 +45,7 @@ for p in "$P1" "$P2"; do
 done
 export QUARREL_URL="http://127.0.0.1:$P1" QUARREL_AUTH_URL="http://127.0.0.1:$P2" QUARREL_KEYS_FILE="$WORK/keys.json" QUARREL_BIN="$Q"
 status=0
-(cd tests/server && "$PY" -m unittest -v test_openai test_ollama test_ws test_errors test_auth test_embed_sharing test_tokenize_offload test_deploy_metrics test_structured test_utility) || status=$?
+(cd tests/server && "$PY" -m unittest -v test_openai test_ollama test_ws test_errors test_auth test_embed_sharing test_tokenize_offload test_deploy_metrics test_structured test_utility test_tools) || status=$?
 if [ "$status" -ne 0 ]; then
   echo "--- server log (last 40 lines)"; tail -n 40 "$WORK/serve.log"
   exit "$status"

@@ -6,6 +6,7 @@
 use crate::error::ApiError;
 use crate::registry::Loaded;
 use crate::state::AppState;
+use crate::tools::{plan, ChatPlan, ToolRequest};
 use quarrel_engine::{
     ConstraintSpec, FinishReason, GenerateParams, Prompt, Request, RequestStream, RequestTimings, SamplingParams, StreamEvent,
     TokenLogprob, Usage,
@@ -33,6 +34,10 @@ pub struct Knobs {
     pub default_temperature: f64,
     /// Structured output (`response_format`, `grammar`, `format`, ...).
     pub constraint: Option<ConstraintSpec>,
+    /// Tools the model may call (chat prompts).
+    pub tools: Option<ToolRequest>,
+    /// Generate past the end-of-generation token (benchmarks, tests).
+    pub ignore_eos: bool,
 }
 
 fn range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
@@ -95,7 +100,7 @@ impl Knobs {
                 return Err(ApiError::invalid(format!("top_logprobs must be between 0 and 20, got {n}")));
             }
         }
-        Ok((GenerateParams { sampling: s, max_tokens, stop, ignore_eos: false }, self.logprobs))
+        Ok((GenerateParams { sampling: s, max_tokens, stop, ignore_eos: self.ignore_eos }, self.logprobs))
     }
 }
 
@@ -114,11 +119,11 @@ pub fn check_prompt(state: &AppState, prompt: &Prompt) -> Result<(), ApiError> {
             }
             0
         }
-        Prompt::Chat(m) => {
+        Prompt::Chat { messages: m, .. } => {
             if m.is_empty() {
                 return Err(ApiError::invalid("messages must not be empty"));
             }
-            if m.iter().all(|m| m.content.trim().is_empty()) {
+            if m.iter().all(|m| m.content.trim().is_empty() && m.tool_calls.is_empty()) {
                 return Err(ApiError::invalid("every message is empty"));
             }
             m.iter().map(|m| m.content.len()).sum()
@@ -139,19 +144,27 @@ pub fn check_prompt(state: &AppState, prompt: &Prompt) -> Result<(), ApiError> {
 pub struct Started {
     pub model: Arc<Loaded>,
     pub stream: Tracked,
+    /// How to read the output back (tool calls, reasoning).
+    pub plan: ChatPlan,
 }
 
 /// Validate, pick the model and submit.
-pub async fn start(state: &AppState, model: Option<&str>, prompt: Prompt, knobs: &Knobs) -> Result<Started, ApiError> {
+pub async fn start(state: &AppState, model: Option<&str>, mut prompt: Prompt, knobs: &Knobs) -> Result<Started, ApiError> {
     check_prompt(state, &prompt)?;
     let m = state.registry.get(model).await?;
     let (params, logprobs) = knobs.params(m.handle.n_ctx())?;
+    let mut constraint = knobs.constraint.clone();
+    let chat_plan = match &mut prompt {
+        Prompt::Chat { messages, options } => plan(m.handle.tokenizer(), knobs.tools.as_ref(), messages, options, &mut constraint)?,
+        _ if knobs.tools.is_some() => return Err(ApiError::invalid("tools need a chat prompt")),
+        _ => ChatPlan::default(),
+    };
     if state.config.log_prompts {
         tracing::info!(model = %m.entry.name, prompt = ?prompt, "prompt");
     }
     let mut req = Request::new(prompt, params);
     req.logprobs = logprobs;
-    req.constraint = knobs.constraint.clone();
+    req.constraint = constraint;
     req.timeout = Some(state.config.request_timeout);
     // tokenizing (up to --max-prompt bytes) and rendering the template are CPU work: off the
     // async threads, which keep serving other connections meanwhile
@@ -159,7 +172,7 @@ pub async fn start(state: &AppState, model: Option<&str>, prompt: Prompt, knobs:
     let stream =
         tokio::task::spawn_blocking(move || handle.submit(req)).await.map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
     let stream = Tracked { inner: stream, state: state.clone(), model: m.entry.name.clone(), t0: Instant::now(), last: None };
-    Ok(Started { model: m, stream })
+    Ok(Started { model: m, stream, plan: chat_plan })
 }
 
 /// A request's events with metrics recorded on the way.

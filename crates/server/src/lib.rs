@@ -16,13 +16,14 @@
 //! | module       | responsibility |
 //! |--------------|----------------|
 //! | `routes`     | the one router and its layers |
-//! | `openai`     | `/v1/chat/completions`, `/v1/completions` (with `n` choices), `/v1/models` |
+//! | `openai`     | `/v1/chat/completions` (`chat`), `/v1/completions` (with `n` choices), `/v1/models` |
 //! | `embeddings` | `/v1/embeddings` and the embedding path the ollama routes share |
 //! | `ollama`     | `/api/generate`, `/api/chat`, `/api/embed`, `/api/tags`, `/api/show`, `/api/ps` |
 //! | `rest`       | Quarrel's `/api/models*`, `/api/stream`, `/api/health`, `/api/metrics`, probes |
 //! | `utility`    | llama-server's `/tokenize`, `/detokenize`, `/apply-template` |
 //! | `ws`         | the `/ws` WebSocket protocol (message shapes documented there) |
 //! | `structured` | structured output fields (`response_format`, `grammar`, `json_schema`, ollama `format`) -> constraints |
+//! | `tools`      | tool calling and reasoning: per-family call formats, forcing grammars, output split into content / reasoning / calls |
 //! | `gen`        | sampling knobs -> engine request, submission, tracked streams |
 //! | `registry`   | loaded models, load/unload, memory budget, LRU, on-demand loading |
 //! | `auth`       | hashed API keys file, constant-time check |
@@ -51,6 +52,7 @@ pub mod routes;
 pub mod shield;
 pub mod state;
 pub mod structured;
+pub mod tools;
 pub mod ui;
 pub mod utility;
 pub mod ws;

@@ -10,13 +10,14 @@ use crate::openai::{to_chat, ChatMessageIn, StringOrList};
 use crate::registry::Loaded;
 use crate::state::AppState;
 use crate::structured::ollama_format;
+use crate::tools::{ChatPlan, ParsedCall, Piece, ToolRequest};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use quarrel_engine::{FinishReason, Prompt, StreamEvent};
-use quarrel_tokenizer::ChatMessage;
+use quarrel_tokenizer::{ChatMessage, ChatOptions};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -62,7 +63,7 @@ impl Options {
             frequency_penalty: self.frequency_penalty,
             logprobs: None,
             default_temperature: 0.8,
-            constraint: None,
+            ..Default::default()
         })
     }
 }
@@ -106,7 +107,12 @@ pub struct ChatRequest {
     #[serde(default)]
     pub options: Options,
     pub format: Option<Value>,
+    /// Functions the model may call (OpenAI's `tools` shape).
+    #[schema(value_type = Vec<Object>)]
     pub tools: Option<Vec<Value>>,
+    /// `false` turns a reasoning model's thinking off (where its template supports it);
+    /// the reasoning comes back as `message.thinking`.
+    pub think: Option<bool>,
     pub keep_alive: Option<Value>,
 }
 
@@ -141,18 +147,37 @@ fn done_reason(f: FinishReason) -> &'static str {
     }
 }
 
-/// Drive a generation to NDJSON lines (or one object); `chat` picks the message shape.
-async fn respond(mut s: Tracked, model: String, stream: bool, chat: bool, t0: Instant) -> Result<Response, ApiError> {
-    let piece = move |model: &str, text: &str| {
+/// ollama's `tool_calls` entries (arguments as an object).
+fn ollama_calls(calls: &[ParsedCall]) -> Vec<Value> {
+    calls.iter().map(|c| json!({"function": {"name": c.name, "arguments": c.arguments}})).collect()
+}
+
+/// A chat line's message from split output.
+fn chat_message(content: &str, thinking: &str, calls: &[ParsedCall]) -> Value {
+    let mut m = json!({"role": "assistant", "content": content});
+    if !thinking.is_empty() {
+        m["thinking"] = json!(thinking);
+    }
+    if !calls.is_empty() {
+        m["tool_calls"] = json!(ollama_calls(calls));
+    }
+    m
+}
+
+/// Drive a generation to NDJSON lines (or one object); `chat` picks the message shape and
+/// `plan` how the output splits into content, thinking and tool calls.
+async fn respond(mut s: Tracked, model: String, stream: bool, chat: bool, plan: ChatPlan, t0: Instant) -> Result<Response, ApiError> {
+    let line = move |model: &str, message: Value| {
+        let mut v = json!({"model": model, "created_at": rfc3339(SystemTime::now()), "done": false});
         if chat {
-            json!({"model": model, "created_at": rfc3339(SystemTime::now()), "message": {"role": "assistant", "content": text}, "done": false})
+            v["message"] = message;
         } else {
-            json!({"model": model, "created_at": rfc3339(SystemTime::now()), "response": text, "done": false})
+            v["response"] = message["content"].clone();
         }
+        v
     };
-    let last = move |model: &str, text: &str, ev: (FinishReason, quarrel_engine::Usage, quarrel_engine::RequestTimings)| {
+    let last = move |mut v: Value, ev: (FinishReason, quarrel_engine::Usage, quarrel_engine::RequestTimings)| {
         let (f, u, t) = ev;
-        let mut v = piece(model, text);
         v["done"] = json!(true);
         v["done_reason"] = json!(done_reason(f));
         v["total_duration"] = json!(ns(t0.elapsed()));
@@ -166,18 +191,36 @@ async fn respond(mut s: Tracked, model: String, stream: bool, chat: bool, t0: In
     if !stream {
         let c = s.collect().await?;
         let f = c.finish.unwrap_or(FinishReason::Stop);
-        return Ok(labeled(last(&model, &c.text, (f, c.usage, c.timings)), &model));
+        let r = plan.reply(&c.text);
+        let v = line(&model, chat_message(&r.content, &r.reasoning, &r.calls));
+        return Ok(labeled(last(v, (f, c.usage, c.timings)), &model));
     }
     let m2 = model.clone();
+    let mut splitter = plan.splitter();
     let lines = async_stream::stream! {
         while let Some(ev) = s.next().await {
             match ev {
                 StreamEvent::Token { text, .. } => {
-                    if !text.is_empty() {
-                        yield piece(&m2, &text);
+                    for p in splitter.push(&text) {
+                        match p {
+                            Piece::Content(t) => yield line(&m2, chat_message(&t, "", &[])),
+                            Piece::Reasoning(t) => yield line(&m2, chat_message("", &t, &[])),
+                        }
                     }
                 }
-                StreamEvent::Done { finish_reason, usage, timings } => yield last(&m2, "", (finish_reason, usage, timings)),
+                StreamEvent::Done { finish_reason, usage, timings } => {
+                    let out = std::mem::replace(&mut splitter, plan.splitter()).finish();
+                    for p in out.tail {
+                        match p {
+                            Piece::Content(t) => yield line(&m2, chat_message(&t, "", &[])),
+                            Piece::Reasoning(t) => yield line(&m2, chat_message("", &t, &[])),
+                        }
+                    }
+                    if !out.calls.is_empty() {
+                        yield line(&m2, chat_message("", "", &out.calls));
+                    }
+                    yield last(line(&m2, chat_message("", "", &[])), (finish_reason, usage, timings));
+                }
                 StreamEvent::Error(e) => yield serde_json::to_value(ApiError::from(e).body()).unwrap_or_default(),
             }
         }
@@ -217,11 +260,11 @@ pub async fn generate(State(state): State<AppState>, ApiJson(req): ApiJson<Gener
             return Err(ApiError::invalid("the prompt is empty"));
         }
         m.push(ChatMessage::new("user", prompt));
-        Prompt::Chat(m)
+        Prompt::chat(m)
     };
     let started = start(&state, Some(&req.model), prompt, &knobs).await?;
     let model = started.model.entry.name.clone();
-    respond(started.stream, model, req.stream, false, t0).await
+    respond(started.stream, model, req.stream, false, started.plan, t0).await
 }
 
 #[utoipa::path(post, path = "/api/chat", request_body = ChatRequest, tag = "ollama",
@@ -236,14 +279,16 @@ pub async fn chat(State(state): State<AppState>, ApiJson(req): ApiJson<ChatReque
         let v = json!({"model": m.entry.name, "created_at": rfc3339(SystemTime::now()), "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "load"});
         return Ok(labeled(v, &m.entry.name));
     }
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools are not supported by this server"));
-    }
     let mut knobs = req.options.knobs()?;
     knobs.constraint = constraint;
-    let started = start(&state, Some(&req.model), Prompt::Chat(to_chat(msgs)?), &knobs).await?;
+    knobs.tools = ToolRequest::read(req.tools, None, None)?;
+    let mut options = ChatOptions::default();
+    if let Some(think) = req.think {
+        options.kwargs.insert("enable_thinking".into(), json!(think));
+    }
+    let started = start(&state, Some(&req.model), Prompt::Chat { messages: to_chat(msgs)?, options }, &knobs).await?;
     let model = started.model.entry.name.clone();
-    respond(started.stream, model, req.stream, true, t0).await
+    respond(started.stream, model, req.stream, true, started.plan, t0).await
 }
 
 /// `POST /api/embed` body.

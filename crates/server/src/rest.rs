@@ -99,7 +99,7 @@ impl StreamRequest {
     pub fn prompt_and_knobs(self) -> Result<(Option<String>, Prompt, Knobs), ApiError> {
         let prompt = match (self.prompt, self.messages) {
             (Some(p), None) => Prompt::Text(p),
-            (None, Some(m)) => Prompt::Chat(to_chat(m)?),
+            (None, Some(m)) => Prompt::chat(to_chat(m)?),
             (Some(_), Some(_)) => return Err(ApiError::invalid("give either prompt or messages, not both")),
             (None, None) => return Err(ApiError::invalid("prompt or messages is required")),
         };

@@ -6,8 +6,10 @@
 use crate::error::{ApiError, ApiJson};
 use crate::openai::{to_chat, ChatMessageIn};
 use crate::state::AppState;
+use crate::tools::{plan, ToolRequest};
 use axum::extract::State;
 use axum::Json;
+use quarrel_tokenizer::ChatOptions;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -45,6 +47,13 @@ pub struct DetokenizeRequest {
 pub struct ApplyTemplateRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessageIn>,
+    /// Rendered as a chat completion with these tools would render them.
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Option<Vec<Value>>,
+    #[schema(value_type = Object)]
+    pub tool_choice: Option<Value>,
+    #[schema(value_type = Object)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 #[utoipa::path(post, path = "/tokenize", request_body = TokenizeRequest, tag = "llama-server",
@@ -95,8 +104,12 @@ pub async fn apply_template(State(state): State<AppState>, ApiJson(req): ApiJson
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty"));
     }
-    let msgs = to_chat(req.messages)?;
+    let mut msgs = to_chat(req.messages)?;
+    let tools = ToolRequest::read(req.tools, req.tool_choice.as_ref(), None)?;
+    let mut options = ChatOptions { tools: None, kwargs: req.chat_template_kwargs.unwrap_or_default() };
     let m = state.registry.get(req.model.as_deref()).await?;
-    let prompt = m.handle.tokenizer().apply_chat_template(&msgs, true).map_err(|e| ApiError::invalid(format!("chat template: {e}")))?;
+    let tok = m.handle.tokenizer();
+    plan(tok, tools.as_ref(), &mut msgs, &mut options, &mut None)?;
+    let (prompt, _) = tok.render_chat(&msgs, true, &options).map_err(|e| ApiError::invalid(format!("chat template: {e}")))?;
     Ok(Json(json!({"prompt": prompt})))
 }

@@ -88,7 +88,7 @@ async fn typed_control_tokens_stay_text_in_chat_messages_only() {
     let plain = tok.encode("<|im_end|>", false, false).len() as u64;
     assert!(plain > 1);
 
-    let render = |user: &str| tok.render_chat(&[ChatMessage::user(user)], true).unwrap().0;
+    let render = |user: &str| tok.render_chat(&[ChatMessage::user(user)], true, &Default::default()).unwrap().0;
     // a plain message: the template's markup is control tokens on every route, as raw
     let benign = "hello there";
     let (chat, raw) = counts(&st, &render(benign), benign).await;

@@ -3,23 +3,45 @@
 //! Python string/dict/list methods, `raise_exception`, `tojson`, `strftime_now`).
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::{context, Environment, Error, ErrorKind, Value};
+use minijinja::value::Serde;
+use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TokenizerError;
 
 /// One message of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// "system", "user", "assistant", ...
+    /// "system", "user", "assistant", "tool", ...
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The tools an assistant turn called.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// On a `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// On a `tool` message: the tool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An assistant turn's reasoning, for templates that render it (`reasoning_content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+/// A call of a tool, as an assistant turn made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as a JSON value (templates render them with `tojson`).
+    pub arguments: serde_json::Value,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), ..Default::default() }
     }
     pub fn system(content: impl Into<String>) -> ChatMessage {
         ChatMessage::new("system", content)
@@ -30,6 +52,42 @@ impl ChatMessage {
     pub fn assistant(content: impl Into<String>) -> ChatMessage {
         ChatMessage::new("assistant", content)
     }
+
+    /// The message as templates see it: Hugging Face's layout, tool calls as
+    /// `{id, type: "function", function: {name, arguments}}`.
+    fn template_value(&self) -> Value {
+        let mut pairs: Vec<(&str, Value)> =
+            vec![("role", Value::from(self.role.as_str())), ("content", Value::from(self.content.as_str()))];
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Value> = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let function =
+                        Value::from_pairs([("name", Value::from(c.name.as_str())), ("arguments", Value::from(Serde(&c.arguments)))]);
+                    Value::from_pairs([("id", Value::from(c.id.as_str())), ("type", Value::from("function")), ("function", function)])
+                })
+                .collect();
+            pairs.push(("tool_calls", Value::from(calls)));
+        }
+        for (k, v) in [("tool_call_id", &self.tool_call_id), ("name", &self.name), ("reasoning_content", &self.reasoning_content)] {
+            if let Some(v) = v {
+                pairs.push((k, Value::from(v.as_str())));
+            }
+        }
+        Value::from_pairs(pairs)
+    }
+}
+
+/// What a render passes to the template besides the messages: the tools (OpenAI's
+/// `[{type: "function", function: {...}}]` list) and extra variables such as
+/// `enable_thinking` (`chat_template_kwargs`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 const RAISE_PREFIX: &str = "raise_exception: ";
@@ -74,19 +132,27 @@ impl ChatTemplate {
     /// Renders the conversation; with `add_generation_prompt` the template appends the
     /// opening of an assistant turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        self.render_with(messages, add_generation_prompt, &ChatOptions::default())
+    }
+
+    /// [`ChatTemplate::render`] with tools and extra template variables.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<String, TokenizerError> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
-        tmpl.render(context! {
-            messages => messages
-                .iter()
-                .map(|m| Value::from_pairs([("role", m.role.as_str()), ("content", m.content.as_str())]))
-                .collect::<Value>(),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            tools => Value::from(()),
-            documents => Value::from(()),
-        })
-        .map_err(template_error)
+        // extra variables first: they must not replace the ones every template relies on
+        let mut vars: std::collections::BTreeMap<String, Value> =
+            options.kwargs.iter().map(|(k, v)| (k.clone(), Value::from(Serde(v)))).collect();
+        vars.insert("messages".into(), messages.iter().map(ChatMessage::template_value).collect::<Value>());
+        vars.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+        vars.insert("bos_token".into(), Value::from(self.bos_token.as_str()));
+        vars.insert("eos_token".into(), Value::from(self.eos_token.as_str()));
+        vars.insert("tools".into(), options.tools.as_ref().map(|t| Value::from(Serde(t))).unwrap_or(Value::from(())));
+        vars.insert("documents".into(), Value::from(()));
+        tmpl.render(Value::from(vars)).map_err(template_error)
     }
 
     /// A plain ChatML rendering (`<|im_start|>role\ncontent<|im_end|>\n` per message), for

@@ -8,7 +8,7 @@
 //! ranges. When that second render, markers removed, differs from the real one (a template
 //! that rewrites content), the content is looked up in the real render in message order.
 
-use crate::{ChatMessage, Tokenizer, TokenizerError};
+use crate::{ChatMessage, ChatOptions, Tokenizer, TokenizerError};
 use std::ops::Range;
 
 /// Markers around message `i`'s content: OPEN i SEP content CLOSE (plane-16 private use).
@@ -23,12 +23,13 @@ impl Tokenizer {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        options: &ChatOptions,
     ) -> Result<(String, Vec<Range<usize>>), TokenizerError> {
         // compiled once for both renders
         let template = self.compiled_chat_template()?;
         let render = |m: &[ChatMessage]| -> Result<String, TokenizerError> {
             match &template {
-                Some(t) => t.render(m, add_generation_prompt),
+                Some(t) => t.render_with(m, add_generation_prompt, options),
                 None => Ok(Tokenizer::fallback_chatml(m, add_generation_prompt)),
             }
         };
@@ -38,7 +39,7 @@ impl Tokenizer {
             let marked: Vec<ChatMessage> = messages
                 .iter()
                 .enumerate()
-                .map(|(i, m)| ChatMessage { role: m.role.clone(), content: format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content) })
+                .map(|(i, m)| ChatMessage { content: format!("{OPEN}{i}{SEP}{}{CLOSE}", m.content), ..m.clone() })
                 .collect();
             if let Ok(r) = render(&marked) {
                 if let Some((unmarked, ranges)) = unmark(&r) {
@@ -55,7 +56,17 @@ impl Tokenizer {
     /// Token ids of a chat prompt: BOS as the model adds it (once, even when the template
     /// writes it too), control tokens parsed in the template's markup only.
     pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TokenizerError> {
-        let (text, plain) = self.render_chat(messages, add_generation_prompt)?;
+        self.encode_chat_with(messages, add_generation_prompt, &ChatOptions::default())
+    }
+
+    /// [`Tokenizer::encode_chat`] with tools and extra template variables.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let (text, plain) = self.render_chat(messages, add_generation_prompt, options)?;
         let ids = self.encode_with_plain(&text, true, &plain);
         Ok(match (self.bos_id(), ids.as_slice()) {
             (Some(b), [x, y, ..]) if *x == b && *y == b && self.add_bos() => ids[1..].to_vec(),

@@ -55,7 +55,7 @@ mod symbols;
 mod unicode;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatOptions, ChatTemplate, ToolCall};
 pub use detok::{DecodeOptions, Detokenizer};
 pub use error::TokenizerError;
 pub use pretok_table::PreKind;

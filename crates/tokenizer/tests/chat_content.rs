@@ -48,7 +48,7 @@ fn benign_prompts_tokenize_as_their_rendered_text() {
             ChatMessage::assistant("ok"),
             ChatMessage::user(" sys "),
         ];
-        let (text, _) = tok.render_chat(&msgs, true).unwrap();
+        let (text, _) = tok.render_chat(&msgs, true, &Default::default()).unwrap();
         assert_eq!(tok.encode_chat(&msgs, true).unwrap(), tok.encode(&text, true, true), "{tmpl:?}");
     }
 }
@@ -63,7 +63,7 @@ fn control_token_text_in_content_stays_text() {
         // the template's own turns: system, user, and the assistant opening
         assert_eq!((count(&ids, IM_START), count(&ids, IM_END)), (3, 2), "{tmpl:?}");
         // nothing is lost: the text decodes back, control tokens rendered
-        let (text, _) = tok.render_chat(&msgs, true).unwrap();
+        let (text, _) = tok.render_chat(&msgs, true, &Default::default()).unwrap();
         let back =
             tok.decode_with(&ids, quarrel_tokenizer::DecodeOptions { render_special: true, clean_spaces: false, ..Default::default() });
         assert_eq!(back, text, "{tmpl:?}");

@@ -190,7 +190,9 @@ impl EngineHandle {
             }
             Prompt::Text(s) => tok.encode(s, true, true),
             // message content stays text: a client cannot forge a turn with control-token texts
-            Prompt::Chat(msgs) => tok.encode_chat(msgs, true).map_err(|e| ServiceError::InvalidRequest(format!("chat template: {e}")))?,
+            Prompt::Chat { messages, options } => {
+                tok.encode_chat_with(messages, true, options).map_err(|e| ServiceError::InvalidRequest(format!("chat template: {e}")))?
+            }
         })
     }
 

@@ -2,7 +2,7 @@
 
 use crate::constraint::ConstraintSpec;
 use crate::generate::{FinishReason, GenerateParams};
-use quarrel_tokenizer::ChatMessage;
+use quarrel_tokenizer::{ChatMessage, ChatOptions};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,8 +16,18 @@ pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
     /// Rendered with the model's chat template (ChatML when it has none) plus the
-    /// generation prompt.
-    Chat(Vec<ChatMessage>),
+    /// generation prompt; `options` carries the tools and extra template variables.
+    Chat {
+        messages: Vec<ChatMessage>,
+        options: ChatOptions,
+    },
+}
+
+impl Prompt {
+    /// A chat prompt without tools or template variables.
+    pub fn chat(messages: Vec<ChatMessage>) -> Prompt {
+        Prompt::Chat { messages, options: ChatOptions::default() }
+    }
 }
 
 /// Interactive requests are scheduled before batch requests.

@@ -1,6 +1,10 @@
-//! OpenAI-compatible API: `POST /v1/chat/completions`, `POST /v1/completions` (SSE `data:`
-//! chunks ending in `[DONE]` when `stream` is set), `POST /v1/embeddings` (float or base64,
-//! the model's pooling, L2-normalized) and `GET /v1/models`.
+//! OpenAI-compatible API: `POST /v1/chat/completions` (in `chat`), `POST /v1/completions`
+//! (SSE `data:` chunks ending in `[DONE]` when `stream` is set), `POST /v1/embeddings` (float
+//! or base64, the model's pooling, L2-normalized) and `GET /v1/models`.
+
+mod chat;
+
+pub use chat::*;
 
 use crate::embeddings::PromptListIn;
 use crate::error::{ApiError, ApiJson};
@@ -8,13 +12,13 @@ use crate::gen::{finish_str, start, unix_now, Collected, Knobs, Tracked};
 use crate::metrics::ModelLabel;
 use crate::state::AppState;
 use crate::structured::GuidedFields;
+use crate::tools::ChatPlan;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use quarrel_engine::{Prompt, StreamEvent, TokenLogprob};
-use quarrel_tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -35,50 +39,6 @@ impl StringOrList {
             StringOrList::Many(v) => v,
         }
     }
-}
-
-/// Message content: text, or a list of parts of which only `text` parts are supported.
-#[derive(Deserialize, ToSchema, Debug, Clone)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    #[schema(value_type = Vec<Object>)]
-    Parts(Vec<Value>),
-}
-
-#[derive(Deserialize, ToSchema, Debug, Clone)]
-pub struct ChatMessageIn {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-}
-
-pub fn to_chat(msgs: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
-    msgs.into_iter()
-        .map(|m| {
-            let text = match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => {
-                    let mut s = String::new();
-                    for p in parts {
-                        match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                            (Some("text"), Some(t)) => s.push_str(t),
-                            (t, _) => {
-                                return Err(ApiError::invalid(format!("unsupported content part type {t:?}: only text is supported")))
-                            }
-                        }
-                    }
-                    s
-                }
-            };
-            if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool" | "developer") {
-                return Err(ApiError::invalid(format!("unknown message role {:?}", m.role)));
-            }
-            let role = if m.role == "developer" { "system".to_string() } else { m.role };
-            Ok(ChatMessage::new(role, text))
-        })
-        .collect()
 }
 
 #[derive(Deserialize, ToSchema, Debug, Default, Clone)]
@@ -107,6 +67,9 @@ pub struct Generation {
     pub frequency_penalty: Option<f64>,
     /// Number of choices (1..=16).
     pub n: Option<u32>,
+    /// Extension (llama-server, vLLM): keep generating after the end-of-generation token.
+    #[serde(default)]
+    pub ignore_eos: bool,
     /// Structured output in llama-server's and vLLM's spellings.
     #[serde(flatten)]
     pub guided: GuidedFields,
@@ -115,7 +78,7 @@ pub struct Generation {
 impl Generation {
     /// The engine's knobs (OpenAI's default temperature 1.0), with the endpoint's own
     /// `max_tokens` and `logprobs` reading.
-    fn knobs(&self, max_tokens: Option<i64>, logprobs: Option<usize>) -> Knobs {
+    pub(crate) fn knobs(&self, max_tokens: Option<i64>, logprobs: Option<usize>) -> Knobs {
         Knobs {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -128,42 +91,14 @@ impl Generation {
             frequency_penalty: self.frequency_penalty,
             logprobs,
             default_temperature: 1.0,
+            ignore_eos: self.ignore_eos,
             ..Default::default()
         }
     }
 
-    fn include_usage(&self) -> bool {
+    pub(crate) fn include_usage(&self) -> bool {
         self.stream_options.as_ref().is_some_and(|o| o.include_usage)
     }
-}
-
-/// `POST /v1/chat/completions` body. Named apart in the OpenAPI document from ollama's
-/// `ChatRequest`, which would otherwise take its place there.
-#[derive(Deserialize, ToSchema, Debug)]
-#[schema(as = ChatCompletionRequest)]
-pub struct ChatRequest {
-    pub model: Option<String>,
-    pub messages: Vec<ChatMessageIn>,
-    #[serde(flatten)]
-    pub gen: Generation,
-    pub max_completion_tokens: Option<i64>,
-    #[serde(default)]
-    pub logprobs: bool,
-    pub top_logprobs: Option<usize>,
-    /// `text`, `json_object`, or `json_schema` with `schema` (enforced whether `strict` or not).
-    #[schema(value_type = Object)]
-    pub response_format: Option<Value>,
-    /// Not supported (rejected when non-empty).
-    #[schema(value_type = Vec<Object>)]
-    pub tools: Option<Vec<Value>>,
-}
-
-/// Reject options this server cannot honour instead of silently ignoring them.
-fn check_unsupported(tools: &Option<Vec<Value>>) -> Result<(), ApiError> {
-    if tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools are not supported by this server"));
-    }
-    Ok(())
 }
 
 /// `POST /v1/completions` body.
@@ -184,9 +119,9 @@ pub struct CompletionRequest {
 }
 
 /// Most choices per request.
-const MAX_N: u32 = 16;
+pub(crate) const MAX_N: u32 = 16;
 
-fn check_n(n: Option<u32>) -> Result<usize, ApiError> {
+pub(crate) fn check_n(n: Option<u32>) -> Result<usize, ApiError> {
     match n.unwrap_or(1) {
         n @ 1..=MAX_N => Ok(n as usize),
         n => Err(ApiError::invalid(format!("n must be between 1 and {MAX_N}, got {n}"))),
@@ -196,28 +131,30 @@ fn check_n(n: Option<u32>) -> Result<usize, ApiError> {
 /// Start `n` generations of one prompt (choice `i` uses seed `seed + i` when a seed is
 /// given); they run side by side in the engine's batch. If one cannot start, the others
 /// are dropped, which cancels them.
-async fn start_n(
+pub(crate) async fn start_n(
     state: &AppState,
     model: Option<&str>,
     prompt: Prompt,
     knobs: &Knobs,
     n: usize,
-) -> Result<(String, Vec<Tracked>), ApiError> {
+) -> Result<(String, Vec<Tracked>, ChatPlan), ApiError> {
     let mut streams = Vec::with_capacity(n);
     let mut name = String::new();
+    let mut plan = ChatPlan::default();
     for i in 0..n {
         let mut k = knobs.clone();
         k.seed = knobs.seed.map(|s| s.wrapping_add(i as i64));
         let started = start(state, model, prompt.clone(), &k).await?;
         name = started.model.entry.name.clone();
+        plan = started.plan;
         streams.push(started.stream);
     }
-    Ok((name, streams))
+    Ok((name, streams, plan))
 }
 
 /// A whole (non-streamed) response: every choice run to its end and rendered by `choice`,
 /// with the usage over all of them.
-async fn whole_response(
+pub(crate) async fn whole_response(
     streams: Vec<Tracked>,
     id: &str,
     object: &str,
@@ -262,11 +199,11 @@ pub(crate) fn labeled(mut r: Response, model: &str) -> Response {
     r
 }
 
-fn sse_json(v: &Value) -> Result<Event, Infallible> {
+pub(crate) fn sse_json(v: &Value) -> Result<Event, Infallible> {
     Ok(Event::default().data(v.to_string()))
 }
 
-fn usage_json(c: &quarrel_engine::Usage) -> Value {
+pub(crate) fn usage_json(c: &quarrel_engine::Usage) -> Value {
     json!({
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
@@ -275,7 +212,7 @@ fn usage_json(c: &quarrel_engine::Usage) -> Value {
     })
 }
 
-fn chat_logprob(lp: &TokenLogprob) -> Value {
+pub(crate) fn chat_logprob(lp: &TokenLogprob) -> Value {
     json!({
         "token": lp.text,
         "logprob": lp.logprob,
@@ -300,13 +237,13 @@ fn completion_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
 }
 
 /// The envelope of an endpoint's streamed chunks.
-struct ChunkHead {
-    id: String,
-    object: &'static str,
-    created: u64,
-    model: String,
+pub(crate) struct ChunkHead {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
     /// Chat chunks carry `system_fingerprint`.
-    fingerprint: bool,
+    pub fingerprint: bool,
 }
 
 impl ChunkHead {
@@ -327,17 +264,21 @@ impl ChunkHead {
     }
 }
 
-/// The SSE response of streamed choices: the `opening` choice objects, then per event of
-/// choice `i` the choice object `token` makes of a piece of text (none: nothing to send) or
-/// `done` makes of the finish reason, error bodies as they come, the usage chunk when asked
-/// for, and `[DONE]`.
-fn sse_choices(
+/// What happened to one choice of a stream.
+pub(crate) enum ChoiceEvent<'a> {
+    Token(String, Option<&'a TokenLogprob>),
+    Done(&'static str),
+}
+
+/// The SSE response of streamed choices: the `opening` choice objects, then the choice
+/// objects `on` makes of each event of choice `i` (none, one or several), error bodies as
+/// they come, the usage chunk when asked for, and `[DONE]`.
+pub(crate) fn sse_choices(
     head: ChunkHead,
     streams: Vec<Tracked>,
     opening: Vec<Value>,
     include_usage: bool,
-    token: impl Fn(usize, String, Option<&TokenLogprob>) -> Option<Value> + Send + 'static,
-    done: impl Fn(usize, &str) -> Value + Send + 'static,
+    mut on: impl FnMut(usize, ChoiceEvent) -> Vec<Value> + Send + 'static,
 ) -> Response {
     let model = head.model.clone();
     let mut events_in = merged(streams);
@@ -347,19 +288,19 @@ fn sse_choices(
         }
         let mut usages = vec![];
         while let Some((i, ev)) = events_in.next().await {
-            match ev {
-                StreamEvent::Token { text, logprob, .. } => {
-                    if let Some(choice) = token(i, text, logprob.as_ref()) {
-                        yield sse_json(&head.chunk(choice));
-                    }
-                }
+            let choices = match ev {
+                StreamEvent::Token { text, logprob, .. } => on(i, ChoiceEvent::Token(text, logprob.as_ref())),
                 StreamEvent::Done { finish_reason, usage, .. } => {
                     usages.push(usage);
-                    yield sse_json(&head.chunk(done(i, finish_str(finish_reason))));
+                    on(i, ChoiceEvent::Done(finish_str(finish_reason)))
                 }
                 StreamEvent::Error(e) => {
                     yield sse_json(&serde_json::to_value(ApiError::from(e).body()).unwrap_or_default());
+                    vec![]
                 }
+            };
+            for choice in choices {
+                yield sse_json(&head.chunk(choice));
             }
         }
         if include_usage {
@@ -370,42 +311,8 @@ fn sse_choices(
     labeled(Sse::new(events).keep_alive(KeepAlive::default()).into_response(), &model)
 }
 
-fn request_id(prefix: &str) -> String {
+pub(crate) fn request_id(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
-
-#[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest, tag = "openai",
-    responses((status = 200, description = "chat.completion, or SSE chat.completion.chunk events"), (status = "4XX", body = crate::error::ErrorBody)))]
-pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
-    let n = check_n(req.gen.n)?;
-    check_unsupported(&req.tools)?;
-    let mut knobs = req.gen.knobs(req.max_completion_tokens.or(req.gen.max_tokens), req.logprobs.then_some(req.top_logprobs.unwrap_or(0)));
-    knobs.constraint = req.gen.guided.spec(req.response_format.as_ref())?;
-    let msgs = to_chat(req.messages)?;
-    let (model, streams) = start_n(&state, req.model.as_deref(), Prompt::Chat(msgs), &knobs, n).await?;
-    let id = request_id("chatcmpl");
-    let created = unix_now();
-    let want_lp = req.logprobs;
-    if !req.gen.stream {
-        return whole_response(streams, &id, "chat.completion", created, &model, |i, c| {
-            let logprobs = want_lp.then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>()}));
-            json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
-                   "finish_reason": c.finish.map(finish_str)})
-        })
-        .await;
-    }
-    let head = ChunkHead { id, object: "chat.completion.chunk", created, model, fingerprint: true };
-    let opening =
-        (0..n).map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}));
-    let token = move |i: usize, text: String, logprob: Option<&TokenLogprob>| {
-        let lp = match (logprob, want_lp) {
-            (Some(l), true) => json!({"content": [chat_logprob(l)]}),
-            _ => Value::Null,
-        };
-        (!text.is_empty() || !lp.is_null()).then(|| json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}))
-    };
-    let done = |i: usize, finish: &str| json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish});
-    Ok(sse_choices(head, streams, opening.collect(), req.gen.include_usage(), token, done))
 }
 
 #[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest, tag = "openai",
@@ -420,7 +327,7 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
         (_, true) => return Err(ApiError::invalid("echo is supported for text prompts only")),
         _ => String::new(),
     };
-    let (model, streams) = start_n(&state, req.model.as_deref(), prompt, &knobs, n).await?;
+    let (model, streams, _) = start_n(&state, req.model.as_deref(), prompt, &knobs, n).await?;
     let id = request_id("cmpl");
     let created = unix_now();
     if !req.gen.stream {
@@ -436,15 +343,18 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
         true => vec![],
         false => (0..n).map(|i| json!({"index": i, "text": echo_text, "logprobs": null, "finish_reason": null})).collect(),
     };
-    let token = move |i: usize, text: String, logprob: Option<&TokenLogprob>| {
-        let lp = match (logprob, want_lp) {
-            (Some(l), true) => completion_logprobs(std::slice::from_ref(l), 0),
-            _ => Value::Null,
-        };
-        (!text.is_empty() || !lp.is_null()).then(|| json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}))
+    let on = move |i: usize, ev: ChoiceEvent| match ev {
+        ChoiceEvent::Token(text, logprob) => {
+            let lp = match (logprob, want_lp) {
+                (Some(l), true) => completion_logprobs(std::slice::from_ref(l), 0),
+                _ => Value::Null,
+            };
+            let send = !text.is_empty() || !lp.is_null();
+            send.then(|| json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})).into_iter().collect()
+        }
+        ChoiceEvent::Done(finish) => vec![json!({"index": i, "text": "", "logprobs": null, "finish_reason": finish})],
     };
-    let done = |i: usize, finish: &str| json!({"index": i, "text": "", "logprobs": null, "finish_reason": finish});
-    Ok(sse_choices(head, streams, opening, req.gen.include_usage(), token, done))
+    Ok(sse_choices(head, streams, opening, req.gen.include_usage(), on))
 }
 
 fn model_obj(name: &str, created: u64) -> Value {

@@ -1,0 +1,179 @@
+use super::format::{generic_instructions, generic_response};
+use super::*;
+use serde_json::json;
+
+fn weather() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+}
+
+fn names() -> Vec<String> {
+    vec!["get_weather".to_string(), "add".to_string()]
+}
+
+/// Feed `text` in pieces of `step` bytes (at char boundaries) and gather everything.
+fn streamed(plan: &ChatPlan, text: &str, step: usize) -> Reply {
+    let mut s = plan.splitter();
+    let mut pieces = vec![];
+    let mut i = 0;
+    while i < text.len() {
+        let mut j = (i + step).min(text.len());
+        while !text.is_char_boundary(j) {
+            j += 1;
+        }
+        pieces.extend(s.push(&text[i..j]));
+        i = j;
+    }
+    let out = s.finish();
+    pieces.extend(out.tail);
+    let mut r = Reply { calls: out.calls, ..Default::default() };
+    for p in pieces {
+        match p {
+            Piece::Content(t) => r.content.push_str(&t),
+            Piece::Reasoning(t) => r.reasoning.push_str(&t),
+        }
+    }
+    r
+}
+
+#[test]
+fn formats_are_detected_from_templates() {
+    let qwen = "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{{ tool | tojson }}</tools>\nreturn a json object within <tool_call></tool_call> XML tags";
+    let mistral = "{%- if tools is not none %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{%- endif %}[TOOL_CALLS]";
+    let granite = "{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools | tojson }}{%- endif %}<|tool_call|>";
+    let llama = "{%- if tools is not none %}<|start_header_id|>user<|end_header_id|>Given the following functions ... {\"name\": function name, \"parameters\": dictionary}";
+    assert_eq!(ToolFormat::detect(Some(qwen)), ToolFormat::Hermes);
+    assert_eq!(ToolFormat::detect(Some(mistral)), ToolFormat::Mistral);
+    assert_eq!(ToolFormat::detect(Some(granite)), ToolFormat::Granite);
+    assert_eq!(ToolFormat::detect(Some(llama)), ToolFormat::Llama3);
+    // ChatML without tools (SmolLM2), no template at all
+    assert_eq!(ToolFormat::detect(Some("{% for message in messages %}<|im_start|>{{ message['role'] }}")), ToolFormat::Generic);
+    assert_eq!(ToolFormat::detect(None), ToolFormat::Generic);
+}
+
+#[test]
+fn calls_parse_in_every_format() {
+    let n = ["get_weather", "add"];
+    let h = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+    let (rest, calls) = ToolFormat::Hermes.parse(h, &n).unwrap();
+    assert_eq!(rest, "Let me look.");
+    assert_eq!(calls.len(), 2);
+    assert_eq!((calls[0].name.as_str(), &calls[0].arguments), ("get_weather", &json!({"city": "Paris"})));
+    let m = "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]";
+    assert_eq!(ToolFormat::Mistral.parse(m, &n).unwrap().1[0].arguments, json!({"a": 1, "b": 2}));
+    // the marker is a control token the detokenizer may leave out
+    assert_eq!(ToolFormat::Mistral.parse(&m["[TOOL_CALLS]".len()..], &n).unwrap().1[0].name, "add");
+    let g = "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]";
+    assert_eq!(ToolFormat::Granite.parse(g, &n).unwrap().1[0].arguments["city"], "Oslo");
+    let l = "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}";
+    assert_eq!(ToolFormat::Llama3.parse(l, &n).unwrap().1[0].arguments["city"], "Rome");
+    let j = "{\"tool_calls\": [{\"name\": \"add\", \"arguments\": {\"a\": 3}}]}";
+    assert_eq!(ToolFormat::Generic.parse(j, &n).unwrap().1[0].arguments["a"], 3);
+    // arguments sent as JSON text are parsed
+    let s = "<tool_call>{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 5}\"}</tool_call>";
+    assert_eq!(ToolFormat::Hermes.parse(s, &n).unwrap().1[0].arguments["a"], 5);
+    // unknown tools, broken JSON and plain answers are not calls
+    assert!(ToolFormat::Hermes.parse("<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>", &n).is_none());
+    assert!(ToolFormat::Hermes.parse("<tool_call>{\"name\": \"add\", ", &n).is_none());
+    assert!(ToolFormat::Llama3.parse("The weather is fine.", &n).is_none());
+    assert!(ToolFormat::Generic.parse("{\"response\": \"hi\"}", &n).is_none());
+    assert_eq!(generic_response("{\"response\": \"hi \\\"there\\\"\"}").as_deref(), Some("hi \"there\""));
+}
+
+#[test]
+fn streaming_splits_as_the_whole_text_does() {
+    let hermes = ChatPlan { tools: Some((ToolFormat::Hermes, names())), think: true };
+    let texts = [
+        "<think>The user wants weather.\nUse the tool.</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>",
+        "<think>short</think>The answer is 4. A < B and <tool is not a call.",
+        "No reasoning, text with < and </ and </think inside.",
+        "Partial <tool_ca",
+    ];
+    for t in texts {
+        let whole = hermes.reply(t);
+        for step in [1, 2, 3, 7, 64] {
+            assert_eq!(streamed(&hermes, t, step), whole, "{t:?} in pieces of {step}");
+        }
+    }
+    let r = hermes.reply(texts[0]);
+    assert_eq!(r.reasoning, "The user wants weather.\nUse the tool.");
+    assert_eq!((r.content.as_str(), r.calls.len()), ("", 1));
+    assert_eq!(r.calls[0].arguments["city"], "Zürich");
+    let r = hermes.reply(texts[1]);
+    assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("short", "The answer is 4. A < B and <tool is not a call."));
+    assert_eq!(hermes.reply(texts[3]).content, "Partial <tool_ca");
+
+    let generic = ChatPlan { tools: Some((ToolFormat::Generic, names())), think: false };
+    let answer = "{\"response\": \"Line one\\nline \\\"two\\\" \\u00e9\\ud83d\\ude00 end\"}";
+    let call = "{\"tool_calls\": [{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]}";
+    for t in [answer, call] {
+        let whole = generic.reply(t);
+        for step in [1, 2, 5, 13] {
+            assert_eq!(streamed(&generic, t, step), whole, "{t:?} in pieces of {step}");
+        }
+    }
+    assert_eq!(generic.reply(answer).content, "Line one\nline \"two\" é😀 end");
+    assert_eq!(generic.reply(call).calls[0].arguments, json!({"a": 1, "b": 2}));
+
+    let llama = ChatPlan { tools: Some((ToolFormat::Llama3, names())), think: false };
+    let t = "{\"name\": \"add\", \"parameters\": {\"a\": 1}}";
+    assert_eq!(streamed(&llama, t, 1).calls[0].name, "add");
+    assert_eq!(streamed(&llama, "Plain answer.", 1).content, "Plain answer.");
+
+    // nothing to split: the text passes untouched, leading spaces included
+    let plain = ChatPlan::default();
+    assert_eq!(streamed(&plain, "  <think>x</think>", 1).content, "  <think>x</think>");
+}
+
+#[test]
+fn requests_are_checked() {
+    let ok = ToolRequest::read(Some(vec![weather()]), Some(&json!("required")), Some(false)).unwrap().unwrap();
+    assert_eq!((ok.choice, ok.parallel), (ToolChoice::Required, false));
+    let named = ToolRequest::read(Some(vec![weather()]), Some(&json!({"type": "function", "function": {"name": "get_weather"}})), None);
+    assert_eq!(named.unwrap().unwrap().choice, ToolChoice::Named("get_weather".into()));
+    assert!(ToolRequest::read(None, None, None).unwrap().is_none());
+    for (tools, choice) in [
+        (Some(vec![weather()]), json!("sometimes")),
+        (Some(vec![weather()]), json!({"type": "function", "function": {"name": "other"}})),
+        (None, json!("required")),
+        (Some(vec![json!({"type": "function", "function": {}})]), json!("auto")),
+        (Some(vec![weather(), weather()]), json!("auto")),
+        (Some(vec![json!({"type": "function", "function": {"name": "f", "parameters": "x"}})]), json!("auto")),
+        (Some(vec![json!({"type": "retrieval"})]), json!("auto")),
+    ] {
+        let e = ToolRequest::read(tools.clone(), Some(&choice), None).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{tools:?} {choice}");
+    }
+}
+
+#[test]
+fn generic_history_and_instructions() {
+    let mut msgs = vec![
+        ChatMessage::user("weather in Paris?"),
+        ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![quarrel_tokenizer::ToolCall {
+                id: "c1".into(),
+                name: "get_weather".into(),
+                arguments: json!({"city": "Paris"}),
+            }],
+            ..Default::default()
+        },
+        ChatMessage { role: "tool".into(), content: "21 C".into(), tool_call_id: Some("c1".into()), ..Default::default() },
+    ];
+    write_history_as_json(&mut msgs);
+    assert_eq!(msgs[1].content, r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}"#);
+    assert_eq!(msgs[2].role, "user");
+    assert_eq!(serde_json::from_str::<Value>(&msgs[2].content).unwrap(), json!({"tool_response": {"content": "21 C", "id": "c1"}}));
+    let text = generic_instructions(&[weather()], true);
+    assert!(text.contains("get_weather") && text.contains("\"response\""));
+    assert!(!generic_instructions(&[weather()], false).contains("\"response\""));
+}
+
+#[test]
+fn call_ids_fit_the_format() {
+    let mistral = ChatPlan { tools: Some((ToolFormat::Mistral, names())), think: false };
+    let id = mistral.call_id();
+    assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
+    assert!(ChatPlan::default().call_id().starts_with("call_"));
+}
