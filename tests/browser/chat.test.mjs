@@ -353,6 +353,37 @@ test('the render path keeps hostile model output inert (injected through renderM
   assert.ok(out[8].shown.includes('<script>window.__pwned = 7</script>'), 'code block shows its text');
 });
 
+test('a reasoning model\'s <think> section shows collapsed above the answer, inert, open state kept while streaming', async () => {
+  const { page: pg } = await page();
+  const r = await pg.evaluate(async () => {
+    const { renderAnswer } = await import('/js/render.js');
+    const box = document.createElement('div');
+    document.querySelector('#messages').append(box);
+    const look = () => {
+      const d = box.querySelector(':scope > details.reasoning');
+      return { details: !!d, open: d?.open ?? null, summary: d?.querySelector('summary')?.textContent ?? null,
+               reasoning: d?.querySelector('.reasoning-body')?.textContent.trim() ?? null,
+               answer: [...box.children].filter((c) => c !== d).map((c) => c.textContent).join('').trim() };
+    };
+    const out = [];
+    renderAnswer(box, '<think>\nLet me **add**: 2+2');
+    out.push(look());
+    box.querySelector('details').open = true;
+    renderAnswer(box, '<think>\nLet me **add**: 2+2 <img src=x onerror="window.__pwned=1"></think>\n\nIt is **4**.');
+    out.push(look());
+    renderAnswer(box, 'No reasoning here.');
+    out.push(look());
+    return { out, bad: box.querySelectorAll('img,script').length };
+  });
+  assert.deepEqual(r.out[0], { details: true, open: false, summary: 'Reasoning…', reasoning: 'Let me add: 2+2', answer: '' });
+  assert.equal(r.out[1].open, true, 'the reader opened it: it stays open');
+  assert.equal(r.out[1].summary, 'Reasoning');
+  assert.equal(r.out[1].answer, 'It is 4.');
+  assert.deepEqual(r.out[2], { details: false, open: null, summary: null, reasoning: null, answer: 'No reasoning here.' });
+  assert.equal(r.bad, 0);
+  assert.equal(await pg.evaluate(() => window.__pwned), undefined, 'nothing ran');
+});
+
 test('reconnect delays grow exponentially with jitter, capped at 10 s', async () => {
   const { page: pg } = await page();
   const rows = await pg.evaluate(async () => {

@@ -2,6 +2,7 @@
 ollama clients (every output validated by `jsonschema`), JSON mode, llama.cpp-style GBNF
 grammars, regexes, and 400s with reasons for bad schemas and grammars."""
 import json
+import os
 import re
 import unittest
 
@@ -9,6 +10,7 @@ import jsonschema
 import ollama
 import openai
 
+import gbnf_check
 from common import BASE, MODEL, raw
 
 # nested objects, arrays with bounds, enums, numbers with ranges, string patterns, optional fields
@@ -68,6 +70,19 @@ listItem ::= "- " [^\r\n\x0b\x0c\x85\u2028\u2029]{1,30} "\n"
 """
 
 
+# llama.cpp's sample grammars (scripts/fetch-testdata.sh) with prompts that suit them
+SAMPLE_GRAMMARS = {
+    "json": ["Describe a cat as JSON.", "Give a JSON object for a book.", "A JSON record of a city."],
+    "json_arr": ["List three fruits as a JSON array.", "Give a JSON array of numbers.", "Colors as a JSON list."],
+    "list": ["List three things to pack for a trip.", "Name some animals.", "Steps to make tea."],
+    "arithmetic": ["Write a sum.", "Give an equation.", "Compute something."],
+    "c": ["Write a C function that adds two numbers.", "Write a small C program.", "A C function returning 0."],
+    "chess": ["Play a chess opening.", "Give some chess moves.", "Start a chess game."],
+    "english": ["Write a sentence about the sea.", "Describe the weather.", "Say something nice."],
+    "japanese": ["Say hello in Japanese.", "Write Japanese text.", "A Japanese greeting."],
+}
+
+
 class StructuredOutput(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -110,6 +125,28 @@ class StructuredOutput(unittest.TestCase):
                                            max_tokens=300, temperature=0.8, n=4, seed=9)
         for ch in r.choices:
             jsonschema.validate(json.loads(ch.message.content), schema)
+
+    def test_llama_cpp_sample_grammars(self):
+        # every output is a sentence of the grammar (the start of one when the length limit cut
+        # it), checked by an independent GBNF recognizer
+        data = os.environ.get("QUARREL_TESTDATA")
+        if not data:
+            self.skipTest("QUARREL_TESTDATA is not set (scripts/test.sh sets it)")
+        ends = {True: 0, False: 0}
+        for name, prompts in SAMPLE_GRAMMARS.items():
+            grammar = open(os.path.join(data, "grammars", name + ".gbnf"), encoding="utf-8").read()
+            for p in prompts:
+                with self.subTest(grammar=name, prompt=p):
+                    r = self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=160,
+                                                       temperature=0, extra_body={"grammar": grammar})
+                    ch = r.choices[0]
+                    self.assertIn(ch.finish_reason, ("stop", "length"))
+                    whole = ch.finish_reason == "stop"
+                    # a cut may fall inside a character: its bytes so far are written as U+FFFD
+                    text = ch.message.content if whole else ch.message.content.rstrip("\ufffd")
+                    self.assertTrue(gbnf_check.accepts(grammar, text, prefix=not whole), repr(ch.message.content))
+                    ends[whole] += 1
+        print(f"\nllama.cpp sample grammars: {ends[True]} outputs complete, {ends[False]} cut by max_tokens, all valid")
 
     def test_json_mode(self):
         r = self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "List two fruits as JSON."}],

@@ -2,7 +2,7 @@
 // frame), typing indicator, tokens/s line, and auto-scroll that stops while the reader is
 // scrolled up (a "Latest" button brings them back).
 
-import { renderInto, renderPlain } from './render.js';
+import { renderAnswer, renderPlain } from './render.js';
 
 const NEAR_BOTTOM_PX = 48;
 
@@ -89,7 +89,7 @@ export class MessageView {
   }
 
   render() {
-    if (this.message.role === 'assistant') renderInto(this.body, this.message.content);
+    if (this.message.role === 'assistant') renderAnswer(this.body, this.message.content);
     else renderPlain(this.body, this.message.content);
   }
 

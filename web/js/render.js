@@ -79,6 +79,47 @@ export function renderInto(el, text) {
   el.replaceChildren(renderMarkdown(text));
 }
 
+const THINK_OPEN = '<think>';
+const THINK_CLOSE = '</think>';
+
+/**
+ * A reasoning model's answer: the `<think>` section it opens with (null when there is none),
+ * whether that section is complete, and the answer after it.
+ */
+export function splitReasoning(text) {
+  const t = String(text ?? '');
+  const start = t.trimStart();
+  if (!start.startsWith(THINK_OPEN)) return { reasoning: null, done: true, answer: t };
+  const body = start.slice(THINK_OPEN.length);
+  const end = body.indexOf(THINK_CLOSE);
+  if (end < 0) return { reasoning: body.trim(), done: false, answer: '' };
+  return { reasoning: body.slice(0, end).trim(), done: true, answer: body.slice(end + THINK_CLOSE.length).trimStart() };
+}
+
+/**
+ * An assistant answer into `el`: reasoning collapsed in a <details> (kept open or closed as
+ * the reader left it across re-renders while tokens stream), then the answer.
+ */
+export function renderAnswer(el, text) {
+  const { reasoning, done, answer } = splitReasoning(text);
+  if (reasoning === null) {
+    renderInto(el, text);
+    return;
+  }
+  const wasOpen = el.querySelector(':scope > details.reasoning')?.open ?? false;
+  const details = document.createElement('details');
+  details.className = 'reasoning';
+  details.dataset.testid = 'reasoning';
+  details.open = wasOpen;
+  const summary = document.createElement('summary');
+  summary.textContent = done ? 'Reasoning' : 'Reasoning…';
+  const body = document.createElement('div');
+  body.className = 'reasoning-body';
+  body.append(renderMarkdown(reasoning));
+  details.append(summary, body);
+  el.replaceChildren(details, renderMarkdown(answer));
+}
+
 /** Plain text (user messages): no Markdown, line breaks kept by CSS. */
 export function renderPlain(el, text) {
   el.textContent = text;

@@ -1,5 +1,7 @@
 use super::format::{generic_instructions, generic_response};
 use super::*;
+use quarrel_engine::ConstraintSpec;
+use quarrel_tokenizer::Tokenizer;
 use serde_json::json;
 
 fn weather() -> Value {
@@ -176,4 +178,78 @@ fn call_ids_fit_the_format() {
     let id = mistral.call_id();
     assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
     assert!(ChatPlan::default().call_id().starts_with("call_"));
+}
+
+/// The synthetic model's tokenizer (byte tokens, pieces, control tokens).
+fn tokenizer() -> &'static Tokenizer {
+    static TOK: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+    TOK.get_or_init(|| {
+        use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::F32).seed(1);
+        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        Tokenizer::from_gguf(&quarrel_gguf::Gguf::open(&path).unwrap()).unwrap()
+    })
+}
+
+/// Decode under `grammar` with random logits, picking the best allowed token each step.
+fn walk(compiler: &quarrel_engine::ConstraintCompiler, grammar: &str, seed: u64) -> String {
+    use rand::{Rng, SeedableRng};
+    let tok = tokenizer();
+    let mut c = compiler.compile(&ConstraintSpec::Lark(grammar.to_string())).unwrap_or_else(|e| panic!("{e}\n{grammar}"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut bytes = vec![];
+    for _ in 0..400 {
+        let mask = c.mask();
+        let mut logits: Vec<f32> = (0..tok.n_vocab()).map(|_| rng.gen_range(-4.0..4.0)).collect();
+        mask.apply(&mut logits);
+        let id = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+        if tok.is_eog(id) {
+            break;
+        }
+        bytes.extend(tok.token_to_piece(id, false));
+        c.accept(id).unwrap();
+        if c.is_finished() {
+            break;
+        }
+    }
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn forced_calls_parse_and_follow_the_schemas_in_every_format() {
+    let tools = vec![
+        json!({"type": "function", "function": {"name": "pick", "parameters": {"type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}, "c": {"enum": ["red", "blue"]}},
+            "required": ["n", "c"], "additionalProperties": false}}}),
+        json!({"type": "function", "function": {"name": "stop", "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}),
+    ];
+    let names = ["pick", "stop"];
+    let compiler = quarrel_engine::ConstraintCompiler::new(tokenizer()).unwrap();
+    for format in [ToolFormat::Hermes, ToolFormat::Mistral, ToolFormat::Granite, ToolFormat::Llama3, ToolFormat::Generic] {
+        for parallel in [false, true] {
+            let grammar = format.grammar(tokenizer(), &tools, parallel, false);
+            for seed in 0..6 {
+                let text = walk(&compiler, &grammar, seed);
+                let (rest, calls) = format.parse(&text, &names).unwrap_or_else(|| panic!("{format:?}: no calls in {text:?}"));
+                assert!(rest.is_empty(), "{format:?}: {text:?}");
+                assert!(parallel || calls.len() == 1, "{format:?}: {calls:?}");
+                for c in calls {
+                    if c.name == "pick" {
+                        let n = c.arguments["n"].as_i64().unwrap();
+                        assert!((1..=9).contains(&n) && ["red", "blue"].contains(&c.arguments["c"].as_str().unwrap()), "{text}");
+                    } else {
+                        assert_eq!(c.arguments, json!({}), "{text}");
+                    }
+                }
+            }
+        }
+    }
+    // the generic format with tool_choice auto admits a direct answer too
+    let grammar = ToolFormat::Generic.grammar(tokenizer(), &tools, true, true);
+    for seed in 0..8 {
+        let text = walk(&compiler, &grammar, seed);
+        assert!(ToolFormat::Generic.parse(&text, &names).is_some() || generic_response(&text).is_some(), "{text:?}");
+    }
 }
