@@ -1,7 +1,11 @@
 """Tool calling with the real model through the official clients: openai's full loop (tools ->
 tool call -> tool result -> answer), streamed and not, ollama's the same, every call's
-arguments validated against the tool's schema, and 400s for malformed tools."""
+arguments validated against the tool's schema, and 400s for malformed tools. The model's own
+template has no tool support (the generic JSON format); a second server runs it with Qwen
+2.5's template (`--chat-template`), whose `<tool_call>` format the server then reads."""
 import json
+import os
+import tempfile
 import unittest
 
 import jsonschema
@@ -9,7 +13,8 @@ import ollama
 from ollama import _types as ollama_types
 import openai
 
-from common import BASE, MODEL, raw
+from common import BASE, MODEL, QUARREL_BIN, raw
+from serving import start
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -64,7 +69,7 @@ class ToolCalls(unittest.TestCase):
                 for call in ch.message.tool_calls:
                     self.assertEqual(call.type, "function")
                     self.assertTrue(call.id)
-                    args = self.check_call(call.function.name, call.function.arguments, sent)
+                    args = self.check_call(call.function.name, call.function.arguments)
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": fake_tool(call.function.name, args)})
                 # the result goes back; the model may answer or call again, either well formed
                 r = self.c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=120, temperature=0)
@@ -179,6 +184,63 @@ class ToolCalls(unittest.TestCase):
         # and the server still answers
         status, _, ok = raw("POST", "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 5})
         self.assertEqual(status, 200, ok)
+
+
+class HermesTemplate(unittest.TestCase):
+    """The Hermes / Qwen format end to end: tools rendered by the template, calls forced by a
+    grammar that writes <tool_call> blocks, parsed back into tool_calls."""
+
+    @classmethod
+    def setUpClass(cls):
+        data = os.environ.get("QUARREL_TESTDATA")
+        if not data:
+            raise unittest.SkipTest("QUARREL_TESTDATA is not set (scripts/test.sh sets it)")
+        cls.template = os.path.join(data, "templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
+        cls.log = tempfile.NamedTemporaryFile(prefix="quarrel-hermes-", suffix=".log", delete=False).name
+        cls.proc, cls.base = start(QUARREL_BIN, ["--chat-template", cls.template, "-t", "1", "--kv-seqs", "2"], cls.log)
+        cls.c = openai.OpenAI(base_url=cls.base + "/v1", api_key="unused", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.terminate()
+        cls.proc.wait(30)
+
+    def test_template_renders_the_tools(self):
+        status, _, body = raw("POST", "/apply-template", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}, base=self.base)
+        self.assertEqual(status, 200, body)
+        self.assertIn("<tools>", body["prompt"])
+        self.assertIn('"name": "get_weather"', body["prompt"])
+
+    def test_forced_calls_come_back_as_tool_calls(self):
+        for q in QUESTIONS[:3]:
+            with self.subTest(question=q):
+                messages = [{"role": "user", "content": q}]
+                r = self.c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="required",
+                                                   max_tokens=200, temperature=0)
+                ch = r.choices[0]
+                self.assertEqual(ch.finish_reason, "tool_calls", ch.message)
+                self.assertIsNone(ch.message.content)
+                for call in ch.message.tool_calls:
+                    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+                # the call and its result render in Qwen's format for the next turn
+                messages.append(ch.message.model_dump(exclude_none=True))
+                messages += [{"role": "tool", "tool_call_id": c.id, "content": fake_tool(c.function.name, json.loads(c.function.arguments))}
+                             for c in ch.message.tool_calls]
+                status, _, body = raw("POST", "/apply-template", {"messages": messages, "tools": TOOLS}, base=self.base)
+                self.assertEqual(status, 200, body)
+                self.assertIn("<tool_call>\n{\"name\": \"" + ch.message.tool_calls[0].function.name, body["prompt"])
+                self.assertIn("<tool_response>", body["prompt"])
+                r = self.c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=60, temperature=0)
+                self.assertIn(r.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+
+    def test_bad_template_file_is_refused_at_start(self):
+        bad = tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False)
+        bad.write("{% for m in messages %}{{ m.content }")
+        bad.close()
+        out = __import__("subprocess").run([QUARREL_BIN, "run", "--chat-template", bad.name, "-n", "1", "-p", "hi"],
+                                           capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("chat template", out.stderr)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ pub struct ModelArgs {
     #[command(flatten)]
     pub model: ModelArg,
     #[command(flatten)]
+    pub template: TemplateArg,
+    #[command(flatten)]
     pub ctx: ContextArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
@@ -34,6 +36,33 @@ pub struct ModelArg {
     /// fetched on first use.
     #[arg(short = 'm', long = "model", value_name = "MODEL")]
     pub name: Option<String>,
+}
+
+/// `--chat-template`: a chat template in place of the model's.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TemplateArg {
+    /// Chat template to use instead of the model's: a Jinja file (Hugging Face's template
+    /// syntax), or `chatml`.
+    #[arg(long = "chat-template", value_name = "FILE|chatml", env = "QUARREL_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
+}
+
+/// ChatML, for `--chat-template chatml`.
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\
+{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+impl TemplateArg {
+    /// The template's source (None: the model's own).
+    pub fn source(&self) -> anyhow::Result<Option<String>> {
+        use anyhow::Context;
+        match self.chat_template.as_deref() {
+            None => Ok(None),
+            Some("chatml") => Ok(Some(CHATML.to_string())),
+            Some(path) => std::fs::read_to_string(path)
+                .map(Some)
+                .with_context(|| format!("--chat-template {path}: cannot read it (a file, or chatml)")),
+        }
+    }
 }
 
 /// `-t`, `-c`: CPU threads and context length.
@@ -197,6 +226,7 @@ impl SampleArgs {
             max_tokens,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            logit_bias: vec![],
         }
     }
 }

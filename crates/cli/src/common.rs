@@ -32,8 +32,14 @@ impl ModelArgs {
         let path = self.model_path()?;
         let device = DeviceSel::parse(&self.device.device)?;
         let kv_type = parse_kv_type(&self.cache.kv.kv_type)?;
-        let mut opts =
-            EngineOptions { n_ctx: self.ctx.n_ctx, n_batch: self.cache.batch, kv_type, kv_mem: self.cache.kv_mem, ..Default::default() };
+        let mut opts = EngineOptions {
+            n_ctx: self.ctx.n_ctx,
+            n_batch: self.cache.batch,
+            kv_type,
+            kv_mem: self.cache.kv_mem,
+            chat_template: self.template.source()?,
+            ..Default::default()
+        };
         f(&mut opts);
         let t0 = Instant::now();
         let spinner = indicatif::ProgressBar::new_spinner();

@@ -21,6 +21,7 @@ use crate::stop::{StopMatcher, StopOutcome};
 use quarrel_core::{sample_row_ref, Backend, CoreError, ForwardBatch, SampleRow};
 use quarrel_models::Model;
 use quarrel_tokenizer::{Detokenizer, Tokenizer};
+use std::sync::Arc;
 
 /// How one logits row becomes a token.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,20 +61,27 @@ impl Pick {
     }
 }
 
-/// One logits row's pick, whether its logits must come to the host (log-probabilities), and
-/// the tokens a constraint allows (the others get -inf before the chain runs).
+/// One logits row's pick, whether its logits must come to the host (log-probabilities), the
+/// tokens a constraint allows (the others get -inf before the chain runs), and biases added to
+/// some tokens' logits first.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowPick {
     pub pick: Pick,
     pub logits: bool,
     pub mask: Option<TokenMask>,
+    pub bias: Option<Arc<[(u32, f32)]>>,
 }
 
 impl RowPick {
-    /// Whether the pick needs the logits on the host: reported log-probabilities, or a
-    /// constraint's mask, which the host applies before the sampling chain.
+    /// A pick with nothing to report, mask or bias.
+    pub fn plain(pick: Pick) -> RowPick {
+        RowPick { pick, logits: false, mask: None, bias: None }
+    }
+
+    /// Whether the pick needs the logits on the host: reported log-probabilities, a
+    /// constraint's mask or logit biases, which the host applies before the sampling chain.
     pub fn on_host(&self) -> bool {
-        self.logits || self.mask.is_some()
+        self.logits || self.mask.is_some() || self.bias.is_some()
     }
 }
 
@@ -93,13 +101,19 @@ pub fn pick_on_host(logits: &[f32], n_vocab: usize, rows: &[RowPick]) -> Result<
         .chunks_exact(n_vocab)
         .zip(rows)
         .map(|(l, r)| {
-            let id = match &r.mask {
-                Some(m) => {
-                    let mut masked = l.to_vec();
-                    m.apply(&mut masked);
-                    r.pick.on_host(&masked)
+            let id = if r.mask.is_some() || r.bias.is_some() {
+                let mut adjusted = l.to_vec();
+                for &(t, b) in r.bias.iter().flat_map(|b| b.iter()) {
+                    if let Some(x) = adjusted.get_mut(t as usize) {
+                        *x += b;
+                    }
                 }
-                None => r.pick.on_host(l),
+                if let Some(m) = &r.mask {
+                    m.apply(&mut adjusted);
+                }
+                r.pick.on_host(&adjusted)
+            } else {
+                r.pick.on_host(l)
             };
             // log-probabilities are of the model's distribution, before the mask
             Picked { id, logits: r.logits.then(|| l.to_vec()) }
@@ -163,6 +177,7 @@ pub struct SeqDecoder {
     stopped: bool,
     /// Structured output: the grammar the tokens must follow.
     constraint: Option<Constraint>,
+    bias: Option<Arc<[(u32, f32)]>>,
 }
 
 impl SeqDecoder {
@@ -177,6 +192,7 @@ impl SeqDecoder {
             generated: 0,
             stopped: false,
             constraint: None,
+            bias: (!params.logit_bias.is_empty()).then(|| params.logit_bias.as_slice().into()),
         }
     }
 
@@ -206,7 +222,7 @@ impl SeqDecoder {
     /// compute while the forward pass runs.
     pub fn next_pick(&mut self, history: &[u32]) -> RowPick {
         let pick = if self.sampler.params.is_plain_greedy() { Pick::Argmax } else { Pick::Chain(self.sampler.row(history)) };
-        RowPick { pick, logits: self.logprobs.is_some(), mask: None }
+        RowPick { pick, logits: self.logprobs.is_some(), mask: None, bias: self.bias.clone() }
     }
 
     /// Take the picked token `id`; `seq_len` is the sequence's length with it, `logits` its
@@ -293,7 +309,7 @@ mod tests {
     fn host_picks_follow_each_row_and_keep_only_wanted_logits() {
         let logits = [1.0, 3.0, 3.0, 0.0, /* row 2 */ 2.0, 0.5, 0.0, 1.0];
         let penalized = Pick::Chain(SampleRow { repeat_penalty: 4.0, penalties: vec![(0, 1)], ..Pick::Argmax.as_row() });
-        let rows = [RowPick { pick: Pick::Argmax, logits: false, mask: None }, RowPick { pick: penalized, logits: true, mask: None }];
+        let rows = [RowPick::plain(Pick::Argmax), RowPick { logits: true, ..RowPick::plain(penalized) }];
         let got = pick_on_host(&logits, 4, &rows).unwrap();
         assert_eq!(got[0], Picked { id: 1, logits: None });
         // 2.0 / 4 = 0.5 < 1.0: the penalty moves the pick to token 3
@@ -302,11 +318,24 @@ mod tests {
     }
 
     #[test]
+    fn logit_biases_move_the_pick_on_the_host_and_leave_reported_logits_alone() {
+        let logits = [1.0, 3.0, 2.5, 0.0];
+        let bias: Arc<[(u32, f32)]> = vec![(1, -100.0), (3, 2.9), (99, 5.0)].into();
+        let row = RowPick { logits: true, bias: Some(bias.clone()), ..RowPick::plain(Pick::Argmax) };
+        assert!(row.on_host());
+        // token 1 banned; 0.0 + 2.9 > 2.5; an id outside the row is ignored
+        assert_eq!(pick_on_host(&logits, 4, &[row]).unwrap()[0], Picked { id: 3, logits: Some(logits.to_vec()) });
+        let params = GenerateParams { logit_bias: vec![(2, 1.0)], sampling: SamplingParams::greedy(), ..Default::default() };
+        let mut d = SeqDecoder::new(&params, None, Detokenizer::default());
+        assert_eq!(d.next_pick(&[]).bias.as_deref(), Some(&[(2, 1.0)][..]));
+    }
+
+    #[test]
     fn plain_greedy_takes_no_draw_and_sampling_one_per_pick() {
         let g = GenerateParams { sampling: SamplingParams::greedy(), ..Default::default() };
         let dummy = Detokenizer::default;
         let mut d = SeqDecoder::new(&g, None, dummy());
-        assert_eq!(d.next_pick(&[1, 2]), RowPick { pick: Pick::Argmax, logits: false, mask: None });
+        assert_eq!(d.next_pick(&[1, 2]), RowPick::plain(Pick::Argmax));
         let s = GenerateParams { sampling: SamplingParams { seed: 7, ..Default::default() }, ..Default::default() };
         let (mut a, mut b) = (SeqDecoder::new(&s, Some(2), dummy()), SeqDecoder::new(&s, None, dummy()));
         let (pa, pb) = (a.next_pick(&[1]), b.next_pick(&[1]));

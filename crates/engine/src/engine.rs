@@ -42,11 +42,22 @@ pub struct EngineOptions {
     /// Recurrent models: state snapshots kept for prefix reuse (each a copy of one
     /// sequence's whole recurrent state), taken at prompt-chunk boundaries.
     pub n_state_checkpoints: usize,
+    /// A chat template (Jinja source) in place of the model's.
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, n_batch: 512, n_seq: 1, kv_type: KvType::F16, block_size: 16, kv_mem: None, n_state_checkpoints: 8 }
+        EngineOptions {
+            n_ctx: 0,
+            n_batch: 512,
+            n_seq: 1,
+            kv_type: KvType::F16,
+            block_size: 16,
+            kv_mem: None,
+            n_state_checkpoints: 8,
+            chat_template: None,
+        }
     }
 }
 
@@ -76,7 +87,11 @@ impl<B: Backend> Engine<B> {
     }
 
     pub fn from_gguf(backend: B, gguf: Arc<Gguf>, mut opts: EngineOptions) -> Result<Engine<B>, EngineError> {
-        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(|e| EngineError::Tokenizer(e.to_string()))?);
+        let mut tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        if let Some(t) = opts.chat_template.take() {
+            tokenizer.set_chat_template(t).map_err(|e| EngineError::Tokenizer(format!("chat template: {e}")))?;
+        }
+        let tokenizer = Arc::new(tokenizer);
         let mut model = quarrel_models::load(&backend, &gguf)?;
         let info = model.info().clone();
         // every id the tokenizer can produce must have an embedding row (llama.cpp sizes

@@ -15,11 +15,13 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Added to these tokens' logits before the sampling chain (OpenAI `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { sampling: SamplingParams::default(), max_tokens: 256, stop: vec![], ignore_eos: false }
+        GenerateParams { sampling: SamplingParams::default(), max_tokens: 256, stop: vec![], ignore_eos: false, logit_bias: vec![] }
     }
 }
 

@@ -54,7 +54,8 @@ fn greedy_generate_equals_the_service_with_stops_and_limits() {
     let Some(path) = smollm2() else { return };
     let e = engine(&path, EngineOptions { n_ctx: 256, ..Default::default() });
     let mut probe = engine(&path, EngineOptions { n_ctx: 256, ..Default::default() });
-    let greedy = |max_tokens, stop: Vec<String>| GenerateParams { sampling: SamplingParams::greedy(), max_tokens, stop, ignore_eos: false };
+    let greedy =
+        |max_tokens, stop: Vec<String>| GenerateParams { sampling: SamplingParams::greedy(), max_tokens, stop, ..Default::default() };
     let mut cases = vec![];
     for (i, p) in PROMPTS.iter().enumerate() {
         let ids = e.tokenize(p, true);

@@ -38,6 +38,8 @@ pub struct Knobs {
     pub tools: Option<ToolRequest>,
     /// Generate past the end-of-generation token (benchmarks, tests).
     pub ignore_eos: bool,
+    /// Token id -> bias added to its logit (OpenAI `logit_bias`, -100..=100).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 fn range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
@@ -100,7 +102,11 @@ impl Knobs {
                 return Err(ApiError::invalid(format!("top_logprobs must be between 0 and 20, got {n}")));
             }
         }
-        Ok((GenerateParams { sampling: s, max_tokens, stop, ignore_eos: self.ignore_eos }, self.logprobs))
+        if let Some(&(_, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return Err(ApiError::invalid(format!("logit_bias values must be between -100 and 100, got {b}")));
+        }
+        let logit_bias = self.logit_bias.clone();
+        Ok((GenerateParams { sampling: s, max_tokens, stop, ignore_eos: self.ignore_eos, logit_bias }, self.logprobs))
     }
 }
 
@@ -153,6 +159,10 @@ pub async fn start(state: &AppState, model: Option<&str>, mut prompt: Prompt, kn
     check_prompt(state, &prompt)?;
     let m = state.registry.get(model).await?;
     let (params, logprobs) = knobs.params(m.handle.n_ctx())?;
+    let n_vocab = m.info().n_vocab;
+    if let Some(&(t, _)) = params.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
+        return Err(ApiError::invalid(format!("logit_bias names token {t}, outside the vocabulary of {n_vocab}")));
+    }
     let mut constraint = knobs.constraint.clone();
     let chat_plan = match &mut prompt {
         Prompt::Chat { messages, options } => plan(m.handle.tokenizer(), knobs.tools.as_ref(), messages, options, &mut constraint)?,

@@ -257,6 +257,17 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// Use `source` as the chat template in place of the model's; refused (the tokenizer
+    /// unchanged) when it does not compile.
+    pub fn set_chat_template(&mut self, source: String) -> Result<(), TokenizerError> {
+        let old = self.chat_template.replace(source);
+        if let Err(e) = self.compiled_chat_template() {
+            self.chat_template = old;
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Renders `messages` with the model's chat template (HF semantics). Errors with
     /// [`TokenizerError::NoChatTemplate`] when the model has none (then use
     /// [`Tokenizer::fallback_chatml`] if ChatML suits the model).

@@ -174,6 +174,7 @@ pub fn main(a: Args) -> Result<()> {
     };
     let model = ModelArgs {
         model: a.model.clone(),
+        template: Default::default(),
         ctx: a.ctx.clone(),
         cache: CacheArgs { kv: KvTypeArg::default(), batch: a.ubatch, kv_mem: None },
         device: a.device.clone(),

@@ -1,7 +1,7 @@
 //! `quarrel serve`: wiring for the server crate — model catalog and loader (CPU engines behind
 //! `EngineHandle`s), keys, limits, logging, the listener.
 
-use crate::args::{CacheArgs, ContextArgs, DeviceArgs, ModelArg, ModelArgs};
+use crate::args::{CacheArgs, ContextArgs, DeviceArgs, ModelArg, ModelArgs, TemplateArg};
 use crate::resolve::{cache_dir, resolve_model};
 use anyhow::{bail, Context, Result};
 use quarrel_engine::{EngineHandle, ServiceOptions};
@@ -36,6 +36,8 @@ pub struct Args {
     /// TCP port to listen on (0: any free port).
     #[arg(long, default_value_t = 8080, env = "QUARREL_PORT")]
     pub port: u16,
+    #[command(flatten)]
+    pub template: TemplateArg,
     #[command(flatten)]
     pub ctx: ContextArgs,
     #[command(flatten)]
@@ -291,7 +293,13 @@ pub fn main(a: Args) -> Result<()> {
     let loader = CliLoader {
         explicit: explicit.clone(),
         models_dir: a.models_dir.clone(),
-        args: ModelArgs { model: ModelArg::default(), ctx: a.ctx.clone(), cache: a.cache.clone(), device: a.device.clone() },
+        args: ModelArgs {
+            model: ModelArg::default(),
+            template: a.template.clone(),
+            ctx: a.ctx.clone(),
+            cache: a.cache.clone(),
+            device: a.device.clone(),
+        },
         opts,
         kv_seqs: a.kv_seqs,
     };

@@ -169,6 +169,7 @@ pub async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJs
     let n = check_n(req.gen.n)?;
     let mut knobs = req.gen.knobs(req.max_completion_tokens.or(req.gen.max_tokens), req.logprobs.then_some(req.top_logprobs.unwrap_or(0)));
     knobs.constraint = req.gen.guided.spec(req.response_format.as_ref())?;
+    knobs.logit_bias = req.gen.logit_bias()?;
     knobs.tools = ToolRequest::read(req.tools, req.tool_choice.as_ref(), req.parallel_tool_calls)?;
     let options = ChatOptions { tools: None, kwargs: req.chat_template_kwargs.unwrap_or_default() };
     let prompt = Prompt::Chat { messages: to_chat(req.messages)?, options };

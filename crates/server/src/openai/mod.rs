@@ -70,6 +70,9 @@ pub struct Generation {
     /// Extension (llama-server, vLLM): keep generating after the end-of-generation token.
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Token id (as a string key) -> bias added to its logit, -100..=100.
+    #[schema(value_type = Object)]
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// Structured output in llama-server's and vLLM's spellings.
     #[serde(flatten)]
     pub guided: GuidedFields,
@@ -94,6 +97,18 @@ impl Generation {
             ignore_eos: self.ignore_eos,
             ..Default::default()
         }
+    }
+
+    /// `logit_bias` as token ids and biases (its range is checked with the other knobs).
+    pub(crate) fn logit_bias(&self) -> Result<Vec<(u32, f32)>, ApiError> {
+        self.logit_bias
+            .iter()
+            .flatten()
+            .map(|(k, v)| match (k.parse::<u32>(), v.as_f64()) {
+                (Ok(t), Some(b)) => Ok((t, b as f32)),
+                _ => Err(ApiError::invalid(format!("logit_bias: {k:?}: {v} is not a token id and a number"))),
+            })
+            .collect()
     }
 
     pub(crate) fn include_usage(&self) -> bool {
@@ -320,6 +335,7 @@ pub(crate) fn request_id(prefix: &str) -> String {
 pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     let n = check_n(req.gen.n)?;
     let mut knobs = req.gen.knobs(Some(req.gen.max_tokens.unwrap_or(16)), req.logprobs);
+    knobs.logit_bias = req.gen.logit_bias()?;
     knobs.constraint = req.gen.guided.spec(req.response_format.as_ref())?;
     let prompt = req.prompt.into_prompt()?;
     let echo_text = match (&prompt, req.echo) {

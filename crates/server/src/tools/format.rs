@@ -70,29 +70,30 @@ impl ToolFormat {
     /// direct answer is allowed too.
     pub fn grammar(self, tok: &Tokenizer, tools: &[Value], parallel: bool, allow_text: bool) -> String {
         let call = |args_key: &str| Value::Object(call_schema(tools, args_key));
+        let max_calls = if parallel { MAX_CALLS } else { 1 };
         match self {
             ToolFormat::Hermes => {
                 let open = literal(tok, "<tool_call>");
                 let close = literal(tok, "</tool_call>");
-                let more = if parallel { " (\"\\n\" call)*" } else { "" };
-                format!("start: call{more}\ncall: {open} \"\\n\" %json {} \"\\n\" {close}\n", call("arguments"))
+                let more = if parallel { format!(" (\"\\n\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
+                format!("start: call{more}\ncall: {open} \"\\n\" %json {} \"\\n\" {close}\n", laid_out(call("arguments")))
             }
             ToolFormat::Mistral | ToolFormat::Granite => {
                 let open = literal(tok, self.trigger().unwrap_or_default());
-                let list = json!({"type": "array", "items": call("arguments"), "minItems": 1, "maxItems": if parallel { 16 } else { 1 }});
+                let list = laid_out(json!({"type": "array", "items": call("arguments"), "minItems": 1, "maxItems": max_calls}));
                 format!("start: {open} %json {list}\n")
             }
-            ToolFormat::Llama3 => format!("start: %json {}\n", call("parameters")),
+            ToolFormat::Llama3 => format!("start: %json {}\n", laid_out(call("parameters"))),
             ToolFormat::Generic => {
                 let calls = json!({"type": "object", "properties": {"tool_calls": {"type": "array", "items": call("arguments"), "minItems": 1,
-                    "maxItems": if parallel { 16 } else { 1 }}}, "required": ["tool_calls"], "additionalProperties": false});
+                    "maxItems": max_calls}}, "required": ["tool_calls"], "additionalProperties": false});
                 let schema = if allow_text {
                     let text = json!({"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"], "additionalProperties": false});
                     json!({"anyOf": [calls, text]})
                 } else {
                     calls
                 };
-                format!("start: %json {schema}\n")
+                format!("start: %json {}\n", laid_out(schema))
             }
         }
     }
@@ -119,11 +120,14 @@ impl ToolFormat {
                 Some((String::new(), vec![call_from(&v)?]))
             }
             ToolFormat::Generic => {
-                let v: Value = serde_json::from_str(text.trim()).ok()?;
-                let list = v.get("tool_calls").or_else(|| v.get("tool_call"))?;
-                let calls = match list {
-                    Value::Array(items) => items.iter().map(call_from).collect::<Option<Vec<_>>>()?,
-                    one => vec![call_from(one)?],
+                let t = text.trim();
+                let calls = match serde_json::from_str::<Value>(t) {
+                    Ok(v) => match v.get("tool_calls").or_else(|| v.get("tool_call"))? {
+                        Value::Array(items) => items.iter().map(call_from).collect::<Option<Vec<_>>>()?,
+                        one => vec![call_from(one)?],
+                    },
+                    // cut off by the length limit inside the list
+                    Err(_) => list_prefix(t.strip_prefix("{\"tool_calls\":")?.trim_start())?,
                 };
                 Some((String::new(), calls))
             }
@@ -131,6 +135,18 @@ impl ToolFormat {
         let (rest, calls) = calls_and_rest;
         (!calls.is_empty() && calls.iter().all(|c| names.contains(&c.name.as_str()))).then_some((rest, calls))
     }
+}
+
+/// Most calls in one answer.
+const MAX_CALLS: usize = 16;
+
+/// `schema` with the compact JSON layout (`", "`, `": "`, no other whitespace) that the
+/// structured-output grammars use: small models otherwise pad calls with newlines.
+fn laid_out(mut schema: Value) -> Value {
+    if let Value::Object(m) = &mut schema {
+        m.insert("x-guidance".into(), json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+    }
+    schema
 }
 
 /// The generic format's direct answer (`{"response": ".."}`), if `text` is one.
@@ -194,10 +210,29 @@ fn call_from(v: &Value) -> Option<ParsedCall> {
 }
 
 fn parse_list(text: &str) -> Option<Vec<ParsedCall>> {
-    match serde_json::from_str::<Value>(text).ok()? {
-        Value::Array(items) => items.iter().map(call_from).collect(),
-        one => Some(vec![call_from(&one)?]),
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(items)) => items.iter().map(call_from).collect(),
+        Ok(one) => Some(vec![call_from(&one)?]),
+        Err(_) => list_prefix(text),
     }
+}
+
+/// The complete calls at the start of a JSON list that was cut off by the length limit
+/// (`[{..}, {..}, {"na`): None when not even one is complete.
+fn list_prefix(text: &str) -> Option<Vec<ParsedCall>> {
+    let mut rest = text.strip_prefix('[')?;
+    let mut calls = vec![];
+    loop {
+        let mut items = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let Some(Ok(v)) = items.next() else { break };
+        calls.push(call_from(&v)?);
+        rest = rest[items.byte_offset()..].trim_start();
+        match rest.strip_prefix(',') {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    (!calls.is_empty()).then_some(calls)
 }
 
 /// Calls between `open` and `close` markers (the last one may lack its `close`: the output
@@ -209,12 +244,19 @@ fn parse_tagged(text: &str, open: &str, close: &str) -> Option<(String, Vec<Pars
     while let Some(p) = s.find(open) {
         rest.push_str(&s[..p]);
         let body = &s[p + open.len()..];
-        let (inner, after) = match body.find(close) {
-            Some(q) => (&body[..q], &body[q + close.len()..]),
-            None => (body, ""),
+        let (inner, after, closed) = match body.find(close) {
+            Some(q) => (&body[..q], &body[q + close.len()..], true),
+            None => (body, "", false),
         };
-        let v: Value = serde_json::from_str(inner.trim()).ok()?;
-        calls.push(call_from(&v)?);
+        match serde_json::from_str::<Value>(inner.trim()).ok().and_then(|v| call_from(&v)) {
+            Some(c) => calls.push(c),
+            // a call cut off by the length limit: the complete ones before it stand
+            None if !closed && !calls.is_empty() => {
+                s = "";
+                break;
+            }
+            None => return None,
+        }
         s = after;
     }
     rest.push_str(s);

@@ -161,7 +161,9 @@ pub fn plan(
         if constraint.is_some() {
             return Err(ApiError::invalid("a structured output format cannot be combined with tool calls on this model"));
         }
-        *constraint = Some(ConstraintSpec::Lark(format.grammar(tok, &offered, req.parallel, !forced)));
+        // a named function is one call of it, as OpenAI answers it
+        let parallel = req.parallel && !matches!(req.choice, ToolChoice::Named(_));
+        *constraint = Some(ConstraintSpec::Lark(format.grammar(tok, &offered, parallel, !forced)));
     }
     if format.native() {
         options.tools = Some(Value::Array(req.tools.clone()));

@@ -77,6 +77,13 @@ fn calls_parse_in_every_format() {
     // unknown tools, broken JSON and plain answers are not calls
     assert!(ToolFormat::Hermes.parse("<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>", &n).is_none());
     assert!(ToolFormat::Hermes.parse("<tool_call>{\"name\": \"add\", ", &n).is_none());
+    let cut_list = "{\"tool_calls\": [{\"name\": \"add\", \"arguments\": {\"a\": 1}}, {\"name\": \"add\", \"argu";
+    assert_eq!(ToolFormat::Generic.parse(cut_list, &n).unwrap().1.len(), 1);
+    assert_eq!(ToolFormat::Mistral.parse("[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {}}, {", &n).unwrap().1.len(), 1);
+    assert!(ToolFormat::Generic.parse("{\"tool_calls\": [{\"name\": \"ad", &n).is_none());
+    // cut off by the length limit after complete calls: those stand
+    let cut = format!("{h}\n<tool_call>\n{{\"name\": \"ad");
+    assert_eq!(ToolFormat::Hermes.parse(&cut, &n).unwrap(), ToolFormat::Hermes.parse(h, &n).unwrap());
     assert!(ToolFormat::Llama3.parse("The weather is fine.", &n).is_none());
     assert!(ToolFormat::Generic.parse("{\"response\": \"hi\"}", &n).is_none());
     assert_eq!(generic_response("{\"response\": \"hi \\\"there\\\"\"}").as_deref(), Some("hi \"there\""));
