@@ -4,7 +4,7 @@ import unittest
 
 import openai
 
-from common import BASE, MODEL
+from common import BASE, MODEL, raw
 
 
 class OpenAIClient(unittest.TestCase):
@@ -67,6 +67,23 @@ class OpenAIClient(unittest.TestCase):
             self.assertAlmostEqual(max(top.values()), l, places=5)
         s = "".join(c.choices[0].text for c in self.c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True))
         self.assertEqual(s, r.choices[0].text)
+
+    def test_logit_bias(self):
+        kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0, logprobs=1)
+        first = self.c.completions.create(**kw).choices[0].logprobs.tokens[0]
+        status, _, body = raw("POST", "/tokenize", {"content": first})
+        self.assertEqual(status, 200, body)
+        banned = body["tokens"][0]
+        r = self.c.completions.create(logit_bias={str(banned): -100}, **kw)
+        self.assertNotEqual(r.choices[0].logprobs.tokens[0], first)
+        status, _, body = raw("POST", "/tokenize", {"content": " banana"})
+        forced = body["tokens"][0]
+        r = self.c.completions.create(logit_bias={str(forced): 100}, **kw)
+        status, _, text = raw("POST", "/detokenize", {"tokens": [forced]})
+        self.assertEqual(r.choices[0].logprobs.tokens[0], text["content"])
+        for bad in [{"x": 1}, {str(banned): 500}, {"999999999": 1}]:
+            status, _, err = raw("POST", "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 1, "logit_bias": bad})
+            self.assertEqual(status, 400, (bad, err))
 
     def test_chat_logprobs(self):
         r = self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
