@@ -1,5 +1,6 @@
-//! Model resolution for `-m`: a path, a name in Quarrel's cache, a Hugging Face hub cache
-//! entry (`org/repo[:file]`), or an ollama model (`name[:tag]`). No `-m`: the default model,
+//! Model resolution for `-m`: a path, a name in Quarrel's cache (a file stem, or an ollama
+//! `name[:tag]` that `quarrel pull ollama:` fetched), a Hugging Face hub cache entry
+//! (`org/repo[:file]`), or an ollama store's model (`name[:tag]`). No `-m`: the default model,
 //! fetched when missing.
 
 use anyhow::{bail, Result};
@@ -33,9 +34,14 @@ pub fn resolve_model(name: Option<&str>, fetch_default: bool) -> Result<PathBuf>
         return Ok(p.to_path_buf());
     }
     looked.push(format!("the path {name:?}"));
-    // Quarrel cache: exact file, file + .gguf, or a registry alias
+    // Quarrel cache: exact file, file + .gguf, what `quarrel pull ollama:NAME[:TAG]` stored, or
+    // a registry alias
     let cache = cache_dir();
-    for cand in [cache.join(name), cache.join(format!("{name}.gguf"))] {
+    let mut cands = vec![cache.join(name), cache.join(format!("{name}.gguf"))];
+    if let Some(f) = crate::cmd::pull::ollama_file_name(name.strip_prefix("ollama:").unwrap_or(name)) {
+        cands.push(cache.join(f));
+    }
+    for cand in cands {
         if cand.is_file() {
             return Ok(cand);
         }

