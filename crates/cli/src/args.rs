@@ -10,6 +10,7 @@
 //! | `KvTypeArg`   | `--kv-type` | `CacheArgs`, bench |
 //! | `DeviceArgs`  | `--device`, `--expert-budget`, `--numerics` | `ModelArgs`, serve, bench, embed |
 //! | `SampleArgs`  | `--temp`, `--top-k`, ... `--stop`, `--ignore-eos` | run, chat |
+//! | `GenerationArgs` | all of `ModelArgs` and `SampleArgs` | run, chat |
 
 use quarrel_core::Numerics;
 
@@ -24,6 +25,15 @@ pub struct ModelArgs {
     pub cache: CacheArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// A model to generate with and the sampling chain to pick its tokens.
+#[derive(clap::Args)]
+pub struct GenerationArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sample: SampleArgs,
 }
 
 /// `-m`: the model.

@@ -6,8 +6,9 @@ use anyhow::{bail, Context, Result};
 use quarrel_core::{Backend, KvType, Numerics};
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
-use quarrel_engine::{Engine, EngineOptions};
+use quarrel_engine::{Completion, Engine, EngineOptions, GenerateParams};
 use quarrel_models::ModelDescription;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -158,6 +159,19 @@ pub fn load_engine(
             AnyEngine::Cuda(e)
         }
     })
+}
+
+/// Generate from `ids` with the text written to stdout as it comes (flushed per token, so a
+/// pipe or terminal shows it live), then a newline.
+pub fn stream_to_stdout<B: Backend>(engine: &mut Engine<B>, ids: &[u32], params: &GenerateParams) -> Result<Completion> {
+    let mut out = std::io::stdout().lock();
+    let c = engine.generate(ids, params, &mut |ev| {
+        let _ = out.write_all(ev.text.as_bytes());
+        let _ = out.flush();
+        true
+    })?;
+    let _ = writeln!(out);
+    Ok(c)
 }
 
 fn load_on<B: Backend>(be: B, path: &Path, opts: EngineOptions) -> Result<Engine<B>> {
