@@ -3,7 +3,8 @@
 //!
 //! | group         | flags | commands |
 //! |---------------|-------|----------|
-//! | `ModelArgs`   | all of `ModelArg`, `ContextArgs`, `CacheArgs`, `DeviceArgs` | run, chat, perplexity, consistency, batched-bench |
+//! | `ModelArgs`   | `ModelArg` and `EngineArgs` | run, chat, perplexity, consistency, batched-bench |
+//! | `EngineArgs`  | all of `ContextArgs`, `CacheArgs`, `DeviceArgs` | `ModelArgs`, serve |
 //! | `ModelArg`    | `-m` (one model) | the above, embed |
 //! | `ContextArgs` | `-t`, `-c` | the above, serve, embed |
 //! | `CacheArgs`   | `--kv-type`, `-b`, `--kv-mem` | `ModelArgs`, serve |
@@ -19,6 +20,13 @@ use quarrel_core::Numerics;
 pub struct ModelArgs {
     #[command(flatten)]
     pub model: ModelArg,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// How an engine runs, whatever the model: threads and context, KV cache, device.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineArgs {
     #[command(flatten)]
     pub ctx: ContextArgs,
     #[command(flatten)]

@@ -31,16 +31,16 @@ impl ModelArgs {
     /// `engine` with the options adjusted by `f` (sequence count, block size, ...).
     pub fn engine_with(&self, f: impl FnOnce(&mut EngineOptions)) -> Result<AnyEngine> {
         let path = self.model_path()?;
-        let device = DeviceSel::parse(&self.device.device)?;
-        let kv_type = parse_kv_type(&self.cache.kv.kv_type)?;
-        let mut opts =
-            EngineOptions { n_ctx: self.ctx.n_ctx, n_batch: self.cache.batch, kv_type, kv_mem: self.cache.kv_mem, ..Default::default() };
+        let (ctx, cache, dev) = (&self.engine.ctx, &self.engine.cache, &self.engine.device);
+        let device = DeviceSel::parse(&dev.device)?;
+        let kv_type = parse_kv_type(&cache.kv.kv_type)?;
+        let mut opts = EngineOptions { n_ctx: ctx.n_ctx, n_batch: cache.batch, kv_type, kv_mem: cache.kv_mem, ..Default::default() };
         f(&mut opts);
         let t0 = Instant::now();
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {} on {device}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(100));
-        let engine = load_engine(device, self.ctx.threads, &path, opts, self.device.expert_budget, self.device.numerics.choice());
+        let engine = load_engine(device, ctx.threads, &path, opts, dev.expert_budget, dev.numerics.choice());
         spinner.finish_and_clear();
         let engine = engine?;
         with_engine!(ref &engine, e => {

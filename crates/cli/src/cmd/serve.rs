@@ -1,7 +1,7 @@
 //! `quarrel serve`: wiring for the server crate — model catalog and loader (CPU engines behind
 //! `EngineHandle`s), keys, limits, logging, the listener.
 
-use crate::args::{CacheArgs, ContextArgs, DeviceArgs, ModelArg, ModelArgs};
+use crate::args::{EngineArgs, ModelArg, ModelArgs};
 use crate::resolve::{cache_dir, resolve_model};
 use anyhow::{bail, Context, Result};
 use quarrel_engine::{EngineHandle, ServiceOptions};
@@ -37,11 +37,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8080, env = "QUARREL_PORT")]
     pub port: u16,
     #[command(flatten)]
-    pub ctx: ContextArgs,
-    #[command(flatten)]
-    pub cache: CacheArgs,
-    #[command(flatten)]
-    pub device: DeviceArgs,
+    pub engine: EngineArgs,
     /// Most sequences decoding at once per model.
     #[arg(long, default_value_t = 64, env = "QUARREL_PARALLEL")]
     pub parallel: usize,
@@ -291,7 +287,7 @@ pub fn main(a: Args) -> Result<()> {
     let loader = CliLoader {
         explicit: explicit.clone(),
         models_dir: a.models_dir.clone(),
-        args: ModelArgs { model: ModelArg::default(), ctx: a.ctx.clone(), cache: a.cache.clone(), device: a.device.clone() },
+        args: ModelArgs { model: ModelArg::default(), engine: a.engine.clone() },
         opts,
         kv_seqs: a.kv_seqs,
     };
