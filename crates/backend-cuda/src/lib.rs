@@ -558,7 +558,23 @@ impl Backend for CudaBackend {
         bias: Option<&CudaBuf>,
         p: &MoeRouting,
     ) -> Result<Vec<Route>> {
-        self.moe_router_op(layer, w, x, n_tok, bias, p)
+        self.dev.bind()?;
+        // decode steps routed on the device: the router matmul and the routing in one launch
+        // (in exact numerics too: its logits are gemv_f32's, its routes moe_route's, bit for
+        // bit, the arithmetic a prefill's router takes below)
+        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.is_none_or(|b| b.len == p.n_expert) {
+            let xp = self.rd(x)?;
+            let bp = match bias {
+                Some(b) => self.rd(b)?,
+                None => 0,
+            };
+            if let Some(r) = self.router.route_fused(&self.dev, &self.qcache, Some(layer), w, xp, n_tok, bp, p)? {
+                return Ok(r);
+            }
+        }
+        let mut logits = self.alloc(n_tok * p.n_expert)?; // (n_tok, n_expert)
+        self.matmul(w, x, n_tok, &mut logits)?;
+        self.moe_route(layer, &logits, bias, p)
     }
 
     fn moe_route(&self, layer: usize, logits: &CudaBuf, bias: Option<&CudaBuf>, p: &MoeRouting) -> Result<Vec<Route>> {

@@ -3,8 +3,8 @@
 
 use crate::fusion::Held;
 use crate::runtime::Arg;
-use crate::{check_len, matmul, moe, CudaBackend, CudaBuf, CudaWeight};
-use quarrel_core::{Backend, CoreError, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle, Route};
+use crate::{check_len, matmul, moe, CudaBackend, CudaBuf};
+use quarrel_core::{CoreError, MoeRouting, Result, RopeParams, RopeScaling, RopeStyle, Route};
 use std::sync::atomic::Ordering;
 
 impl CudaBackend {
@@ -153,33 +153,5 @@ impl CudaBackend {
             None => None,
         };
         moe::route(&self.moe_counts, layer, &l, b.as_deref(), p)
-    }
-
-    pub(crate) fn moe_router_op(
-        &self,
-        layer: usize,
-        w: &CudaWeight,
-        x: &CudaBuf,
-        n_tok: usize,
-        bias: Option<&CudaBuf>,
-        p: &MoeRouting,
-    ) -> Result<Vec<Route>> {
-        self.dev.bind()?;
-        // decode steps routed on the device: the router matmul and the routing in one launch
-        // (in exact numerics too: its logits are gemv_f32's, its routes moe_route's, bit for
-        // bit, the arithmetic a prefill's router takes below)
-        if !self.experts.any_offloaded() && x.len == n_tok * w.n_in && bias.is_none_or(|b| b.len == p.n_expert) {
-            let xp = self.rd(x)?;
-            let bp = match bias {
-                Some(b) => self.rd(b)?,
-                None => 0,
-            };
-            if let Some(r) = self.router.route_fused(&self.dev, &self.qcache, Some(layer), w, xp, n_tok, bp, p)? {
-                return Ok(r);
-            }
-        }
-        let mut logits = self.alloc(n_tok * p.n_expert)?; // (n_tok, n_expert)
-        self.matmul(w, x, n_tok, &mut logits)?;
-        self.moe_route(layer, &logits, bias, p)
     }
 }

@@ -3,13 +3,16 @@
 //!
 //! | group         | flags | commands |
 //! |---------------|-------|----------|
-//! | `ModelArgs`   | all of `ModelArg`, `ContextArgs`, `CacheArgs`, `DeviceArgs` | run, chat, perplexity, consistency, batched-bench |
+//! | `ModelArgs`   | `ModelArg`, `TemplateArg` and `EngineArgs` | run, chat, perplexity, consistency, batched-bench |
+//! | `EngineArgs`  | all of `ContextArgs`, `CacheArgs`, `DeviceArgs` | `ModelArgs`, serve |
 //! | `ModelArg`    | `-m` (one model) | the above, embed |
+//! | `TemplateArg` | `--chat-template` | `ModelArgs`, serve |
 //! | `ContextArgs` | `-t`, `-c` | the above, serve, embed |
 //! | `CacheArgs`   | `--kv-type`, `-b`, `--kv-mem` | `ModelArgs`, serve |
 //! | `KvTypeArg`   | `--kv-type` | `CacheArgs`, bench |
 //! | `DeviceArgs`  | `--device`, `--expert-budget`, `--numerics` | `ModelArgs`, serve, bench, embed |
 //! | `SampleArgs`  | `--temp`, `--top-k`, ... `--stop`, `--ignore-eos` | run, chat |
+//! | `GenerationArgs` | all of `ModelArgs` and `SampleArgs` | run, chat |
 
 use quarrel_core::Numerics;
 
@@ -21,11 +24,27 @@ pub struct ModelArgs {
     #[command(flatten)]
     pub template: TemplateArg,
     #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// How an engine runs, whatever the model: threads and context, KV cache, device.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineArgs {
+    #[command(flatten)]
     pub ctx: ContextArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// A model to generate with and the sampling chain to pick its tokens.
+#[derive(clap::Args)]
+pub struct GenerationArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sample: SampleArgs,
 }
 
 /// `-m`: the model.

@@ -6,8 +6,9 @@ use anyhow::{bail, Context, Result};
 use quarrel_core::{Backend, KvType, Numerics};
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
-use quarrel_engine::{Engine, EngineOptions};
+use quarrel_engine::{Completion, Engine, EngineOptions, GenerateParams};
 use quarrel_models::ModelDescription;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,13 +31,14 @@ impl ModelArgs {
     /// `engine` with the options adjusted by `f` (sequence count, block size, ...).
     pub fn engine_with(&self, f: impl FnOnce(&mut EngineOptions)) -> Result<AnyEngine> {
         let path = self.model_path()?;
-        let device = DeviceSel::parse(&self.device.device)?;
-        let kv_type = parse_kv_type(&self.cache.kv.kv_type)?;
+        let (ctx, cache, dev) = (&self.engine.ctx, &self.engine.cache, &self.engine.device);
+        let device = DeviceSel::parse(&dev.device)?;
+        let kv_type = parse_kv_type(&cache.kv.kv_type)?;
         let mut opts = EngineOptions {
-            n_ctx: self.ctx.n_ctx,
-            n_batch: self.cache.batch,
+            n_ctx: ctx.n_ctx,
+            n_batch: cache.batch,
             kv_type,
-            kv_mem: self.cache.kv_mem,
+            kv_mem: cache.kv_mem,
             chat_template: self.template.source()?,
             ..Default::default()
         };
@@ -45,7 +47,7 @@ impl ModelArgs {
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {} on {device}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(100));
-        let engine = load_engine(device, self.ctx.threads, &path, opts, self.device.expert_budget, self.device.numerics.choice());
+        let engine = load_engine(device, ctx.threads, &path, opts, dev.expert_budget, dev.numerics.choice());
         spinner.finish_and_clear();
         let engine = engine?;
         with_engine!(ref &engine, e => {
@@ -164,6 +166,19 @@ pub fn load_engine(
             AnyEngine::Cuda(e)
         }
     })
+}
+
+/// Generate from `ids` with the text written to stdout as it comes (flushed per token, so a
+/// pipe or terminal shows it live), then a newline.
+pub fn stream_to_stdout<B: Backend>(engine: &mut Engine<B>, ids: &[u32], params: &GenerateParams) -> Result<Completion> {
+    let mut out = std::io::stdout().lock();
+    let c = engine.generate(ids, params, &mut |ev| {
+        let _ = out.write_all(ev.text.as_bytes());
+        let _ = out.flush();
+        true
+    })?;
+    let _ = writeln!(out);
+    Ok(c)
 }
 
 fn load_on<B: Backend>(be: B, path: &Path, opts: EngineOptions) -> Result<Engine<B>> {

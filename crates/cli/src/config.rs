@@ -111,14 +111,14 @@ mod tests {
         std::env::remove_var("QUARREL_CTX");
         std::env::remove_var("QUARREL_THREADS");
         std::env::remove_var("QUARREL_QUEUE");
-        assert_eq!(a.ctx.threads, 7, "flag beats env and file");
-        assert_eq!(a.ctx.n_ctx, 1024, "env beats file");
+        assert_eq!(a.engine.ctx.threads, 7, "flag beats env and file");
+        assert_eq!(a.engine.ctx.n_ctx, 1024, "env beats file");
         assert_eq!(a.queue, 33, "env beats file");
         assert_eq!(a.port, 9000, "file beats default");
-        assert_eq!(a.cache.kv.kv_type, "q8_0", "underscores name the same flag");
+        assert_eq!(a.engine.cache.kv.kv_type, "q8_0", "underscores name the same flag");
         assert!(a.no_prefix_cache, "a switch set by the file");
         assert_eq!(a.cors, ["https://a.example", "https://b.example"], "a list is a repeated flag");
-        assert_eq!(a.cache.batch, 512, "default when nobody sets it");
+        assert_eq!(a.engine.cache.batch, 512, "default when nobody sets it");
         assert_eq!(a.parallel, 64, "default when nobody sets it");
     }
 

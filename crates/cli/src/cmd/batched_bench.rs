@@ -50,14 +50,14 @@ pub fn main(a: Args) -> Result<()> {
     let max_pl = npl.iter().copied().max().unwrap_or(1).max(1);
     let max_len = npp.iter().max().unwrap_or(&0) + ntg.iter().max().unwrap_or(&0);
     let mut margs = a.model.clone();
-    margs.ctx.n_ctx = max_len.max(16);
+    margs.engine.ctx.n_ctx = max_len.max(16);
     let engine = margs.engine_with(|o: &mut EngineOptions| o.n_seq = max_pl)?;
     crate::common::with_engine!(engine, engine => { run(engine, &a, &npp, &ntg, &npl) })
 }
 
 fn run<B: Backend>(mut e: Engine<B>, a: &Args, npp: &[usize], ntg: &[usize], npl: &[usize]) -> Result<()> {
     let jsonl = a.output_format == "jsonl";
-    let threads = a.model.ctx.threads;
+    let threads = a.model.engine.ctx.threads;
     e.bench_batched(16, 0, 1)?; // warm-up
     let mut out = std::io::stdout().lock();
     if !jsonl {

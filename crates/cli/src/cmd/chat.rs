@@ -1,7 +1,7 @@
 //! `quarrel chat`: an interactive conversation using the model's chat template.
 
-use crate::args::{ModelArgs, SampleArgs};
-use crate::common::with_engine;
+use crate::args::GenerationArgs;
+use crate::common::{stream_to_stdout, with_engine};
 use anyhow::{Context, Result};
 use quarrel_tokenizer::ChatMessage;
 use std::io::{BufRead, Write};
@@ -13,9 +13,7 @@ use std::io::{BufRead, Write};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub sample: SampleArgs,
+    pub generation: GenerationArgs,
     /// System prompt.
     #[arg(long)]
     pub system: Option<String>,
@@ -25,12 +23,12 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> Result<()> {
-    with_engine!(a.model.engine()?, engine => {
+    with_engine!(a.generation.model.engine()?, engine => {
         let mut history: Vec<ChatMessage> = vec![];
         if let Some(s) = &a.system {
             history.push(ChatMessage::new("system", s));
         }
-        let params = a.sample.params(a.n_predict);
+        let params = a.generation.sample.params(a.n_predict);
         let stdin = std::io::stdin();
         let mut lines = stdin.lock().lines();
         eprintln!("chat ready: /reset clears the history, /exit or Ctrl-D quits");
@@ -58,13 +56,7 @@ pub fn main(a: Args) -> Result<()> {
                 history.pop();
                 continue;
             }
-            let mut out = std::io::stdout().lock();
-            let c = engine.generate(&ids, &params, &mut |ev| {
-                let _ = out.write_all(ev.text.as_bytes());
-                let _ = out.flush();
-                true
-            })?;
-            let _ = writeln!(out);
+            let c = stream_to_stdout(&mut engine, &ids, &params)?;
             eprintln!("({} tokens, {:.1} t/s)", c.timings.gen_tokens, c.timings.gen_tps());
             history.push(ChatMessage::new("assistant", c.text.trim()));
         }

@@ -53,8 +53,8 @@ pub fn main(mut a: Args) -> Result<()> {
     if o.n_prefill > o.n_tokens {
         bail!("--prefill {} is more than the {} tokens (-n)", o.n_prefill, o.n_tokens);
     }
-    if a.model.ctx.n_ctx == 0 {
-        a.model.ctx.n_ctx = o.n_tokens.max(16);
+    if a.model.engine.ctx.n_ctx == 0 {
+        a.model.engine.ctx.n_ctx = o.n_tokens.max(16);
     }
     let n_seqs = o.n_seqs.max(1);
     let checks = with_engine!(a.model.engine_with(|e| e.n_seq = e.n_seq.max(n_seqs))?, engine => {

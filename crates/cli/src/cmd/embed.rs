@@ -2,7 +2,7 @@
 //! Longbow (Arrow Flight DoPut) with a progress bar; `--search` asks Longbow for the
 //! nearest neighbours of the texts instead.
 
-use crate::args::{CacheArgs, ContextArgs, DeviceArgs, KvTypeArg, ModelArg, ModelArgs};
+use crate::args::{CacheArgs, ContextArgs, DeviceArgs, EngineArgs, KvTypeArg, ModelArg, ModelArgs};
 use anyhow::{bail, Context, Result};
 use quarrel_engine::embedding::{embed_texts_blocking, EmbedOptions, EmbedTask, PrefixMode};
 use quarrel_engine::service::{EngineHandle, Pooling, ServiceOptions};
@@ -175,9 +175,11 @@ pub fn main(a: Args) -> Result<()> {
     let model = ModelArgs {
         model: a.model.clone(),
         template: Default::default(),
-        ctx: a.ctx.clone(),
-        cache: CacheArgs { kv: KvTypeArg::default(), batch: a.ubatch, kv_mem: None },
-        device: a.device.clone(),
+        engine: EngineArgs {
+            ctx: a.ctx.clone(),
+            cache: CacheArgs { kv: KvTypeArg::default(), batch: a.ubatch, kv_mem: None },
+            device: a.device.clone(),
+        },
     };
     let Some((data, meta, dataset)) = endpoints else {
         let engine = model.spawn_service(ServiceOptions::default())?;

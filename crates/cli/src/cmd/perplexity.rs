@@ -20,9 +20,9 @@ pub struct Args {
 
 pub fn main(mut a: Args) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let n_ctx = if a.model.ctx.n_ctx == 0 { 512 } else { a.model.ctx.n_ctx };
-    a.model.ctx.n_ctx = n_ctx;
-    a.model.cache.batch = a.model.cache.batch.max(n_ctx);
+    let n_ctx = if a.model.engine.ctx.n_ctx == 0 { 512 } else { a.model.engine.ctx.n_ctx };
+    a.model.engine.ctx.n_ctx = n_ctx;
+    a.model.engine.cache.batch = a.model.engine.cache.batch.max(n_ctx);
     with_engine!(a.model.engine()?, engine => {
         let t0 = std::time::Instant::now();
         let r = engine.perplexity(&text, n_ctx, &mut |c| {

@@ -1,10 +1,10 @@
 //! `quarrel run`: one completion streamed to stdout; timings on stderr.
 
-use crate::args::{ModelArgs, SampleArgs};
-use crate::common::with_engine;
+use crate::args::GenerationArgs;
+use crate::common::{stream_to_stdout, with_engine};
 use anyhow::{Context, Result};
 use quarrel_tokenizer::ChatMessage;
-use std::io::{Read, Write};
+use std::io::Read;
 
 /// Complete a prompt. stdout carries only the generated text.
 ///
@@ -13,9 +13,7 @@ use std::io::{Read, Write};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub sample: SampleArgs,
+    pub generation: GenerationArgs,
     /// The prompt (read from stdin when absent).
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
@@ -39,7 +37,7 @@ pub fn main(a: Args) -> Result<()> {
             s
         }
     };
-    with_engine!(a.model.engine()?, engine => {
+    with_engine!(a.generation.model.engine()?, engine => {
         let templated = !a.raw && engine.tokenizer.chat_template().is_some();
         let ids = if templated {
             let mut msgs = vec![];
@@ -51,15 +49,8 @@ pub fn main(a: Args) -> Result<()> {
         } else {
             engine.tokenize(&prompt, true)
         };
-        let params = a.sample.params(a.n_predict);
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        let c = engine.generate(&ids, &params, &mut |ev| {
-            let _ = out.write_all(ev.text.as_bytes());
-            let _ = out.flush();
-            true
-        })?;
-        let _ = writeln!(out);
+        let params = a.generation.sample.params(a.n_predict);
+        let c = stream_to_stdout(&mut engine, &ids, &params)?;
         let t = &c.timings;
         eprintln!(
             "\nprompt: {} tokens in {:.1} ms ({:.1} t/s) | generated: {} tokens, {:.1} t/s | first token after {:.1} ms | finish: {}",

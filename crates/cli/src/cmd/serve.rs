@@ -1,7 +1,7 @@
 //! `quarrel serve`: wiring for the server crate — model catalog and loader (CPU engines behind
 //! `EngineHandle`s), keys, limits, logging, the listener.
 
-use crate::args::{CacheArgs, ContextArgs, DeviceArgs, ModelArg, ModelArgs, TemplateArg};
+use crate::args::{EngineArgs, ModelArg, ModelArgs, TemplateArg};
 use crate::resolve::{cache_dir, resolve_model};
 use anyhow::{bail, Context, Result};
 use quarrel_engine::{EngineHandle, ServiceOptions};
@@ -39,11 +39,7 @@ pub struct Args {
     #[command(flatten)]
     pub template: TemplateArg,
     #[command(flatten)]
-    pub ctx: ContextArgs,
-    #[command(flatten)]
-    pub cache: CacheArgs,
-    #[command(flatten)]
-    pub device: DeviceArgs,
+    pub engine: EngineArgs,
     /// Most sequences decoding at once per model.
     #[arg(long, default_value_t = 64, env = "QUARREL_PARALLEL")]
     pub parallel: usize,
@@ -293,13 +289,7 @@ pub fn main(a: Args) -> Result<()> {
     let loader = CliLoader {
         explicit: explicit.clone(),
         models_dir: a.models_dir.clone(),
-        args: ModelArgs {
-            model: ModelArg::default(),
-            template: a.template.clone(),
-            ctx: a.ctx.clone(),
-            cache: a.cache.clone(),
-            device: a.device.clone(),
-        },
+        args: ModelArgs { model: ModelArg::default(), template: a.template.clone(), engine: a.engine.clone() },
         opts,
         kv_seqs: a.kv_seqs,
     };

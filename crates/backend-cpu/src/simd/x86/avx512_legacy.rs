@@ -217,6 +217,13 @@ macro_rules! legacy_kernels {
             ($sdot)(x, y, sy)
         }
 
+        /// [`sdot`] of the codebook values `k` of the nibbles at `x0`, `x1` (16 bytes each).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn codebook_sdot(k: &[i8; 16], x0: *const u8, x1: *const u8, y: __m512i, sy: __m512i) -> __m512i {
+            sdot(_mm512_shuffle_epi8(codebook512(k), nibbles2x32(x0, x1)), y, sy)
+        }
+
         /// `(y, udot(c, y))` for the activation block pair payloads at `y0`, `y1`.
         #[inline]
         #[target_feature(enable = $features)]
@@ -278,21 +285,13 @@ macro_rules! legacy_kernels {
         );
         dot16!($features, dot_iq4_nl, rows_iq4_nl, 18, 34, rows_iq4_nl, has_m: false,
             act: |y0, y1| sact(y0.add(2), y1.add(2)),
-            partial: |x0, x1, y, sy| sdot(
-                _mm512_shuffle_epi8(codebook512(&KVALUES_IQ4NL), nibbles2x32(x0.add(2), x1.add(2))),
-                y,
-                sy,
-            ),
+            partial: |x0, x1, y, sy| codebook_sdot(&KVALUES_IQ4NL, x0.add(2), x1.add(2), y, sy),
             wscales: |xb| d16(xb, WB),
             ascales: |yb| d16(yb, AB),
         );
         dot16!($features, dot_mxfp4, rows_mxfp4, 17, 34, rows_mxfp4, has_m: false,
             act: |y0, y1| sact(y0.add(2), y1.add(2)),
-            partial: |x0, x1, y, sy| sdot(
-                _mm512_shuffle_epi8(codebook512(&KVALUES_MXFP4), nibbles2x32(x0.add(1), x1.add(1))),
-                y,
-                sy,
-            ),
+            partial: |x0, x1, y, sy| codebook_sdot(&KVALUES_MXFP4, x0.add(1), x1.add(1), y, sy),
             wscales: |xb| (e8m0x16_at(xb, WB), _mm512_setzero_ps()),
             ascales: |yb| d16(yb, AB),
         );

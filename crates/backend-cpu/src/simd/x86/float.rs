@@ -16,37 +16,59 @@ fn check_float(n: usize, w: &[u8], a: &[u8], size: usize) {
     assert!(w.len() >= n * size && a.len() >= n * size, "simd dot: {n} floats need {} bytes, got {} and {}", n * size, w.len(), a.len());
 }
 
-/// Load 8 elements of `T` at element index `i` as f32.
-macro_rules! avx2_float_dot {
-    ($name:ident, $size:expr, $load:ident, $scalar:expr) => {
-        /// SAFETY: AVX2+FMA+F16C.
-        #[target_feature(enable = "avx2,fma,f16c")]
+/// `$name`: the dot of `n` floats of `$size` bytes in vectors of `$lanes` f32 lanes
+/// (`$zero`, `$fmadd`, `$add`, `$hsum`: the width's vector ops). Four accumulators take runs
+/// of four vectors; then the first takes the rest a vector at a time while `$mask(left)`
+/// gives the lanes to load (`$load(p, mask)`: those lanes at `p` as f32, the others 0.0),
+/// and `$scalar` whatever is left after that.
+macro_rules! float_dot {
+    ($feat:literal, $name:ident, $size:expr, $lanes:literal, [$zero:ident, $fmadd:ident, $add:ident, $hsum:ident],
+     $load:expr, $mask:expr, $scalar:expr) => {
+        #[target_feature(enable = $feat)]
         pub(crate) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             check_float(n, w, a, $size);
             let (wp, ap) = (w.as_ptr(), a.as_ptr());
-            let mut acc = [_mm256_setzero_ps(); 4];
+            let (load, mask, scalar) = ($load, $mask, $scalar);
+            let full = mask($lanes).unwrap();
+            let mut acc = [$zero(); 4];
             let mut i = 0;
-            while i + 32 <= n {
-                prefetch(wp.add(i * $size), 32 * $size);
+            while i + 4 * $lanes <= n {
+                prefetch(wp.add(i * $size), 4 * $lanes * $size);
                 for (k, acc) in acc.iter_mut().enumerate() {
-                    let off = (i + 8 * k) * $size;
-                    *acc = _mm256_fmadd_ps($load(wp.add(off)), $load(ap.add(off)), *acc);
+                    let off = (i + $lanes * k) * $size;
+                    *acc = $fmadd(load(wp.add(off), full), load(ap.add(off), full), *acc);
                 }
-                i += 32;
+                i += 4 * $lanes;
             }
-            while i + 8 <= n {
-                acc[0] = _mm256_fmadd_ps($load(wp.add(i * $size)), $load(ap.add(i * $size)), acc[0]);
-                i += 8;
+            while i < n {
+                let Some(m) = mask(n - i) else { break };
+                let off = i * $size;
+                acc[0] = $fmadd(load(wp.add(off), m), load(ap.add(off), m), acc[0]);
+                i += $lanes;
             }
-            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-            let mut sum = hsum_ps(s);
-            let scalar = $scalar;
+            let mut sum = $hsum($add($add(acc[0], acc[1]), $add(acc[2], acc[3])));
             while i < n {
                 sum += scalar(&w[i * $size..], 0) * scalar(&a[i * $size..], 0);
                 i += 1;
             }
             sum
         }
+    };
+}
+
+/// AVX2 (SAFETY: AVX2+FMA+F16C): whole vectors of 8 lanes, the last few elements scalar.
+macro_rules! avx2_float_dot {
+    ($name:ident, $size:expr, $load:ident, $scalar:expr) => {
+        float_dot!(
+            "avx2,fma,f16c",
+            $name,
+            $size,
+            8,
+            [_mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, hsum_ps],
+            |p, ()| $load(p),
+            |left: usize| (left >= 8).then_some(()),
+            $scalar
+        );
     };
 }
 
@@ -86,33 +108,19 @@ avx2_float_dot!(dot_f32_avx2, 4, load8_f32, scalar_f32);
 avx2_float_dot!(dot_f16_avx2, 2, load8_f16, scalar_f16);
 avx2_float_dot!(dot_bf16_avx2, 2, load8_bf16, scalar_bf16);
 
-/// 16 lanes at element `i` (`mask` selects the valid ones; the others read as 0.0).
+/// AVX-512 (SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL): vectors of 16 lanes, the last one masked.
 macro_rules! avx512_float_dot {
-    ($name:ident, $size:expr, $load:ident) => {
-        /// SAFETY: AVX2+FMA+F16C+AVX512F/BW/VL.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        pub(crate) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            check_float(n, w, a, $size);
-            let (wp, ap) = (w.as_ptr(), a.as_ptr());
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 64 <= n {
-                prefetch(wp.add(i * $size), 64 * $size);
-                for (k, acc) in acc.iter_mut().enumerate() {
-                    let off = (i + 16 * k) * $size;
-                    *acc = _mm512_fmadd_ps($load(wp.add(off), 0xFFFF), $load(ap.add(off), 0xFFFF), *acc);
-                }
-                i += 64;
-            }
-            while i < n {
-                let m: __mmask16 = if n - i >= 16 { 0xFFFF } else { (1u16 << (n - i)) - 1 };
-                let off = i * $size;
-                acc[0] = _mm512_fmadd_ps($load(wp.add(off), m), $load(ap.add(off), m), acc[0]);
-                i += 16;
-            }
-            let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-            hsum_ps512(s)
-        }
+    ($name:ident, $size:expr, $load:ident, $scalar:expr) => {
+        float_dot!(
+            "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+            $name,
+            $size,
+            16,
+            [_mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, hsum_ps512],
+            $load,
+            |left: usize| Some::<__mmask16>(if left >= 16 { 0xFFFF } else { (1u16 << left) - 1 }),
+            $scalar
+        );
     };
 }
 
@@ -138,6 +146,6 @@ unsafe fn load16_bf16(p: *const u8, m: __mmask16) -> __m512 {
     _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
 }
 
-avx512_float_dot!(dot_f32_avx512, 4, load16_f32);
-avx512_float_dot!(dot_f16_avx512, 2, load16_f16);
-avx512_float_dot!(dot_bf16_avx512, 2, load16_bf16);
+avx512_float_dot!(dot_f32_avx512, 4, load16_f32, scalar_f32);
+avx512_float_dot!(dot_f16_avx512, 2, load16_f16, scalar_f16);
+avx512_float_dot!(dot_bf16_avx512, 2, load16_bf16, scalar_bf16);

@@ -44,6 +44,23 @@ fn rows_bytes(n_in: usize) -> usize {
     (n_in / QK_K * Q8K_BYTES * TOKENS).next_multiple_of(64)
 }
 
+/// `$run!(T)` with `T` the token count `$left` capped at 8, as a literal: the kernels take
+/// their token count as a const parameter.
+macro_rules! by_token_count {
+    ($left:expr, $run:ident) => {
+        match $left {
+            8.. => $run!(8),
+            7 => $run!(7),
+            6 => $run!(6),
+            5 => $run!(5),
+            4 => $run!(4),
+            3 => $run!(3),
+            2 => $run!(2),
+            _ => $run!(1),
+        }
+    };
+}
+
 /// The K-quant types with a GEMM kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Ty {
@@ -169,26 +186,17 @@ impl Ty {
                     macro_rules! run {
                         ($T:literal) => {{
                             let v = match (self, vnni) {
-                                (Ty::Q4K, false) => bw::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
-                                (Ty::Q5K, false) => bw::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
-                                (Ty::Q4K, true) => vnni::q4k::<$T>(nb, wr, std::array::from_fn(ap), aux),
-                                (Ty::Q5K, true) => vnni::q5k::<$T>(nb, wr, std::array::from_fn(ap), aux),
+                                (Ty::Q4K, false) => bw::k4::<$T, false>(nb, wr, std::array::from_fn(ap), aux),
+                                (Ty::Q5K, false) => bw::k4::<$T, true>(nb, wr, std::array::from_fn(ap), aux),
+                                (Ty::Q4K, true) => vnni::k4::<$T, false>(nb, wr, std::array::from_fn(ap), aux),
+                                (Ty::Q5K, true) => vnni::k4::<$T, true>(nb, wr, std::array::from_fn(ap), aux),
                                 (Ty::Q6K, _) => unreachable!(),
                             };
                             o[t0..t0 + $T].copy_from_slice(&v);
                             $T
                         }};
                     }
-                    match n_tok - t0 {
-                        8.. => run!(8),
-                        7 => run!(7),
-                        6 => run!(6),
-                        5 => run!(5),
-                        4 => run!(4),
-                        3 => run!(3),
-                        2 => run!(2),
-                        _ => run!(1),
-                    }
+                    by_token_count!(n_tok - t0, run)
                 };
                 t0 += take;
             }
@@ -273,57 +281,41 @@ macro_rules! kquant_tiles {
             (sc, _mm256_extracti128_si256::<1>(ms))
         }
 
-        /// Q4_K row `w` against `T` Q8_K rows and their panel's aux blocks. SAFETY: the
-        /// features; `nb` blocks readable at `w` and at each `a[t]`, `nb` aux blocks at `aux`.
+        /// Q4_K (`Q5` false) or Q5_K (`Q5` true) row `w` against `T` Q8_K rows and their
+        /// panel's aux blocks. SAFETY: the features; `nb` blocks readable at `w` and at each
+        /// `a[t]`, `nb` aux blocks at `aux`.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn q4k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
+        pub(super) unsafe fn k4<const T: usize, const Q5: bool>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
             match T {
-                1..=4 => q4k_q::<T, 1>(nb, w, a, aux),
-                _ => q4k_q::<T, 2>(nb, w, a, aux),
+                1..=4 => k4_q::<T, 1, Q5>(nb, w, a, aux),
+                _ => k4_q::<T, 2, Q5>(nb, w, a, aux),
             }
         }
 
         #[inline(always)]
-        unsafe fn q4k_q<const T: usize, const Q: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
-            let m4 = _mm512_set1_epi8(0xF);
-            let mut acc = [_mm512_setzero_ps(); T];
-            let mut acc_m = [_mm512_setzero_ps(); Q];
-            for i in 0..nb {
-                let x = w.add(i * 144);
-                let (dwv, dmwv) = (_mm512_set1_ps(f16_at(x)), _mm512_set1_ps(f16_at(x.add(2))));
-                let (sc, mins) = k4_scales(x);
-                let q: [__m512i; 4] = std::array::from_fn(|j| _mm512_and_si512(pair_shifted::<4>(load32(x.add(16 + 32 * j))), m4));
-                k4_mins::<Q>(aux, i, dmwv, mins, &mut acc_m);
-                let yd = aux.add(i * AUX_BLOCK + AUX_YD) as *const f32;
-                for t in 0..T {
-                    k4_token(a[t].add(i * Q8K_BYTES), yd.add(t), dwv, &sc, &q, &mut acc[t]);
-                }
-            }
-            k4_finish::<T, Q>(&acc, &acc_m)
-        }
-
-        /// Q5_K, as [`q4k`].
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn q5k<const T: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
-            match T {
-                1..=4 => q5k_q::<T, 1>(nb, w, a, aux),
-                _ => q5k_q::<T, 2>(nb, w, a, aux),
-            }
-        }
-
-        #[inline(always)]
-        unsafe fn q5k_q<const T: usize, const Q: usize>(nb: usize, w: *const u8, a: [*const u8; T], aux: *const u8) -> [f32; T] {
+        unsafe fn k4_q<const T: usize, const Q: usize, const Q5: bool>(
+            nb: usize,
+            w: *const u8,
+            a: [*const u8; T],
+            aux: *const u8,
+        ) -> [f32; T] {
+            // Q5_K blocks: d, dmin, scales, qh (32 bytes), then the nibbles as Q4_K's
+            let (block, nibbles) = if Q5 { (176, 48) } else { (144, 16) };
             let m4 = _mm512_set1_epi8(0xF);
             let m16 = _mm512_set1_epi8(0x10);
             let mut acc = [_mm512_setzero_ps(); T];
             let mut acc_m = [_mm512_setzero_ps(); Q];
             for i in 0..nb {
-                let x = w.add(i * 176);
+                let x = w.add(i * block);
                 let (dwv, dmwv) = (_mm512_set1_ps(f16_at(x)), _mm512_set1_ps(f16_at(x.add(2))));
                 let (sc, mins) = k4_scales(x);
-                let mut hb = pair_shifted::<1>(load32(x.add(16)));
+                // Q5_K: the low half of chunk j takes bit 2j of qh[l], the high half bit 2j + 1
+                let mut hb = if Q5 { pair_shifted::<1>(load32(x.add(16))) } else { _mm512_setzero_si512() };
                 let q: [__m512i; 4] = std::array::from_fn(|j| {
-                    let q = _mm512_and_si512(pair_shifted::<4>(load32(x.add(48 + 32 * j))), m4);
+                    let q = _mm512_and_si512(pair_shifted::<4>(load32(x.add(nibbles + 32 * j))), m4);
+                    if !Q5 {
+                        return q;
+                    }
                     let q = _mm512_or_si512(q, _mm512_and_si512(_mm512_slli_epi16::<4>(hb), m16));
                     hb = _mm512_srli_epi16::<2>(hb);
                     q
@@ -372,16 +364,7 @@ macro_rules! kquant_tiles {
                                 $T
                             }};
                         }
-                        t0 += match n_tok - t0 {
-                            8.. => run!(8),
-                            7 => run!(7),
-                            6 => run!(6),
-                            5 => run!(5),
-                            4 => run!(4),
-                            3 => run!(3),
-                            2 => run!(2),
-                            _ => run!(1),
-                        };
+                        t0 += by_token_count!(n_tok - t0, run);
                     }
                 }
                 i0 = i1;

@@ -10,42 +10,31 @@ use crate::simd::{Dot4Fn, DotFn};
 use quarrel_core::QuantType;
 use std::arch::x86_64::*;
 
+/// The kernel `$f` of `ty` among the five formats, from the VNNI module where the CPU has
+/// AVX-512 VNNI (as ggml picks `vpdpbusd`), else from the AVX2 one.
+macro_rules! pick {
+    ($ty:expr, $($qt:ident => $f:ident),*) => {{
+        let vnni = std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl");
+        // SAFETY (all arms): callers reach this only on CPUs with AVX2+FMA+F16C (checked by
+        // the dispatcher), and VNNI variants only when detected above; the kernels check
+        // lengths.
+        Some(match ($ty, vnni) {
+            $(
+                (QuantType::$qt, false) => |n, w, a| unsafe { avx2::$f(n, w, a) },
+                (QuantType::$qt, true) => |n, w, a| unsafe { vnni::$f(n, w, a) },
+            )*
+            _ => return None,
+        })
+    }};
+}
+
 pub(crate) fn dot_fn(ty: QuantType) -> Option<DotFn> {
-    let vnni = std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl");
-    // SAFETY (all arms): callers reach this only on CPUs with AVX2+FMA+F16C (checked by the
-    // dispatcher), and VNNI variants only when detected above; the kernels check lengths.
-    Some(match (ty, vnni) {
-        (QuantType::Q4_0, false) => |n, w, a| unsafe { avx2::dot_q4_0(n, w, a) },
-        (QuantType::Q4_1, false) => |n, w, a| unsafe { avx2::dot_q4_1(n, w, a) },
-        (QuantType::Q8_0, false) => |n, w, a| unsafe { avx2::dot_q8_0(n, w, a) },
-        (QuantType::Q5_0, false) => |n, w, a| unsafe { avx2::dot_q5_0(n, w, a) },
-        (QuantType::Q5_1, false) => |n, w, a| unsafe { avx2::dot_q5_1(n, w, a) },
-        (QuantType::Q4_0, true) => |n, w, a| unsafe { vnni::dot_q4_0(n, w, a) },
-        (QuantType::Q4_1, true) => |n, w, a| unsafe { vnni::dot_q4_1(n, w, a) },
-        (QuantType::Q8_0, true) => |n, w, a| unsafe { vnni::dot_q8_0(n, w, a) },
-        (QuantType::Q5_0, true) => |n, w, a| unsafe { vnni::dot_q5_0(n, w, a) },
-        (QuantType::Q5_1, true) => |n, w, a| unsafe { vnni::dot_q5_1(n, w, a) },
-        _ => return None,
-    })
+    pick!(ty, Q4_0 => dot_q4_0, Q4_1 => dot_q4_1, Q8_0 => dot_q8_0, Q5_0 => dot_q5_0, Q5_1 => dot_q5_1)
 }
 
 /// Four-row twins of [`dot_fn`]'s kernels (each row bit-identical to the one-row kernel).
 pub(crate) fn dot4_fn(ty: QuantType) -> Option<Dot4Fn> {
-    let vnni = std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl");
-    // SAFETY: as in `dot_fn`.
-    Some(match (ty, vnni) {
-        (QuantType::Q4_0, false) => |n, w, a| unsafe { avx2::dot4_q4_0(n, w, a) },
-        (QuantType::Q4_1, false) => |n, w, a| unsafe { avx2::dot4_q4_1(n, w, a) },
-        (QuantType::Q8_0, false) => |n, w, a| unsafe { avx2::dot4_q8_0(n, w, a) },
-        (QuantType::Q5_0, false) => |n, w, a| unsafe { avx2::dot4_q5_0(n, w, a) },
-        (QuantType::Q5_1, false) => |n, w, a| unsafe { avx2::dot4_q5_1(n, w, a) },
-        (QuantType::Q4_0, true) => |n, w, a| unsafe { vnni::dot4_q4_0(n, w, a) },
-        (QuantType::Q4_1, true) => |n, w, a| unsafe { vnni::dot4_q4_1(n, w, a) },
-        (QuantType::Q8_0, true) => |n, w, a| unsafe { vnni::dot4_q8_0(n, w, a) },
-        (QuantType::Q5_0, true) => |n, w, a| unsafe { vnni::dot4_q5_0(n, w, a) },
-        (QuantType::Q5_1, true) => |n, w, a| unsafe { vnni::dot4_q5_1(n, w, a) },
-        _ => return None,
-    })
+    pick!(ty, Q4_0 => dot4_q4_0, Q4_1 => dot4_q4_1, Q8_0 => dot4_q8_0, Q5_0 => dot4_q5_0, Q5_1 => dot4_q5_1)
 }
 
 #[inline(always)]
@@ -95,6 +84,29 @@ unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
 }
 
+/// The 32 activation codes at `p`.
+#[inline(always)]
+unsafe fn load_codes(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// One-row (`dot_*`) and four-row (`dot4_*`) entry points of each format: `$rows` with
+/// `$wb`-byte weight blocks, prefetched `$pf` bytes ahead (four rows only), with a min or not
+/// (`$min`), whose codes `$codes` reads from a block.
+macro_rules! entry_points {
+    ($feat:literal; $($dot:ident, $dot4:ident: $rows:ident::<$wb:literal, $pf:literal, $min:literal>($codes:expr);)*) => {$(
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn $dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            $rows::<1, $wb, $pf, $min>(n, [w], a, $codes)[0]
+        }
+
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn $dot4(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            $rows::<4, $wb, $pf, $min>(n, w, a, $codes)
+        }
+    )*};
+}
+
 macro_rules! kernels {
     ($feat:literal, $us:ident) => {
         /// unsigned x signed byte products summed to 8 f32 lanes
@@ -109,187 +121,78 @@ macro_rules! kernels {
             mul_sum_us(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
         }
 
+        /// The block loop of `R` weight rows against one activation row (32 elements a block;
+        /// `WB`, `ab`: weight and activation block bytes). Per block, `act` reads the
+        /// activation block once for all rows, then `step(r, wr, &act, &mut acc[r])` advances
+        /// row `r`'s own chain with its weight block `wr`: each row sums in the order of the
+        /// one-row kernel, so every result is bit-identical to it, while several independent
+        /// rows hide memory latency. With `R > 1`, `PF > 0` prefetches each row `PF` bytes
+        /// ahead (0: no prefetch).
+        #[inline]
         #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+        unsafe fn rows<const R: usize, const WB: usize, const PF: usize, A>(
+            n: usize,
+            w: [&[u8]; R],
+            a: &[u8],
+            ab: usize,
+            act: impl Fn(*const u8) -> A,
+            mut step: impl FnMut(usize, *const u8, &A, &mut __m256),
+        ) -> [__m256; R] {
             let nb = n / 32;
-            assert!(w.len() >= nb * 18 && a.len() >= nb * 34);
-            let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
-            let mut acc = _mm256_setzero_ps();
-            for _ in 0..nb {
-                let d = _mm256_set1_ps(f16_at(wp) * f16_at(ap));
-                let q = _mm256_sub_epi8(unpack_nibbles(wp.add(2)), _mm256_set1_epi8(8));
-                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-                acc = _mm256_fmadd_ps(d, mul_sum_ss(q, y), acc);
-                wp = wp.add(18);
-                ap = ap.add(34);
-            }
-            hsum(acc)
-        }
-
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            let nb = n / 32;
-            assert!(w.len() >= nb * 20 && a.len() >= nb * 36);
-            let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
-            let mut acc = _mm256_setzero_ps();
-            let mut summs = 0.0f32;
-            for _ in 0..nb {
-                summs = f16_at(wp.add(2)).mul_add(f16_at(ap.add(2)), summs);
-                let d = _mm256_set1_ps(f16_at(wp) * f16_at(ap));
-                let q = unpack_nibbles(wp.add(4));
-                let y = _mm256_loadu_si256(ap.add(4) as *const __m256i);
-                acc = _mm256_fmadd_ps(d, mul_sum_us(q, y), acc);
-                wp = wp.add(20);
-                ap = ap.add(36);
-            }
-            hsum(acc) + summs
-        }
-
-        /// Four rows against one activation row: each row keeps its own accumulator chain, in
-        /// the same order as `dot_q4_1`, so every result is bit-identical to it; the four
-        /// independent streams hide memory latency and share the activation loads.
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot4_q4_1(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let nb = n / 32;
-            assert!(w.iter().all(|r| r.len() >= nb * 20) && a.len() >= nb * 36);
-            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
+            assert!(w.iter().all(|r| r.len() >= nb * WB) && a.len() >= nb * ab);
+            let mut wp = w.map(|r| r.as_ptr());
             let mut ap = a.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut summs = [0.0f32; 4];
+            let mut acc = [_mm256_setzero_ps(); R];
             for _ in 0..nb {
-                let da = f16_at(ap);
-                let sa = f16_at(ap.add(2));
-                let y = _mm256_loadu_si256(ap.add(4) as *const __m256i);
-                for r in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(wp[r].add(640) as *const i8);
-                    summs[r] = f16_at(wp[r].add(2)).mul_add(sa, summs[r]);
-                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
-                    let q = unpack_nibbles(wp[r].add(4));
-                    acc[r] = _mm256_fmadd_ps(d, mul_sum_us(q, y), acc[r]);
-                    wp[r] = wp[r].add(20);
+                let y = act(ap);
+                for r in 0..R {
+                    if R > 1 && PF > 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(wp[r].add(PF) as *const i8);
+                    }
+                    step(r, wp[r], &y, &mut acc[r]);
+                    wp[r] = wp[r].add(WB);
                 }
-                ap = ap.add(36);
+                ap = ap.add(ab);
             }
-            [hsum(acc[0]) + summs[0], hsum(acc[1]) + summs[1], hsum(acc[2]) + summs[2], hsum(acc[3]) + summs[3]]
+            acc
         }
 
-        /// Four-row Q4_0 (bit-identical per row to `dot_q4_0`).
+        /// `R` rows against Q8_0 (`MIN` false: signed codes with a scale a block, as Q4_0, Q5_0,
+        /// Q8_0; `acc = fma(d_w * d_a, block_sum, acc)`) or against Q8_1 (`MIN` true: unsigned
+        /// codes with a scale and a min a block, as Q4_1, Q5_1; plus `summs = fma(m_w, s_a,
+        /// summs)`, added after the sum).
+        #[inline]
         #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot4_q4_0(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let nb = n / 32;
-            assert!(w.iter().all(|r| r.len() >= nb * 18) && a.len() >= nb * 34);
-            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
-            let mut ap = a.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for _ in 0..nb {
-                let da = f16_at(ap);
-                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-                for r in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(wp[r].add(576) as *const i8);
-                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
-                    let q = _mm256_sub_epi8(unpack_nibbles(wp[r].add(2)), _mm256_set1_epi8(8));
-                    acc[r] = _mm256_fmadd_ps(d, mul_sum_ss(q, y), acc[r]);
-                    wp[r] = wp[r].add(18);
-                }
-                ap = ap.add(34);
-            }
-            [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+        unsafe fn rows_q8<const R: usize, const WB: usize, const PF: usize, const MIN: bool>(
+            n: usize,
+            w: [&[u8]; R],
+            a: &[u8],
+            codes: impl Fn(*const u8) -> __m256i,
+        ) -> [f32; R] {
+            // activation blocks: d, then s (Q8_1 only), then the 32 codes
+            let (ab, at) = if MIN { (36, 4) } else { (34, 2) };
+            let act = |ap: *const u8| (f16_at(ap), if MIN { f16_at(ap.add(2)) } else { 0.0 }, load_codes(ap.add(at)));
+            let mut summs = [0.0f32; R];
+            let acc = rows::<R, WB, PF, _>(n, w, a, ab, act, |r, wr, &(da, sa, y), acc| {
+                let sum = if MIN {
+                    summs[r] = f16_at(wr.add(2)).mul_add(sa, summs[r]);
+                    mul_sum_us(codes(wr), y)
+                } else {
+                    mul_sum_ss(codes(wr), y)
+                };
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(wr) * da), sum, *acc);
+            });
+            // Q8_0 formats add nothing (not even 0.0, which would turn a -0.0 sum into +0.0)
+            std::array::from_fn(|r| if MIN { hsum(acc[r]) + summs[r] } else { hsum(acc[r]) })
         }
 
-        /// Four-row Q8_0 (bit-identical per row to `dot_q8_0`).
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot4_q8_0(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let nb = n / 32;
-            assert!(w.iter().all(|r| r.len() >= nb * 34) && a.len() >= nb * 34);
-            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
-            let mut ap = a.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for _ in 0..nb {
-                let da = f16_at(ap);
-                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-                for r in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(wp[r].add(1088) as *const i8);
-                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
-                    let x = _mm256_loadu_si256(wp[r].add(2) as *const __m256i);
-                    acc[r] = _mm256_fmadd_ps(d, mul_sum_ss(x, y), acc[r]);
-                    wp[r] = wp[r].add(34);
-                }
-                ap = ap.add(34);
-            }
-            [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
-        }
-
-        /// `ggml_vec_dot_q5_0_q8_0`: as Q8_0 with the 5-bit codes minus 16.
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            dot4_q5_0(n, [w, w, w, w], a)[0]
-        }
-
-        /// Four-row Q5_0: each row's chain exactly `ggml_vec_dot_q5_0_q8_0`'s.
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot4_q5_0(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let nb = n / 32;
-            assert!(w.iter().all(|r| r.len() >= nb * 22) && a.len() >= nb * 34);
-            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
-            let mut ap = a.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for _ in 0..nb {
-                let da = f16_at(ap);
-                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-                for r in 0..4 {
-                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
-                    acc[r] = _mm256_fmadd_ps(d, mul_sum_ss(q5_0_signed(wp[r]), y), acc[r]);
-                    wp[r] = wp[r].add(22);
-                }
-                ap = ap.add(34);
-            }
-            [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
-        }
-
-        /// `ggml_vec_dot_q5_1_q8_1`: `fma(q, d_w * d_a, acc)` per block, `summs` by FMA.
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot_q5_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            dot4_q5_1(n, [w, w, w, w], a)[0]
-        }
-
-        /// Four-row Q5_1: each row's chain exactly `ggml_vec_dot_q5_1_q8_1`'s.
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot4_q5_1(n: usize, w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let nb = n / 32;
-            assert!(w.iter().all(|r| r.len() >= nb * 24) && a.len() >= nb * 36);
-            let mut wp = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
-            let mut ap = a.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut summs = [0.0f32; 4];
-            for _ in 0..nb {
-                let (da, sa) = (f16_at(ap), f16_at(ap.add(2)));
-                let y = _mm256_loadu_si256(ap.add(4) as *const __m256i);
-                for r in 0..4 {
-                    summs[r] = f16_at(wp[r].add(2)).mul_add(sa, summs[r]);
-                    let d = _mm256_set1_ps(f16_at(wp[r]) * da);
-                    acc[r] = _mm256_fmadd_ps(mul_sum_us(q5_1_codes(wp[r]), y), d, acc[r]);
-                    wp[r] = wp[r].add(24);
-                }
-                ap = ap.add(36);
-            }
-            [hsum(acc[0]) + summs[0], hsum(acc[1]) + summs[1], hsum(acc[2]) + summs[2], hsum(acc[3]) + summs[3]]
-        }
-
-        #[target_feature(enable = $feat)]
-        pub(super) unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            let nb = n / 32;
-            assert!(w.len() >= nb * 34 && a.len() >= nb * 34);
-            let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
-            let mut acc = _mm256_setzero_ps();
-            for _ in 0..nb {
-                let d = _mm256_set1_ps(f16_at(wp) * f16_at(ap));
-                let x = _mm256_loadu_si256(wp.add(2) as *const __m256i);
-                let y = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-                acc = _mm256_fmadd_ps(d, mul_sum_ss(x, y), acc);
-                wp = wp.add(34);
-                ap = ap.add(34);
-            }
-            hsum(acc)
+        entry_points! {
+            $feat;
+            dot_q4_0, dot4_q4_0: rows_q8::<18, 576, false>(|x| _mm256_sub_epi8(unpack_nibbles(x.add(2)), _mm256_set1_epi8(8)));
+            dot_q4_1, dot4_q4_1: rows_q8::<20, 640, true>(|x| unpack_nibbles(x.add(4)));
+            dot_q5_0, dot4_q5_0: rows_q8::<22, 0, false>(|x| q5_0_signed(x));
+            dot_q5_1, dot4_q5_1: rows_q8::<24, 0, true>(|x| q5_1_codes(x));
+            dot_q8_0, dot4_q8_0: rows_q8::<34, 1088, false>(|x| load_codes(x.add(2)));
         }
     };
 }

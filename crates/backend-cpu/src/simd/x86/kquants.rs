@@ -130,18 +130,28 @@ pub(crate) unsafe fn q3k_scales(p: *const u8) -> __m128i {
     _mm_sub_epi8(s, _mm_set1_epi8(32))
 }
 
+/// The super-block loop of a K-quant dot: `block(x, y)` for each `wb`-byte weight block `x`
+/// (prefetched) and its Q8_K block `y`, in order. SAFETY: AVX2+FMA+F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn for_blocks(n: usize, w: &[u8], wb: usize, a: &[u8], mut block: impl FnMut(*const u8, *const u8)) {
+    let nb = n / QK_K;
+    check_len(nb, w, wb, a, Q8K_BYTES);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    for i in 0..nb {
+        let (x, y) = (wp.add(i * wb), ap.add(i * Q8K_BYTES));
+        prefetch(x, wb);
+        block(x, y);
+    }
+}
+
 /// Q2_K · Q8_K. Block: `scales[16] @0, qs[64] @16, d @80, dmin @82`. SAFETY: AVX2+FMA+F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK_K;
-    check_len(nb, w, 84, a, Q8K_BYTES);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0xF);
     let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (x, y) = (wp.add(i * 84), ap.add(i * Q8K_BYTES));
-        prefetch(x, 84);
+    for_blocks(n, w, 84, a, |x, y| {
         let yd = f32_at(y);
         let d = yd * f16_at(x.add(80));
         let dmin = -yd * f16_at(x.add(82));
@@ -167,7 +177,7 @@ pub(crate) unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             }
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
+    });
     hsum_ps(acc)
 }
 
@@ -175,15 +185,10 @@ pub(crate) unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// Code = 2 low bits - (4 if the hmask bit is clear). SAFETY: AVX2+FMA+F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK_K;
-    check_len(nb, w, 110, a, Q8K_BYTES);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm256_set1_epi8(4);
     let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (x, y) = (wp.add(i * 110), ap.add(i * Q8K_BYTES));
-        prefetch(x, 110);
+    for_blocks(n, w, 110, a, |x, y| {
         let d = f32_at(y) * f16_at(x.add(108));
         let all = _mm256_cvtepi8_epi16(q3k_scales(x.add(96)));
         let (l, h) = (_mm256_castsi256_si128(all), _mm256_extracti128_si256(all, 1));
@@ -206,68 +211,53 @@ pub(crate) unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             }
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
+    });
     hsum_ps(acc)
 }
 
 /// Q4_K · Q8_K. Block: `d @0, dmin @2, scales[12] @4, qs[128] @16`. SAFETY: AVX2+FMA+F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK_K;
-    check_len(nb, w, 144, a, Q8K_BYTES);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for i in 0..nb {
-        let (x, y) = (wp.add(i * 144), ap.add(i * Q8K_BYTES));
-        prefetch(x, 144);
-        let (d, ms) = k4_block_start(x, y, &mut acc_m);
-        let sc = _mm256_castsi256_si128(ms);
-        let scales = _mm256_set_m128i(sc, sc);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let q4bits = _mm256_loadu_si256(x.add(16 + 32 * j) as *const __m256i);
-            let q4l = _mm256_and_si256(q4bits, m4);
-            let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
-            sumi = k4_chunk(sumi, scales, j, q4l, q4h, y);
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc) + hsum_ps128(acc_m)
+    dot_k4::<false>(n, w, a)
 }
 
 /// Q5_K · Q8_K. Block: `d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48`.
 /// SAFETY: AVX2+FMA+F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK_K;
-    check_len(nb, w, 176, a, Q8K_BYTES);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    dot_k4::<true>(n, w, a)
+}
+
+/// Q4_K (`Q5` false) or Q5_K (`Q5` true: the fifth bit of each code from `qh`) · Q8_K.
+/// SAFETY: AVX2+FMA+F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_k4<const Q5: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (block, nibbles) = if Q5 { (176, 48) } else { (144, 16) };
     let m4 = _mm256_set1_epi8(0xF);
     let m16 = _mm256_set1_epi8(0x10);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
-    for i in 0..nb {
-        let (x, y) = (wp.add(i * 176), ap.add(i * Q8K_BYTES));
-        prefetch(x, 176);
+    for_blocks(n, w, block, a, |x, y| {
         let (d, ms) = k4_block_start(x, y, &mut acc_m);
         let sc = _mm256_castsi256_si128(ms);
         let scales = _mm256_set_m128i(sc, sc);
-        let mut hbits = _mm256_loadu_si256(x.add(16) as *const __m256i);
+        let mut hbits = if Q5 { _mm256_loadu_si256(x.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
-            let q5bits = _mm256_loadu_si256(x.add(48 + 32 * j) as *const __m256i);
-            // bit 0 of each hbits byte -> bit 4 (the 16s place), then the next bit
-            let h0 = _mm256_and_si256(_mm256_slli_epi16(hbits, 4), m16);
-            let h1 = _mm256_and_si256(_mm256_slli_epi16(hbits, 3), m16);
-            hbits = _mm256_srli_epi16(hbits, 2);
-            let q5l = _mm256_or_si256(_mm256_and_si256(q5bits, m4), h0);
-            let q5h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q5bits, 4), m4), h1);
-            sumi = k4_chunk(sumi, scales, j, q5l, q5h, y);
+            let bits = _mm256_loadu_si256(x.add(nibbles + 32 * j) as *const __m256i);
+            let mut lo = _mm256_and_si256(bits, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if Q5 {
+                // bit 0 of each hbits byte -> bit 4 (the 16s place), then the next bit
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), m16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), m16));
+                hbits = _mm256_srli_epi16(hbits, 2);
+            }
+            sumi = k4_chunk(sumi, scales, j, lo, hi, y);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
+    });
     hsum_ps(acc) + hsum_ps128(acc_m)
 }
 
@@ -275,15 +265,10 @@ pub(crate) unsafe fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// Code = 6-bit unsigned - 32; the -32 is applied through `bsums`. SAFETY: AVX2+FMA+F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK_K;
-    check_len(nb, w, 210, a, Q8K_BYTES);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let m3 = _mm256_set1_epi8(3);
     let m15 = _mm256_set1_epi8(15);
     let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (x, y) = (wp.add(i * 210), ap.add(i * Q8K_BYTES));
-        prefetch(x, 210);
+    for_blocks(n, w, 210, a, |x, y| {
         let d = f32_at(y) * f16_at(x.add(208));
         let q8sums = _mm256_loadu_si256(y.add(Q8K_BSUMS) as *const __m256i);
         let sc8 = _mm_loadu_si128(x.add(192) as *const __m128i);
@@ -317,6 +302,6 @@ pub(crate) unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
         let sumi = _mm256_sub_epi32(sumi, sub);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
+    });
     hsum_ps(acc)
 }
