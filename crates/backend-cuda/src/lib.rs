@@ -274,6 +274,10 @@ impl Backend for CudaBackend {
         format!("cuda:{} ({}, sm_{}{})", self.ordinal, self.dev.name, self.dev.cc.0, self.dev.cc.1)
     }
 
+    fn computes_on_host(&self) -> bool {
+        false
+    }
+
     fn load_weight(&self, src: WeightSource<'_>) -> Result<CudaWeight> {
         self.dev.bind()?;
         let w = CudaWeight::load(&self.dev, src, &self.experts).map_err(|e| match e {

@@ -52,6 +52,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Human-readable name ("cpu (avx512vnni, 2 threads)").
     fn name(&self) -> String;
 
+    /// Whether a forward pass keeps the host's cores busy (a CPU backend), or leaves them free
+    /// for host work that overlaps it (a device backend).
+    fn computes_on_host(&self) -> bool {
+        true
+    }
+
     /// Load (or map) a tensor as a weight.
     fn load_weight(&self, src: WeightSource<'_>) -> Result<Self::Weight>;
     /// `(n_in, n_out)`: row length and number of rows (n_out = product of the other dims).

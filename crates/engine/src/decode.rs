@@ -94,10 +94,34 @@ pub struct Picked {
 
 /// Picks over logits already on the host: `logits` holds one row of `n_vocab` per pick.
 pub fn pick_on_host(logits: &[f32], n_vocab: usize, rows: &[RowPick]) -> Result<Vec<Picked>, String> {
+    pick_on_host_threads(logits, n_vocab, rows, 1)
+}
+
+/// [`pick_on_host`] with the rows spread over up to `threads` threads (each row's pick is
+/// independent: the same picks whatever the thread count).
+pub fn pick_on_host_threads(logits: &[f32], n_vocab: usize, rows: &[RowPick], threads: usize) -> Result<Vec<Picked>, String> {
     if n_vocab == 0 || logits.len() != n_vocab * rows.len() {
         return Err(format!("{} logits are not {} rows of {n_vocab}", logits.len(), rows.len()));
     }
-    Ok(logits
+    let per_thread = rows.len().div_ceil(threads.max(1)).max(1);
+    if per_thread >= rows.len() {
+        return Ok(pick_rows(logits, n_vocab, rows));
+    }
+    std::thread::scope(|sc| {
+        let parts: Vec<_> = logits
+            .chunks(per_thread * n_vocab)
+            .zip(rows.chunks(per_thread))
+            .map(|(l, r)| sc.spawn(move || pick_rows(l, n_vocab, r)))
+            .collect();
+        parts.into_iter().try_fold(Vec::with_capacity(rows.len()), |mut out, p| {
+            out.extend(p.join().map_err(|_| "a host pick failed".to_string())?);
+            Ok(out)
+        })
+    })
+}
+
+fn pick_rows(logits: &[f32], n_vocab: usize, rows: &[RowPick]) -> Vec<Picked> {
+    logits
         .chunks_exact(n_vocab)
         .zip(rows)
         .map(|(l, r)| {
@@ -118,7 +142,7 @@ pub fn pick_on_host(logits: &[f32], n_vocab: usize, rows: &[RowPick]) -> Result<
             // log-probabilities are of the model's distribution, before the mask
             Picked { id, logits: r.logits.then(|| l.to_vec()) }
         })
-        .collect())
+        .collect()
 }
 
 /// Run `batch` and pick one token per logits row (`rows`, in `batch.logits_rows` order). The
@@ -315,6 +339,23 @@ mod tests {
         // 2.0 / 4 = 0.5 < 1.0: the penalty moves the pick to token 3
         assert_eq!(got[1], Picked { id: 3, logits: Some(logits[4..].to_vec()) });
         assert!(pick_on_host(&logits, 3, &rows).is_err());
+    }
+
+    #[test]
+    fn host_picks_are_the_same_on_any_number_of_threads() {
+        let n_vocab = 97;
+        let logits: Vec<f32> = (0..13 * n_vocab).map(|i| ((i * 7919) % 101) as f32 * 0.1).collect();
+        let rows: Vec<RowPick> = (0..13)
+            .map(|i| match i % 3 {
+                0 => RowPick::plain(Pick::Argmax),
+                1 => RowPick { logits: true, ..RowPick::plain(Pick::Argmax) },
+                _ => RowPick { bias: Some(vec![(i as u32, 50.0)].into()), ..RowPick::plain(Pick::Argmax) },
+            })
+            .collect();
+        let one = pick_on_host(&logits, n_vocab, &rows).unwrap();
+        for t in [2, 3, 5, 13, 64] {
+            assert_eq!(pick_on_host_threads(&logits, n_vocab, &rows, t).unwrap(), one, "{t} threads");
+        }
     }
 
     #[test]

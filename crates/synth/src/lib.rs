@@ -335,6 +335,12 @@ fn fill_from_pool(pool: &[u8], tseed: u64, r0: u64, row_bytes: usize, dst: &mut 
     });
 }
 
+/// The `tiny` preset at `ftype` with `seed`, written to `out`: the small model tests load.
+pub fn write_tiny(out: &Path, ftype: Ftype, seed: u64) -> Result<SynthSummary, SynthError> {
+    let preset = *Preset::by_name("tiny").expect("the tiny preset exists");
+    write_synth(&SynthSpec::new(preset, ftype).seed(seed), out, &mut |_, _| {})
+}
+
 /// Write the model `spec` describes to `out`. `progress(done, total)` is called with tensor
 /// data bytes after every chunk. The file appears under its name only when complete.
 pub fn write_synth(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<SynthSummary, SynthError> {

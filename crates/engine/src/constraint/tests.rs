@@ -10,11 +10,9 @@ use std::sync::OnceLock;
 fn tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| {
-        use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
-        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::F32).seed(1);
-        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        quarrel_synth::write_tiny(&path, quarrel_synth::Ftype::F32, 1).unwrap();
         Tokenizer::from_gguf(&quarrel_gguf::Gguf::open(&path).unwrap()).unwrap()
     })
 }
@@ -92,8 +90,9 @@ fn json_object_walks_parse_as_objects() {
     for seed in 0..6 {
         let (text, done) = walk(&ConstraintSpec::JsonObject, seed, 3000);
         if done {
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {text:?}: {e}"));
-            assert!(v.is_object(), "{text}");
+            // syntax only: JSON allows numbers (845E1584) that no f64 holds
+            serde_json::from_str::<serde::de::IgnoredAny>(&text).unwrap_or_else(|e| panic!("seed {seed}: {text:?}: {e}"));
+            assert!(text.starts_with('{') && text.ends_with('}'), "{text}");
         } else {
             assert!(text.starts_with('{'), "{text}");
         }

@@ -6,9 +6,10 @@
 
 use super::blocks::block_hash;
 use super::scheduler::Scheduler;
+use super::seq::Seq;
 use super::step_model::StepModel;
 use super::types::{ServiceError, StreamEvent};
-use crate::decode::{pick_on_host, Picked, RowPick};
+use crate::decode::{pick_on_host_threads, Picked, RowPick};
 use quarrel_core::{ForwardBatch, SeqBatch};
 
 impl<M: StepModel> Scheduler<M> {
@@ -92,25 +93,34 @@ impl<M: StepModel> Scheduler<M> {
     }
 
     /// Run `batch` and pick. Unconstrained batches pick where the model's backend picks;
-    /// when a request carries a constraint, its mask is computed on a second thread while
-    /// the forward pass runs, and every row is picked on the host from the logits
-    /// (`decode::pick_on_host` applies the masks before the sampling chains).
+    /// when a request carries a constraint, its mask is computed while the forward pass runs
+    /// (on one thread beside a CPU forward, spread over the free host threads beside a
+    /// device's), and every row is picked on the host from the logits (`decode::pick_on_host`
+    /// applies the masks before the sampling chains; rows spread over the same threads).
     fn forward_picks(&mut self, batch: &ForwardBatch, row_of: &[Option<usize>], mut picks: Vec<RowPick>) -> Result<Vec<Picked>, String> {
         let constrained = self.running.iter().zip(row_of).any(|(s, r)| r.is_some() && s.is_constrained());
         if !constrained {
             return self.model.forward_picks(batch, &picks);
         }
+        let threads = self.model.host_threads().max(1);
         let (running, model) = (&mut self.running, &mut self.model);
+        let mut constrained: Vec<(usize, &mut Seq)> =
+            running.iter_mut().zip(row_of).filter_map(|(s, r)| Some(((*r)?, s))).filter(|(_, s)| s.is_constrained()).collect();
+        let per_thread = constrained.len().div_ceil(threads).max(1);
         let (logits, masks) = std::thread::scope(|sc| {
-            let masks = sc.spawn(|| running.iter_mut().zip(row_of).filter_map(|(s, r)| Some((((*r)?), s.mask()?))).collect::<Vec<_>>());
+            let workers: Vec<_> = constrained
+                .chunks_mut(per_thread)
+                .map(|chunk| sc.spawn(move || chunk.iter_mut().filter_map(|(r, s)| Some((*r, s.mask()?))).collect::<Vec<_>>()))
+                .collect();
             let logits = model.forward(batch);
-            (logits, masks.join())
+            let masks: Result<Vec<_>, _> = workers.into_iter().map(|w| w.join()).collect();
+            (logits, masks)
         });
         let masks = masks.map_err(|_| "computing the constraint masks failed".to_string())?;
-        for (row, mask) in masks {
+        for (row, mask) in masks.into_iter().flatten() {
             picks[row].mask = Some(mask);
         }
-        pick_on_host(&logits?, model.n_vocab(), &picks)
+        pick_on_host_threads(&logits?, model.n_vocab(), &picks, threads)
     }
 
     /// Fail the requests of this step's batch (the others keep going).

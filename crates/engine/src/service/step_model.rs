@@ -16,6 +16,11 @@ pub trait StepModel {
         let logits = self.forward(batch)?;
         pick_on_host(&logits, self.n_vocab(), rows)
     }
+    /// Host threads free for work beside a forward pass (constraint masks, host picks): one
+    /// when the forward itself runs on the host's cores.
+    fn host_threads(&self) -> usize {
+        1
+    }
     /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
     fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
     /// Recurrent-state slots the model's cache holds (0: no recurrent layers). The last

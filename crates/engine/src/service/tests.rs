@@ -81,11 +81,9 @@ impl FakeModel {
 fn tokenizer() -> Arc<Tokenizer> {
     static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
     TOK.get_or_init(|| {
-        use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
-        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::F32).seed(1);
-        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        quarrel_synth::write_tiny(&path, quarrel_synth::Ftype::F32, 1).unwrap();
         let g = quarrel_gguf::Gguf::open(&path).unwrap();
         Arc::new(Tokenizer::from_gguf(&g).unwrap())
     })

@@ -36,11 +36,11 @@ pub struct ChatMessageIn {
     /// On a `tool` message: the call it answers.
     pub tool_call_id: Option<String>,
     /// On a `tool` message: the tool (OpenAI `name`, ollama `tool_name`).
+    #[serde(alias = "tool_name")]
     pub name: Option<String>,
-    pub tool_name: Option<String>,
     /// An assistant turn's reasoning (OpenAI-style `reasoning_content`, ollama `thinking`).
+    #[serde(alias = "thinking")]
     pub reasoning_content: Option<String>,
-    pub thinking: Option<String>,
 }
 
 fn content_text(content: Option<Content>) -> Result<String, ApiError> {
@@ -86,8 +86,8 @@ pub fn to_chat(msgs: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
                 content: content_text(m.content)?,
                 tool_calls,
                 tool_call_id: m.tool_call_id,
-                name: m.name.or(m.tool_name),
-                reasoning_content: m.reasoning_content.or(m.thinking).filter(|r| !r.is_empty()),
+                name: m.name,
+                reasoning_content: m.reasoning_content.filter(|r| !r.is_empty()),
             })
         })
         .collect()

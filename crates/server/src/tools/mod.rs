@@ -216,11 +216,16 @@ impl ChatPlan {
             return Reply { content: text.to_string(), ..Default::default() };
         }
         let mut s = self.splitter();
-        let mut pieces = s.push(text);
-        let out = s.finish();
-        pieces.extend(out.tail);
-        let mut r = Reply { calls: out.calls, ..Default::default() };
-        for p in pieces {
+        let pieces = s.push(text);
+        Reply::gather(pieces, s.finish())
+    }
+}
+
+impl Reply {
+    /// The pieces streamed so far and what the end gave, as one reply.
+    pub fn gather(pieces: Vec<Piece>, end: Outcome) -> Reply {
+        let mut r = Reply { calls: end.calls, ..Default::default() };
+        for p in pieces.into_iter().chain(end.tail) {
             match p {
                 Piece::Content(t) => r.content.push_str(&t),
                 Piece::Reasoning(t) => r.reasoning.push_str(&t),

@@ -26,16 +26,7 @@ fn streamed(plan: &ChatPlan, text: &str, step: usize) -> Reply {
         pieces.extend(s.push(&text[i..j]));
         i = j;
     }
-    let out = s.finish();
-    pieces.extend(out.tail);
-    let mut r = Reply { calls: out.calls, ..Default::default() };
-    for p in pieces {
-        match p {
-            Piece::Content(t) => r.content.push_str(&t),
-            Piece::Reasoning(t) => r.reasoning.push_str(&t),
-        }
-    }
-    r
+    Reply::gather(pieces, s.finish())
 }
 
 #[test]
@@ -191,11 +182,9 @@ fn call_ids_fit_the_format() {
 fn tokenizer() -> &'static Tokenizer {
     static TOK: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
     TOK.get_or_init(|| {
-        use quarrel_synth::{write_synth, Ftype, Preset, SynthSpec};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
-        let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::F32).seed(1);
-        write_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        quarrel_synth::write_tiny(&path, quarrel_synth::Ftype::F32, 1).unwrap();
         Tokenizer::from_gguf(&quarrel_gguf::Gguf::open(&path).unwrap()).unwrap()
     })
 }
