@@ -107,9 +107,8 @@ pub struct CudaBackend {
     gelu_table: Mutex<Option<PoolMem>>,
     /// The last activations quantized to Q8 (q, k and v share their input; so do gate and up).
     qcache: Mutex<Option<matmul::QCache>>,
-    /// The Q8 activations cached before `qcache` where two ops wrote theirs in one launch
-    /// (`relu_sqr2`: the routed experts' and the shared expert's); a matmul over them swaps it
-    /// back in (`promote_q8`).
+    /// The Q8 activations cached before `qcache` where two ops wrote theirs in one launch (`relu_sqr2`:
+    /// the routed experts' and the shared expert's); a matmul over them swaps it back in (`promote_q8`).
     qprev: Mutex<Option<matmul::QCache>>,
     /// Expert selections per layer and expert (`moe_selections`).
     moe_counts: Mutex<Vec<Vec<u64>>>,
