@@ -31,6 +31,7 @@ thread_local! {
 const QUANT_RUN: usize = 16;
 const QUANT_MAX_HEAD_DIM: usize = 256;
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     be: &CpuBackend,
     q: &[f32],
@@ -38,9 +39,15 @@ pub(crate) fn attention(
     layer: usize,
     batch: &ForwardBatch,
     p: &AttnParams,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
     let hd = p.head_dim;
+    if let Some(s) = sinks {
+        if s.len() != p.n_head {
+            return Err(CoreError::Shape(format!("attention: {} sinks for {} heads", s.len(), p.n_head)));
+        }
+    }
     if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
         return Err(CoreError::Shape(format!(
             "attention: {} heads / {} kv heads of {hd} vs cache {} x {}",
@@ -57,7 +64,7 @@ pub(crate) fn attention(
     let group = p.n_head / p.n_kv_head;
     let (kst, vst) = (&kv.k[layer], &kv.v[layer]);
     if kst.rows().is_none() || vst.rows().is_none() {
-        return attention_quant(be, q, kv, layer, batch, p, out);
+        return attention_quant(be, q, kv, layer, batch, p, sinks, out);
     }
     // f32/f16 caches are read in place (quantized ones: `attention_quant`)
     let rows = kst.rows().zip(vst.rows());
@@ -148,18 +155,32 @@ pub(crate) fn attention(
                     }
                 }
                 for g in 0..nh {
-                    let st = sts[g];
-                    let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
+                    let (f, sum) = with_sink(sts[g], sinks.map(|s| s[h0 + g]));
+                    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
                     let base = (t * p.n_head + h0 + g) * hd;
                     for (d, &a) in acc[g].iter().enumerate() {
                         // SAFETY: each (token, head) is in exactly one task: base..base+hd is its own.
-                        unsafe { out_ptr.write(base + d, a * inv) };
+                        unsafe { out_ptr.write(base + d, a * f * inv) };
                     }
                 }
             }
         })
     });
     Ok(())
+}
+
+/// A head's softmax state after its sink (`sink`: the head's extra logit, which attends to
+/// nothing), folded in after the last position as llama.cpp does: the factor of the
+/// accumulator and the new sum (factor 1 and the sum unchanged without a sink).
+fn with_sink(st: Online, sink: Option<f32>) -> (f32, f32) {
+    match sink {
+        Some(s) if s > st.m => {
+            let ms = (st.m - s).exp();
+            (ms, st.s * ms + 1.0)
+        }
+        Some(s) => (1.0, st.s + (s - st.m).exp()),
+        None => (1.0, st.s),
+    }
 }
 
 /// Query tokens of one sequence that a quantized-cache task takes together: each K/V run is
@@ -171,6 +192,7 @@ const QUANT_TILE: usize = 16;
 /// (plus the rotated key offset, see `kv`), the f32 path runs over them, and the accumulated
 /// output is rotated back once (`H · Σ w·H·v = Σ w·v`). A task is a tile of up to
 /// `QUANT_TILE` tokens of one sequence and up to `attn::MULTI_MAX` heads of one KV head.
+#[allow(clippy::too_many_arguments)]
 fn attention_quant(
     be: &CpuBackend,
     q: &[f32],
@@ -178,6 +200,7 @@ fn attention_quant(
     layer: usize,
     batch: &ForwardBatch,
     p: &AttnParams,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
     use quarrel_quant::rotate::hadamard_blocks;
@@ -286,12 +309,12 @@ fn attention_quant(
                 for g in 0..nh {
                     let acc = &mut accs[(i * attn::MULTI_MAX + g) * hd..][..hd];
                     hadamard_blocks(acc, r);
-                    let st = sts[i][g];
-                    let inv = if st.s > 0.0 { 1.0 / st.s } else { 0.0 };
+                    let (f, sum) = with_sink(sts[i][g], sinks.map(|s| s[h0 + g]));
+                    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
                     let base = ((t0 + i) * p.n_head + h0 + g) * hd;
                     for (d, &a) in acc.iter().enumerate() {
                         // SAFETY: each (token, head) is in exactly one task: base..base+hd is its own.
-                        unsafe { out_ptr.write(base + d, a * inv) };
+                        unsafe { out_ptr.write(base + d, a * f * inv) };
                     }
                 }
             }

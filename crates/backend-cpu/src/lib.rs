@@ -303,10 +303,19 @@ impl Backend for CpuBackend {
         kv.store_on(self, layer, k, v, batch)
     }
 
-    fn attention(&self, q: &Vec<f32>, kv: &CpuKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut Vec<f32>) -> Result<()> {
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        kv: &CpuKv,
+        layer: usize,
+        batch: &ForwardBatch,
+        p: &AttnParams,
+        sinks: Option<&Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         check_len("attention q", q.len(), batch.n_tokens() * p.n_head * p.head_dim)?;
         check_len("attention output", out.len(), q.len())?;
-        attention::attention(self, q, kv, layer, batch, p, out)
+        attention::attention(self, q, kv, layer, batch, p, sinks.map(|s| s.as_slice()), out)
     }
 
     fn moe_route(&self, layer: usize, logits: &Vec<f32>, bias: Option<&Vec<f32>>, p: &MoeRouting) -> Result<Vec<Route>> {
@@ -341,6 +350,17 @@ impl Backend for CpuBackend {
 
     fn moe_combine(&self, y: &Vec<f32>, routes: &[Route], out: &mut Vec<f32>) -> Result<()> {
         moe::moe_combine(y, routes, out)
+    }
+
+    fn moe_add_bias(&self, y: &mut Vec<f32>, bias: &Vec<f32>, routes: &[Route]) -> Result<()> {
+        moe::moe_add_bias(y, bias, routes)
+    }
+
+    fn swiglu_oai(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, alpha: f32, limit: f32) -> Result<()> {
+        check_len("swiglu_oai up", up.len(), gate.len())?;
+        check_len("swiglu_oai output", out.len(), gate.len())?;
+        ops::swiglu_oai(self, gate, up, out, alpha, limit);
+        Ok(())
     }
 
     fn relu_sqr(&self, x: &mut Vec<f32>) -> Result<()> {

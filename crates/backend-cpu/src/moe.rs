@@ -94,6 +94,23 @@ pub(crate) fn moe_combine(y: &[f32], routes: &[Route], out: &mut [f32]) -> Resul
     Ok(())
 }
 
+/// `y (routes, width) += bias[expert]` per route, `bias (n_expert, width)`.
+pub(crate) fn moe_add_bias(y: &mut [f32], bias: &[f32], routes: &[Route]) -> Result<()> {
+    if routes.is_empty() {
+        return Ok(());
+    }
+    if !y.len().is_multiple_of(routes.len()) {
+        return Err(CoreError::Shape(format!("moe_add_bias: {} values for {} routes", y.len(), routes.len())));
+    }
+    let d = y.len() / routes.len();
+    for (row, r) in y.chunks_exact_mut(d).zip(routes) {
+        let e = r.expert as usize;
+        let b = bias.get(e * d..(e + 1) * d).ok_or_else(|| CoreError::Shape(format!("moe_add_bias: no bias row for expert {e}")))?;
+        row.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
+    }
+    Ok(())
+}
+
 /// Plain twin of `moe_matmul`: each route's row dequantized and dotted in f64.
 pub fn moe_matmul_reference(w: &CpuWeight, n_expert: usize, x: &[f32], routes: &[Route], x_per_token: bool) -> Result<Vec<f32>> {
     let n_in = w.n_in;

@@ -186,6 +186,18 @@ pub(crate) fn swiglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32])
 
 /// `out = gelu(gate) * up` through llama.cpp's f16 GELU table (element-wise: any split gives
 /// the same bits).
+pub(crate) fn swiglu_oai(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32], alpha: f32, limit: f32) {
+    const CHUNK: usize = 1 << 13;
+    if be.n_threads() > 1 && out.len() >= 4 * CHUNK {
+        be.par_chunks_mut(out, CHUNK, &|i, o| {
+            let r = i * CHUNK..i * CHUNK + o.len();
+            quarrel_core::act::swiglu_oai_ref(&gate[r.clone()], &up[r], o, alpha, limit)
+        });
+    } else {
+        quarrel_core::act::swiglu_oai_ref(gate, up, out, alpha, limit);
+    }
+}
+
 pub(crate) fn geglu(be: &CpuBackend, gate: &[f32], up: &[f32], out: &mut [f32]) {
     const CHUNK: usize = 1 << 13;
     if be.n_threads() > 1 && out.len() >= 4 * CHUNK {

@@ -154,7 +154,7 @@ fn a_run_past_the_cache_panics() {
 }
 
 /// Decode steps (the f16 vector path) over scattered cache blocks, 3 threads, GQA, a sliding
-/// window: close to a naive f64 softmax over the f16-rounded cache.
+/// window, attention sinks: close to a naive f64 softmax over the f16-rounded cache.
 #[test]
 fn f16_decode_attention_matches_naive_softmax() {
     let be = CpuBackend::new(3).unwrap();
@@ -171,18 +171,22 @@ fn f16_decode_attention_matches_naive_softmax() {
         let row = nkv * hd;
         be.kv_store(&mut kv, 0, &k[t * row..(t + 1) * row].to_vec(), &v[t * row..(t + 1) * row].to_vec(), &batch).unwrap();
         let q = rnd(100 + t as u64, nh * hd, 2.0);
-        for window in [None, Some(5)] {
+        // sinks from far below to far above the scores: the sink's share from none to most
+        let sink_logits: Vec<f32> = (0..nh).map(|h| h as f32 * 3.0 - 6.0).collect();
+        for (window, sinks) in [(None, None), (Some(5), None), (None, Some(&sink_logits)), (Some(5), Some(&sink_logits))] {
             let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: window, softcap: None };
             let mut out = vec![0f32; q.len()];
-            be.attention(&q, &kv, 0, &batch, &p, &mut out).unwrap();
+            be.attention(&q, &kv, 0, &batch, &p, sinks, &mut out).unwrap();
             for h in 0..nh {
                 let kh = h / (nh / nkv);
                 let lo = window.map_or(0, |w: usize| (t + 1).saturating_sub(w));
                 let scores: Vec<f64> =
                     (lo..=t).map(|j| (0..hd).map(|d| r16(q[h * hd + d]) * r16(k[(j * nkv + kh) * hd + d])).sum::<f64>() * 0.125).collect();
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = sinks.map(|s| s[h] as f64);
+                let m = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                // a sink adds to the denominator only
+                let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
                 for d in 0..hd {
                     let want: f64 = (lo..=t).map(|j| e[j - lo] / z * r16(v[(j * nkv + kh) * hd + d])).sum();
                     let got = out[h * hd + d] as f64;
@@ -235,12 +239,12 @@ fn many_decode_tokens_equal_each_alone() {
             state_slots: vec![],
         };
         let mut out = vec![0f32; q.len()];
-        be.attention(&q, &kv, 0, &all, &p, &mut out).unwrap();
+        be.attention(&q, &kv, 0, &all, &p, None, &mut out).unwrap();
         for s in 0..n_seq {
             let one = common::seq_batch(lens[s], 1, tables[s].clone());
             let qs = q[s * nh * hd..(s + 1) * nh * hd].to_vec();
             let mut o = vec![0f32; qs.len()];
-            be.attention(&qs, &kv, 0, &one, &p, &mut o).unwrap();
+            be.attention(&qs, &kv, 0, &one, &p, None, &mut o).unwrap();
             assert_eq!(
                 bits(&o),
                 bits(&out[s * nh * hd..(s + 1) * nh * hd]),
@@ -277,8 +281,8 @@ fn parallel_kv_store_equals_sequential() {
     let q = rnd(33, n * nh * hd, 2.0);
     let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.125, sliding_window: None, softcap: None };
     let (mut oa, mut ob) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-    one.attention(&q, &a, 1, &batch, &p, &mut oa).unwrap();
-    one.attention(&q, &b, 1, &batch, &p, &mut ob).unwrap();
+    one.attention(&q, &a, 1, &batch, &p, None, &mut oa).unwrap();
+    one.attention(&q, &b, 1, &batch, &p, None, &mut ob).unwrap();
     assert_eq!(bits(&oa), bits(&ob));
     // a position without a block is still an error, not a panic
     let mut bad = batch.clone();

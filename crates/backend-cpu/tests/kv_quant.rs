@@ -58,7 +58,7 @@ proptest! {
             let mut kv = be.alloc_kv(&spec).unwrap();
             be.kv_store(&mut kv, 0, &k.to_vec(), &v.to_vec(), &batch).unwrap();
             let mut out = vec![0f32; q.len()];
-            be.attention(&q, &kv, 0, &batch, &p, &mut out).unwrap();
+            be.attention(&q, &kv, 0, &batch, &p, None, &mut out).unwrap();
             out
         };
         let got = run(ty, &k, &v);

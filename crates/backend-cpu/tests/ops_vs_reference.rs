@@ -67,7 +67,7 @@ fn paged_attention_matches_naive_softmax() {
     for window in [None, Some(3)] {
         let p = AttnParams { n_head: nh, n_kv_head: nkv, head_dim: hd, scale: 0.25, sliding_window: window, softcap: None };
         let mut out = vec![0f32; q.len()];
-        be.attention(&q, &kv, 0, &batch, &p, &mut out).unwrap();
+        be.attention(&q, &kv, 0, &batch, &p, None, &mut out).unwrap();
         let mut want = vec![0f32; q.len()];
         for t in 0..n {
             for h in 0..nh {

@@ -373,15 +373,19 @@ ATTN_ALL(q4_0, KV_Q4_0)
 
 // One block per (token, head): merge the splits' partials into out (n_tok, n_head, hd).
 // xq/xm non-null (blockDim == hd, a multiple of 32): the output is also written as Q8.
+// sinks non-null: one logit per head that joins the softmax's denominator and attends to
+// nothing (a split with m = sink, l = 1 and no values).
 extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int hd, int n_split,
-                                        i8* __restrict__ xq, float2* __restrict__ xm) {
+                                        i8* __restrict__ xq, float2* __restrict__ xm, const float* __restrict__ sinks) {
     GDC();
     u64 th = blockIdx.x;
     const float* p = part + th * n_split * (hd + 2);
     float M = -INF;
     for (int s = 0; s < n_split; s++) M = fmaxf(M, p[s * (hd + 2)]);
+    const float sink = sinks ? sinks[th % n_head] : -INF;
+    M = fmaxf(M, sink);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float L = 0.f, O = 0.f;
+        float L = sinks ? expf(sink - M) : 0.f, O = 0.f;
         for (int s = 0; s < n_split; s++) {
             const float* ps = p + s * (hd + 2);
             if (ps[0] == -INF) continue;

@@ -22,6 +22,14 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const u32* _
     out[g] = a;
 }
 
+// y (n / d rows of d) += bias[eids[row]] (per-expert biases of an expert matmul's rows).
+extern "C" __global__ void moe_add_bias(float* __restrict__ y, const float* __restrict__ bias, const u32* __restrict__ eids, int d, u64 n) {
+    GDC();
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n) return;
+    y[g] = __fadd_rn(y[g], bias[(u64)eids[g / d] * d + g % d]);
+}
+
 // x = max(x, 0)²; xq/xm non-null (n a multiple of 32): the result also as Q8 (quantize_q8's
 // arithmetic: the down matmul that follows needs no quantize launch).
 __device__ __forceinline__ void relu_sqr_at(float* __restrict__ x, u64 n, i8* __restrict__ xq, float2* __restrict__ xm, u64 g) {
@@ -94,8 +102,9 @@ __device__ __forceinline__ u32 warp_ext_u32(u32 v) {
 #endif
 }
 
-// One token's routing by one warp, as quarrel_core::moe::route_reference computes it: softmax
-// (exp(x - max) correctly rounded, the sum in f64, times 1/sum) or sigmoid; selection =
+// One token's routing by one warp, as quarrel_core::moe::route_reference computes it: gating 0
+// softmax (exp(x - max) correctly rounded, the sum in f64, times 1/sum), 1 sigmoid, 2 the logits
+// themselves with the chosen ones' softmax as their weights (GPT-OSS); selection =
 // probability + bias; the n_used best (route_key order, ties by the lower expert), each pick one
 // max and one min warp reduction over the lanes' best remaining expert; weights the unbiased
 // probabilities, optionally divided by their f64 sum (at least 2^-14) and scaled. Lane k writes
@@ -104,10 +113,12 @@ __device__ __forceinline__ u32 warp_ext_u32(u32 v) {
 // written them); probs / sel: 2 * n_expert floats of shared memory for this warp; n_expert <= 1024.
 __device__ __forceinline__ void route_warp(const float* row, const float* __restrict__ bias, float* probs, float* sel, u32* __restrict__ eids,
                                            float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_expert, int n_used,
-                                           int sigmoid, int norm, float scale) {
+                                           int gating, int norm, float scale) {
     const int lane = threadIdx.x % 32;
-    if (sigmoid) {
+    if (gating == 1) {
         for (int e = lane; e < n_expert; e += 32) probs[e] = __fdiv_rn(1.f, __fadd_rn(1.f, (float)exp(-(double)__ldcg(row + e))));
+    } else if (gating == 2) {
+        for (int e = lane; e < n_expert; e += 32) probs[e] = __ldcg(row + e);
     } else {
         float mx = -INF;
         for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, __ldcg(row + e));
@@ -149,6 +160,17 @@ __device__ __forceinline__ void route_warp(const float* row, const float* __rest
             mw = p;
         }
     }
+    if (gating == 2) {
+        // softmax over the chosen logits in pick order (softmax_reference: the sum in f64)
+        float mx = -INF;
+        for (int k = 0; k < n_used; k++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, mw, k));
+        const float o = lane < n_used ? (float)exp((double)__fsub_rn(mw, mx)) : 0.f;
+        double sum = 0.0;
+        for (int k = 0; k < n_used; k++) sum += (double)__shfl_sync(0xffffffffu, o, k);
+        mw = __fmul_rn(o, (float)(1.0 / sum));
+        wsum = 0.0;
+        for (int k = 0; k < n_used; k++) wsum += (double)__shfl_sync(0xffffffffu, mw, k);
+    }
     if (lane < n_used) {
         const float s = fmaxf((float)wsum, 6.103515625e-5f);
         float x = mw;
@@ -165,11 +187,11 @@ __device__ __forceinline__ void route_warp(const float* row, const float* __rest
 // (blockIdx.x), route_warp. Writes eids / wts token-major. Shared memory: 2 * n_expert floats.
 extern "C" __global__ void moe_route(const float* __restrict__ logits, const float* __restrict__ bias, u32* __restrict__ eids,
                                      float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_expert, int n_used,
-                                     int sigmoid, int norm, float scale) {
+                                     int gating, int norm, float scale) {
     GDC();
     extern __shared__ float rs[];
     const u64 t = blockIdx.x;
-    route_warp(logits + t * n_expert, bias, rs, rs + n_expert, eids + t * n_used, wts + t * n_used, counts, n_expert, n_used, sigmoid,
+    route_warp(logits + t * n_expert, bias, rs, rs + n_expert, eids + t * n_used, wts + t * n_used, counts, n_expert, n_used, gating,
                norm, scale);
 }
 
@@ -182,15 +204,15 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, const flo
 #define MOE_ROUTER_F32(NT)                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) moe_router_f32_##NT(const u8* __restrict__ W, const float* __restrict__ x, \
         float* __restrict__ logits, int n_in, int n_expert, int wpr, const float* __restrict__ bias, u32* __restrict__ eids,  \
-        float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_used, int sigmoid, int norm, float scale,    \
+        float* __restrict__ wts, unsigned long long* __restrict__ counts, int n_used, int gating, int norm, float scale,     \
         u32* __restrict__ cnt, i8* __restrict__ xq, float2* __restrict__ xm) {                                        \
         gemv_f<WT_F32, NT>(W, x, logits, n_in, n_expert, wpr); /* begins with the prefetch and GDC() */               \
-        moe_router_tail(x, logits, n_in, n_expert, NT, bias, eids, wts, counts, n_used, sigmoid, norm, scale, cnt, xq, xm); \
+        moe_router_tail(x, logits, n_in, n_expert, NT, bias, eids, wts, counts, n_used, gating, norm, scale, cnt, xq, xm);  \
     }
 
 __device__ __forceinline__ void moe_router_tail(const float* __restrict__ x, float* logits, int n_in, int n_expert, int n_tok,
                                                 const float* __restrict__ bias, u32* __restrict__ eids, float* __restrict__ wts,
-                                                unsigned long long* __restrict__ counts, int n_used, int sigmoid, int norm, float scale,
+                                                unsigned long long* __restrict__ counts, int n_used, int gating, int norm, float scale,
                                                 u32* __restrict__ cnt, i8* __restrict__ xq, float2* __restrict__ xm) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (xq) {
@@ -208,7 +230,7 @@ __device__ __forceinline__ void moe_router_tail(const float* __restrict__ x, flo
     for (int t = warp; t < n_tok; t += GEMV_WARPS) {
         float* pr = route_sm + (u64)warp * 2 * n_expert;
         route_warp(logits + (u64)t * n_expert, bias, pr, pr + n_expert, eids + (u64)t * n_used, wts + (u64)t * n_used, counts, n_expert,
-                   n_used, sigmoid, norm, scale);
+                   n_used, gating, norm, scale);
     }
     if (threadIdx.x == 0) *cnt = 0u;  // ready for the next launch
 }

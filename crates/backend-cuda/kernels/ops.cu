@@ -183,6 +183,22 @@ extern "C" __global__ void swiglu(const float* __restrict__ g, const float* __re
     if (xq) q8_store(o, xq, xm, i / 32);
 }
 
+// GPT-OSS's clamped SwiGLU (ggml_swiglu_oai, the CPU backend's numerics: libm's expf):
+// x = min(g, limit), y = clamp(u, -limit, limit), out = x / (1 + exp(-alpha x)) * (y + 1).
+// xq/xm as swiglu's.
+extern "C" __global__ void swiglu_oai(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, u64 n,
+                                      float alpha, float limit, i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = fminf(g[i], limit);
+    float y = fminf(fmaxf(u[i], -limit), limit);
+    float s = __fdiv_rn(x, __fadd_rn(1.0f, expf_libm(__fmul_rn(alpha, -x))));
+    float o = __fmul_rn(s, __fadd_rn(y, 1.0f));
+    out[i] = o;
+    if (xq) q8_store(o, xq, xm, i / 32);
+}
+
 extern "C" __global__ void zero_fill(u32* __restrict__ x, u64 n) {
     GDC();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

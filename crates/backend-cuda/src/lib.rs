@@ -459,14 +459,11 @@ impl Backend for CudaBackend {
     }
 
     fn swiglu(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        check_len("swiglu up", up.len, gate.len)?;
-        check_len("swiglu output", out.len, gate.len)?;
-        let n = gate.len as u64;
-        let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
-        let (xq, xm) = self.q8_out(o, gate.len)?;
-        self.dev.launch_1d("swiglu", n, &[Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
-        Ok(())
+        self.glu_op("swiglu", gate, up, out, &[])
+    }
+
+    fn swiglu_oai(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, alpha: f32, limit: f32) -> Result<()> {
+        self.glu_op("swiglu_oai", gate, up, out, &[Arg::F(alpha), Arg::F(limit)])
     }
 
     fn geglu(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
@@ -525,29 +522,24 @@ impl Backend for CudaBackend {
     }
 
     fn gather_rows(&self, x: &CudaBuf, dim: usize, rows: &[usize], out: &mut CudaBuf) -> Result<()> {
-        self.dev.bind()?;
-        check_len("gather output", out.len, rows.len() * dim)?;
-        if let Some(&r) = rows.iter().find(|&&r| (r + 1) * dim > x.len) {
-            return Err(CoreError::Shape(format!("gather row {r} out of range")));
-        }
-        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        let idx = self.dev.upload_async(&idx)?;
-        let n = (rows.len() * dim) as u64;
-        let (xp, op) = (self.rd(x)?, self.wr(out));
-        self.dev.launch_1d(
-            "gather_rows",
-            n,
-            &[Arg::P(xp), Arg::P(idx.ptr()), Arg::P(op), Arg::I(dim as i32), Arg::I(rows.len() as i32)],
-        )?;
-        Ok(())
+        self.gather_rows_op(x, dim, rows, out)
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, batch: &ForwardBatch) -> Result<()> {
         self.kv_store_dev(kv, layer, k, v, batch)
     }
 
-    fn attention(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, batch: &ForwardBatch, p: &AttnParams, out: &mut CudaBuf) -> Result<()> {
-        self.attention_dev(q, kv, layer, batch, p, out)
+    fn attention(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        l: usize,
+        b: &ForwardBatch,
+        p: &AttnParams,
+        s: Option<&CudaBuf>,
+        o: &mut CudaBuf,
+    ) -> Result<()> {
+        self.attention_dev(q, kv, l, b, p, s, o)
     }
 
     // ---- MoE (moe.rs) and Mamba2 (ssm.rs) ---------------------------------------------------
@@ -614,6 +606,10 @@ impl Backend for CudaBackend {
             return Ok(self.router.matmul(&self.dev, &self.qcache, w, n_expert, xp, x.len, routes.len(), x_per_token, op, order)?);
         }
         Ok(moe::moe_matmul(&self.dev, &self.qcache, &self.experts, w, n_expert, xp, x.len, routes, x_per_token, op, self.exact_mm())?)
+    }
+
+    fn moe_add_bias(&self, y: &mut CudaBuf, bias: &CudaBuf, routes: &[Route]) -> Result<()> {
+        self.moe_add_bias_op(y, bias, routes)
     }
 
     fn moe_combine(&self, y: &CudaBuf, routes: &[Route], out: &mut CudaBuf) -> Result<()> {

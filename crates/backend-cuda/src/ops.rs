@@ -1,5 +1,6 @@
-//! Bodies of the `Backend` ops whose launch logic is longest (RoPE with its fusions, GELU with
-//! its table, ReLU² pairs, MoE routing entry points); `lib.rs` delegates to them.
+//! Bodies of the `Backend` ops whose launch logic is longest (RoPE with its fusions, the gated
+//! activations, GELU with its table, row gathers, ReLU² pairs, MoE routing entry points and
+//! per-expert biases); `lib.rs` delegates to them.
 
 use crate::fusion::Held;
 use crate::runtime::Arg;
@@ -75,6 +76,71 @@ impl CudaBackend {
             return Ok(self.dev.hold(Held::Rope { args, n })?);
         }
         self.dev.launch_1d("rope", n, &args)?;
+        Ok(())
+    }
+
+    /// A gated activation kernel `name(gate, up, out, n, extra..., xq, xm)` (`swiglu`,
+    /// `swiglu_oai`), the output also as Q8 for the matmul that follows.
+    pub(crate) fn glu_op(&self, name: &str, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf, extra: &[Arg]) -> Result<()> {
+        self.dev.bind()?;
+        check_len(name, up.len, gate.len)?;
+        check_len(name, out.len, gate.len)?;
+        let n = gate.len as u64;
+        let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
+        let (xq, xm) = self.q8_out(o, gate.len)?;
+        let mut args = vec![Arg::P(g), Arg::P(u), Arg::P(o), Arg::U64(n)];
+        args.extend_from_slice(extra);
+        args.extend([Arg::P(xq), Arg::P(xm)]);
+        self.dev.launch_1d(name, n, &args)?;
+        Ok(())
+    }
+
+    /// `y (routes, d) += bias[expert]` per route (`moe_add_bias`), the experts from the host
+    /// routes or, for routes kept on the device, from the device router's last routing.
+    pub(crate) fn moe_add_bias_op(&self, y: &mut CudaBuf, bias: &CudaBuf, routes: &[Route]) -> Result<()> {
+        self.dev.bind()?;
+        if routes.is_empty() {
+            return Ok(());
+        }
+        if !y.len.is_multiple_of(routes.len()) || y.len == 0 {
+            return Err(CoreError::Shape(format!("moe_add_bias: {} values for {} routes", y.len, routes.len())));
+        }
+        let d = y.len / routes.len();
+        if !bias.len.is_multiple_of(d) {
+            return Err(CoreError::Shape(format!("moe_add_bias: a bias of {} values is not rows of {d}", bias.len)));
+        }
+        let (yp, bp) = (self.rw(y)?, self.rd(bias)?);
+        let host_ids;
+        let eids = if moe::device_route::on_device(routes) {
+            self.router.last_eids(routes.len())?
+        } else {
+            let n_expert = bias.len / d;
+            if let Some(r) = routes.iter().find(|r| r.expert as usize >= n_expert) {
+                return Err(CoreError::Shape(format!("moe_add_bias: route to expert {} of {n_expert}", r.expert)));
+            }
+            host_ids = self.dev.upload_async(&routes.iter().map(|r| r.expert).collect::<Vec<u32>>())?;
+            host_ids.ptr()
+        };
+        let n = y.len as u64;
+        self.dev.launch_1d("moe_add_bias", n, &[Arg::P(yp), Arg::P(bp), Arg::P(eids), Arg::I(d as i32), Arg::U64(n)])?;
+        Ok(())
+    }
+
+    pub(crate) fn gather_rows_op(&self, x: &CudaBuf, dim: usize, rows: &[usize], out: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        check_len("gather output", out.len, rows.len() * dim)?;
+        if let Some(&r) = rows.iter().find(|&&r| (r + 1) * dim > x.len) {
+            return Err(CoreError::Shape(format!("gather row {r} out of range")));
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = self.dev.upload_async(&idx)?;
+        let n = (rows.len() * dim) as u64;
+        let (xp, op) = (self.rd(x)?, self.wr(out));
+        self.dev.launch_1d(
+            "gather_rows",
+            n,
+            &[Arg::P(xp), Arg::P(idx.ptr()), Arg::P(op), Arg::I(dim as i32), Arg::I(rows.len() as i32)],
+        )?;
         Ok(())
     }
 

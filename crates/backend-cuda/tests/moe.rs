@@ -189,6 +189,42 @@ fn moe_and_hybrid_logits_match_llama_cpp() {
     assert!(failures.is_empty(), "GPU logits differ from llama.cpp:\n{}", failures.join("\n"));
 }
 
+/// GPT-OSS (attention sinks: every numerics mode takes the split-K attention and its combine;
+/// MXFP4 experts as Q8_0) against llama.cpp's CPU fixture: exact numerics within the fixtures'
+/// bound, invariant numerics (the default for models with experts) within llama.cpp's own
+/// CUDA-vs-CPU spread on these models (up to 5.1e-4, see above); prefill equal to decode in
+/// both. (The fast numerics' float order flips a near-tie of the router at one position of
+/// this random model, as llama.cpp's CUDA build may; they are not the default for experts.)
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
+fn gpt_oss_logits_match_llama_cpp() {
+    require_gpu();
+    let dir = tmpdir("gpt-oss");
+    let name = "tiny-gpt-oss";
+    let f = read_fixture(&fixture(&format!("moe/{name}.json")));
+    let path = synth(name, &dir, Ftype::Q8_0);
+    let worst = |e: &[f64]| e.iter().copied().fold(0f64, f64::max);
+    let mut failures = vec![];
+    for (m, bound) in [(Mode::Exact, VS_LLAMA), (Mode::Invariant, 1e-3)] {
+        let mut e = engine_mode(&path, EngineOptions { n_ctx: 64, ..Default::default() }, m);
+        let ours = e.eval_all(&f.tokens).unwrap();
+        let errs: Vec<f64> = f.logits.iter().zip(&ours).map(|(a, b)| nmse_any(a, b)).collect();
+        eprintln!("{name} {}: worst nmse vs llama.cpp CPU {:.2e} (bound {bound:.0e})", m.name(), worst(&errs));
+        if errs.iter().any(|e| e.is_nan() || *e > bound) {
+            failures.push(format!("{name} {}: nmse per position {:?}", m.name(), errs));
+        }
+        let mut single = engine_mode(&path, EngineOptions { n_ctx: 64, n_batch: 1, ..Default::default() }, m);
+        let dec = single.eval_all(&f.tokens).unwrap();
+        let pd = worst(&ours.iter().zip(&dec).map(|(a, b)| nmse_any(a, b)).collect::<Vec<_>>());
+        eprintln!("{name} {}: prefill vs decode worst nmse {pd:.2e}", m.name());
+        if pd > SELF_CONSISTENT_EXACT {
+            failures.push(format!("{name} {}: prefill vs decode {pd:.2e}", m.name()));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
 fn moe_and_hybrid_prefill_equals_decode_and_batch_equals_singles() {

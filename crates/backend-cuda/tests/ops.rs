@@ -3,9 +3,9 @@
 //! `scripts/gpu-test.sh` does on a GPU machine), so CI (no GPU) reports them as ignored.
 
 mod common;
-use common::{load, matmul_out, nmse, rnd, rnd_scaled, store_attend};
+use common::{load, matmul_out, nmse, rnd, rnd_scaled, store_attend_sinks};
 use quarrel_core::{
-    AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeScaling, RopeStyle, SeqBatch, WeightSource,
+    AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeScaling, RopeStyle, Route, SeqBatch, WeightSource,
 };
 use quarrel_cpu::CpuBackend;
 use quarrel_cuda::CudaBackend;
@@ -198,6 +198,18 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     let mut gg = be.alloc(n_tok * N_IN).unwrap();
     be.geglu(&wide, &x, &mut gg).unwrap();
     outs.push(("geglu".into(), be.download(&gg).unwrap()));
+    // GPT-OSS's clamped SwiGLU, gate and up past the clamp (±7) on both sides
+    let wide_up = be.upload(&rnd_scaled(n_tok * N_IN, 9, 12.0)).unwrap();
+    let mut so = be.alloc(n_tok * N_IN).unwrap();
+    be.swiglu_oai(&wide, &wide_up, &mut so, 1.702, 7.0).unwrap();
+    outs.push(("swiglu_oai".into(), be.download(&so).unwrap()));
+    // per-expert biases of 6 routes' rows (3 experts of 96-value biases)
+    let routes: Vec<Route> =
+        [2u32, 0, 1, 2, 0, 0].iter().enumerate().map(|(i, &e)| Route { token: i as u32 / 2, expert: e, weight: 1.0 }).collect();
+    let eb = be.upload(&rnd(3 * 96, 14)).unwrap();
+    let mut ey = be.upload(&rnd(6 * 96, 15)).unwrap();
+    be.moe_add_bias(&mut ey, &eb, &routes).unwrap();
+    outs.push(("moe_add_bias".into(), be.download(&ey).unwrap()));
     be.add(&mut s, &x).unwrap();
     be.scale(&mut s, 0.25).unwrap();
     outs.push(("add+scale".into(), be.download(&s).unwrap()));
@@ -252,6 +264,11 @@ fn elementwise_ops_match_cpu() {
 
 /// Two sequences in scattered cache blocks: `kv_store` their tokens, then attention.
 fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Option<f32>) -> Vec<f32> {
+    attention_sinks(be, ty, window, softcap, None)
+}
+
+/// [`attention`] with per-head sink logits.
+fn attention_sinks<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Option<f32>, sinks: Option<&[f32]>) -> Vec<f32> {
     let (n_head, n_kv_head, hd, bs) = (8, 2, 64, 16);
     let spec = KvSpec { n_layer: 2, n_kv_head, head_dim: hd, block_size: bs, n_blocks: 24, ty };
     let mut kv = be.alloc_kv(&spec).unwrap();
@@ -270,7 +287,15 @@ fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Opt
     let row = n_kv_head * hd;
     let n = batch.n_tokens();
     let p = AttnParams { n_head, n_kv_head, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sliding_window: window, softcap };
-    let mut all = store_attend(be, &mut kv, 1, &batch, &p, [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * n_head * hd, 13, 3.0)]);
+    let mut all = store_attend_sinks(
+        be,
+        &mut kv,
+        1,
+        &batch,
+        &p,
+        [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * n_head * hd, 13, 3.0)],
+        sinks,
+    );
     // then one decode token for sequence 1 (position 70)
     let dec = ForwardBatch {
         tokens: vec![0],
@@ -279,8 +304,28 @@ fn attention<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softcap: Opt
         logits_rows: vec![0],
         state_slots: vec![],
     };
-    all.extend(store_attend(be, &mut kv, 1, &dec, &p, [&rnd(row, 21), &rnd(row, 22), &rnd(n_head * hd, 23)]));
+    all.extend(store_attend_sinks(be, &mut kv, 1, &dec, &p, [&rnd(row, 21), &rnd(row, 22), &rnd(n_head * hd, 23)], sinks));
     all
+}
+
+/// Attention sinks (GPT-OSS) with and without a sliding window, prefill and decode: the CPU's
+/// results.
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-test.sh)"]
+fn attention_sinks_match_cpu() {
+    let (gpu, cpu) = cuda_and_cpu();
+    // from below to above the scores: the sink's share from none to most of the softmax
+    let sinks: Vec<f32> = (0..8).map(|h| h as f32 * 2.0 - 6.0).collect();
+    for ty in [KvType::F16, KvType::F32, KvType::Q8_0] {
+        for window in [None, Some(20)] {
+            let a = attention_sinks(&cpu, ty, window, None, Some(&sinks));
+            let b = attention_sinks(&gpu, ty, window, None, Some(&sinks));
+            let e = nmse(&a, &b);
+            eprintln!("attention with sinks {} window {window:?}: nmse {e:.3e}", ty.name());
+            assert!(e <= tol::ATTENTION, "attention with sinks {}: nmse {e:.3e}", ty.name());
+            assert!(nmse(&a, &attention(&cpu, ty, window, None)) > 1e-4, "the sinks change the output");
+        }
+    }
 }
 
 #[test]
@@ -431,7 +476,7 @@ fn rope_and_kv_store_fused_match_unfused_and_cpu() {
             }
             be.kv_store(&mut kv, 0, &k, &v, b).unwrap();
             let mut o = be.alloc(n * n_head * hd).unwrap();
-            be.attention(&q, &kv, 0, b, &p, &mut o).unwrap();
+            be.attention(&q, &kv, 0, b, &p, None, &mut o).unwrap();
             all.extend(be.download(&q).unwrap());
             all.extend(be.download(&k).unwrap());
             all.extend(be.download(&o).unwrap());
@@ -512,7 +557,7 @@ fn qkv_gemv_with_rope_and_kv_store_matches_separate_kernels() {
                 be.rope(&mut k, &batch.positions, n_kv_head, hd, rp).unwrap();
                 be.kv_store(&mut kv, 0, &k, &v, &batch).unwrap();
                 let mut o = be.alloc(n_tok * n_head * hd).unwrap();
-                be.attention(&q, &kv, 0, &batch, &p, &mut o).unwrap();
+                be.attention(&q, &kv, 0, &batch, &p, None, &mut o).unwrap();
                 for buf in [&q, &k, &v, &o] {
                     all.extend(be.download(buf).unwrap());
                 }

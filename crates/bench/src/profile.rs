@@ -228,9 +228,10 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
         layer: usize,
         batch: &ForwardBatch,
         p: &AttnParams,
+        sinks: Option<&Self::Buf>,
         out: &mut Self::Buf,
     ) -> CoreResult<()> {
-        self.timed(OpKind::Attention, || self.inner.attention(q, kv, layer, batch, p, out))
+        self.timed(OpKind::Attention, || self.inner.attention(q, kv, layer, batch, p, sinks, out))
     }
     fn moe_route(&self, layer: usize, logits: &Self::Buf, bias: Option<&Self::Buf>, p: &MoeRouting) -> CoreResult<Vec<Route>> {
         self.timed(OpKind::MoeRoute, || self.inner.moe_route(layer, logits, bias, p))
@@ -256,6 +257,12 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     }
     fn relu_sqr(&self, x: &mut Self::Buf) -> CoreResult<()> {
         self.timed(OpKind::ReluSqr, || self.inner.relu_sqr(x))
+    }
+    fn moe_add_bias(&self, y: &mut Self::Buf, bias: &Self::Buf, routes: &[Route]) -> CoreResult<()> {
+        self.timed(OpKind::MoeCombine, || self.inner.moe_add_bias(y, bias, routes))
+    }
+    fn swiglu_oai(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, alpha: f32, limit: f32) -> CoreResult<()> {
+        self.timed(OpKind::Swiglu, || self.inner.swiglu_oai(gate, up, out, alpha, limit))
     }
     fn alloc_state(&self, kv: &mut Self::Kv, spec: &StateSpec) -> CoreResult<()> {
         self.inner.alloc_state(kv, spec)

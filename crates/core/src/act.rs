@@ -42,9 +42,29 @@ pub fn geglu_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// GPT-OSS's clamped SwiGLU (ggml_swiglu_oai): `x = min(gate, limit)`,
+/// `y = clamp(up, -limit, limit)`, `out = x / (1 + exp(-alpha x)) * (y + 1)`.
+pub fn swiglu_oai_ref(gate: &[f32], up: &[f32], out: &mut [f32], alpha: f32, limit: f32) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let x = g.min(limit);
+        let y = u.clamp(-limit, limit);
+        *o = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swiglu_oai_clamps() {
+        let mut o = [0f32; 3];
+        swiglu_oai_ref(&[100.0, 0.0, 1.0], &[-100.0, 5.0, 100.0], &mut o, 1.702, 7.0);
+        // gate clamped to 7, up to -7: 7·σ(1.702·7)·(-6)
+        assert!((o[0] - 7.0 / (1.0 + (-1.702f32 * 7.0).exp()) * -6.0).abs() < 1e-5);
+        assert_eq!(o[1], 0.0);
+        assert!((o[2] - 1.0 / (1.0 + (-1.702f32).exp()) * 8.0).abs() < 1e-5);
+    }
 
     #[test]
     fn table_follows_the_formula() {

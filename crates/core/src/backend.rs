@@ -133,6 +133,9 @@ pub trait Backend: Send + Sync + 'static {
     fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, batch: &ForwardBatch) -> Result<()>;
     /// Causal paged attention: every token attends to its sequence's cached positions
     /// `0..=pos` (or the sliding window). `q (n_tok, n_head, head_dim)` -> `out` same shape.
+    /// `sinks` (one logit per query head, GPT-OSS): an extra score in each head's softmax
+    /// denominator that attends to nothing.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Self::Buf,
@@ -140,6 +143,7 @@ pub trait Backend: Send + Sync + 'static {
         layer: usize,
         batch: &ForwardBatch,
         p: &AttnParams,
+        sinks: Option<&Self::Buf>,
         out: &mut Self::Buf,
     ) -> Result<()>;
 
@@ -193,6 +197,15 @@ pub trait Backend: Send + Sync + 'static {
     /// `out[token] += weight * y[i]` for every route `i`; `y (routes.len(), dim)`.
     fn moe_combine(&self, _y: &Self::Buf, _routes: &[Route], _out: &mut Self::Buf) -> Result<()> {
         Err(CoreError::Unsupported(format!("{}: moe_combine", self.name())))
+    }
+    /// `y (routes.len(), width) += bias[routes[i].expert]` for every route `i`, with `bias`
+    /// `(n_expert, width)`: per-expert biases of an expert matmul (GPT-OSS).
+    fn moe_add_bias(&self, _y: &mut Self::Buf, _bias: &Self::Buf, _routes: &[Route]) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: moe_add_bias", self.name())))
+    }
+    /// GPT-OSS's clamped SwiGLU ([`crate::act::swiglu_oai_ref`]).
+    fn swiglu_oai(&self, _gate: &Self::Buf, _up: &Self::Buf, _out: &mut Self::Buf, _alpha: f32, _limit: f32) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: swiglu_oai", self.name())))
     }
     /// `x = relu(x)²` in place (Nemotron-H feed-forward).
     fn relu_sqr(&self, _x: &mut Self::Buf) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Mixture-of-experts routing: parameters and the host reference of the router
-//! (`softmax | sigmoid` -> optional selection bias -> top-k -> optional renormalization
-//! -> optional scale), with llama.cpp's `build_moe_ffn` semantics.
+//! (`softmax | sigmoid | identity` -> optional selection bias -> top-k -> a softmax over the
+//! chosen logits where the gating says so -> optional renormalization -> optional scale), with
+//! llama.cpp's `build_moe_ffn` semantics.
 
 use crate::{CoreError, Result};
 
@@ -9,15 +10,22 @@ use crate::{CoreError, Result};
 pub enum Gating {
     Softmax,
     Sigmoid,
+    /// The experts chosen by their raw logits, weighted by a softmax over the chosen logits
+    /// only (GPT-OSS).
+    SoftmaxWeight,
 }
 
 impl Gating {
-    /// llama.cpp's `llama_expert_gating_func_type` id (1 = softmax, 2 = sigmoid).
+    /// llama.cpp's `llama_expert_gating_func_type` id (1 = softmax, 2 = sigmoid, 3 = softmax
+    /// over the chosen experts' logits).
     pub fn from_gguf(id: u64) -> Result<Gating> {
         match id {
             1 => Ok(Gating::Softmax),
             2 => Ok(Gating::Sigmoid),
-            other => Err(CoreError::Unsupported(format!("expert gating function {other} (supported: 1 softmax, 2 sigmoid)"))),
+            3 => Ok(Gating::SoftmaxWeight),
+            other => Err(CoreError::Unsupported(format!(
+                "expert gating function {other} (supported: 1 softmax, 2 sigmoid, 3 softmax over the chosen)"
+            ))),
         }
     }
 }
@@ -89,20 +97,13 @@ pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax:
     let mut probs = vec![0f32; ne];
     let mut order: Vec<usize> = (0..ne).collect();
     for (t, row) in logits.chunks(ne).enumerate() {
-        match p.gating {
-            Gating::Softmax => softmax(row, &mut probs),
-            Gating::Sigmoid => {
-                for (o, &v) in probs.iter_mut().zip(row) {
-                    *o = 1.0 / (1.0 + (-v).exp());
-                }
-            }
-        }
+        gate_probs(row, p.gating, softmax, &mut probs);
         let sel = |e: usize| probs[e] + bias.map_or(0.0, |b| b[e]);
         order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
         // descending, NaN last, ties by expert index
         order.sort_by(|&a, &b| sel(b).partial_cmp(&sel(a)).unwrap_or_else(|| sel(a).is_nan().cmp(&sel(b).is_nan())).then(a.cmp(&b)));
         let chosen = &order[..p.n_used];
-        let w = chosen_weights(chosen, &probs, p);
+        let w = chosen_weights(chosen, &probs, p, softmax);
         for (&e, &wt) in chosen.iter().zip(&w) {
             out.push(Route { token: t as u32, expert: e as u32, weight: wt });
         }
@@ -110,10 +111,30 @@ pub fn route_with(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, softmax:
     Ok(out)
 }
 
-/// The weights of the `chosen` experts: their probabilities, divided by their sum where `p`
-/// renormalizes, then multiplied by `p.scale`.
-pub fn chosen_weights(chosen: &[usize], probs: &[f32], p: &MoeRouting) -> Vec<f32> {
+/// One token's expert probabilities from its router logits `row`, as `gating` computes them
+/// (the softmax by `softmax`; [`Gating::SoftmaxWeight`]: the logits themselves).
+pub fn gate_probs(row: &[f32], gating: Gating, softmax: &dyn Fn(&[f32], &mut [f32]), probs: &mut [f32]) {
+    match gating {
+        Gating::Softmax => softmax(row, probs),
+        Gating::Sigmoid => {
+            for (o, &v) in probs.iter_mut().zip(row) {
+                *o = 1.0 / (1.0 + (-v).exp());
+            }
+        }
+        Gating::SoftmaxWeight => probs.copy_from_slice(row),
+    }
+}
+
+/// The weights of the `chosen` experts (in pick order): their probabilities (with
+/// [`Gating::SoftmaxWeight`], the softmax by `softmax` of their logits, as ggml_soft_max over
+/// the gathered rows), divided by their sum where `p` renormalizes, then multiplied by
+/// `p.scale`.
+pub fn chosen_weights(chosen: &[usize], probs: &[f32], p: &MoeRouting, softmax: &dyn Fn(&[f32], &mut [f32])) -> Vec<f32> {
     let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
+    if p.gating == Gating::SoftmaxWeight {
+        let picked = w.clone();
+        softmax(&picked, &mut w);
+    }
     if p.norm_weights {
         // ggml_sum_rows sums in f64; the clamp keeps a zero sum finite
         let s = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
@@ -159,6 +180,18 @@ mod tests {
         let r = route_reference(&[1.0, 0.0, 0.5], Some(&[0.0, 1.0, 0.0]), &p).unwrap();
         assert_eq!(r[0].expert, 1);
         assert!((r[0].weight - 2.0 * 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_weight_softmaxes_the_chosen_logits() {
+        let p = MoeRouting { n_expert: 4, n_used: 2, gating: Gating::SoftmaxWeight, norm_weights: false, scale: 0.0 };
+        let r = route_reference(&[0.5, 3.0, -1.0, 2.0], None, &p).unwrap();
+        assert_eq!(r.iter().map(|r| r.expert).collect::<Vec<_>>(), vec![1, 3]);
+        // softmax over (3, 2) only: the unchosen logits do not enter the denominator
+        let w0 = 1.0 / (1.0 + (-1f32).exp());
+        assert!((r[0].weight - w0).abs() < 1e-6, "{r:?}");
+        assert!((r[0].weight + r[1].weight - 1.0).abs() < 1e-6);
+        assert_eq!(Gating::from_gguf(3).unwrap(), Gating::SoftmaxWeight);
     }
 
     #[test]

@@ -187,6 +187,7 @@ fn full_size_widths_on_few_layers() {
         cut("phi-3-mini", "A", 0),
         cut("phi-4-mini", "AA", 0),
         cut("nemotron-mini-4b", "AA", 0),
+        cut("gpt-oss-20b", "AA", 8),
     ] {
         let path = dir.path().join(format!("{}.gguf", p.name));
         let spec = ArchSynthSpec { preset: p, ftype: Ftype::Q4_K_M, seed: 1, vocab_from: None };

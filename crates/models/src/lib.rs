@@ -12,7 +12,7 @@
 //! | `describe` | `ModelDescription`: routed experts, recurrent state, read before loading; the default `Numerics` |
 //! | `hparams`  | typed reading of `{arch}.*` metadata keys |
 //! | `layers`   | attention (paged, GQA, RoPE), SwiGLU / squared-ReLU MLP, MoE FFN, Mamba2 mixer |
-//! | `arch`     | one file per GGUF architecture name (llama, qwen2, qwen3*, phi3, nemotron, gemma3, granite*, mamba2, nemotron_h*) |
+//! | `arch`     | one file per GGUF architecture name (llama, qwen2, qwen3*, phi3, gpt-oss, nemotron, gemma3, granite*, mamba2, nemotron_h*) |
 //! | `registry` | architecture name -> loader, one line each |
 //! | `ftype`    | llama.cpp's file types (`general.file_type`): id, name, default tensor type |
 //!

@@ -22,6 +22,7 @@ macro_rules! registry {
 registry! {
     "llama" => arch::llama::load,
     "gemma3" => arch::gemma3::load,
+    "gpt-oss" => arch::gpt_oss::load,
     "granite" => arch::granite::load,
     "granitemoe" => arch::granitemoe::load,
     "granitehybrid" => arch::granitehybrid::load,

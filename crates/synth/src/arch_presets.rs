@@ -44,7 +44,8 @@ pub struct ArchPreset {
     pub expert_scale: f32,
     pub ssm: Option<SsmShape>,
     pub granite: Option<GraniteScales>,
-    /// Sliding-window attention (gemma3): `(window, pattern)`, every `pattern`-th layer global.
+    /// Sliding-window attention (gemma3, gpt-oss): `(window, pattern)`, every `pattern`-th layer
+    /// global (gpt-oss files carry the window only: llama.cpp's default pattern for it is 2).
     pub swa: Option<(usize, usize)>,
     /// No `output.weight`: the output projection reuses `token_embd.weight`.
     pub tied: bool,
@@ -264,6 +265,23 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         rms_eps: 1e-6,
         ..BASE
     },
+    // GPT-OSS: attention biases and sinks, sliding-window / full layers alternating (a window
+    // of 8 positions: the fixture's 16 tokens cross it), YaRN, 8 MXFP4 experts with biases, 4
+    // used, weighted by the softmax of the chosen logits, the clamped SwiGLU
+    ArchPreset {
+        name: "tiny-gpt-oss",
+        model: "Quarrel tiny GPT-OSS",
+        arch: "gpt-oss",
+        pattern: "AAAA",
+        n_ff: 128,
+        n_expert: 8,
+        n_used: 4,
+        n_ff_exp: 128,
+        swa: Some((8, 2)),
+        yarn: Some((4.0, 32)),
+        rope_freq_base: 150_000.0,
+        ..BASE
+    },
     // google/gemma-3-270m
     ArchPreset {
         name: "gemma-3-270m",
@@ -411,6 +429,48 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         tied: false,
         rope_freq_base: 1_000_000.0,
         rms_eps: 1e-6,
+        ..BASE
+    },
+    // openai/gpt-oss-20b (32 experts of 2880, 4 used; MXFP4 experts as published)
+    ArchPreset {
+        name: "gpt-oss-20b",
+        model: "GPT-OSS 20B",
+        arch: "gpt-oss",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 2_880,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_ff: 2_880,
+        n_vocab: 201_088,
+        n_ctx: 131_072,
+        n_expert: 32,
+        n_used: 4,
+        n_ff_exp: 2_880,
+        swa: Some((128, 2)),
+        yarn: Some((32.0, 4_096)),
+        rope_freq_base: 150_000.0,
+        ..BASE
+    },
+    // openai/gpt-oss-120b (128 experts)
+    ArchPreset {
+        name: "gpt-oss-120b",
+        model: "GPT-OSS 120B",
+        arch: "gpt-oss",
+        pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        n_embd: 2_880,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_ff: 2_880,
+        n_vocab: 201_088,
+        n_ctx: 131_072,
+        n_expert: 128,
+        n_used: 4,
+        n_ff_exp: 2_880,
+        swa: Some((128, 2)),
+        yarn: Some((32.0, 4_096)),
+        rope_freq_base: 150_000.0,
         ..BASE
     },
     // microsoft/Phi-3-mini-4k-instruct

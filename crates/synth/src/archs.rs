@@ -5,7 +5,8 @@
 //! the preset has it), `qwen3` (per-head q/k norms, wide heads), `qwen3moe` (experts of their
 //! own width in every layer), `phi3` (fused q/k/v and gate/up, partial rotation, LongRoPE
 //! factors), `nemotron` (LayerNorms with biases, squared-ReLU MLP, partial rotation); and
-//! `llama` with Llama 3.1's `rope_freqs` factors. Tiny
+//! `llama` with Llama 3.1's `rope_freqs` factors; `gpt-oss` (attention biases and sinks,
+//! alternating sliding windows, experts with biases, MXFP4 experts). Tiny
 //! presets (2-4 layers covering every layer kind of the arch, vocab 512) are the fixture
 //! models; full-size presets carry real shapes for benchmarks.
 //!
@@ -87,11 +88,17 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
                 push("attn_k.weight", vec![e, kv], mat(e, 1.0));
                 push("attn_v.weight", vec![e, kv], mat(e, 1.0));
                 push("attn_output.weight", vec![q, e], mat(q, resid));
-                if p.arch == "qwen2" {
+                if p.arch == "qwen2" || p.arch == "gpt-oss" {
                     let bias = Init::Normal { mean: 0.0, std: 0.5 };
                     push("attn_q.bias", vec![q], bias);
                     push("attn_k.bias", vec![kv], bias);
                     push("attn_v.bias", vec![kv], bias);
+                }
+                if p.arch == "gpt-oss" {
+                    push("attn_output.bias", vec![e], Init::Normal { mean: 0.0, std: 0.1 });
+                    push("attn_sinks.weight", vec![u(p.n_head)], Init::Normal { mean: 1.0, std: 1.0 });
+                    // gpt-oss names its pre-FFN norm so
+                    push("post_attention_norm.weight", vec![e], norm);
                 }
                 if p.qk_norm() {
                     let hd = u(p.head_dim);
@@ -125,7 +132,7 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
             _ => {}
         }
         let two_part = !p.single_mixer();
-        if two_part {
+        if two_part && p.arch != "gpt-oss" {
             push("ffn_norm.weight", vec![e], norm);
             if layer_norm {
                 push("ffn_norm.bias", vec![e], norm_bias);
@@ -155,6 +162,13 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
             push("ffn_gate_exps.weight", vec![e, ff, ne], mat(e, 1.0));
             push("ffn_up_exps.weight", vec![e, ff, ne], mat(e, 1.0));
             push("ffn_down_exps.weight", vec![ff, e, ne], mat(ff, resid));
+            if p.arch == "gpt-oss" {
+                let bias = Init::Normal { mean: 0.0, std: 0.1 };
+                push("ffn_gate_inp.bias", vec![ne], Init::Normal { mean: 0.0, std: 0.5 });
+                push("ffn_gate_exps.bias", vec![ff, ne], bias);
+                push("ffn_up_exps.bias", vec![ff, ne], bias);
+                push("ffn_down_exps.bias", vec![e, ne], bias);
+            }
             if p.n_ff_shexp > 0 {
                 let fs = u(p.n_ff_shexp);
                 push("ffn_gate_shexp.weight", vec![e, fs], mat(e, 1.0));
@@ -191,10 +205,14 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
     l
 }
 
-fn tensor_type(name: &str, dims: &[u64], ftype: Ftype) -> QuantType {
-    let keep_f32 = ["_norm.weight", "ffn_gate_inp.weight", "exp_probs_b", "ssm_conv1d", "ssm_a", "ssm_d"];
+fn tensor_type(arch: &str, name: &str, dims: &[u64], ftype: Ftype) -> QuantType {
+    let keep_f32 = ["_norm.weight", "ffn_gate_inp.weight", "exp_probs_b", "ssm_conv1d", "ssm_a", "ssm_d", ".bias"];
     if dims.len() == 1 || keep_f32.iter().any(|k| name.contains(k)) {
         return QuantType::F32;
+    }
+    // GPT-OSS is published with MXFP4 experts whatever the other tensors' type
+    if arch == "gpt-oss" && name.contains("_exps.weight") && dims[0].is_multiple_of(32) {
+        return QuantType::MXFP4;
     }
     let default = ftype.default_type();
     let ty = if name == "output.weight" && !matches!(default, QuantType::F32 | QuantType::F16 | QuantType::BF16) {
@@ -211,7 +229,10 @@ fn tensor_type(name: &str, dims: &[u64], ftype: Ftype) -> QuantType {
 
 /// The tensors of `p` typed for `ftype`.
 pub fn arch_tensor_plan(p: &ArchPreset, ftype: Ftype) -> Vec<PlannedTensor> {
-    tensors(p).into_iter().map(|(name, dims, init)| PlannedTensor { ty: tensor_type(&name, &dims, ftype), name, dims, init }).collect()
+    tensors(p)
+        .into_iter()
+        .map(|(name, dims, init)| PlannedTensor { ty: tensor_type(p.arch, &name, &dims, ftype), name, dims, init })
+        .collect()
 }
 
 fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Vec<(String, Value)> {
@@ -279,7 +300,9 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
     }
     if let Some((window, pattern)) = p.swa {
         kv.push((k("attention.sliding_window"), u32v(window)));
-        kv.push((k("attention.sliding_window_pattern"), u32v(pattern)));
+        if a != "gpt-oss" {
+            kv.push((k("attention.sliding_window_pattern"), u32v(pattern)));
+        }
     }
     if let Some(g) = p.granite {
         kv.push((k("embedding_scale"), Value::F32(g.embedding)));

@@ -168,6 +168,7 @@ impl CudaBackend {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_dev(
         &self,
         q: &CudaBuf,
@@ -175,12 +176,22 @@ impl CudaBackend {
         layer: usize,
         batch: &ForwardBatch,
         p: &AttnParams,
+        sinks: Option<&CudaBuf>,
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.dev.bind()?;
         let hd = p.head_dim;
         check_len("attention q", q.len, batch.n_tokens() * p.n_head * hd)?;
         check_len("attention output", out.len, q.len)?;
+        if let Some(s) = sinks {
+            check_len("attention sinks", s.len, p.n_head)?;
+        }
+        // sinks join the softmax in the combine of the split-K partials: the one-pass kernel and
+        // invariant numerics' kernels (which normalize their rows themselves) are not taken
+        let sinks_ptr = match sinks {
+            Some(s) => self.rd(s)?,
+            None => 0,
+        };
         if hd != kv.spec.head_dim || p.n_kv_head != kv.spec.n_kv_head || p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
             return Err(CoreError::Shape(format!(
                 "attention: {} heads / {} kv heads of {hd} vs cache {} x {}",
@@ -224,6 +235,7 @@ impl CudaBackend {
         let one_wave = !one || batch.seqs.len() == 1 || batch.seqs.len() * p.n_head <= 2 * self.dev.n_sm;
         let offsets_fit = (kv.spec.n_blocks * kv.spec.block_size * kv.spec.n_kv_head * hd) < u32::MAX as usize;
         let vec = vec_path
+            && sinks.is_none()
             && hd.is_multiple_of(8)
             && offsets_fit
             && (exact || (one_wave && n_ctx <= self.attn_vec_max.load(std::sync::atomic::Ordering::Relaxed)));
@@ -236,7 +248,13 @@ impl CudaBackend {
         // invariant numerics: the tensor-core kernel with absolute splits at every token count
         // (a shape it does not take keeps the one-pass kernel of exact attention, also invariant)
         let group = p.n_head / p.n_kv_head;
-        if self.invariant_mm() && kv.spec.ty == quarrel_core::KvType::F16 && matches!(hd, 64 | 128 | 256) && group <= 16 && offsets_fit {
+        if sinks.is_none()
+            && self.invariant_mm()
+            && kv.spec.ty == quarrel_core::KvType::F16
+            && matches!(hd, 64 | 128 | 256)
+            && group <= 16
+            && offsets_fit
+        {
             return self.attention_invariant([qp, kp, vp, op], q.len, kv, batch, p);
         }
         if vec {
@@ -290,14 +308,16 @@ impl CudaBackend {
             args.extend([Arg::I(rot as i32), Arg::I(q16 as i32), Arg::P(koff)]);
             self.dev.launch(&name, grid, threads, smem, &args)?;
             let (xq, xm) = if hd.is_multiple_of(32) { self.q8_out(op, q.len)? } else { (0, 0) };
-            Ok(self.attn_combine(part.ptr(), op, batch.n_tokens(), p, n_split, (xq, xm))?)
+            Ok(self.attn_combine(part.ptr(), op, batch.n_tokens(), p, n_split, (xq, xm), sinks_ptr)?)
         })
     }
 }
 
 impl CudaBackend {
     /// `attn_combine`: the `n_split` partials of `n_tok` tokens' heads at `part` into the rows
-    /// at `out` and their Q8 form (`q8`: (0, 0) none; else the head dim is a multiple of 32).
+    /// at `out` and their Q8 form (`q8`: (0, 0) none; else the head dim is a multiple of 32),
+    /// with the heads' sink logits at `sinks` (0: none).
+    #[allow(clippy::too_many_arguments)]
     fn attn_combine(
         &self,
         part: u64,
@@ -306,6 +326,7 @@ impl CudaBackend {
         p: &AttnParams,
         n_split: usize,
         (xq, xm): (u64, u64),
+        sinks: u64,
     ) -> Result<(), CudaError> {
         let hd = p.head_dim;
         self.dev.launch(
@@ -313,7 +334,16 @@ impl CudaBackend {
             ((n_tok * p.n_head) as u32, 1, 1),
             if hd.is_multiple_of(32) { hd as u32 } else { 256 },
             0,
-            &[Arg::P(part), Arg::P(out), Arg::I(p.n_head as i32), Arg::I(hd as i32), Arg::I(n_split as i32), Arg::P(xq), Arg::P(xm)],
+            &[
+                Arg::P(part),
+                Arg::P(out),
+                Arg::I(p.n_head as i32),
+                Arg::I(hd as i32),
+                Arg::I(n_split as i32),
+                Arg::P(xq),
+                Arg::P(xm),
+                Arg::P(sinks),
+            ],
         )
     }
 
@@ -445,7 +475,7 @@ impl CudaBackend {
                 let values = (first * p.n_head * hd) as u64;
                 let (xq_at, xm_at) = if xq == 0 { (0, 0) } else { (xq + values, xm + 8 * (values / 32)) };
                 // hd is 64, 128 or 256 here: the combine runs hd threads
-                self.attn_combine(part.ptr(), op + 4 * values, n_tok, p, n_split, (xq_at, xm_at))?;
+                self.attn_combine(part.ptr(), op + 4 * values, n_tok, p, n_split, (xq_at, xm_at), 0)?;
                 a = b;
             }
             Ok(())

@@ -225,6 +225,15 @@ pub fn on_device(routes: &[Route]) -> bool {
 }
 
 /// Whether a step of `n_tok` tokens routes on the device.
+/// route_warp's gating argument (kernels/moe.cu).
+fn gating_id(g: Gating) -> i32 {
+    match g {
+        Gating::Softmax => 0,
+        Gating::Sigmoid => 1,
+        Gating::SoftmaxWeight => 2,
+    }
+}
+
 pub fn applies(n_tok: usize, p: &MoeRouting) -> bool {
     n_tok > 0 && (1..=8).contains(&p.n_used) && p.n_used <= p.n_expert && p.n_expert <= 1024
 }
@@ -309,13 +318,23 @@ impl DevRouter {
                 Arg::P(counts),
                 Arg::I(p.n_expert as i32),
                 Arg::I(p.n_used as i32),
-                Arg::I((p.gating == Gating::Sigmoid) as i32),
+                Arg::I(gating_id(p.gating)),
                 Arg::I(p.norm_weights as i32),
                 Arg::F(p.scale),
             ],
         )?;
         *lock(&self.last)? = Some(DevRoutes { eids, wts, n_tok, n_used: p.n_used, calls: 0 });
         Ok((0..n).map(|i| Route { token: (i / p.n_used) as u32, expert: DEVICE_EXPERT, weight: f32::NAN }).collect())
+    }
+
+    /// The device pointer of the last routing's expert ids (route order), checked to hold
+    /// `n_routes` routes.
+    pub fn last_eids(&self, n_routes: usize) -> Result<u64, CudaError> {
+        let last = lock(&self.last)?;
+        match last.as_ref() {
+            Some(r) if r.n_tok * r.n_used == n_routes => Ok(r.eids.ptr()),
+            _ => Err(CudaError::Shape(format!("no device routing of {n_routes} routes to read the experts of"))),
+        }
     }
 
     /// The router matmul `x (n_tok, n_in) · wᵀ` (f32 router weights) and the routing in one
@@ -382,7 +401,7 @@ impl DevRouter {
                 Arg::P(wts.ptr()),
                 Arg::P(counts),
                 Arg::I(p.n_used as i32),
-                Arg::I((p.gating == Gating::Sigmoid) as i32),
+                Arg::I(gating_id(p.gating)),
                 Arg::I(p.norm_weights as i32),
                 Arg::F(p.scale),
                 Arg::P(cnt),

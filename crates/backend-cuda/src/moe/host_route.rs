@@ -6,7 +6,7 @@
 //! spent milliseconds per MoE layer in the reference's sort while the GPU waited.
 
 use quarrel_core::moe::softmax_reference;
-use quarrel_core::{CoreError, Gating, MoeRouting, Route};
+use quarrel_core::{CoreError, MoeRouting, Route};
 
 /// Tokens per thread at least (fewer: one thread): a thread's start costs tens of
 /// microseconds, a token's routing about one.
@@ -51,14 +51,7 @@ fn route_rows(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, t0: usize) -
     let mut taken = vec![false; ne];
     let mut chosen = Vec::with_capacity(p.n_used);
     for (t, row) in logits.chunks(ne).enumerate() {
-        match p.gating {
-            Gating::Softmax => softmax_reference(row, &mut probs),
-            Gating::Sigmoid => {
-                for (o, &v) in probs.iter_mut().zip(row) {
-                    *o = 1.0 / (1.0 + (-v).exp());
-                }
-            }
-        }
+        quarrel_core::moe::gate_probs(row, p.gating, &softmax_reference, &mut probs);
         for (e, s) in sel.iter_mut().enumerate() {
             *s = probs[e] + bias.map_or(0.0, |b| b[e]);
         }
@@ -73,7 +66,7 @@ fn route_rows(logits: &[f32], bias: Option<&[f32]>, p: &MoeRouting, t0: usize) -
             taken[best] = true;
             chosen.push(best);
         }
-        let w = quarrel_core::moe::chosen_weights(&chosen, &probs, p);
+        let w = quarrel_core::moe::chosen_weights(&chosen, &probs, p, &softmax_reference);
         for (&e, &wt) in chosen.iter().zip(&w) {
             taken[e] = false;
             out.push(Route { token: (t0 + t) as u32, expert: e as u32, weight: wt });
@@ -87,14 +80,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use quarrel_core::moe::route_reference;
+    use quarrel_core::Gating;
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         /// Equal to the reference bit for bit: ties (values from a small set), NaN, bias,
-        /// softmax and sigmoid, renormalization, scale, one and many threads.
+        /// softmax, sigmoid and softmax over the chosen, renormalization, scale, one and many threads.
         #[test]
         fn fast_router_equals_reference(seed in any::<u64>(), ne in 1usize..140, used_frac in 0.0f64..1.0, n_tok in 1usize..300,
-                                        sigmoid in any::<bool>(), norm in any::<bool>(), with_bias in any::<bool>(), scale_i in 0usize..3) {
+                                        gating_i in 0usize..3, norm in any::<bool>(), with_bias in any::<bool>(), scale_i in 0usize..3) {
             let n_used = ((ne as f64 * used_frac) as usize).clamp(1, ne.min(8));
             let mut s = seed | 1;
             let mut r = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
@@ -104,7 +98,7 @@ mod tests {
                 if v % 4 == 0 { vals[(v >> 8) as usize % vals.len()] } else { ((v >> 11) as f64 / (1u64 << 53) as f64 * 16.0 - 8.0) as f32 }
             }).collect();
             let bias: Option<Vec<f32>> = with_bias.then(|| (0..ne).map(|_| ((r() >> 40) % 5) as f32 * 0.25 - 0.5).collect());
-            let p = MoeRouting { n_expert: ne, n_used, gating: if sigmoid { Gating::Sigmoid } else { Gating::Softmax }, norm_weights: norm, scale: [0.0, 1.0, 2.5][scale_i] };
+            let p = MoeRouting { n_expert: ne, n_used, gating: [Gating::Softmax, Gating::Sigmoid, Gating::SoftmaxWeight][gating_i], norm_weights: norm, scale: [0.0, 1.0, 2.5][scale_i] };
             let want = route_reference(&logits, bias.as_deref(), &p).unwrap();
             let got = route_fast(&logits, bias.as_deref(), &p).unwrap();
             prop_assert_eq!(want.len(), got.len());

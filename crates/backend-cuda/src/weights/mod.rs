@@ -7,7 +7,8 @@
 //! | Q6_K | super-blocks padded from 210 to 224 B |
 //! | F32 F16 BF16 | as stored |
 //! | 1-D tensors (norms) | f32 |
-//! | other types (Q2_K, Q3_K, IQ4_NL, MXFP4, ...) | dequantized at load to f16 (no kernel of their own yet) |
+//! | MXFP4 | as Q8_0 (the codebook values as int8, the E8M0 scale as the f16 scale: the same values; twice the bytes) |
+//! | other types (Q2_K, Q3_K, IQ4_NL, ...) | dequantized at load to f16 (no kernel of their own yet) |
 
 pub mod experts;
 pub mod unit;
@@ -178,6 +179,10 @@ pub fn repack(ty: QuantType, bytes: &[u8]) -> Option<(DevType, Vec<u8>, Option<V
         QuantType::Q5_0 => with(DevType::Quant("q5_0"), split(bytes, ts, &[(6, 16)], &[(0, 2), (2, 4)], 16, 8)),
         QuantType::Q5_1 => with(DevType::Quant("q5_1"), split(bytes, ts, &[(8, 16)], &[(0, 4), (4, 4)], 16, 8)),
         QuantType::Q8_0 => with(DevType::Quant("q8_0"), split(bytes, ts, &[(2, 32)], &[(0, 2)], 32, 2)),
+        QuantType::MXFP4 => {
+            let q8 = mxfp4_as_q8_0(bytes)?;
+            with(DevType::Quant("q8_0"), split(&q8, QuantType::Q8_0.type_size(), &[(2, 32)], &[(0, 2)], 32, 2))
+        }
         QuantType::Q4_K => (DevType::Quant("q4_K"), bytes.to_vec(), None),
         QuantType::Q5_K => (DevType::Quant("q5_K"), bytes.to_vec(), None),
         QuantType::Q6_K => {
@@ -192,6 +197,34 @@ pub fn repack(ty: QuantType, bytes: &[u8]) -> Option<(DevType, Vec<u8>, Option<V
         QuantType::BF16 => (DevType::BF16, bytes.to_vec(), None),
         _ => return None,
     })
+}
+
+/// MXFP4 blocks (`{u8 e; u8 qs[16]}`, value `2^(e-128) * KVALUES_MXFP4[nibble]`, low nibbles
+/// the first 16 values) as Q8_0 blocks of the same values: the codebook entries as int8, the
+/// scale as f16. None when a scale lies outside f16's range (then the weight takes the f16
+/// path).
+pub fn mxfp4_as_q8_0(bytes: &[u8]) -> Option<Vec<u8>> {
+    use quarrel_quant::{e8m0_to_fp32_half, KVALUES_MXFP4};
+    let (ts, qk) = (QuantType::MXFP4.type_size(), 32);
+    if !bytes.len().is_multiple_of(ts) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / ts * QuantType::Q8_0.type_size());
+    for b in bytes.chunks_exact(ts) {
+        let d = e8m0_to_fp32_half(b[0]);
+        let h = half::f16::from_f32(d);
+        if h.to_f32() != d {
+            return None;
+        }
+        out.extend(h.to_bits().to_le_bytes());
+        let mut q = [0u8; 32];
+        for (j, &byte) in b[1..].iter().enumerate() {
+            q[j] = KVALUES_MXFP4[(byte & 0xF) as usize] as u8;
+            q[j + qk / 2] = KVALUES_MXFP4[(byte >> 4) as usize] as u8;
+        }
+        out.extend(q);
+    }
+    Some(out)
 }
 
 fn with(t: DevType, (p, m): (Vec<u8>, Option<Vec<u8>>)) -> (DevType, Vec<u8>, Option<Vec<u8>>) {
@@ -224,4 +257,33 @@ fn split(bytes: &[u8], ts: usize, pay: &[(usize, usize)], meta: &[(usize, usize)
         }
     }
     (p, Some(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mxfp4_as_q8_0;
+    use proptest::prelude::*;
+    use quarrel_core::QuantType;
+
+    proptest! {
+        /// The Q8_0 blocks hold MXFP4's values exactly (both dequantized by the reference
+        /// decoders), for every scale f16 holds; scales beyond it are refused.
+        #[test]
+        fn mxfp4_as_q8_0_keeps_the_values(blocks in proptest::collection::vec((100u8..150, proptest::array::uniform16(any::<u8>())), 1..8)) {
+            let bytes: Vec<u8> = blocks.iter().flat_map(|(e, qs)| std::iter::once(*e).chain(qs.iter().copied())).collect();
+            let n = blocks.len() * 32;
+            let mut want = vec![0f32; n];
+            quarrel_quant::mxfp4::dequantize_row(&bytes, &mut want);
+            let in_range = blocks.iter().all(|&(e, _)| (104..=143).contains(&e));
+            match mxfp4_as_q8_0(&bytes) {
+                Some(q8) => {
+                    prop_assert!(in_range);
+                    let mut got = vec![0f32; n];
+                    quarrel_quant::dequantize(QuantType::Q8_0, &q8, &mut got).unwrap();
+                    prop_assert_eq!(want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), got.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                }
+                None => prop_assert!(!in_range),
+            }
+        }
+    }
 }

@@ -86,10 +86,24 @@ pub fn store_attend<B: Backend>(
     p: &AttnParams,
     [k, v, q]: [&[f32]; 3],
 ) -> Vec<f32> {
+    store_attend_sinks(be, kv, layer, batch, p, [k, v, q], None)
+}
+
+/// [`store_attend`] with per-head sink logits.
+pub fn store_attend_sinks<B: Backend>(
+    be: &B,
+    kv: &mut B::Kv,
+    layer: usize,
+    batch: &ForwardBatch,
+    p: &AttnParams,
+    [k, v, q]: [&[f32]; 3],
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     store(be, kv, layer, batch, k, v);
     let qb = be.upload(q).unwrap();
+    let sb = sinks.map(|s| be.upload(s).unwrap());
     let mut out = be.alloc(q.len()).unwrap();
-    be.attention(&qb, kv, layer, batch, p, &mut out).unwrap();
+    be.attention(&qb, kv, layer, batch, p, sb.as_ref(), &mut out).unwrap();
     be.download(&out).unwrap()
 }
 

@@ -301,6 +301,24 @@ pub fn rope_scaling(
     Ok((freq_scale, scaling))
 }
 
+/// Which layers slide: `attention.sliding_window_pattern` as a per-layer array (nonzero /
+/// true: sliding) or a period `n` (layer `il` slides unless `il % n == n - 1`; 0: all slide),
+/// by default `default_period` (the architecture's, as llama.cpp sets it).
+pub fn swa_layers(h: &Hparams, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
+    let key = format!("{}.attention.sliding_window_pattern", h.arch);
+    if let Some(items) = h.g.get_array(&key).ok().flatten() {
+        if items.len() != n_layer {
+            return Err(CoreError::Model(format!("{key} has {} values for {n_layer} layers", items.len())));
+        }
+        return items
+            .iter()
+            .map(|v| v.as_u64().map(|x| x != 0).or_else(|| v.as_bool()).ok_or_else(|| CoreError::Model(format!("{key}: not a flag"))))
+            .collect();
+    }
+    let n = h.usize_or("attention.sliding_window_pattern", default_period)?;
+    Ok((0..n_layer).map(|il| n == 0 || il % n < n - 1).collect())
+}
+
 /// Reject optional tensors of layer `il` that this implementation does not apply (biases,
 /// extra projections), instead of silently computing something else.
 pub fn reject_tensors(g: &Gguf, il: usize, suffixes: &[&str]) -> Result<()> {

@@ -17,7 +17,7 @@
 //!                             └─ norm ─► output (tied) ─► [softcap] ─► logits
 //! ```
 
-use super::common::{reject_tensors, rope_freq_scale, trace, DimDefaults, Dims, Head, LayerStack, Stack};
+use super::common::{reject_tensors, rope_freq_scale, swa_layers, trace, DimDefaults, Dims, Head, LayerStack, Stack};
 use crate::hparams::Hparams;
 use crate::layers::attention::SelfAttention;
 use crate::layers::mlp::{GateAct, SwiGluMlp};
@@ -62,7 +62,7 @@ impl Config {
         let sliding_window = h.opt_usize("attention.sliding_window")?.filter(|&w| w > 0);
         let is_swa = match sliding_window {
             None => vec![false; n_layer],
-            Some(_) => swa_layers(&h, n_layer)?,
+            Some(_) => swa_layers(&h, n_layer, DEFAULT_SWA_PATTERN)?,
         };
         // gemma_pytorch: query_pre_attn_scalar is head_dim, except 27B's n_embd / n_head
         let pre_attn = if n_layer == 62 { n_embd / n_head } else { head_dim };
@@ -77,24 +77,6 @@ impl Config {
             dims,
         })
     }
-}
-
-/// Which layers slide: `attention.sliding_window_pattern` as a per-layer array (nonzero /
-/// true: sliding) or a period `n` (layer `il` slides unless `il % n == n - 1`; 0: all slide),
-/// default 6.
-fn swa_layers(h: &Hparams, n_layer: usize) -> Result<Vec<bool>> {
-    let key = format!("{}.attention.sliding_window_pattern", h.arch);
-    if let Some(items) = h.g.get_array(&key).ok().flatten() {
-        if items.len() != n_layer {
-            return Err(CoreError::Model(format!("{key} has {} values for {n_layer} layers", items.len())));
-        }
-        return items
-            .iter()
-            .map(|v| v.as_u64().map(|x| x != 0).or_else(|| v.as_bool()).ok_or_else(|| CoreError::Model(format!("{key}: not a flag"))))
-            .collect();
-    }
-    let n = h.usize_or("attention.sliding_window_pattern", DEFAULT_SWA_PATTERN)?;
-    Ok((0..n_layer).map(|il| n == 0 || il % n < n - 1).collect())
 }
 
 pub struct Layer<B: Backend> {

@@ -2,6 +2,7 @@
 
 pub mod common;
 pub mod gemma3;
+pub mod gpt_oss;
 pub mod granite;
 pub mod granitehybrid;
 pub mod granitemoe;

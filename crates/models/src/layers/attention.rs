@@ -1,6 +1,6 @@
 //! Self-attention with GQA and RoPE over the engine's paged KV cache; optionally projection
-//! biases (Qwen2), an RMSNorm of each query and key head before RoPE (Gemma 3, Qwen3) and the
-//! queries scaled before attention (Gemma 3).
+//! biases (Qwen2, GPT-OSS), an RMSNorm of each query and key head before RoPE (Gemma 3, Qwen3),
+//! the queries scaled before attention (Gemma 3) and a learned sink logit per head (GPT-OSS).
 
 use super::{host_f32, split_rows, weight};
 use crate::arch::common::trace;
@@ -21,6 +21,8 @@ pub struct SelfAttention<B: Backend> {
     pub q_scale: Option<f32>,
     /// Biases of the q, k, v and output projections, each where the file has it.
     pub bias: [Option<B::Buf>; 4],
+    /// One logit per query head in each softmax's denominator (`attn_sinks`).
+    pub sinks: Option<B::Buf>,
 }
 
 impl<B: Backend> SelfAttention<B> {
@@ -45,7 +47,14 @@ impl<B: Backend> SelfAttention<B> {
             qk_norm: None,
             q_scale: None,
             bias: [None, None, None, None],
+            sinks: None,
         })
+    }
+
+    /// Add the per-head sink logits `blk.{il}.attn_sinks.weight`.
+    pub fn with_sinks(mut self, be: &B, g: &Arc<Gguf>, il: usize) -> Result<Self> {
+        self.sinks = Some(be.upload(&host_f32(g, &format!("blk.{il}.attn_sinks.weight"), self.params.n_head)?)?);
+        Ok(self)
     }
 
     /// Add the projection biases `blk.{il}.attn_{q,k,v,output}.bias` the file has (q, k and v
@@ -116,7 +125,7 @@ impl<B: Backend> SelfAttention<B> {
             be.scale(&mut q, s)?;
         }
         let mut o = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
-        be.attention(&q, kv, layer, batch, p, &mut o)?;
+        be.attention(&q, kv, layer, batch, p, self.sinks.as_ref(), &mut o)?;
         trace(be, "kqv_out", layer, &o)?;
         let mut out = be.alloc(n * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.attn_output, &o, n, &mut out)?;

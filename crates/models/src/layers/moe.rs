@@ -1,6 +1,7 @@
-//! Mixture-of-experts feed-forward: router (`ffn_gate_inp`, optional selection bias
-//! `exp_probs_b`), experts from 3-D tensors (`ffn_{gate,up,down}_exps`) computed grouped by
-//! expert, optional shared expert (`*_shexp`) added; and the `FeedForward` choice per layer.
+//! Mixture-of-experts feed-forward: router (`ffn_gate_inp`, optional logit bias
+//! `ffn_gate_inp.bias`, optional selection bias `exp_probs_b`), experts from 3-D tensors
+//! (`ffn_{gate,up,down}_exps`, optional per-expert biases) computed grouped by expert,
+//! optional shared expert (`*_shexp`) added; and the `FeedForward` choice per layer.
 
 use super::mlp::{ReluSqrMlp, SwiGluMlp};
 use super::{expert_weight, host_f32, weight};
@@ -15,14 +16,27 @@ pub enum ExpertAct {
     SwiGlu,
     /// `down(relu(up x)²)`, no gate tensor (Nemotron-H).
     ReluSqr,
+    /// GPT-OSS's clamped SwiGLU ([`quarrel_core::act::swiglu_oai_ref`] with
+    /// [`OAI_ALPHA`] and [`OAI_LIMIT`]).
+    SwiGluOai,
 }
+
+/// GPT-OSS's SwiGLU constants (fixed by the model, not in its files).
+pub const OAI_ALPHA: f32 = 1.702;
+pub const OAI_LIMIT: f32 = 7.0;
 
 pub struct MoeFfn<B: Backend> {
     pub ffn_gate_inp: B::Weight,
+    /// Added to the router logits before the gating (`ffn_gate_inp.bias`).
+    pub gate_inp_b: Option<B::Buf>,
     pub exp_probs_b: Option<B::Buf>,
     pub ffn_gate_exps: Option<B::Weight>,
     pub ffn_up_exps: B::Weight,
     pub ffn_down_exps: B::Weight,
+    /// Per-expert biases of the gate, up and down matmuls (`ffn_*_exps.bias`), where the file
+    /// has them.
+    pub exps_b: [Option<B::Buf>; 3],
+    pub act: ExpertAct,
     pub routing: MoeRouting,
     pub n_ff_exp: usize,
     /// Model layer (for the backend's per-layer selection counts).
@@ -36,19 +50,25 @@ impl<B: Backend> MoeFfn<B> {
         let ne = routing.n_expert;
         let name = |s: &str| format!("blk.{il}.{s}.weight");
         let bias_name = format!("blk.{il}.exp_probs_b.bias");
-        let exp_probs_b = match g.tensor_info(&bias_name) {
-            Some(_) => Some(be.upload(&host_f32(g, &bias_name, ne)?)?),
-            None => None,
+        let opt_bias = |name: &str, n: usize| -> Result<Option<B::Buf>> {
+            match g.tensor_info(name) {
+                Some(_) => Ok(Some(be.upload(&host_f32(g, name, n)?)?)),
+                None => Ok(None),
+            }
         };
+        let exp_bias = |part: &str, width: usize| opt_bias(&format!("blk.{il}.ffn_{part}_exps.bias"), width * ne);
         Ok(MoeFfn {
             ffn_gate_inp: weight(be, g, &name("ffn_gate_inp"), n_embd, ne)?,
-            exp_probs_b,
+            gate_inp_b: opt_bias(&format!("blk.{il}.ffn_gate_inp.bias"), ne)?,
+            exp_probs_b: opt_bias(&bias_name, ne)?,
             ffn_gate_exps: match act {
-                ExpertAct::SwiGlu => Some(expert_weight(be, g, &name("ffn_gate_exps"), n_embd, n_ff_exp, ne)?),
+                ExpertAct::SwiGlu | ExpertAct::SwiGluOai => Some(expert_weight(be, g, &name("ffn_gate_exps"), n_embd, n_ff_exp, ne)?),
                 ExpertAct::ReluSqr => None,
             },
             ffn_up_exps: expert_weight(be, g, &name("ffn_up_exps"), n_embd, n_ff_exp, ne)?,
             ffn_down_exps: expert_weight(be, g, &name("ffn_down_exps"), n_ff_exp, n_embd, ne)?,
+            exps_b: [exp_bias("gate", n_ff_exp)?, exp_bias("up", n_ff_exp)?, exp_bias("down", n_embd)?],
+            act,
             routing,
             n_ff_exp,
             layer: il,
@@ -67,28 +87,54 @@ impl<B: Backend> MoeFfn<B> {
     /// (a shared expert's output already in `out` is added to in the same pass: no separate add).
     pub fn forward_add(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize, out: &mut B::Buf) -> Result<()> {
         let ne = self.routing.n_expert;
-        // the router matmul and the routing (one launch on a GPU: the routing time includes the matmul)
-        let routes =
-            self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?; // n_tok * n_used
+        let routes = self.route_timer.time(|| self.route(be, x, n_tok))?; // n_tok * n_used
         let r = routes.len();
+        let [gate_b, up_b, down_b] = &self.exps_b;
         let mut up = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
         be.moe_matmul(&self.ffn_up_exps, ne, x, &routes, true, &mut up)?;
         let h = match &self.ffn_gate_exps {
             Some(gate_w) => {
                 let mut gate = be.alloc(r * self.n_ff_exp)?; // (routes, n_ff_exp)
+                                                             // both matmuls before the biases: a GPU joins the two (same input and routes)
                 be.moe_matmul(gate_w, ne, x, &routes, true, &mut gate)?;
+                for (t, b) in [(&mut up, up_b), (&mut gate, gate_b)] {
+                    if let Some(b) = b {
+                        be.moe_add_bias(t, b, &routes)?;
+                    }
+                }
                 let mut h = be.alloc(r * self.n_ff_exp)?;
-                be.swiglu(&gate, &up, &mut h)?;
+                match self.act {
+                    ExpertAct::SwiGluOai => be.swiglu_oai(&gate, &up, &mut h, OAI_ALPHA, OAI_LIMIT)?,
+                    _ => be.swiglu(&gate, &up, &mut h)?,
+                }
                 h
             }
             None => {
+                if let Some(b) = up_b {
+                    be.moe_add_bias(&mut up, b, &routes)?;
+                }
                 be.relu_sqr(&mut up)?;
                 up
             }
         };
         let mut y = be.alloc(r * n_embd)?; // (routes, n_embd)
         be.moe_matmul(&self.ffn_down_exps, ne, &h, &routes, false, &mut y)?;
+        if let Some(b) = down_b {
+            be.moe_add_bias(&mut y, b, &routes)?;
+        }
         be.moe_combine(&y, &routes, out)
+    }
+
+    /// The router matmul and the routing (one launch on a GPU where it can: the routing time
+    /// includes the matmul); a router with a logit bias adds it between the two.
+    fn route(&self, be: &B, x: &B::Buf, n_tok: usize) -> Result<Vec<quarrel_core::Route>> {
+        let Some(b) = &self.gate_inp_b else {
+            return be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing);
+        };
+        let mut logits = be.alloc(n_tok * self.routing.n_expert)?; // (n_tok, n_expert)
+        be.matmul(&self.ffn_gate_inp, x, n_tok, &mut logits)?;
+        be.add_bias(&mut logits, b)?;
+        be.moe_route(self.layer, &logits, self.exp_probs_b.as_ref(), &self.routing)
     }
 
     /// ReLU² experts (no gate tensor) plus a ReLU² shared expert, `(n_tok, n_embd)`: the same
@@ -99,8 +145,7 @@ impl<B: Backend> MoeFfn<B> {
     pub fn forward_relu_shared(&self, be: &B, x: &B::Buf, n_tok: usize, n_embd: usize, s: &ReluSqrMlp<B>) -> Result<B::Buf> {
         debug_assert!(self.ffn_gate_exps.is_none());
         let ne = self.routing.n_expert;
-        let routes =
-            self.route_timer.time(|| be.moe_router(self.layer, &self.ffn_gate_inp, x, n_tok, self.exp_probs_b.as_ref(), &self.routing))?;
+        let routes = self.route_timer.time(|| self.route(be, x, n_tok))?;
         let mut u = be.alloc(n_tok * s.n_ff)?; // (n_tok, n_ff_shexp)
         be.matmul(&s.ffn_up, x, n_tok, &mut u)?;
         let r = routes.len();
@@ -152,6 +197,7 @@ impl<B: Backend> FeedForward<B> {
             return Ok(match spec.act {
                 ExpertAct::SwiGlu => FeedForward::SwiGlu(SwiGluMlp::load(be, g, il, n_embd, spec.n_ff)?),
                 ExpertAct::ReluSqr => FeedForward::ReluSqr(ReluSqrMlp::load(be, g, il, "", n_embd, spec.n_ff)?),
+                ExpertAct::SwiGluOai => return Err(CoreError::Unsupported("a dense feed-forward with the clamped SwiGLU".into())),
             });
         };
         let shared = match (spec.n_ff_shexp, spec.act) {
@@ -164,6 +210,7 @@ impl<B: Backend> FeedForward<B> {
             (0, _) => None,
             (n, ExpertAct::SwiGlu) => Some(SharedExpert::SwiGlu(SwiGluMlp::load_suffixed(be, g, il, "_shexp", n_embd, n)?)),
             (n, ExpertAct::ReluSqr) => Some(SharedExpert::ReluSqr(ReluSqrMlp::load(be, g, il, "_shexp", n_embd, n)?)),
+            (_, ExpertAct::SwiGluOai) => return Err(CoreError::Unsupported("a shared expert with the clamped SwiGLU".into())),
         };
         Ok(FeedForward::Moe(MoeFfn::load(be, g, il, n_embd, spec.n_ff, r.clone(), spec.act)?, shared))
     }

@@ -8,6 +8,7 @@
 //! | Mistral | `[TOOL_CALLS]` | `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]` |
 //! | Granite | `<\|tool_call\|>` | `<\|tool_call\|>[{"name": .., "arguments": {..}}, ..]` |
 //! | Llama 3 | `<\|python_tag\|>` or "parameters" with tools (Llama 3.1 / 3.2 / 3.3) | `{"name": .., "parameters": {..}}` |
+//! | Harmony | `<\|channel\|>` (GPT-OSS) | `<\|channel\|>commentary to=functions.NAME <\|constrain\|>json<\|message\|>{..}` (see `harmony`) |
 //! | Generic | nothing of the above | the tools are described in the system message and the whole answer is JSON: `{"tool_calls": [..]}` or `{"response": ".."}` |
 
 use quarrel_tokenizer::Tokenizer;
@@ -20,6 +21,7 @@ pub enum ToolFormat {
     Mistral,
     Granite,
     Llama3,
+    Harmony,
     Generic,
 }
 
@@ -34,6 +36,10 @@ impl ToolFormat {
     /// The format the chat template (None: the model has none) writes tool calls in.
     pub fn detect(template: Option<&str>) -> ToolFormat {
         let Some(t) = template else { return ToolFormat::Generic };
+        // harmony's channels carry the reasoning too: with or without tools
+        if t.contains("<|channel|>") {
+            return ToolFormat::Harmony;
+        }
         if !t.contains("tools") {
             return ToolFormat::Generic;
         }
@@ -61,7 +67,7 @@ impl ToolFormat {
             ToolFormat::Hermes => Some("<tool_call>"),
             ToolFormat::Mistral => Some("[TOOL_CALLS]"),
             ToolFormat::Granite => Some("<|tool_call|>"),
-            ToolFormat::Llama3 | ToolFormat::Generic => None,
+            ToolFormat::Llama3 | ToolFormat::Harmony | ToolFormat::Generic => None,
         }
     }
 
@@ -84,6 +90,18 @@ impl ToolFormat {
                 format!("start: {open} %json {list}\n")
             }
             ToolFormat::Llama3 => format!("start: %json {}\n", laid_out(call("parameters"))),
+            ToolFormat::Harmony => {
+                // one call (harmony ends the turn with it), straight after the generation prompt
+                let (channel, constrain, message) =
+                    (literal(tok, "<|channel|>"), literal(tok, "<|constrain|>"), literal(tok, "<|message|>"));
+                let one = |t: &Value| {
+                    let name = t.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+                    let params = t.pointer("/function/parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                    let to = serde_json::to_string(&format!("commentary to=functions.{name} ")).unwrap_or_default();
+                    format!("{channel} {to} {constrain} \"json\" {message} %json {}", laid_out(params))
+                };
+                format!("start: {}\n", tools.iter().map(one).collect::<Vec<_>>().join("\n     | "))
+            }
             ToolFormat::Generic => {
                 let calls = json!({"type": "object", "properties": {"tool_calls": {"type": "array", "items": call("arguments"), "minItems": 1,
                     "maxItems": max_calls}}, "required": ["tool_calls"], "additionalProperties": false});
@@ -119,6 +137,8 @@ impl ToolFormat {
                 let v: Value = serde_json::from_str(body).ok()?;
                 Some((String::new(), vec![call_from(&v)?]))
             }
+            // the harmony splitter reads the calls as they stream
+            ToolFormat::Harmony => None,
             ToolFormat::Generic => {
                 let t = text.trim();
                 let calls = match serde_json::from_str::<Value>(t) {
@@ -189,10 +209,11 @@ fn call_schema(tools: &[Value], args_key: &str) -> Map<String, Value> {
     m
 }
 
-/// `s` as a grammar item: the control token it names (written `<[id]>`, since such tokens
-/// never match text), else a quoted literal.
+/// `s` as a grammar item: the control or user-defined token it names (written `<[id]>`, the
+/// token itself rather than text spelling it), else a quoted literal.
 fn literal(tok: &Tokenizer, s: &str) -> String {
-    let control = (0..tok.n_vocab() as u32).find(|&id| tok.token_attr(id).is_control() && tok.token_text(id) == Some(s));
+    let special = |id: u32| tok.token_attr(id).is_control() || tok.token_attr(id).is_user_defined();
+    let control = (0..tok.n_vocab() as u32).find(|&id| special(id) && tok.token_text(id) == Some(s));
     match control {
         Some(id) => format!("<[{id}]>"),
         None => serde_json::to_string(s).unwrap_or_default(),

@@ -7,8 +7,10 @@
 //! |----------|----------------|
 //! | `format` | the families' tool call formats: detection, forcing grammar, parser |
 //! | `split`  | streamed output -> content / reasoning pieces and parsed calls |
+//! | `harmony`| GPT-OSS's channels -> content / reasoning pieces and parsed calls |
 
 mod format;
+mod harmony;
 mod split;
 #[cfg(test)]
 mod tests;
@@ -110,15 +112,20 @@ pub struct ChatPlan {
     pub tools: Option<(ToolFormat, Vec<String>)>,
     /// The output may open with reasoning in `<think>` tags.
     pub think: bool,
+    /// The output is harmony's channels (GPT-OSS): reasoning and calls in their own messages.
+    pub harmony: bool,
 }
 
 impl ChatPlan {
     /// Whether the output needs splitting at all.
     pub fn active(&self) -> bool {
-        self.tools.is_some() || self.think
+        self.tools.is_some() || self.think || self.harmony
     }
 
     pub fn splitter(&self) -> Splitter {
+        if self.harmony {
+            return Splitter::harmony(self.tools.as_ref().map(|(_, n)| n.clone()).unwrap_or_default());
+        }
         Splitter::new(self.tools.clone(), self.think)
     }
 
@@ -146,11 +153,12 @@ pub fn plan(
     let format = ToolFormat::detect(template);
     let thinking_off = options.kwargs.get("enable_thinking").is_some_and(|v| v == &Value::Bool(false));
     let think = template.is_some_and(|t| t.contains("<think>")) && !thinking_off;
+    let harmony = format == ToolFormat::Harmony;
     if !format.native() {
         write_history_as_json(messages);
     }
     let Some(req) = req.filter(|r| r.choice != ToolChoice::None) else {
-        return Ok(ChatPlan { tools: None, think });
+        return Ok(ChatPlan { tools: None, think, harmony });
     };
     let offered: Vec<Value> = match &req.choice {
         ToolChoice::Named(n) => req.tools.iter().filter(|t| ToolRequest::name(t) == n).cloned().collect(),
@@ -175,7 +183,7 @@ pub fn plan(
         }
     }
     let names = offered.iter().map(|t| ToolRequest::name(t).to_string()).collect();
-    Ok(ChatPlan { tools: Some((format, names)), think })
+    Ok(ChatPlan { tools: Some((format, names)), think, harmony })
 }
 
 /// For templates without tool support: earlier calls become the JSON the generic format

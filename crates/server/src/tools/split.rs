@@ -1,9 +1,11 @@
 //! Generated text split, as it streams, into what the client sees apart: the answer
-//! (`content`), the reasoning (`<think>..</think>`: `reasoning_content` / ollama `thinking`) and
-//! tool calls (held back until complete, then parsed). Text that might open a marker is held
-//! until it is known not to, so no marker reaches the client as content.
+//! (`content`), the reasoning (`<think>..</think>`, or harmony's analysis channel:
+//! `reasoning_content` / ollama `thinking`) and tool calls (held back until complete, then
+//! parsed). Text that might open a marker is held until it is known not to, so no marker
+//! reaches the client as content.
 
 use super::format::{generic_response, ParsedCall, ToolFormat};
+use super::harmony::Harmony;
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
@@ -35,6 +37,8 @@ enum Phase {
 
 /// The splitter of one choice.
 pub struct Splitter {
+    /// Harmony output (GPT-OSS): its own splitter.
+    harmony: Option<Harmony>,
     tools: Option<(ToolFormat, Vec<String>)>,
     think: bool,
     phase: Phase,
@@ -56,7 +60,12 @@ impl Splitter {
     pub fn new(tools: Option<(ToolFormat, Vec<String>)>, think: bool) -> Splitter {
         // plain text passes untouched (the start phase trims leading whitespace)
         let phase = if tools.is_none() && !think { Phase::Content } else { Phase::Start };
-        Splitter { tools, think, phase, held: String::new(), call: String::new() }
+        Splitter { harmony: None, tools, think, phase, held: String::new(), call: String::new() }
+    }
+
+    /// A splitter of harmony output; `names`: the tools the request offers.
+    pub fn harmony(names: Vec<String>) -> Splitter {
+        Splitter { harmony: Some(Harmony::new(names)), ..Splitter::new(None, false) }
     }
 
     fn format(&self) -> Option<ToolFormat> {
@@ -65,8 +74,12 @@ impl Splitter {
 
     /// Feed generated text; returns what may be sent now.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        self.held.push_str(text);
         let mut out = vec![];
+        if let Some(h) = &mut self.harmony {
+            h.push(text, &mut out);
+            return merge(out);
+        }
+        self.held.push_str(text);
         loop {
             let before = (self.phase, self.held.len());
             self.step(&mut out);
@@ -170,6 +183,10 @@ impl Splitter {
     /// The output ended: what is left, and the calls.
     pub fn finish(mut self) -> Outcome {
         let mut tail = vec![];
+        if let Some(h) = self.harmony.take() {
+            let calls = h.finish(&mut tail);
+            return Outcome { tail: merge(tail), calls };
+        }
         let held = std::mem::take(&mut self.held);
         match self.phase {
             Phase::Start | Phase::Content => push(&mut tail, Piece::Content(held)),
@@ -199,7 +216,7 @@ impl Splitter {
     }
 }
 
-fn push(out: &mut Vec<Piece>, p: Piece) {
+pub(super) fn push(out: &mut Vec<Piece>, p: Piece) {
     let empty = match &p {
         Piece::Content(s) | Piece::Reasoning(s) => s.is_empty(),
     };
@@ -221,7 +238,7 @@ fn merge(pieces: Vec<Piece>) -> Vec<Piece> {
 }
 
 /// The length of the longest suffix of `s` that is a proper prefix of `marker`.
-fn partial_suffix(s: &str, marker: &str) -> usize {
+pub(super) fn partial_suffix(s: &str, marker: &str) -> usize {
     (1..marker.len().min(s.len() + 1))
         .rev()
         .find(|&n| s.is_char_boundary(s.len() - n) && marker.starts_with(&s[s.len() - n..]))

@@ -42,6 +42,8 @@ fn formats_are_detected_from_templates() {
     // ChatML without tools (SmolLM2), no template at all
     assert_eq!(ToolFormat::detect(Some("{% for message in messages %}<|im_start|>{{ message['role'] }}")), ToolFormat::Generic);
     assert_eq!(ToolFormat::detect(None), ToolFormat::Generic);
+    // GPT-OSS: harmony with or without tools in the template
+    assert_eq!(ToolFormat::detect(Some("<|start|>assistant<|channel|>final<|message|>")), ToolFormat::Harmony);
 }
 
 #[test]
@@ -82,7 +84,7 @@ fn calls_parse_in_every_format() {
 
 #[test]
 fn streaming_splits_as_the_whole_text_does() {
-    let hermes = ChatPlan { tools: Some((ToolFormat::Hermes, names())), think: true };
+    let hermes = ChatPlan { tools: Some((ToolFormat::Hermes, names())), think: true, harmony: false };
     let texts = [
         "<think>The user wants weather.\nUse the tool.</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>",
         "<think>short</think>The answer is 4. A < B and <tool is not a call.",
@@ -103,7 +105,7 @@ fn streaming_splits_as_the_whole_text_does() {
     assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("short", "The answer is 4. A < B and <tool is not a call."));
     assert_eq!(hermes.reply(texts[3]).content, "Partial <tool_ca");
 
-    let generic = ChatPlan { tools: Some((ToolFormat::Generic, names())), think: false };
+    let generic = ChatPlan { tools: Some((ToolFormat::Generic, names())), think: false, harmony: false };
     let answer = "{\"response\": \"Line one\\nline \\\"two\\\" \\u00e9\\ud83d\\ude00 end\"}";
     let call = "{\"tool_calls\": [{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]}";
     for t in [answer, call] {
@@ -115,7 +117,7 @@ fn streaming_splits_as_the_whole_text_does() {
     assert_eq!(generic.reply(answer).content, "Line one\nline \"two\" é😀 end");
     assert_eq!(generic.reply(call).calls[0].arguments, json!({"a": 1, "b": 2}));
 
-    let llama = ChatPlan { tools: Some((ToolFormat::Llama3, names())), think: false };
+    let llama = ChatPlan { tools: Some((ToolFormat::Llama3, names())), think: false, harmony: false };
     let t = "{\"name\": \"add\", \"parameters\": {\"a\": 1}}";
     assert_eq!(streamed(&llama, t, 1).calls[0].name, "add");
     assert_eq!(streamed(&llama, "Plain answer.", 1).content, "Plain answer.");
@@ -172,7 +174,7 @@ fn generic_history_and_instructions() {
 
 #[test]
 fn call_ids_fit_the_format() {
-    let mistral = ChatPlan { tools: Some((ToolFormat::Mistral, names())), think: false };
+    let mistral = ChatPlan { tools: Some((ToolFormat::Mistral, names())), think: false, harmony: false };
     let id = mistral.call_id();
     assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
     assert!(ChatPlan::default().call_id().starts_with("call_"));
@@ -240,6 +242,17 @@ fn forced_calls_parse_and_follow_the_schemas_in_every_format() {
                     }
                 }
             }
+        }
+    }
+    // harmony: one call whatever `parallel` says, read back by the harmony splitter
+    let plan = ChatPlan { tools: Some((ToolFormat::Harmony, names.iter().map(|n| n.to_string()).collect())), think: false, harmony: true };
+    for parallel in [false, true] {
+        let grammar = ToolFormat::Harmony.grammar(tokenizer(), &tools, parallel, false);
+        for seed in 0..6 {
+            let text = walk(&compiler, &grammar, seed);
+            let reply = plan.reply(&text);
+            assert_eq!((reply.content.as_str(), reply.calls.len()), ("", 1), "{text:?}");
+            assert!(names.contains(&reply.calls[0].name.as_str()), "{text:?}");
         }
     }
     // the generic format with tool_choice auto admits a direct answer too
