@@ -41,6 +41,8 @@ pub enum GgufError {
     MissingKey(String),
     #[error("missing tensor {0:?}")]
     MissingTensor(String),
+    #[error("split model: {0}")]
+    Split(String),
     #[error("writer: {0}")]
     Writer(String),
 }

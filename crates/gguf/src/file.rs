@@ -1,4 +1,5 @@
-//! `Gguf`: an opened GGUF file. Tensor data are views into the mmap, never copies.
+//! `Gguf`: an opened GGUF file, or a model split over several (`split.count`, see `split`).
+//! Tensor data are views into the mmaps, never copies.
 
 use crate::parse::{parse_header, tensor_nbytes};
 use crate::value::Value;
@@ -30,6 +31,8 @@ pub struct TensorInfo {
     /// Offset from the start of the data section.
     pub offset: u64,
     pub n_bytes: u64,
+    /// The file of a split model that holds the tensor (0: the first, or the only one).
+    pub part: usize,
 }
 
 impl TensorInfo {
@@ -38,12 +41,17 @@ impl TensorInfo {
     }
 }
 
-/// An opened GGUF file: metadata, tensor table and zero-copy tensor data.
-pub struct Gguf {
+/// One file's mapping and where its data section starts.
+struct Part {
     storage: Storage,
+    data_offset: usize,
+}
+
+/// An opened GGUF model: metadata (of its first file), tensor table and zero-copy tensor data.
+pub struct Gguf {
+    parts: Vec<Part>,
     pub version: u32,
     pub alignment: u64,
-    data_offset: usize,
     metadata: Vec<(String, Value)>,
     meta_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
@@ -51,14 +59,41 @@ pub struct Gguf {
 }
 
 impl Gguf {
-    /// Memory-map and parse a file.
+    /// Memory-map and parse a file; the first file of a split model
+    /// (`NAME-00001-of-0000N.gguf`) brings its other files, found beside it by name.
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| GgufError::io(path, e))?;
-        // SAFETY: the file is mapped read-only; like every mmap user we assume it is not
-        // truncated underneath us while mapped.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| GgufError::io(path, e))?;
-        Self::from_storage(Storage::Mmap(mmap))
+        let mut g = Self::from_storage(Storage::Mmap(map(path)?))?;
+        if let Some(n) = crate::split::count(&g)? {
+            crate::split::check_first(&g, path)?;
+            for (idx, p) in crate::split::sibling_paths(path, n)?.iter().enumerate().skip(1) {
+                let part = Self::from_storage(Storage::Mmap(map(p)?))?;
+                crate::split::check_part(&part, p, idx)?;
+                g.append(part)?;
+            }
+            crate::split::check_total(&g)?;
+        }
+        Ok(g)
+    }
+
+    /// Add the tensors of another file of the same split model.
+    fn append(&mut self, other: Gguf) -> Result<(), GgufError> {
+        let part = self.parts.len();
+        for mut t in other.tensors {
+            if self.tensor_index.contains_key(&t.name) {
+                return Err(GgufError::DuplicateTensor(t.name));
+            }
+            t.part = part;
+            self.tensor_index.insert(t.name.clone(), self.tensors.len());
+            self.tensors.push(t);
+        }
+        self.parts.extend(other.parts);
+        Ok(())
+    }
+
+    /// How many files the model spans.
+    pub fn n_files(&self) -> usize {
+        self.parts.len()
     }
 
     /// Check a whole file image without keeping it (fuzzing, corruption tests).
@@ -66,9 +101,9 @@ impl Gguf {
         parse_header(bytes).map(|_| ())
     }
 
-    /// Offset of the tensor data section from the start of the file.
+    /// Offset of the tensor data section from the start of the (first) file.
     pub fn data_offset(&self) -> usize {
-        self.data_offset
+        self.parts[0].data_offset
     }
 
     /// Parse an in-memory file (tests, fuzzing).
@@ -81,15 +116,14 @@ impl Gguf {
         let mut tensors = Vec::with_capacity(h.tensors.len());
         for t in h.tensors {
             let n_bytes = tensor_nbytes(&t.name, t.ty, &t.dims)?;
-            tensors.push(TensorInfo { name: t.name, dims: t.dims, ty: t.ty, offset: t.offset, n_bytes });
+            tensors.push(TensorInfo { name: t.name, dims: t.dims, ty: t.ty, offset: t.offset, n_bytes, part: 0 });
         }
         let meta_index = h.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
         let tensor_index = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         Ok(Gguf {
-            storage,
+            parts: vec![Part { storage, data_offset: h.data_offset }],
             version: h.version,
             alignment: h.alignment,
-            data_offset: h.data_offset,
             metadata: h.metadata,
             meta_index,
             tensors,
@@ -166,8 +200,9 @@ impl Gguf {
 
     /// The bytes of a tensor, borrowed from the mapping (bounds were checked at open).
     pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
-        let start = self.data_offset + info.offset as usize;
-        &self.storage.bytes()[start..start + info.n_bytes as usize]
+        let part = &self.parts[info.part];
+        let start = part.data_offset + info.offset as usize;
+        &part.storage.bytes()[start..start + info.n_bytes as usize]
     }
 
     /// Look up a tensor by name and return its info and bytes.
@@ -176,8 +211,15 @@ impl Gguf {
         Ok((info, self.tensor_bytes(info)))
     }
 
-    /// Size of the whole file in bytes.
+    /// Size of the whole model in bytes (every file of a split model).
     pub fn file_size(&self) -> usize {
-        self.storage.bytes().len()
+        self.parts.iter().map(|p| p.storage.bytes().len()).sum()
     }
+}
+
+fn map(path: &Path) -> Result<memmap2::Mmap, GgufError> {
+    let file = std::fs::File::open(path).map_err(|e| GgufError::io(path, e))?;
+    // SAFETY: the file is mapped read-only; like every mmap user we assume it is not truncated
+    // underneath us while mapped.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| GgufError::io(path, e))
 }

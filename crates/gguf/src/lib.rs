@@ -10,7 +10,8 @@
 //! |----------|----------------|
 //! | `value`  | metadata value types (every GGUF type incl. nested arrays) and typed getters |
 //! | `parse`  | bounds-checked header / metadata / tensor-info parser with clear errors |
-//! | `file`   | `Gguf`: owns the mmap (or a buffer), looks up metadata and tensor views |
+//! | `file`   | `Gguf`: owns the mmaps (or a buffer), looks up metadata and tensor views |
+//! | `split`  | models split over several files (`split.*` keys, llama.cpp's file names) |
 //! | `writer` | `GgufWriter`: writes v3 files llama.cpp loads, streaming tensor data |
 //! | `error`  | `GgufError`: every way a file can be malformed, each naming what is wrong |
 //!
@@ -19,6 +20,7 @@
 mod error;
 mod file;
 mod parse;
+mod split;
 mod value;
 mod writer;
 
@@ -26,6 +28,7 @@ pub use error::GgufError;
 pub use file::{Gguf, TensorInfo};
 pub use parse::MAX_ARRAY_ITEMS;
 pub use quarrel_quant::QuantType;
+pub use split::split_path;
 pub use value::{Value, ValueType};
 pub use writer::{GgufWriter, TensorSink};
 

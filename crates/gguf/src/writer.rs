@@ -50,7 +50,7 @@ impl GgufWriter {
         let align = self.alignment();
         let offset = self.data_size;
         self.data_size = offset + n_bytes.div_ceil(align) * align;
-        self.tensors.push(TensorInfo { name: name.into(), dims: dims.to_vec(), ty, offset, n_bytes });
+        self.tensors.push(TensorInfo { name: name.into(), dims: dims.to_vec(), ty, offset, n_bytes, part: 0 });
         Ok(())
     }
 
