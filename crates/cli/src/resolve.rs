@@ -1,7 +1,8 @@
 //! Model resolution for `-m`: a path, a name in Quarrel's cache (a file stem, or an ollama
 //! `name[:tag]` that `quarrel pull ollama:` fetched), a Hugging Face hub cache entry
-//! (`org/repo[:file]`), or an ollama store's model (`name[:tag]`). No `-m`: the default model,
-//! fetched when missing.
+//! (`org/repo[:file]`), an ollama store's model (`name[:tag]`), or `hf:...` / `ollama:...`,
+//! pulled as `quarrel pull` does when not cached yet. No `-m`: the default model, fetched when
+//! missing.
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -60,6 +61,9 @@ pub fn resolve_model(name: Option<&str>, fetch_default: bool) -> Result<PathBuf>
     }
     if let Some(p) = find_ollama(name, &mut looked) {
         return Ok(p);
+    }
+    if crate::cmd::pull::is_remote(name) {
+        return crate::cmd::pull::fetch(name);
     }
     bail!("model {name:?} not found; looked at:\n  {}", looked.join("\n  "))
 }

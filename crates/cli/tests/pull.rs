@@ -239,3 +239,28 @@ fn ollama_pull_resumes_verifies_and_lands_where_run_ls_and_rm_find_it() {
     let err = fails(hub.quarrel(&home, &["pull", "ollama:../x"], &[]));
     assert!(err.contains("not an ollama model"), "{err}");
 }
+
+/// `-m hf:...` pulls a model that is not cached yet and runs it: here a synthetic model split
+/// over two files, which comes whole and generates what the single file generates.
+#[test]
+fn run_with_an_hf_model_pulls_it_and_split_models_run_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, home) = (dir.path().join("root"), dir.path().join("home"));
+    let single = dir.path().join("tiny-Q8_0.gguf");
+    let spec = SynthSpec::new(*Preset::by_name("tiny").unwrap(), Ftype::from_name("q8_0").unwrap()).seed(7);
+    write_synth(&spec, &single, &mut |_, _| {}).unwrap();
+    let repo = root.join("hf/test-org/split-GGUF");
+    std::fs::create_dir_all(&repo).unwrap();
+    let g = quarrel_gguf::Gguf::open(&single).unwrap();
+    quarrel_gguf::write_split(&g, &repo.join("tiny-Q8_0").to_string_lossy(), 2).unwrap();
+    let hub = Hub::start(&root);
+    let gen = |model: &str| ok(hub.quarrel(&home, &["run", "-m", model, "-p", "Once upon", "-n", "8", "--temp", "0"], &[])).0;
+    let want = gen(single.to_str().unwrap());
+    assert_eq!(gen("hf:test-org/split-GGUF:Q8_0"), want);
+    assert!(home.join("models/tiny-Q8_0-00002-of-00002.gguf").is_file());
+    // cached now: by its file stem, and by the hub name again (no second download)
+    hub.get("/_control?reset=1");
+    assert_eq!(gen("tiny-Q8_0-00001-of-00002"), want);
+    assert_eq!(gen("hf:test-org/split-GGUF:Q8_0"), want);
+    assert_eq!(hub.sent("tiny-Q8_0-00001-of-00002.gguf") + hub.sent("tiny-Q8_0-00002-of-00002.gguf"), 0);
+}

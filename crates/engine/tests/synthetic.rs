@@ -130,28 +130,13 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 /// first file) gives the logits of the single file, bit for bit.
 #[test]
 fn a_split_model_runs_as_the_single_file() {
-    use quarrel_gguf::{split_path, Gguf, GgufWriter, Value};
     let dir = tempfile::tempdir().unwrap();
     let path = synth("q4_k_m", dir.path());
-    let g = Gguf::open(&path).unwrap();
-    let prefix = dir.path().join("split").to_string_lossy().to_string();
-    for no in 0..3 {
-        let mut w = GgufWriter::new();
-        if no == 0 {
-            g.metadata().iter().for_each(|(k, v)| {
-                w.set(k, v.clone());
-            });
-        }
-        w.set("split.no", Value::U16(no as u16)).set("split.count", Value::U16(3));
-        w.set("split.tensors.count", Value::I32(g.tensors().len() as i32));
-        let mine: Vec<_> = g.tensors().iter().skip(no).step_by(3).collect();
-        mine.iter().for_each(|t| w.add_tensor(&t.name, &t.dims, t.ty).unwrap());
-        let data: Vec<&[u8]> = mine.iter().map(|t| g.tensor_bytes(t)).collect();
-        std::fs::write(split_path(&prefix, no, 3), w.to_bytes(&data).unwrap()).unwrap();
-    }
+    let g = quarrel_gguf::Gguf::open(&path).unwrap();
+    let first = quarrel_gguf::write_split(&g, &dir.path().join("split").to_string_lossy(), 3).unwrap().remove(0);
     let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 500).collect();
     let opts = || EngineOptions { n_ctx: 32, ..Default::default() };
     let whole = engine(&path, opts()).eval_all(&ids).unwrap();
-    let split = engine(std::path::Path::new(&split_path(&prefix, 0, 3)), opts()).eval_all(&ids).unwrap();
+    let split = engine(&first, opts()).eval_all(&ids).unwrap();
     assert_logits_close("split vs single file", &whole, &split, 0.0);
 }

@@ -63,17 +63,22 @@ impl Gguf {
     /// (`NAME-00001-of-0000N.gguf`) brings its other files, found beside it by name.
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
         let path = path.as_ref();
-        let mut g = Self::from_storage(Storage::Mmap(map(path)?))?;
+        let mut g = Self::open_single(path)?;
         if let Some(n) = crate::split::count(&g)? {
             crate::split::check_first(&g, path)?;
             for (idx, p) in crate::split::sibling_paths(path, n)?.iter().enumerate().skip(1) {
-                let part = Self::from_storage(Storage::Mmap(map(p)?))?;
+                let part = Self::open_single(p)?;
                 crate::split::check_part(&part, p, idx)?;
                 g.append(part)?;
             }
             crate::split::check_total(&g)?;
         }
         Ok(g)
+    }
+
+    /// Memory-map and parse one file, without bringing the other files of a split model.
+    pub fn open_single(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
+        Self::from_storage(Storage::Mmap(map(path.as_ref())?))
     }
 
     /// Add the tensors of another file of the same split model.

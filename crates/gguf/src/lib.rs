@@ -28,7 +28,7 @@ pub use error::GgufError;
 pub use file::{Gguf, TensorInfo};
 pub use parse::MAX_ARRAY_ITEMS;
 pub use quarrel_quant::QuantType;
-pub use split::split_path;
+pub use split::{split_path, write_split};
 pub use value::{Value, ValueType};
 pub use writer::{GgufWriter, TensorSink};
 

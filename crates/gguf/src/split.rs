@@ -15,6 +15,38 @@ pub fn split_path(prefix: &str, no: usize, count: usize) -> String {
     format!("{prefix}-{:05}-of-{count:05}.gguf", no + 1)
 }
 
+/// Write `g` as a model split over `n` files named after `prefix` (as llama.cpp's
+/// `gguf-split --split-max-tensors` does: the tensors in order, as evenly as they go; the
+/// metadata in the first file, the split keys in every one); returns the files' paths.
+pub fn write_split(g: &Gguf, prefix: &str, n: usize) -> Result<Vec<PathBuf>, GgufError> {
+    let n = n.clamp(1, u16::MAX as usize);
+    let per = g.tensors().len().div_ceil(n).max(1);
+    let mut paths = vec![];
+    for no in 0..n {
+        let mut w = crate::GgufWriter::new();
+        if no == 0 {
+            for (k, v) in g.metadata().iter().filter(|(k, _)| !k.starts_with("split.")) {
+                w.set(k, v.clone());
+            }
+        }
+        w.set(NO, crate::Value::U16(no as u16)).set(COUNT, crate::Value::U16(n as u16));
+        w.set(TENSORS, crate::Value::I32(g.tensors().len() as i32));
+        let mine: Vec<_> = g.tensors().iter().skip(no * per).take(per).collect();
+        for t in &mine {
+            w.add_tensor(&t.name, &t.dims, t.ty)?;
+        }
+        let path = PathBuf::from(split_path(prefix, no, n));
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| GgufError::io(&path, e))?);
+        let mut sink = w.write_header(&mut out)?;
+        for t in &mine {
+            sink.write_tensor(g.tensor_bytes(t))?;
+        }
+        sink.finish()?;
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
 /// `split.count` where it is above 1 (None: a single file).
 pub(crate) fn count(g: &Gguf) -> Result<Option<usize>, GgufError> {
     Ok(g.get_u64(COUNT)?.filter(|&n| n > 1).map(|n| n as usize))

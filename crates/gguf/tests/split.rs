@@ -4,38 +4,33 @@
 
 mod common;
 use common::sample_file;
-use quarrel_gguf::{split_path, Gguf, GgufWriter, Value};
+use quarrel_gguf::{Gguf, GgufWriter, Value};
 use std::path::{Path, PathBuf};
 
-/// Write `g`'s tensors over `n` files (tensor i into file i % n), the metadata into the first,
-/// the split keys into every one; `tensors_count` overrides `split.tensors.count`.
-fn write_split(g: &Gguf, dir: &Path, n: usize, tensors_count: Option<u64>) -> PathBuf {
-    let prefix = dir.join("model").to_string_lossy().to_string();
-    for no in 0..n {
-        let mut w = GgufWriter::new();
-        if no == 0 {
-            for (k, v) in g.metadata() {
-                w.set(k, v.clone());
-            }
-        }
-        w.set("split.no", Value::U16(no as u16));
-        w.set("split.count", Value::U16(n as u16));
-        w.set("split.tensors.count", Value::I32(tensors_count.unwrap_or(g.tensors().len() as u64) as i32));
-        let mine: Vec<_> = g.tensors().iter().enumerate().filter(|(i, _)| i % n == no).map(|(_, t)| t).collect();
-        for t in &mine {
-            w.add_tensor(&t.name, &t.dims, t.ty).unwrap();
-        }
-        let data: Vec<&[u8]> = mine.iter().map(|t| g.tensor_bytes(t)).collect();
-        std::fs::write(split_path(&prefix, no, n), w.to_bytes(&data).unwrap()).unwrap();
+/// `g` written over `n` files in `dir`: the first file's path.
+fn write_split(g: &Gguf, dir: &Path, n: usize) -> PathBuf {
+    quarrel_gguf::write_split(g, &dir.join("model").to_string_lossy(), n).unwrap().remove(0)
+}
+
+/// Rewrite the file at `path` with one metadata value changed.
+fn rewrite(path: &Path, key: &str, value: Value) {
+    let g = Gguf::open_single(path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.set(k, if k == key { value.clone() } else { v.clone() });
     }
-    PathBuf::from(split_path(&prefix, 0, n))
+    g.tensors().iter().for_each(|t| w.add_tensor(&t.name, &t.dims, t.ty).unwrap());
+    let data: Vec<&[u8]> = g.tensors().iter().map(|t| g.tensor_bytes(t)).collect();
+    let bytes = w.to_bytes(&data).unwrap();
+    drop(g);
+    std::fs::write(path, bytes).unwrap();
 }
 
 #[test]
 fn a_split_model_reads_as_one() {
     let whole = Gguf::from_bytes(sample_file()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let first = write_split(&whole, dir.path(), 3, None);
+    let first = write_split(&whole, dir.path(), 3);
     let g = Gguf::open(&first).unwrap();
     assert_eq!(g.n_files(), 3);
     assert_eq!(g.architecture().unwrap(), "llama");
@@ -52,7 +47,7 @@ fn broken_splits_are_errors() {
     let whole = Gguf::from_bytes(sample_file()).unwrap();
     let err = |p: &Path| Gguf::open(p).err().map(|e| e.to_string()).unwrap_or_default();
     let dir = tempfile::tempdir().unwrap();
-    let first = write_split(&whole, dir.path(), 3, None);
+    let first = write_split(&whole, dir.path(), 3);
     // a later file opened first
     let second = PathBuf::from(first.to_string_lossy().replace("00001-of", "00002-of"));
     assert!(err(&second).contains("open the first one"), "{}", err(&second));
@@ -61,7 +56,8 @@ fn broken_splits_are_errors() {
     assert!(err(&first).contains("00003-of-00003.gguf"), "{}", err(&first));
     // the announced tensor count does not add up
     let dir = tempfile::tempdir().unwrap();
-    let first = write_split(&whole, dir.path(), 2, Some(7));
+    let first = write_split(&whole, dir.path(), 2);
+    rewrite(&first, "split.tensors.count", Value::I32(7));
     assert!(err(&first).contains("split.tensors.count is 7"), "{}", err(&first));
     // a first file renamed away from the split naming
     let renamed = dir.path().join("renamed.gguf");

