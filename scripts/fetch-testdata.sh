@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Test data llama.cpp ships in its source, taken from the llama-cpp-python 0.3.36 source on PyPI
 # and cached in $QUARREL_HOME/testdata; prints that folder (the tests read it as QUARREL_TESTDATA):
-#   vocab/      models/ggml-vocab-{qwen2,llama-bpe,phi-3}.gguf, each with .inp / .out texts and
+#   vocab/      models/ggml-vocab-{qwen2,llama-bpe,phi-3,bert-bge}.gguf, each with .inp / .out texts and
 #               the ids Hugging Face's tokenizers give them
 #   templates/  models/templates/*.jinja: the chat templates of the models llama.cpp tests
 #   grammars/   grammars/*.gbnf: llama.cpp's sample grammars
 set -euo pipefail
 DIR="${QUARREL_HOME:-$HOME/.cache/quarrel}/testdata"
-VOCABS="qwen2 llama-bpe phi-3"
+VOCABS="qwen2 llama-bpe phi-3 bert-bge"
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 have() {
     for n in $VOCABS; do

@@ -24,7 +24,7 @@ fn piece_uncached(vocab: &Vocab, id: u32) -> Vec<u8> {
     }
     if attr.is_normal() {
         return match vocab.kind {
-            VocabKind::Spm => text.replace('\u{2581}', " ").into_bytes(),
+            VocabKind::Spm | VocabKind::Wpm => text.replace('\u{2581}', " ").into_bytes(),
             VocabKind::Bpe => decode_byte_level(text),
         };
     }

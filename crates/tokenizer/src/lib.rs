@@ -2,13 +2,15 @@
 //!
 //! Text <-> token ids for GGUF models, matching llama.cpp's tokenizer id for id: byte-level
 //! BPE (`tokenizer.ggml.model = "gpt2"`, with the pre-tokenizer named by
-//! `tokenizer.ggml.pre`) and SentencePiece (`"llama"`, e.g. Llama 2, Gemma). Also decoding
+//! `tokenizer.ggml.pre`), SentencePiece (`"llama"`, e.g. Llama 2, Gemma) and WordPiece
+//! (`"bert"`, BERT-family encoders). Also decoding
 //! (whole sequences and streaming) and chat-template rendering.
 //!
 //! ```text
 //!  encode:  text ─► special.rs (cut out <|im_start|>-like tokens) ─► fragments
 //!             raw fragment ─► BPE: pretokenize.rs/split_custom.rs (words) ─► bpe.rs (merges by rank)
-//!                          └► SPM: spm.rs (spaces → ▁, merges by score, <0xNN> byte fallback)
+//!                          ├► SPM: spm.rs (spaces → ▁, merges by score, <0xNN> byte fallback)
+//!                          └► WPM: wpm.rs (normalized words, longest vocabulary entries; [CLS] .. [SEP])
 //!           + BOS/EOS per metadata ─► Vec<u32>
 //!  decode:  ids ─► detok.rs piece cache (byte-level / ▁ / <0xNN>) ─► bytes ─► String
 //!           streaming: Detokenizer holds back incomplete UTF-8
@@ -54,12 +56,14 @@ mod spm;
 mod symbols;
 mod unicode;
 mod vocab;
+mod wpm;
 
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate, ToolCall};
 pub use detok::{DecodeOptions, Detokenizer};
 pub use error::TokenizerError;
 pub use pretok_table::PreKind;
 pub use vocab::{SpecialIds, TokenAttr, VocabKind};
+pub use wpm::Normalizer;
 
 use quarrel_gguf::Gguf;
 
@@ -93,7 +97,7 @@ impl Tokenizer {
         let vocab = Vocab::from_gguf(g)?;
         let bpe = match vocab.kind {
             VocabKind::Bpe => Some(BpeModel::from_gguf(g, &vocab)?),
-            VocabKind::Spm => None,
+            VocabKind::Spm | VocabKind::Wpm => None,
         };
         let special = SpecialMatcher::new(&vocab);
         let pieces = detok::build_pieces(&vocab);
@@ -115,6 +119,22 @@ impl Tokenizer {
         let v = &self.vocab;
         let frags = self.special.partition(v, text, plain);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if v.kind == VocabKind::Wpm {
+            // llama.cpp: [CLS] and [SEP] around the text whenever special tokens are added
+            if add_special {
+                out.extend(v.ids.bos);
+            }
+            for f in frags {
+                match f {
+                    Fragment::Text(a, b) => wpm::encode(v, v.normalizer, v.max_token_len, &text[a..b], &mut out),
+                    Fragment::Token(id) => out.push(id),
+                }
+            }
+            if add_special {
+                out.extend(v.ids.sep);
+            }
+            return out;
+        }
         if add_special && v.add_bos {
             out.extend(v.ids.bos);
         }
@@ -166,7 +186,7 @@ impl Tokenizer {
         self.vocab.eog.iter().copied().collect()
     }
 
-    /// BPE or SPM.
+    /// BPE, SPM or WordPiece.
     pub fn kind(&self) -> VocabKind {
         self.vocab.kind
     }

@@ -37,7 +37,15 @@ impl Flags {
     /// No flags at all: what llama.cpp returns for a position outside the current segment.
     pub const OUT: Flags = Flags(0);
 
-    has_flag!(is_letter: LETTER, is_number: NUMBER, is_mark: MARK, is_whitespace: WHITESPACE);
+    has_flag!(
+        is_letter: LETTER,
+        is_number: NUMBER,
+        is_mark: MARK,
+        is_whitespace: WHITESPACE,
+        is_punctuation: PUNCTUATION,
+        is_symbol: SYMBOL,
+        is_control: CONTROL
+    );
     /// Any flag set, i.e. "a codepoint inside the segment" (llama.cpp's `as_uint() != 0`).
     #[inline]
     pub fn any(self) -> bool {

@@ -73,6 +73,8 @@ pub enum VocabKind {
     Bpe,
     /// `tokenizer.ggml.model = "llama"`: SentencePiece-style merging by score with byte fallback.
     Spm,
+    /// `tokenizer.ggml.model = "bert"`: WordPiece (BERT-family encoders).
+    Wpm,
 }
 
 /// Special token ids (None = absent, llama.cpp's `LLAMA_TOKEN_NULL`).
@@ -109,6 +111,9 @@ pub(crate) struct Vocab {
     pub add_space_prefix: bool,
     pub clean_spaces: bool,
     pub ignore_merges: bool,
+    /// WordPiece: BertNormalizer's options and the longest token text in bytes.
+    pub normalizer: crate::wpm::Normalizer,
+    pub max_token_len: usize,
     pub eog: BTreeSet<u32>,
     /// Control, user-defined and unknown tokens, longest text first (tokenizer_st_partition order).
     pub special_tokens: Vec<u32>,
@@ -191,9 +196,10 @@ impl Vocab {
         let kind = match model.as_str() {
             "gpt2" => VocabKind::Bpe,
             "llama" => VocabKind::Spm,
+            "bert" => VocabKind::Wpm,
             other => {
                 return Err(TokenizerError::Unsupported(format!(
-                    "tokenizer.ggml.model = {other:?} (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)"
+                    "tokenizer.ggml.model = {other:?} (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece, \"bert\" WordPiece)"
                 )))
             }
         };
@@ -245,6 +251,19 @@ impl Vocab {
                 add_bos = true;
                 add_space_prefix = true;
                 clean_spaces = false;
+                ignore_merges = false;
+            }
+            VocabKind::Wpm => {
+                // [CLS] text [SEP]
+                ids.bos = Some(101);
+                ids.unk = Some(100);
+                ids.sep = Some(102);
+                ids.pad = Some(0);
+                ids.mask = Some(103);
+                pre = None;
+                add_bos = true;
+                add_space_prefix = false;
+                clean_spaces = true;
                 ignore_merges = false;
             }
             VocabKind::Bpe => {
@@ -315,6 +334,10 @@ impl Vocab {
             add_eos = false;
         }
 
+        // BertNormalizer: lower-cased unless the file says not, accents stripped as lower-cased
+        let lowercase = g.get_bool("tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
+        let strip_accents = g.get_bool("tokenizer.ggml.normalizer.strip_accents")?.unwrap_or(lowercase);
+        let max_token_len = tokens.iter().map(String::len).max().unwrap_or(0);
         let mut v = Vocab {
             kind,
             model,
@@ -330,6 +353,8 @@ impl Vocab {
             add_space_prefix,
             clean_spaces,
             ignore_merges,
+            normalizer: crate::wpm::Normalizer { lowercase, strip_accents },
+            max_token_len,
             eog: BTreeSet::new(),
             special_tokens: Vec::new(),
             ignored_ids,

@@ -1,6 +1,7 @@
 //! The tokenizers of the model families beyond SmolLM2 and Gemma 3, on the vocabularies
 //! llama.cpp ships for its own tokenizer tests (`scripts/fetch-testdata.sh`): Qwen2 / Qwen2.5 /
-//! Qwen3 (`qwen2` pre-tokenizer), Llama 3.x (`llama-bpe`) and Phi-3 (SentencePiece).
+//! Qwen3 (`qwen2` pre-tokenizer), Llama 3.x (`llama-bpe`), Phi-3 (SentencePiece) and bge
+//! (BERT's WordPiece).
 //! Against llama.cpp (400 random strings and the GPL-3 text, tests/fixtures/tokenizer/
 //! `<family>-{random,gpl3}.json`) and against Hugging Face's tokenizers (the `.inp` / `.out`
 //! texts and ids beside each vocabulary).
@@ -9,7 +10,7 @@ mod common;
 
 use common::{check_gpl3, check_random_cases, vocab};
 
-const FAMILIES: [&str; 3] = ["qwen2", "llama-bpe", "phi-3"];
+const FAMILIES: [&str; 4] = ["qwen2", "llama-bpe", "phi-3", "bert-bge"];
 
 #[test]
 fn random_strings_match_llama_cpp() {

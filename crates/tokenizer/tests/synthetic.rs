@@ -91,8 +91,8 @@ fn out_of_range_special_ids_keep_the_default_and_are_reported() {
 fn load_errors() {
     let err = |kv: &[(&str, Value)]| build(kv).unwrap_err();
     assert!(matches!(err(&[]), TokenizerError::MissingKey(k) if k == "tokenizer.ggml.model"));
-    let bert = [("tokenizer.ggml.model", Value::String("bert".into())), ("tokenizer.ggml.tokens", strings(&["a"]))];
-    assert!(matches!(err(&bert), TokenizerError::Unsupported(_)));
+    let ugm = [("tokenizer.ggml.model", Value::String("t5".into())), ("tokenizer.ggml.tokens", strings(&["a"]))];
+    assert!(matches!(err(&ugm), TokenizerError::Unsupported(_)));
     let no_tokens = [("tokenizer.ggml.model", Value::String("llama".into()))];
     assert!(matches!(err(&no_tokens), TokenizerError::MissingKey(_)));
     let bad_tokens = [("tokenizer.ggml.model", Value::String("llama".into())), ("tokenizer.ggml.tokens", Value::U32(3))];

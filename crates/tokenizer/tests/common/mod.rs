@@ -129,7 +129,7 @@ pub fn check_random_cases(tok: &Tokenizer, fixture: &str) {
     assert!(bad_dec.is_empty(), "{} decode mismatches:\n{}", bad_dec.len(), bad_dec.join("\n"));
 }
 
-/// The whole GPL-3 text (`<model>-gpl3.json`): ids, and the text back from them (after the
+/// The whole GPL-3 text (`<model>-gpl3.json`): ids, and (but for WordPiece) the text back from them (after the
 /// space a SentencePiece vocabulary with `add_space_prefix` puts first: llama.cpp's
 /// detokenizer keeps it unless asked to remove special tokens).
 pub fn check_gpl3(tok: &Tokenizer, name: &str) {
@@ -139,6 +139,10 @@ pub fn check_gpl3(tok: &Tokenizer, name: &str) {
     let got = tok.encode(&text, true, true);
     assert_eq!(got.len(), doc["n_tokens"].as_u64().unwrap() as usize, "{name}: token count");
     assert_eq!(got, want, "{name}");
+    // WordPiece lower-cases and drops spacing around punctuation: no way back to the text
+    if tok.kind() == quarrel_tokenizer::VocabKind::Wpm {
+        return;
+    }
     let back = if tok.add_space_prefix() { format!(" {text}") } else { text };
     assert_eq!(tok.decode(&got), back, "{name}: decode");
 }
