@@ -93,7 +93,7 @@ fn decode<B: Backend>(be: &B, c: &Case, lens: &[usize]) -> Vec<f32> {
         state_slots: vec![],
     };
     let n = lens.len();
-    store_attend(be, &mut kv, 0, &dec, &c.params(), [&rnd(n * row, 21), &rnd(n * row, 22), &rnd_scaled(n * c.n_head * c.hd, 23, 3.0)])
+    store_attend(be, &mut kv, 0, &dec, &c.params(), [&rnd(n * row, 21), &rnd(n * row, 22), &rnd_scaled(n * c.n_head * c.hd, 23, 3.0)], None)
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn prefill<B: Backend>(be: &B, c: &Case, cached: &[usize], lens: &[usize]) -> Ve
     }
     let b = batch(cached, lens);
     let n = b.n_tokens();
-    store_attend(be, &mut kv, 0, &b, &c.params(), [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * c.n_head * c.hd, 23, 3.0)])
+    store_attend(be, &mut kv, 0, &b, &c.params(), [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * c.n_head * c.hd, 23, 3.0)], None)
 }
 
 /// Prefill attention over an f16 cache on the tensor cores (kernels/attn_mma.cu) against the
@@ -294,6 +294,7 @@ fn chunked<B: Backend>(be: &B, c: &Case, total: usize, chunks: &[usize], n_block
             &b,
             &p,
             [&ks[a * row..(a + n) * row], &vs[a * row..(a + n) * row], &qs[a * qrow..(a + n) * qrow]],
+            None,
         ));
         a += n;
     }

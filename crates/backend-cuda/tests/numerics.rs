@@ -288,7 +288,7 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
         };
         let k = rnd_scaled(len * row, 60 + seq as u64, 4.0);
         let q = rnd_scaled(len * n_head * hd, 80 + seq as u64, 3.0);
-        outs.push(store_attend(be, &mut kv, 0, &batch, &p, [&k, &rnd(len * row, 70 + seq as u64), &q]));
+        outs.push(store_attend(be, &mut kv, 0, &batch, &p, [&k, &rnd(len * row, 70 + seq as u64), &q], None));
         for step in 0..3 {
             let pos = (len + step) as u32;
             let dec = ForwardBatch {
@@ -300,7 +300,7 @@ fn attention<B: Backend>(be: &B) -> Vec<Vec<f32>> {
             };
             let k1 = rnd_scaled(row, 90 + pos as u64, 4.0);
             let q1 = rnd_scaled(n_head * hd, 290 + pos as u64, 3.0);
-            outs.push(store_attend(be, &mut kv, 0, &dec, &p, [&k1, &rnd(row, 190 + pos as u64), &q1]));
+            outs.push(store_attend(be, &mut kv, 0, &dec, &p, [&k1, &rnd(row, 190 + pos as u64), &q1], None));
         }
     }
     outs
@@ -414,7 +414,7 @@ fn long_decode<B: Backend>(be: &B, lens: [usize; 2], window: Option<usize>) -> V
         };
         let k1 = rnd_scaled(2 * row, 600 + step as u64, 4.0);
         let q1 = rnd_scaled(2 * n_head * hd, 800 + step as u64, 3.0);
-        outs.push(store_attend(be, &mut kv, 0, &dec, &p, [&k1, &rnd(2 * row, 700 + step as u64), &q1]));
+        outs.push(store_attend(be, &mut kv, 0, &dec, &p, [&k1, &rnd(2 * row, 700 + step as u64), &q1], None));
     }
     outs
 }

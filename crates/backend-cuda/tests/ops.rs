@@ -3,7 +3,7 @@
 //! `scripts/gpu-test.sh` does on a GPU machine), so CI (no GPU) reports them as ignored.
 
 mod common;
-use common::{load, matmul_out, nmse, rnd, rnd_scaled, store_attend_sinks};
+use common::{load, matmul_out, nmse, rnd, rnd_scaled, store_attend};
 use quarrel_core::{
     AttnParams, Backend, ForwardBatch, KvSpec, KvType, QuantType, RopeParams, RopeScaling, RopeStyle, Route, SeqBatch, WeightSource,
 };
@@ -287,15 +287,8 @@ fn attention_sinks<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softca
     let row = n_kv_head * hd;
     let n = batch.n_tokens();
     let p = AttnParams { n_head, n_kv_head, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sliding_window: window, softcap };
-    let mut all = store_attend_sinks(
-        be,
-        &mut kv,
-        1,
-        &batch,
-        &p,
-        [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * n_head * hd, 13, 3.0)],
-        sinks,
-    );
+    let mut all =
+        store_attend(be, &mut kv, 1, &batch, &p, [&rnd(n * row, 11), &rnd(n * row, 12), &rnd_scaled(n * n_head * hd, 13, 3.0)], sinks);
     // then one decode token for sequence 1 (position 70)
     let dec = ForwardBatch {
         tokens: vec![0],
@@ -304,7 +297,7 @@ fn attention_sinks<B: Backend>(be: &B, ty: KvType, window: Option<usize>, softca
         logits_rows: vec![0],
         state_slots: vec![],
     };
-    all.extend(store_attend_sinks(be, &mut kv, 1, &dec, &p, [&rnd(row, 21), &rnd(row, 22), &rnd(n_head * hd, 23)], sinks));
+    all.extend(store_attend(be, &mut kv, 1, &dec, &p, [&rnd(row, 21), &rnd(row, 22), &rnd(n_head * hd, 23)], sinks));
     all
 }
 

@@ -136,6 +136,27 @@ const BASE: ArchPreset = ArchPreset {
 const TINY_SSM: SsmShape = SsmShape { d_conv: 4, d_inner: 512, d_state: 64, n_group: 2, n_head: 8 };
 const GRANITE_SCALES: GraniteScales = GraniteScales { embedding: 12.0, residual: 0.22, attention: 0.0078125, logit: 8.0 };
 
+const GPT_OSS_20B: ArchPreset = ArchPreset {
+    name: "gpt-oss-20b",
+    model: "GPT-OSS 20B",
+    arch: "gpt-oss",
+    pattern: "AAAAAAAAAAAAAAAAAAAAAAAA",
+    n_embd: 2_880,
+    n_head: 64,
+    n_head_kv: 8,
+    head_dim: 64,
+    n_ff: 2_880,
+    n_vocab: 201_088,
+    n_ctx: 131_072,
+    n_expert: 32,
+    n_used: 4,
+    n_ff_exp: 2_880,
+    swa: Some((128, 2)),
+    yarn: Some((32.0, 4_096)),
+    rope_freq_base: 150_000.0,
+    ..BASE
+};
+
 pub static ARCH_PRESETS: &[ArchPreset] = &[
     ArchPreset { name: "tiny-mixtral", model: "Quarrel tiny Mixtral-style MoE", n_expert: 4, n_used: 2, ..BASE },
     ArchPreset { name: "tiny-granite", model: "Quarrel tiny Granite", arch: "granite", granite: Some(GRANITE_SCALES), n_ff: 512, ..BASE },
@@ -432,46 +453,14 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         ..BASE
     },
     // openai/gpt-oss-20b (32 experts of 2880, 4 used; MXFP4 experts as published)
-    ArchPreset {
-        name: "gpt-oss-20b",
-        model: "GPT-OSS 20B",
-        arch: "gpt-oss",
-        pattern: "AAAAAAAAAAAAAAAAAAAAAAAA",
-        n_embd: 2_880,
-        n_head: 64,
-        n_head_kv: 8,
-        head_dim: 64,
-        n_ff: 2_880,
-        n_vocab: 201_088,
-        n_ctx: 131_072,
-        n_expert: 32,
-        n_used: 4,
-        n_ff_exp: 2_880,
-        swa: Some((128, 2)),
-        yarn: Some((32.0, 4_096)),
-        rope_freq_base: 150_000.0,
-        ..BASE
-    },
-    // openai/gpt-oss-120b (128 experts)
+    GPT_OSS_20B,
+    // openai/gpt-oss-120b (36 layers, 128 experts)
     ArchPreset {
         name: "gpt-oss-120b",
         model: "GPT-OSS 120B",
-        arch: "gpt-oss",
         pattern: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-        n_embd: 2_880,
-        n_head: 64,
-        n_head_kv: 8,
-        head_dim: 64,
-        n_ff: 2_880,
-        n_vocab: 201_088,
-        n_ctx: 131_072,
         n_expert: 128,
-        n_used: 4,
-        n_ff_exp: 2_880,
-        swa: Some((128, 2)),
-        yarn: Some((32.0, 4_096)),
-        rope_freq_base: 150_000.0,
-        ..BASE
+        ..GPT_OSS_20B
     },
     // microsoft/Phi-3-mini-4k-instruct
     ArchPreset {

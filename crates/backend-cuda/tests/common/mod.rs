@@ -85,18 +85,6 @@ pub fn store_attend<B: Backend>(
     batch: &ForwardBatch,
     p: &AttnParams,
     [k, v, q]: [&[f32]; 3],
-) -> Vec<f32> {
-    store_attend_sinks(be, kv, layer, batch, p, [k, v, q], None)
-}
-
-/// [`store_attend`] with per-head sink logits.
-pub fn store_attend_sinks<B: Backend>(
-    be: &B,
-    kv: &mut B::Kv,
-    layer: usize,
-    batch: &ForwardBatch,
-    p: &AttnParams,
-    [k, v, q]: [&[f32]; 3],
     sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     store(be, kv, layer, batch, k, v);
