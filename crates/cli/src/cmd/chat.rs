@@ -1,10 +1,15 @@
-//! `quarrel chat`: an interactive conversation using the model's chat template.
+//! `quarrel chat`: an interactive conversation using the model's chat template. Reasoning
+//! (`<think>` blocks, GPT-OSS's analysis channel) streams to stderr, the answer to stdout, and
+//! the history keeps them apart as the template expects.
 
 use crate::args::GenerationArgs;
-use crate::common::{stream_to_stdout, with_engine};
+use crate::common::with_engine;
 use anyhow::{Context, Result};
+use quarrel_core::Backend;
+use quarrel_engine::{Completion, Engine, GenerateParams};
+use quarrel_server::tools::{ChatPlan, Piece, Reply, ToolFormat};
 use quarrel_tokenizer::ChatMessage;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 
 /// Chat interactively with a model, using its chat template.
 ///
@@ -29,6 +34,12 @@ pub fn main(a: Args) -> Result<()> {
             history.push(ChatMessage::new("system", s));
         }
         let params = a.generation.sample.params(a.n_predict);
+        let template = engine.tokenizer.chat_template();
+        let plan = ChatPlan {
+            tools: None,
+            think: template.is_some_and(|t| t.contains("<think>")),
+            harmony: ToolFormat::detect(template) == ToolFormat::Harmony,
+        };
         let stdin = std::io::stdin();
         let mut lines = stdin.lock().lines();
         eprintln!("chat ready: /reset clears the history, /exit or Ctrl-D quits");
@@ -56,10 +67,41 @@ pub fn main(a: Args) -> Result<()> {
                 history.pop();
                 continue;
             }
-            let c = stream_to_stdout(&mut engine, &ids, &params)?;
+            let (c, reply) = answer(&mut engine, &ids, &params, &plan)?;
             eprintln!("({} tokens, {:.1} t/s)", c.timings.gen_tokens, c.timings.gen_tps());
-            history.push(ChatMessage::new("assistant", c.text.trim()));
+            let mut m = ChatMessage::new("assistant", reply.content.trim());
+            if !reply.reasoning.is_empty() {
+                m.reasoning_content = Some(reply.reasoning.trim().to_string());
+            }
+            history.push(m);
         }
         Ok(())
     })
+}
+
+/// Generate the answer to `ids`: the answer streamed to stdout, the reasoning to stderr (dimmed
+/// on a terminal), as they come.
+fn answer<B: Backend>(engine: &mut Engine<B>, ids: &[u32], params: &GenerateParams, plan: &ChatPlan) -> Result<(Completion, Reply)> {
+    let (mut out, dim) = (std::io::stdout().lock(), std::io::stderr().is_terminal());
+    let mut show = |p: &Piece| match p {
+        Piece::Content(t) => {
+            let _ = out.write_all(t.as_bytes());
+            let _ = out.flush();
+        }
+        Piece::Reasoning(t) if dim => eprint!("\x1b[2m{t}\x1b[0m"),
+        Piece::Reasoning(t) => eprint!("{t}"),
+    };
+    let mut split = plan.splitter();
+    let mut pieces = vec![];
+    let c = engine.generate(ids, params, &mut |ev| {
+        for p in split.push(ev.text) {
+            show(&p);
+            pieces.push(p);
+        }
+        true
+    })?;
+    let end = split.finish();
+    end.tail.iter().for_each(&mut show);
+    println!();
+    Ok((c, Reply::gather(pieces, end)))
 }
