@@ -212,8 +212,8 @@ fn call_schema(tools: &[Value], args_key: &str) -> Map<String, Value> {
 /// `s` as a grammar item: the control or user-defined token it names (written `<[id]>`, the
 /// token itself rather than text spelling it), else a quoted literal.
 fn literal(tok: &Tokenizer, s: &str) -> String {
-    let special = |id: u32| tok.token_attr(id).is_control() || tok.token_attr(id).is_user_defined();
-    let control = (0..tok.n_vocab() as u32).find(|&id| special(id) && tok.token_text(id) == Some(s));
+    let special = |id: &u32| tok.token_attr(*id).is_control() || tok.token_attr(*id).is_user_defined();
+    let control = tok.token_id(s).filter(special);
     match control {
         Some(id) => format!("<[{id}]>"),
         None => serde_json::to_string(s).unwrap_or_default(),
