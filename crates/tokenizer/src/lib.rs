@@ -78,6 +78,8 @@ pub struct Tokenizer {
     special: SpecialMatcher,
     pieces: Vec<Box<[u8]>>,
     chat_template: Option<String>,
+    /// The chat template compiled on first use (an error as its message).
+    compiled: std::sync::OnceLock<Result<Option<ChatTemplate>, String>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -102,7 +104,7 @@ impl Tokenizer {
         let special = SpecialMatcher::new(&vocab);
         let pieces = detok::build_pieces(&vocab);
         let chat_template = g.get_str("tokenizer.chat_template")?.map(str::to_string);
-        Ok(Tokenizer { vocab, bpe, special, pieces, chat_template })
+        Ok(Tokenizer { vocab, bpe, special, pieces, chat_template, compiled: Default::default() })
     }
 
     /// Tokenizes `text`. With `add_special`, BOS/EOS are added as the model's metadata says
@@ -281,8 +283,10 @@ impl Tokenizer {
     /// unchanged) when it does not compile.
     pub fn set_chat_template(&mut self, source: String) -> Result<(), TokenizerError> {
         let old = self.chat_template.replace(source);
+        let old_compiled = std::mem::take(&mut self.compiled);
         if let Err(e) = self.compiled_chat_template() {
             self.chat_template = old;
+            self.compiled = old_compiled;
             return Err(e);
         }
         Ok(())
@@ -295,11 +299,18 @@ impl Tokenizer {
         self.compiled_chat_template()?.ok_or(TokenizerError::NoChatTemplate)?.render(messages, add_generation_prompt)
     }
 
-    /// The model's chat template compiled, with its BOS / EOS texts (None: the model has none).
-    pub(crate) fn compiled_chat_template(&self) -> Result<Option<ChatTemplate>, TokenizerError> {
-        let Some(src) = self.chat_template.as_deref() else { return Ok(None) };
-        let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("").to_string();
-        ChatTemplate::new(src, &text(self.vocab.ids.bos), &text(self.vocab.ids.eos)).map(Some)
+    /// The model's chat template compiled (once), with its BOS / EOS texts (None: the model
+    /// has none).
+    pub(crate) fn compiled_chat_template(&self) -> Result<Option<&ChatTemplate>, TokenizerError> {
+        let compiled = self.compiled.get_or_init(|| {
+            let Some(src) = self.chat_template.as_deref() else { return Ok(None) };
+            let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("").to_string();
+            ChatTemplate::new(src, &text(self.vocab.ids.bos), &text(self.vocab.ids.eos)).map(Some).map_err(|e| match e {
+                TokenizerError::Template(m) => m,
+                other => other.to_string(),
+            })
+        });
+        compiled.as_ref().map(Option::as_ref).map_err(|m| TokenizerError::Template(m.clone()))
     }
 
     /// Plain ChatML, for models without a template.
