@@ -1,15 +1,23 @@
 // Sampling on the device (src/sample.rs): one block per logits row runs the request's chain and
 // writes only the picked token id. The arithmetic is that of the reference twin
-// (quarrel_core::sample_row_ref): penalties, top-k (k <= SAMPLE_MAX_K; ties at the k-th place
-// keep the lower ids), softmax with a left-to-right f32 sum, top-p, min-p, / temperature,
-// softmax, the first token whose cumulative probability passes the host's uniform draw r.
-// expf here is CUDA's (within 2 ulp), the host's is libm's: a pick can differ only where r or
-// top_p lies within a few ulp of a cumulative probability.
+// (quarrel_core::sample_masked_ref): biases (in order), the allowed-token mask (others at -inf),
+// penalties, top-k (k <= SAMPLE_MAX_K; ties at the k-th place keep the lower ids), softmax with
+// a left-to-right f32 sum, top-p, min-p, / temperature, softmax, the first token whose
+// cumulative probability passes the host's uniform draw r (none: the last with a probability
+// above 0). expf here is CUDA's (within 2 ulp), the host's is libm's: a pick can differ only
+// where r or top_p lies within a few ulp of a cumulative probability.
 
 #define SAMPLE_MAX_K 256
 // words per row in the parameter array: temperature, top_k, top_p, min_p, repeat, presence,
-// frequency, r, first penalty pair, penalty pairs
-#define SAMPLE_PARAMS 10
+// frequency, r, then offsets into the data array and counts: penalty pairs (token, count),
+// bias pairs (token, f32 bits), mask words (offset NO_MASK: unmasked)
+#define SAMPLE_PARAMS 14
+#define NO_MASK 0xffffffffu
+
+// Whether the row's mask (words at m, nw of them; bit t % 32 of word t / 32) allows token t.
+__device__ __forceinline__ bool mask_allows(const u32* __restrict__ data, u32 m, u32 nw, u32 t) {
+    return m == NO_MASK || ((t >> 5) < nw && ((data[m + (t >> 5)] >> (t & 31u)) & 1u));
+}
 
 // Order-preserving key of a float: larger float (Rust's total_cmp order) -> larger key.
 __device__ __forceinline__ u32 skey(float f) {
@@ -37,10 +45,10 @@ __device__ __forceinline__ void softmax_terms(const float* v, float* e, int n, f
     __syncthreads();
 }
 
-// x: rows of dim logits; work: the same size (the penalized copy); prm: SAMPLE_PARAMS words per
-// row; pens: (token, count) pairs; out: one id per row. blockDim a multiple of 32, <= 1024.
+// x: rows of dim logits; work: the same size (the adjusted copy); prm: SAMPLE_PARAMS words per
+// row; data: what prm's offsets point at; out: one id per row. blockDim a multiple of 32, <= 1024.
 extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ x, float* __restrict__ work, const u32* __restrict__ prm,
-                                                               const u32* __restrict__ pens, u32* __restrict__ out, int dim) {
+                                                               const u32* __restrict__ data, u32* __restrict__ out, int dim) {
     GDC();
     __shared__ u32 hist[256];
     __shared__ u32 ck[SAMPLE_MAX_K], ci[SAMPLE_MAX_K], si[SAMPLE_MAX_K];
@@ -55,11 +63,20 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float* __re
     const float* xr = x + (u64)blockIdx.x * dim;
     float* w = work + (u64)blockIdx.x * dim;
 
-    // 1. the row with the penalties (each token once in the list)
-    for (int i = tid; i < dim; i += nt) w[i] = xr[i];
+    // 1. the row masked, with the biases of allowed tokens (in order: a token may repeat; a
+    // masked one stays at -inf), then the penalties (each token once in the list)
+    const u32 m = p[12], nw = p[13];
+    for (int i = tid; i < dim; i += nt) w[i] = mask_allows(data, m, nw, (u32)i) ? xr[i] : -INF;
+    __syncthreads();
+    if (tid == 0) {
+        for (u32 j = 0; j < p[11]; j++) {
+            const u32 t = data[p[10] + 2 * j];
+            if (t < (u32)dim && mask_allows(data, m, nw, t)) w[t] = __fadd_rn(w[t], __uint_as_float(data[p[10] + 2 * j + 1]));
+        }
+    }
     __syncthreads();
     for (u32 j = tid; j < p[9]; j += nt) {
-        const u32 t = pens[2 * (p[8] + j)], n = pens[2 * (p[8] + j) + 1];
+        const u32 t = data[p[8] + 2 * j], n = data[p[8] + 2 * j + 1];
         if (t < (u32)dim) {
             float v = w[t];
             v = v > 0.f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
@@ -179,13 +196,15 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float* __re
     if (tid == 0) {
         const float s = sf[0];
         float cum = 0.f;
-        u32 pick = si[keep - 1];
+        u32 pick = si[0];
         for (int j = 0; j < keep; j++) {
-            cum = __fadd_rn(cum, __fdiv_rn(se[j], s));
+            const float pr = __fdiv_rn(se[j], s);
+            cum = __fadd_rn(cum, pr);
             if (r < cum) {
                 pick = si[j];
                 break;
             }
+            if (pr > 0.f) pick = si[j];
         }
         out[blockIdx.x] = pick;
     }

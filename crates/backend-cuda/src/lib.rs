@@ -354,26 +354,8 @@ impl Backend for CudaBackend {
         Ok(v)
     }
 
-    fn sample_rows(&self, x: &CudaBuf, dim: usize, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
-        self.dev.bind()?;
-        if dim == 0 || x.len != dim * rows.len() {
-            return Err(CoreError::Shape(format!("sample_rows: {} values are not {} rows of {dim}", x.len, rows.len())));
-        }
-        if rows.is_empty() {
-            return Ok(vec![]);
-        }
-        if rows.iter().all(|r| r.temperature <= 0.0 && r.penalties.is_empty()) {
-            return self.argmax_rows(x, dim);
-        }
-        if !rows.iter().all(|r| r.device_ok()) {
-            // top-k unbounded: the chain on the host
-            let v = self.download(x)?;
-            return Ok(v.chunks(dim).zip(rows).map(|(l, r)| quarrel_core::sample_row_ref(l, r)).collect());
-        }
-        let xp = self.rd(x)?;
-        let v = sample::sample(&self.dev, xp, dim, rows)?;
-        self.step_end()?;
-        Ok(v)
+    fn sample_rows(&self, x: &CudaBuf, dim: usize, rows: &[quarrel_core::SampleRow], masks: quarrel_core::RowMasks) -> Result<Vec<u32>> {
+        sample::sample_rows(self, x, dim, rows, masks)
     }
 
     fn buf_len(&self, b: &CudaBuf) -> usize {

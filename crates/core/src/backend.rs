@@ -78,14 +78,22 @@ pub trait Backend: Send + Sync + 'static {
         Ok(v.chunks(dim).map(argmax).collect())
     }
     /// Sampled picks: per row of `dim` values of `x`, the token its `SampleRow` chain picks
-    /// (`sample::sample_row_ref`, which a device backend must match; only the ids need to
-    /// leave the device). Default: download, then the reference.
-    fn sample_rows(&self, x: &Self::Buf, dim: usize, rows: &[crate::SampleRow]) -> Result<Vec<u32>> {
+    /// among the tokens its mask allows (`sample::sample_masked_ref`, which a device backend
+    /// must match; only the ids need to leave the device). `masks` may still be computed on
+    /// other threads: a device backend starts the work queued before it waits for them.
+    /// Default: download, then the reference.
+    fn sample_rows(&self, x: &Self::Buf, dim: usize, rows: &[crate::SampleRow], masks: crate::RowMasks) -> Result<Vec<u32>> {
         let v = self.download(x)?;
-        if dim == 0 || v.len() != dim * rows.len() {
-            return Err(CoreError::Shape(format!("sample_rows: {} values are not {} rows of {dim}", v.len(), rows.len())));
+        if dim == 0 || v.len() != dim * rows.len() || masks.len() != rows.len() {
+            return Err(CoreError::Shape(format!(
+                "sample_rows: {} values are not {} rows of {dim} ({} masks)",
+                v.len(),
+                rows.len(),
+                masks.len()
+            )));
         }
-        Ok(v.chunks(dim).zip(rows).map(|(l, r)| crate::sample_row_ref(l, r)).collect())
+        let masks = masks.wait()?;
+        Ok(v.chunks(dim).zip(rows).zip(&masks).map(|((l, r), m)| crate::sample_masked_ref(l, r, m.as_ref())).collect())
     }
     fn buf_len(&self, b: &Self::Buf) -> usize;
     fn alloc_kv(&self, spec: &KvSpec) -> Result<Self::Kv>;

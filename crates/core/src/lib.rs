@@ -16,7 +16,8 @@
 //! | `rope`    | RoPE parameters (style, base, scaling) |
 //! | `moe`     | MoE routing parameters, `Route`, the host reference router |
 //! | `ssm`     | Mamba2 shapes, recurrent `StateSpec`, reference conv / scan / gated norm |
-//! | `sample`  | `SampleRow`: one row's sampling chain; `sample_row_ref`, the reference of `Backend::sample_rows` |
+//! | `mask`    | `TokenMask`: the tokens a row may pick; `RowMasks`: a batch's masks, possibly still being computed |
+//! | `sample`  | `SampleRow`: one row's sampling chain; `sample_masked_ref`, the reference of `Backend::sample_rows` |
 //! | `error`   | `CoreError` |
 //! | `trace`   | named intermediates for golden diffs (no-op unless enabled) |
 
@@ -25,6 +26,7 @@ mod backend;
 mod batch;
 mod cache;
 mod error;
+mod mask;
 pub mod moe;
 mod numerics;
 mod rope;
@@ -36,9 +38,10 @@ pub use backend::{argmax, AttnParams, Backend, WeightSource};
 pub use batch::{ForwardBatch, SeqBatch};
 pub use cache::{KvSpec, KvType};
 pub use error::{CoreError, Result};
+pub use mask::{MaskSender, RowMasks, TokenMask};
 pub use moe::{Gating, MoeRouting, Route};
 pub use numerics::Numerics;
 pub use quarrel_quant::QuantType;
 pub use rope::{RopeParams, RopeScaling, RopeStyle};
-pub use sample::{sample_row_ref, SampleRow, SAMPLE_MAX_K};
+pub use sample::{sample_masked_ref, sample_row_ref, SampleRow, SAMPLE_MAX_K};
 pub use ssm::{SsmParams, StateSpec};

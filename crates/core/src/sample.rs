@@ -1,15 +1,16 @@
 //! One logits row -> one token: the sampling chain of a request as a pure function of the
-//! logits, the chain's parameters and one uniform draw (the reference twin of
-//! `Backend::sample_rows`, which a GPU backend runs on the device; the engine's `Sampler` draws
-//! `r` from the request's seeded RNG and calls this).
+//! logits, the chain's parameters, the row's allowed tokens and one uniform draw (the
+//! reference twin of `Backend::sample_rows`, which a GPU backend runs on the device; the
+//! engine's `Sampler` draws `r` from the request's seeded RNG and calls this).
 //!
 //! ```text
-//!  logits ─penalties─► top-k (ties: lower ids first) ─softmax─► top-p ─► min-p
-//!         ─► / temperature ─softmax─► first token whose cumulative probability passes r
+//!  logits ─+bias─► mask (disallowed: -inf) ─penalties─► top-k (ties: lower ids first)
+//!         ─softmax─► top-p ─► min-p ─► / temperature ─softmax─► first token whose
+//!         cumulative probability passes r (none: the last with a probability above 0)
 //! ```
 //! The order is llama.cpp's default chain (top-p and min-p on the untempered probabilities).
 
-use crate::argmax;
+use crate::{argmax, TokenMask};
 
 /// Top-k a device sampler keeps at most (`Backend::sample_rows`; larger or 0 = "all": the
 /// backend may fall back to the host).
@@ -34,20 +35,53 @@ pub struct SampleRow {
     pub frequency_penalty: f32,
     /// (token, occurrences in the penalty window), each token once.
     pub penalties: Vec<(u32, u32)>,
+    /// (token, bias) added to the logits first, in order (a token may repeat; ids past the
+    /// row are ignored).
+    pub bias: Vec<(u32, f32)>,
     /// The uniform draw in [0, 1).
     pub r: f32,
 }
 
 impl SampleRow {
+    /// Greedy without penalties or biases: the first largest logit.
+    pub fn greedy() -> SampleRow {
+        SampleRow {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalties: vec![],
+            bias: vec![],
+            r: 0.0,
+        }
+    }
+
+    /// Whether the pick is the argmax of the raw logits (no sampling, penalties or biases).
+    pub fn is_plain_argmax(&self) -> bool {
+        self.temperature <= 0.0 && self.penalties.is_empty() && self.bias.is_empty()
+    }
+
     /// Whether a device sampler bounded by `SAMPLE_MAX_K` takes this row.
     pub fn device_ok(&self) -> bool {
         self.temperature <= 0.0 || (1..=SAMPLE_MAX_K).contains(&self.top_k)
     }
 }
 
-/// `logits` after the penalties of `row`.
-pub fn penalized(logits: &[f32], row: &SampleRow) -> Vec<f32> {
+/// `logits` with the biases of `row` added, the tokens `mask` disallows at -inf, then the
+/// penalties of `row` (which leave -inf as it is).
+pub fn adjusted(logits: &[f32], row: &SampleRow, mask: Option<&TokenMask>) -> Vec<f32> {
     let mut l = logits.to_vec();
+    for &(t, b) in &row.bias {
+        if let Some(v) = l.get_mut(t as usize) {
+            *v += b;
+        }
+    }
+    if let Some(m) = mask {
+        m.apply(&mut l);
+    }
     for &(t, n) in &row.penalties {
         let Some(v) = l.get_mut(t as usize) else { continue };
         if *v > 0.0 {
@@ -105,12 +139,19 @@ pub fn nucleus(probs: &[f32], top_p: f32, min_p: f32) -> usize {
     keep.max(1)
 }
 
-/// The token `row` picks from `logits` (the reference of `Backend::sample_rows`).
+/// The token `row` picks from `logits` (the reference of `Backend::sample_rows` for an
+/// unconstrained row).
 pub fn sample_row_ref(logits: &[f32], row: &SampleRow) -> u32 {
+    sample_masked_ref(logits, row, None)
+}
+
+/// The token `row` picks from `logits` among the tokens `mask` allows (the reference of
+/// `Backend::sample_rows`). A mask that allows some token always gets one of them.
+pub fn sample_masked_ref(logits: &[f32], row: &SampleRow, mask: Option<&TokenMask>) -> u32 {
     if logits.is_empty() {
         return 0;
     }
-    let l = penalized(logits, row);
+    let l = adjusted(logits, row, mask);
     if row.temperature <= 0.0 {
         return argmax(&l);
     }
@@ -119,13 +160,19 @@ pub fn sample_row_ref(logits: &[f32], row: &SampleRow) -> u32 {
     cand.truncate(nucleus(&probs, row.top_p, row.min_p));
     let probs = softmax_seq(&cand.iter().map(|c| c.1 / row.temperature).collect::<Vec<_>>());
     let mut cum = 0.0f32;
+    // a draw past the rounded total: the last token that can be drawn (a masked token, at
+    // probability 0, never)
+    let mut last = cand[0].0;
     for (c, &pr) in cand.iter().zip(&probs) {
         cum += pr;
         if row.r < cum {
             return c.0;
         }
+        if pr > 0.0 {
+            last = c.0;
+        }
     }
-    cand[cand.len() - 1].0
+    last
 }
 
 #[cfg(test)]
@@ -134,17 +181,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn row(top_k: usize, top_p: f32, min_p: f32, temperature: f32, r: f32) -> SampleRow {
-        SampleRow {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            repeat_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            penalties: vec![],
-            r,
-        }
+        SampleRow { temperature, top_k, top_p, min_p, r, ..SampleRow::greedy() }
     }
 
     #[test]
@@ -185,7 +222,69 @@ mod tests {
         assert_eq!(sample_row_ref(&l, &row(0, 0.0, 0.0, 1.0, 0.99)), 1);
     }
 
+    #[test]
+    fn biases_come_first_then_the_mask_then_the_penalties() {
+        let l = [1.0, 3.0, 2.5, 0.0];
+        let mut g = SampleRow::greedy();
+        g.bias = vec![(1, -100.0), (3, 2.0), (3, 0.9), (99, 5.0)];
+        // token 1 banned; 0.0 + 2.0 + 0.9 > 2.5; an id outside the row is ignored
+        assert_eq!(sample_row_ref(&l, &g), 3);
+        let only_0_1 = TokenMask::from_words(vec![0b11]);
+        // the bias lifts token 3, but the mask leaves only 0 and 1 (1 at -99)
+        assert_eq!(sample_masked_ref(&l, &g, Some(&only_0_1)), 0);
+        // a penalty never brings a masked token back
+        let mut p = SampleRow { repeat_penalty: 2.0, frequency_penalty: -50.0, penalties: vec![(2, 1)], ..SampleRow::greedy() };
+        assert_eq!(sample_masked_ref(&l, &p, Some(&only_0_1)), 1);
+        p.temperature = 1.0;
+        for r in [0.0, 0.5, 0.999_999_9] {
+            assert_eq!(
+                sample_masked_ref(&[0.0, 9.0, 0.0], &SampleRow { r, ..p.clone() }, Some(&TokenMask::from_words(vec![0b101]))) % 2,
+                0
+            );
+        }
+    }
+
+    #[test]
+    fn a_draw_past_the_rounded_total_never_lands_on_a_masked_token() {
+        // seven allowed tokens, 33 masked ones with larger logits behind them (at -inf: among
+        // top-k 40 at probability 0); where the allowed probabilities sum below the draw, the
+        // pick is the last allowed candidate
+        let mask = TokenMask::from_words(vec![0x7f]);
+        let p = row(40, 1.0, 0.0, 0.7, 0.999_999_94);
+        let mut checked = 0;
+        for seed in 0..400u32 {
+            let allowed: Vec<f32> = (0..7).map(|i| ((seed * 7 + i).wrapping_mul(2654435761) % 4000) as f32 / 1000.0 - 2.0).collect();
+            let mut sorted = allowed.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let total: f32 = softmax_seq(&sorted.iter().map(|v| v / p.temperature).collect::<Vec<_>>()).iter().sum();
+            if total > p.r {
+                continue;
+            }
+            checked += 1;
+            let l: Vec<f32> = allowed.iter().copied().chain([5.0; 33]).collect();
+            let id = sample_masked_ref(&l, &p, Some(&mask));
+            assert!(mask.allows(id), "seed {seed}: picked masked token {id}");
+        }
+        assert!(checked > 0, "no draw past the rounded total");
+    }
+
     proptest! {
+        /// A masked pick is the pick over the logits with the disallowed ones at -inf, and
+        /// always an allowed token.
+        #[test]
+        fn masked_picks_are_allowed(l in proptest::collection::vec(-8f32..8.0, 1..200), words in proptest::collection::vec(any::<u32>(), 1..8),
+                                    k in 0usize..50, top_p in 0f32..=1.0, min_p in 0f32..0.5, t in 0f32..3.0, r in 0f32..1.0) {
+            let mask = TokenMask::from_words(words);
+            let p = row(k, top_p, min_p, t, r);
+            let id = sample_masked_ref(&l, &p, Some(&mask));
+            let mut minf = l.clone();
+            mask.apply(&mut minf);
+            prop_assert_eq!(id, sample_row_ref(&minf, &p));
+            if minf.iter().any(|v| v.is_finite()) {
+                prop_assert!(mask.allows(id), "picked {} outside the mask", id);
+            }
+        }
+
         /// The pick is always a kept candidate: within the top-k, and never below min-p.
         #[test]
         fn picks_stay_in_the_kept_set(l in proptest::collection::vec(-8f32..8.0, 1..200), k in 0usize..50, top_p in 0f32..=1.0,

@@ -1,88 +1,89 @@
 //! One sequence's decode logic, shared by `Engine::generate` and the service: how the next
-//! token is picked (the sampling chain and its seeded draw), where the pick runs (device or
-//! host), and what a picked token becomes (detokenized text, stop strings, finish rules,
-//! log-probabilities).
+//! token is picked (the sampling chain and its seeded draw, logit biases, a constraint's mask),
+//! where the pick runs (device or host), and what a picked token becomes (detokenized text,
+//! stop strings, finish rules, log-probabilities).
 //!
 //! ```text
-//!  SeqDecoder::next_pick(history) ─► RowPick ─┐
-//!                                             ▼
-//!       forward_picks: ForwardBatch ─► Model::forward_argmax / forward_sample (ids only)
-//!                                 └──► Model::forward + host pick (a row wants its logits)
-//!                                             │
+//!  SeqDecoder::next_pick(history) ─► RowPick ─┐     SeqDecoder::mask_job(row) ─► MaskJob ─┐
+//!                                             ▼                                           ▼
+//!  forward_picks: Model::logits (queued on a device)  ║  rayon's pool: Constraint::mask ─► RowMasks
+//!                 ─► Backend::argmax_rows / sample_rows (waits for the masks, applies them)
+//!                 ─► ids, and the logits of the rows that want them (log-probabilities)
+//!  advance_constraints: each constraint past its pick (in parallel; a batch's sequences)
 //!  SeqDecoder::accept(id, logits) ◄── Picked ◄┘ ─► Accepted { token text, finish }
 //!  SeqDecoder::finish(reason) ─► held-back text released (unless it completes a stop string)
 //! ```
 
-use crate::constraint::{Constraint, TokenMask};
+use crate::constraint::Constraint;
 use crate::generate::{FinishReason, GenerateParams};
 use crate::sampler::{argmax, Sampler};
 use crate::service::TokenLogprob;
 use crate::stop::{StopMatcher, StopOutcome};
-use quarrel_core::{sample_row_ref, Backend, CoreError, ForwardBatch, SampleRow};
+use quarrel_core::{sample_masked_ref, Backend, CoreError, ForwardBatch, RowMasks, SampleRow, TokenMask};
 use quarrel_models::Model;
 use quarrel_tokenizer::{Detokenizer, Tokenizer};
-use std::sync::Arc;
 
 /// How one logits row becomes a token.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Pick {
     /// Plain greedy: the first largest raw logit.
     Argmax,
-    /// The request's sampling chain with this step's draw (greedy with penalties included).
+    /// The request's sampling chain with this step's draw (greedy with penalties or logit
+    /// biases included).
     Chain(SampleRow),
 }
 
 impl Pick {
-    /// The chain a device sampler runs for this pick; `Argmax` is the greedy chain without
-    /// penalties, which a device computes exactly as its argmax.
+    /// The chain a backend's sampler runs for this pick; `Argmax` is the greedy chain without
+    /// penalties or biases, which a device computes exactly as its argmax.
     fn as_row(&self) -> SampleRow {
         match self {
             Pick::Chain(r) => r.clone(),
-            Pick::Argmax => SampleRow {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                repeat_penalty: 1.0,
-                presence_penalty: 0.0,
-                frequency_penalty: 0.0,
-                penalties: vec![],
-                r: 0.0,
-            },
+            Pick::Argmax => SampleRow::greedy(),
         }
     }
 
-    /// The pick over logits on the host (the reference the device matches).
-    pub fn on_host(&self, logits: &[f32]) -> u32 {
-        match self {
-            Pick::Argmax => argmax(logits),
-            Pick::Chain(r) => sample_row_ref(logits, r),
+    /// The pick over logits on the host among the tokens `mask` allows (the reference the
+    /// device matches).
+    pub fn on_host(&self, logits: &[f32], mask: Option<&TokenMask>) -> u32 {
+        match (self, mask) {
+            (Pick::Argmax, None) => argmax(logits),
+            (Pick::Argmax, Some(_)) => sample_masked_ref(logits, &SampleRow::greedy(), mask),
+            (Pick::Chain(r), _) => sample_masked_ref(logits, r, mask),
         }
     }
 }
 
-/// One logits row's pick, whether its logits must come to the host (log-probabilities), the
-/// tokens a constraint allows (the others get -inf before the chain runs), and biases added to
-/// some tokens' logits first.
+/// One logits row's pick, and whether its logits must come to the host (log-probabilities).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowPick {
     pub pick: Pick,
     pub logits: bool,
-    pub mask: Option<TokenMask>,
-    pub bias: Option<Arc<[(u32, f32)]>>,
 }
 
 impl RowPick {
-    /// A pick with nothing to report, mask or bias.
+    /// A pick with nothing to report.
     pub fn plain(pick: Pick) -> RowPick {
-        RowPick { pick, logits: false, mask: None, bias: None }
+        RowPick { pick, logits: false }
     }
+}
 
-    /// Whether the pick needs the logits on the host: reported log-probabilities, a
-    /// constraint's mask or logit biases, which the host applies before the sampling chain.
-    pub fn on_host(&self) -> bool {
-        self.logits || self.mask.is_some() || self.bias.is_some()
+/// A constrained row of a batch: its index among the logits rows and the constraint whose
+/// mask says which tokens it may pick (computed on a host thread while the forward runs).
+pub struct MaskJob<'a> {
+    pub row: usize,
+    pub constraint: &'a mut Constraint,
+}
+
+/// The masks of `jobs` computed here and now, one entry per row of `rows` rows.
+pub fn masks_now(rows: usize, jobs: Vec<MaskJob<'_>>) -> Vec<Option<TokenMask>> {
+    let mut masks = vec![None; rows];
+    for j in jobs {
+        if let Some(m) = masks.get_mut(j.row) {
+            *m = Some(j.constraint.mask());
+        }
     }
+    masks
 }
 
 /// A picked token, with its logits row when the pick asked for it.
@@ -92,88 +93,101 @@ pub struct Picked {
     pub logits: Option<Vec<f32>>,
 }
 
-/// Picks over logits already on the host: `logits` holds one row of `n_vocab` per pick.
-pub fn pick_on_host(logits: &[f32], n_vocab: usize, rows: &[RowPick]) -> Result<Vec<Picked>, String> {
-    pick_on_host_threads(logits, n_vocab, rows, 1)
-}
-
-/// [`pick_on_host`] with the rows spread over up to `threads` threads (each row's pick is
-/// independent: the same picks whatever the thread count).
-pub fn pick_on_host_threads(logits: &[f32], n_vocab: usize, rows: &[RowPick], threads: usize) -> Result<Vec<Picked>, String> {
-    if n_vocab == 0 || logits.len() != n_vocab * rows.len() {
-        return Err(format!("{} logits are not {} rows of {n_vocab}", logits.len(), rows.len()));
+/// Picks over logits already on the host: `logits` holds one row of `n_vocab` per pick, and
+/// `masks` one entry per pick.
+pub fn pick_on_host(logits: &[f32], n_vocab: usize, rows: &[RowPick], masks: &[Option<TokenMask>]) -> Result<Vec<Picked>, String> {
+    if n_vocab == 0 || logits.len() != n_vocab * rows.len() || masks.len() != rows.len() {
+        return Err(format!("{} logits are not {} rows of {n_vocab} ({} masks)", logits.len(), rows.len(), masks.len()));
     }
-    let per_thread = rows.len().div_ceil(threads.max(1)).max(1);
-    if per_thread >= rows.len() {
-        return Ok(pick_rows(logits, n_vocab, rows));
-    }
-    std::thread::scope(|sc| {
-        let parts: Vec<_> = logits
-            .chunks(per_thread * n_vocab)
-            .zip(rows.chunks(per_thread))
-            .map(|(l, r)| sc.spawn(move || pick_rows(l, n_vocab, r)))
-            .collect();
-        parts.into_iter().try_fold(Vec::with_capacity(rows.len()), |mut out, p| {
-            out.extend(p.join().map_err(|_| "a host pick failed".to_string())?);
-            Ok(out)
-        })
-    })
-}
-
-fn pick_rows(logits: &[f32], n_vocab: usize, rows: &[RowPick]) -> Vec<Picked> {
-    logits
+    Ok(logits
         .chunks_exact(n_vocab)
         .zip(rows)
-        .map(|(l, r)| {
-            let id = if r.mask.is_some() || r.bias.is_some() {
-                let mut adjusted = l.to_vec();
-                for &(t, b) in r.bias.iter().flat_map(|b| b.iter()) {
-                    if let Some(x) = adjusted.get_mut(t as usize) {
-                        *x += b;
-                    }
-                }
-                if let Some(m) = &r.mask {
-                    m.apply(&mut adjusted);
-                }
-                r.pick.on_host(&adjusted)
-            } else {
-                r.pick.on_host(l)
-            };
-            // log-probabilities are of the model's distribution, before the mask
-            Picked { id, logits: r.logits.then(|| l.to_vec()) }
-        })
-        .collect()
+        .zip(masks)
+        // log-probabilities are of the model's distribution, before biases and the mask
+        .map(|((l, r), m)| Picked { id: r.pick.on_host(l, m.as_ref()), logits: r.logits.then(|| l.to_vec()) })
+        .collect())
 }
 
-/// Run `batch` and pick one token per logits row (`rows`, in `batch.logits_rows` order). The
-/// picks run where the logits are: on the backend (`Backend::argmax_rows` when every row is
-/// plain greedy, else `Backend::sample_rows`), so a device sends back ids only; when a row
-/// wants its logits (log-probabilities) or carries a constraint's mask, the logits of the
-/// batch are downloaded and every row is picked on the host by the reference chain.
+/// Run `batch` and pick one token per logits row (`rows`, in `batch.logits_rows` order;
+/// `masks`: the constrained rows). The picks run where the logits are
+/// (`Backend::argmax_rows` when every row is plain greedy, else `Backend::sample_rows`), so a
+/// device sends back the ids, plus the logits when a row wants them. The constraints' masks
+/// are computed on rayon's pool while the forward runs (one task for them all beside a
+/// forward on the host's cores; one each beside a device's), and the sampler waits for them.
 pub fn forward_picks<B: Backend>(
     model: &dyn Model<B>,
     be: &B,
     batch: &ForwardBatch,
     kv: &mut B::Kv,
     rows: &[RowPick],
+    mut masks: Vec<MaskJob<'_>>,
 ) -> Result<Vec<Picked>, CoreError> {
     if rows.len() != batch.logits_rows.len() {
         return Err(CoreError::Shape(format!("{} picks for {} logits rows", rows.len(), batch.logits_rows.len())));
     }
-    if rows.is_empty() || rows.iter().any(RowPick::on_host) {
-        let logits = model.forward(be, batch, kv)?;
-        return pick_on_host(&logits, model.info().n_vocab, rows).map_err(CoreError::Backend);
+    if rows.is_empty() {
+        model.forward(be, batch, kv)?;
+        return Ok(vec![]);
     }
-    let ids = if rows.iter().all(|r| r.pick == Pick::Argmax) {
-        model.forward_argmax(be, batch, kv)?
-    } else {
-        let chains: Vec<SampleRow> = rows.iter().map(|r| r.pick.as_row()).collect();
-        model.forward_sample(be, batch, kv, &chains)?
-    };
-    if ids.len() != rows.len() {
+    let n_vocab = model.info().n_vocab;
+    let want_logits = rows.iter().any(|r| r.logits);
+    if masks.is_empty() && !want_logits && rows.iter().all(|r| r.pick == Pick::Argmax) {
+        let ids = be.argmax_rows(&model.logits(be, batch, kv)?, n_vocab)?;
+        return picked(ids, rows, None, n_vocab);
+    }
+    let chains: Vec<SampleRow> = rows.iter().map(|r| r.pick.as_row()).collect();
+    let per_task = if be.computes_on_host() { masks.len().max(1) } else { 1 };
+    let (tx, row_masks) = RowMasks::pending(rows.len(), masks.len());
+    let (ids, host) = rayon::in_place_scope(|sc| {
+        for jobs in masks.chunks_mut(per_task) {
+            let tx = tx.clone();
+            // a matcher that panics sends nothing: the sampler's wait fails, the step with it
+            sc.spawn(move |_| {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    jobs.iter_mut().for_each(|j| tx.send(j.row, j.constraint.mask()));
+                }));
+            });
+        }
+        drop(tx);
+        let logits = model.logits(be, batch, kv)?;
+        let ids = be.sample_rows(&logits, n_vocab, &chains, row_masks)?;
+        let host = if want_logits { Some(be.download(&logits)?) } else { None };
+        Ok::<_, CoreError>((ids, host))
+    })?;
+    picked(ids, rows, host.as_deref(), n_vocab)
+}
+
+/// Advance the constraints of a batch's sequences past their picked tokens (`SeqDecoder::
+/// advance_constraint`), in parallel on rayon's pool: the accepts that follow read the outcome.
+pub fn advance_constraints<'a>(decs: impl Iterator<Item = (&'a mut SeqDecoder, u32)>, tok: &Tokenizer) {
+    let mut decs: Vec<_> = decs.filter(|(d, _)| d.constraint.is_some()).collect();
+    if decs.len() < 2 {
+        decs.into_iter().for_each(|(d, id)| d.advance_constraint(tok, id));
+        return;
+    }
+    rayon::in_place_scope(|sc| {
+        for (d, id) in decs.iter_mut() {
+            let id = *id;
+            // a panic leaves the constraint unadvanced: the accept advances it (and meets it)
+            sc.spawn(move |_| {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| d.advance_constraint(tok, id)));
+            });
+        }
+    });
+}
+
+/// The picks of `rows` from the backend's `ids`, with their logits rows from `logits` (the
+/// whole batch's) where wanted.
+fn picked(ids: Vec<u32>, rows: &[RowPick], logits: Option<&[f32]>, n_vocab: usize) -> Result<Vec<Picked>, CoreError> {
+    if ids.len() != rows.len() || logits.is_some_and(|l| l.len() != rows.len() * n_vocab) {
         return Err(CoreError::Backend(format!("the model picked {} tokens for {} rows", ids.len(), rows.len())));
     }
-    Ok(ids.into_iter().map(|id| Picked { id, logits: None }).collect())
+    Ok(ids
+        .into_iter()
+        .zip(rows)
+        .enumerate()
+        .map(|(i, (id, r))| Picked { id, logits: logits.filter(|_| r.logits).map(|l| l[i * n_vocab..(i + 1) * n_vocab].to_vec()) })
+        .collect())
 }
 
 /// What an accepted token gives the caller.
@@ -201,7 +215,11 @@ pub struct SeqDecoder {
     stopped: bool,
     /// Structured output: the grammar the tokens must follow.
     constraint: Option<Constraint>,
-    bias: Option<Arc<[(u32, f32)]>>,
+    /// (token, bias) added to the logits before the chain (empty: none).
+    bias: Vec<(u32, f32)>,
+    /// The constraint advanced past this token ahead of its accept: whether the grammar is
+    /// done (`advance_constraint`).
+    advanced: Option<(u32, bool)>,
 }
 
 impl SeqDecoder {
@@ -216,7 +234,8 @@ impl SeqDecoder {
             generated: 0,
             stopped: false,
             constraint: None,
-            bias: (!params.logit_bias.is_empty()).then(|| params.logit_bias.as_slice().into()),
+            bias: params.logit_bias.clone(),
+            advanced: None,
         }
     }
 
@@ -226,13 +245,10 @@ impl SeqDecoder {
         self
     }
 
-    /// The tokens the constraint allows next (None: unconstrained).
-    pub fn mask(&mut self) -> Option<TokenMask> {
-        self.constraint.as_mut().map(Constraint::mask)
-    }
-
-    pub fn is_constrained(&self) -> bool {
-        self.constraint.is_some()
+    /// The constraint's mask for logits row `row` of the next pick (None: unconstrained);
+    /// `forward_picks` computes it while the forward pass runs.
+    pub fn mask_job(&mut self, row: usize) -> Option<MaskJob<'_>> {
+        self.constraint.as_mut().map(|constraint| MaskJob { row, constraint })
     }
 
     /// Tokens accepted so far (end-of-generation tokens not counted).
@@ -242,11 +258,30 @@ impl SeqDecoder {
 
     /// How the next token is picked after `history` (prompt and generated tokens). Call once
     /// per pick: a sampling chain takes the next draw of the request's seeded RNG. A
-    /// constrained sequence's mask comes from [`mask`](Self::mask), which the caller may
-    /// compute while the forward pass runs.
+    /// constrained sequence's mask comes from [`mask_job`](Self::mask_job).
     pub fn next_pick(&mut self, history: &[u32]) -> RowPick {
-        let pick = if self.sampler.params.is_plain_greedy() { Pick::Argmax } else { Pick::Chain(self.sampler.row(history)) };
-        RowPick { pick, logits: self.logprobs.is_some(), mask: None, bias: self.bias.clone() }
+        let pick = if self.sampler.params.is_plain_greedy() && self.bias.is_empty() {
+            Pick::Argmax
+        } else {
+            Pick::Chain(SampleRow { bias: self.bias.clone(), ..self.sampler.row(history) })
+        };
+        RowPick { pick, logits: self.logprobs.is_some() }
+    }
+
+    /// Advance the constraint past `id` ahead of `accept(id)`, which then reads the outcome
+    /// (`advance_constraints` does this for a batch in parallel). Nothing for an
+    /// end-of-generation token, which `accept` turns into the end of a constrained sequence.
+    pub fn advance_constraint(&mut self, tok: &Tokenizer, id: u32) {
+        if self.constraint.is_some() && !tok.is_eog(id) {
+            let done = self.advance(id);
+            self.advanced = Some((id, done));
+        }
+    }
+
+    /// A token the mask let through always advances the matcher; one that breaks it ends
+    /// the sequence (the grammar could not continue), as does the grammar complete: true.
+    fn advance(&mut self, id: u32) -> bool {
+        self.constraint.as_mut().is_some_and(|c| c.accept(id).is_err() || c.is_finished())
     }
 
     /// Take the picked token `id`; `seq_len` is the sequence's length with it, `logits` its
@@ -257,9 +292,10 @@ impl SeqDecoder {
         if tok.is_eog(id) && (!self.ignore_eos || self.constraint.is_some()) {
             return Accepted { finish: Some(FinishReason::Stop), ..Default::default() };
         }
-        // a token the mask let through always advances the matcher; one that breaks it
-        // ends the sequence (the grammar could not continue)
-        let grammar_done = self.constraint.as_mut().is_some_and(|c| c.accept(id).is_err() || c.is_finished());
+        let grammar_done = match self.advanced.take() {
+            Some((a, done)) if a == id => done,
+            _ => self.advance(id),
+        };
         let logprob = self.logprobs.zip(logits).map(|(n, l)| token_logprob(l, id, n, tok));
         self.generated += 1;
         let piece = self.detok.push(tok, id).unwrap_or_default();
@@ -332,47 +368,35 @@ mod tests {
     #[test]
     fn host_picks_follow_each_row_and_keep_only_wanted_logits() {
         let logits = [1.0, 3.0, 3.0, 0.0, /* row 2 */ 2.0, 0.5, 0.0, 1.0];
-        let penalized = Pick::Chain(SampleRow { repeat_penalty: 4.0, penalties: vec![(0, 1)], ..Pick::Argmax.as_row() });
+        let penalized = Pick::Chain(SampleRow { repeat_penalty: 4.0, penalties: vec![(0, 1)], ..SampleRow::greedy() });
         let rows = [RowPick::plain(Pick::Argmax), RowPick { logits: true, ..RowPick::plain(penalized) }];
-        let got = pick_on_host(&logits, 4, &rows).unwrap();
+        let got = pick_on_host(&logits, 4, &rows, &[None, None]).unwrap();
         assert_eq!(got[0], Picked { id: 1, logits: None });
         // 2.0 / 4 = 0.5 < 1.0: the penalty moves the pick to token 3
         assert_eq!(got[1], Picked { id: 3, logits: Some(logits[4..].to_vec()) });
-        assert!(pick_on_host(&logits, 3, &rows).is_err());
+        assert!(pick_on_host(&logits, 3, &rows, &[None, None]).is_err());
+        assert!(pick_on_host(&logits, 4, &rows, &[None]).is_err());
     }
 
     #[test]
-    fn host_picks_are_the_same_on_any_number_of_threads() {
-        let n_vocab = 97;
-        let logits: Vec<f32> = (0..13 * n_vocab).map(|i| ((i * 7919) % 101) as f32 * 0.1).collect();
-        let rows: Vec<RowPick> = (0..13)
-            .map(|i| match i % 3 {
-                0 => RowPick::plain(Pick::Argmax),
-                1 => RowPick { logits: true, ..RowPick::plain(Pick::Argmax) },
-                _ => RowPick { bias: Some(vec![(i as u32, 50.0)].into()), ..RowPick::plain(Pick::Argmax) },
-            })
-            .collect();
-        let one = pick_on_host(&logits, n_vocab, &rows).unwrap();
-        for t in [2, 3, 5, 13, 64] {
-            assert_eq!(pick_on_host_threads(&logits, n_vocab, &rows, t).unwrap(), one, "{t} threads");
-        }
-    }
-
-    #[test]
-    fn logit_biases_move_the_pick_on_the_host_and_leave_reported_logits_alone() {
+    fn masks_and_biases_move_the_pick_and_leave_reported_logits_alone() {
         let logits = [1.0, 3.0, 2.5, 0.0];
-        let bias: Arc<[(u32, f32)]> = vec![(1, -100.0), (3, 2.9), (99, 5.0)].into();
-        let row = RowPick { logits: true, bias: Some(bias.clone()), ..RowPick::plain(Pick::Argmax) };
-        assert!(row.on_host());
-        // token 1 banned; 0.0 + 2.9 > 2.5; an id outside the row is ignored
-        assert_eq!(pick_on_host(&logits, 4, &[row]).unwrap()[0], Picked { id: 3, logits: Some(logits.to_vec()) });
-        let params = GenerateParams { logit_bias: vec![(2, 1.0)], sampling: SamplingParams::greedy(), ..Default::default() };
-        let mut d = SeqDecoder::new(&params, None, Detokenizer::default());
-        assert_eq!(d.next_pick(&[]).bias.as_deref(), Some(&[(2, 1.0)][..]));
+        let biased = Pick::Chain(SampleRow { bias: vec![(1, -100.0), (3, 2.9), (99, 5.0)], ..SampleRow::greedy() });
+        let rows = [RowPick { logits: true, ..RowPick::plain(biased) }, RowPick { logits: true, ..RowPick::plain(Pick::Argmax) }];
+        let only_0_2 = TokenMask::from_words(vec![0b101]);
+        // row 1: token 1 banned; 0.0 + 2.9 > 2.5; an id outside the row is ignored.
+        // row 2: the mask leaves 0 and 2
+        let got = pick_on_host(&[logits, logits].concat(), 4, &rows, &[None, Some(only_0_2)]).unwrap();
+        assert_eq!(got, vec![Picked { id: 3, logits: Some(logits.to_vec()) }, Picked { id: 2, logits: Some(logits.to_vec()) }]);
     }
 
     #[test]
-    fn plain_greedy_takes_no_draw_and_sampling_one_per_pick() {
+    fn biased_requests_run_the_chain_and_plain_greedy_takes_no_draw() {
+        let biased = GenerateParams { logit_bias: vec![(2, 1.0)], sampling: SamplingParams::greedy(), ..Default::default() };
+        let mut d = SeqDecoder::new(&biased, None, Detokenizer::default());
+        let Pick::Chain(r) = d.next_pick(&[]).pick else { panic!("a biased greedy pick runs the chain") };
+        assert_eq!((r.temperature, r.bias), (0.0, vec![(2, 1.0)]));
+        assert!(d.mask_job(0).is_none(), "no constraint, no mask");
         let g = GenerateParams { sampling: SamplingParams::greedy(), ..Default::default() };
         let dummy = Detokenizer::default;
         let mut d = SeqDecoder::new(&g, None, dummy());

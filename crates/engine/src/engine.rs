@@ -1,7 +1,7 @@
 //! `Engine`: a loaded model with its tokenizer, KV cache and block pool.
 
 use crate::blocks::{BlockPool, OutOfBlocks};
-use crate::decode::{forward_picks, Picked, RowPick};
+use crate::decode::{forward_picks, MaskJob, Picked, RowPick};
 use quarrel_core::{Backend, CoreError, ForwardBatch, KvSpec, KvType, SeqBatch, StateSpec};
 use quarrel_gguf::Gguf;
 use quarrel_models::Model;
@@ -224,14 +224,15 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Like `eval_sequence` with the last token's logits wanted, but returns the token `pick`
-    /// chooses from them (`decode::forward_picks`: on a device only the id comes back unless
-    /// the pick wants the logits).
+    /// chooses from them among those `mask` allows (`decode::forward_picks`: on a device only
+    /// the id comes back unless the pick wants the logits).
     pub(crate) fn run_sequence_pick(
         &mut self,
         table: &mut Vec<u32>,
         tokens: &[u32],
         start_pos: usize,
         pick: &RowPick,
+        mask: Vec<MaskJob<'_>>,
     ) -> Result<Picked, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::InvalidRequest("no tokens to run".into()));
@@ -243,7 +244,7 @@ impl<B: Backend> Engine<B> {
         let chunk = &tokens[last..];
         self.pool.reserve(table, start_pos + tokens.len())?;
         let batch = self.seq_batch(table, chunk, start_pos + last, vec![chunk.len() - 1])?;
-        let picked = forward_picks(&*self.model, &self.backend, &batch, &mut self.kv, std::slice::from_ref(pick))?;
+        let picked = forward_picks(&*self.model, &self.backend, &batch, &mut self.kv, std::slice::from_ref(pick), mask)?;
         picked.into_iter().next().ok_or_else(|| CoreError::Backend("the model's pick returned no row".into()).into())
     }
 

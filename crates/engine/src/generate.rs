@@ -125,9 +125,9 @@ impl<B: Backend> Engine<B> {
         let mut n_computed = 0;
         let (mut text, mut tokens) = (String::new(), vec![]);
         let finish = loop {
-            let mut pick = dec.next_pick(&history);
-            pick.mask = dec.mask();
-            let picked = self.run_sequence_pick(table, &history[n_computed..], n_computed, &pick)?;
+            let pick = dec.next_pick(&history);
+            let mask = dec.mask_job(0).into_iter().collect();
+            let picked = self.run_sequence_pick(table, &history[n_computed..], n_computed, &pick, mask)?;
             n_computed = history.len();
             if n_computed == prompt.len() {
                 timings.prompt_time = t0.elapsed();

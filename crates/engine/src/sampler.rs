@@ -163,6 +163,7 @@ impl Sampler {
             presence_penalty: p.presence_penalty,
             frequency_penalty: p.frequency_penalty,
             penalties,
+            bias: vec![],
             r,
         }
     }

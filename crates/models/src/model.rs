@@ -39,19 +39,10 @@ pub trait Model<B: Backend>: Send + Sync {
     fn set_context_len(&mut self, _n_ctx: usize) {}
     /// Run a flat batch; returns logits `(batch.logits_rows.len(), n_vocab)` row-major.
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>>;
-    /// Like `forward`, but returns the greedy token of each logits row (`Backend::argmax_rows`:
-    /// a device backend returns only the ids). Default: `forward`, then an argmax per row.
-    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
-        let n = self.info().n_vocab.max(1);
-        Ok(self.forward(be, batch, kv)?.chunks(n).map(quarrel_core::argmax).collect())
-    }
-    /// Like `forward`, but returns the token each logits row's sampling chain picks
-    /// (`Backend::sample_rows`: a device backend returns only the ids). Default: `forward`,
-    /// then the reference chain per row.
-    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[quarrel_core::SampleRow]) -> Result<Vec<u32>> {
-        let n = self.info().n_vocab.max(1);
-        Ok(self.forward(be, batch, kv)?.chunks(n).zip(rows).map(|(l, r)| quarrel_core::sample_row_ref(l, r)).collect())
-    }
+    /// The logits of the `logits_rows` left on the backend, `(rows, n_vocab)`: where the
+    /// picks run (`Backend::argmax_rows` / `Backend::sample_rows`: a device backend sends back
+    /// only the ids; its launches may still be running when this returns).
+    fn logits(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf>;
     /// Like `forward`, but returns the final normalized hidden states `(rows, n_embd)` of the
     /// `logits_rows` instead of logits (what embeddings are pooled from).
     fn hidden(&self, _be: &B, _batch: &ForwardBatch, _kv: &mut B::Kv) -> Result<Vec<f32>> {

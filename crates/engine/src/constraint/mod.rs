@@ -5,8 +5,8 @@
 //! ```text
 //!  ConstraintSpec ─ConstraintCompiler::compile─► Constraint (one per sequence)
 //!                   (token table built once per tokenizer: vocab.rs)
-//!  SeqDecoder::next_pick ─► Constraint::mask ─► TokenMask on the RowPick ─► logits of
-//!  disallowed tokens set to -inf before the sampling chain (decode::pick_on_host)
+//!  decode::forward_picks ─► Constraint::mask (host threads, beside the forward) ─► TokenMask
+//!  ─► Backend::sample_rows: logits of disallowed tokens at -inf before the sampling chain
 //!  SeqDecoder::accept(id) ─► Constraint::accept(id) ─► grammar complete: the sequence ends
 //! ```
 //!
@@ -22,6 +22,7 @@ pub use gbnf::gbnf_to_lark;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
+pub use quarrel_core::TokenMask;
 use quarrel_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::fmt;
@@ -106,14 +107,13 @@ impl ConstraintCompiler {
             return Err("the grammar admits no output".into());
         }
         let trie = self.factory.tok_env().tok_trie();
-        Ok(Constraint { matcher, n_vocab: trie.vocab_size(), first: Some(first), eog: trie.eos_token_set() })
+        Ok(Constraint { matcher, first: Some(first), eog: trie.eos_token_set() })
     }
 }
 
 /// One sequence's matcher: the tokens allowed next, advanced on each accepted token.
 pub struct Constraint {
     matcher: Matcher,
-    n_vocab: usize,
     /// The mask `compile` computed, used for the first pick.
     first: Option<toktrie::SimpleVob>,
     /// The end-of-generation tokens (what a failed matcher allows).
@@ -136,7 +136,7 @@ impl Constraint {
             None => self.matcher.compute_mask_or_eos(),
         };
         let v = v.unwrap_or_else(|_| self.eog.clone());
-        TokenMask { bits: v.as_slice().to_vec(), n: self.n_vocab }
+        TokenMask::from_words(v.as_slice().to_vec())
     }
 
     /// Advance past the accepted token `id`. Err: `id` breaks the grammar (a pick that did
@@ -149,45 +149,6 @@ impl Constraint {
     /// The grammar is complete and admits nothing more.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
-    }
-}
-
-/// Allowed tokens, one bit per vocabulary entry.
-#[derive(Clone, PartialEq)]
-pub struct TokenMask {
-    bits: Vec<u32>,
-    n: usize,
-}
-
-impl fmt::Debug for TokenMask {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TokenMask({} of {} allowed)", self.count(), self.n)
-    }
-}
-
-impl TokenMask {
-    pub fn allows(&self, id: u32) -> bool {
-        self.bits.get(id as usize / 32).is_some_and(|w| w >> (id % 32) & 1 == 1)
-    }
-
-    pub fn count(&self) -> usize {
-        self.bits.iter().map(|w| w.count_ones() as usize).sum()
-    }
-
-    /// Set the logits of disallowed tokens to -inf (rows longer than the mask: the extra
-    /// entries, which no token of the vocabulary names, too).
-    pub fn apply(&self, logits: &mut [f32]) {
-        for (i, chunk) in logits.chunks_mut(32).enumerate() {
-            let w = self.bits.get(i).copied().unwrap_or(0);
-            if w == u32::MAX {
-                continue;
-            }
-            for (j, l) in chunk.iter_mut().enumerate() {
-                if w >> j & 1 == 0 {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
     }
 }
 

@@ -180,21 +180,6 @@ fn bad_specs_are_errors_with_reasons() {
 }
 
 #[test]
-fn mask_sets_disallowed_logits_to_minus_infinity() {
-    let m = TokenMask { bits: vec![0b101, 1], n: 40 };
-    let mut l = vec![1.0; 40];
-    m.apply(&mut l);
-    let allowed: Vec<usize> = (0..40).filter(|&i| l[i].is_finite()).collect();
-    assert_eq!(allowed, vec![0, 2, 32]);
-    assert_eq!(m.count(), 3);
-    assert!(m.allows(32) && !m.allows(33) && !m.allows(1000));
-    // a row longer than the mask: the extra entries are disallowed
-    let mut long = vec![0.0; 70];
-    m.apply(&mut long);
-    assert!(long[64..].iter().all(|v| *v == f32::NEG_INFINITY));
-}
-
-#[test]
 fn control_tokens_are_never_text() {
     let tok = tokenizer();
     let words = vocab::token_bytes(tok);

@@ -1,15 +1,15 @@
 //! One scheduled step run: the `ForwardBatch` assembled from the scheduled requests, the
-//! picks (each request's `SeqDecoder` says how; the model picks on its backend, or the host
-//! when a request's constraint masks its logits, the masks computed during the forward), then per
-//! request: KV progress, newly full blocks into the prefix cache, state checkpoints, and the
-//! picked token handed to the request's decoder (stream, finish).
+//! picks (each request's `SeqDecoder` says how, its constraint which tokens it may pick; the
+//! model picks on its backend, the masks computed during the forward), the constraints
+//! advanced past the picks (in parallel), then per request: KV progress, newly full blocks into
+//! the prefix cache, state checkpoints, and the picked token handed to the request's decoder
+//! (stream, finish).
 
 use super::blocks::block_hash;
 use super::scheduler::Scheduler;
-use super::seq::Seq;
 use super::step_model::StepModel;
 use super::types::{ServiceError, StreamEvent};
-use crate::decode::{pick_on_host_threads, Picked, RowPick};
+use crate::decode::advance_constraints;
 use quarrel_core::{ForwardBatch, SeqBatch};
 
 impl<M: StepModel> Scheduler<M> {
@@ -37,7 +37,8 @@ impl<M: StepModel> Scheduler<M> {
             }
         }
         let n_picks = picks.len();
-        let picked = match self.forward_picks(&batch, &row_of, picks) {
+        let masks = self.running.iter_mut().zip(&row_of).filter_map(|(s, r)| s.mask_job((*r)?)).collect();
+        let picked = match self.model.forward_picks(&batch, &picks, masks) {
             Ok(p) if p.len() == n_picks => p,
             Ok(p) => {
                 let e = format!("the model picked {} tokens for {} rows", p.len(), n_picks);
@@ -49,6 +50,9 @@ impl<M: StepModel> Scheduler<M> {
                 return;
             }
         };
+        // the constraints take their picks in parallel, before the accepts below read them
+        let tok = &self.tok;
+        advance_constraints(self.running.iter_mut().zip(&row_of).filter_map(|(s, r)| Some((s.decoder(), picked[(*r)?].id))), tok);
         let bs = self.blocks.block_size();
         let mut finished = vec![];
         let mut checkpoints = vec![];
@@ -90,37 +94,6 @@ impl<M: StepModel> Scheduler<M> {
                 self.retire(&mut s, reason);
             }
         }
-    }
-
-    /// Run `batch` and pick. Unconstrained batches pick where the model's backend picks;
-    /// when a request carries a constraint, its mask is computed while the forward pass runs
-    /// (on one thread beside a CPU forward, spread over the free host threads beside a
-    /// device's), and every row is picked on the host from the logits (`decode::pick_on_host`
-    /// applies the masks before the sampling chains; rows spread over the same threads).
-    fn forward_picks(&mut self, batch: &ForwardBatch, row_of: &[Option<usize>], mut picks: Vec<RowPick>) -> Result<Vec<Picked>, String> {
-        let constrained = self.running.iter().zip(row_of).any(|(s, r)| r.is_some() && s.is_constrained());
-        if !constrained {
-            return self.model.forward_picks(batch, &picks);
-        }
-        let threads = self.model.host_threads().max(1);
-        let (running, model) = (&mut self.running, &mut self.model);
-        let mut constrained: Vec<(usize, &mut Seq)> =
-            running.iter_mut().zip(row_of).filter_map(|(s, r)| Some(((*r)?, s))).filter(|(_, s)| s.is_constrained()).collect();
-        let per_thread = constrained.len().div_ceil(threads).max(1);
-        let (logits, masks) = std::thread::scope(|sc| {
-            let workers: Vec<_> = constrained
-                .chunks_mut(per_thread)
-                .map(|chunk| sc.spawn(move || chunk.iter_mut().filter_map(|(r, s)| Some((*r, s.mask()?))).collect::<Vec<_>>()))
-                .collect();
-            let logits = model.forward(batch);
-            let masks: Result<Vec<_>, _> = workers.into_iter().map(|w| w.join()).collect();
-            (logits, masks)
-        });
-        let masks = masks.map_err(|_| "computing the constraint masks failed".to_string())?;
-        for (row, mask) in masks.into_iter().flatten() {
-            picks[row].mask = Some(mask);
-        }
-        pick_on_host_threads(&logits?, model.n_vocab(), &picks, threads)
     }
 
     /// Fail the requests of this step's batch (the others keep going).

@@ -7,7 +7,7 @@ use super::seq::Seq;
 use super::step_model::StepModel;
 use super::types::*;
 use crate::constraint::{Constraint, ConstraintCompiler, ConstraintSpec};
-use crate::decode::{forward_picks, Picked, RowPick};
+use crate::decode::{forward_picks, MaskJob, Picked, RowPick};
 use crate::engine::Engine;
 use quarrel_core::Backend;
 use quarrel_tokenizer::Tokenizer;
@@ -57,9 +57,6 @@ pub struct EngineHandle {
     inner: Arc<Inner>,
 }
 
-/// Most host threads a step uses beside a device's forward pass.
-const MAX_HOST_THREADS: usize = 8;
-
 /// Adapter: an `Engine` drives the scheduler directly over its KV cache.
 struct EngineModel<B: Backend>(Engine<B>);
 
@@ -73,16 +70,14 @@ impl<B: Backend> StepModel for EngineModel<B> {
         e.model.forward(&e.backend, batch, &mut e.kv).map_err(|e| e.to_string())
     }
 
-    fn forward_picks(&mut self, batch: &quarrel_core::ForwardBatch, rows: &[RowPick]) -> Result<Vec<Picked>, String> {
+    fn forward_picks(
+        &mut self,
+        batch: &quarrel_core::ForwardBatch,
+        rows: &[RowPick],
+        masks: Vec<MaskJob<'_>>,
+    ) -> Result<Vec<Picked>, String> {
         let e = &mut self.0;
-        forward_picks(&*e.model, &e.backend, batch, &mut e.kv, rows).map_err(|e| e.to_string())
-    }
-
-    fn host_threads(&self) -> usize {
-        match self.0.backend.computes_on_host() {
-            true => 1,
-            false => std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_HOST_THREADS),
-        }
+        forward_picks(&*e.model, &e.backend, batch, &mut e.kv, rows, masks).map_err(|e| e.to_string())
     }
 
     fn hidden(&mut self, batch: &quarrel_core::ForwardBatch) -> Result<Vec<f32>, String> {

@@ -3,8 +3,8 @@
 
 use super::blocks::block_hash;
 use super::types::{Priority, RequestId, RequestTimings, StreamEvent, Usage};
-use crate::constraint::{Constraint, TokenMask};
-use crate::decode::{Picked, RowPick, SeqDecoder};
+use crate::constraint::Constraint;
+use crate::decode::{MaskJob, Picked, RowPick, SeqDecoder};
 use crate::generate::{FinishReason, GenerateParams};
 use quarrel_tokenizer::{Detokenizer, Tokenizer};
 use std::time::Instant;
@@ -129,13 +129,16 @@ impl Seq {
         self.dec.next_pick(&self.tokens)
     }
 
-    /// A constrained request's mask for its next pick (None: unconstrained).
-    pub fn mask(&mut self) -> Option<TokenMask> {
-        self.dec.mask()
+    /// A constrained request's mask for its next pick, logits row `row` (None:
+    /// unconstrained).
+    pub fn mask_job(&mut self, row: usize) -> Option<MaskJob<'_>> {
+        self.dec.mask_job(row)
     }
 
-    pub fn is_constrained(&self) -> bool {
-        self.dec.is_constrained()
+    /// The decoder, for steps that work on several requests' decoders at once
+    /// (`decode::advance_constraints`).
+    pub fn decoder(&mut self) -> &mut SeqDecoder {
+        &mut self.dec
     }
 
     /// Take the picked token, stream it, and say whether the request is finished.

@@ -1,7 +1,7 @@
 //! What the scheduler needs from a model: a batched forward over the paged cache that picks
 //! tokens, hidden states for embeddings, and the recurrent-state slots.
 
-use crate::decode::{pick_on_host, Picked, RowPick};
+use crate::decode::{masks_now, pick_on_host, MaskJob, Picked, RowPick};
 use quarrel_core::ForwardBatch;
 
 /// What the scheduler needs from a model: a batched forward over the paged cache.
@@ -9,17 +9,14 @@ pub trait StepModel {
     fn n_vocab(&self) -> usize;
     /// Logits `(batch.logits_rows.len(), n_vocab)`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
-    /// Run `batch` and pick one token per logits row (`rows` in `logits_rows` order). An
-    /// engine picks on its backend (`decode::forward_picks`); the default picks on the host
-    /// from `forward`'s logits.
-    fn forward_picks(&mut self, batch: &ForwardBatch, rows: &[RowPick]) -> Result<Vec<Picked>, String> {
+    /// Run `batch` and pick one token per logits row (`rows` in `logits_rows` order) among
+    /// the tokens the constraints of `masks` allow. An engine picks on its backend, the masks
+    /// computed during the forward (`decode::forward_picks`); the default computes the masks,
+    /// then picks on the host from `forward`'s logits.
+    fn forward_picks(&mut self, batch: &ForwardBatch, rows: &[RowPick], masks: Vec<MaskJob<'_>>) -> Result<Vec<Picked>, String> {
+        let masks = masks_now(rows.len(), masks);
         let logits = self.forward(batch)?;
-        pick_on_host(&logits, self.n_vocab(), rows)
-    }
-    /// Host threads free for work beside a forward pass (constraint masks, host picks): one
-    /// when the forward itself runs on the host's cores.
-    fn host_threads(&self) -> usize {
-        1
+        pick_on_host(&logits, self.n_vocab(), rows, &masks)
     }
     /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
     fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;

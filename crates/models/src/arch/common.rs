@@ -13,7 +13,7 @@ use crate::hparams::Hparams;
 use crate::layers::timing::OpTimes;
 use crate::layers::{opt_weight, weight};
 use crate::{Model, ModelInfo};
-use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeScaling, SampleRow};
+use quarrel_core::{AttnParams, Backend, CoreError, ForwardBatch, Result, RopeScaling};
 use quarrel_gguf::Gguf;
 use std::sync::Arc;
 
@@ -161,7 +161,7 @@ impl<B: Backend, C, L> StackParts<B> for Stack<B, C, L> {
 /// What an architecture file implements: its layer stack up to the output norm, and its head.
 /// Every `LayerStack` is a [`Model`] (the impl below), so the outputs are computed one way for
 /// every arch: logits are the head's projection of [`final_hidden`](LayerStack::final_hidden),
-/// greedy and sampled picks run on them where they lie (`Backend::argmax_rows` /
+/// the engine picks on them where they lie (`Model::logits`, then `Backend::argmax_rows` /
 /// `Backend::sample_rows`: a device backend downloads only the ids), and `hidden` downloads
 /// the normed rows.
 pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
@@ -198,15 +198,11 @@ impl<B: Backend, S: LayerStack<B>> Model<B> for S {
     }
 
     fn forward(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
-        be.download(&self.logits(be, batch, kv)?)
+        be.download(&LayerStack::logits(self, be, batch, kv)?)
     }
 
-    fn forward_argmax(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<u32>> {
-        be.argmax_rows(&self.logits(be, batch, kv)?, LayerStack::info(self).n_vocab)
-    }
-
-    fn forward_sample(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv, rows: &[SampleRow]) -> Result<Vec<u32>> {
-        be.sample_rows(&self.logits(be, batch, kv)?, LayerStack::info(self).n_vocab, rows)
+    fn logits(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
+        LayerStack::logits(self, be, batch, kv)
     }
 
     fn hidden(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Vec<f32>> {
