@@ -356,6 +356,12 @@ impl Backend for CpuBackend {
         moe::moe_add_bias(y, bias, routes)
     }
 
+    fn gelu(&self, x: &mut Vec<f32>) -> Result<()> {
+        const CHUNK: usize = 1 << 13;
+        self.par_chunks_mut(x, CHUNK, &|_, c| quarrel_core::act::gelu_ref(c));
+        Ok(())
+    }
+
     fn swiglu_oai(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, alpha: f32, limit: f32) -> Result<()> {
         check_len("swiglu_oai up", up.len(), gate.len())?;
         check_len("swiglu_oai output", out.len(), gate.len())?;

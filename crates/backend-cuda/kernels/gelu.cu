@@ -19,3 +19,14 @@ extern "C" __global__ void geglu(const float* __restrict__ g, const float* __res
     out[i] = o;
     if (xq) q8_store(o, xq, xm, i / 32);
 }
+
+// x = gelu(x) in place through the same table (BERT's feed-forward); xq/xm as geglu's.
+extern "C" __global__ void gelu(float* __restrict__ x, const u16* __restrict__ table, u64 n, i8* __restrict__ xq, float2* __restrict__ xm) {
+    GDC();
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i];
+    float o = v <= -10.0f ? 0.0f : v >= 10.0f ? v : h2f(table[f2h(v)]);
+    x[i] = o;
+    if (xq) q8_store(o, xq, xm, i / 32);
+}

@@ -452,6 +452,10 @@ impl Backend for CudaBackend {
         self.geglu_op(gate, up, out)
     }
 
+    fn gelu(&self, x: &mut CudaBuf) -> Result<()> {
+        self.gelu_op(x)
+    }
+
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<()> {
         self.dev.bind()?;
         check_len("add", y.len, x.len)?;

@@ -144,17 +144,30 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The GELU table on the device (uploaded on first use).
+    fn gelu_table_ptr(&self) -> Result<u64> {
+        let mut t = self.gelu_table.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
+        if t.is_none() {
+            *t = Some(self.dev.upload_async(quarrel_core::act::gelu_table())?);
+        }
+        Ok(t.as_ref().map_or(0, |m| m.ptr()))
+    }
+
+    pub(crate) fn gelu_op(&self, x: &mut CudaBuf) -> Result<()> {
+        self.dev.bind()?;
+        let table = self.gelu_table_ptr()?;
+        let n = x.len as u64;
+        let xp = self.rw(x)?;
+        let (xq, xm) = self.q8_out(xp, x.len)?;
+        self.dev.launch_1d("gelu", n, &[Arg::P(xp), Arg::P(table), Arg::U64(n), Arg::P(xq), Arg::P(xm)])?;
+        Ok(())
+    }
+
     pub(crate) fn geglu_op(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
         self.dev.bind()?;
         check_len("geglu up", up.len, gate.len)?;
         check_len("geglu output", out.len, gate.len)?;
-        let table = {
-            let mut t = self.gelu_table.lock().map_err(|_| CoreError::Backend("lock poisoned".into()))?;
-            if t.is_none() {
-                *t = Some(self.dev.upload_async(quarrel_core::act::gelu_table())?);
-            }
-            t.as_ref().map_or(0, |m| m.ptr())
-        };
+        let table = self.gelu_table_ptr()?;
         let n = gate.len as u64;
         let (g, u, o) = (self.rd(gate)?, self.rd(up)?, self.wr(out));
         let (xq, xm) = self.q8_out(o, gate.len)?;

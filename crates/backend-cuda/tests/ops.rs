@@ -198,6 +198,10 @@ fn elementwise<B: Backend>(be: &B, g: &Arc<Gguf>, types: &[QuantType]) -> Vec<(S
     let mut gg = be.alloc(n_tok * N_IN).unwrap();
     be.geglu(&wide, &x, &mut gg).unwrap();
     outs.push(("geglu".into(), be.download(&gg).unwrap()));
+    // plain GELU in place (BERT), over the table's range and past its cut-offs
+    let mut ge = be.upload(&rnd_scaled(n_tok * N_IN, 8, 30.0)).unwrap();
+    be.gelu(&mut ge).unwrap();
+    outs.push(("gelu".into(), be.download(&ge).unwrap()));
     // GPT-OSS's clamped SwiGLU, gate and up past the clamp (±7) on both sides
     let wide_up = be.upload(&rnd_scaled(n_tok * N_IN, 9, 12.0)).unwrap();
     let mut so = be.alloc(n_tok * N_IN).unwrap();

@@ -261,6 +261,9 @@ impl<B: Backend> Backend for ProfiledBackend<B> {
     fn moe_add_bias(&self, y: &mut Self::Buf, bias: &Self::Buf, routes: &[Route]) -> CoreResult<()> {
         self.timed(OpKind::MoeCombine, || self.inner.moe_add_bias(y, bias, routes))
     }
+    fn gelu(&self, x: &mut Self::Buf) -> CoreResult<()> {
+        self.timed(OpKind::Geglu, || self.inner.gelu(x))
+    }
     fn swiglu_oai(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf, alpha: f32, limit: f32) -> CoreResult<()> {
         self.timed(OpKind::Swiglu, || self.inner.swiglu_oai(gate, up, out, alpha, limit))
     }

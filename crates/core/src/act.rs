@@ -42,6 +42,12 @@ pub fn geglu_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `x = gelu(x)` in place (ggml_vec_gelu_f32: the table's value; at or above 10 the input).
+pub fn gelu_ref(x: &mut [f32]) {
+    let t = gelu_table();
+    x.iter_mut().for_each(|v| *v = gelu(*v, t));
+}
+
 /// GPT-OSS's clamped SwiGLU (ggml_swiglu_oai): `x = min(gate, limit)`,
 /// `y = clamp(up, -limit, limit)`, `out = x / (1 + exp(-alpha x)) * (y + 1)`.
 pub fn swiglu_oai_ref(gate: &[f32], up: &[f32], out: &mut [f32], alpha: f32, limit: f32) {

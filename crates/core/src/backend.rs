@@ -211,6 +211,11 @@ pub trait Backend: Send + Sync + 'static {
     fn moe_add_bias(&self, _y: &mut Self::Buf, _bias: &Self::Buf, _routes: &[Route]) -> Result<()> {
         Err(CoreError::Unsupported(format!("{}: moe_add_bias", self.name())))
     }
+    /// `x = gelu(x)` in place with llama.cpp's f16-table GELU ([`crate::act::gelu_ref`]; BERT's
+    /// feed-forward).
+    fn gelu(&self, _x: &mut Self::Buf) -> Result<()> {
+        Err(CoreError::Unsupported(format!("{}: gelu", self.name())))
+    }
     /// GPT-OSS's clamped SwiGLU ([`crate::act::swiglu_oai_ref`]).
     fn swiglu_oai(&self, _gate: &Self::Buf, _up: &Self::Buf, _out: &mut Self::Buf, _alpha: f32, _limit: f32) -> Result<()> {
         Err(CoreError::Unsupported(format!("{}: swiglu_oai", self.name())))

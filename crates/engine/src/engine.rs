@@ -251,7 +251,25 @@ impl<B: Backend> Engine<B> {
     /// Run several sequences in ONE forward pass (each from position 0), returning the logits
     /// of every token of every sequence. Used to check that batching changes nothing.
     pub fn forward_batch(&mut self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        let n_vocab = self.n_vocab();
+        let n = self.n_vocab();
+        self.run_batch(seqs, n, |m, be, b, kv| m.forward(be, b, kv))
+    }
+
+    /// [`Engine::forward_batch`] with the final hidden states (what embeddings are pooled
+    /// from) instead of logits: `(n_embd)` per token.
+    pub fn hidden_batch(&mut self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        let n = self.model.info().n_embd;
+        self.run_batch(seqs, n, |m, be, b, kv| m.hidden(be, b, kv))
+    }
+
+    /// Several sequences in one forward: `out` of every token, rows of `width`.
+    fn run_batch(
+        &mut self,
+        seqs: &[Vec<u32>],
+        width: usize,
+        out: impl Fn(&dyn Model<B>, &B, &ForwardBatch, &mut B::Kv) -> quarrel_core::Result<Vec<f32>>,
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        let n_vocab = width;
         let mut tables: Vec<Vec<u32>> = vec![vec![]; seqs.len()];
         let mut batch = ForwardBatch::default();
         let result = (|| {
@@ -267,7 +285,7 @@ impl<B: Backend> Engine<B> {
             }
             batch.logits_rows = (0..batch.tokens.len()).collect();
             batch.state_slots = self.state_slots(seqs.len())?;
-            Ok(self.model.forward(&self.backend, &batch, &mut self.kv)?)
+            Ok(out(&*self.model, &self.backend, &batch, &mut self.kv)?)
         })();
         for t in &mut tables {
             self.pool.release(t);

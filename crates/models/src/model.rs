@@ -19,6 +19,9 @@ pub struct ModelInfo {
     /// Per layer: the Mamba2 shape of a recurrent layer, None otherwise (empty when the
     /// model has no recurrent layers). The engine allocates one state slot per sequence.
     pub recurrent: Vec<Option<quarrel_core::SsmParams>>,
+    /// Whether a token attends only to the tokens before it (decoders); false for encoders,
+    /// whose texts must each be run in one forward.
+    pub causal: bool,
 }
 
 impl ModelInfo {

@@ -96,10 +96,15 @@ impl ArchPreset {
         let want = name.to_ascii_lowercase().replace('_', "-");
         ARCH_PRESETS.iter().find(|p| p.name == want)
     }
-    /// The tiny presets (`tiny-*`: one small model per architecture) in table order, the order
-    /// scripts/moe-fixtures.sh writes their llama.cpp fixtures in.
+    /// The tiny decoder presets (`tiny-*`: one small model per architecture) in table order,
+    /// the order scripts/moe-fixtures.sh writes their llama.cpp fixtures in. Encoders (no
+    /// logits) are not among them: `tiny-bert` has its own fixture.
     pub fn tiny() -> impl Iterator<Item = &'static ArchPreset> {
-        ARCH_PRESETS.iter().filter(|p| p.name.starts_with("tiny-"))
+        ARCH_PRESETS.iter().filter(|p| p.name.starts_with("tiny-") && !p.is_encoder())
+    }
+    /// An encoder: hidden states, no logits.
+    pub fn is_encoder(&self) -> bool {
+        self.arch == "bert"
     }
 }
 
@@ -301,6 +306,18 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         swa: Some((8, 2)),
         yarn: Some((4.0, 32)),
         rope_freq_base: 150_000.0,
+        ..BASE
+    },
+    // BERT encoder (all-MiniLM / bge shape in small): post-norm blocks, learned positions,
+    // bidirectional attention, GELU feed-forward, biases everywhere
+    ArchPreset {
+        name: "tiny-bert",
+        model: "Quarrel tiny BERT encoder",
+        arch: "bert",
+        n_head_kv: 4,
+        n_ff: 512,
+        n_ctx: 512,
+        rms_eps: 1e-12,
         ..BASE
     },
     // google/gemma-3-270m

@@ -61,8 +61,44 @@ fn check(p: &ArchPreset) -> Result<(), SynthError> {
     Ok(())
 }
 
+/// The tensors of a `bert` encoder: embeddings (token, learned position, token type) with
+/// their LayerNorm, then post-norm blocks with biases everywhere.
+fn bert_tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
+    let u = |v: usize| v as u64;
+    let (e, ff) = (u(p.n_embd), u(p.n_ff));
+    let norm = Init::Normal { mean: 1.0, std: NORM_STD };
+    let bias = Init::Normal { mean: 0.0, std: 0.1 };
+    let mat = |n_in: u64| Init::Normal { mean: 0.0, std: 1.0 / (n_in as f32).sqrt() };
+    let mut l: Vec<(String, Vec<u64>, Init)> = vec![
+        ("token_embd.weight".into(), vec![e, u(p.n_vocab)], mat(e)),
+        ("token_types.weight".into(), vec![e, 2], mat(e)),
+        ("position_embd.weight".into(), vec![e, u(p.n_ctx)], mat(e)),
+        ("token_embd_norm.weight".into(), vec![e], norm),
+        ("token_embd_norm.bias".into(), vec![e], bias),
+    ];
+    for i in 0..p.n_layer() {
+        let mut push = |t: &str, dims: Vec<u64>, init: Init| l.push((format!("blk.{i}.{t}"), dims, init));
+        for x in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+            push(&format!("{x}.weight"), vec![e, e], mat(e));
+            push(&format!("{x}.bias"), vec![e], bias);
+        }
+        push("attn_output_norm.weight", vec![e], norm);
+        push("attn_output_norm.bias", vec![e], bias);
+        push("ffn_up.weight", vec![e, ff], mat(e));
+        push("ffn_up.bias", vec![ff], bias);
+        push("ffn_down.weight", vec![ff, e], mat(ff));
+        push("ffn_down.bias", vec![e], bias);
+        push("layer_output_norm.weight", vec![e], norm);
+        push("layer_output_norm.bias", vec![e], bias);
+    }
+    l
+}
+
 /// Tensors of `p` in file order: (name, ggml dims, init).
 fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
+    if p.arch == "bert" {
+        return bert_tensors(p);
+    }
     let u = |v: usize| v as u64;
     let (e, v) = (u(p.n_embd), u(p.n_vocab));
     let resid = 1.0 / (2.0 * p.n_layer() as f32).sqrt();
@@ -325,6 +361,12 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
             kv.push((k("expert_weights_norm"), Value::Bool(p.expert_norm)));
             kv.push((k("expert_weights_scale"), Value::F32(p.expert_scale)));
         }
+    }
+    if a == "bert" {
+        kv.push((k("attention.causal"), Value::Bool(false)));
+        // mean pooling (llama.cpp's LLAMA_POOLING_TYPE_MEAN)
+        kv.push((k("pooling_type"), Value::U32(1)));
+        kv.push(("tokenizer.ggml.token_type_count".into(), Value::U32(2)));
     }
     if let Some(s) = p.ssm {
         kv.push((k("ssm.conv_kernel"), u32v(s.d_conv)));

@@ -211,7 +211,16 @@ impl<M: StepModel> Scheduler<M> {
     /// inputs as `cap` tokens and the free blocks allow. Every sequence attends only to its own
     /// blocks, so a text's vector does not depend on what it is batched with.
     fn embed_unit(&mut self, job: &mut EmbedJob, cap: usize, may_wait: bool) -> Result<usize, ServiceError> {
-        let chunk = self.opts.prompt_chunk.clamp(1, cap.max(1));
+        // an encoder's token attends to its whole text: no text is cut into chunks, and the
+        // unit grows to hold the next text whole (up to the most one forward may take)
+        let encoder = !self.model.causal();
+        let next_len = job.inputs[job.next].len();
+        let most = self.opts.max_batch_tokens.max(1);
+        if encoder && next_len > most {
+            return Err(ServiceError::PromptTooLong { prompt: next_len, ctx: most });
+        }
+        let cap = if encoder { cap.max(next_len) } else { cap };
+        let chunk = if encoder { cap.max(1) } else { self.opts.prompt_chunk.clamp(1, cap.max(1)) };
         if job.long.is_none() && job.inputs[job.next].len() > chunk {
             let mut table = vec![];
             if !self.blocks.reserve(&mut table, job.inputs[job.next].len()) {

@@ -85,6 +85,10 @@ impl<B: Backend> StepModel for EngineModel<B> {
         e.model.hidden(&e.backend, batch, &mut e.kv).map_err(|e| e.to_string())
     }
 
+    fn causal(&self) -> bool {
+        self.0.model.info().causal
+    }
+
     fn state_slots(&self) -> usize {
         self.0.n_state_slots
     }

@@ -20,6 +20,11 @@ pub trait StepModel {
     }
     /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
     fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+    /// Whether tokens attend only to the ones before them (false: an encoder, whose texts
+    /// each run whole in one forward).
+    fn causal(&self) -> bool {
+        true
+    }
     /// Recurrent-state slots the model's cache holds (0: no recurrent layers). The last
     /// slot is scratch (embeddings); running requests get one of the others each.
     fn state_slots(&self) -> usize {

@@ -149,12 +149,13 @@ pub struct Stack<B: Backend, C, L> {
 /// The model's description and its head: what [`LayerStack`]'s provided methods read, the
 /// same fields of every [`Stack`].
 pub trait StackParts<B: Backend> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>);
+    /// The description and the output head (None: an encoder, which has no logits).
+    fn parts(&self) -> (&ModelInfo, Option<&Head<B>>);
 }
 
 impl<B: Backend, C, L> StackParts<B> for Stack<B, C, L> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>) {
-        (&self.info, &self.head)
+    fn parts(&self) -> (&ModelInfo, Option<&Head<B>>) {
+        (&self.info, Some(&self.head))
     }
 }
 
@@ -168,7 +169,7 @@ pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
     fn info(&self) -> &ModelInfo {
         self.parts().0
     }
-    fn head(&self) -> &Head<B> {
+    fn head(&self) -> Option<&Head<B>> {
         self.parts().1
     }
     /// The layers, then the output norm of the `logits_rows`: `(rows, n_embd)`.
@@ -177,8 +178,14 @@ pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
     /// head's projection of `final_hidden`; an arch that transforms its logits (Granite's
     /// `logit_scale`) overrides this.
     fn logits(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
+        let head = self.head().ok_or_else(|| {
+            quarrel_core::CoreError::Unsupported(format!(
+                "{} is an embedding model: it has no logits to generate text with",
+                self.info().arch
+            ))
+        })?;
         let normed = self.final_hidden(be, batch, kv)?;
-        self.head().logits(be, &normed, batch.logits_rows.len(), self.info().n_vocab)
+        head.logits(be, &normed, batch.logits_rows.len(), self.info().n_vocab)
     }
     /// MoE routing and Mamba2 conv / scan time since load (zero for stacks without them).
     fn op_times(&self) -> OpTimes {
@@ -239,7 +246,18 @@ pub fn model_info(
     kv: (usize, usize),
 ) -> ModelInfo {
     let (n_kv_head, head_dim) = kv;
-    ModelInfo { arch: arch.into(), n_vocab, n_embd, n_layer, n_ctx_train, n_kv_head, head_dim, n_params: n_params(g), recurrent: vec![] }
+    ModelInfo {
+        arch: arch.into(),
+        n_vocab,
+        n_embd,
+        n_layer,
+        n_ctx_train,
+        n_kv_head,
+        head_dim,
+        n_params: n_params(g),
+        recurrent: vec![],
+        causal: true,
+    }
 }
 
 /// Attention over every earlier position without softcapping, scaled by `attention.scale`

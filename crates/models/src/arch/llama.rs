@@ -170,7 +170,7 @@ pub fn load_variant<B: Backend>(be: &B, g: &Arc<Gguf>, variant: Variant) -> Resu
 }
 
 impl<B: Backend> StackParts<B> for Decoder<B> {
-    fn parts(&self) -> (&ModelInfo, &Head<B>) {
+    fn parts(&self) -> (&ModelInfo, Option<&Head<B>>) {
         self.stack.parts()
     }
 }

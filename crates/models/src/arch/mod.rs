@@ -1,5 +1,6 @@
 //! One file per GGUF `general.architecture`.
 
+pub mod bert;
 pub mod common;
 pub mod gemma3;
 pub mod gpt_oss;

@@ -23,6 +23,9 @@ pub struct SelfAttention<B: Backend> {
     pub bias: [Option<B::Buf>; 4],
     /// One logit per query head in each softmax's denominator (`attn_sinks`).
     pub sinks: Option<B::Buf>,
+    /// Every token attends to every token of its sequence in the batch (encoders), not only to
+    /// the positions before it.
+    pub bidirectional: bool,
 }
 
 impl<B: Backend> SelfAttention<B> {
@@ -48,6 +51,7 @@ impl<B: Backend> SelfAttention<B> {
             q_scale: None,
             bias: [None, None, None, None],
             sinks: None,
+            bidirectional: false,
         })
     }
 
@@ -125,7 +129,16 @@ impl<B: Backend> SelfAttention<B> {
             be.scale(&mut q, s)?;
         }
         let mut o = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
-        be.attention(&q, kv, layer, batch, p, self.sinks.as_ref(), &mut o)?;
+                                                          // bidirectional: the causal kernels see every token at its sequence's last position
+                                                          // (the cache holds each token at its own), so each attends to the whole sequence
+        let everything;
+        let attn_batch = if self.bidirectional {
+            everything = whole_sequences(batch);
+            &everything
+        } else {
+            batch
+        };
+        be.attention(&q, kv, layer, attn_batch, p, self.sinks.as_ref(), &mut o)?;
         trace(be, "kqv_out", layer, &o)?;
         let mut out = be.alloc(n * n_embd)?; // (n_tok, n_embd)
         be.matmul(&self.attn_output, &o, n, &mut out)?;
@@ -134,4 +147,15 @@ impl<B: Backend> SelfAttention<B> {
         }
         Ok(out)
     }
+}
+
+/// `batch` with every token's position set to the last position of its sequence in the batch.
+fn whole_sequences(batch: &ForwardBatch) -> ForwardBatch {
+    let mut b = batch.clone();
+    for s in &batch.seqs {
+        let range = s.start..s.start + s.len;
+        let last = batch.positions[range.clone()].iter().copied().max().unwrap_or(0);
+        b.positions[range].iter_mut().for_each(|p| *p = last);
+    }
+    b
 }
