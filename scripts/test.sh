@@ -12,8 +12,10 @@ python3 -c 'import pyarrow.flight, numpy' 2>/dev/null ||
 Q="$PWD/target/release/quarrel"
 QUARREL_SMOLLM2="$("$Q" pull smollm2 | tail -n 1)"
 QUARREL_GEMMA3="$("$Q" pull gemma3 | tail -n 1)"
-[ -f "$QUARREL_SMOLLM2" ] && [ -f "$QUARREL_GEMMA3" ] || { echo "model pull failed" >&2; exit 1; }
-export QUARREL_SMOLLM2 QUARREL_GEMMA3
+# nomic-embed-text-v1.5: unpacked from the split GPT4All installer zip (tests the pull itself)
+QUARREL_NOMIC="$("$Q" pull nomic-embed-text | tail -n 1)"
+[ -f "$QUARREL_SMOLLM2" ] && [ -f "$QUARREL_GEMMA3" ] && [ -f "$QUARREL_NOMIC" ] || { echo "model pull failed" >&2; exit 1; }
+export QUARREL_SMOLLM2 QUARREL_GEMMA3 QUARREL_NOMIC
 # llama.cpp's test vocabularies (Qwen2, Llama 3, Phi-3 tokenizers) and chat templates
 QUARREL_TESTDATA="$(scripts/fetch-testdata.sh)"
 export QUARREL_TESTDATA

@@ -18,12 +18,7 @@ impl ModelArgs {
         resolve_model(self.model.name.as_deref(), true)
     }
 
-    /// Load the engine and start its service loop (continuous batching) on either backend.
-    pub fn spawn_service(&self, opts: quarrel_engine::ServiceOptions) -> Result<quarrel_engine::EngineHandle> {
-        let engine = self.engine()?;
-        Ok(with_engine!(engine, e => { quarrel_engine::EngineHandle::spawn(e, opts) }))
-    }
-
+    /// Load the engine on the chosen backend.
     pub fn engine(&self) -> Result<AnyEngine> {
         self.engine_with(|_| {})
     }

@@ -91,6 +91,8 @@ pub struct EmbedOptions {
     pub normalize: bool,
     pub task: EmbedTask,
     pub prefix: PrefixMode,
+    /// Matryoshka truncation to this many values (normalized again when `normalize`).
+    pub dimensions: Option<usize>,
 }
 
 impl EmbedOptions {
@@ -111,19 +113,29 @@ impl EmbedOptions {
     pub fn pooling_for(&self, info: &ModelSummary) -> Pooling {
         self.pooling.unwrap_or(info.pooling)
     }
+
+    /// `e` cut to `dimensions`, if set.
+    fn truncate(&self, e: Embeddings) -> Result<Embeddings, ServiceError> {
+        match self.dimensions {
+            Some(d) => e.truncated(d, self.normalize),
+            None => Ok(e),
+        }
+    }
 }
 
 /// Embed `texts` through the scheduler (one command; short texts share forwards), into one
 /// row-major buffer.
 pub async fn embed_texts(h: &EngineHandle, texts: &[String], opts: &EmbedOptions) -> Result<Embeddings, ServiceError> {
     let info = h.info();
-    h.embed_matrix(opts.prompts(info, texts), opts.pooling_for(info), opts.normalize).await
+    let e = h.embed_matrix(opts.prompts(info, texts), opts.pooling_for(info), opts.normalize).await?;
+    opts.truncate(e)
 }
 
 /// Blocking variant of [`embed_texts`] (outside async code).
 pub fn embed_texts_blocking(h: &EngineHandle, texts: &[String], opts: &EmbedOptions) -> Result<Embeddings, ServiceError> {
     let info = h.info();
-    h.embed_matrix_blocking(opts.prompts(info, texts), opts.pooling_for(info), opts.normalize)
+    let e = h.embed_matrix_blocking(opts.prompts(info, texts), opts.pooling_for(info), opts.normalize)?;
+    opts.truncate(e)
 }
 
 #[cfg(test)]
@@ -147,6 +159,7 @@ mod tests {
             size_bytes: 0,
             chat_template: None,
             pooling: Pooling::Mean,
+            n_classes: 0,
             kv_type: String::new(),
             backend: String::new(),
         }

@@ -181,6 +181,7 @@ impl<B: Backend> Engine<B> {
         let pooling = match g.get_u64(&format!("{arch}.pooling_type")).ok().flatten() {
             Some(2) => Pooling::Cls,
             Some(3) => Pooling::Last,
+            Some(4) => Pooling::Rank,
             _ => Pooling::Mean,
         };
         let file_type = g
@@ -206,6 +207,7 @@ impl<B: Backend> Engine<B> {
             size_bytes: self.path.as_ref().and_then(|p| std::fs::metadata(p).ok()).map_or(0, |m| m.len()),
             chat_template: self.tokenizer.chat_template().map(str::to_string),
             pooling,
+            n_classes: self.model.n_classes(),
             kv_type: format!("{:?}", self.opts.kv_type).to_lowercase(),
             backend: self.backend.name(),
         }

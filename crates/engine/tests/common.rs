@@ -31,6 +31,11 @@ pub fn gemma3() -> Option<PathBuf> {
     model_from_env("QUARREL_GEMMA3")
 }
 
+/// nomic-embed-text-v1.5 F16 from `QUARREL_NOMIC`; None (test skipped with a message) when unset.
+pub fn nomic() -> Option<PathBuf> {
+    model_from_env("QUARREL_NOMIC")
+}
+
 /// An engine on the CPU backend; `QUARREL_TEST_THREADS` overrides the thread count (all
 /// cores by default).
 pub fn engine(path: &std::path::Path, opts: EngineOptions) -> Engine<CpuBackend> {

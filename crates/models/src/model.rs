@@ -55,4 +55,13 @@ pub trait Model<B: Backend>: Send + Sync {
     fn op_times(&self) -> crate::layers::timing::OpTimes {
         Default::default()
     }
+    /// Classes a cross-encoder scores (0: the model has no classification head).
+    fn n_classes(&self) -> usize {
+        0
+    }
+    /// A cross-encoder's classification head on `rows` pooled hidden states
+    /// `(rows, n_embd)`: scores `(rows, n_classes)` (llama.cpp's rank pooling).
+    fn classify(&self, _be: &B, _pooled: &[f32], _rows: usize) -> Result<Vec<f32>> {
+        Err(quarrel_core::CoreError::Unsupported(format!("{}: no classification head (not a reranking model)", self.info().arch)))
+    }
 }

@@ -22,6 +22,7 @@ macro_rules! registry {
 registry! {
     "llama" => arch::llama::load,
     "bert" => arch::bert::load,
+    "nomic-bert" => arch::nomic_bert::load,
     "gemma3" => arch::gemma3::load,
     "gpt-oss" => arch::gpt_oss::load,
     "granite" => arch::granite::load,

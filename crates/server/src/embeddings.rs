@@ -8,7 +8,7 @@ use crate::state::AppState;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use quarrel_engine::Prompt;
+use quarrel_engine::{Pooling, Prompt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -20,6 +20,7 @@ pub struct EmbeddingRequest {
     pub input: PromptListIn,
     /// "float" (default) or "base64" (little-endian f32).
     pub encoding_format: Option<String>,
+    /// Matryoshka truncation: the first this many values of each vector, normalized again.
     pub dimensions: Option<usize>,
 }
 
@@ -54,8 +55,14 @@ impl PromptListIn {
     }
 }
 
-/// Embeddings of `inputs` with the model's pooling, L2-normalized; also the token count.
-pub async fn embed(state: &AppState, model: Option<&str>, inputs: Vec<Prompt>) -> Result<(String, Vec<Vec<f32>>, usize), ApiError> {
+/// Embeddings of `inputs` with the model's pooling, L2-normalized (`dimensions`: truncated to
+/// that many and normalized again); also the token count.
+pub async fn embed(
+    state: &AppState,
+    model: Option<&str>,
+    inputs: Vec<Prompt>,
+    dimensions: Option<usize>,
+) -> Result<(String, Vec<Vec<f32>>, usize), ApiError> {
     if inputs.is_empty() {
         return Err(ApiError::invalid("input must not be empty"));
     }
@@ -65,6 +72,8 @@ pub async fn embed(state: &AppState, model: Option<&str>, inputs: Vec<Prompt>) -
     for p in &inputs {
         crate::gen::check_prompt(state, p)?;
     }
+    let t0 = std::time::Instant::now();
+    let n_inputs = inputs.len();
     let m = state.registry.get(model).await?;
     // tokenizing large inputs is CPU work: off the async threads
     let handle = m.handle.clone();
@@ -73,8 +82,18 @@ pub async fn embed(state: &AppState, model: Option<&str>, inputs: Vec<Prompt>) -
         .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))??;
     let n_tokens = ids.iter().map(Vec::len).sum::<usize>();
     let pooling = m.info().pooling;
-    let v = m.handle.embed_tokens(ids, pooling, true, Some(state.config.request_timeout)).await?.to_vecs();
-    state.metrics.tokens_in.with_label_values(&[&m.entry.name]).inc_by(n_tokens as u64);
+    if pooling == Pooling::Rank {
+        return Err(ApiError::invalid(format!("model {} is a reranking model: use /v1/rerank", m.entry.name)));
+    }
+    let mut e = m.handle.embed_tokens(ids, pooling, true, Some(state.config.request_timeout)).await?;
+    if let Some(d) = dimensions {
+        e = e.truncated(d, true)?;
+    }
+    let v = e.to_vecs();
+    let name = m.entry.name.as_str();
+    state.metrics.tokens_in.with_label_values(&[name]).inc_by(n_tokens as u64);
+    state.metrics.embed_texts.with_label_values(&[name, "embeddings"]).inc_by(n_inputs as u64);
+    state.metrics.embed_seconds.with_label_values(&[name, "embeddings"]).observe(t0.elapsed().as_secs_f64());
     Ok((m.entry.name.clone(), v, n_tokens))
 }
 
@@ -86,12 +105,7 @@ pub async fn embeddings(State(state): State<AppState>, ApiJson(req): ApiJson<Emb
         Some("base64") => true,
         Some(f) => return Err(ApiError::invalid(format!("encoding_format must be float or base64, got {f:?}"))),
     };
-    let (model, vecs, n_tokens) = embed(&state, req.model.as_deref(), req.input.into_prompts()).await?;
-    if let Some(d) = req.dimensions {
-        if vecs.first().is_some_and(|v| d != v.len()) {
-            return Err(ApiError::invalid(format!("this model's embeddings have {} dimensions, not {d}", vecs[0].len())));
-        }
-    }
+    let (model, vecs, n_tokens) = embed(&state, req.model.as_deref(), req.input.into_prompts(), req.dimensions).await?;
     let data: Vec<Value> = vecs
         .iter()
         .enumerate()

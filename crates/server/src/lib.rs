@@ -17,7 +17,8 @@
 //! |--------------|----------------|
 //! | `routes`     | the one router and its layers |
 //! | `openai`     | `/v1/chat/completions` (`chat`), `/v1/completions` (with `n` choices), `/v1/models` |
-//! | `embeddings` | `/v1/embeddings` and the embedding path the ollama routes share |
+//! | `embeddings` | `/v1/embeddings` and the embedding path the ollama routes share (`dimensions`: matryoshka truncation) |
+//! | `rerank`     | `/v1/rerank`: a cross-encoder's relevance scores (llama-server / Jina / Cohere / TEI shapes) |
 //! | `ollama`     | `/api/generate`, `/api/chat`, `/api/embed`, `/api/tags`, `/api/show`, `/api/ps` |
 //! | `rest`       | Quarrel's `/api/models*`, `/api/stream`, `/api/health`, `/api/metrics`, probes |
 //! | `utility`    | llama-server's `/tokenize`, `/detokenize`, `/apply-template` |
@@ -47,6 +48,7 @@ pub mod ollama;
 pub mod openai;
 pub mod openapi;
 pub mod registry;
+pub mod rerank;
 pub mod rest;
 pub mod routes;
 pub mod shield;

@@ -26,6 +26,9 @@ pub struct Metrics {
     pub gen_len: HistogramVec,
     pub tokens_in: IntCounterVec,
     pub tokens_out: IntCounterVec,
+    /// Embedding and rerank requests: arrival to answer, and the texts they carried.
+    pub embed_seconds: HistogramVec,
+    pub embed_texts: IntCounterVec,
     engine: IntGaugeVec,
     engine_counters: IntGaugeVec,
     models_loaded: IntGauge,
@@ -76,6 +79,14 @@ impl Metrics {
             HistogramOpts::new("e2e_request_latency_seconds", "Generation requests: submission to the last token").buckets(buckets()),
             &["model"],
         )?;
+        let embed_seconds = HistogramVec::new(
+            HistogramOpts::new("embedding_request_seconds", "Embedding and rerank requests: arrival to answer").buckets(buckets()),
+            &["model", "route"],
+        )?;
+        let embed_texts = IntCounterVec::new(
+            Opts::new("embedding_texts_total", "Texts (documents, for rerank) embedded or scored"),
+            &["model", "route"],
+        )?;
         let queue_seconds = HistogramVec::new(
             HistogramOpts::new("request_queue_time_seconds", "Generation requests: submission to the first scheduled step")
                 .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
@@ -93,7 +104,7 @@ impl Metrics {
         let tokens_in = IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens of finished requests"), &["model"])?;
         let tokens_out = IntCounterVec::new(Opts::new("generated_tokens_total", "Generated tokens"), &["model"])?;
         let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, embeddings, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached, kv_block_size, recurrent_state_bytes, state_checkpoints"), &["model", "gauge"])?;
-        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, embed_requests_finished, embedded_tokens, prompt_tokens, generated_tokens, ssm_nonfinite"), &["model", "counter"])?;
+        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, embed_requests_finished, embedded_tokens, embed_forwards, embed_forward_texts, prompt_tokens, generated_tokens, ssm_nonfinite"), &["model", "counter"])?;
         let models_loaded = IntGauge::new("models_loaded", "Models loaded")?;
         let model_bytes =
             IntGaugeVec::new(Opts::new("model_memory_bytes", "Resident bytes per loaded model (weights + KV cache)"), &["model"])?;
@@ -112,10 +123,10 @@ impl Metrics {
         // the queue-full alert takes increase() of this series: it must exist at 0 before the
         // first refusal, or that refusal is the series' first sample and increase() misses it
         errors.with_label_values(&["overloaded"]).inc_by(0);
-        for c in [&requests, &errors, &tokens_in, &tokens_out] {
+        for c in [&requests, &errors, &tokens_in, &tokens_out, &embed_texts] {
             r.register(Box::new(c.clone()))?;
         }
-        for h in [&request_seconds, &ttft_seconds, &itl_seconds, &e2e_seconds, &queue_seconds, &prompt_len, &gen_len] {
+        for h in [&request_seconds, &ttft_seconds, &itl_seconds, &e2e_seconds, &queue_seconds, &prompt_len, &gen_len, &embed_seconds] {
             r.register(Box::new(h.clone()))?;
         }
         for g in [&http_active, &http_connections, &ws_active, &models_loaded] {
@@ -143,6 +154,8 @@ impl Metrics {
             gen_len,
             tokens_in,
             tokens_out,
+            embed_seconds,
+            embed_texts,
             engine,
             engine_counters,
             models_loaded,
@@ -188,6 +201,8 @@ impl Metrics {
                 ("requests_finished", e.requests_finished_total),
                 ("embed_requests_finished", e.embed_requests_finished_total),
                 ("embedded_tokens", e.embedded_tokens_total),
+                ("embed_forwards", e.embed_forwards_total),
+                ("embed_forward_texts", e.embed_forward_texts_total),
                 ("prompt_tokens", e.prompt_tokens_total),
                 ("generated_tokens", e.generated_tokens_total),
                 ("ssm_nonfinite", e.ssm_nonfinite_total),

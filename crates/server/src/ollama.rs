@@ -297,6 +297,8 @@ pub struct EmbedRequest {
     pub model: String,
     pub input: StringOrList,
     pub truncate: Option<bool>,
+    /// Matryoshka truncation: the first this many values of each vector, normalized again.
+    pub dimensions: Option<usize>,
     pub options: Option<Value>,
     pub keep_alive: Option<Value>,
 }
@@ -306,7 +308,7 @@ pub struct EmbedRequest {
 pub async fn embed(State(state): State<AppState>, ApiJson(req): ApiJson<EmbedRequest>) -> Result<Response, ApiError> {
     let t0 = Instant::now();
     let inputs = req.input.into_vec().into_iter().map(Prompt::Text).collect();
-    let (model, vecs, n) = crate::embeddings::embed(&state, Some(&req.model), inputs).await?;
+    let (model, vecs, n) = crate::embeddings::embed(&state, Some(&req.model), inputs, req.dimensions).await?;
     let v = json!({"model": model, "embeddings": vecs, "total_duration": ns(t0.elapsed()), "load_duration": 0, "prompt_eval_count": n});
     Ok(labeled(v, &model))
 }
@@ -319,7 +321,7 @@ pub struct EmbeddingsRequest {
 }
 
 pub async fn embeddings_legacy(State(state): State<AppState>, ApiJson(req): ApiJson<EmbeddingsRequest>) -> Result<Response, ApiError> {
-    let (model, mut vecs, _) = crate::embeddings::embed(&state, Some(&req.model), vec![Prompt::Text(req.prompt)]).await?;
+    let (model, mut vecs, _) = crate::embeddings::embed(&state, Some(&req.model), vec![Prompt::Text(req.prompt)], None).await?;
     Ok(labeled(json!({"embedding": vecs.pop().unwrap_or_default()}), &model))
 }
 

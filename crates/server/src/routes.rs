@@ -6,7 +6,7 @@
 //! content type and body checks (`shield`) -> body limit -> handler.
 
 use crate::state::AppState;
-use crate::{embeddings, middleware, ollama, openai, openapi, rest, shield, utility, ws};
+use crate::{embeddings, middleware, ollama, openai, openapi, rerank, rest, shield, utility, ws};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderName, HeaderValue, Method, Request};
 use axum::middleware::from_fn_with_state;
@@ -26,6 +26,10 @@ pub fn api_routes() -> Router<AppState> {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/v1/reranking", post(rerank::rerank))
+        .route("/rerank", post(rerank::rerank))
+        .route("/reranking", post(rerank::rerank))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{model}", get(openai::get_model))
         // ollama

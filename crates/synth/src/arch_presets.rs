@@ -60,6 +60,9 @@ pub struct ArchPreset {
     pub llama3_rope: Option<(f32, u32)>,
     pub rope_freq_base: f32,
     pub rms_eps: f32,
+    /// Encoders: a classification head scoring this many classes (`cls`, `cls.output`;
+    /// llama.cpp's rank pooling: a reranker); 0 for none.
+    pub n_cls_out: usize,
 }
 
 impl ArchPreset {
@@ -104,9 +107,22 @@ impl ArchPreset {
     }
     /// An encoder: hidden states, no logits.
     pub fn is_encoder(&self) -> bool {
-        self.arch == "bert"
+        matches!(self.arch, "bert" | "nomic-bert")
     }
 }
+
+// BERT encoder (all-MiniLM / bge shape in small): post-norm blocks, learned positions,
+// bidirectional attention, GELU feed-forward, biases everywhere
+const TINY_BERT: ArchPreset = ArchPreset {
+    name: "tiny-bert",
+    model: "Quarrel tiny BERT encoder",
+    arch: "bert",
+    n_head_kv: 4,
+    n_ff: 512,
+    n_ctx: 512,
+    rms_eps: 1e-12,
+    ..BASE
+};
 
 const BASE: ArchPreset = ArchPreset {
     name: "",
@@ -136,6 +152,7 @@ const BASE: ArchPreset = ArchPreset {
     llama3_rope: None,
     rope_freq_base: 10_000.0,
     rms_eps: 1e-5,
+    n_cls_out: 0,
 };
 
 const TINY_SSM: SsmShape = SsmShape { d_conv: 4, d_inner: 512, d_state: 64, n_group: 2, n_head: 8 };
@@ -308,17 +325,44 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         rope_freq_base: 150_000.0,
         ..BASE
     },
-    // BERT encoder (all-MiniLM / bge shape in small): post-norm blocks, learned positions,
-    // bidirectional attention, GELU feed-forward, biases everywhere
+    TINY_BERT,
+    // a BERT cross-encoder (bge-reranker / ms-marco-MiniLM shape in small): tiny-bert with a
+    // classification head of one class, rank pooling
+    ArchPreset { name: "tiny-bert-rerank", model: "Quarrel tiny BERT reranker", n_cls_out: 1, ..TINY_BERT },
+    // nomic-embed in small: rotary positions, fused qkv, SwiGLU, no projection biases
     ArchPreset {
-        name: "tiny-bert",
-        model: "Quarrel tiny BERT encoder",
-        arch: "bert",
-        n_head_kv: 4,
-        n_ff: 512,
-        n_ctx: 512,
-        rms_eps: 1e-12,
-        ..BASE
+        name: "tiny-nomic-bert",
+        model: "Quarrel tiny nomic-bert encoder",
+        arch: "nomic-bert",
+        rope_freq_base: 1000.0,
+        ..TINY_BERT
+    },
+    // nomic-ai/nomic-embed-text-v1.5
+    ArchPreset {
+        name: "nomic-embed-text-v1.5",
+        model: "nomic-embed-text v1.5",
+        arch: "nomic-bert",
+        pattern: "AAAAAAAAAAAA",
+        n_embd: 768,
+        n_head: 12,
+        n_head_kv: 12,
+        n_ff: 3072,
+        n_vocab: 30_522,
+        n_ctx: 2048,
+        rope_freq_base: 1000.0,
+        ..TINY_BERT
+    },
+    // BAAI/bge-base-en-v1.5 (BERT-base)
+    ArchPreset {
+        name: "bge-base-en-v1.5",
+        model: "bge-base-en v1.5",
+        pattern: "AAAAAAAAAAAA",
+        n_embd: 768,
+        n_head: 12,
+        n_head_kv: 12,
+        n_ff: 3072,
+        n_vocab: 30_522,
+        ..TINY_BERT
     },
     // google/gemma-3-270m
     ArchPreset {

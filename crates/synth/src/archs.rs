@@ -62,8 +62,11 @@ fn check(p: &ArchPreset) -> Result<(), SynthError> {
 }
 
 /// The tensors of a `bert` encoder: embeddings (token, learned position, token type) with
-/// their LayerNorm, then post-norm blocks with biases everywhere.
+/// their LayerNorm, then post-norm blocks with biases everywhere; a `nomic-bert` encoder has
+/// no learned positions, a fused `attn_qkv`, a SwiGLU feed-forward and no projection biases;
+/// a reranker adds its classification head.
 fn bert_tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
+    let nomic = p.arch == "nomic-bert";
     let u = |v: usize| v as u64;
     let (e, ff) = (u(p.n_embd), u(p.n_ff));
     let norm = Init::Normal { mean: 1.0, std: NORM_STD };
@@ -72,31 +75,51 @@ fn bert_tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
     let mut l: Vec<(String, Vec<u64>, Init)> = vec![
         ("token_embd.weight".into(), vec![e, u(p.n_vocab)], mat(e)),
         ("token_types.weight".into(), vec![e, 2], mat(e)),
-        ("position_embd.weight".into(), vec![e, u(p.n_ctx)], mat(e)),
         ("token_embd_norm.weight".into(), vec![e], norm),
         ("token_embd_norm.bias".into(), vec![e], bias),
     ];
+    if !nomic {
+        l.insert(2, ("position_embd.weight".into(), vec![e, u(p.n_ctx)], mat(e)));
+    }
     for i in 0..p.n_layer() {
         let mut push = |t: &str, dims: Vec<u64>, init: Init| l.push((format!("blk.{i}.{t}"), dims, init));
-        for x in ["attn_q", "attn_k", "attn_v", "attn_output"] {
-            push(&format!("{x}.weight"), vec![e, e], mat(e));
-            push(&format!("{x}.bias"), vec![e], bias);
+        if nomic {
+            push("attn_qkv.weight", vec![e, 3 * e], mat(e));
+            push("attn_output.weight", vec![e, e], mat(e));
+        } else {
+            for x in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+                push(&format!("{x}.weight"), vec![e, e], mat(e));
+                push(&format!("{x}.bias"), vec![e], bias);
+            }
         }
         push("attn_output_norm.weight", vec![e], norm);
         push("attn_output_norm.bias", vec![e], bias);
         push("ffn_up.weight", vec![e, ff], mat(e));
-        push("ffn_up.bias", vec![ff], bias);
+        if nomic {
+            push("ffn_gate.weight", vec![e, ff], mat(e));
+        } else {
+            push("ffn_up.bias", vec![ff], bias);
+        }
         push("ffn_down.weight", vec![ff, e], mat(ff));
-        push("ffn_down.bias", vec![e], bias);
+        if !nomic {
+            push("ffn_down.bias", vec![e], bias);
+        }
         push("layer_output_norm.weight", vec![e], norm);
         push("layer_output_norm.bias", vec![e], bias);
+    }
+    if p.n_cls_out > 0 {
+        let c = u(p.n_cls_out);
+        l.push(("cls.weight".into(), vec![e, e], mat(e)));
+        l.push(("cls.bias".into(), vec![e], bias));
+        l.push(("cls.output.weight".into(), vec![e, c], mat(e)));
+        l.push(("cls.output.bias".into(), vec![c], bias));
     }
     l
 }
 
 /// Tensors of `p` in file order: (name, ggml dims, init).
 fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
-    if p.arch == "bert" {
+    if p.is_encoder() {
         return bert_tensors(p);
     }
     let u = |v: usize| v as u64;
@@ -242,7 +265,8 @@ fn tensors(p: &ArchPreset) -> Vec<(String, Vec<u64>, Init)> {
 }
 
 fn tensor_type(arch: &str, name: &str, dims: &[u64], ftype: Ftype) -> QuantType {
-    let keep_f32 = ["_norm.weight", "ffn_gate_inp.weight", "exp_probs_b", "ssm_conv1d", "ssm_a", "ssm_d", ".bias"];
+    // token_types: llama.cpp adds a row of it as a view, which its CUDA backend takes in f32 only
+    let keep_f32 = ["_norm.weight", "ffn_gate_inp.weight", "exp_probs_b", "ssm_conv1d", "ssm_a", "ssm_d", ".bias", "token_types.weight"];
     if dims.len() == 1 || keep_f32.iter().any(|k| name.contains(k)) {
         return QuantType::F32;
     }
@@ -362,10 +386,10 @@ fn metadata(p: &ArchPreset, ftype: Ftype, seed: u64, vocab: &vocab::Vocab) -> Ve
             kv.push((k("expert_weights_scale"), Value::F32(p.expert_scale)));
         }
     }
-    if a == "bert" {
+    if p.is_encoder() {
         kv.push((k("attention.causal"), Value::Bool(false)));
-        // mean pooling (llama.cpp's LLAMA_POOLING_TYPE_MEAN)
-        kv.push((k("pooling_type"), Value::U32(1)));
+        // llama.cpp's LLAMA_POOLING_TYPE_MEAN, or _RANK for a reranker
+        kv.push((k("pooling_type"), Value::U32(if p.n_cls_out > 0 { 4 } else { 1 })));
         kv.push(("tokenizer.ggml.token_type_count".into(), Value::U32(2)));
     }
     if let Some(s) = p.ssm {

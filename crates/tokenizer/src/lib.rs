@@ -50,6 +50,7 @@ mod error;
 mod hash;
 mod pretok_table;
 mod pretokenize;
+mod rerank;
 mod special;
 mod split_custom;
 mod spm;
@@ -78,6 +79,8 @@ pub struct Tokenizer {
     special: SpecialMatcher,
     pieces: Vec<Box<[u8]>>,
     chat_template: Option<String>,
+    /// `tokenizer.chat_template.rerank`: how a reranker wants its query and document.
+    rerank_template: Option<String>,
     /// The chat template compiled on first use (an error as its message).
     compiled: std::sync::OnceLock<Result<Option<ChatTemplate>, String>>,
 }
@@ -104,7 +107,8 @@ impl Tokenizer {
         let special = SpecialMatcher::new(&vocab);
         let pieces = detok::build_pieces(&vocab);
         let chat_template = g.get_str("tokenizer.chat_template")?.map(str::to_string);
-        Ok(Tokenizer { vocab, bpe, special, pieces, chat_template, compiled: Default::default() })
+        let rerank_template = g.get_str("tokenizer.chat_template.rerank")?.map(str::to_string);
+        Ok(Tokenizer { vocab, bpe, special, pieces, chat_template, rerank_template, compiled: Default::default() })
     }
 
     /// Tokenizes `text`. With `add_special`, BOS/EOS are added as the model's metadata says

@@ -108,6 +108,8 @@ pub(crate) struct Vocab {
     pub ids: SpecialIds,
     pub add_bos: bool,
     pub add_eos: bool,
+    /// A separator between the two texts of a pair (llama.cpp's `add_sep`: rerank inputs).
+    pub add_sep: bool,
     pub add_space_prefix: bool,
     pub clean_spaces: bool,
     pub ignore_merges: bool,
@@ -327,6 +329,10 @@ impl Vocab {
         if let Some(v) = g.get_bool("tokenizer.ggml.add_eos_token")? {
             add_eos = v;
         }
+        let mut add_sep = kind == VocabKind::Wpm;
+        if let Some(v) = g.get_bool("tokenizer.ggml.add_sep_token")? {
+            add_sep = v;
+        }
         if add_bos && ids.bos.is_none() {
             add_bos = false; // llama.cpp would assert; we simply cannot add it
         }
@@ -350,6 +356,7 @@ impl Vocab {
             ids,
             add_bos,
             add_eos,
+            add_sep,
             add_space_prefix,
             clean_spaces,
             ignore_merges,

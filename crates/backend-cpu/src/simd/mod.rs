@@ -273,8 +273,8 @@ pub struct Gemm {
 
 /// The GEMM kernels matching [`dot_fn`]`(ty)`, or None (use [`dot_fn`] per output). There
 /// are kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (llama.cpp-order one-row kernels) where the
-/// detected level (after the `QUARREL_SIMD` cap) is `Avx512Vnni`, and for Q4_K, Q5_K and Q6_K
-/// where [`matmul_level`] is `Avx512` or above.
+/// detected level (after the `QUARREL_SIMD` cap) is `Avx512Vnni`, for Q4_K, Q5_K and Q6_K
+/// where [`matmul_level`] is `Avx512` or above, and for F16 from `Avx2` on.
 pub fn gemm_fn(ty: QuantType) -> Option<Gemm> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -282,7 +282,7 @@ pub fn gemm_fn(ty: QuantType) -> Option<Gemm> {
         let ggml_order = level == Level::Avx2 && Level::Avx2.is_supported() && x86::ggml_order::dot_fn(ty).is_some();
         // the legacy types' kernels (AVX2 level) get 512-bit VNNI tiles: only where the cap
         // allows those instructions
-        if level == Level::Avx2 && detected_level() < Level::Avx512Vnni {
+        if level == Level::Avx2 && detected_level() < Level::Avx512Vnni && ty != QuantType::F16 {
             return None;
         }
         x86::gemm::Kind::for_level(ty, level, ggml_order).map(|kind| Gemm { kind })

@@ -40,9 +40,14 @@ pub struct Args {
     /// Texts per embedding call and per Arrow RecordBatch sent.
     #[arg(long = "batch", default_value_t = 64)]
     pub batch: usize,
-    /// Pooling: mean, last or cls (default: the model's pooling_type, else mean).
+    /// Pooling: mean, last, cls or rank (a reranker's scores; default: the model's
+    /// pooling_type, else mean).
     #[arg(long = "pooling")]
     pub pooling: Option<String>,
+    /// Keep the first N values of each vector (matryoshka truncation), normalized again
+    /// unless --no-normalize: for models trained for it (nomic-embed v1.5: 768, 512, 256, 128, 64).
+    #[arg(long = "dimensions", value_name = "N")]
+    pub dimensions: Option<usize>,
     /// Keep vectors unnormalized (default: L2-normalized).
     #[arg(long = "no-normalize")]
     pub no_normalize: bool,
@@ -88,7 +93,8 @@ fn parse_pooling(s: &str) -> Result<Pooling> {
         "mean" => Pooling::Mean,
         "last" => Pooling::Last,
         "cls" => Pooling::Cls,
-        _ => bail!("unknown --pooling {s:?} (mean, last or cls)"),
+        "rank" => Pooling::Rank,
+        _ => bail!("unknown --pooling {s:?} (mean, last, cls or rank)"),
     })
 }
 
@@ -163,7 +169,7 @@ pub fn main(a: Args) -> Result<()> {
         (None, false) => PrefixMode::Auto,
     };
     let pooling = a.pooling.as_deref().map(parse_pooling).transpose()?;
-    let embed = EmbedOptions { pooling, normalize: !a.no_normalize, task, prefix };
+    let embed = EmbedOptions { pooling, normalize: !a.no_normalize, task, prefix, dimensions: a.dimensions };
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
@@ -182,14 +188,14 @@ pub fn main(a: Args) -> Result<()> {
         },
     };
     let Some((data, meta, dataset)) = endpoints else {
-        let engine = model.spawn_service(ServiceOptions::default())?;
+        let engine = spawn(&model, a.ubatch)?;
         return print_vectors(&engine, &docs, &embed, a.batch);
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
         // connect before loading the model: a wrong address fails fast
         let mut client = LongbowClient::connect(&data, &meta).await.context("connecting to Longbow")?;
-        let engine = model.spawn_service(ServiceOptions::default())?;
+        let engine = spawn(&model, a.ubatch)?;
         if a.search {
             search(&engine, &client, &dataset, &docs, &embed, a.k).await
         } else {
@@ -200,8 +206,19 @@ pub fn main(a: Args) -> Result<()> {
     })
 }
 
+/// The engine for embedding: forwards of up to `ubatch` tokens, with a KV pool that holds a
+/// whole forward's texts (an encoder's texts live in the cache only during their forward).
+fn spawn(model: &ModelArgs, ubatch: usize) -> Result<EngineHandle> {
+    // (an unset context resolves to at least 512 tokens)
+    let engine = model.engine_with(|o| o.n_seq = o.n_seq.max(ubatch.div_ceil(if o.n_ctx == 0 { 512 } else { o.n_ctx })))?;
+    let opts = ServiceOptions { max_batch_tokens: ubatch.max(1), ..ServiceOptions::default() };
+    Ok(crate::common::with_engine!(engine, e => { EngineHandle::spawn(e, opts) }))
+}
+
+/// Print one JSON line per text, then the rate on stderr (model loading not counted).
 fn print_vectors(engine: &EngineHandle, docs: &[Doc], opts: &EmbedOptions, batch: usize) -> Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let t0 = Instant::now();
     for chunk in docs.chunks(batch) {
         let texts: Vec<String> = chunk.iter().map(|d| d.text.clone()).collect();
         let e = embed_texts_blocking(engine, &texts, opts)?;
@@ -211,6 +228,8 @@ fn print_vectors(engine: &EngineHandle, docs: &[Doc], opts: &EmbedOptions, batch
         }
     }
     out.flush()?;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("embedded {} texts in {secs:.2} s ({:.1} texts/s)", docs.len(), docs.len() as f64 / secs.max(1e-9));
     Ok(())
 }
 

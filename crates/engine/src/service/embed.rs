@@ -232,10 +232,10 @@ impl<M: StepModel> Scheduler<M> {
             let toks = &job.inputs[job.next];
             let (p0, n) = (long.done, chunk.min(toks.len() - long.done));
             let last = p0 + n == toks.len();
-            let want: Vec<usize> = match job.pooling {
-                Pooling::Mean => (0..n).collect(),
-                Pooling::Cls if p0 == 0 => vec![0],
-                Pooling::Last if last => vec![n - 1],
+            let want: Vec<usize> = match (job.pooling, encoder) {
+                (Pooling::Mean, _) => (0..n).collect(),
+                (Pooling::Cls, _) | (Pooling::Rank, true) if p0 == 0 => vec![0],
+                (Pooling::Last, _) | (Pooling::Rank, false) if last => vec![n - 1],
                 _ => vec![],
             };
             let batch = ForwardBatch {
@@ -253,44 +253,130 @@ impl<M: StepModel> Scheduler<M> {
             if last {
                 let mut l = job.long.take().expect("long input in progress");
                 self.blocks.release(&mut l.table);
-                job.out.push(l.pool.with(job.pooling, toks.len()), job.normalize, job.inputs.len())?;
+                let pooled = self.classify_if_rank(vec![l.pool.with(job.pooling, toks.len())], job.pooling)?;
+                for p in pooled {
+                    job.out.push(p, job.normalize, job.inputs.len())?;
+                }
                 job.next += 1;
             }
             return Ok(n);
         }
-        // short inputs: as many as the cap and the free blocks allow
+        self.embed_packed(job, cap, chunk, may_wait)
+    }
+
+    /// A packed forward of short inputs: `job`'s next ones first, then those of the jobs queued
+    /// behind it with the same pooling, as many as `cap` tokens and the free blocks allow (one
+    /// forward for many clients' texts). Results go to each job; the others that finish are
+    /// answered here. Returns the tokens run.
+    fn embed_packed(&mut self, job: &mut EmbedJob, cap: usize, chunk: usize, may_wait: bool) -> Result<usize, ServiceError> {
         let mut tables: Vec<Vec<u32>> = vec![];
+        let mut inputs: Vec<Vec<u32>> = vec![];
+        // (queue index or None for `job`, inputs taken)
+        let mut takes: Vec<(Option<usize>, usize)> = vec![];
         let mut n_tok = 0;
-        let first = job.next;
-        while first + tables.len() < job.inputs.len() {
-            let toks = &job.inputs[first + tables.len()];
-            // recurrent models have one scratch state slot: one text per forward
-            if toks.len() > chunk || n_tok + toks.len() > cap || (self.scratch_slot.is_some() && !tables.is_empty()) {
+        let one_per_forward = self.scratch_slot.is_some();
+        'jobs: for qi in std::iter::once(None).chain((0..self.embeds.len()).map(Some)) {
+            let j = match qi {
+                None => &*job,
+                Some(i) => &self.embeds[i],
+            };
+            if qi.is_some() && (j.long.is_some() || j.pooling != job.pooling) {
+                continue;
+            }
+            let mut taken = 0;
+            while j.next + taken < j.inputs.len() {
+                let toks = &j.inputs[j.next + taken];
+                // recurrent models have one scratch state slot: one text per forward
+                if toks.len() > chunk || n_tok + toks.len() > cap || (one_per_forward && !tables.is_empty()) {
+                    break;
+                }
+                let mut t = vec![];
+                if !self.blocks.reserve(&mut t, toks.len()) {
+                    if taken > 0 {
+                        takes.push((qi, taken));
+                    }
+                    break 'jobs;
+                }
+                n_tok += toks.len();
+                tables.push(t);
+                inputs.push(toks.clone());
+                taken += 1;
+            }
+            if taken > 0 {
+                takes.push((qi, taken));
+            }
+            if n_tok >= cap || (one_per_forward && !tables.is_empty()) {
                 break;
             }
-            let mut t = vec![];
-            if !self.blocks.reserve(&mut t, toks.len()) {
-                break;
-            }
-            n_tok += toks.len();
-            tables.push(t);
         }
         if tables.is_empty() {
             return if may_wait { Ok(0) } else { Err(ServiceError::Overloaded { queued: self.waiting.len() }) };
         }
-        let r = self.embed_group(&job.inputs[first..first + tables.len()], &tables, job.pooling);
+        let r = self.embed_group(&inputs, &tables, job.pooling).and_then(|p| self.classify_if_rank(p, job.pooling));
         for t in &mut tables {
             self.blocks.release(t);
         }
-        for v in r? {
-            job.out.push(v, job.normalize, job.inputs.len())?;
+        self.metrics.embed_forward_texts_total += inputs.len() as u64;
+        self.metrics.embed_forwards_total += 1;
+        let mut pooled = match r {
+            Ok(p) => p.into_iter(),
+            Err(e) => {
+                // the forward failed for every text in it
+                self.fail_queued(takes.iter().filter_map(|t| t.0).collect(), &e);
+                return Err(e);
+            }
+        };
+        let mut finished = vec![];
+        for &(qi, n) in &takes {
+            let j = match qi {
+                None => &mut *job,
+                Some(i) => &mut self.embeds[i],
+            };
+            let total = j.inputs.len();
+            for p in pooled.by_ref().take(n) {
+                j.out.push(p, j.normalize, total)?;
+            }
+            j.next += n;
+            if let Some(i) = qi.filter(|_| j.finished()) {
+                finished.push(i);
+            }
         }
-        job.next += tables.len();
+        for i in finished.into_iter().rev() {
+            let mut j = self.embeds.remove(i).expect("index in range");
+            let out = std::mem::take(&mut j.out);
+            self.end_embed(j, Ok(out));
+        }
         Ok(n_tok)
+    }
+
+    /// Fail the queued jobs at `indices` with `e`.
+    fn fail_queued(&mut self, mut indices: Vec<usize>, e: &ServiceError) {
+        indices.sort_unstable();
+        for i in indices.into_iter().rev() {
+            if let Some(j) = self.embeds.remove(i) {
+                self.end_embed(j, Err(e.clone()));
+            }
+        }
+    }
+
+    /// With rank pooling, the pooled states through the model's classification head (one
+    /// call for the group); other poolings pass through.
+    fn classify_if_rank(&mut self, pooled: Vec<PoolAcc>, pooling: Pooling) -> Result<Vec<PoolAcc>, ServiceError> {
+        if pooling != Pooling::Rank || pooled.is_empty() {
+            return Ok(pooled);
+        }
+        let rows = pooled.len();
+        let flat: Vec<f32> = pooled.iter().flat_map(|p| p.row().iter().copied()).collect();
+        let scores = self.model.classify(&flat, rows).map_err(ServiceError::InvalidRequest)?;
+        if scores.is_empty() || scores.len() % rows != 0 {
+            return Err(ServiceError::Inference(format!("{} scores for {rows} inputs", scores.len())));
+        }
+        Ok(scores.chunks(scores.len() / rows).map(|s| PoolAcc::of(s.to_vec())).collect())
     }
 
     /// One forward over several short sequences, each with its own block table.
     fn embed_group(&mut self, inputs: &[Vec<u32>], tables: &[Vec<u32>], pooling: Pooling) -> Result<Vec<PoolAcc>, ServiceError> {
+        let encoder = !self.model.causal();
         let mut batch = ForwardBatch {
             tokens: vec![],
             positions: vec![],
@@ -304,10 +390,10 @@ impl<M: StepModel> Scheduler<M> {
             batch.tokens.extend_from_slice(toks);
             batch.positions.extend(0..toks.len() as u32);
             batch.seqs.push(SeqBatch { start, len: toks.len(), block_table: table.clone() });
-            let want: Vec<usize> = match pooling {
-                Pooling::Mean => (start..start + toks.len()).collect(),
-                Pooling::Cls => vec![start],
-                Pooling::Last => vec![start + toks.len() - 1],
+            let want: Vec<usize> = match (pooling, encoder) {
+                (Pooling::Mean, _) => (start..start + toks.len()).collect(),
+                (Pooling::Cls, _) | (Pooling::Rank, true) => vec![start],
+                (Pooling::Last, _) | (Pooling::Rank, false) => vec![start + toks.len() - 1],
             };
             rows_per_seq.push(want.len());
             batch.logits_rows.extend(want);

@@ -89,6 +89,11 @@ impl<B: Backend> StepModel for EngineModel<B> {
         self.0.model.info().causal
     }
 
+    fn classify(&mut self, pooled: &[f32], rows: usize) -> Result<Vec<f32>, String> {
+        let e = &mut self.0;
+        e.model.classify(&e.backend, pooled, rows).map_err(|e| e.to_string())
+    }
+
     fn state_slots(&self) -> usize {
         self.0.n_state_slots
     }
@@ -276,6 +281,23 @@ impl EngineHandle {
                 if t.is_empty() {
                     return Err(ServiceError::InvalidRequest("empty input".into()));
                 }
+                if t.len() > self.inner.n_ctx {
+                    return Err(ServiceError::PromptTooLong { prompt: t.len(), ctx: self.inner.n_ctx });
+                }
+                Ok(t)
+            })
+            .collect()
+    }
+
+    /// A reranker's inputs: `query` paired with each document as the model's tokenizer pairs
+    /// them ([`Tokenizer::rerank_pair`]), each checked as [`tokenize_inputs`](Self::tokenize_inputs)
+    /// checks. (CPU work: async callers run it on a blocking thread.)
+    pub fn rerank_inputs(&self, query: &str, documents: &[String]) -> Result<Vec<Vec<u32>>, ServiceError> {
+        let tok = &self.inner.tokenizer;
+        documents
+            .iter()
+            .map(|d| {
+                let t = tok.rerank_pair(query, d);
                 if t.len() > self.inner.n_ctx {
                     return Err(ServiceError::PromptTooLong { prompt: t.len(), ctx: self.inner.n_ctx });
                 }

@@ -26,6 +26,16 @@ impl PoolAcc {
         self.last.extend_from_slice(row);
     }
 
+    /// A vector computed from the pooled ones (a classification head's scores).
+    pub(super) fn of(v: Vec<f32>) -> PoolAcc {
+        PoolAcc { sum: vec![], last: v, pooling: Pooling::Rank, n_tokens: 1 }
+    }
+
+    /// The pooled vector's values when pooling takes one row (CLS, last, rank).
+    pub(super) fn row(&self) -> &[f32] {
+        &self.last
+    }
+
     pub(super) fn with(mut self, pooling: Pooling, n_tokens: usize) -> PoolAcc {
         self.pooling = pooling;
         self.n_tokens = n_tokens.max(1);
@@ -40,7 +50,7 @@ impl PoolAcc {
     fn write(&self, out: &mut Vec<f32>) {
         match self.pooling {
             Pooling::Mean => out.extend(self.sum.iter().map(|&s| (s / self.n_tokens as f64) as f32)),
-            Pooling::Cls | Pooling::Last => out.extend_from_slice(&self.last),
+            Pooling::Cls | Pooling::Last | Pooling::Rank => out.extend_from_slice(&self.last),
         }
     }
 }

@@ -20,6 +20,11 @@ pub trait StepModel {
     }
     /// Final hidden states `(batch.logits_rows.len(), n_embd)` (embeddings).
     fn hidden(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, String>;
+    /// A cross-encoder's classification head on `rows` pooled states `(rows, n_embd)`:
+    /// scores `(rows, n_classes)`.
+    fn classify(&mut self, _pooled: &[f32], _rows: usize) -> Result<Vec<f32>, String> {
+        Err("the model has no classification head: it is not a reranking model".into())
+    }
     /// Whether tokens attend only to the ones before them (false: an encoder, whose texts
     /// each run whole in one forward).
     fn causal(&self) -> bool {

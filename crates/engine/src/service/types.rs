@@ -158,6 +158,23 @@ impl Embeddings {
     pub fn to_vecs(&self) -> Vec<Vec<f32>> {
         self.rows().map(<[f32]>::to_vec).collect()
     }
+
+    /// Matryoshka truncation: each vector's first `dims` values, L2-normalized again when
+    /// `normalize` (what OpenAI's and ollama's `dimensions` do; models trained for it, such as
+    /// nomic-embed v1.5, keep most of their quality at 256 or 128). `dims` must be in 1..=dim.
+    pub fn truncated(&self, dims: usize, normalize: bool) -> Result<Embeddings, ServiceError> {
+        if dims == 0 || dims > self.dim {
+            return Err(ServiceError::InvalidRequest(format!("dimensions must be in 1..={} for this model, got {dims}", self.dim)));
+        }
+        let mut data = Vec::with_capacity(self.len() * dims);
+        for r in self.rows() {
+            let v = &r[..dims];
+            let norm = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+            let k = if normalize && norm > 0.0 { 1.0 / norm } else { 1.0 };
+            data.extend(v.iter().map(|&x| (x as f64 * k) as f32));
+        }
+        Ok(Embeddings { dim: dims, data })
+    }
 }
 
 /// How hidden states become one embedding vector.
@@ -168,6 +185,9 @@ pub enum Pooling {
     Mean,
     Last,
     Cls,
+    /// A cross-encoder's relevance scores: the first token's state (an encoder's; a
+    /// decoder's last) through the model's classification head.
+    Rank,
 }
 
 #[derive(Clone, Debug)]
@@ -238,6 +258,8 @@ pub struct ModelSummary {
     pub size_bytes: u64,
     pub chat_template: Option<String>,
     pub pooling: Pooling,
+    /// Classes the model's classification head scores (0: none; 1 for a reranker).
+    pub n_classes: usize,
     /// KV cache element type ("f16", "q8_0", ...).
     pub kv_type: String,
     pub backend: String,
@@ -265,6 +287,10 @@ pub struct EngineMetrics {
     pub embeddings: usize,
     pub embedded_tokens_total: u64,
     pub embed_requests_finished_total: u64,
+    /// Embedding forwards run, and the texts in them (texts per forward: how well requests
+    /// from many clients are packed together).
+    pub embed_forwards_total: u64,
+    pub embed_forward_texts_total: u64,
     /// Recurrent (Mamba2) models: bytes of state slots (sequences, scratch, checkpoints).
     pub recurrent_state_bytes: u64,
     /// Recurrent models: non-finite values met in SSM state (recomputed in f64 or saturated).

@@ -179,10 +179,7 @@ pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
     /// `logit_scale`) overrides this.
     fn logits(&self, be: &B, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<B::Buf> {
         let head = self.head().ok_or_else(|| {
-            quarrel_core::CoreError::Unsupported(format!(
-                "{} is an embedding model: it has no logits to generate text with",
-                self.info().arch
-            ))
+            CoreError::Unsupported(format!("{} is an embedding model: it has no logits to generate text with", self.info().arch))
         })?;
         let normed = self.final_hidden(be, batch, kv)?;
         head.logits(be, &normed, batch.logits_rows.len(), self.info().n_vocab)
@@ -193,6 +190,18 @@ pub trait LayerStack<B: Backend>: StackParts<B> + Send + Sync {
     }
     /// See [`Model::set_context_len`].
     fn set_context_len(&mut self, _n_ctx: usize) {}
+    /// See [`Model::n_classes`].
+    fn n_classes(&self) -> usize {
+        0
+    }
+    /// See [`Model::classify`].
+    fn classify(&self, _be: &B, _pooled: &[f32], _rows: usize) -> Result<Vec<f32>> {
+        self.no_class_head()
+    }
+    /// The error of a model asked to classify that cannot.
+    fn no_class_head(&self) -> Result<Vec<f32>> {
+        Err(CoreError::Unsupported(format!("{} has no classification head: it is not a reranking (cross-encoder) model", self.info().arch)))
+    }
 }
 
 impl<B: Backend, S: LayerStack<B>> Model<B> for S {
@@ -218,6 +227,14 @@ impl<B: Backend, S: LayerStack<B>> Model<B> for S {
 
     fn op_times(&self) -> OpTimes {
         LayerStack::op_times(self)
+    }
+
+    fn n_classes(&self) -> usize {
+        LayerStack::n_classes(self)
+    }
+
+    fn classify(&self, be: &B, pooled: &[f32], rows: usize) -> Result<Vec<f32>> {
+        LayerStack::classify(self, be, pooled, rows)
     }
 }
 

