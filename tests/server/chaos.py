@@ -378,7 +378,7 @@ def main():
     mem_checked = args.duration >= 600
     summary = {
         "duration_s": args.duration, "clients": args.clients,
-        "load": {k: report[k] for k in ("requests", "complete", "errors", "incomplete", "errors_by_kind", "generated_tokens_per_s")},
+        "load": {k: report[k] for k in ("requests", "complete", "errors", "incomplete", "retries", "errors_by_kind", "generated_tokens_per_s")},
         "ttft_ms": report["ttft"], "faults_ok": {f"{k}/{w}": n for (k, w), n in sorted(tally.ok.items())},
         "faults_broken": tally.bad, "rss_mib": {"start": samples[0][1] if samples else 0,
                                                 "middle_min_max": [min(mid), max(mid)] if mid else [],
