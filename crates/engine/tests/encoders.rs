@@ -141,3 +141,26 @@ fn every_token_sees_the_whole_text_and_batches_change_nothing() {
         }
     }
 }
+
+#[test]
+fn requests_from_many_clients_share_forwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(&tiny("tiny-nomic-bert", dir.path()), EngineOptions { n_ctx: 64, n_seq: 32, ..Default::default() });
+    let h = EngineHandle::spawn(e, ServiceOptions { max_batch_tokens: 512, ..Default::default() });
+    let texts: Vec<Vec<u32>> = (0..24).map(|i| (0..8).map(|j| (i * 13 + j * 7) % 500 + 3).collect()).collect();
+    let one = |t: &Vec<u32>| h.embed_matrix_blocking(vec![Prompt::Tokens(t.clone())], Pooling::Mean, true).unwrap().row(0).to_vec();
+    // each alone (this also tells the scheduler how fast units run)
+    let alone: Vec<Vec<f32>> = texts.iter().map(one).collect();
+    let f0 = h.metrics().embed_forwards_total;
+    // 24 clients at once, one text each
+    let together: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let clients: Vec<_> = texts.iter().map(|t| s.spawn(move || one(t))).collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let forwards = h.metrics().embed_forwards_total - f0;
+    eprintln!("24 single-text requests at once: {forwards} forwards");
+    assert!(forwards <= 12, "{forwards} forwards for 24 concurrent single-text requests: they were not packed together");
+    for (a, b) in alone.iter().zip(&together) {
+        assert_eq!(a, b, "a text's vector depends on the requests it shared a forward with");
+    }
+}
