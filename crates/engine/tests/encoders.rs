@@ -159,7 +159,7 @@ fn requests_from_many_clients_share_forwards() {
     });
     let forwards = h.metrics().embed_forwards_total - f0;
     eprintln!("24 single-text requests at once: {forwards} forwards");
-    assert!(forwards <= 12, "{forwards} forwards for 24 concurrent single-text requests: they were not packed together");
+    assert!(forwards <= 16, "{forwards} forwards for 24 concurrent single-text requests: they were not packed together");
     for (a, b) in alone.iter().zip(&together) {
         assert_eq!(a, b, "a text's vector depends on the requests it shared a forward with");
     }
