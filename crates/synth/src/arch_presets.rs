@@ -124,6 +124,10 @@ const TINY_BERT: ArchPreset = ArchPreset {
     ..BASE
 };
 
+// BERT-base (12 layers of 768, 12 heads, the 30,522-token uncased WordPiece vocabulary)
+const BERT_BASE: ArchPreset =
+    ArchPreset { pattern: "AAAAAAAAAAAA", n_embd: 768, n_head: 12, n_head_kv: 12, n_ff: 3072, n_vocab: 30_522, ..TINY_BERT };
+
 const BASE: ArchPreset = ArchPreset {
     name: "",
     model: "",
@@ -337,33 +341,17 @@ pub static ARCH_PRESETS: &[ArchPreset] = &[
         rope_freq_base: 1000.0,
         ..TINY_BERT
     },
-    // nomic-ai/nomic-embed-text-v1.5
+    // nomic-ai/nomic-embed-text-v1.5: BERT-base widths, rotary positions, a longer context
     ArchPreset {
         name: "nomic-embed-text-v1.5",
         model: "nomic-embed-text v1.5",
         arch: "nomic-bert",
-        pattern: "AAAAAAAAAAAA",
-        n_embd: 768,
-        n_head: 12,
-        n_head_kv: 12,
-        n_ff: 3072,
-        n_vocab: 30_522,
         n_ctx: 2048,
         rope_freq_base: 1000.0,
-        ..TINY_BERT
+        ..BERT_BASE
     },
-    // BAAI/bge-base-en-v1.5 (BERT-base)
-    ArchPreset {
-        name: "bge-base-en-v1.5",
-        model: "bge-base-en v1.5",
-        pattern: "AAAAAAAAAAAA",
-        n_embd: 768,
-        n_head: 12,
-        n_head_kv: 12,
-        n_ff: 3072,
-        n_vocab: 30_522,
-        ..TINY_BERT
-    },
+    // BAAI/bge-base-en-v1.5
+    ArchPreset { name: "bge-base-en-v1.5", model: "bge-base-en v1.5", ..BERT_BASE },
     // google/gemma-3-270m
     ArchPreset {
         name: "gemma-3-270m",

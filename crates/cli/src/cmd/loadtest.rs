@@ -34,13 +34,13 @@ pub struct Args {
     pub clients: usize,
     /// Run at each of these client counts in turn (comma-separated, e.g. 16,64,128,256), each
     /// with the same --duration / --requests; replaces --clients.
-    #[arg(long, value_delimiter = ',', value_name = "CLIENTS", conflicts_with = "clients", env = "QUARREL_LOADTEST_SWEEP")]
+    #[arg(long, value_delimiter = ',', value_name = "CLIENTS", conflicts_with = "clients")]
     pub sweep: Vec<usize>,
     /// Seconds to wait between the points of a sweep, so the server is idle when the next starts.
-    #[arg(long = "sweep-pause", value_name = "SECONDS", default_value_t = 2.0, env = "QUARREL_LOADTEST_SWEEP_PAUSE")]
+    #[arg(long = "sweep-pause", value_name = "SECONDS", default_value_t = 2.0)]
     pub sweep_pause: f64,
     /// With --sweep: write an SVG plot here (tokens/s; TTFT and inter-token p50/p95/p99 against clients).
-    #[arg(long, value_name = "FILE.svg", requires = "sweep", env = "QUARREL_LOADTEST_PLOT")]
+    #[arg(long, value_name = "FILE.svg", requires = "sweep")]
     pub plot: Option<String>,
     /// Seconds to keep starting requests.
     #[arg(short = 'd', long)]
@@ -59,7 +59,7 @@ pub struct Args {
     pub temperature: f64,
     /// Seconds an HTTP request may take, to the end of its stream, before it counts as an error
     /// (default: no limit).
-    #[arg(long, value_name = "SECONDS", env = "QUARREL_LOADTEST_TIMEOUT")]
+    #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,
     /// API key (default: $QUARREL_API_KEY).
     #[arg(long = "api-key", env = "QUARREL_API_KEY")]
