@@ -12,7 +12,7 @@
 //! | `KvTypeArg`   | `--kv-type` | `CacheArgs`, bench |
 //! | `DeviceArgs`  | `--device`, `--expert-budget`, `--numerics` | `ModelArgs`, serve, bench, embed |
 //! | `SampleArgs`  | `--temp`, `--top-k`, ... `--stop`, `--ignore-eos` | run, chat |
-//! | `GenerationArgs` | all of `ModelArgs` and `SampleArgs` | run, chat |
+//! | `GenerationArgs` | all of `ModelArgs`, `SampleArgs` and `SpecArgs` (`speculate`) | run, chat |
 
 use quarrel_core::Numerics;
 
@@ -45,6 +45,15 @@ pub struct GenerationArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub spec: crate::speculate::SpecArgs,
+}
+
+impl GenerationArgs {
+    /// The model loaded, with the drafter the speculative-decoding flags ask for.
+    pub fn engine(&self) -> anyhow::Result<crate::common::AnyEngine> {
+        self.spec.load(&self.model)
+    }
 }
 
 /// `-m`: the model.

@@ -39,6 +39,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod common;
 mod config;
 mod resolve;
+mod speculate;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

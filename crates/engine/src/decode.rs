@@ -251,6 +251,26 @@ impl SeqDecoder {
         self.constraint.as_mut().map(|constraint| MaskJob { row, constraint })
     }
 
+    /// Whether a constraint (structured output) masks the picks.
+    pub fn has_constraint(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Where the request's seeded generator stands (`Sampler::draw_pos`).
+    pub fn draw_pos(&self) -> u128 {
+        self.sampler.draw_pos()
+    }
+
+    /// Put the generator back at `pos`: the draws of picks that were not used are returned.
+    pub fn set_draw_pos(&mut self, pos: u128) {
+        self.sampler.set_draw_pos(pos);
+    }
+
+    /// Tokens this sequence may still generate (`max_tokens` less those generated).
+    pub fn tokens_left(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated)
+    }
+
     /// Tokens accepted so far (end-of-generation tokens not counted).
     pub fn generated(&self) -> usize {
         self.generated

@@ -2,6 +2,7 @@
 
 use crate::blocks::{BlockPool, OutOfBlocks};
 use crate::decode::{forward_picks, MaskJob, Picked, RowPick};
+use crate::speculative::Speculator;
 use quarrel_core::{Backend, CoreError, ForwardBatch, KvSpec, KvType, SeqBatch, StateSpec};
 use quarrel_gguf::Gguf;
 use quarrel_models::Model;
@@ -75,6 +76,8 @@ pub struct Engine<B: Backend> {
     /// `n_seq` for concurrent sequences, one scratch slot (embeddings), then
     /// `n_state_checkpoints` prefix checkpoints.
     pub(crate) n_state_slots: usize,
+    /// Speculative decoding for `generate` (None: one token per forward).
+    pub(crate) speculator: Option<Speculator>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -132,7 +135,7 @@ impl<B: Backend> Engine<B> {
             0
         };
         let pool = BlockPool::new(n_blocks, opts.block_size);
-        let mut e = Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts, n_state_slots };
+        let mut e = Engine { backend, gguf, model, tokenizer, path: None, kv, pool, opts, n_state_slots, speculator: None };
         e.calibrate_kv()?;
         Ok(e)
     }
@@ -150,6 +153,27 @@ impl<B: Backend> Engine<B> {
             )));
         }
         Ok((0..n as u32).collect())
+    }
+
+    /// Decode with `s` from now on (None: without speculation). Models with recurrent layers
+    /// are refused: their state cannot step back over rejected drafts.
+    pub fn set_speculator(&mut self, s: Option<Speculator>) -> Result<(), EngineError> {
+        if s.is_some() && self.n_state_slots > 0 {
+            return Err(EngineError::InvalidRequest(format!(
+                "speculative decoding needs a model without recurrent layers ({} has some: its state cannot be rolled back over rejected drafts)",
+                self.model.info().arch
+            )));
+        }
+        if let Some(old) = self.speculator.as_mut() {
+            old.drafter.finish();
+        }
+        self.speculator = s;
+        Ok(())
+    }
+
+    /// The attached speculator, if any.
+    pub fn speculator(&self) -> Option<&Speculator> {
+        self.speculator.as_ref()
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -225,29 +249,30 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// Like `eval_sequence` with the last token's logits wanted, but returns the token `pick`
-    /// chooses from them among those `mask` allows (`decode::forward_picks`: on a device only
-    /// the id comes back unless the pick wants the logits).
-    pub(crate) fn run_sequence_pick(
+    /// Run `tokens` of one sequence from `start_pos` and pick a token at each of its last
+    /// `picks.len()` positions (a speculative step checks its drafts this way); the positions
+    /// before run in chunks of `n_batch` first.
+    pub(crate) fn run_sequence_picks(
         &mut self,
         table: &mut Vec<u32>,
         tokens: &[u32],
         start_pos: usize,
-        pick: &RowPick,
+        picks: &[RowPick],
         mask: Vec<MaskJob<'_>>,
-    ) -> Result<Picked, EngineError> {
-        if tokens.is_empty() {
-            return Err(EngineError::InvalidRequest("no tokens to run".into()));
+    ) -> Result<Vec<Picked>, EngineError> {
+        if tokens.is_empty() || picks.is_empty() || picks.len() > tokens.len() {
+            return Err(EngineError::InvalidRequest(format!("{} picks over {} tokens", picks.len(), tokens.len())));
         }
-        let last = (tokens.len() - 1) / self.opts.n_batch * self.opts.n_batch;
+        let first_row = tokens.len() - picks.len();
+        let last = ((tokens.len() - 1) / self.opts.n_batch * self.opts.n_batch).min(first_row);
         if last > 0 {
             self.eval_sequence(table, &tokens[..last], start_pos, &[])?;
         }
         let chunk = &tokens[last..];
         self.pool.reserve(table, start_pos + tokens.len())?;
-        let batch = self.seq_batch(table, chunk, start_pos + last, vec![chunk.len() - 1])?;
-        let picked = forward_picks(&*self.model, &self.backend, &batch, &mut self.kv, std::slice::from_ref(pick), mask)?;
-        picked.into_iter().next().ok_or_else(|| CoreError::Backend("the model's pick returned no row".into()).into())
+        let rows = (first_row - last..chunk.len()).collect();
+        let batch = self.seq_batch(table, chunk, start_pos + last, rows)?;
+        Ok(forward_picks(&*self.model, &self.backend, &batch, &mut self.kv, picks, mask)?)
     }
 
     /// Run several sequences in ONE forward pass (each from position 0), returning the logits

@@ -4,6 +4,7 @@
 use crate::decode::SeqDecoder;
 use crate::engine::{Engine, EngineError};
 use crate::sampler::SamplingParams;
+use crate::speculative::SpecStats;
 use quarrel_core::Backend;
 use std::time::{Duration, Instant};
 
@@ -65,6 +66,8 @@ pub struct Timings {
     /// Time of the decode steps after the first token.
     pub gen_time: Duration,
     pub time_to_first_token: Duration,
+    /// Speculative decoding's counts (zero without a speculator).
+    pub spec: SpecStats,
 }
 
 impl Timings {
@@ -109,7 +112,8 @@ impl<B: Backend> Engine<B> {
 
     /// The decode loop of one sequence: the `SeqDecoder` the service runs per request, fed
     /// by `forward_picks` over a batch of this one sequence (the prompt first, in chunks of
-    /// `n_batch`, then one token a step).
+    /// `n_batch`, then one token a step, or with a speculator the last token and its drafts,
+    /// one pick per position).
     fn generate_inner(
         &mut self,
         table: &mut Vec<u32>,
@@ -124,27 +128,51 @@ impl<B: Backend> Engine<B> {
         let mut history = prompt.to_vec();
         let mut n_computed = 0;
         let (mut text, mut tokens) = (String::new(), vec![]);
-        let finish = loop {
-            let pick = dec.next_pick(&history);
+        let finish = 'steps: loop {
+            let drafts = self.drafts(&history, n_computed, &dec, params.max_tokens)?;
+            if n_computed > 0 && self.speculator.is_some() {
+                timings.spec.target_steps += 1;
+            }
+            // one pick per checked position, each with the draw plain decoding would take there
+            let mut draw_pos = vec![dec.draw_pos()];
+            let mut picks = Vec::with_capacity(drafts.len() + 1);
+            let mut seen = history.clone();
+            for i in 0..=drafts.len() {
+                picks.push(dec.next_pick(&seen));
+                draw_pos.push(dec.draw_pos());
+                seen.extend(drafts.get(i));
+            }
             let mask = dec.mask_job(0).into_iter().collect();
-            let picked = self.run_sequence_pick(table, &history[n_computed..], n_computed, &pick, mask)?;
-            n_computed = history.len();
-            if n_computed == prompt.len() {
+            let picked = self.run_sequence_picks(table, &seen[n_computed..], n_computed, &picks, mask)?;
+            if n_computed == 0 {
                 timings.prompt_time = t0.elapsed();
                 timings.time_to_first_token = t0.elapsed();
                 t_first = Instant::now();
             }
-            let acc = dec.accept(&self.tokenizer, picked.id, picked.logits.as_deref(), history.len() + 1, self.opts.n_ctx);
-            if let Some((id, piece)) = acc.token {
-                history.push(id);
-                tokens.push(id);
-                text.push_str(&piece);
-                if !on_token(Event { token: Some(id), text: &piece }) {
-                    break FinishReason::Cancelled;
+            timings.spec.drafted += drafts.len();
+            n_computed = history.len();
+            for (i, p) in picked.iter().enumerate() {
+                let acc = dec.accept(&self.tokenizer, p.id, p.logits.as_deref(), history.len() + 1, self.opts.n_ctx);
+                let matched = drafts.get(i) == Some(&p.id);
+                if let Some((id, piece)) = acc.token {
+                    history.push(id);
+                    tokens.push(id);
+                    text.push_str(&piece);
+                    if !on_token(Event { token: Some(id), text: &piece }) {
+                        break 'steps FinishReason::Cancelled;
+                    }
                 }
-            }
-            if let Some(reason) = acc.finish {
-                break reason;
+                if let Some(reason) = acc.finish {
+                    break 'steps reason;
+                }
+                if !matched {
+                    // the target's own token ends the step; the draws of later rows go back
+                    dec.set_draw_pos(draw_pos[i + 1]);
+                    break;
+                }
+                // the drafted token is the target's pick: its keys and values are already in
+                timings.spec.accepted += 1;
+                n_computed += 1;
             }
         };
         let (rest, finish) = dec.finish(finish);
@@ -155,5 +183,21 @@ impl<B: Backend> Engine<B> {
         timings.gen_tokens = tokens.len();
         timings.gen_time = t_first.elapsed();
         Ok(Completion { text, tokens, finish_reason: finish, timings })
+    }
+
+    /// The tokens to check after `history` this step: none while the prompt runs, for a
+    /// constrained sequence (its masks follow the grammar one token at a time) or without a
+    /// speculator; never past `max_tokens`, the context or one forward's `n_batch`.
+    fn drafts(&mut self, history: &[u32], n_computed: usize, dec: &SeqDecoder, max_tokens: usize) -> Result<Vec<u32>, EngineError> {
+        let Some(spec) = self.speculator.as_mut() else { return Ok(vec![]) };
+        if n_computed + 1 != history.len() || dec.has_constraint() {
+            return Ok(vec![]);
+        }
+        // the step's last pick needs no draft before it: room for one token less
+        let room = max_tokens
+            .saturating_sub(dec.generated() + 1)
+            .min(self.opts.n_ctx.saturating_sub(history.len() + 1))
+            .min(self.opts.n_batch - 1);
+        spec.propose(history, room)
     }
 }

@@ -23,6 +23,7 @@
 //! | `kv_calibrate` | quantized KV caches: a fixed calibration pass at load (sets the CPU cache's key offsets) |
 //! | `blocks`     | KV block pool (synchronous paths) |
 //! | `service`    | continuous batching: step loop thread, scheduler, prefix cache (with recurrent-state checkpoints for hybrid models), async API |
+//! | `speculative` | speculative decoding: drafters (a smaller model, prompt lookup) and how many tokens to draft; `generate` checks the drafts in one forward |
 //! | `embedding`  | text embeddings: model-family task prefixes, pooling choice, `embed_texts` |
 
 mod blocks;
@@ -36,6 +37,7 @@ mod perplexity;
 mod raw;
 pub mod sampler;
 pub mod service;
+pub mod speculative;
 pub mod stop;
 
 pub use blocks::{BlockPool, OutOfBlocks};
@@ -48,3 +50,4 @@ pub use service::{
     EngineHandle, EngineMetrics, ModelSummary, Pooling, Priority, Prompt, Request, RequestId, RequestStream, RequestTimings, ServiceError,
     ServiceOptions, StreamEvent, TokenLogprob, Usage,
 };
+pub use speculative::{Drafter, ModelDrafter, NgramDrafter, SpecOptions, SpecStats, Speculator};

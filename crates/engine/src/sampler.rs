@@ -127,6 +127,18 @@ impl Sampler {
         Sampler { params, rng }
     }
 
+    /// Where the request's generator stands (a count of drawn words).
+    pub fn draw_pos(&self) -> u128 {
+        self.rng.get_word_pos()
+    }
+
+    /// Put the generator back at `pos` (from [`draw_pos`](Self::draw_pos)): a speculative
+    /// step returns the draws of the rows it rejected, so the next pick takes the draw plain
+    /// decoding would.
+    pub fn set_draw_pos(&mut self, pos: u128) {
+        self.rng.set_word_pos(pos);
+    }
+
     /// Pick the next token from `logits` given the tokens so far (`history`, prompt included).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         if self.params.is_plain_greedy() {

@@ -40,6 +40,8 @@ pub struct Knobs {
     pub ignore_eos: bool,
     /// Token id -> bias added to its logit (OpenAI `logit_bias`, -100..=100).
     pub logit_bias: Vec<(u32, f32)>,
+    /// `false`: no speculative decoding for this request (default: the server's setting).
+    pub speculative: Option<bool>,
 }
 
 fn range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
@@ -175,6 +177,7 @@ pub async fn start(state: &AppState, model: Option<&str>, mut prompt: Prompt, kn
     let mut req = Request::new(prompt, params);
     req.logprobs = logprobs;
     req.constraint = constraint;
+    req.speculative = knobs.speculative.unwrap_or(true);
     req.timeout = Some(state.config.request_timeout);
     // tokenizing (up to --max-prompt bytes) and rendering the template are CPU work: off the
     // async threads, which keep serving other connections meanwhile

@@ -104,7 +104,7 @@ impl Metrics {
         let tokens_in = IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens of finished requests"), &["model"])?;
         let tokens_out = IntCounterVec::new(Opts::new("generated_tokens_total", "Generated tokens"), &["model"])?;
         let engine = IntGaugeVec::new(Opts::new("engine", "Engine gauges: queue_depth, running, embeddings, batch_tokens, kv_blocks_used, kv_blocks_free, kv_blocks_total, kv_blocks_cached, kv_block_size, recurrent_state_bytes, state_checkpoints"), &["model", "gauge"])?;
-        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, embed_requests_finished, embedded_tokens, embed_forwards, embed_forward_texts, prompt_tokens, generated_tokens, ssm_nonfinite"), &["model", "counter"])?;
+        let engine_counters = IntGaugeVec::new(Opts::new("engine_counter", "Engine counters since load: steps, preemptions, prefix_hit_tokens, requests_finished, embed_requests_finished, embedded_tokens, embed_forwards, embed_forward_texts, prompt_tokens, generated_tokens, ssm_nonfinite, spec_drafted, spec_accepted, spec_steps"), &["model", "counter"])?;
         let models_loaded = IntGauge::new("models_loaded", "Models loaded")?;
         let model_bytes =
             IntGaugeVec::new(Opts::new("model_memory_bytes", "Resident bytes per loaded model (weights + KV cache)"), &["model"])?;
@@ -205,6 +205,9 @@ impl Metrics {
                 ("embed_forward_texts", e.embed_forward_texts_total),
                 ("prompt_tokens", e.prompt_tokens_total),
                 ("generated_tokens", e.generated_tokens_total),
+                ("spec_drafted", e.spec_drafted_total),
+                ("spec_accepted", e.spec_accepted_total),
+                ("spec_steps", e.spec_steps_total),
                 ("ssm_nonfinite", e.ssm_nonfinite_total),
             ] {
                 self.engine_counters.with_label_values(&[name, k]).set(v as i64);

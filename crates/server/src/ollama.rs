@@ -40,6 +40,8 @@ pub struct Options {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub num_ctx: Option<i64>,
+    /// Quarrel's extension: `false` turns speculative decoding off for this request.
+    pub speculative: Option<bool>,
 }
 
 impl Options {
@@ -63,6 +65,7 @@ impl Options {
             frequency_penalty: self.frequency_penalty,
             logprobs: None,
             default_temperature: 0.8,
+            speculative: self.speculative,
             ..Default::default()
         })
     }

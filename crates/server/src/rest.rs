@@ -93,6 +93,8 @@ pub struct StreamRequest {
     pub seed: Option<i64>,
     pub stop: Option<StringOrList>,
     pub repeat_penalty: Option<f64>,
+    /// `false`: no speculative decoding for this request.
+    pub speculative: Option<bool>,
 }
 
 impl StreamRequest {
@@ -112,6 +114,7 @@ impl StreamRequest {
             seed: self.seed,
             stop: self.stop.map(StringOrList::into_vec).unwrap_or_default(),
             repeat_penalty: self.repeat_penalty,
+            speculative: self.speculative,
             default_temperature: 0.8,
             ..Default::default()
         };

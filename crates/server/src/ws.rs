@@ -80,6 +80,7 @@ struct InferencePayload {
     seed: Option<i64>,
     stop: Option<StringOrList>,
     stream: Option<bool>,
+    speculative: Option<bool>,
 }
 
 fn err_msg(id: Option<&Value>, e: &ApiError) -> Value {
@@ -304,6 +305,7 @@ async fn inference(
         seed: p.seed,
         stop: p.stop,
         repeat_penalty: None,
+        speculative: p.speculative,
     };
     let (model, prompt, knobs) = req.prompt_and_knobs()?;
     let started = start(state, model.as_deref(), prompt, &knobs).await?;

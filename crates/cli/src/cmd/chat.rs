@@ -28,7 +28,7 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> Result<()> {
-    with_engine!(a.generation.model.engine()?, engine => {
+    with_engine!(a.generation.engine()?, engine => {
         let mut history: Vec<ChatMessage> = vec![];
         if let Some(s) = &a.system {
             history.push(ChatMessage::new("system", s));
@@ -68,7 +68,7 @@ pub fn main(a: Args) -> Result<()> {
                 continue;
             }
             let (c, reply) = answer(&mut engine, &ids, &params, &plan)?;
-            eprintln!("({} tokens, {:.1} t/s)", c.timings.gen_tokens, c.timings.gen_tps());
+            eprintln!("({} tokens, {:.1} t/s{})", c.timings.gen_tokens, c.timings.gen_tps(), crate::speculate::summary(&c.timings.spec, c.timings.gen_tokens));
             let mut m = ChatMessage::new("assistant", reply.content.trim());
             if !reply.reasoning.is_empty() {
                 m.reasoning_content = Some(reply.reasoning.trim().to_string());

@@ -37,7 +37,7 @@ pub fn main(a: Args) -> Result<()> {
             s
         }
     };
-    with_engine!(a.generation.model.engine()?, engine => {
+    with_engine!(a.generation.engine()?, engine => {
         let templated = !a.raw && engine.tokenizer.chat_template().is_some();
         let ids = if templated {
             let mut msgs = vec![];
@@ -53,14 +53,15 @@ pub fn main(a: Args) -> Result<()> {
         let c = stream_to_stdout(&mut engine, &ids, &params)?;
         let t = &c.timings;
         eprintln!(
-            "\nprompt: {} tokens in {:.1} ms ({:.1} t/s) | generated: {} tokens, {:.1} t/s | first token after {:.1} ms | finish: {}",
+            "\nprompt: {} tokens in {:.1} ms ({:.1} t/s) | generated: {} tokens, {:.1} t/s | first token after {:.1} ms | finish: {}{}",
             t.prompt_tokens,
             t.prompt_time.as_secs_f64() * 1e3,
             t.prompt_tps(),
             t.gen_tokens,
             t.gen_tps(),
             t.time_to_first_token.as_secs_f64() * 1e3,
-            c.finish_reason.as_str()
+            c.finish_reason.as_str(),
+            crate::speculate::summary(&t.spec, t.gen_tokens)
         );
         Ok(())
     })

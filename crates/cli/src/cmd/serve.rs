@@ -3,6 +3,7 @@
 
 use crate::args::{EngineArgs, ModelArg, ModelArgs, TemplateArg};
 use crate::resolve::{cache_dir, resolve_model};
+use crate::speculate::SpecArgs;
 use anyhow::{bail, Context, Result};
 use quarrel_engine::{EngineHandle, ServiceOptions};
 use quarrel_server::{AppState, KeyStore, ModelEntry, ModelLoader, RateLimit, Registry, ServerConfig};
@@ -40,6 +41,8 @@ pub struct Args {
     pub template: TemplateArg,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Most sequences decoding at once per model.
     #[arg(long, default_value_t = 64, env = "QUARREL_PARALLEL")]
     pub parallel: usize,
@@ -117,6 +120,7 @@ struct CliLoader {
     explicit: Vec<ModelEntry>,
     models_dir: Option<PathBuf>,
     args: ModelArgs,
+    spec: SpecArgs,
     opts: ServiceOptions,
     kv_seqs: usize,
 }
@@ -172,7 +176,7 @@ impl ModelLoader for CliLoader {
         let mut args = self.args.clone();
         args.model.name = Some(entry.path.to_string_lossy().into_owned());
         let kv_seqs = self.kv_seqs;
-        let engine = args.engine_with(|o| o.n_seq = kv_seqs.max(1)).map_err(|e| {
+        let engine = self.spec.load_with(&args, |o| o.n_seq = kv_seqs.max(1)).map_err(|e| {
             // the operator's log gets the path; clients get the file name only (they never
             // see where the server keeps its files)
             let full = format!("{e:#}");
@@ -290,6 +294,7 @@ pub fn main(a: Args) -> Result<()> {
         explicit: explicit.clone(),
         models_dir: a.models_dir.clone(),
         args: ModelArgs { model: ModelArg::default(), template: a.template.clone(), engine: a.engine.clone() },
+        spec: a.spec.clone(),
         opts,
         kv_seqs: a.kv_seqs,
     };

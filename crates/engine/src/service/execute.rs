@@ -23,14 +23,21 @@ impl<M: StepModel> Scheduler<M> {
                 continue;
             }
             let start = batch.tokens.len();
-            batch.tokens.extend_from_slice(&s.tokens[s.n_computed..s.n_computed + s.sched]);
+            let real = s.sched - s.drafts.len();
+            batch.tokens.extend_from_slice(&s.tokens[s.n_computed..s.n_computed + real]);
+            batch.tokens.extend_from_slice(&s.drafts);
             batch.positions.extend((s.n_computed..s.n_computed + s.sched).map(|p| p as u32));
             batch.seqs.push(SeqBatch { start, len: s.sched, block_table: s.table.clone() });
             if self.scratch_slot.is_some() {
                 // max_running <= slots, so every running request has one
                 batch.state_slots.push(self.slot_of.get(&s.id).copied().unwrap_or(u32::MAX));
             }
-            if s.n_computed + s.sched == s.tokens.len() {
+            if !s.drafts.is_empty() {
+                // one row per checked position: after the last real token and each draft
+                row_of[i] = Some(batch.logits_rows.len());
+                batch.logits_rows.extend(start + real - 1..start + s.sched);
+                picks.extend(s.draft_picks());
+            } else if s.n_computed + s.sched == s.tokens.len() {
                 row_of[i] = Some(batch.logits_rows.len());
                 batch.logits_rows.push(start + s.sched - 1);
                 picks.push(s.next_pick());
@@ -61,9 +68,38 @@ impl<M: StepModel> Scheduler<M> {
             if s.sched == 0 {
                 continue;
             }
-            s.n_computed += s.sched;
+            let n_drafts = s.drafts.len();
+            s.n_computed += s.sched - n_drafts;
             if s.n_computed <= s.prompt_len {
                 self.metrics.prompt_tokens_total += s.sched as u64;
+            }
+            let mut fin = None;
+            if let Some(r) = row_of[i] {
+                // the picks in order: each drafted token that is the target's own pick is kept
+                // (its keys and values are already in); the first that is not, or the pick
+                // after the last draft, is the step's last token
+                let (before, mut accepted) = (s.generated(), 0);
+                for j in 0..=n_drafts {
+                    fin = s.accept(&picked[r + j], &self.tok, self.n_ctx);
+                    if fin.is_some() {
+                        break;
+                    }
+                    if s.drafts.get(j) != Some(&picked[r + j].id) {
+                        if n_drafts > 0 {
+                            s.return_draws(j);
+                        }
+                        break;
+                    }
+                    s.n_computed += 1;
+                    accepted += 1;
+                }
+                self.metrics.generated_tokens_total += (s.generated() - before) as u64;
+                if n_drafts > 0 {
+                    self.metrics.spec_drafted_total += n_drafts as u64;
+                    self.metrics.spec_accepted_total += accepted as u64;
+                    self.metrics.spec_steps_total += 1;
+                    s.draft_len = if accepted == n_drafts { s.draft_len + 2 } else { s.draft_len.saturating_sub(1).max(1) };
+                }
             }
             // newly completed full blocks join the prefix cache
             while s.hashes.len() < s.n_computed / bs {
@@ -78,13 +114,8 @@ impl<M: StepModel> Scheduler<M> {
             if recurrent_cache && n <= s.prompt_len && n % bs == 0 && n % pc == 0 && n / bs >= 1 && n / bs <= s.hashes.len() {
                 checkpoints.push((s.id, n, s.hashes[n / bs - 1]));
             }
-            if let Some(r) = row_of[i] {
-                let before = s.generated();
-                let fin = s.accept(&picked[r], &self.tok, self.n_ctx);
-                self.metrics.generated_tokens_total += (s.generated() - before) as u64;
-                if let Some(reason) = fin {
-                    finished.push((s.id, reason));
-                }
+            if let Some(reason) = fin {
+                finished.push((s.id, reason));
             }
         }
         self.take_checkpoints(&checkpoints);

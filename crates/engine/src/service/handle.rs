@@ -9,6 +9,7 @@ use super::types::*;
 use crate::constraint::{Constraint, ConstraintCompiler, ConstraintSpec};
 use crate::decode::{forward_picks, MaskJob, Picked, RowPick};
 use crate::engine::Engine;
+use crate::speculative::{DraftRequest, SpecOptions};
 use quarrel_core::Backend;
 use quarrel_tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -115,6 +116,25 @@ impl<B: Backend> StepModel for EngineModel<B> {
             0
         } else {
             self.0.opts.n_state_checkpoints
+        }
+    }
+
+    fn drafting(&self) -> Option<SpecOptions> {
+        let s = self.0.speculator.as_ref()?;
+        // a host backend's matmuls turn compute-bound after a few rows; a GPU's after many
+        let auto = if self.0.backend.computes_on_host() { 16 } else { 96 };
+        Some(SpecOptions { step_budget: if s.opts.step_budget == 0 { auto } else { s.opts.step_budget }, ..s.opts })
+    }
+
+    fn draft(&mut self, reqs: &[DraftRequest<'_>]) -> Vec<Vec<u32>> {
+        let Some(s) = self.0.speculator.as_mut() else { return vec![] };
+        // drafts are an optimization: a failing drafter leaves the step plain
+        s.drafter.draft_many(reqs).unwrap_or_default()
+    }
+
+    fn release_drafts(&mut self, key: u64) {
+        if let Some(s) = self.0.speculator.as_mut() {
+            s.drafter.release(key);
         }
     }
 
@@ -248,6 +268,8 @@ impl EngineHandle {
             constraint,
             tx,
         );
+        let mut seq = seq;
+        seq.speculative = req.speculative;
         if let Err(e) = self.send(Cmd::Submit(Box::new(seq))) {
             self.inner.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(e);

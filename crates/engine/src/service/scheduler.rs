@@ -11,6 +11,7 @@ use super::state::Checkpoints;
 use super::step_model::StepModel;
 use super::types::{EngineMetrics, RequestId, ServiceError, ServiceOptions, StreamEvent};
 use crate::generate::FinishReason;
+use crate::speculative::DraftRequest;
 use quarrel_tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,6 +20,10 @@ use std::time::Instant;
 /// Generated tokens re-fed after a preemption go in pieces below the attention kernels'
 /// batch threshold (64), so they are computed exactly like the decode steps that made them.
 const REFEED_CHUNK: usize = 32;
+
+/// A request's first draft length (then it follows acceptance: +2 after a step whose drafts
+/// were all accepted, -1 otherwise).
+const DRAFT_START: usize = 5;
 
 /// Recurrent models: prompt chunks (and so state checkpoints) every this many tokens at most.
 const RECURRENT_CHUNK: usize = 128;
@@ -133,6 +138,8 @@ impl<M: StepModel> Scheduler<M> {
 
     pub(super) fn release(&mut self, s: &mut Seq) {
         self.blocks.release(&mut s.table);
+        s.drafts.clear();
+        self.model.release_drafts(s.id);
         if !s.admitted {
             s.admitted = true;
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -177,6 +184,8 @@ impl<M: StepModel> Scheduler<M> {
         let pc = self.opts.prompt_chunk;
         let want = if s.n_computed < s.prompt_len {
             ((s.n_computed / pc + 1) * pc).min(s.prompt_len) - s.n_computed
+        } else if !s.drafts.is_empty() {
+            1 + s.drafts.len()
         } else {
             s.remaining().min(REFEED_CHUNK)
         };
@@ -185,6 +194,56 @@ impl<M: StepModel> Scheduler<M> {
             w if w <= budget => Some(w),
             _ if full => Some(budget),
             _ => None,
+        }
+    }
+
+    /// Drop request `i`'s drafts: it runs as a plain decode (1 token).
+    fn without_drafts(&mut self, i: usize) -> Option<usize> {
+        let s = &mut self.running[i];
+        if s.drafts.is_empty() {
+            return None;
+        }
+        s.drafts.clear();
+        Some(1)
+    }
+
+    /// Speculative decoding: drafts for the decoding requests that allow it, within the
+    /// drafter's step budget shared among them (fewer each as more requests decode, none
+    /// when a step is large enough that checking them would cost more than it saves), and
+    /// each request's own draft length, which follows how many of its drafts are accepted.
+    fn plan_drafts(&mut self) {
+        for s in &mut self.running {
+            s.drafts.clear();
+        }
+        let Some(spec) = self.model.drafting() else { return };
+        if self.scratch_slot.is_some() {
+            return; // recurrent state cannot step back over rejected drafts
+        }
+        let cands: Vec<usize> = (0..self.running.len()).filter(|&i| self.running[i].may_draft()).collect();
+        if cands.is_empty() {
+            return;
+        }
+        let share = (spec.step_budget / cands.len()).min(spec.draft_max);
+        if share == 0 || share < spec.draft_min.max(1) {
+            return;
+        }
+        let n_ctx = self.n_ctx;
+        let wants: Vec<(usize, usize)> = cands
+            .into_iter()
+            .filter_map(|i| {
+                let s = &mut self.running[i];
+                s.draft_len = if s.draft_len == 0 { DRAFT_START } else { s.draft_len }.clamp(1, spec.draft_max);
+                let n = s.draft_len.min(share).min(s.room_after_next(n_ctx));
+                (n > 0 && n >= spec.draft_min).then_some((i, n))
+            })
+            .collect();
+        let reqs: Vec<DraftRequest<'_>> =
+            wants.iter().map(|&(i, n)| DraftRequest { key: self.running[i].id, history: &self.running[i].tokens, n_max: n }).collect();
+        let drafts = self.model.draft(&reqs);
+        for (&(i, _), d) in wants.iter().zip(drafts) {
+            if d.len() >= spec.draft_min.max(1) {
+                self.running[i].drafts = d;
+            }
         }
     }
 
@@ -202,6 +261,7 @@ impl<M: StepModel> Scheduler<M> {
         for s in &mut self.running {
             s.sched = 0;
         }
+        self.plan_drafts();
         self.schedule_running(&mut budget);
         self.admit(&mut budget);
         let n_tokens = self.opts.max_batch_tokens - budget;
@@ -245,8 +305,15 @@ impl<M: StepModel> Scheduler<M> {
                 continue;
             }
             let full = *budget == self.opts.max_batch_tokens;
-            let Some(mut n) = self.chunk_len(&self.running[i], *budget, full) else { continue };
+            let Some(mut n) = self.chunk_len(&self.running[i], *budget, full).or_else(|| self.without_drafts(i)) else { continue };
             let (have, done) = (self.running[i].table.len(), self.running[i].n_computed);
+            if !self.running[i].drafts.is_empty() && self.blocks.blocks_needed(have, done + n) > self.blocks.n_available() {
+                // drafts never take memory a decode needs
+                n = self.without_drafts(i).unwrap_or(1);
+            }
+            if let Some(d) = n.checked_sub(1).filter(|_| !self.running[i].drafts.is_empty()) {
+                self.running[i].drafts.truncate(d);
+            }
             if self.blocks.blocks_needed(have, done + n) > self.blocks.n_available() {
                 if n == 1 {
                     // a decode must not stall: take memory from the newest unscheduled request

@@ -35,6 +35,14 @@ pub(crate) struct Seq {
     pub tx: UnboundedSender<StreamEvent>,
     /// Tokens scheduled in the current step.
     pub sched: usize,
+    /// The request allows speculative decoding.
+    pub speculative: bool,
+    /// Tokens drafted for this step, checked after the last real token.
+    pub drafts: Vec<u32>,
+    /// How many tokens to draft next (grows while drafts are accepted, shrinks when not).
+    pub draft_len: usize,
+    /// The decoder's generator position before each of this step's picks, and after the last.
+    pub draw_marks: Vec<u128>,
 }
 
 impl Seq {
@@ -70,6 +78,10 @@ impl Seq {
             last_token: None,
             tx,
             sched: 0,
+            speculative: true,
+            drafts: vec![],
+            draft_len: 0,
+            draw_marks: vec![],
         }
     }
 
@@ -97,6 +109,7 @@ impl Seq {
         self.n_computed = 0;
         self.hashes.clear();
         self.sched = 0;
+        self.drafts.clear();
     }
 
     pub fn send(&self, ev: StreamEvent) {
@@ -127,6 +140,39 @@ impl Seq {
     /// How the token after the last one is picked (one call per pick: it may take a draw).
     pub fn next_pick(&mut self) -> RowPick {
         self.dec.next_pick(&self.tokens)
+    }
+
+    /// The picks of a step that checks `drafts`: one after the last token and one after each
+    /// draft, each as plain decoding would make it there (penalties over the tokens before it,
+    /// the next draw); `draw_marks` records the generator between them.
+    pub fn draft_picks(&mut self) -> Vec<RowPick> {
+        let mut seen = self.tokens.clone();
+        self.draw_marks = vec![self.dec.draw_pos()];
+        let mut picks = Vec::with_capacity(self.drafts.len() + 1);
+        for i in 0..=self.drafts.len() {
+            picks.push(self.dec.next_pick(&seen));
+            self.draw_marks.push(self.dec.draw_pos());
+            seen.extend(self.drafts.get(i));
+        }
+        picks
+    }
+
+    /// After row `i` of a drafted step ended it, the later rows' draws go back.
+    pub fn return_draws(&mut self, i: usize) {
+        if let Some(&p) = self.draw_marks.get(i + 1) {
+            self.dec.set_draw_pos(p);
+        }
+    }
+
+    /// Whether this request may draft now: decoding (its last token the only one to run),
+    /// unconstrained (masks follow the grammar one token at a time), speculative.
+    pub fn may_draft(&self) -> bool {
+        self.speculative && self.n_computed > 0 && self.remaining() == 1 && !self.dec.has_constraint()
+    }
+
+    /// Tokens this request may still generate beyond the next one.
+    pub fn room_after_next(&self, n_ctx: usize) -> usize {
+        self.dec.tokens_left().saturating_sub(1).min(n_ctx.saturating_sub(self.tokens.len() + 1))
     }
 
     /// A constrained request's mask for its next pick, logits row `row` (None:

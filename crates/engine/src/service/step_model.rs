@@ -2,6 +2,7 @@
 //! tokens, hidden states for embeddings, and the recurrent-state slots.
 
 use crate::decode::{masks_now, pick_on_host, MaskJob, Picked, RowPick};
+use crate::speculative::{DraftRequest, SpecOptions};
 use quarrel_core::ForwardBatch;
 
 /// What the scheduler needs from a model: a batched forward over the paged cache.
@@ -51,6 +52,17 @@ pub trait StepModel {
     fn op_times(&self) -> quarrel_models::layers::timing::OpTimes {
         Default::default()
     }
+    /// Speculative decoding: how much to draft (None: the model has no drafter).
+    fn drafting(&self) -> Option<SpecOptions> {
+        None
+    }
+    /// Drafts for running sequences (keyed by request id), one entry per request; a drafter
+    /// that fails drafts nothing this step.
+    fn draft(&mut self, _reqs: &[DraftRequest<'_>]) -> Vec<Vec<u32>> {
+        vec![]
+    }
+    /// Request `key` is over: the drafter drops its cache.
+    fn release_drafts(&mut self, _key: u64) {}
     /// Copy recurrent state slot `src` to `dst`.
     fn copy_state(&mut self, _src: u32, _dst: u32) -> Result<(), String> {
         Err("the model has no recurrent state".into())

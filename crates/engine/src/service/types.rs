@@ -49,11 +49,14 @@ pub struct Request {
     pub timeout: Option<Duration>,
     /// Structured output: what the generated text must follow (checked by `submit`).
     pub constraint: Option<ConstraintSpec>,
+    /// Use the engine's speculative decoding, when it has a drafter (the output is the same
+    /// either way; false saves the drafting work).
+    pub speculative: bool,
 }
 
 impl Request {
     pub fn new(prompt: Prompt, params: GenerateParams) -> Request {
-        Request { prompt, params, priority: Priority::Interactive, logprobs: None, timeout: None, constraint: None }
+        Request { prompt, params, priority: Priority::Interactive, logprobs: None, timeout: None, constraint: None, speculative: true }
     }
 }
 
@@ -283,6 +286,11 @@ pub struct EngineMetrics {
     pub prompt_tokens_total: u64,
     pub generated_tokens_total: u64,
     pub requests_finished_total: u64,
+    /// Speculative decoding: tokens drafted and checked, drafts accepted, and sequence steps
+    /// that checked drafts (accepted / steps + 1: tokens per target step).
+    pub spec_drafted_total: u64,
+    pub spec_accepted_total: u64,
+    pub spec_steps_total: u64,
     /// Embedding requests queued or running (`/v1/embeddings`, ollama embed, Flight).
     pub embeddings: usize,
     pub embedded_tokens_total: u64,

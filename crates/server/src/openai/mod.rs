@@ -73,6 +73,9 @@ pub struct Generation {
     /// Token id (as a string key) -> bias added to its logit, -100..=100.
     #[schema(value_type = Object)]
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// Extension: `false` turns the server's speculative decoding off for this request (the
+    /// output is the same either way).
+    pub speculative: Option<bool>,
     /// Structured output in llama-server's and vLLM's spellings.
     #[serde(flatten)]
     pub guided: GuidedFields,
@@ -95,6 +98,7 @@ impl Generation {
             logprobs,
             default_temperature: 1.0,
             ignore_eos: self.ignore_eos,
+            speculative: self.speculative,
             ..Default::default()
         }
     }
