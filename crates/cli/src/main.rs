@@ -12,6 +12,7 @@
 //! | `cmd::perplexity` | `quarrel perplexity` (llama.cpp protocol) |
 //! | `cmd::inspect`  | `quarrel inspect`: metadata and tensor table |
 //! | `cmd::consistency` | `quarrel consistency`: prefill vs decode, batched vs alone (quarrel-bench) |
+//! | `cmd::quantize` | `quarrel quantize`: a GGUF model converted to another file type (llama-quantize's mixes) |
 //! | `cmd::synth`    | `quarrel synth`: random-weights models with real shapes (quarrel-synth) |
 //! | `cmd::bench`    | `quarrel bench`: llama-bench's protocol, flags and output (quarrel-bench) |
 //! | `cmd::batched_bench` | `quarrel batched-bench`: N parallel sequences (llama-batched-bench; quarrel-bench) |
@@ -66,6 +67,7 @@ pub(crate) enum Command {
     Perplexity(cmd::perplexity::Args),
     Consistency(cmd::consistency::Args),
     Inspect(cmd::inspect::Args),
+    Quantize(cmd::quantize::Args),
     Synth(cmd::synth::Args),
     Pull(cmd::pull::Args),
     Ls(cmd::models::LsArgs),
@@ -126,6 +128,7 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Consistency(a) => cmd::consistency::main(a),
         Command::Inspect(a) => cmd::inspect::main(a),
+        Command::Quantize(a) => cmd::quantize::main(a),
         Command::Synth(a) => cmd::synth::main(a),
         Command::Pull(a) => cmd::pull::main(a),
         Command::Ls(a) => cmd::models::ls(a),

@@ -1,4 +1,4 @@
-//! # quarrel-gguf: GGUF files, read zero-copy and written for tests and `quarrel synth`
+//! # quarrel-gguf: GGUF files, read zero-copy and written (tests, `quarrel synth`, `quarrel quantize`)
 //!
 //! ```text
 //!  file on disk ──mmap──► parse::parse_header ──► Gguf { metadata, tensors, data: &[u8] }

@@ -89,7 +89,7 @@ impl GgufWriter {
         let pad = (head.len() as u64).div_ceil(align) * align - head.len() as u64;
         head.resize(head.len() + pad as usize, 0);
         w.write_all(&head).map_err(werr)?;
-        Ok(TensorSink { w, tensors: self.tensors.clone(), next: 0, align })
+        Ok(TensorSink { w, tensors: self.tensors.clone(), next: 0, written: 0, align })
     }
 
     /// Write a whole file into memory (small files, tests).
@@ -107,6 +107,8 @@ pub struct TensorSink<W: Write> {
     w: W,
     tensors: Vec<TensorInfo>,
     next: usize,
+    /// Bytes of the next tensor already written by `write_chunk`.
+    written: u64,
     align: u64,
 }
 
@@ -116,15 +118,31 @@ impl<W: Write> TensorSink<W> {
         self.tensors.get(self.next)
     }
 
+    /// Write the whole data of the next tensor.
     pub fn write_tensor(&mut self, bytes: &[u8]) -> Result<(), GgufError> {
         let t = self.tensors.get(self.next).ok_or_else(|| GgufError::Writer("more tensor data than tensors".into()))?;
-        if bytes.len() as u64 != t.n_bytes {
+        if self.written != 0 || bytes.len() as u64 != t.n_bytes {
             return Err(GgufError::Writer(format!("tensor {:?} needs {} bytes, got {}", t.name, t.n_bytes, bytes.len())));
         }
+        self.write_chunk(bytes)
+    }
+
+    /// Write the next part of the current tensor's data; once all of it has come, the padding
+    /// is written and the next tensor starts. Multi-GB tensors need no buffer of their size.
+    pub fn write_chunk(&mut self, bytes: &[u8]) -> Result<(), GgufError> {
+        let t = self.tensors.get(self.next).ok_or_else(|| GgufError::Writer("more tensor data than tensors".into()))?;
+        let written = self.written + bytes.len() as u64;
+        if written > t.n_bytes {
+            return Err(GgufError::Writer(format!("tensor {:?} needs {} bytes, got {written}", t.name, t.n_bytes)));
+        }
         self.w.write_all(bytes).map_err(werr)?;
-        let pad = t.n_bytes.div_ceil(self.align) * self.align - t.n_bytes;
-        self.w.write_all(&vec![0u8; pad as usize]).map_err(werr)?;
-        self.next += 1;
+        self.written = written;
+        if written == t.n_bytes {
+            let pad = t.n_bytes.div_ceil(self.align) * self.align - t.n_bytes;
+            self.w.write_all(&vec![0u8; pad as usize]).map_err(werr)?;
+            self.next += 1;
+            self.written = 0;
+        }
         Ok(())
     }
 

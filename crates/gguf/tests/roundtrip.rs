@@ -37,6 +37,29 @@ fn version_2_is_read() {
     assert_eq!(Gguf::from_bytes(bytes).unwrap().version, 2);
 }
 
+/// Tensor data written in chunks give the same file as whole tensors; too many bytes, or a
+/// whole tensor after part of one, are errors.
+#[test]
+fn chunked_tensor_data() {
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", Value::String("llama".into()));
+    w.add_tensor("a", &[5, 3], QuantType::F32).unwrap();
+    w.add_tensor("b", &[7], QuantType::F16).unwrap();
+    let a: Vec<u8> = (0..60).collect();
+    let b: Vec<u8> = (100..114).collect();
+    let whole = w.to_bytes(&[&a, &b]).unwrap();
+    let mut sink = w.write_header(Vec::new()).unwrap();
+    for part in [&a[..7], &a[7..7], &a[7..60], &b[..1]] {
+        sink.write_chunk(part).unwrap();
+    }
+    assert!(sink.write_tensor(&b).is_err(), "b is half written");
+    assert!(sink.write_chunk(&b[1..]).is_ok());
+    assert!(sink.write_chunk(&[0]).is_err(), "no tensor left");
+    assert_eq!(sink.finish().unwrap(), whole);
+    let mut sink = w.write_header(Vec::new()).unwrap();
+    assert!(sink.write_chunk(&[0; 61]).is_err(), "a holds 60 bytes");
+}
+
 fn arb_scalar() -> impl Strategy<Value = Value> {
     prop_oneof![
         any::<u8>().prop_map(Value::U8),

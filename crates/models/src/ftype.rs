@@ -1,7 +1,7 @@
 //! llama.cpp's file types (`general.file_type`, `enum llama_ftype`): id, name and the
 //! default tensor type of each. Loading reads a file's type through it (model summaries,
-//! `quarrel bench`'s model column); the synthetic-model writer (quarrel-synth) picks per-tensor
-//! types from it.
+//! `quarrel bench`'s model column); `quantize` and the synthetic-model writer (quarrel-synth)
+//! pick per-tensor types from it.
 
 use quarrel_quant::QuantType;
 

@@ -15,6 +15,7 @@
 //! | `arch`     | one file per GGUF architecture name (llama, qwen2, qwen3*, phi3, gpt-oss, nemotron, gemma3, granite*, mamba2, nemotron_h*) |
 //! | `registry` | architecture name -> loader, one line each |
 //! | `ftype`    | llama.cpp's file types (`general.file_type`): id, name, default tensor type |
+//! | `quantize` | conversion to another file type: llama-quantize's per-tensor mix, the plan, the streamed output |
 //!
 //! Models own no state: the KV cache and the recurrent (Mamba2) state are the engine's, passed
 //! into `forward`; a model declares its recurrent layers in `ModelInfo::recurrent`.
@@ -25,6 +26,7 @@ mod ftype;
 pub mod hparams;
 pub mod layers;
 mod model;
+pub mod quantize;
 pub mod registry;
 
 pub use describe::ModelDescription;

@@ -20,9 +20,9 @@
 //! `output` (and tied `token_embd`) gets Q6_K (Q8_0 in Q8_0 files); every other matrix gets
 //! the file type's default type, with llama-quantize's fallback where rows do not fit.
 
-use super::mix::fallback;
 use super::{type_counts, vocab, write_plan, Ftype, Init, PlannedTensor, SynthError, WriteOptions, NORM_STD};
 use quarrel_gguf::{QuantType, Value, ValueType};
+use quarrel_models::quantize::fallback;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 

@@ -4,7 +4,7 @@
 //! (a tool crate: the libraries never depend on it, their tests do).
 //!
 //! ```text
-//!  SynthSpec { preset, ftype, seed, .. } ──plan──► tensor list (names, ggml dims, types: mix.rs)
+//!  SynthSpec { preset, ftype, seed, .. } ──plan──► tensor list (names, ggml dims, types: quarrel_models::quantize's mix)
 //!       │                                   └──► metadata: general.*, llama.*, tokenizer.* (vocab.rs)
 //!       └─ write_synth: header ─► per tensor, per chunk of rows (in parallel, rayon):
 //!              row seed = f(seed, tensor name, row) ─► N(0, σ) (rng.rs) ─► quantize ─► file
@@ -15,7 +15,6 @@
 //! | `archs`   | the other architectures (Mixtral-style MoE, Gemma 3, Granite, Nemotron-H, Mamba2, Qwen2, Qwen3, Qwen3-MoE): tensors and metadata |
 //! | `arch_presets` | their tiny fixture models and full-size presets |
 //! | `presets` | real models' shapes (SmolLM2, TinyLlama, Llama 2/3/3.2, Mistral) and `tiny` |
-//! | `mix`     | llama-quantize's per-tensor type choice for an `Ftype` (the table itself: `quarrel_models::Ftype`) |
 //! | `vocab`   | synthetic SPM vocabulary, or the `tokenizer.*` keys of a real model |
 //! | `rng`     | SplitMix64 + Box-Muller, per-row seeds |
 //!
@@ -35,13 +34,13 @@
 
 pub mod arch_presets;
 pub mod archs;
-pub mod mix;
 pub mod presets;
 pub mod rng;
 pub mod vocab;
 
-pub use mix::{Ftype, MixParams, MixPlanner};
 pub use presets::{presets, Preset};
+pub use quarrel_models::quantize::{MixParams, MixPlanner};
+pub use quarrel_models::Ftype;
 
 use quarrel_gguf::{GgufError, GgufWriter, QuantType, Value};
 use rayon::prelude::*;
@@ -221,11 +220,10 @@ pub fn tensor_plan(p: &Preset, ftype: Ftype) -> Vec<PlannedTensor> {
     if !p.tied_embeddings {
         list.push(("output.weight".into(), vec![e, v], 1.0));
     }
-    let mut planner =
-        MixPlanner::new(ftype, MixParams { n_layer: p.n_layer, n_gqa: p.n_head / p.n_head_kv, tied_embeddings: p.tied_embeddings });
+    let mut planner = MixPlanner::new(ftype, MixParams::dense(p.n_layer, p.n_head / p.n_head_kv, p.tied_embeddings));
     list.into_iter()
         .map(|(name, dims, scale)| {
-            let ty = planner.next(&name, &dims);
+            let ty = planner.next(&name, &dims).unwrap_or(QuantType::F32);
             let init = if dims.len() == 1 {
                 Init::Normal { mean: 1.0, std: NORM_STD }
             } else {

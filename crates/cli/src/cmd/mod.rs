@@ -13,6 +13,7 @@ pub mod loadtest;
 pub mod models;
 pub mod perplexity;
 pub mod pull;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod synth;
