@@ -78,7 +78,7 @@ use quarrel_core::{
 
 /// The CPU backend: a thread pool and run-time selected kernels.
 pub struct CpuBackend {
-    spin: pool::SpinPool,
+    spin: std::sync::Arc<pool::SpinPool>,
     n_threads: usize,
     /// Expert selections per (layer, expert), for metrics.
     moe_counts: std::sync::Mutex<Vec<Vec<u64>>>,
@@ -95,7 +95,24 @@ impl CpuBackend {
     pub fn new(n_threads: usize) -> Result<CpuBackend> {
         let n = if n_threads == 0 { default_threads() } else { n_threads };
         let batch_invariant_attn = tuning::get().invariant_attn.into();
-        Ok(CpuBackend { spin: pool::SpinPool::new(n), n_threads: n, moe_counts: Default::default(), batch_invariant_attn })
+        Ok(CpuBackend {
+            spin: std::sync::Arc::new(pool::SpinPool::new(n)),
+            n_threads: n,
+            moe_counts: Default::default(),
+            batch_invariant_attn,
+        })
+    }
+
+    /// Another backend on this one's worker threads: for a second model that runs in turn
+    /// with this one's (a speculative drafter), so that the idle pool's spinning workers do
+    /// not take cores from the busy one.
+    pub fn sharing_threads(&self) -> CpuBackend {
+        CpuBackend {
+            spin: self.spin.clone(),
+            n_threads: self.n_threads,
+            moe_counts: Default::default(),
+            batch_invariant_attn: self.batch_invariant_attention().into(),
+        }
     }
 
     /// Attention over f16 caches: `true` (default) the f16 vector path for every sequence

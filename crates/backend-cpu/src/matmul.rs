@@ -121,31 +121,38 @@ fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok
     be.for_each_task(n_tasks, &|task| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(n_out);
-        for t in 0..n_tok {
-            let a = &xq[t * arb..(t + 1) * arb];
-            let mut r = r0;
-            if let Some(g8) = gemv8 {
-                let mut o = [0f32; GEMV_ROWS];
-                while r + GEMV_ROWS <= r1 {
-                    g8(n_in, &wb[r * rb..(r + GEMV_ROWS) * rb], rb, a, &mut o);
+        // a few rows at a time, every token over them: the rows stay in L1 while the tokens
+        // go by, so a few tokens read the weights once (the same kernel per row and token
+        // as one token alone)
+        let a = |t: usize| &xq[t * arb..(t + 1) * arb];
+        let mut r = r0;
+        if let Some(g8) = gemv8 {
+            let mut o = [0f32; GEMV_ROWS];
+            while r + GEMV_ROWS <= r1 {
+                for t in 0..n_tok {
+                    g8(n_in, &wb[r * rb..(r + GEMV_ROWS) * rb], rb, a(t), &mut o);
                     // SAFETY: (t, r) pairs are disjoint across tasks; index < n_tok * n_out.
                     unsafe { out_ptr.write_slice(t * n_out + r, &o) };
-                    r += GEMV_ROWS;
                 }
+                r += GEMV_ROWS;
             }
-            if let Some(f4) = dot4 {
-                while r + 4 <= r1 {
-                    let v = f4(n_in, [row(r), row(r + 1), row(r + 2), row(r + 3)], a);
+        }
+        if let Some(f4) = dot4 {
+            while r + 4 <= r1 {
+                for t in 0..n_tok {
+                    let v = f4(n_in, [row(r), row(r + 1), row(r + 2), row(r + 3)], a(t));
                     // SAFETY: as above.
                     unsafe { out_ptr.write_slice(t * n_out + r, &v) };
-                    r += 4;
                 }
+                r += 4;
             }
-            for r in r..r1 {
-                let wr = row(r);
+        }
+        for r in r..r1 {
+            let wr = row(r);
+            for t in 0..n_tok {
                 let v = match dot {
-                    Some(f) => f(n_in, wr, a),
-                    None => simd::reference_dot(ty, n_in, wr, a),
+                    Some(f) => f(n_in, wr, a(t)),
+                    None => simd::reference_dot(ty, n_in, wr, a(t)),
                 };
                 // SAFETY: as above.
                 unsafe { out_ptr.write(t * n_out + r, v) };
@@ -523,6 +530,12 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                                 // tasks)
                                 crate::simd::attn::prefetch(panels, (p + 1) * spb, spb);
                             }
+                        }
+                        if raw && one_group && (p + 2) * GEMM_ROWS <= n_out {
+                            // the next panel's rows while this one's tiles run: a few tokens'
+                            // tiles are bound by reading the weights, in passes the hardware
+                            // prefetchers follow poorly
+                            crate::simd::attn::prefetch(wbytes, (p + 1) * GEMM_ROWS * wrb, GEMM_ROWS * wrb);
                         }
                         let w_panel: &[u8] = match (compact, raw, (p + 1) * GEMM_ROWS <= n_out) {
                             (true, _, _) if one_group => &wp[..wpb],

@@ -25,6 +25,12 @@ impl ModelArgs {
 
     /// `engine` with the options adjusted by `f` (sequence count, block size, ...).
     pub fn engine_with(&self, f: impl FnOnce(&mut EngineOptions)) -> Result<AnyEngine> {
+        self.engine_beside(f, None)
+    }
+
+    /// `engine_with`, and on the CPU on `beside`'s worker threads when that is a CPU engine
+    /// too (a model that runs in turn with it: a speculative drafter).
+    pub fn engine_beside(&self, f: impl FnOnce(&mut EngineOptions), beside: Option<&AnyEngine>) -> Result<AnyEngine> {
         let path = self.model_path()?;
         let (ctx, cache, dev) = (&self.engine.ctx, &self.engine.cache, &self.engine.device);
         let device = DeviceSel::parse(&dev.device)?;
@@ -42,7 +48,11 @@ impl ModelArgs {
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {} on {device}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(100));
-        let engine = load_engine(device, ctx.threads, &path, opts, dev.expert_budget, dev.numerics.choice());
+        let cpu = match beside {
+            Some(AnyEngine::Cpu(e)) if device == DeviceSel::Cpu => Some(e.backend.sharing_threads()),
+            _ => None,
+        };
+        let engine = load_engine(device, ctx.threads, &path, opts, dev.expert_budget, dev.numerics.choice(), cpu);
         spinner.finish_and_clear();
         let engine = engine?;
         with_engine!(ref &engine, e => {
@@ -137,7 +147,8 @@ pub fn parse_kv_type(s: &str) -> Result<KvType> {
 
 /// Load `path` on `device` (`threads` for the CPU backend; `expert_budget`: GPU bytes for
 /// expert weights, the CPU keeps them all in its mapping; `numerics`: the GPU's arithmetic,
-/// None for the model's default, `ModelDescription::default_numerics`).
+/// None for the model's default, `ModelDescription::default_numerics`; `cpu`: the CPU
+/// backend to use instead of a new one).
 pub fn load_engine(
     device: DeviceSel,
     threads: usize,
@@ -145,9 +156,10 @@ pub fn load_engine(
     opts: EngineOptions,
     expert_budget: Option<usize>,
     numerics: Option<Numerics>,
+    cpu: Option<CpuBackend>,
 ) -> Result<AnyEngine> {
     Ok(match device {
-        DeviceSel::Cpu => AnyEngine::Cpu(load_on(CpuBackend::new(threads)?, path, opts)?),
+        DeviceSel::Cpu => AnyEngine::Cpu(load_on(cpu.map_or_else(|| CpuBackend::new(threads), Ok)?, path, opts)?),
         DeviceSel::Cuda(n) => {
             let be = CudaBackend::new(n)
                 .with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;

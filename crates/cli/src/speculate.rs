@@ -19,13 +19,14 @@ pub struct SpecArgs {
     #[arg(long = "spec", value_name = "ngram", value_parser = ["ngram"], env = "QUARREL_SPEC")]
     pub spec: Option<String>,
     /// Most tokens drafted per step.
-    #[arg(long = "draft-max", default_value_t = 16, env = "QUARREL_DRAFT_MAX")]
+    #[arg(long = "draft-max", default_value_t = 8, env = "QUARREL_DRAFT_MAX")]
     pub draft_max: usize,
     /// Drafts shorter than this are not checked.
     #[arg(long = "draft-min", default_value_t = 0, env = "QUARREL_DRAFT_MIN")]
     pub draft_min: usize,
-    /// The draft model stops at a token it gives less than this probability.
-    #[arg(long = "draft-p-min", default_value_t = 0.75, env = "QUARREL_DRAFT_P_MIN")]
+    /// The draft model stops at a token it gives less than this probability (0: drafts
+    /// --draft-max tokens, or as many as its acceptance earns).
+    #[arg(long = "draft-p-min", default_value_t = 0.0, env = "QUARREL_DRAFT_P_MIN")]
     pub draft_p_min: f32,
     /// Device of the draft model (default: the model's --device).
     #[arg(long = "device-draft", value_name = "DEVICE", env = "QUARREL_DEVICE_DRAFT")]
@@ -47,15 +48,19 @@ impl SpecArgs {
         Ok(SpecOptions { draft_max: self.draft_max, draft_min: self.draft_min, p_min: self.draft_p_min, step_budget: 0 })
     }
 
-    /// Load `model` with the drafter these flags ask for attached. Speculating models compute
-    /// with batch-invariant numerics unless --numerics says otherwise, so that checking a
-    /// draft gives the logits a one-token step would.
+    /// Load `model` with the drafter these flags ask for attached. A speculating model on a
+    /// GPU computes with batch-invariant numerics unless --numerics says otherwise, so that
+    /// checking a draft gives the logits a one-token step would (the same text as without
+    /// speculation).
     pub fn load(&self, model: &ModelArgs) -> Result<AnyEngine> {
-        self.load_with(model, |_| {})
+        self.load_with(model, true, |_| {})
     }
 
-    /// `load` with the engine options of both models adjusted by `f` (sequence count, ...).
-    pub fn load_with(&self, model: &ModelArgs, f: impl Fn(&mut EngineOptions)) -> Result<AnyEngine> {
+    /// `load` with the engine options of both models adjusted by `f` (sequence count, ...);
+    /// `invariant`: switch a GPU model's automatic numerics to invariant (a server keeps the
+    /// model's default: invariant numerics cost a large batch's decode steps much more than
+    /// one sequence's).
+    pub fn load_with(&self, model: &ModelArgs, invariant: bool, f: impl Fn(&mut EngineOptions)) -> Result<AnyEngine> {
         if self.draft_model.is_some() && self.spec.is_some() {
             bail!("--draft-model and --spec ngram are two drafters: choose one");
         }
@@ -64,7 +69,7 @@ impl SpecArgs {
         }
         let opts = self.options()?;
         let mut model = model.clone();
-        if model.engine.device.numerics == NumericsArg::Auto {
+        if invariant && model.engine.device.numerics == NumericsArg::Auto {
             model.engine.device.numerics = NumericsArg::Invariant;
         }
         let mut engine = model.engine_with(&f)?;
@@ -79,7 +84,7 @@ impl SpecArgs {
                 }
                 dm.engine.ctx.n_ctx = with_engine!(ref &engine, e => { e.n_ctx() });
                 let tok = with_engine!(ref &engine, e => { e.tokenizer.clone() });
-                let draft = dm.engine_with(&f).context("loading the draft model")?;
+                let draft = dm.engine_beside(&f, Some(&engine)).context("loading the draft model")?;
                 model_drafter(draft, &tok, opts.p_min)?
             }
         };

@@ -4,7 +4,7 @@
 use crate::decode::SeqDecoder;
 use crate::engine::{Engine, EngineError};
 use crate::sampler::SamplingParams;
-use crate::speculative::SpecStats;
+use crate::speculative::{DraftLength, SpecStats};
 use quarrel_core::Backend;
 use std::time::{Duration, Instant};
 
@@ -128,8 +128,9 @@ impl<B: Backend> Engine<B> {
         let mut history = prompt.to_vec();
         let mut n_computed = 0;
         let (mut text, mut tokens) = (String::new(), vec![]);
+        let mut draft_len = DraftLength::default();
         let finish = 'steps: loop {
-            let drafts = self.drafts(&history, n_computed, &dec, params.max_tokens)?;
+            let drafts = self.drafts(&history, n_computed, &dec, params.max_tokens, &mut draft_len)?;
             if n_computed > 0 && self.speculator.is_some() {
                 timings.spec.target_steps += 1;
             }
@@ -150,6 +151,7 @@ impl<B: Backend> Engine<B> {
                 t_first = Instant::now();
             }
             timings.spec.drafted += drafts.len();
+            let accepted_before = timings.spec.accepted;
             n_computed = history.len();
             for (i, p) in picked.iter().enumerate() {
                 let acc = dec.accept(&self.tokenizer, p.id, p.logits.as_deref(), history.len() + 1, self.opts.n_ctx);
@@ -174,6 +176,7 @@ impl<B: Backend> Engine<B> {
                 timings.spec.accepted += 1;
                 n_computed += 1;
             }
+            draft_len.update(drafts.len(), timings.spec.accepted - accepted_before);
         };
         let (rest, finish) = dec.finish(finish);
         if !rest.is_empty() {
@@ -188,7 +191,14 @@ impl<B: Backend> Engine<B> {
     /// The tokens to check after `history` this step: none while the prompt runs, for a
     /// constrained sequence (its masks follow the grammar one token at a time) or without a
     /// speculator; never past `max_tokens`, the context or one forward's `n_batch`.
-    fn drafts(&mut self, history: &[u32], n_computed: usize, dec: &SeqDecoder, max_tokens: usize) -> Result<Vec<u32>, EngineError> {
+    fn drafts(
+        &mut self,
+        history: &[u32],
+        n_computed: usize,
+        dec: &SeqDecoder,
+        max_tokens: usize,
+        len: &mut DraftLength,
+    ) -> Result<Vec<u32>, EngineError> {
         let Some(spec) = self.speculator.as_mut() else { return Ok(vec![]) };
         if n_computed + 1 != history.len() || dec.has_constraint() {
             return Ok(vec![]);
@@ -198,6 +208,6 @@ impl<B: Backend> Engine<B> {
             .saturating_sub(dec.generated() + 1)
             .min(self.opts.n_ctx.saturating_sub(history.len() + 1))
             .min(self.opts.n_batch - 1);
-        spec.propose(history, room)
+        spec.propose(history, room.min(len.next(spec.opts.draft_max)))
     }
 }

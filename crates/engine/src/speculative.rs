@@ -49,6 +49,7 @@ pub trait Drafter: Send {
     fn release(&mut self, _key: u64) {}
     /// Every sequence is over.
     fn finish(&mut self) {}
+
     /// What the drafter is, for logs ("ngram", a model's name).
     fn describe(&self) -> String;
 }
@@ -70,7 +71,7 @@ pub struct SpecOptions {
 
 impl Default for SpecOptions {
     fn default() -> Self {
-        SpecOptions { draft_max: 16, draft_min: 0, p_min: 0.75, step_budget: 0 }
+        SpecOptions { draft_max: 8, draft_min: 0, p_min: 0.0, step_budget: 0 }
     }
 }
 
@@ -81,14 +82,62 @@ pub struct Speculator {
 }
 
 impl Speculator {
-    /// At most `room` tokens to check after `history`; empty when fewer than `draft_min`.
-    pub(crate) fn propose(&mut self, history: &[u32], room: usize) -> Result<Vec<u32>, EngineError> {
-        let n = self.opts.draft_max.min(room);
+    /// At most `n_max` tokens (and `draft_max`) to check after `history`; empty when fewer
+    /// than `draft_min`.
+    pub(crate) fn propose(&mut self, history: &[u32], n_max: usize) -> Result<Vec<u32>, EngineError> {
+        let n = self.opts.draft_max.min(n_max);
         if n == 0 || n < self.opts.draft_min {
             return Ok(vec![]);
         }
         let d = self.drafter.draft(history, n)?;
         Ok(if d.len() < self.opts.draft_min.max(1) { vec![] } else { d })
+    }
+}
+
+/// A sequence's next draft length: [`DRAFT_START`] at first, two more after a step whose
+/// drafts were all accepted, one fewer otherwise (at least one), never above `draft_max`.
+/// A single draft rejected pauses drafting for a few steps, twice as many each time in a row
+/// (up to [`MAX_PAUSE`]): a drafter that does not guess this text costs next to nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DraftLength {
+    len: usize,
+    /// Steps left without drafts, and the pause after the next failure.
+    paused: usize,
+    pause: usize,
+}
+
+/// Longest pause of drafting after rejected single drafts, in steps.
+pub const MAX_PAUSE: usize = 32;
+
+/// The first draft length of a sequence.
+pub const DRAFT_START: usize = 5;
+
+impl DraftLength {
+    /// How many tokens to draft now: checking drafts that fail costs the model's time, so
+    /// even free drafts (prompt lookup) follow acceptance.
+    pub fn next(&mut self, draft_max: usize) -> usize {
+        if self.paused > 0 {
+            self.paused -= 1;
+            return 0;
+        }
+        self.len = if self.len == 0 { DRAFT_START } else { self.len }.clamp(1, draft_max.max(1));
+        self.len
+    }
+
+    /// After a step that checked `drafted` tokens and accepted `accepted` of them.
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        if accepted == drafted {
+            self.len += 2;
+            self.pause = 0;
+        } else if drafted == 1 {
+            self.pause = (self.pause * 2).clamp(1, MAX_PAUSE);
+            self.paused = self.pause;
+        } else {
+            self.len = self.len.saturating_sub(1).max(1);
+        }
     }
 }
 
@@ -353,6 +402,31 @@ mod tests {
         assert_eq!(s.propose(&[1, 2, 3, 4, 1], 2).unwrap(), Vec::<u32>::new(), "room for 2 < draft_min");
         s.opts.draft_min = 0;
         assert_eq!(s.propose(&[1, 2, 3, 4, 1], 2).unwrap(), vec![2, 3]);
+    }
+
+    #[test]
+    fn draft_length_follows_acceptance_and_pauses_after_single_misses() {
+        let mut d = DraftLength::default();
+        assert_eq!(d.next(16), DRAFT_START);
+        d.update(5, 5);
+        assert_eq!(d.next(16), 7, "all accepted: two more");
+        assert_eq!(d.next(6), 6, "never above draft_max");
+        d.update(6, 2);
+        assert_eq!(d.next(16), 5, "a miss: one fewer");
+        for want in [5, 4, 3, 2] {
+            assert_eq!(d.next(16), want);
+            d.update(want, 0);
+        }
+        assert_eq!(d.next(16), 1);
+        d.update(1, 0);
+        assert_eq!((d.next(16), d.next(16)), (0, 1), "a missed single draft pauses one step");
+        d.update(1, 0);
+        assert_eq!((d.next(16), d.next(16), d.next(16)), (0, 0, 1), "then two");
+        d.update(1, 1);
+        assert_eq!(d.next(16), 3, "a hit ends the pauses");
+        d.update(3, 0);
+        d.update(0, 0);
+        assert_eq!(d.next(16), 2, "an undrafted step changes nothing");
     }
 
     #[test]

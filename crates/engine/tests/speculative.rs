@@ -64,13 +64,25 @@ fn greedy_and_sampled_outputs_are_the_targets_own() {
     // drafts badly; prompt lookup drafts from the history
     let drafters: Vec<(&str, Speculator)> = vec![
         ("same weights", model_drafter(&target_path, &target, SpecOptions { draft_max: 5, draft_min: 0, p_min: 0.0, step_budget: 0 })),
-        ("q4_0 drafter", model_drafter(&synth(dir.path(), "q4_0", 7), &target, SpecOptions { draft_max: 6, draft_min: 0, p_min: 0.0, step_budget: 0 })),
+        (
+            "q4_0 drafter",
+            model_drafter(&synth(dir.path(), "q4_0", 7), &target, SpecOptions { draft_max: 6, draft_min: 0, p_min: 0.0, step_budget: 0 }),
+        ),
         (
             "other-seed drafter",
             model_drafter(&synth(dir.path(), "q8_0", 99), &target, SpecOptions { draft_max: 4, draft_min: 0, p_min: 0.0, step_budget: 0 }),
         ),
-        ("p_min drafter", model_drafter(&synth(dir.path(), "q4_0", 7), &target, SpecOptions { draft_max: 8, draft_min: 2, p_min: 0.3, step_budget: 0 })),
-        ("ngram", Speculator { drafter: Box::new(NgramDrafter::default()), opts: SpecOptions { draft_max: 5, draft_min: 1, p_min: 0.0, step_budget: 0 } }),
+        (
+            "p_min drafter",
+            model_drafter(&synth(dir.path(), "q4_0", 7), &target, SpecOptions { draft_max: 8, draft_min: 2, p_min: 0.3, step_budget: 0 }),
+        ),
+        (
+            "ngram",
+            Speculator {
+                drafter: Box::new(NgramDrafter::default()),
+                opts: SpecOptions { draft_max: 5, draft_min: 1, p_min: 0.0, step_budget: 0 },
+            },
+        ),
     ];
     let mut q4_drafted = 0;
     for (name, s) in drafters {
@@ -136,7 +148,10 @@ fn finishes_are_the_same_at_stops_limits_and_a_full_context() {
     let plain: Vec<Completion> = cases.iter().map(|(_, p)| run(&mut target, &prompt, p)).collect();
     let d = ModelDrafter::new(engine(&path, small), &target.tokenizer, 0.0).unwrap();
     target
-        .set_speculator(Some(Speculator { drafter: Box::new(d), opts: SpecOptions { draft_max: 16, draft_min: 0, p_min: 0.0, step_budget: 0 } }))
+        .set_speculator(Some(Speculator {
+            drafter: Box::new(d),
+            opts: SpecOptions { draft_max: 16, draft_min: 0, p_min: 0.0, step_budget: 0 },
+        }))
         .unwrap();
     for ((name, p), want) in cases.iter().zip(&plain) {
         let c = run(&mut target, &prompt, p);

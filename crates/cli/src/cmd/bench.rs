@@ -163,7 +163,7 @@ pub fn main(a: Args) -> Result<()> {
             if a.profile && device != crate::common::DeviceSel::Cpu {
                 bail!("--profile times ops on the CPU backend only (use --device cpu)");
             }
-            crate::common::with_engine!(crate::common::load_engine(device, t, path, opts.clone(), a.device.expert_budget, a.device.numerics.choice())?, engine => {
+            crate::common::with_engine!(crate::common::load_engine(device, t, path, opts.clone(), a.device.expert_budget, a.device.numerics.choice(), None)?, engine => {
                 let load_ms = t0.elapsed().as_secs_f64() * 1e3;
                 let info = engine.model.info().clone();
                 let model_size: u64 = engine.gguf.tensors().iter().map(|x| x.n_bytes).sum();

@@ -98,7 +98,8 @@ impl<M: StepModel> Scheduler<M> {
                     self.metrics.spec_drafted_total += n_drafts as u64;
                     self.metrics.spec_accepted_total += accepted as u64;
                     self.metrics.spec_steps_total += 1;
-                    s.draft_len = if accepted == n_drafts { s.draft_len + 2 } else { s.draft_len.saturating_sub(1).max(1) };
+                    s.draft_len.update(n_drafts, accepted);
+                    self.spec_rate = 0.9 * self.spec_rate + 0.1 * accepted as f64 / n_drafts as f64;
                 }
             }
             // newly completed full blocks join the prefix cache

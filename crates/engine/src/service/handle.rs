@@ -121,8 +121,9 @@ impl<B: Backend> StepModel for EngineModel<B> {
 
     fn drafting(&self) -> Option<SpecOptions> {
         let s = self.0.speculator.as_ref()?;
-        // a host backend's matmuls turn compute-bound after a few rows; a GPU's after many
-        let auto = if self.0.backend.computes_on_host() { 16 } else { 96 };
+        // a host backend's matmuls turn compute-bound after a few rows; a GPU's after more
+        // (and each drafted position is a drafter forward for every drafting request)
+        let auto = if self.0.backend.computes_on_host() { 8 } else { 32 };
         Some(SpecOptions { step_budget: if s.opts.step_budget == 0 { auto } else { s.opts.step_budget }, ..s.opts })
     }
 

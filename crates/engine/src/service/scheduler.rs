@@ -21,9 +21,10 @@ use std::time::Instant;
 /// batch threshold (64), so they are computed exactly like the decode steps that made them.
 const REFEED_CHUNK: usize = 32;
 
-/// A request's first draft length (then it follows acceptance: +2 after a step whose drafts
-/// were all accepted, -1 otherwise).
-const DRAFT_START: usize = 5;
+/// Below this share of drafts accepted (over all requests, lately) drafting pauses and only
+/// probes, one step in [`PROBE_EVERY`]: short requests never learn their own rate.
+const MIN_SPEC_RATE: f64 = 0.25;
+const PROBE_EVERY: u64 = 16;
 
 /// Recurrent models: prompt chunks (and so state checkpoints) every this many tokens at most.
 const RECURRENT_CHUNK: usize = 128;
@@ -48,6 +49,8 @@ pub struct Scheduler<M: StepModel> {
     /// Embedding requests, advanced one unit per round (`embed`).
     pub(super) embeds: std::collections::VecDeque<EmbedJob>,
     pub(super) embed_pace: EmbedPace,
+    /// Speculative decoding: the share of drafted tokens accepted lately, over all requests.
+    pub(super) spec_rate: f64,
 }
 
 impl<M: StepModel> Scheduler<M> {
@@ -94,6 +97,7 @@ impl<M: StepModel> Scheduler<M> {
             ckpt: Checkpoints::new(n_run as u32 + 1..(n_run + 1 + n_ckpt) as u32),
             embeds: Default::default(),
             embed_pace: Default::default(),
+            spec_rate: 1.0,
         };
         s.refresh_metrics(0);
         s
@@ -219,12 +223,17 @@ impl<M: StepModel> Scheduler<M> {
         if self.scratch_slot.is_some() {
             return; // recurrent state cannot step back over rejected drafts
         }
+        // a drafter that rarely guesses this traffic only probes, one step in PROBE_EVERY
+        if self.spec_rate < MIN_SPEC_RATE && !self.metrics.steps_total.is_multiple_of(PROBE_EVERY) {
+            return;
+        }
         let cands: Vec<usize> = (0..self.running.len()).filter(|&i| self.running[i].may_draft()).collect();
         if cands.is_empty() {
             return;
         }
+        // fewer than two tokens each: checking drafts no longer pays for a batch this large
         let share = (spec.step_budget / cands.len()).min(spec.draft_max);
-        if share == 0 || share < spec.draft_min.max(1) {
+        if share < 2 || share < spec.draft_min {
             return;
         }
         let n_ctx = self.n_ctx;
@@ -232,8 +241,7 @@ impl<M: StepModel> Scheduler<M> {
             .into_iter()
             .filter_map(|i| {
                 let s = &mut self.running[i];
-                s.draft_len = if s.draft_len == 0 { DRAFT_START } else { s.draft_len }.clamp(1, spec.draft_max);
-                let n = s.draft_len.min(share).min(s.room_after_next(n_ctx));
+                let n = s.draft_len.next(spec.draft_max).min(share).min(s.room_after_next(n_ctx));
                 (n > 0 && n >= spec.draft_min).then_some((i, n))
             })
             .collect();

@@ -40,7 +40,7 @@ pub(crate) struct Seq {
     /// Tokens drafted for this step, checked after the last real token.
     pub drafts: Vec<u32>,
     /// How many tokens to draft next (grows while drafts are accepted, shrinks when not).
-    pub draft_len: usize,
+    pub draft_len: crate::speculative::DraftLength,
     /// The decoder's generator position before each of this step's picks, and after the last.
     pub draw_marks: Vec<u128>,
 }
@@ -80,7 +80,7 @@ impl Seq {
             sched: 0,
             speculative: true,
             drafts: vec![],
-            draft_len: 0,
+            draft_len: Default::default(),
             draw_marks: vec![],
         }
     }

@@ -63,7 +63,19 @@ pub(crate) fn tile(avx512: bool, n: usize, w: &[u8], a: &[u8], n_tok: usize, out
     // `Kind::for_level` hands out the kind only on CPUs with the width's features.
     unsafe {
         if avx512 {
-            tile_512(n, w.as_ptr(), a.as_ptr(), n_tok, out)
+            // as many tokens as there are: a speculative step checks a few
+            let (w, a) = (w.as_ptr(), a.as_ptr());
+            match n_tok {
+                0 => {}
+                1 => tile_512::<1>(n, w, a, out),
+                2 => tile_512::<2>(n, w, a, out),
+                3 => tile_512::<3>(n, w, a, out),
+                4 => tile_512::<4>(n, w, a, out),
+                5 => tile_512::<5>(n, w, a, out),
+                6 => tile_512::<6>(n, w, a, out),
+                7 => tile_512::<7>(n, w, a, out),
+                _ => tile_512::<GEMM_TOKENS>(n, w, a, out),
+            }
         } else {
             tile_256(n, w.as_ptr(), a.as_ptr(), n_tok, out)
         }
@@ -74,23 +86,24 @@ pub(crate) fn tile(avx512: bool, n: usize, w: &[u8], a: &[u8], n_tok: usize, out
 /// weight conversions per 16 multiply-adds.
 const ROWS_512: usize = 2;
 
+/// The first `NT` tokens' outputs.
 /// SAFETY: AVX-512 F/BW/VL + F16C + FMA; `w` holds GEMM_ROWS rows of `n` F16, `a`
-/// GEMM_TOKENS rows of `n` f32.
+/// GEMM_TOKENS rows of `n` f32; NT <= GEMM_TOKENS.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn tile_512(n: usize, w: *const u8, a: *const u8, n_tok: usize, out: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
+unsafe fn tile_512<const NT: usize>(n: usize, w: *const u8, a: *const u8, out: &mut [[f32; GEMM_TOKENS]; GEMM_ROWS]) {
     let (wrb, arb) = (n * 2, n * 4);
     let runs = n / 64;
     let load_w = |p: *const u8, m: __mmask16| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16));
     let load_a = |p: *const u8, m: __mmask16| _mm512_maskz_loadu_ps(m, p as *const f32);
     for r0 in (0..GEMM_ROWS).step_by(ROWS_512) {
         // the four accumulators of every (row, token) of the block
-        let mut parts = [[[_mm512_setzero_ps(); GEMM_TOKENS]; ROWS_512]; 4];
+        let mut parts = [[[_mm512_setzero_ps(); NT]; ROWS_512]; 4];
         for (k, part) in parts.iter_mut().enumerate() {
-            let mut acc = [[_mm512_setzero_ps(); GEMM_TOKENS]; ROWS_512];
+            let mut acc = [[_mm512_setzero_ps(); NT]; ROWS_512];
             for j in 0..runs {
                 let i = j * 64 + 16 * k;
                 let wv: [__m512; ROWS_512] = std::array::from_fn(|r| load_w(w.add((r0 + r) * wrb + i * 2), 0xFFFF));
-                for t in 0..GEMM_TOKENS {
+                for t in 0..NT {
                     let av = load_a(a.add(t * arb + i * 4), 0xFFFF);
                     for r in 0..ROWS_512 {
                         acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
@@ -104,7 +117,7 @@ unsafe fn tile_512(n: usize, w: *const u8, a: *const u8, n_tok: usize, out: &mut
                     let left = n - i;
                     let m: __mmask16 = if left >= 16 { 0xFFFF } else { (1u16 << left) - 1 };
                     let wv: [__m512; ROWS_512] = std::array::from_fn(|r| load_w(w.add((r0 + r) * wrb + i * 2), m));
-                    for t in 0..GEMM_TOKENS {
+                    for t in 0..NT {
                         let av = load_a(a.add(t * arb + i * 4), m);
                         for r in 0..ROWS_512 {
                             acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
@@ -116,7 +129,7 @@ unsafe fn tile_512(n: usize, w: *const u8, a: *const u8, n_tok: usize, out: &mut
             *part = acc;
         }
         for r in 0..ROWS_512 {
-            for t in 0..n_tok {
+            for t in 0..NT {
                 let s = _mm512_add_ps(_mm512_add_ps(parts[0][r][t], parts[1][r][t]), _mm512_add_ps(parts[2][r][t], parts[3][r][t]));
                 out[r0 + r][t] = hsum_ps512(s);
             }
