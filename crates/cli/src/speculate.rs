@@ -53,14 +53,14 @@ impl SpecArgs {
     /// checking a draft gives the logits a one-token step would (the same text as without
     /// speculation).
     pub fn load(&self, model: &ModelArgs) -> Result<AnyEngine> {
-        self.load_with(model, true, |_| {})
+        self.load_with(model, false, |_| {})
     }
 
-    /// `load` with the engine options of both models adjusted by `f` (sequence count, ...);
-    /// `invariant`: switch a GPU model's automatic numerics to invariant (a server keeps the
-    /// model's default: invariant numerics cost a large batch's decode steps much more than
-    /// one sequence's).
-    pub fn load_with(&self, model: &ModelArgs, invariant: bool, f: impl Fn(&mut EngineOptions)) -> Result<AnyEngine> {
+    /// `load` with the engine options of both models adjusted by `f` (sequence count, ...).
+    /// `serving`: a server's model keeps its default numerics (invariant numerics cost a large
+    /// batch's decode steps much more than one sequence's), and a drafter that does not fit it
+    /// (another vocabulary, a recurrent model) is a warning: the server loads many models.
+    pub fn load_with(&self, model: &ModelArgs, serving: bool, f: impl Fn(&mut EngineOptions)) -> Result<AnyEngine> {
         if self.draft_model.is_some() && self.spec.is_some() {
             bail!("--draft-model and --spec ngram are two drafters: choose one");
         }
@@ -69,13 +69,13 @@ impl SpecArgs {
         }
         let opts = self.options()?;
         let mut model = model.clone();
-        if invariant && model.engine.device.numerics == NumericsArg::Auto {
+        if !serving && model.engine.device.numerics == NumericsArg::Auto {
             model.engine.device.numerics = NumericsArg::Invariant;
         }
         let mut engine = model.engine_with(&f)?;
-        let drafter: Box<dyn Drafter> = match &self.draft_model {
-            None => Box::new(NgramDrafter::default()),
-            Some(name) => {
+        let drafter: Result<Box<dyn Drafter>> = match &self.draft_model {
+            None => Ok(Box::new(NgramDrafter::default())),
+            Some(name) => (|| {
                 let mut dm = model.clone();
                 dm.model.name = Some(name.clone());
                 dm.template = TemplateArg::default();
@@ -85,13 +85,24 @@ impl SpecArgs {
                 dm.engine.ctx.n_ctx = with_engine!(ref &engine, e => { e.n_ctx() });
                 let tok = with_engine!(ref &engine, e => { e.tokenizer.clone() });
                 let draft = dm.engine_beside(&f, Some(&engine)).context("loading the draft model")?;
-                model_drafter(draft, &tok, opts.p_min)?
-            }
+                model_drafter(draft, &tok, opts.p_min)
+            })(),
         };
-        let what = drafter.describe();
-        with_engine!(ref &mut engine, e => {
-            e.set_speculator(Some(Speculator { drafter, opts })).context("speculative decoding")?;
+        let attached = drafter.and_then(|drafter| {
+            let what = drafter.describe();
+            with_engine!(ref &mut engine, e => {
+                e.set_speculator(Some(Speculator { drafter, opts })).context("speculative decoding")?;
+            });
+            Ok(what)
         });
+        let what = match attached {
+            Ok(w) => w,
+            Err(e) if serving => {
+                tracing::warn!(error = %format!("{e:#}"), "serving without speculative decoding");
+                return Ok(engine);
+            }
+            Err(e) => return Err(e),
+        };
         eprintln!("speculative decoding: {what} drafts up to {} tokens a step", opts.draft_max);
         Ok(engine)
     }

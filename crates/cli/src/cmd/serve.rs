@@ -176,7 +176,7 @@ impl ModelLoader for CliLoader {
         let mut args = self.args.clone();
         args.model.name = Some(entry.path.to_string_lossy().into_owned());
         let kv_seqs = self.kv_seqs;
-        let engine = self.spec.load_with(&args, false, |o| o.n_seq = kv_seqs.max(1)).map_err(|e| {
+        let engine = self.spec.load_with(&args, true, |o| o.n_seq = kv_seqs.max(1)).map_err(|e| {
             // the operator's log gets the path; clients get the file name only (they never
             // see where the server keeps its files)
             let full = format!("{e:#}");
