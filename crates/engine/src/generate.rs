@@ -137,14 +137,17 @@ impl<B: Backend> Engine<B> {
             // one pick per checked position, each with the draw plain decoding would take there
             let mut draw_pos = vec![dec.draw_pos()];
             let mut picks = Vec::with_capacity(drafts.len() + 1);
-            let mut seen = history.clone();
+            // the drafts ride on the history for the picks and the forward (no copy per step)
+            let n_real = history.len();
             for i in 0..=drafts.len() {
-                picks.push(dec.next_pick(&seen));
+                picks.push(dec.next_pick(&history));
                 draw_pos.push(dec.draw_pos());
-                seen.extend(drafts.get(i));
+                history.extend(drafts.get(i));
             }
             let mask = dec.mask_job(0).into_iter().collect();
-            let picked = self.run_sequence_picks(table, &seen[n_computed..], n_computed, &picks, mask)?;
+            let picked = self.run_sequence_picks(table, &history[n_computed..], n_computed, &picks, mask);
+            history.truncate(n_real);
+            let picked = picked?;
             if n_computed == 0 {
                 timings.prompt_time = t0.elapsed();
                 timings.time_to_first_token = t0.elapsed();
