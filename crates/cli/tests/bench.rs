@@ -162,3 +162,45 @@ fn bench_takes_numerics() {
         assert_eq!(v.as_array().map(|r| r.len()), Some(2), "{v:#}");
     }
 }
+
+/// `--draft-model` / `--spec ngram`: a second table, greedy generation after real prompts with
+/// and without the drafter; a model drafting for itself agrees with every draft.
+#[test]
+fn bench_with_a_drafter_compares_speculative_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model(dir.path());
+    let ms = m.to_str().unwrap();
+    let o = quarrel(&["bench", "-m", ms, "--draft-model", ms, "-t", "2", "-p", "0", "-n", "24", "-r", "2"]);
+    assert!(o.status.success(), "bench failed: {}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("speculative decoding"), "{out}");
+    // the two built-in prompts, each the same text with and without drafts, all accepted
+    for prompt in ["story", "code"] {
+        let row = out.lines().find(|l| l.contains(&format!("| {prompt} "))).unwrap_or_else(|| panic!("no {prompt} row: {out}"));
+        assert!(row.contains("tg24") && row.contains("| yes"), "{row}");
+        assert!(row.contains("100% ("), "a model drafting for itself: {row}");
+    }
+    // prompt lookup with a prompt of our own
+    let o = quarrel(&[
+        "bench",
+        "-m",
+        ms,
+        "--spec",
+        "ngram",
+        "--spec-prompt",
+        "one two three one two three one two",
+        "-p",
+        "0",
+        "-n",
+        "16",
+        "-r",
+        "1",
+    ]);
+    assert!(o.status.success(), "bench failed: {}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let row = out.lines().find(|l| l.contains("| prompt 1 ")).unwrap_or_else(|| panic!("no prompt row: {out}"));
+    assert!(row.contains("tg16") && row.contains("| yes"), "{row}");
+    // no generation length: a clear error before anything loads
+    let o = quarrel(&["bench", "-m", ms, "--spec", "ngram", "-p", "16", "-n", "0"]);
+    assert!(!o.status.success() && stderr(&o).contains("need a generation length"), "{}", stderr(&o));
+}

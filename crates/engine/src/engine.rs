@@ -171,6 +171,16 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
+    /// Detach the speculator (its drafter's sequences released), to decode without it or to
+    /// attach it again later.
+    pub fn take_speculator(&mut self) -> Option<Speculator> {
+        let mut s = self.speculator.take();
+        if let Some(s) = s.as_mut() {
+            s.drafter.finish();
+        }
+        s
+    }
+
     /// The attached speculator, if any.
     pub fn speculator(&self) -> Option<&Speculator> {
         self.speculator.as_ref()

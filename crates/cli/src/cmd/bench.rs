@@ -2,7 +2,9 @@
 //! flags and output fields (quarrel-bench: `Bench::bench_pp` / `bench_tg` / `bench_pg`, `llama_bench`).
 
 use crate::args::{DeviceArgs, KvTypeArg};
+use crate::cmd::bench_spec::{SpecBench, PROMPTS};
 use crate::resolve::resolve_model;
+use crate::speculate::SpecArgs;
 use anyhow::{bail, Context, Result};
 use quarrel_bench::llama_bench::{json_list, markdown, model_type, parse_all, parse_list, table, test_name, utc_now, Row};
 use quarrel_bench::{Bench, ProfiledBackend};
@@ -45,6 +47,14 @@ use std::time::{Duration, Instant};
 ///   quarrel bench -m a.gguf,b.gguf -t 1,2 -p 64 -n 32 -r 3 -o json
 ///
 ///   quarrel bench -m model.gguf -p 0 -n 64 --profile    decode speed and where it goes
+///
+/// With --draft-model (or --spec ngram) a second table follows: greedy generation of each
+/// length in -n after real prompts (two built-in ones, or --spec-prompt), every repetition
+/// once without and once with the drafter, with the speed-up, the share of drafted tokens
+/// accepted and whether both texts are the same (llama-bench's random tokens would defeat
+/// any drafter):
+///
+///   quarrel bench -m model-f16.gguf --draft-model model-q4_1.gguf -p 0 -n 128 -r 3
 #[derive(clap::Args)]
 pub struct Args {
     /// Models: .gguf paths or names (as `quarrel run -m`); repeatable or comma-separated.
@@ -86,6 +96,12 @@ pub struct Args {
     /// -o md, to stderr with -o json.
     #[arg(long)]
     pub profile: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// A prompt for the speculative decoding rows (repeatable; default: a story and a code
+    /// edit). `@FILE` reads it from a file.
+    #[arg(long = "spec-prompt", value_name = "TEXT|@FILE")]
+    pub spec_prompt: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -148,6 +164,30 @@ pub fn main(a: Args) -> Result<()> {
     for m in &model_names {
         paths.push(resolve_model(m.as_deref(), true)?);
     }
+    let mut spec_prompts = vec![];
+    for (i, p) in a.spec_prompt.iter().enumerate() {
+        let text = match p.strip_prefix('@') {
+            Some(f) => std::fs::read_to_string(f).with_context(|| format!("--spec-prompt: reading {f}"))?,
+            None => p.clone(),
+        };
+        spec_prompts.push((format!("prompt {}", i + 1), text));
+    }
+    if spec_prompts.is_empty() {
+        spec_prompts = PROMPTS.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect();
+    }
+    let spec_bench = SpecBench {
+        spec: &a.spec,
+        prompts: spec_prompts,
+        n_gen: n_gen.iter().copied().filter(|&g| g > 0).collect(),
+        reps: a.reps,
+        warmup: !a.no_warmup,
+        batch: a.batch,
+        kv: a.kv.clone(),
+        device: a.device.clone(),
+    };
+    if a.spec.enabled() && spec_bench.n_gen.is_empty() {
+        bail!("--draft-model / --spec: the speculative rows need a generation length (-n)");
+    }
     let n_ctx = tests.iter().map(|(p, g)| p + g).max().unwrap_or(1).max(1);
     let opts = EngineOptions { n_ctx, n_batch: a.batch, kv_type, ..Default::default() };
 
@@ -156,6 +196,7 @@ pub fn main(a: Args) -> Result<()> {
     let mut run_i = 0;
     let mut rows: Vec<Row> = vec![];
     let mut profiles: Vec<String> = vec![];
+    let mut spec_rows = vec![];
     for path in &paths {
         for &t in &threads {
             let t0 = Instant::now();
@@ -221,6 +262,10 @@ pub fn main(a: Args) -> Result<()> {
                     }
                 }
             });
+            // a second load of the model, with its drafter, once the first is freed
+            if a.spec.enabled() {
+                spec_rows.extend(spec_bench.run(path, t)?);
+            }
         }
     }
 
@@ -228,12 +273,18 @@ pub fn main(a: Args) -> Result<()> {
     match a.output {
         Format::Md => {
             print!("{}", markdown(&rows));
+            if !spec_rows.is_empty() {
+                print!("\nspeculative decoding (greedy, after a prompt):\n\n{}", crate::cmd::bench_spec::markdown(&spec_rows));
+            }
             for p in &profiles {
                 println!("\n{p}");
             }
         }
         Format::Json => {
             print!("{}", json_list(&rows));
+            if !spec_rows.is_empty() {
+                eprint!("\nspeculative decoding (greedy, after a prompt):\n\n{}", crate::cmd::bench_spec::markdown(&spec_rows));
+            }
             for p in &profiles {
                 eprintln!("\n{p}");
             }

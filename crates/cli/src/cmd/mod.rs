@@ -2,6 +2,7 @@
 
 pub mod batched_bench;
 pub mod bench;
+pub mod bench_spec;
 pub mod chat;
 pub mod completions;
 pub mod consistency;
