@@ -211,6 +211,24 @@ const MIN_PANELS_PER_TASK: usize = 8;
 /// Tasks wanted per thread (the pool hands them out one at a time).
 const TASKS_PER_THREAD: usize = 8;
 
+/// Most token groups a task runs panel by panel (each weight panel's tiles for all of the
+/// task's groups while the panel is in L1) rather than group by group.
+const PANEL_MAJOR_GROUPS: usize = 4;
+
+/// The tokens of activation panel `gi` when `n_tok` tokens go into panels of at most `gt`:
+/// the 8-token panels share the tokens evenly (9 tokens: 5 + 4, not 8 + 1, whose one-token
+/// tiles would convert every weight for one token's multiply-adds), wide panels are full but
+/// the last.
+fn group_tokens(gi: usize, gt: usize, n_tok: usize) -> std::ops::Range<usize> {
+    if gt != GEMM_TOKENS {
+        return gi * gt..(gi * gt + gt).min(n_tok);
+    }
+    let n_groups = n_tok.div_ceil(gt).max(1);
+    let (base, rem) = (n_tok / n_groups, n_tok % n_groups);
+    let start = gi * base + gi.min(rem);
+    start..start + base + usize::from(gi < rem)
+}
+
 /// Fewest tokens for the wide tiles ([`Gemm::tile_wide`], 16 tokens; fewer tokens leave
 /// lanes idle, and below this the 8-token tiles do less work).
 const WIDE_MIN_TOKENS: usize = 12;
@@ -391,7 +409,7 @@ fn gemm(be: &CpuBackend, g: Gemm, w: &CpuWeight, xq: &[u8], arb: usize, n_tok: u
     let (n_in, apb) = (w.n_in, g.act_panel_bytes(w.n_in));
     // activation panels are always packed (once per call, shared by every task)
     let n_groups = n_tok.div_ceil(GEMM_TOKENS);
-    let tokens = |gi: usize| gi * GEMM_TOKENS..(gi * GEMM_TOKENS + GEMM_TOKENS).min(n_tok);
+    let tokens = |gi: usize| group_tokens(gi, GEMM_TOKENS, n_tok);
     with_scratch(Scratch::Act, n_groups * apb, |act| {
         let pack = |gi: usize, panel: &mut [u8]| {
             let mut rows: [&[u8]; GEMM_TOKENS] = [&[]; GEMM_TOKENS];
@@ -477,9 +495,12 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
         let p0 = (rt - first_task[ji]) * ppt;
         let (p1, g1) = ((p0 + ppt).min(np), (g0 + gpt).min(n_groups));
         let short = raw && p1 == np && n_out % GEMM_ROWS != 0;
-        // compact panels are expanded here: each one right before its tiles where the task
-        // has one token group (it stays in L1), else all of the task's panels first
-        let one_group = g1 - g0 == 1;
+        // a task with few token groups runs each panel's tiles for all of them in a row (the
+        // panel stays in L1), others group by group; compact panels are expanded here: each
+        // one right before its tiles where the task goes panel by panel, else all of the
+        // task's panels first
+        let panel_major = g1 - g0 == 1 || (gt == GEMM_TOKENS && g1 - g0 <= PANEL_MAJOR_GROUPS);
+        let one_group = panel_major;
         let scratch = if compact {
             if one_group {
                 wpb
@@ -508,60 +529,85 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
             // contiguous store per token: scattered 16-byte stores to n_tok rows cost more)
             let (ra, rb) = (p0 * GEMM_ROWS, (p1 * GEMM_ROWS).min(n_out));
             let width = (p1 - p0) * GEMM_ROWS;
-            with_scratch(Scratch::Stage, gt * width * 4, |bytes| {
-                // SAFETY: 64-byte aligned scratch of at least gt * width f32 (any bits are
-                // valid f32); every entry read below is written by a tile first.
-                let stage = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, gt * width) };
-                for gi in g0..g1 {
-                    let t0 = gi * gt;
-                    let nt = gt.min(n_tok - t0);
+            // (panel by panel: a stage per group)
+            let stages = if panel_major { g1 - g0 } else { 1 };
+            with_scratch(Scratch::Stage, stages * gt * width * 4, |bytes| {
+                // SAFETY: 64-byte aligned scratch of at least stages * gt * width f32 (any
+                // bits are valid f32); every entry read below is written by a tile first.
+                let stage = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, stages * gt * width) };
+                // panel `p` before its tiles: a compact one expanded into the scratch (where
+                // the task goes panel by panel; it stays in L1 for its tiles), the next one
+                // fetched while these run
+                let prepare = |p: usize, wp: &mut [u8]| {
+                    if compact && one_group {
+                        g.expand_panel(n_in, &panels[p * spb..(p + 1) * spb], &mut wp[..wpb]);
+                        if p + 1 < np {
+                            // the next compact panel, while this one's tiles run (the tile's
+                            // own prefetch points into the scratch here): -20% of a 16-token
+                            // step's Q4_1 GEMM time against none; past the task's last panel
+                            // too (the pool gives a thread neighbouring tasks)
+                            crate::simd::attn::prefetch(panels, (p + 1) * spb, spb);
+                        }
+                    }
+                    if raw && one_group && (p + 2) * GEMM_ROWS <= n_out {
+                        // the next panel's rows while this one's tiles run: a few tokens'
+                        // tiles are bound by reading the weights, in passes the hardware
+                        // prefetchers follow poorly
+                        crate::simd::attn::prefetch(wbytes, (p + 1) * GEMM_ROWS * wrb, GEMM_ROWS * wrb);
+                    }
+                };
+                // the tiles of panel `p` and group `gi` into `stage` (token-major, `width` a row)
+                let tiles = |gi: usize, p: usize, wp: &[u8], stage: &mut [f32]| {
+                    let nt = group_tokens(gi, gt, n_tok).len();
                     let ap = act_panel(gi);
-                    for p in p0..p1 {
-                        let c = (p - p0) * GEMM_ROWS;
-                        // the tiles' panel `p`: a one-group task's compact panel is expanded
-                        // into the scratch now (it stays in L1 for its tile)
-                        if compact && one_group {
-                            g.expand_panel(n_in, &panels[p * spb..(p + 1) * spb], &mut wp[..wpb]);
-                            if p + 1 < np {
-                                // the next compact panel, while this one's tiles run (the
-                                // tile's own prefetch points into the scratch here): -20% of
-                                // a 16-token step's Q4_1 GEMM time against none; past the
-                                // task's last panel too (the pool gives a thread neighbouring
-                                // tasks)
-                                crate::simd::attn::prefetch(panels, (p + 1) * spb, spb);
-                            }
-                        }
-                        if raw && one_group && (p + 2) * GEMM_ROWS <= n_out {
-                            // the next panel's rows while this one's tiles run: a few tokens'
-                            // tiles are bound by reading the weights, in passes the hardware
-                            // prefetchers follow poorly
-                            crate::simd::attn::prefetch(wbytes, (p + 1) * GEMM_ROWS * wrb, GEMM_ROWS * wrb);
-                        }
-                        let w_panel: &[u8] = match (compact, raw, (p + 1) * GEMM_ROWS <= n_out) {
-                            (true, _, _) if one_group => &wp[..wpb],
-                            (true, _, _) => &wp[(p - p0) * wpb..(p - p0 + 1) * wpb],
-                            (false, true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
-                            (false, true, false) => &wp[..wpb],
-                            (false, false, _) => &panels[p * wpb..(p + 1) * wpb],
-                        };
-                        if gt == GEMM_WIDE_TOKENS {
-                            g.tile_wide(n_in, w_panel, ap, nt, &mut stage[c..], width);
-                        } else {
-                            let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
-                            g.tile(n_in, w_panel, ap, nt, &mut tile);
-                            for (r, row) in tile.iter().enumerate() {
-                                for (t, &v) in row[..nt].iter().enumerate() {
-                                    stage[t * width + c + r] = v;
-                                }
+                    let c = (p - p0) * GEMM_ROWS;
+                    let w_panel: &[u8] = match (compact, raw, (p + 1) * GEMM_ROWS <= n_out) {
+                        (true, _, _) if one_group => &wp[..wpb],
+                        (true, _, _) => &wp[(p - p0) * wpb..(p - p0 + 1) * wpb],
+                        (false, true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
+                        (false, true, false) => &wp[..wpb],
+                        (false, false, _) => &panels[p * wpb..(p + 1) * wpb],
+                    };
+                    if gt == GEMM_WIDE_TOKENS {
+                        g.tile_wide(n_in, w_panel, ap, nt, &mut stage[c..], width);
+                    } else {
+                        let mut tile = [[0f32; GEMM_TOKENS]; GEMM_ROWS];
+                        g.tile(n_in, w_panel, ap, nt, &mut tile);
+                        for (r, row) in tile.iter().enumerate() {
+                            for (t, &v) in row[..nt].iter().enumerate() {
+                                stage[t * width + c + r] = v;
                             }
                         }
                     }
-                    for t in 0..nt {
-                        let src = &stage[t * width..t * width + (rb - ra)];
-                        // SAFETY: tokens t0..t0 + nt and rows ra..rb of this job's output
-                        // belong to this task alone; (t0 + t) * n_out + rb <= n_tok * n_out,
-                        // the output's length.
-                        unsafe { out.write_slice((t0 + t) * n_out + ra, src) };
+                };
+                // group `gi`'s outputs from its stage
+                let copy_out = |gi: usize, stage: &[f32]| {
+                    let ts = group_tokens(gi, gt, n_tok);
+                    for (k, t) in ts.enumerate() {
+                        let src = &stage[k * width..k * width + (rb - ra)];
+                        // SAFETY: the group's tokens and rows ra..rb of this job's output
+                        // belong to this task alone; t * n_out + rb <= n_tok * n_out, the
+                        // output's length.
+                        unsafe { out.write_slice(t * n_out + ra, src) };
+                    }
+                };
+                let per_group = gt * width;
+                if panel_major {
+                    for p in p0..p1 {
+                        prepare(p, wp);
+                        for gi in g0..g1 {
+                            tiles(gi, p, wp, &mut stage[(gi - g0) * per_group..]);
+                        }
+                    }
+                    for gi in g0..g1 {
+                        copy_out(gi, &stage[(gi - g0) * per_group..]);
+                    }
+                } else {
+                    for gi in g0..g1 {
+                        for p in p0..p1 {
+                            tiles(gi, p, wp, stage);
+                        }
+                        copy_out(gi, stage);
                     }
                 }
             });
@@ -626,4 +672,34 @@ fn matmul_repacked(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Token groups cover every token once, in order, within the panel size; the 8-token
+    /// groups differ by at most one token.
+    #[test]
+    fn token_groups_partition_the_tokens_evenly() {
+        for gt in [GEMM_TOKENS, GEMM_WIDE_TOKENS] {
+            for n_tok in 1usize..200 {
+                let n_groups = n_tok.div_ceil(gt);
+                let groups: Vec<_> = (0..n_groups).map(|gi| group_tokens(gi, gt, n_tok)).collect();
+                assert_eq!(groups[0].start, 0);
+                assert_eq!(groups[n_groups - 1].end, n_tok);
+                for w in groups.windows(2) {
+                    assert_eq!(w[0].end, w[1].start, "gt {gt} n_tok {n_tok}");
+                }
+                let sizes: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+                assert!(sizes.iter().all(|&s| s >= 1 && s <= gt), "gt {gt} n_tok {n_tok}: {sizes:?}");
+                if gt == GEMM_TOKENS {
+                    let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                    assert!(hi - lo <= 1, "n_tok {n_tok}: {sizes:?}");
+                }
+            }
+        }
+        assert_eq!(group_tokens(0, GEMM_TOKENS, 9), 0..5);
+        assert_eq!(group_tokens(1, GEMM_TOKENS, 9), 5..9);
+    }
 }

@@ -149,6 +149,11 @@ impl<B: Backend> Engine<B> {
             history.truncate(n_real);
             let picked = picked?;
             if n_computed == 0 {
+                // a model drafter reads the prompt now, as part of prompt processing
+                // (a drafter that cannot hold it drafts nothing later; the text is the same)
+                if let Some(spec) = self.speculator.as_mut() {
+                    let _ = spec.drafter.prepare(0, &history[..n_real]);
+                }
                 timings.prompt_time = t0.elapsed();
                 timings.time_to_first_token = t0.elapsed();
                 t_first = Instant::now();

@@ -45,6 +45,12 @@ pub trait Drafter: Send {
     /// Drafts for several sequences at once (one entry per request, in order); a model
     /// drafter runs them in shared forward passes.
     fn draft_many(&mut self, reqs: &[DraftRequest<'_>]) -> Result<Vec<Vec<u32>>, EngineError>;
+    /// Take in `history` ahead of the first drafts for `key` (a model drafter runs the prompt
+    /// through its cache now, with the model's own prompt processing, instead of stalling the
+    /// second token).
+    fn prepare(&mut self, _key: u64, _history: &[u32]) -> Result<(), EngineError> {
+        Ok(())
+    }
     /// Sequence `key` is over: what the drafter holds for it is released.
     fn release(&mut self, _key: u64) {}
     /// Every sequence is over.
@@ -255,6 +261,17 @@ impl<B: Backend> ModelDrafter<B> {
 }
 
 impl<B: Backend> Drafter for ModelDrafter<B> {
+    fn prepare(&mut self, key: u64, history: &[u32]) -> Result<(), EngineError> {
+        if history.len() < 2 {
+            return Ok(());
+        }
+        let r = self.catch_up(key, history);
+        if r.is_err() {
+            self.release_seq(key);
+        }
+        r
+    }
+
     fn draft_many(&mut self, reqs: &[DraftRequest<'_>]) -> Result<Vec<Vec<u32>>, EngineError> {
         let mut out = vec![vec![]; reqs.len()];
         // (request index, tokens so far: history then drafts)
