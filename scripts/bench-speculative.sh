@@ -44,6 +44,6 @@ for p in story code; do
   "$L/llama-speculative" -m "$M" -md "$D" -f "$W/$p.txt" -n 128 -t "$T" --temp 0 -c 1024 --ignore-eos \
     --spec-draft-n-max 8 > "$W/$p-llama.out" 2> "$W/$p-llama.err" || true
   ls=$(grep -o 'decoded .* speed: *[0-9.]*' "$W/$p-llama.err" | awk '{print $NF}')
-  la=$(grep -o 'accept *= *[0-9.]*' "$W/$p-llama.err" | awk '{print $NF}')
+  la=$(grep -o ' accept *= *[0-9.]*%' "$W/$p-llama.err" | awk '{print $NF}' | tr -d '%')
   echo "| $p | llama.cpp llama-speculative (--spec-draft-n-max 8) | | $ls | | ${la}% | |"
 done
