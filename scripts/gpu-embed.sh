@@ -82,8 +82,12 @@ run = (e - s) - start
 print(f"llama-embedding -b {b}: {len(first)} batches, {run:.2f} s after loading, {1000 / run:.1f} texts/s (wall {e - s:.2f} s)")
 PY
 done
-for r in 1 2 3; do
-  "$QUARREL" embed -m $M --device cuda --no-prefix --file /tmp/texts1000.jsonl -c 2048 --ubatch 8192 --batch 1000 > /dev/null 2> $OUT/quarrel-embed-$r.log
-  echo "quarrel embed run $r: $(tail -1 $OUT/quarrel-embed-$r.log)"
+# Quarrel at each --batch of QUARREL_BATCHES (texts per embedding call; several calls are in
+# flight at once), three runs each
+for b in ${QUARREL_BATCHES:-64 1000}; do
+  for r in 1 2 3; do
+    "$QUARREL" embed -m $M --device cuda --no-prefix --file /tmp/texts1000.jsonl -c 2048 --ubatch 8192 --batch $b > /dev/null 2> $OUT/quarrel-embed-$b-$r.log
+    echo "quarrel embed --batch $b run $r: $(tail -1 $OUT/quarrel-embed-$b-$r.log)"
+  done
 done
 echo "total $(( $(date +%s) - T0 )) s"

@@ -181,6 +181,22 @@ fn embed_prints_json_lines_and_rejects_bad_input() {
     // the same texts batched together: the same vectors
     let both = Command::new(bin).args(["embed", "-m", m, "first text", "second text"]).output().unwrap();
     assert_eq!(both.stdout, out.stdout);
+    // many chunks in flight at once: the lines come in input order, with the same vectors
+    let texts: Vec<String> = (0..11).map(|i| format!("text number {i} {}", "word ".repeat(i))).collect();
+    let run = |batch: &str| {
+        let mut args = vec!["embed", "-m", m, "--batch", batch];
+        args.extend(texts.iter().map(String::as_str));
+        let o = Command::new(bin).args(&args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o.stdout
+    };
+    let (small, whole) = (run("2"), run("11"));
+    assert_eq!(small, whole);
+    let ids: Vec<String> = String::from_utf8_lossy(&small)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, (0..11).map(|i| i.to_string()).collect::<Vec<_>>());
     for bad in [
         vec!["embed", "-m", m],
         vec!["embed", "-m", m, "--flight", "127.0.0.1:1", "x"],

@@ -215,18 +215,47 @@ fn spawn(model: &ModelArgs, ubatch: usize) -> Result<EngineHandle> {
     Ok(crate::common::with_engine!(engine, e => { EngineHandle::spawn(e, opts) }))
 }
 
-/// Print one JSON line per text, then the rate on stderr (model loading not counted).
+/// Chunks of --batch texts in flight at once when printing: each is tokenized on its own
+/// thread and queued in the engine, whose scheduler packs the queued texts into shared
+/// forwards, while earlier chunks are written out.
+const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// One output line.
+#[derive(serde::Serialize)]
+struct VectorLine<'a> {
+    id: &'a str,
+    vector: &'a [f32],
+}
+
+/// Print one JSON line per text, in order, then the rate on stderr (model loading not
+/// counted). Tokenizing, the forwards and writing overlap: up to [`CHUNKS_IN_FLIGHT`] chunks
+/// are being embedded while the oldest is written.
 fn print_vectors(engine: &EngineHandle, docs: &[Doc], opts: &EmbedOptions, batch: usize) -> Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
-    for chunk in docs.chunks(batch) {
-        let texts: Vec<String> = chunk.iter().map(|d| d.text.clone()).collect();
-        let e = embed_texts_blocking(engine, &texts, opts)?;
-        for (d, v) in chunk.iter().zip(e.rows()) {
-            serde_json::to_writer(&mut out, &serde_json::json!({ "id": d.id, "vector": v }))?;
-            out.write_all(b"\n")?;
+    std::thread::scope(|s| -> Result<()> {
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut chunks = docs.chunks(batch);
+        loop {
+            while in_flight.len() < CHUNKS_IN_FLIGHT {
+                let Some(chunk) = chunks.next() else { break };
+                in_flight.push_back((
+                    chunk,
+                    s.spawn(move || {
+                        let texts: Vec<String> = chunk.iter().map(|d| d.text.clone()).collect();
+                        embed_texts_blocking(engine, &texts, opts)
+                    }),
+                ));
+            }
+            let Some((chunk, job)) = in_flight.pop_front() else { break };
+            let e = job.join().map_err(|_| anyhow::anyhow!("an embedding thread panicked"))??;
+            for (d, v) in chunk.iter().zip(e.rows()) {
+                serde_json::to_writer(&mut out, &VectorLine { id: &d.id, vector: v })?;
+                out.write_all(b"\n")?;
+            }
         }
-    }
+        Ok(())
+    })?;
     out.flush()?;
     let secs = t0.elapsed().as_secs_f64();
     eprintln!("embedded {} texts in {secs:.2} s ({:.1} texts/s)", docs.len(), docs.len() as f64 / secs.max(1e-9));
