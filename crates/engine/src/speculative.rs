@@ -102,8 +102,9 @@ impl Speculator {
 
 /// A sequence's next draft length: [`DRAFT_START`] at first, two more after a step whose
 /// drafts were all accepted, one fewer otherwise (at least one), never above `draft_max`.
-/// A single draft rejected pauses drafting for a few steps, twice as many each time in a row
-/// (up to [`MAX_PAUSE`]): a drafter that does not guess this text costs next to nothing.
+/// A step whose drafts all miss pauses drafting for a few steps, twice as many each time in a
+/// row (up to [`MAX_PAUSE`]), until a draft is accepted again: a drafter that does not guess
+/// this text (prompt lookup on free text) costs next to nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DraftLength {
     len: usize,
@@ -138,11 +139,14 @@ impl DraftLength {
         if accepted == drafted {
             self.len += 2;
             self.pause = 0;
-        } else if drafted == 1 {
+            return;
+        }
+        self.len = self.len.saturating_sub(1).max(1);
+        if accepted == 0 {
             self.pause = (self.pause * 2).clamp(1, MAX_PAUSE);
             self.paused = self.pause;
         } else {
-            self.len = self.len.saturating_sub(1).max(1);
+            self.pause = 0;
         }
     }
 }
@@ -422,28 +426,35 @@ mod tests {
     }
 
     #[test]
-    fn draft_length_follows_acceptance_and_pauses_after_single_misses() {
+    fn draft_length_follows_acceptance_and_pauses_after_misses() {
         let mut d = DraftLength::default();
         assert_eq!(d.next(16), DRAFT_START);
         d.update(5, 5);
         assert_eq!(d.next(16), 7, "all accepted: two more");
         assert_eq!(d.next(6), 6, "never above draft_max");
         d.update(6, 2);
-        assert_eq!(d.next(16), 5, "a miss: one fewer");
-        for want in [5, 4, 3, 2] {
-            assert_eq!(d.next(16), want);
-            d.update(want, 0);
+        assert_eq!(d.next(16), 5, "a partial miss: one fewer, no pause");
+        d.update(5, 0);
+        assert_eq!((d.next(16), d.next(16)), (0, 4), "a complete miss: one fewer and a pause of one step");
+        d.update(4, 0);
+        assert_eq!((d.next(16), d.next(16), d.next(16)), (0, 0, 3), "then two");
+        d.update(3, 1);
+        assert_eq!(d.next(16), 2, "an accepted draft ends the pauses");
+        d.update(2, 0);
+        assert_eq!((d.next(16), d.next(16)), (0, 1), "pauses start again at one step");
+        // misses in a row: the pauses double up to MAX_PAUSE and stay there
+        let mut pauses = vec![];
+        for _ in 0..8 {
+            d.update(1, 0);
+            let mut n = 0;
+            while d.next(16) == 0 {
+                n += 1;
+            }
+            pauses.push(n);
         }
-        assert_eq!(d.next(16), 1);
-        d.update(1, 0);
-        assert_eq!((d.next(16), d.next(16)), (0, 1), "a missed single draft pauses one step");
-        d.update(1, 0);
-        assert_eq!((d.next(16), d.next(16), d.next(16)), (0, 0, 1), "then two");
-        d.update(1, 1);
-        assert_eq!(d.next(16), 3, "a hit ends the pauses");
-        d.update(3, 0);
+        assert_eq!(pauses, [2, 4, 8, 16, 32, 32, 32, 32]);
         d.update(0, 0);
-        assert_eq!(d.next(16), 2, "an undrafted step changes nothing");
+        assert_eq!(d.next(16), 1, "an undrafted step changes nothing");
     }
 
     #[test]
