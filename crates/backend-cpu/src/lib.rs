@@ -60,6 +60,7 @@ pub mod ggml_math;
 mod huge;
 mod kv;
 mod matmul;
+mod matmul_repacked;
 pub mod moe;
 mod ops;
 pub mod pool;

@@ -95,7 +95,7 @@ fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok
     // (an expert view shares its tensor's repacked copy)
     if let Some(rt) = simd::repack::enabled(w.ty) {
         if let Some(packed) = w.packed(be, rt) {
-            matmul_repacked(be, w, rt, packed, xq, arb, n_tok, out);
+            crate::matmul_repacked::matmul_repacked(be, w, rt, packed, xq, arb, n_tok, out);
             return;
         }
     }
@@ -162,7 +162,7 @@ fn matmul_quantized(be: &CpuBackend, w: &CpuWeight, xq: &[u8], arb: usize, n_tok
 }
 
 /// Tasks per thread of a GEMV (contiguous row runs; the pool hands out the leftovers).
-const GEMV_TASKS_PER_THREAD: usize = 4;
+pub(crate) const GEMV_TASKS_PER_THREAD: usize = 4;
 
 /// 64 bytes, 64-byte aligned: panel storage.
 #[derive(Clone, Copy)]
@@ -500,9 +500,8 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
         // one right before its tiles where the task goes panel by panel, else all of the
         // task's panels first
         let panel_major = g1 - g0 == 1 || (gt == GEMM_TOKENS && g1 - g0 <= PANEL_MAJOR_GROUPS);
-        let one_group = panel_major;
         let scratch = if compact {
-            if one_group {
+            if panel_major {
                 wpb
             } else {
                 (p1 - p0) * wpb
@@ -511,7 +510,7 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
             usize::from(short) * wpb
         };
         with_scratch(Scratch::Weights, scratch, |wp| {
-            if compact && !one_group {
+            if compact && !panel_major {
                 for p in p0..p1 {
                     g.expand_panel(n_in, &panels[p * spb..(p + 1) * spb], &mut wp[(p - p0) * wpb..(p - p0 + 1) * wpb]);
                 }
@@ -539,7 +538,7 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                 // the task goes panel by panel; it stays in L1 for its tiles), the next one
                 // fetched while these run
                 let prepare = |p: usize, wp: &mut [u8]| {
-                    if compact && one_group {
+                    if compact && panel_major {
                         g.expand_panel(n_in, &panels[p * spb..(p + 1) * spb], &mut wp[..wpb]);
                         if p + 1 < np {
                             // the next compact panel, while this one's tiles run (the tile's
@@ -549,7 +548,7 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                             crate::simd::attn::prefetch(panels, (p + 1) * spb, spb);
                         }
                     }
-                    if raw && one_group && (p + 2) * GEMM_ROWS <= n_out {
+                    if raw && panel_major && (p + 2) * GEMM_ROWS <= n_out {
                         // the next panel's rows while this one's tiles run: a few tokens'
                         // tiles are bound by reading the weights, in passes the hardware
                         // prefetchers follow poorly
@@ -562,7 +561,7 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                     let ap = act_panel(gi);
                     let c = (p - p0) * GEMM_ROWS;
                     let w_panel: &[u8] = match (compact, raw, (p + 1) * GEMM_ROWS <= n_out) {
-                        (true, _, _) if one_group => &wp[..wpb],
+                        (true, _, _) if panel_major => &wp[..wpb],
                         (true, _, _) => &wp[(p - p0) * wpb..(p - p0 + 1) * wpb],
                         (false, true, true) => &wbytes[p * GEMM_ROWS * wrb..(p + 1) * GEMM_ROWS * wrb],
                         (false, true, false) => &wp[..wpb],
@@ -612,65 +611,6 @@ fn run_jobs<'a>(be: &CpuBackend, g: Gemm, jobs: &[Job], n_tok: usize, gt: usize,
                 }
             });
         })
-    });
-}
-
-/// The repacked path (`simd::repack`): the same kernel for one token and for many, so every
-/// output's bits depend only on its row and token. Tasks split the 16-row groups (and token
-/// chunks where there are few groups); a task runs each of its groups over its tokens, 8 at
-/// a time, so a group's panel stays in cache while the tokens go by.
-#[allow(clippy::too_many_arguments)]
-fn matmul_repacked(
-    be: &CpuBackend,
-    w: &CpuWeight,
-    rt: simd::repack::RepackTy,
-    packed: &[u8],
-    xq: &[u8],
-    arb: usize,
-    n_tok: usize,
-    out: &mut [f32],
-) {
-    use simd::repack::{self, ActAux, R, TILE_TOKENS};
-    let (n_in, n_out) = (w.n_in, w.n_out);
-    let nb = n_in / rt.qk();
-    let gbytes = rt.group_bytes(n_in);
-    let mut aux = vec![ActAux::default(); nb * n_tok];
-    let fill = |t: usize, a: &mut [ActAux]| repack::act_aux(rt, n_in, &xq[t * arb..(t + 1) * arb], a);
-    if n_tok >= 8 {
-        be.par_chunks_mut(&mut aux, nb, &fill);
-    } else {
-        aux.chunks_mut(nb).enumerate().for_each(|(t, a)| fill(t, a));
-    }
-    let aux: &[ActAux] = &aux;
-    let n_groups = n_out.div_ceil(R);
-    let want = GEMV_TASKS_PER_THREAD * be.n_threads().max(1);
-    let gpt = n_groups.div_ceil(want.min(n_groups));
-    let row_tasks = n_groups.div_ceil(gpt);
-    let chunks = n_tok.div_ceil(TILE_TOKENS);
-    let cpt = chunks.div_ceil(want.div_ceil(row_tasks).min(chunks));
-    let tok_tasks = chunks.div_ceil(cpt);
-    let out_ptr = SyncPtr(out.as_mut_ptr());
-    be.for_each_task(row_tasks * tok_tasks, &|task| {
-        let (g0, c0) = (task / tok_tasks * gpt, task % tok_tasks * cpt);
-        let (g1, c1) = ((g0 + gpt).min(n_groups), (c0 + cpt).min(chunks));
-        let mut tile = [[0f32; R]; TILE_TOKENS];
-        for g in g0..g1 {
-            let group = &packed[g * gbytes..(g + 1) * gbytes];
-            let (r0, nr) = (g * R, R.min(n_out - g * R));
-            for c in c0..c1 {
-                let (t0, t1) = (c * TILE_TOKENS, (c * TILE_TOKENS + TILE_TOKENS).min(n_tok));
-                let mut acts: [(&[u8], &[ActAux]); TILE_TOKENS] = [(&[], &[]); TILE_TOKENS];
-                for t in t0..t1 {
-                    acts[t - t0] = (&xq[t * arb..(t + 1) * arb], &aux[t * nb..(t + 1) * nb]);
-                }
-                repack::tile(rt, n_in, group, &acts[..t1 - t0], &mut tile);
-                for t in t0..t1 {
-                    // SAFETY: (token, row) pairs are disjoint across tasks; the range ends
-                    // at t * n_out + r0 + nr <= n_tok * n_out = out.len().
-                    unsafe { out_ptr.write_slice(t * n_out + r0, &tile[t - t0][..nr]) };
-                }
-            }
-        }
     });
 }
 
