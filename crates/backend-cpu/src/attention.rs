@@ -61,6 +61,10 @@ pub(crate) fn attention(
         return Err(CoreError::Unsupported(format!("quantized KV cache with head_dim {hd} above {QUANT_MAX_HEAD_DIM}")));
     }
     batch.validate(kv.spec.block_size).map_err(CoreError::Shape)?;
+    if crate::attention_amx::takes(be, kv, layer, p, sinks) {
+        crate::attention_amx::attention(be, q, kv, layer, batch, p, out);
+        return Ok(());
+    }
     let group = p.n_head / p.n_kv_head;
     let (kst, vst) = (&kv.k[layer], &kv.v[layer]);
     if kst.rows().is_none() || vst.rows().is_none() {

@@ -19,8 +19,10 @@
 //! | `actquant`  | activation quantization bit-compatible with ggml's x86 build |
 //! | `ggml_math` | SiLU/exp bit-compatible with ggml's AVX-512 build (with scalar twins) |
 //! | `matmul`    | quantize activations once per row; GEMV (decode) and GEMM (prefill) drivers |
+//! | `matmul_amx`| F16 weights on the matrix units (AMX) for encoders (`set_matrix_units`) |
 //! | `simd`      | run-time dispatched dot / GEMV / GEMM kernels, tested against `quarrel-quant`; `simd::repack`: 16-row interleaved Q4_0/Q4_K/IQ4_NL and their scalar twins |
 //! | `attention` | paged causal attention with an online softmax, over the f16/f32 KV cache |
+//! | `attention_amx` | encoders' attention on the matrix units (AMX): `Q Kᵀ`, softmax, `P V` per (sequence, head) |
 //! | `pool`      | `SpinPool`: persistent workers with spin-then-sleep waits for per-op loops; one contiguous task range per thread (then the others' leftovers); the caller never waits for a worker that has not joined |
 //! | `ops`       | embedding, RMSNorm, RoPE, SwiGLU, add, gather |
 //! | `kv`        | `CpuKv`: per-layer paged K/V storage |
@@ -56,10 +58,12 @@ macro_rules! fma_dispatch {
 
 pub mod actquant;
 mod attention;
+mod attention_amx;
 pub mod ggml_math;
 mod huge;
 mod kv;
 mod matmul;
+mod matmul_amx;
 mod matmul_repacked;
 pub mod moe;
 mod ops;
@@ -89,6 +93,8 @@ pub struct CpuBackend {
     /// `set_batch_invariant_attention`): llama.cpp's choice, the f32 path for sequences of 64 or
     /// more tokens in the batch (`attention.rs`).
     batch_invariant_attn: std::sync::atomic::AtomicBool,
+    /// F16 weights multiply on the CPU's matrix units where it has them (`set_matrix_units`).
+    matrix_units: std::sync::atomic::AtomicBool,
 }
 
 impl CpuBackend {
@@ -101,6 +107,7 @@ impl CpuBackend {
             n_threads: n,
             moe_counts: Default::default(),
             batch_invariant_attn,
+            matrix_units: false.into(),
         })
     }
 
@@ -113,6 +120,7 @@ impl CpuBackend {
             n_threads: self.n_threads,
             moe_counts: Default::default(),
             batch_invariant_attn: self.batch_invariant_attention().into(),
+            matrix_units: self.matrix_units.load(std::sync::atomic::Ordering::Relaxed).into(),
         }
     }
 
@@ -121,6 +129,20 @@ impl CpuBackend {
     /// f32 path for sequences of 64+ tokens in the batch: llama.cpp's own long-prompt numerics).
     pub fn set_batch_invariant_attention(&self, on: bool) {
         self.batch_invariant_attn.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// F16 weights on the CPU's matrix units (Intel AMX), where it has them, at every token
+    /// count (`matmul_amx`): several times the vector kernels' rate on prompts and encoder
+    /// batches, with sums of the same exact products in another f32 order than llama.cpp's.
+    /// For encoders, whose vectors are compared by cosine; off by default (decoders keep
+    /// llama.cpp's float order, which their greedy texts follow). Set before the first matmul.
+    pub fn set_matrix_units(&self, on: bool) {
+        self.matrix_units.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether F16 weights run on the matrix units (asked for, and the CPU has them).
+    pub fn matrix_units(&self) -> bool {
+        self.matrix_units.load(std::sync::atomic::Ordering::Relaxed) && simd::amx::available()
     }
 
     pub(crate) fn batch_invariant_attention(&self) -> bool {
@@ -202,7 +224,8 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
 
     fn name(&self) -> String {
-        format!("cpu ({}, {} threads)", simd::features_string(), self.n_threads)
+        let amx = if self.matrix_units() { " + amx tiles" } else { "" };
+        format!("cpu ({}{amx}, {} threads)", simd::features_string(), self.n_threads)
     }
 
     fn load_weight(&self, src: WeightSource<'_>) -> Result<CpuWeight> {

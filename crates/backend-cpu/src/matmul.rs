@@ -77,6 +77,9 @@ pub(crate) fn quantize_rows(
 }
 
 pub(crate) fn matmul(be: &CpuBackend, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<()> {
+    if crate::matmul_amx::takes(be, w) {
+        return crate::matmul_amx::matmul_f16(be, w, x, n_tok, out);
+    }
     if let Some(g) = wide_gemm(be, w, n_tok) {
         return gemm_wide_f32(be, g, w, x, n_tok, out);
     }
@@ -203,6 +206,11 @@ fn with_scratch<R>(which: Scratch, n: usize, f: impl FnOnce(&mut [u8]) -> R) -> 
     })
 }
 
+/// `f` on at least `n` bytes of this thread's activation-panel scratch ([`with_scratch`]).
+pub(crate) fn with_act_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    with_scratch(Scratch::Act, n, f)
+}
+
 /// Most row panels (of `GEMM_ROWS` rows) one task repacks and runs.
 const MAX_PANELS_PER_TASK: usize = 16;
 /// Fewest row panels per task (unless the matrix has fewer): below this the activation
@@ -236,7 +244,7 @@ const WIDE_MIN_TOKENS: usize = 12;
 /// The GEMM kernels when `matmul_quantized` would run the wide tiles for this weight and
 /// token count (no repacked form in use, a GEMM kind with wide tiles, tokens enough).
 fn wide_gemm(be: &CpuBackend, w: &CpuWeight, n_tok: usize) -> Option<Gemm> {
-    if n_tok < WIDE_MIN_TOKENS {
+    if n_tok < WIDE_MIN_TOKENS || crate::matmul_amx::takes(be, w) {
         return None;
     }
     if let Some(rt) = simd::repack::enabled(w.ty) {

@@ -159,7 +159,16 @@ pub fn load_engine(
     cpu: Option<CpuBackend>,
 ) -> Result<AnyEngine> {
     Ok(match device {
-        DeviceSel::Cpu => AnyEngine::Cpu(load_on(cpu.map_or_else(|| CpuBackend::new(threads), Ok)?, path, opts)?),
+        DeviceSel::Cpu => {
+            let be = cpu.map_or_else(|| CpuBackend::new(threads), Ok)?;
+            let gguf = Arc::new(quarrel_gguf::Gguf::open(path).with_context(|| format!("loading {}", path.display()))?);
+            let model = ModelDescription::from_gguf(&gguf).with_context(|| format!("loading {}", path.display()))?;
+            // encoders' vectors are compared by cosine: their F16 weights may use AMX
+            be.set_matrix_units(model.encoder);
+            let mut e = Engine::from_gguf(be, gguf, opts).with_context(|| format!("loading {}", path.display()))?;
+            e.path = Some(path.to_path_buf());
+            AnyEngine::Cpu(e)
+        }
         DeviceSel::Cuda(n) => {
             let be = CudaBackend::new(n)
                 .with_context(|| format!("starting the CUDA backend on GPU {n} (use --device cpu to run on the CPU)"))?;
@@ -186,8 +195,4 @@ pub fn stream_to_stdout<B: Backend>(engine: &mut Engine<B>, ids: &[u32], params:
     })?;
     let _ = writeln!(out);
     Ok(c)
-}
-
-fn load_on<B: Backend>(be: B, path: &Path, opts: EngineOptions) -> Result<Engine<B>> {
-    Engine::load(be, path, opts).with_context(|| format!("loading {}", path.display()))
 }

@@ -43,6 +43,15 @@ pub fn engine(path: &std::path::Path, opts: EngineOptions) -> Engine<CpuBackend>
     Engine::load(CpuBackend::new(t).unwrap(), path, opts).unwrap()
 }
 
+/// [`engine`] as the CLI and server load an encoder: F16 weights on the CPU's matrix units
+/// where it has them (`CpuBackend::set_matrix_units`).
+pub fn encoder_engine(path: &std::path::Path, opts: EngineOptions) -> Engine<CpuBackend> {
+    let t = std::env::var("QUARREL_TEST_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let be = CpuBackend::new(t).unwrap();
+    be.set_matrix_units(true);
+    Engine::load(be, path, opts).unwrap()
+}
+
 /// Normalized mean squared error Σ(a-b)² / Σa².
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());

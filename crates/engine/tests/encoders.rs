@@ -98,7 +98,8 @@ fn nomic_embed_matches_llama_cpp_on_200_texts() {
     let f: Texts = serde_json::from_str(&std::fs::read_to_string(fixture("encoders/nomic-embed.json")).unwrap()).unwrap();
     let texts: Vec<String> = std::fs::read_to_string(fixture("encoders/nomic-texts.txt")).unwrap().lines().map(str::to_string).collect();
     assert_eq!(texts.len(), f.items.len());
-    let e = engine(&path, EngineOptions { n_ctx: 2048, n_seq: 8, ..Default::default() });
+    // as `quarrel embed` and `serve` run it: F16 weights on AMX where the CPU has it
+    let e = encoder_engine(&path, EngineOptions { n_ctx: 2048, n_seq: 8, ..Default::default() });
     let h = EngineHandle::spawn(e, ServiceOptions { max_batch_tokens: 2048, ..Default::default() });
     let mut bad_tokens = 0;
     for (t, item) in texts.iter().zip(&f.items) {
@@ -138,6 +139,28 @@ fn every_token_sees_the_whole_text_and_batches_change_nothing() {
         for (s, b) in seqs.iter().zip(&batched) {
             let alone = e.hidden_batch(std::slice::from_ref(s)).unwrap().remove(0);
             assert_logits_close(&format!("{preset}: batched vs alone"), b, &alone, 1e-10);
+        }
+    }
+}
+
+#[test]
+fn f16_encoders_on_matrix_units_agree_with_the_vector_kernels_and_ignore_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    for preset in ["tiny-bert", "tiny-nomic-bert"] {
+        let spec = ArchSynthSpec { preset: *ArchPreset::by_name(preset).unwrap(), ftype: Ftype::F16, seed: 7, vocab_from: None };
+        let path = spec.write_into(dir.path()).unwrap();
+        let opts = EngineOptions { n_ctx: 64, n_seq: 4, ..Default::default() };
+        let (mut vector, mut matrix) = (engine(&path, opts.clone()), encoder_engine(&path, opts));
+        let text: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 500).collect();
+        let seqs: Vec<Vec<u32>> = vec![text.clone(), text[2..7].to_vec(), text[..33].to_vec(), vec![text[9]]];
+        let batched = matrix.hidden_batch(&seqs).unwrap();
+        for (s, b) in seqs.iter().zip(&batched) {
+            let alone = matrix.hidden_batch(std::slice::from_ref(s)).unwrap().remove(0);
+            assert_eq!(b, &alone, "{preset}: a text's hidden states depend on what shares its forward");
+            let reference = vector.hidden_batch(std::slice::from_ref(s)).unwrap().remove(0);
+            // another f32 order: a sum that lands on the other side of an F16 rounding of the
+            // next matmul's input moves that input by one F16 ulp (2^-11)
+            assert_logits_close(&format!("{preset}: matrix units vs vector kernels"), b, &reference, 1e-5);
         }
     }
 }

@@ -16,6 +16,10 @@ pub struct ModelDescription {
     pub routed_experts: bool,
     /// Recurrent (Mamba2) layers (`{arch}.ssm.*`): state carried from token to token.
     pub recurrent_state: bool,
+    /// An encoder (BERT family: every token sees the whole text; vectors, no logits): its
+    /// results are compared by cosine, so the CPU may multiply its F16 weights on matrix units
+    /// in another float order than llama.cpp's.
+    pub encoder: bool,
 }
 
 impl ModelDescription {
@@ -23,7 +27,8 @@ impl ModelDescription {
         let arch = g.architecture()?.to_string();
         let routed_experts = g.get_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) > 0;
         let recurrent_state = g.get(&format!("{arch}.ssm.conv_kernel")).is_some();
-        Ok(ModelDescription { arch, routed_experts, recurrent_state })
+        let encoder = crate::ENCODER_ARCHITECTURES.contains(&arch.as_str());
+        Ok(ModelDescription { arch, routed_experts, recurrent_state, encoder })
     }
 
     /// The numerics this model runs with unless the user chooses: invariant with routed

@@ -32,4 +32,4 @@ pub mod registry;
 pub use describe::ModelDescription;
 pub use ftype::Ftype;
 pub use model::{Model, ModelInfo};
-pub use registry::{load, supported_architectures};
+pub use registry::{load, supported_architectures, ENCODER_ARCHITECTURES};

@@ -38,6 +38,10 @@ registry! {
     "qwen3moe" => arch::qwen3moe::load,
 }
 
+/// The architectures among [`ARCHITECTURES`] that are encoders (embedding and reranking
+/// models: bidirectional attention, no logits).
+pub const ENCODER_ARCHITECTURES: &[&str] = &["bert", "nomic-bert"];
+
 pub fn supported_architectures() -> &'static [&'static str] {
     ARCHITECTURES
 }

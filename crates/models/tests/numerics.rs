@@ -37,8 +37,15 @@ fn default_numerics_follow_the_architecture() {
         };
         write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
         let d = describe(&path);
-        assert_eq!((d.routed_experts, d.recurrent_state), (experts, recurrent), "{name}");
+        assert_eq!((d.routed_experts, d.recurrent_state, d.encoder), (experts, recurrent, false), "{name}");
         let want = if experts || recurrent { Numerics::Invariant } else { Numerics::Fast };
         assert_eq!(d.default_numerics(), want, "{name}");
+    }
+    for name in ["tiny-bert", "tiny-nomic-bert"] {
+        let path = dir.path().join(format!("{name}.gguf"));
+        let spec = ArchSynthSpec { preset: *ArchPreset::by_name(name).unwrap(), ftype: Ftype::F32, seed: 1, vocab_from: None };
+        write_arch_synth(&spec, &path, &mut |_, _| {}).unwrap();
+        let d = describe(&path);
+        assert!(d.encoder && !d.routed_experts && !d.recurrent_state, "{name}: {d:?}");
     }
 }

@@ -29,6 +29,7 @@
 //! Results: integer block sums are exact; only the float accumulation order differs from
 //! the reference (float types: f32 FMA accumulation instead of the reference's f64).
 
+pub mod amx;
 pub mod attn;
 pub mod repack;
 mod repack_k;
