@@ -99,8 +99,10 @@ pub struct CudaBackend {
     dev: Device,
     blas: CudaBlas,
     ordinal: usize,
-    /// The last batch's index arrays (reused by every layer of a forward).
-    batch: Mutex<Option<DevBatch>>,
+    /// The index arrays of the step's last two distinct batches (reused by every layer of a
+    /// forward; an encoder alternates two per layer: its tokens stored at their own positions,
+    /// and attending from the last one), oldest first.
+    batch: Mutex<Vec<DevBatch>>,
     /// RoPE frequency factors on the device, by content.
     freq_factors: Mutex<Vec<(Vec<f32>, PoolMem)>>,
     /// llama.cpp's f16 GELU table (`quarrel_core::act`), uploaded at the first `geglu`.
@@ -151,7 +153,7 @@ impl CudaBackend {
             dev,
             blas,
             ordinal,
-            batch: Mutex::new(None),
+            batch: Mutex::new(Vec::new()),
             freq_factors: Mutex::new(Vec::new()),
             gelu_table: Mutex::new(None),
             qcache: Mutex::new(None),
@@ -181,7 +183,7 @@ impl CudaBackend {
     /// the next step allocates from the same pool state (same pointers: its graph replays).
     fn step_end(&self) -> Result<()> {
         if let Ok(mut g) = self.batch.lock() {
-            *g = None;
+            g.clear();
         }
         for q in [&self.qcache, &self.qprev] {
             if let Ok(mut g) = q.lock() {
@@ -196,27 +198,31 @@ impl CudaBackend {
     }
 
     fn with_batch<T>(&self, b: &ForwardBatch, kv: &CudaKv, window: Option<usize>, f: impl FnOnce(&DevBatch) -> Result<T>) -> Result<T> {
+        /// Distinct batches kept per step.
+        const KEPT: usize = 2;
         let mut g = self.batch.lock().map_err(|_| CoreError::Backend("batch lock poisoned".into()))?;
-        let fresh = match g.as_ref() {
-            // kv_store (no window) can use arrays built for a windowed attention: slots agree
-            Some(d) => {
-                !(d.matches(b, kv.spec.block_size, window)
-                    || (window.is_none() && d.matches_positions(&b.positions) && d.matches(b, kv.spec.block_size, d.window())))
-            }
-            None => true,
+        // kv_store (no window) can use arrays built for a windowed attention: slots agree
+        let fits = |d: &DevBatch| {
+            d.matches(b, kv.spec.block_size, window)
+                || (window.is_none() && d.matches_positions(&b.positions) && d.matches(b, kv.spec.block_size, d.window()))
         };
-        if fresh {
-            *g = Some(DevBatch::new(&self.dev, b, kv.spec.block_size, kv.spec.n_blocks, window)?);
-        }
-        f(g.as_ref().expect("set above"))
+        let i = match g.iter().position(fits) {
+            Some(i) => i,
+            None => {
+                if g.len() == KEPT {
+                    g.remove(0);
+                }
+                g.push(DevBatch::new(&self.dev, b, kv.spec.block_size, kv.spec.n_blocks, window)?);
+                g.len() - 1
+            }
+        };
+        f(&g[i])
     }
 
     fn positions_ptr(&self, positions: &[u32]) -> Result<(u64, Option<PoolMem>)> {
         if let Ok(g) = self.batch.lock() {
-            if let Some(d) = g.as_ref() {
-                if d.n_tok == positions.len() && d.matches_positions(positions) {
-                    return Ok((d.pos(), None));
-                }
+            if let Some(d) = g.iter().find(|d| d.n_tok == positions.len() && d.matches_positions(positions)) {
+                return Ok((d.pos(), None));
             }
         }
         let m = self.dev.upload_async(positions)?;
@@ -326,7 +332,7 @@ impl Backend for CudaBackend {
         // a download ends a step: drop the step's cached arrays so that the next step
         // allocates from the same pool state (same pointers: its graph can be replayed)
         if let Ok(mut g) = self.batch.lock() {
-            *g = None;
+            g.clear();
         }
         for q in [&self.qcache, &self.qprev] {
             if let Ok(mut g) = q.lock() {

@@ -114,7 +114,7 @@ pub(crate) fn matmul(
         gemv(dev, qc, w, x, n_tok, out, ordered)
     } else if matches!(w.dev_ty, DevType::Quant(_)) && (w.exact || crate::matmul::mmq::mmq_wins(w.n_in, w.n_out, n_tok)) {
         crate::matmul::mmq::mmq(dev, qc, w, x, n_tok, out, true)
-    } else if small_float(w) {
+    } else if small_float(w) && (n_tok <= SMALL_FLOAT_MAX_TOKENS || w.n_out <= ROUTER_MAX_ROWS) {
         gemv_float_tiled(dev, w, x, n_tok, out)
     } else {
         gemm(dev, blas, w, x, n_tok, out)
@@ -449,10 +449,17 @@ impl GemvGroup {
     }
 }
 
-/// Float matrices of at most this many bytes (MoE routers: 0.1-1.4 MB) take the GEMV at every
-/// token count: read from L2 once per 8 tokens, in the decode GEMV's float order, and without
-/// cuBLAS, whose call holds the host for ~480 us per small router matrix.
+/// Float matrices of at most this many bytes (MoE routers: 0.1-1.4 MB) take the GEMV: read from
+/// L2 once per 8 tokens, in the decode GEMV's float order, and without cuBLAS, whose call holds
+/// the host for ~480 us per small router matrix.
 const SMALL_FLOAT_BYTES: usize = 4 << 20;
+/// Routers (one row per expert) take it at every token count, so that they see decode's numbers;
+/// other small float matrices up to this many tokens. Beyond, the GEMV's time grows with the
+/// tokens where cuBLAS's tensor cores barely notice them (an encoder's 768 x 2304 F16 matrix at
+/// 8192 tokens: 1 ms on the H200 through the GEMV).
+const SMALL_FLOAT_MAX_TOKENS: usize = 1024;
+/// Most rows of a matrix treated as a router (expert counts are 8 to 256).
+const ROUTER_MAX_ROWS: usize = 512;
 
 fn small_float(w: &CudaWeight) -> bool {
     let elem = match w.dev_ty {
