@@ -27,5 +27,10 @@ fn main() {
     let best = best_secs(reps, || be.matmul(&w, &xa, n_tok, &mut out).unwrap());
     let flop = 2.0 * (n_in * n_out * n_tok) as f64;
     let units = if be.matrix_units() { ", AMX tiles" } else { "" };
-    println!("{} {n_in}x{n_out} x {n_tok} tokens, {threads} threads{units}: best {:.3} ms, {:.1} GFLOP/s", ty.name(), best * 1e3, flop / best / 1e9);
+    println!(
+        "{} {n_in}x{n_out} x {n_tok} tokens, {threads} threads{units}: best {:.3} ms, {:.1} GFLOP/s",
+        ty.name(),
+        best * 1e3,
+        flop / best / 1e9
+    );
 }
