@@ -67,7 +67,7 @@ def main():
             t0 = time.monotonic()
             run = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             secs = time.monotonic() - t0
-            print(run.stderr.strip().splitlines()[-3:] if run.stderr else "", flush=True)
+            print("\n".join(run.stderr.strip().splitlines()[-3:]), flush=True)
             if run.returncode != 0:
                 sys.exit(f"quarrel embed failed ({run.returncode}):\n{run.stderr}")
             stats = json.loads(action(client, "peer.stats")[0])["datasets"]["docs"]
